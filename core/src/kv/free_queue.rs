@@ -1,0 +1,132 @@
+//! An intrusive doubly linked queue over block ids: O(1) push to the back, pop from the
+//! front, and removal of any member. It holds every block with no owner, cached or not,
+//! in least-recently-freed order, so the front is both "the next free block" and "the
+//! least recently used cached block" — allocation evicts before it fails, for free.
+
+use super::BlockId;
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+pub struct FreeQueue {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    member: Vec<bool>,
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl FreeQueue {
+    /// A queue holding all of `0..num_blocks`, in order.
+    pub fn full(num_blocks: usize) -> Self {
+        assert!(num_blocks < NONE as usize, "too many blocks");
+        let mut q = FreeQueue {
+            prev: vec![NONE; num_blocks],
+            next: vec![NONE; num_blocks],
+            member: vec![false; num_blocks],
+            head: NONE,
+            tail: NONE,
+            len: 0,
+        };
+        for b in 0..num_blocks as u32 {
+            q.push_back(b);
+        }
+        q
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[cfg(test)]
+    pub fn contains(&self, block: BlockId) -> bool {
+        self.member[block as usize]
+    }
+
+    pub fn push_back(&mut self, block: BlockId) {
+        debug_assert!(!self.member[block as usize], "block {block} queued twice");
+        let b = block as usize;
+        self.prev[b] = self.tail;
+        self.next[b] = NONE;
+        if self.tail == NONE {
+            self.head = block;
+        } else {
+            self.next[self.tail as usize] = block;
+        }
+        self.tail = block;
+        self.member[b] = true;
+        self.len += 1;
+    }
+
+    pub fn pop_front(&mut self) -> Option<BlockId> {
+        if self.head == NONE {
+            return None;
+        }
+        let b = self.head;
+        self.remove(b);
+        Some(b)
+    }
+
+    pub fn remove(&mut self, block: BlockId) {
+        let b = block as usize;
+        debug_assert!(self.member[b], "block {block} not queued");
+        let (p, n) = (self.prev[b], self.next[b]);
+        if p == NONE {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NONE {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[b] = NONE;
+        self.next[b] = NONE;
+        self.member[b] = false;
+        self.len -= 1;
+    }
+
+    /// Members front to back.
+    #[cfg(test)]
+    pub fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
+        let mut cur = self.head;
+        std::iter::from_fn(move || {
+            if cur == NONE {
+                None
+            } else {
+                let b = cur;
+                cur = self.next[b as usize];
+                Some(b)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fifo_order_and_removal() {
+        let mut q = FreeQueue::full(4);
+        assert_eq!(q.iter().collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        q.remove(2);
+        assert_eq!(q.pop_front(), Some(0));
+        q.push_back(0);
+        assert_eq!(q.iter().collect::<Vec<_>>(), vec![1, 3, 0]);
+        assert_eq!(q.len(), 3);
+        assert!(!q.contains(2));
+        q.remove(0);
+        q.remove(1);
+        q.remove(3);
+        assert!(q.is_empty());
+        assert_eq!(q.pop_front(), None);
+    }
+}

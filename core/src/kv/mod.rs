@@ -1,0 +1,82 @@
+//! Where each sequence's KV lives. Two managers behind one trait:
+//!
+//! * [`ContiguousKv`]: each sequence reserves a whole `max_model_len` slot; a slot is
+//!   represented as a single block whose size is `max_model_len`, so the engine reads both
+//!   backends through the same block-table code.
+//! * [`PagedKv`]: a pool of fixed-size blocks with block tables, optionally with prefix
+//!   caching (content-addressed full blocks, LRU eviction of unreferenced cached blocks).
+
+mod contiguous;
+mod free_queue;
+mod hash;
+mod paged;
+
+pub use contiguous::ContiguousKv;
+pub use hash::{hash_block, ROOT_HASH};
+pub use paged::PagedKv;
+
+/// Index of a block in the pool (or of a slot, for the contiguous backend).
+pub type BlockId = u32;
+
+/// One sequence's KV placement. Owned by the sequence, edited only by its KV manager.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeqKv {
+    /// The block table: block `i` holds token positions `i * block_size ..`.
+    pub blocks: Vec<BlockId>,
+    /// Chained hashes of this sequence's full, computed blocks, in order (prefix caching only).
+    pub hashes: Vec<u64>,
+}
+
+/// Cached blocks that hold a prefix of a prompt, found by [`KvManager::lookup_prefix`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    pub blocks: Vec<BlockId>,
+    pub hashes: Vec<u64>,
+}
+
+impl PrefixMatch {
+    pub fn num_tokens(&self, block_size: usize) -> usize {
+        self.blocks.len() * block_size
+    }
+}
+
+/// The KV-memory policy the scheduler drives. All methods are deterministic.
+pub trait KvManager {
+    /// Tokens per block (`max_model_len` for contiguous slots).
+    fn block_size(&self) -> usize;
+    /// Blocks (or slots) in the pool.
+    fn num_blocks(&self) -> usize;
+    /// Blocks no sequence holds, cached ones included: free + used = total.
+    fn num_free_blocks(&self) -> usize;
+    /// Fraction of the pool held by sequences, as `vllm:kv_cache_usage_perc` reports it.
+    fn usage(&self) -> f64 {
+        1.0 - self.num_free_blocks() as f64 / self.num_blocks() as f64
+    }
+    /// Tokens the pool can hold in all.
+    fn capacity_tokens(&self) -> usize {
+        self.num_blocks() * self.block_size()
+    }
+    /// The longest run of cached full blocks that starts `tokens`, never covering the last
+    /// token (its logits must be computed). Changes nothing.
+    fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch;
+    /// Make `kv` hold enough blocks for positions `0..num_tokens`. For a sequence that holds
+    /// nothing yet, `prefix` (from `lookup_prefix`) is reused first. On failure nothing changes.
+    fn allocate(&mut self, kv: &mut SeqKv, prefix: &PrefixMatch, num_tokens: usize) -> bool;
+    /// The first `num_computed` tokens of `tokens` are now in `kv`: make its newly full blocks
+    /// reusable by later requests (prefix caching; a no-op otherwise).
+    fn commit(&mut self, kv: &mut SeqKv, tokens: &[u32], num_computed: usize);
+    /// Release everything `kv` holds.
+    fn free(&mut self, kv: &mut SeqKv);
+    /// Sum of reference counts over the pool (invariant checks).
+    fn total_refs(&self) -> usize;
+    /// How many of these chained block hashes, from the first, are cached here
+    /// (precise-prefix routing reads this).
+    fn cached_prefix_blocks(&self, _hashes: &[u64]) -> usize {
+        0
+    }
+}
+
+/// Blocks needed to hold `num_tokens` positions.
+pub fn blocks_for(num_tokens: usize, block_size: usize) -> usize {
+    num_tokens.div_ceil(block_size)
+}

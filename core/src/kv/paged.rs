@@ -1,0 +1,269 @@
+//! Paged KV: a pool of `num_blocks` blocks of `block_size` tokens, with block tables.
+//!
+//! Every block nobody references sits in one LRU queue ([`FreeQueue`]), cached or not.
+//! Allocation pops the front; if that block was cached, it is evicted then. So a full
+//! cache never makes allocation fail while unreferenced blocks exist — the benchmark log's
+//! "Cannot allocate 1 blocks: only 0 free" cannot happen.
+//!
+//! Prefix caching (vLLM's scheme): a full, computed block is registered under the chained
+//! hash of its parent's hash and its tokens. A later prompt that starts with the same
+//! tokens finds those blocks, takes a reference on them and skips their computation.
+
+use std::collections::HashMap;
+
+use super::free_queue::FreeQueue;
+use super::{blocks_for, hash_block, BlockId, KvManager, PrefixMatch, SeqKv, ROOT_HASH};
+
+#[derive(Debug, Clone)]
+pub struct PagedKv {
+    block_size: usize,
+    num_blocks: usize,
+    refs: Vec<u32>,
+    free: FreeQueue,
+    prefix_caching: bool,
+    /// hash → the block registered under it.
+    cached: HashMap<u64, BlockId>,
+    /// Per block: the hash it is registered under, and its parent's hash.
+    block_hash: Vec<Option<(u64, u64)>>,
+    /// Per block: its tokens while registered (rules out hash collisions).
+    block_tokens: Vec<u32>,
+}
+
+impl PagedKv {
+    pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> Self {
+        assert!(block_size > 0 && num_blocks > 0);
+        PagedKv {
+            block_size,
+            num_blocks,
+            refs: vec![0; num_blocks],
+            free: FreeQueue::full(num_blocks),
+            prefix_caching,
+            cached: HashMap::new(),
+            block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
+            block_tokens: vec![0; if prefix_caching { num_blocks * block_size } else { 0 }],
+        }
+    }
+
+    /// Blocks currently registered in the prefix cache (held or evictable).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.cached.len()
+    }
+
+    fn tokens_of(&self, block: BlockId) -> &[u32] {
+        let start = block as usize * self.block_size;
+        &self.block_tokens[start..start + self.block_size]
+    }
+
+    /// The cached block holding exactly `tokens` after `parent`, if any.
+    fn find(&self, parent: u64, hash: u64, tokens: &[u32]) -> Option<BlockId> {
+        let &b = self.cached.get(&hash)?;
+        let (_, p) = self.block_hash[b as usize]?;
+        (p == parent && self.tokens_of(b) == tokens).then_some(b)
+    }
+
+    fn take_free_block(&mut self) -> BlockId {
+        let b = self.free.pop_front().expect("checked free count");
+        if self.prefix_caching {
+            if let Some((h, _)) = self.block_hash[b as usize].take() {
+                self.cached.remove(&h);
+            }
+        }
+        self.refs[b as usize] = 1;
+        b
+    }
+}
+
+impl KvManager for PagedKv {
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn num_free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch {
+        let mut m = PrefixMatch::default();
+        if !self.prefix_caching || tokens.is_empty() {
+            return m;
+        }
+        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let mut parent = ROOT_HASH;
+        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
+            let h = hash_block(parent, chunk);
+            match self.find(parent, h, chunk) {
+                Some(b) => {
+                    m.blocks.push(b);
+                    m.hashes.push(h);
+                    parent = h;
+                }
+                None => break,
+            }
+        }
+        m
+    }
+
+    fn allocate(&mut self, kv: &mut SeqKv, prefix: &PrefixMatch, num_tokens: usize) -> bool {
+        let reuse = if kv.blocks.is_empty() { prefix } else { &PrefixMatch::default() };
+        let held = kv.blocks.len() + reuse.blocks.len();
+        let needed = blocks_for(num_tokens, self.block_size).saturating_sub(held);
+        // Reused blocks nobody holds leave the free queue when we take them.
+        let reused_free = reuse.blocks.iter().filter(|&&b| self.refs[b as usize] == 0).count();
+        if needed > self.free.len() - reused_free {
+            return false;
+        }
+        for &b in &reuse.blocks {
+            if self.refs[b as usize] == 0 {
+                self.free.remove(b);
+            }
+            self.refs[b as usize] += 1;
+        }
+        kv.blocks.extend_from_slice(&reuse.blocks);
+        kv.hashes.extend_from_slice(&reuse.hashes);
+        for _ in 0..needed {
+            let b = self.take_free_block();
+            kv.blocks.push(b);
+        }
+        true
+    }
+
+    fn commit(&mut self, kv: &mut SeqKv, tokens: &[u32], num_computed: usize) {
+        if !self.prefix_caching {
+            return;
+        }
+        let full = num_computed / self.block_size;
+        while kv.hashes.len() < full {
+            let i = kv.hashes.len();
+            let parent = kv.hashes.last().copied().unwrap_or(ROOT_HASH);
+            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let h = hash_block(parent, chunk);
+            kv.hashes.push(h);
+            let b = kv.blocks[i];
+            // A block whose content is already cached elsewhere stays a private duplicate.
+            if self.block_hash[b as usize].is_none() && !self.cached.contains_key(&h) {
+                self.cached.insert(h, b);
+                self.block_hash[b as usize] = Some((h, parent));
+                let start = b as usize * self.block_size;
+                self.block_tokens[start..start + self.block_size].copy_from_slice(chunk);
+            }
+        }
+    }
+
+    fn free(&mut self, kv: &mut SeqKv) {
+        // Tail blocks first: they are the least likely to be shared, so evict them first.
+        for &b in kv.blocks.iter().rev() {
+            let r = &mut self.refs[b as usize];
+            debug_assert!(*r > 0, "block {b} freed with no reference");
+            *r -= 1;
+            if *r == 0 {
+                self.free.push_back(b);
+            }
+        }
+        kv.blocks.clear();
+        kv.hashes.clear();
+    }
+
+    fn total_refs(&self) -> usize {
+        self.refs.iter().map(|&r| r as usize).sum()
+    }
+
+    fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
+        hashes.iter().take_while(|h| self.cached.contains_key(h)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq_tokens(n: usize, salt: u32) -> Vec<u32> {
+        (0..n as u32).map(|i| i * 7 + salt).collect()
+    }
+
+    #[test]
+    fn allocates_block_tables_and_frees_everything() {
+        let mut kv = PagedKv::new(8, 4, false);
+        let mut a = SeqKv::default();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 9));
+        assert_eq!(a.blocks.len(), 3);
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
+        assert_eq!(a.blocks.len(), 3);
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 13));
+        assert_eq!(a.blocks.len(), 4);
+        let mut b = SeqKv::default();
+        assert!(!kv.allocate(&mut b, &PrefixMatch::default(), 17), "needs 5, 4 free");
+        assert!(b.blocks.is_empty());
+        kv.free(&mut a);
+        assert_eq!(kv.num_free_blocks(), 8);
+        assert_eq!(kv.total_refs(), 0);
+    }
+
+    #[test]
+    fn prefix_hit_reuses_blocks_but_never_the_last_token() {
+        let mut kv = PagedKv::new(16, 4, true);
+        let prompt = seq_tokens(12, 1);
+        let mut a = SeqKv::default();
+        assert_eq!(kv.lookup_prefix(&prompt).blocks.len(), 0);
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
+        kv.commit(&mut a, &prompt, 12);
+        assert_eq!(kv.num_cached_blocks(), 3);
+
+        // Same 12-token prompt: the third block holds the last token, so only 2 blocks hit.
+        let m = kv.lookup_prefix(&prompt);
+        assert_eq!(m.blocks, a.blocks[..2].to_vec());
+        // A longer prompt with the same start hits all three.
+        let mut longer = prompt.clone();
+        longer.extend([99, 98]);
+        let m = kv.lookup_prefix(&longer);
+        assert_eq!(m.num_tokens(4), 12);
+        let mut b = SeqKv::default();
+        assert!(kv.allocate(&mut b, &m, 14));
+        assert_eq!(&b.blocks[..3], &a.blocks[..]);
+        assert_eq!(kv.num_free_blocks(), 16 - 4);
+        kv.free(&mut a);
+        kv.free(&mut b);
+        assert_eq!(kv.total_refs(), 0);
+        assert_eq!(kv.num_free_blocks(), 16);
+        // Freed blocks keep their content: still a hit.
+        assert_eq!(kv.lookup_prefix(&longer).blocks.len(), 3);
+    }
+
+    #[test]
+    fn different_prefix_does_not_hit() {
+        let mut kv = PagedKv::new(16, 4, true);
+        let p = seq_tokens(8, 1);
+        let mut a = SeqKv::default();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 8));
+        kv.commit(&mut a, &p, 8);
+        let mut q = p.clone();
+        q[0] += 1;
+        q.push(5);
+        assert!(kv.lookup_prefix(&q).blocks.is_empty());
+    }
+
+    #[test]
+    fn full_cache_evicts_lru_instead_of_failing() {
+        let mut kv = PagedKv::new(4, 4, true);
+        // Fill the whole pool with cached content, then release it.
+        let old = seq_tokens(16, 3);
+        let mut a = SeqKv::default();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 16));
+        kv.commit(&mut a, &old, 16);
+        kv.free(&mut a);
+        assert_eq!(kv.num_cached_blocks(), 4);
+        // A new sequence still gets every block: cached ones are evicted, tail first.
+        let mut b = SeqKv::default();
+        assert!(kv.allocate(&mut b, &PrefixMatch::default(), 4));
+        assert_eq!(kv.num_cached_blocks(), 3);
+        let mut probe = old.clone();
+        probe.push(0);
+        assert_eq!(kv.lookup_prefix(&probe).blocks.len(), 3, "head blocks survive");
+        assert!(kv.allocate(&mut b, &PrefixMatch::default(), 16));
+        assert_eq!(kv.num_cached_blocks(), 0);
+        assert_eq!(kv.num_free_blocks(), 0);
+    }
+}

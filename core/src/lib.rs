@@ -1,0 +1,23 @@
+//! infer-core: the scheduler / KV-policy core shared by the simulator and the engine.
+//!
+//! Pure and deterministic: no I/O, no threads, no wall clock, no global RNG. Time is a
+//! number the driver passes in; randomness comes from seeds in the inputs.
+//!
+//! * [`scheduler`]: requests → step plans → events (batching, chunking, preemption);
+//! * [`kv`]: contiguous and paged KV managers, prefix caching;
+//! * [`workload`]: scenario files, prompts and arrival processes;
+//! * [`metrics`]: TTFT / TPOT / ITL / E2E with vLLM's definitions;
+//! * [`router`]: routing policies over replicas.
+
+pub mod kv;
+pub mod metrics;
+pub mod request;
+pub mod router;
+pub mod scheduler;
+pub mod workload;
+
+pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
+pub use scheduler::{
+    AddError, BatchingMode, Event, KvBackend, ScheduledSeq, Scheduler, SchedulerConfig,
+    SchedulerStats, StepPlan,
+};

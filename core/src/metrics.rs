@@ -1,0 +1,516 @@
+//! One definition of the serving metrics, used by the simulator, the server and the client,
+//! matching vLLM's serving benchmark so numbers compare with published ones:
+//!
+//! * TTFT = first token − request start; E2E = last token − start;
+//! * TPOT = (E2E − TTFT) / (output_tokens − 1), per request with more than one token;
+//! * ITL = gaps between successive streamed chunks, pooled over all requests;
+//! * throughputs over the run's duration; percentiles by linear interpolation (numpy's
+//!   default); standard deviations over the population; reported in milliseconds.
+//!
+//! Per-token data is not kept for finished requests: each request becomes one
+//! [`RequestRecord`], and ITL gaps go into a [`Samples`] pool that stays exact up to a
+//! bound and then continues as a fine log-bucketed histogram (≤ 0.05% relative error).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+/// One request's outcome: a row of `requests.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub id: u64,
+    /// Send time, seconds from the run's start.
+    pub start: f64,
+    pub ttft: Option<f64>,
+    pub e2e: f64,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+    pub cached_tokens: usize,
+    pub preemptions: u32,
+    /// Time from arrival at the scheduler to first scheduling, when known.
+    pub queue_time: Option<f64>,
+    /// Streamed chunks after the first, their mean and largest gap.
+    pub itl_mean: Option<f64>,
+    pub itl_max: Option<f64>,
+    /// The replica that served it (routed runs).
+    pub replica: Option<usize>,
+    pub error: Option<String>,
+}
+
+impl RequestRecord {
+    pub const CSV_HEADER: &'static str = "id,start_s,ttft_ms,e2e_ms,tpot_ms,itl_mean_ms,itl_max_ms,\
+prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,error";
+
+    pub fn success(&self) -> bool {
+        self.error.is_none()
+    }
+
+    pub fn tpot(&self) -> Option<f64> {
+        match self.ttft {
+            Some(ttft) if self.output_tokens > 1 && self.success() => {
+                Some((self.e2e - ttft) / (self.output_tokens - 1) as f64)
+            }
+            _ => None,
+        }
+    }
+
+    pub fn to_csv_row(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or(String::new(), |x| format!("{:.3}", x * 1e3));
+        let err = self.error.as_deref().unwrap_or("").replace(['"', '\n', '\r'], " ");
+        format!(
+            "{},{:.6},{},{:.3},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            self.id,
+            self.start,
+            ms(self.ttft),
+            self.e2e * 1e3,
+            ms(self.tpot()),
+            ms(self.itl_mean),
+            ms(self.itl_max),
+            self.prompt_tokens,
+            self.output_tokens,
+            self.cached_tokens,
+            self.preemptions,
+            ms(self.queue_time),
+            self.replica.map_or(String::new(), |r| r.to_string()),
+            self.success(),
+            err
+        )
+    }
+}
+
+/// A pool of non-negative samples with exact mean and std, and percentiles that are exact
+/// up to `EXACT_LIMIT` samples and within 0.05% beyond.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    exact: Vec<f64>,
+    buckets: BTreeMap<i32, u64>,
+    n: u64,
+    sum: f64,
+    sum_sq: f64,
+}
+
+const EXACT_LIMIT: usize = 1 << 21;
+const BUCKET_GROWTH: f64 = 1.001;
+const BUCKET_FLOOR: f64 = 1e-9;
+
+impl Samples {
+    pub fn push(&mut self, x: f64) {
+        self.n += 1;
+        self.sum += x;
+        self.sum_sq += x * x;
+        if self.buckets.is_empty() && self.exact.len() < EXACT_LIMIT {
+            self.exact.push(x);
+            return;
+        }
+        if !self.exact.is_empty() {
+            for v in std::mem::take(&mut self.exact) {
+                *self.buckets.entry(bucket_of(v)).or_default() += 1;
+            }
+        }
+        *self.buckets.entry(bucket_of(x)).or_default() += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.n as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    pub fn stats(&mut self) -> Stats {
+        if self.n == 0 {
+            return Stats::default();
+        }
+        let n = self.n as f64;
+        let mean = self.sum / n;
+        let std = (self.sum_sq / n - mean * mean).max(0.0).sqrt();
+        self.exact.sort_unstable_by(f64::total_cmp);
+        Stats {
+            mean,
+            median: self.percentile(50.0),
+            std,
+            p90: self.percentile(90.0),
+            p95: self.percentile(95.0),
+            p99: self.percentile(99.0),
+        }
+    }
+
+    /// Linear interpolation between the closest ranks (numpy's default). Needs `exact`
+    /// sorted (done by `stats`).
+    fn percentile(&self, q: f64) -> f64 {
+        let rank = q / 100.0 * (self.n - 1) as f64;
+        let (lo, hi) = (rank.floor() as u64, rank.ceil() as u64);
+        let (a, b) = (self.nth(lo), self.nth(hi));
+        a + (b - a) * (rank - lo as f64)
+    }
+
+    fn nth(&self, k: u64) -> f64 {
+        if self.buckets.is_empty() {
+            return self.exact[k as usize];
+        }
+        let mut seen = 0;
+        for (&b, &c) in &self.buckets {
+            seen += c;
+            if seen > k {
+                return value_of(b);
+            }
+        }
+        value_of(*self.buckets.keys().last().expect("non-empty"))
+    }
+}
+
+fn bucket_of(x: f64) -> i32 {
+    if x <= BUCKET_FLOOR {
+        return i32::MIN;
+    }
+    ((x / BUCKET_FLOOR).ln() / BUCKET_GROWTH.ln()).ceil() as i32
+}
+
+fn value_of(b: i32) -> f64 {
+    if b == i32::MIN {
+        return 0.0;
+    }
+    BUCKET_FLOOR * BUCKET_GROWTH.powf(b as f64 - 0.5)
+}
+
+/// Mean, median, standard deviation and tail percentiles of one metric (seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Stats {
+    pub mean: f64,
+    pub median: f64,
+    pub std: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+impl Stats {
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Stats {
+        let mut s = Samples::default();
+        values.into_iter().for_each(|v| s.push(v));
+        s.stats()
+    }
+}
+
+/// The run summary: vLLM's result keys, then ours.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Summary {
+    pub completed: usize,
+    pub failed: usize,
+    pub duration: f64,
+    pub total_input_tokens: usize,
+    pub total_output_tokens: usize,
+    pub request_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub ttft: Stats,
+    pub tpot: Stats,
+    pub itl: Stats,
+    pub e2el: Stats,
+    pub prefix_cache_hit_rate: f64,
+    pub num_preemptions: u64,
+    pub peak_kv_usage: f64,
+    pub max_concurrency: Option<usize>,
+}
+
+impl Summary {
+    /// The summary as ordered (key, value) pairs with vLLM's key names; latencies in ms.
+    pub fn entries(&self) -> Vec<(String, f64)> {
+        let mut out = vec![
+            ("completed".to_string(), self.completed as f64),
+            ("failed".into(), self.failed as f64),
+            ("duration".into(), self.duration),
+            ("total_input_tokens".into(), self.total_input_tokens as f64),
+            ("total_output_tokens".into(), self.total_output_tokens as f64),
+            ("request_throughput".into(), self.request_throughput),
+            ("output_throughput".into(), self.output_throughput),
+            ("total_token_throughput".into(), self.total_token_throughput),
+        ];
+        for (name, s) in [("ttft", self.ttft), ("tpot", self.tpot), ("itl", self.itl), ("e2el", self.e2el)] {
+            for (stat, v) in [
+                ("mean", s.mean),
+                ("median", s.median),
+                ("std", s.std),
+                ("p90", s.p90),
+                ("p95", s.p95),
+                ("p99", s.p99),
+            ] {
+                out.push((format!("{stat}_{name}_ms"), v * 1e3));
+            }
+        }
+        out.push(("prefix_cache_hit_rate".into(), self.prefix_cache_hit_rate));
+        out.push(("num_preemptions".into(), self.num_preemptions as f64));
+        out.push(("peak_kv_usage".into(), self.peak_kv_usage));
+        out
+    }
+
+    /// vLLM's `Serving Benchmark Result` block.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let line = |s: &mut String, k: &str, v: String| {
+            let _ = writeln!(s, "{k:<40} {v:<10}");
+        };
+        let _ = writeln!(s, "{:=^50}", " Serving Benchmark Result ");
+        line(&mut s, "Successful requests:", self.completed.to_string());
+        line(&mut s, "Failed requests:", self.failed.to_string());
+        if let Some(c) = self.max_concurrency {
+            line(&mut s, "Maximum request concurrency:", c.to_string());
+        }
+        line(&mut s, "Benchmark duration (s):", format!("{:.2}", self.duration));
+        line(&mut s, "Total input tokens:", self.total_input_tokens.to_string());
+        line(&mut s, "Total generated tokens:", self.total_output_tokens.to_string());
+        line(&mut s, "Request throughput (req/s):", format!("{:.2}", self.request_throughput));
+        line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
+        line(&mut s, "Total Token throughput (tok/s):", format!("{:.2}", self.total_token_throughput));
+        for (title, short, st) in [
+            ("Time to First Token", "TTFT", self.ttft),
+            ("Time per Output Token (excl. 1st token)", "TPOT", self.tpot),
+            ("Inter-token Latency", "ITL", self.itl),
+            ("End-to-end Latency", "E2EL", self.e2el),
+        ] {
+            let _ = writeln!(s, "{:-^50}", title);
+            line(&mut s, &format!("Mean {short} (ms):"), format!("{:.2}", st.mean * 1e3));
+            line(&mut s, &format!("Median {short} (ms):"), format!("{:.2}", st.median * 1e3));
+            line(&mut s, &format!("P99 {short} (ms):"), format!("{:.2}", st.p99 * 1e3));
+        }
+        let _ = writeln!(s, "{:=^50}", "");
+        s
+    }
+}
+
+impl Serialize for Summary {
+    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let entries = self.entries();
+        let mut m = ser.serialize_map(Some(entries.len() + 1))?;
+        for (k, v) in &entries {
+            // Counts as integers, like vLLM's JSON.
+            if matches!(
+                k.as_str(),
+                "completed" | "failed" | "total_input_tokens" | "total_output_tokens" | "num_preemptions"
+            ) {
+                m.serialize_entry(k, &(*v as u64))?;
+            } else {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.serialize_entry("max_concurrency", &self.max_concurrency)?;
+        m.end()
+    }
+}
+
+/// A point of `timeseries.csv`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimePoint {
+    pub t: f64,
+    pub replica: usize,
+    pub waiting: usize,
+    pub running: usize,
+    pub kv_usage: f64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+}
+
+impl TimePoint {
+    pub const CSV_HEADER: &'static str =
+        "t_s,replica,waiting,running,kv_usage,prefix_queries,prefix_hits,preemptions";
+
+    pub fn to_csv_row(&self) -> String {
+        format!(
+            "{:.6},{},{},{},{:.6},{},{},{}",
+            self.t,
+            self.replica,
+            self.waiting,
+            self.running,
+            self.kv_usage,
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Live {
+    start: f64,
+    prompt_tokens: usize,
+    first: Option<f64>,
+    last: f64,
+    chunks: usize,
+    itl_sum: f64,
+    itl_max: f64,
+}
+
+/// Turns per-request timelines into [`RequestRecord`]s and a [`Summary`].
+#[derive(Debug, Default)]
+pub struct MetricsRecorder {
+    live: HashMap<u64, Live>,
+    records: Vec<RequestRecord>,
+    itl: Samples,
+}
+
+impl MetricsRecorder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The client sent request `id` at `t`.
+    pub fn start(&mut self, id: u64, t: f64, prompt_tokens: usize) {
+        let live = Live { start: t, prompt_tokens, first: None, last: t, chunks: 0, itl_sum: 0.0, itl_max: 0.0 };
+        self.live.insert(id, live);
+    }
+
+    /// A streamed chunk (one or more tokens) of request `id` arrived at `t`.
+    pub fn chunk(&mut self, id: u64, t: f64) {
+        let Some(l) = self.live.get_mut(&id) else { return };
+        if l.first.is_none() {
+            l.first = Some(t);
+        } else {
+            let gap = t - l.last;
+            self.itl.push(gap);
+            l.itl_sum += gap;
+            l.itl_max = l.itl_max.max(gap);
+        }
+        l.chunks += 1;
+        l.last = t;
+    }
+
+    /// Request `id` completed at `t`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(
+        &mut self,
+        id: u64,
+        t: f64,
+        output_tokens: usize,
+        cached_tokens: usize,
+        preemptions: u32,
+        queue_time: Option<f64>,
+        replica: Option<usize>,
+    ) {
+        let Some(l) = self.live.remove(&id) else { return };
+        let gaps = l.chunks.saturating_sub(1);
+        self.records.push(RequestRecord {
+            id,
+            start: l.start,
+            ttft: l.first.map(|f| f - l.start),
+            e2e: t - l.start,
+            prompt_tokens: l.prompt_tokens,
+            output_tokens,
+            cached_tokens,
+            preemptions,
+            queue_time,
+            itl_mean: (gaps > 0).then(|| l.itl_sum / gaps as f64),
+            itl_max: (gaps > 0).then_some(l.itl_max),
+            replica,
+            error: None,
+        });
+    }
+
+    /// Request `id` failed at `t` (its ITL gaps, if any, stay in the pool as vLLM's do not;
+    /// they are few and the alternative is keeping them per request).
+    pub fn fail(&mut self, id: u64, t: f64, error: String) {
+        let l = self.live.remove(&id);
+        let (start, prompt_tokens) = l.map_or((t, 0), |l| (l.start, l.prompt_tokens));
+        self.records.push(RequestRecord {
+            id,
+            start,
+            ttft: None,
+            e2e: t - start,
+            prompt_tokens,
+            output_tokens: 0,
+            cached_tokens: 0,
+            preemptions: 0,
+            queue_time: None,
+            itl_mean: None,
+            itl_max: None,
+            replica: None,
+            error: Some(error),
+        });
+    }
+
+    pub fn records(&self) -> &[RequestRecord] {
+        &self.records
+    }
+
+    /// Records sorted by id (for stable files).
+    pub fn sorted_records(&self) -> Vec<RequestRecord> {
+        let mut r = self.records.clone();
+        r.sort_by_key(|r| r.id);
+        r
+    }
+
+    /// The summary over a run of `duration` seconds.
+    pub fn summary(&mut self, duration: f64) -> Summary {
+        let ok: Vec<&RequestRecord> = self.records.iter().filter(|r| r.success()).collect();
+        let input: usize = ok.iter().map(|r| r.prompt_tokens).sum();
+        let output: usize = ok.iter().map(|r| r.output_tokens).sum();
+        let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
+        Summary {
+            completed: ok.len(),
+            failed: self.records.len() - ok.len(),
+            duration,
+            total_input_tokens: input,
+            total_output_tokens: output,
+            request_throughput: per_s(ok.len() as f64),
+            output_throughput: per_s(output as f64),
+            total_token_throughput: per_s((input + output) as f64),
+            ttft: Stats::of(ok.iter().filter_map(|r| r.ttft)),
+            tpot: Stats::of(ok.iter().filter_map(|r| r.tpot())),
+            itl: self.itl.stats(),
+            e2el: Stats::of(ok.iter().map(|r| r.e2e)),
+            ..Summary::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate_like_numpy() {
+        let s = Stats::of([1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(s.median, 2.5);
+        assert!((s.p90 - 3.7).abs() < 1e-12);
+        assert!((s.p99 - 3.97).abs() < 1e-12);
+        assert_eq!(s.mean, 2.5);
+        assert!((s.std - 1.118_033_988_749_895).abs() < 1e-12);
+    }
+
+    #[test]
+    fn histogram_mode_stays_within_tolerance() {
+        let mut s = Samples::default();
+        for i in 0..(EXACT_LIMIT + 1000) {
+            s.push(0.001 + (i % 1000) as f64 * 1e-5);
+        }
+        let st = s.stats();
+        let expected_median = 0.001 + 499.5e-5;
+        assert!((st.median - expected_median).abs() / expected_median < 1e-3, "{}", st.median);
+        assert!(s.exact.is_empty(), "exact values are released");
+    }
+
+    #[test]
+    fn request_metrics_follow_vllm_definitions() {
+        let mut m = MetricsRecorder::new();
+        m.start(1, 0.0, 100);
+        for t in [0.5, 0.6, 0.8, 1.1] {
+            m.chunk(1, t);
+        }
+        m.finish(1, 1.1, 4, 0, 0, Some(0.1), None);
+        m.start(2, 1.0, 50);
+        m.fail(2, 1.5, "boom".into());
+        let s = m.summary(2.0);
+        assert_eq!((s.completed, s.failed), (1, 1));
+        assert!((s.ttft.median - 0.5).abs() < 1e-12);
+        assert!((s.tpot.mean - 0.2).abs() < 1e-12, "(1.1-0.5)/3");
+        assert!((s.itl.median - 0.2).abs() < 1e-12, "gaps 0.1, 0.2, 0.3");
+        assert!((s.e2el.mean - 1.1).abs() < 1e-12);
+        assert_eq!(s.output_throughput, 2.0);
+        let block = s.render();
+        assert!(block.contains("Successful requests:                     1"));
+        let row = m.sorted_records()[0].to_csv_row();
+        assert!(row.starts_with("1,0.000000,500.000,1100.000,200.000"), "{row}");
+    }
+}

@@ -1,0 +1,124 @@
+//! The scheduler's knobs: the seed server's flags.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchingMode {
+    /// A batch is admitted together and runs until all of it finishes.
+    Static,
+    /// Admit and retire every step.
+    Continuous,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvBackend {
+    /// Each sequence reserves `max_model_len` tokens.
+    Contiguous,
+    /// Block tables over a pool of `num_gpu_blocks` blocks.
+    Paged,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    pub batching_mode: BatchingMode,
+    /// Running sequences at most.
+    pub max_batch_size: usize,
+    pub kv_cache_backend: KvBackend,
+    /// KV budget in blocks of `block_size` tokens (contiguous slots are carved from the same
+    /// budget: `num_gpu_blocks * block_size / max_model_len` of them).
+    pub num_gpu_blocks: usize,
+    pub block_size: usize,
+    /// With chunked prefill, `prefill_chunk_size` is the token budget of a step (decodes
+    /// first, then prefill chunks). Without it a prompt is prefilled whole, in one step.
+    pub chunked_prefill: bool,
+    pub prefill_chunk_size: usize,
+    pub prefix_caching: bool,
+    /// Longest sequence (prompt + output) in tokens.
+    pub max_model_len: usize,
+    /// Waiting requests at most; `add_request` refuses more (the server answers 503).
+    pub max_waiting: Option<usize>,
+}
+
+impl Default for SchedulerConfig {
+    /// The benchmark log's Phase 8 configuration (Llama and Gemma3 rows).
+    fn default() -> Self {
+        SchedulerConfig {
+            batching_mode: BatchingMode::Continuous,
+            max_batch_size: 24,
+            kv_cache_backend: KvBackend::Paged,
+            num_gpu_blocks: 2048,
+            block_size: 16,
+            chunked_prefill: true,
+            prefill_chunk_size: 512,
+            prefix_caching: true,
+            max_model_len: 4096,
+            max_waiting: None,
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Tokens of KV the configuration provides.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        match self.kv_cache_backend {
+            KvBackend::Paged => self.num_gpu_blocks * self.block_size,
+            KvBackend::Contiguous => {
+                self.num_gpu_blocks * self.block_size / self.max_model_len * self.max_model_len
+            }
+        }
+    }
+
+    /// Every inconsistency, as (key, reason).
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let positive = [
+            ("max_batch_size", self.max_batch_size),
+            ("num_gpu_blocks", self.num_gpu_blocks),
+            ("block_size", self.block_size),
+            ("max_model_len", self.max_model_len),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err((key, "must be at least 1".into()));
+            }
+        }
+        if self.chunked_prefill {
+            if self.prefill_chunk_size == 0 {
+                return Err(("prefill_chunk_size", "must be at least 1".into()));
+            }
+            if self.prefill_chunk_size < self.max_batch_size {
+                return Err((
+                    "prefill_chunk_size",
+                    format!(
+                        "the step budget {} must be at least max_batch_size {} so that every \
+                         running sequence can decode each step",
+                        self.prefill_chunk_size, self.max_batch_size
+                    ),
+                ));
+            }
+        }
+        if self.prefix_caching && self.kv_cache_backend == KvBackend::Contiguous {
+            return Err((
+                "prefix_caching",
+                "needs kv_cache_backend = \"paged\" (contiguous slots cannot share blocks)".into(),
+            ));
+        }
+        if self.kv_cache_backend == KvBackend::Contiguous
+            && self.num_gpu_blocks * self.block_size < self.max_model_len
+        {
+            return Err((
+                "num_gpu_blocks",
+                format!(
+                    "{} blocks x {} tokens = {} tokens cannot hold one contiguous slot of \
+                     max_model_len {} tokens",
+                    self.num_gpu_blocks,
+                    self.block_size,
+                    self.num_gpu_blocks * self.block_size,
+                    self.max_model_len
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

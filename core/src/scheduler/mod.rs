@@ -1,0 +1,498 @@
+//! The scheduler: decides, step by step, which sequences run, how many tokens each
+//! processes, and where their KV lives. It never executes anything.
+//!
+//! One rule drives progress: a sequence's computed tokens catch up with its known tokens
+//! (prompt + sampled output). A prefill, a prefill chunk, a recompute after preemption and
+//! a prefix-cache hit (which simply starts `num_computed` further along) are all that rule.
+//!
+//! Each step, in this order:
+//! 1. running sequences that decode (one token each);
+//! 2. running sequences part-way through their prompt (chunks, within the token budget);
+//! 3. waiting sequences, first come first served, while the batch, budget and KV allow.
+//!
+//! When a running sequence needs a block and none is free, the newest running sequence not
+//! yet scheduled this step is preempted (its KV freed, to be recomputed later) and put at
+//! the front of the waiting queue. Running out of KV is never an error to the request.
+
+mod config;
+mod plan;
+
+use std::collections::{HashMap, VecDeque};
+
+pub use config::{BatchingMode, KvBackend, SchedulerConfig};
+pub use plan::{Event, ScheduledSeq, StepPlan};
+
+use crate::kv::{ContiguousKv, KvManager, PagedKv, PrefixMatch, SeqKv};
+use crate::request::{FinishReason, Request, RequestId, RequestStats, SeqState, StopConditions};
+
+/// Why a request cannot be accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddError {
+    /// The prompt leaves no room for one output token within `max_model_len`.
+    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
+    /// The prompt alone needs more KV than the whole pool holds.
+    ExceedsKvCapacity { needed_tokens: usize, capacity_tokens: usize },
+    /// The waiting queue is at `max_waiting`.
+    QueueFull { max_waiting: usize },
+    DuplicateId(RequestId),
+    EmptyPrompt,
+}
+
+impl std::fmt::Display for AddError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddError::PromptTooLong { prompt_tokens, max_model_len } => write!(
+                f,
+                "this model's maximum context length is {max_model_len} tokens, but the prompt \
+                 has {prompt_tokens} tokens (at least one output token must fit)"
+            ),
+            AddError::ExceedsKvCapacity { needed_tokens, capacity_tokens } => write!(
+                f,
+                "the request needs {needed_tokens} tokens of KV cache but the whole pool holds \
+                 {capacity_tokens}"
+            ),
+            AddError::QueueFull { max_waiting } => {
+                write!(f, "the waiting queue is full ({max_waiting} requests)")
+            }
+            AddError::DuplicateId(id) => write!(f, "request id {id} is already in use"),
+            AddError::EmptyPrompt => write!(f, "the prompt is empty"),
+        }
+    }
+}
+
+impl std::error::Error for AddError {}
+
+/// Counters and gauges, as the metrics endpoint and time series report them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SchedulerStats {
+    pub num_waiting: usize,
+    pub num_running: usize,
+    pub kv_usage: f64,
+    pub num_free_blocks: usize,
+    pub num_blocks: usize,
+    /// Prompt tokens looked up in the prefix cache, and tokens found (vLLM's counting).
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub num_preemptions: u64,
+    pub num_finished: u64,
+}
+
+#[derive(Debug)]
+struct Sequence {
+    id: RequestId,
+    /// Prompt followed by sampled output.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    num_computed: usize,
+    stop: StopConditions,
+    state: SeqState,
+    kv: SeqKv,
+    /// The step in which it was last scheduled (to pick preemption victims).
+    scheduled_in: u64,
+    arrival_time: f64,
+    first_scheduled_time: Option<f64>,
+    cached_tokens: Option<usize>,
+    preemptions: u32,
+}
+
+impl Sequence {
+    fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn is_decode(&self) -> bool {
+        self.num_computed >= self.prompt_len && self.num_computed + 1 == self.tokens.len()
+    }
+
+    fn stats(&self) -> RequestStats {
+        RequestStats {
+            prompt_tokens: self.prompt_len,
+            output_tokens: self.output_len(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+            preemptions: self.preemptions,
+            arrival_time: self.arrival_time,
+            first_scheduled_time: self.first_scheduled_time,
+        }
+    }
+}
+
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: Box<dyn KvManager + Send>,
+    /// Live sequences by slot; `index` maps request ids to slots.
+    seqs: Vec<Option<Sequence>>,
+    free_slots: Vec<u32>,
+    index: HashMap<RequestId, u32>,
+    waiting: VecDeque<u32>,
+    /// In admission order: the newest is last.
+    running: Vec<u32>,
+    step: u64,
+    ended_outside: Vec<RequestId>,
+    spare: StepPlan,
+    stats: SchedulerStats,
+    /// Scratch for the running sequences' visiting order.
+    order: Vec<u32>,
+}
+
+impl Scheduler {
+    /// A scheduler for a valid configuration (see [`SchedulerConfig::validate`]).
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        if let Err((key, reason)) = cfg.validate() {
+            panic!("invalid scheduler configuration: {key}: {reason}");
+        }
+        let kv: Box<dyn KvManager + Send> = match cfg.kv_cache_backend {
+            KvBackend::Paged => {
+                Box::new(PagedKv::new(cfg.num_gpu_blocks, cfg.block_size, cfg.prefix_caching))
+            }
+            KvBackend::Contiguous => Box::new(ContiguousKv::new(
+                cfg.num_gpu_blocks * cfg.block_size,
+                cfg.max_model_len,
+            )),
+        };
+        Scheduler {
+            cfg,
+            kv,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            index: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            step: 0,
+            ended_outside: Vec::new(),
+            spare: StepPlan::default(),
+            stats: SchedulerStats::default(),
+            order: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The KV manager (read-only: routers and metrics look at it).
+    pub fn kv(&self) -> &dyn KvManager {
+        self.kv.as_ref()
+    }
+
+    /// Queue a request. `now` is its arrival time on the driver's clock.
+    pub fn add_request(&mut self, req: Request, now: f64) -> Result<(), AddError> {
+        let n = req.prompt.len();
+        if n == 0 {
+            return Err(AddError::EmptyPrompt);
+        }
+        if n + 1 > self.cfg.max_model_len {
+            return Err(AddError::PromptTooLong {
+                prompt_tokens: n,
+                max_model_len: self.cfg.max_model_len,
+            });
+        }
+        let capacity = self.kv.capacity_tokens();
+        let needed = match self.cfg.kv_cache_backend {
+            KvBackend::Paged => n + 1,
+            KvBackend::Contiguous => self.cfg.max_model_len,
+        };
+        if needed > capacity {
+            return Err(AddError::ExceedsKvCapacity {
+                needed_tokens: needed,
+                capacity_tokens: capacity,
+            });
+        }
+        if let Some(max) = self.cfg.max_waiting {
+            if self.waiting.len() >= max {
+                return Err(AddError::QueueFull { max_waiting: max });
+            }
+        }
+        if self.index.contains_key(&req.id) {
+            return Err(AddError::DuplicateId(req.id));
+        }
+        let seq = Sequence {
+            id: req.id,
+            tokens: req.prompt,
+            prompt_len: n,
+            num_computed: 0,
+            stop: req.stop,
+            state: SeqState::Waiting,
+            kv: SeqKv::default(),
+            scheduled_in: u64::MAX,
+            arrival_time: now,
+            first_scheduled_time: None,
+            cached_tokens: None,
+            preemptions: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.seqs[s as usize] = Some(seq);
+                s
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                (self.seqs.len() - 1) as u32
+            }
+        };
+        self.index.insert(req.id, slot);
+        self.waiting.push_back(slot);
+        Ok(())
+    }
+
+    /// Cancel a request (client gone). Its KV is released now.
+    pub fn abort(&mut self, id: RequestId) -> Option<RequestStats> {
+        self.finish(id, FinishReason::Abort)
+    }
+
+    /// End a request from outside (an aborted client, or a stop string the engine matched).
+    /// Returns its stats, or `None` if it was not live.
+    pub fn finish(&mut self, id: RequestId, reason: FinishReason) -> Option<RequestStats> {
+        let slot = *self.index.get(&id)?;
+        if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
+            self.waiting.remove(pos);
+        }
+        if let Some(pos) = self.running.iter().position(|&s| s == slot) {
+            self.running.remove(pos);
+        }
+        let stats = self.release(slot, reason);
+        self.ended_outside.push(id);
+        Some(stats)
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_unfinished(&self) -> bool {
+        !self.index.is_empty()
+    }
+
+    pub fn num_unfinished(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            num_waiting: self.waiting.len(),
+            num_running: self.running.len(),
+            kv_usage: self.kv.usage(),
+            num_free_blocks: self.kv.num_free_blocks(),
+            num_blocks: self.kv.num_blocks(),
+            ..self.stats
+        }
+    }
+
+    /// Plan the next step. The plan must be handed back to [`Scheduler::complete`].
+    pub fn schedule(&mut self, now: f64) -> StepPlan {
+        let mut plan = std::mem::take(&mut self.spare);
+        self.step += 1;
+        plan.reset(self.step, now, self.kv.block_size());
+        plan.finished.append(&mut self.ended_outside);
+        let mut budget = if self.cfg.chunked_prefill {
+            self.cfg.prefill_chunk_size
+        } else {
+            usize::MAX
+        };
+
+        // 1 and 2: running sequences, decodes before prompt chunks, oldest first.
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        order.extend(self.running.iter().copied().filter(|&s| self.seq(s).is_decode()));
+        order.extend(self.running.iter().copied().filter(|&s| !self.seq(s).is_decode()));
+        for &slot in &order {
+            if budget == 0 {
+                break;
+            }
+            let seq = self.seq(slot);
+            if seq.state != SeqState::Running {
+                continue; // preempted earlier in this step
+            }
+            let n = (seq.tokens.len() - seq.num_computed).min(budget);
+            if self.grow_or_preempt(slot, n, &mut plan) {
+                self.push_to_plan(slot, n, &mut plan);
+                budget -= n;
+            }
+        }
+        self.order = order;
+
+        // 3: admit waiting sequences.
+        let may_admit = match self.cfg.batching_mode {
+            BatchingMode::Continuous => true,
+            BatchingMode::Static => self.running.is_empty(),
+        };
+        while may_admit && budget > 0 && self.running.len() < self.cfg.max_batch_size {
+            let Some(&slot) = self.waiting.front() else { break };
+            let bs = self.kv.block_size();
+            let seq = self.seqs[slot as usize].as_mut().expect("live");
+            let prefix = if self.cfg.prefix_caching {
+                self.kv.lookup_prefix(&seq.tokens)
+            } else {
+                PrefixMatch::default()
+            };
+            let hit = prefix.num_tokens(bs);
+            let n = (seq.tokens.len() - hit).min(budget);
+            if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {
+                break; // first come, first served: nobody overtakes the head
+            }
+            if self.cfg.prefix_caching {
+                self.stats.prefix_queries += seq.tokens.len() as u64;
+                self.stats.prefix_hits += hit as u64;
+            }
+            seq.num_computed = hit;
+            seq.cached_tokens.get_or_insert(hit);
+            seq.first_scheduled_time.get_or_insert(now);
+            seq.state = SeqState::Running;
+            self.waiting.pop_front();
+            self.running.push(slot);
+            self.push_to_plan(slot, n, &mut plan);
+            budget -= n;
+        }
+        plan
+    }
+
+    /// Apply a step's results: one sampled token per sampling sequence of `plan`, in plan
+    /// order. Returns the requests' events.
+    pub fn complete(&mut self, plan: StepPlan, sampled: &[u32], now: f64) -> Vec<Event> {
+        assert_eq!(
+            sampled.len(),
+            plan.num_sampling(),
+            "complete() needs one sampled token per sampling sequence"
+        );
+        let mut events = Vec::with_capacity(sampled.len());
+        let mut sampled = sampled.iter();
+        let mut any_finished = false;
+        for s in &plan.seqs {
+            let token = if s.samples { sampled.next().copied() } else { None };
+            // A request ended between schedule and complete (abort) is skipped.
+            let Some(seq) = self.seqs[s.slot as usize].as_mut() else { continue };
+            if seq.id != s.request || seq.state != SeqState::Running {
+                continue;
+            }
+            seq.num_computed = s.num_computed + s.num_new_tokens;
+            self.kv.commit(&mut seq.kv, &seq.tokens, seq.num_computed);
+            let Some(token) = token else { continue };
+            seq.tokens.push(token);
+            let first = seq.output_len() == 1;
+            events.push(Event::Token { request: seq.id, token, first });
+            if let Some(reason) = stop_reason(seq, token, self.cfg.max_model_len) {
+                let stats = self.release(s.slot, reason);
+                events.push(Event::Finished { request: s.request, reason, stats });
+                any_finished = true;
+            }
+        }
+        if any_finished {
+            let seqs = &self.seqs;
+            self.running.retain(|&slot| seqs[slot as usize].is_some());
+        }
+        let _ = now;
+        self.spare = plan;
+        events
+    }
+
+    fn seq(&self, slot: u32) -> &Sequence {
+        self.seqs[slot as usize].as_ref().expect("live sequence")
+    }
+
+    /// Make room for `n` more tokens of running sequence `slot`, preempting the newest
+    /// unscheduled running sequences as needed. False if `slot` itself was preempted.
+    fn grow_or_preempt(&mut self, slot: u32, n: usize, plan: &mut StepPlan) -> bool {
+        loop {
+            let seq = self.seqs[slot as usize].as_mut().expect("live");
+            let want = seq.num_computed + n;
+            if self.kv.allocate(&mut seq.kv, &PrefixMatch::default(), want) {
+                return true;
+            }
+            let step = self.step;
+            let victim = self
+                .running
+                .iter()
+                .rposition(|&s| self.seq(s).scheduled_in != step)
+                .expect("the sequence itself is unscheduled");
+            let victim_slot = self.running.remove(victim);
+            self.preempt(victim_slot, plan);
+            if victim_slot == slot {
+                return false;
+            }
+        }
+    }
+
+    fn preempt(&mut self, slot: u32, plan: &mut StepPlan) {
+        let seq = self.seqs[slot as usize].as_mut().expect("live");
+        self.kv.free(&mut seq.kv);
+        seq.num_computed = 0;
+        seq.state = SeqState::Preempted;
+        seq.preemptions += 1;
+        self.stats.num_preemptions += 1;
+        plan.preempted.push(seq.id);
+        self.waiting.push_front(slot);
+    }
+
+    fn push_to_plan(&mut self, slot: u32, n: usize, plan: &mut StepPlan) {
+        let step = self.step;
+        let seq = self.seqs[slot as usize].as_mut().expect("live");
+        seq.scheduled_in = step;
+        let start = seq.num_computed;
+        let samples = start + n == seq.tokens.len();
+        plan.push(
+            seq.id,
+            slot,
+            start,
+            &seq.tokens[start..start + n],
+            samples,
+            seq.is_decode(),
+            &seq.kv.blocks,
+        );
+    }
+
+    /// Drop a sequence that ended (it is already out of the waiting and running queues,
+    /// or about to be removed from running by the caller).
+    fn release(&mut self, slot: u32, reason: FinishReason) -> RequestStats {
+        let mut seq = self.seqs[slot as usize].take().expect("live");
+        self.kv.free(&mut seq.kv);
+        seq.state = SeqState::Finished(reason);
+        self.index.remove(&seq.id);
+        self.free_slots.push(slot);
+        self.stats.num_finished += 1;
+        seq.stats()
+    }
+
+    /// Check the invariants of DESIGN.md that are visible from here (tests call this).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let kv = self.kv.as_ref();
+        let held: usize = self.seqs.iter().flatten().map(|s| s.kv.blocks.len()).sum();
+        if kv.total_refs() != held && self.cfg.kv_cache_backend == KvBackend::Contiguous {
+            return Err(format!("slots: refs {} != held {}", kv.total_refs(), held));
+        }
+        if kv.total_refs() < kv.num_blocks() - kv.num_free_blocks() {
+            return Err("a used block has no reference".into());
+        }
+        if self.running.len() > self.cfg.max_batch_size {
+            return Err(format!("{} running > max_batch_size", self.running.len()));
+        }
+        if self.index.is_empty() && kv.num_free_blocks() != kv.num_blocks() {
+            return Err(format!(
+                "idle but {} of {} blocks are held",
+                kv.num_blocks() - kv.num_free_blocks(),
+                kv.num_blocks()
+            ));
+        }
+        if self.index.is_empty() && kv.total_refs() != 0 {
+            return Err("idle but references remain".into());
+        }
+        if self.waiting.len() + self.running.len() != self.index.len() {
+            return Err("a live request is neither waiting nor running".into());
+        }
+        for &s in &self.waiting {
+            if !self.seq(s).kv.blocks.is_empty() {
+                return Err("a waiting sequence holds blocks".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `seq`, which has just sampled `token`, is done.
+fn stop_reason(seq: &Sequence, token: u32, max_model_len: usize) -> Option<FinishReason> {
+    let stop = &seq.stop;
+    if stop.stop_token_ids.contains(&token)
+        || (!stop.ignore_eos && stop.eos_token_ids.contains(&token))
+    {
+        return Some(FinishReason::Stop);
+    }
+    if seq.output_len() >= stop.max_tokens || seq.tokens.len() >= max_model_len {
+        return Some(FinishReason::Length);
+    }
+    None
+}

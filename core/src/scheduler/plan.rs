@@ -1,0 +1,130 @@
+//! The step plan — what `schedule` hands the driver — and the events `complete` returns.
+
+use crate::kv::BlockId;
+use crate::request::{FinishReason, RequestId, RequestStats};
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub request: RequestId,
+    /// Tokens already in KV: the position of the first new token.
+    pub num_computed: usize,
+    /// Tokens processed this step: a prefill chunk, or 1 for a decode.
+    pub num_new_tokens: usize,
+    /// Whether this chunk reaches the last known token, so a token is sampled from it.
+    pub samples: bool,
+    /// A decode step of a sequence whose prompt is already computed.
+    pub is_decode: bool,
+    pub(crate) slot: u32,
+    tokens: (u32, u32),
+    blocks: (u32, u32),
+}
+
+impl ScheduledSeq {
+    /// Context length after this step.
+    pub fn context_len(&self) -> usize {
+        self.num_computed + self.num_new_tokens
+    }
+}
+
+/// What runs in one step. Token ids and block tables live in flat buffers that are
+/// reused from step to step, so planning allocates nothing in the steady state.
+#[derive(Debug, Clone, Default)]
+pub struct StepPlan {
+    pub step: u64,
+    pub now: f64,
+    pub seqs: Vec<ScheduledSeq>,
+    /// Sent back to waiting this step to free KV (they will recompute).
+    pub preempted: Vec<RequestId>,
+    /// Ended outside `complete` (aborted, or finished by the driver) since the last plan;
+    /// the driver drops any per-request state it keeps.
+    pub finished: Vec<RequestId>,
+    /// Tokens per block of the block tables (max_model_len for contiguous slots).
+    pub block_size: usize,
+    token_ids: Vec<u32>,
+    block_ids: Vec<BlockId>,
+}
+
+impl StepPlan {
+    pub(crate) fn reset(&mut self, step: u64, now: f64, block_size: usize) {
+        self.step = step;
+        self.now = now;
+        self.block_size = block_size;
+        self.seqs.clear();
+        self.preempted.clear();
+        self.finished.clear();
+        self.token_ids.clear();
+        self.block_ids.clear();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push(
+        &mut self,
+        request: RequestId,
+        slot: u32,
+        num_computed: usize,
+        new_tokens: &[u32],
+        samples: bool,
+        is_decode: bool,
+        block_table: &[BlockId],
+    ) {
+        let t0 = self.token_ids.len() as u32;
+        self.token_ids.extend_from_slice(new_tokens);
+        let b0 = self.block_ids.len() as u32;
+        self.block_ids.extend_from_slice(block_table);
+        self.seqs.push(ScheduledSeq {
+            request,
+            num_computed,
+            num_new_tokens: new_tokens.len(),
+            samples,
+            is_decode,
+            slot,
+            tokens: (t0, self.token_ids.len() as u32),
+            blocks: (b0, self.block_ids.len() as u32),
+        });
+    }
+
+    /// The token ids the `i`-th scheduled sequence processes this step.
+    pub fn tokens(&self, i: usize) -> &[u32] {
+        let (a, b) = self.seqs[i].tokens;
+        &self.token_ids[a as usize..b as usize]
+    }
+
+    /// The `i`-th scheduled sequence's block table (covers its context after this step).
+    pub fn block_table(&self, i: usize) -> &[BlockId] {
+        let (a, b) = self.seqs[i].blocks;
+        &self.block_ids[a as usize..b as usize]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Tokens processed this step, over all sequences.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Sequences from which a token is sampled (the length `complete` expects).
+    pub fn num_sampling(&self) -> usize {
+        self.seqs.iter().filter(|s| s.samples).count()
+    }
+
+    pub fn num_decodes(&self) -> usize {
+        self.seqs.iter().filter(|s| s.is_decode).count()
+    }
+
+    /// Prompt (and recompute) tokens processed this step.
+    pub fn num_prefill_tokens(&self) -> usize {
+        self.seqs.iter().filter(|s| !s.is_decode).map(|s| s.num_new_tokens).sum()
+    }
+}
+
+/// What happened to a request in a step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A sampled token; `first` marks the request's first output token (TTFT).
+    Token { request: RequestId, token: u32, first: bool },
+    /// The request ended; its KV is already released.
+    Finished { request: RequestId, reason: FinishReason, stats: RequestStats },
+}

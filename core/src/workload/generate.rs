@@ -1,0 +1,177 @@
+//! The workload generator shared by the simulator and the load generator: the same
+//! scenario and seed give the same prompts (text and token ids) and arrival times.
+//!
+//! Requests are generated on demand and independently (each from its own seeded stream),
+//! so a 100,000-request run never holds every prompt in memory.
+
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::arrival::{ArrivalSpec, Arrivals};
+use super::corpus::{Tokenizer, TokenizedCorpus};
+use super::scenario::WorkloadSpec;
+
+/// One request of a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GeneratedRequest {
+    /// Position in the run (warm-up requests come after the measured ones in index space).
+    pub index: usize,
+    pub warmup: bool,
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub ignore_eos: bool,
+    /// The shared-prefix group, or the conversation, it belongs to.
+    pub group: Option<usize>,
+    /// (conversation, turn) for multi-turn workloads.
+    pub turn: Option<(usize, usize)>,
+}
+
+pub struct WorkloadGenerator {
+    spec: WorkloadSpec,
+    tokenizer: Arc<dyn Tokenizer>,
+    corpus: TokenizedCorpus,
+    /// The prefix every prompt shares (`shared_prefix_tokens`).
+    shared: Option<(String, Vec<u32>)>,
+}
+
+// Independent random streams.
+const PLAIN: u64 = 1;
+const SHARED: u64 = 2;
+const GROUP_SYSTEM: u64 = 3;
+const QUESTION: u64 = 4;
+const CONV_SYSTEM: u64 = 5;
+const USER_TURN: u64 = 6;
+const REPLY: u64 = 7;
+const ARRIVALS: u64 = 8;
+
+impl WorkloadGenerator {
+    pub fn new(spec: WorkloadSpec, tokenizer: Arc<dyn Tokenizer>) -> Self {
+        let corpus = TokenizedCorpus::new(tokenizer.as_ref());
+        let mut g = WorkloadGenerator { spec, tokenizer, corpus, shared: None };
+        if let Some(n) = g.spec.shared_prefix_tokens.filter(|&n| n > 0) {
+            let mut seg = (String::new(), Vec::new());
+            g.segment("System instructions: ", n, &mut g.rng(SHARED, 0, 0), &mut seg);
+            g.shared = Some(seg);
+        }
+        g
+    }
+
+    pub fn spec(&self) -> &WorkloadSpec {
+        &self.spec
+    }
+
+    pub fn tokenizer(&self) -> &Arc<dyn Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The `i`-th measured request (`i < num_requests`).
+    pub fn request(&self, i: usize) -> GeneratedRequest {
+        self.build(i, false)
+    }
+
+    /// The `i`-th warm-up request: the workload's shape, outside the measured ones.
+    pub fn warmup_request(&self, i: usize) -> GeneratedRequest {
+        self.build(self.spec.num_requests + i, true)
+    }
+
+    /// Release schedule of the measured requests.
+    pub fn arrivals(&self, spec: &ArrivalSpec) -> Arrivals {
+        spec.schedule(self.spec.num_requests, &mut self.rng(ARRIVALS, 0, 0))
+    }
+
+    fn build(&self, index: usize, warmup: bool) -> GeneratedRequest {
+        let w = &self.spec;
+        let mut seg = (String::new(), Vec::new());
+        let (mut group, mut turn) = (None, None);
+        let max_tokens;
+        if let Some(g) = w.groups {
+            // Prompts cycle through the G×P set, groups interleaved.
+            let p = index % (g.count * g.prompts_per_group);
+            let (gi, qi) = (p % g.count, p / g.count);
+            let tag = format!("System prompt {gi}: ");
+            self.segment(&tag, g.system_tokens, &mut self.rng(GROUP_SYSTEM, gi, 0), &mut seg);
+            let mut rng = self.rng(QUESTION, gi, qi);
+            let n = w.prompt_tokens.sample(&mut rng);
+            max_tokens = w.output_tokens.sample(&mut rng);
+            self.segment(&format!("\n\nQuestion {qi}: "), n, &mut rng, &mut seg);
+            group = Some(gi);
+        } else if let Some(c) = w.conversations {
+            // Turn t of every conversation comes before turn t+1 of any.
+            let ci = index % c.count;
+            let turns = self.turns_of(ci);
+            let t = (index / c.count) % turns;
+            let tag = format!("Conversation {ci}. ");
+            self.segment(&tag, c.system_tokens.max(1), &mut self.rng(CONV_SYSTEM, ci, 0), &mut seg);
+            for k in 0..=t {
+                let mut rng = self.rng(USER_TURN, ci, k);
+                let n = w.prompt_tokens.sample(&mut rng);
+                self.segment(&format!("\n\nUser: "), n, &mut rng, &mut seg);
+                if k < t {
+                    let mut rng = self.rng(REPLY, ci, k);
+                    let n = w.output_tokens.sample(&mut rng);
+                    self.segment("\n\nAssistant: ", n, &mut rng, &mut seg);
+                }
+            }
+            max_tokens = w.output_tokens.sample(&mut self.rng(REPLY, ci, t));
+            group = Some(ci);
+            turn = Some((ci, t));
+        } else {
+            let mut rng = self.rng(PLAIN, index, 0);
+            if let Some((text, ids)) = &self.shared {
+                seg.0.push_str(text);
+                seg.1.extend_from_slice(ids);
+            }
+            let n = w.prompt_tokens.sample(&mut rng);
+            max_tokens = w.output_tokens.sample(&mut rng);
+            let tag = if self.shared.is_some() { "\n\nRequest " } else { "Request " };
+            self.segment(&format!("{tag}{index}: "), n, &mut rng, &mut seg);
+        }
+        GeneratedRequest {
+            index,
+            warmup,
+            prompt: seg.0,
+            prompt_ids: seg.1,
+            max_tokens,
+            ignore_eos: w.ignore_eos,
+            group,
+            turn,
+        }
+    }
+
+    fn turns_of(&self, conversation: usize) -> usize {
+        let c = self.spec.conversations.expect("conversations");
+        let hi = c.max_turns.unwrap_or(c.min_turns);
+        self.rng(CONV_SYSTEM, conversation, 1).gen_range(c.min_turns..=hi)
+    }
+
+    /// Append a segment of exactly `n` tokens: a short tag (which makes unrelated
+    /// segments differ from their first token), then corpus text from a random offset.
+    fn segment(&self, tag: &str, n: usize, rng: &mut ChaCha8Rng, out: &mut (String, Vec<u32>)) {
+        if n == 0 {
+            return;
+        }
+        let tag_tokens = self.tokenizer.encode_with_offsets(tag);
+        let k = tag_tokens.len().min(n);
+        if k > 0 {
+            out.0.push_str(&tag[..tag_tokens[k - 1].end]);
+            out.1.extend(tag_tokens[..k].iter().map(|t| t.id));
+        }
+        let offset = rng.gen_range(0..self.corpus.len());
+        self.corpus.window(offset, n - k, &mut out.0, &mut out.1);
+    }
+
+    fn rng(&self, stream: u64, a: usize, b: usize) -> ChaCha8Rng {
+        let s = mix(self.spec.seed ^ mix(stream ^ mix(a as u64 ^ mix(b as u64))));
+        ChaCha8Rng::seed_from_u64(s)
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

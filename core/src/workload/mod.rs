@@ -1,0 +1,15 @@
+//! Workload generation shared by the simulator and the load generator: scenario files,
+//! length distributions, shared-prefix structures, arrival processes and prompts cut
+//! deterministically from a fixed English corpus.
+
+pub mod arrival;
+pub mod corpus;
+pub mod dist;
+pub mod generate;
+pub mod scenario;
+
+pub use arrival::{ArrivalKind, ArrivalSpec, Arrivals, Stage};
+pub use corpus::{ApproxTokenizer, Token, Tokenizer};
+pub use dist::LengthDist;
+pub use generate::{GeneratedRequest, WorkloadGenerator};
+pub use scenario::{ClusterSpec, ConversationsSpec, GroupsSpec, Scenario, ScenarioError, ServerSpec, WorkloadSpec};

@@ -1,0 +1,332 @@
+//! Scenario files: workload + arrivals + server configuration (+ cluster), parsed from
+//! TOML with `--set key=value` overrides. Every error names the file, the key and the
+//! reason. Parsing takes the text, not a path: reading files is the drivers' job.
+
+use serde::{Deserialize, Serialize};
+
+use super::arrival::ArrivalSpec;
+use super::dist::LengthDist;
+use crate::router::RouterKind;
+use crate::scheduler::{BatchingMode, KvBackend, SchedulerConfig};
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub workload: WorkloadSpec,
+    pub arrival: ArrivalSpec,
+    #[serde(default)]
+    pub server: ServerSpec,
+    #[serde(default)]
+    pub cluster: Option<ClusterSpec>,
+    /// Simulator-only settings (cost model, …), checked by the simulator.
+    #[serde(default)]
+    pub sim: Option<toml::Table>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    pub num_requests: usize,
+    #[serde(default)]
+    pub warmup_requests: usize,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Tokens of each prompt's unique part (the question, the user turn).
+    pub prompt_tokens: LengthDist,
+    /// The request's `max_tokens` (and, in conversations, the length of earlier replies).
+    pub output_tokens: LengthDist,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// One prefix of this many tokens shared by every prompt.
+    #[serde(default)]
+    pub shared_prefix_tokens: Option<usize>,
+    #[serde(default)]
+    pub groups: Option<GroupsSpec>,
+    #[serde(default)]
+    pub conversations: Option<ConversationsSpec>,
+}
+
+fn default_seed() -> u64 {
+    42
+}
+
+/// G groups × P prompts: each group shares a system prompt (llm-d's shared_prefix data).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupsSpec {
+    pub count: usize,
+    pub prompts_per_group: usize,
+    pub system_tokens: usize,
+}
+
+/// Multi-turn conversations: turn t's prompt holds every earlier turn and reply.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationsSpec {
+    pub count: usize,
+    pub min_turns: usize,
+    #[serde(default)]
+    pub max_turns: Option<usize>,
+    /// A system prompt opening every conversation, in tokens.
+    #[serde(default)]
+    pub system_tokens: usize,
+}
+
+/// The seed server's flags, snake_case. Defaults are the benchmark log's Phase 8.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSpec {
+    /// A catalog name (sim) or a model directory / `builtin:tiny` (engine).
+    pub model: String,
+    /// A catalog name (sim only).
+    pub hardware: String,
+    pub batching_mode: BatchingMode,
+    pub kv_cache_backend: KvBackend,
+    pub max_batch_size: usize,
+    pub num_gpu_blocks: usize,
+    pub block_size: usize,
+    pub chunked_prefill: bool,
+    pub prefill_chunk_size: usize,
+    pub prefix_caching: bool,
+    pub cuda_graphs: bool,
+    pub max_model_len: usize,
+    pub max_waiting: Option<usize>,
+}
+
+impl Default for ServerSpec {
+    fn default() -> Self {
+        let s = SchedulerConfig::default();
+        ServerSpec {
+            model: "llama-3.2-3b".into(),
+            hardware: "rtx-5080".into(),
+            batching_mode: s.batching_mode,
+            kv_cache_backend: s.kv_cache_backend,
+            max_batch_size: s.max_batch_size,
+            num_gpu_blocks: s.num_gpu_blocks,
+            block_size: s.block_size,
+            chunked_prefill: s.chunked_prefill,
+            prefill_chunk_size: s.prefill_chunk_size,
+            prefix_caching: s.prefix_caching,
+            cuda_graphs: false,
+            max_model_len: s.max_model_len,
+            max_waiting: s.max_waiting,
+        }
+    }
+}
+
+impl ServerSpec {
+    pub fn scheduler_config(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            batching_mode: self.batching_mode,
+            max_batch_size: self.max_batch_size,
+            kv_cache_backend: self.kv_cache_backend,
+            num_gpu_blocks: self.num_gpu_blocks,
+            block_size: self.block_size,
+            chunked_prefill: self.chunked_prefill,
+            prefill_chunk_size: self.prefill_chunk_size,
+            prefix_caching: self.prefix_caching,
+            max_model_len: self.max_model_len,
+            max_waiting: self.max_waiting,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub replicas: usize,
+    pub router: RouterKind,
+    /// The router sees replica state this many seconds old (stale metrics).
+    #[serde(default)]
+    pub metrics_delay_s: f64,
+    #[serde(default = "default_router_seed")]
+    pub router_seed: u64,
+}
+
+fn default_router_seed() -> u64 {
+    7
+}
+
+/// A scenario problem: the file, the key and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError {
+    pub file: String,
+    pub key: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.file, self.reason)
+        } else {
+            write!(f, "{}: key `{}`: {}", self.file, self.key, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+impl Scenario {
+    /// Parse `text` (from `file`, named in errors), apply `overrides` (`key=value`, dotted
+    /// keys, TOML values; bare words are taken as strings) and validate.
+    pub fn parse(file: &str, text: &str, overrides: &[String]) -> Result<Scenario, ScenarioError> {
+        let err = |key: &str, reason: String| ScenarioError {
+            file: file.to_string(),
+            key: key.to_string(),
+            reason,
+        };
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| err("", format!("invalid TOML: {}", e.message())))?;
+        for o in overrides {
+            let (key, value) = o
+                .split_once('=')
+                .ok_or_else(|| err(o, "an override must look like key=value".into()))?;
+            set_path(&mut table, key.trim(), parse_value(value.trim()))
+                .map_err(|reason| err(key.trim(), reason))?;
+        }
+        let scenario: Scenario = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let key = if path == "." { String::new() } else { path };
+                err(&key, e.into_inner().message().to_string())
+            })?;
+        scenario.validate().map_err(|(key, reason)| err(&key, reason))?;
+        Ok(scenario)
+    }
+
+    fn validate(&self) -> Result<(), (String, String)> {
+        let w = &self.workload;
+        let at = |section: &str, key: &str| format!("{section}.{key}");
+        if w.num_requests == 0 {
+            return Err((at("workload", "num_requests"), "must be at least 1".into()));
+        }
+        if w.output_tokens.min() == 0 {
+            return Err((at("workload", "output_tokens"), "must be at least 1 token".into()));
+        }
+        let forms = [w.shared_prefix_tokens.is_some(), w.groups.is_some(), w.conversations.is_some()];
+        if forms.iter().filter(|&&f| f).count() > 1 {
+            return Err((
+                "workload".into(),
+                "choose at most one of shared_prefix_tokens, groups, conversations".into(),
+            ));
+        }
+        if let Some(g) = w.groups {
+            if g.count == 0 || g.prompts_per_group == 0 {
+                return Err((at("workload", "groups"), "count and prompts_per_group must be >= 1".into()));
+            }
+        }
+        if let Some(c) = w.conversations {
+            if c.count == 0 || c.min_turns == 0 {
+                return Err((at("workload", "conversations"), "count and min_turns must be >= 1".into()));
+            }
+            if c.max_turns.is_some_and(|m| m < c.min_turns) {
+                return Err((at("workload", "conversations"), "max_turns is below min_turns".into()));
+            }
+        }
+        if w.prompt_tokens.min() == 0 && w.shared_prefix_tokens.unwrap_or(0) == 0 && w.groups.is_none() {
+            return Err((at("workload", "prompt_tokens"), "prompts need at least 1 token".into()));
+        }
+        self.arrival.validate().map_err(|(k, r)| (at("arrival", k), r))?;
+        self.server.scheduler_config().validate().map_err(|(k, r)| (at("server", k), r))?;
+        if let Some(c) = &self.cluster {
+            if c.replicas == 0 {
+                return Err((at("cluster", "replicas"), "must be at least 1".into()));
+            }
+            if !(c.metrics_delay_s >= 0.0 && c.metrics_delay_s.is_finite()) {
+                return Err((at("cluster", "metrics_delay_s"), "must be >= 0".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A command-line value: TOML if it parses as one (numbers, booleans, arrays, tables),
+/// otherwise a plain string.
+fn parse_value(s: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {s}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(s.to_string()))
+}
+
+fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err("empty key segment".into());
+    }
+    let mut cur = table;
+    for p in &parts[..parts.len() - 1] {
+        let entry = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(Default::default()));
+        cur = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("`{p}` is not a table, cannot set a key inside it"))?;
+    }
+    cur.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+name = "t"
+[workload]
+num_requests = 10
+prompt_tokens = 256
+output_tokens = { uniform = [64, 256] }
+[arrival]
+kind = "poisson"
+rate = 6.0
+[server]
+prefill_chunk_size = 512
+"#;
+
+    fn parse(extra: &[&str]) -> Result<Scenario, ScenarioError> {
+        let o: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Scenario::parse("scenarios/t.toml", BASE, &o)
+    }
+
+    #[test]
+    fn parses_with_defaults_and_overrides() {
+        let s = parse(&["server.prefix_caching=false", "arrival.rate=8", "workload.num_requests=100000"])
+            .unwrap();
+        assert!(!s.server.prefix_caching);
+        assert_eq!(s.arrival.rate, Some(8.0));
+        assert_eq!(s.workload.num_requests, 100_000);
+        assert_eq!(s.workload.seed, 42);
+        assert_eq!(s.server.block_size, 16);
+        let s = parse(&["server.model=builtin:tiny"]).unwrap();
+        assert_eq!(s.server.model, "builtin:tiny");
+    }
+
+    #[test]
+    fn errors_name_file_key_and_reason() {
+        let e = parse(&["server.bogus=1"]).unwrap_err();
+        assert_eq!(e.file, "scenarios/t.toml");
+        assert!(e.reason.contains("unknown field `bogus`"), "{e}");
+        assert!(e.to_string().starts_with("scenarios/t.toml: "), "{e}");
+
+        let e = parse(&["server.max_batch_size=\"many\""]).unwrap_err();
+        assert_eq!(e.key, "server.max_batch_size");
+        assert!(e.reason.contains("invalid type"), "{e}");
+
+        let e = parse(&["server.prefill_chunk_size=0"]).unwrap_err();
+        assert_eq!(e.key, "server.prefill_chunk_size");
+
+        let e = parse(&["workload.prompt_tokens={ mix = [] }"]).unwrap_err();
+        assert_eq!(e.key, "workload.prompt_tokens");
+        assert!(e.reason.contains("empty"), "{e}");
+
+        let e = parse(&["arrival.rate=-2"]).unwrap_err();
+        assert_eq!(e.key, "arrival.rate");
+        assert!(e.reason.contains("positive"), "{e}");
+
+        let e = Scenario::parse("x.toml", "name = ", &[]).unwrap_err();
+        assert!(e.reason.contains("invalid TOML"), "{e}");
+    }
+}

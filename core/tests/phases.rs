@@ -1,0 +1,192 @@
+//! One test per serving mechanism of the benchmark log's Phases 4–8, on the core alone.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{drive, simple_cost};
+use infer_core::workload::{ApproxTokenizer, Scenario, WorkloadGenerator};
+use infer_core::{BatchingMode, FinishReason, KvBackend, Request, SchedulerConfig};
+
+fn scenario(name: &str) -> Scenario {
+    let path = format!("{}/../scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    Scenario::parse(&path, &text, &[]).unwrap()
+}
+
+/// The scenario's requests with their open-loop arrival times (burst/uniform/poisson).
+fn requests_of(s: &Scenario) -> Vec<(f64, Request)> {
+    let gen = WorkloadGenerator::new(s.workload.clone(), Arc::new(ApproxTokenizer::default()));
+    let times = gen.arrivals(&s.arrival).times.expect("open-loop scenario");
+    times
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            let r = gen.request(i);
+            (t, Request::new(i as u64, r.prompt_ids, r.max_tokens))
+        })
+        .collect()
+}
+
+fn small(mode: BatchingMode) -> SchedulerConfig {
+    SchedulerConfig {
+        batching_mode: mode,
+        max_batch_size: 4,
+        chunked_prefill: false,
+        prefix_caching: false,
+        ..SchedulerConfig::default()
+    }
+}
+
+#[test]
+fn static_batching_waits_for_the_whole_batch() {
+    // Four requests start together; one is short. A fifth arrives after the short one ends.
+    let mut reqs: Vec<(f64, Request)> =
+        (0..4).map(|i| (0.0, Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }))).collect();
+    reqs.push((0.05, Request::new(4, vec![2; 32], 5)));
+    let (log, _) = drive(small(BatchingMode::Static), reqs, |_| 0.01, vec![]);
+    let batch_end = log
+        .finished()
+        .iter()
+        .filter(|(id, ..)| *id < 4)
+        .map(|(id, ..)| *id)
+        .collect::<Vec<_>>();
+    assert_eq!(batch_end.len(), 4);
+    let last_of_batch = log
+        .events
+        .iter()
+        .filter(|(_, e)| matches!(e, infer_core::Event::Finished { request, .. } if request.0 < 4))
+        .map(|(t, _)| *t)
+        .fold(0.0, f64::max);
+    let first_step_of_5 = log.steps.iter().find(|s| s.seqs.iter().any(|x| x.0 == 4)).unwrap().time;
+    assert!(
+        first_step_of_5 >= last_of_batch,
+        "request 4 ran at {first_step_of_5} before the batch ended at {last_of_batch}"
+    );
+}
+
+#[test]
+fn continuous_batching_admits_on_the_next_step() {
+    let mut reqs: Vec<(f64, Request)> =
+        (0..4).map(|i| (0.0, Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }))).collect();
+    reqs.push((0.05, Request::new(4, vec![2; 32], 5)));
+    let (log, _) = drive(small(BatchingMode::Continuous), reqs, |_| 0.01, vec![]);
+    let first_step_of_5 = log.steps.iter().find(|s| s.seqs.iter().any(|x| x.0 == 4)).unwrap().time;
+    // It arrives at 0.05 and a slot is free (request 0 ended at 0.03): the next step takes it.
+    assert!(first_step_of_5 <= 0.05 + 0.01 + 1e-9, "admitted at {first_step_of_5}");
+}
+
+#[test]
+fn paged_runs_24_where_contiguous_runs_8_at_the_same_budget() {
+    let s = scenario("paged_attention");
+    let reqs = requests_of(&s);
+    let base = SchedulerConfig { chunked_prefill: false, prefix_caching: false, ..s.server.scheduler_config() };
+    assert_eq!(base.num_gpu_blocks * base.block_size, 32_768);
+    let contiguous = SchedulerConfig { kv_cache_backend: KvBackend::Contiguous, ..base.clone() };
+    let (clog, _) = drive(contiguous, reqs.clone(), simple_cost, vec![]);
+    let (plog, _) = drive(base, reqs, simple_cost, vec![]);
+    let peak = |l: &common::RunLog| l.steps.iter().map(|s| s.num_running).max().unwrap();
+    assert_eq!(peak(&clog), 8);
+    assert_eq!(peak(&plog), 24);
+    assert_eq!(clog.finished().len(), 48);
+    assert_eq!(plog.finished().len(), 48);
+}
+
+#[test]
+fn chunked_prefill_keeps_the_budget_and_never_starves_decodes() {
+    let s = scenario("chunked_prefill");
+    // Enough blocks that nothing is preempted, so every decode should run every step.
+    let cfg = SchedulerConfig { num_gpu_blocks: 8192, prefix_caching: false, ..s.server.scheduler_config() };
+    let budget = cfg.prefill_chunk_size;
+    let (log, sched) = drive(cfg, requests_of(&s), simple_cost, vec![]);
+    assert_eq!(sched.stats().num_preemptions, 0);
+    assert_eq!(log.finished().len(), 48);
+    assert!(log.steps.iter().all(|s| s.num_tokens <= budget));
+    assert!(log.steps.iter().any(|s| s.num_tokens == budget), "prefills fill the budget");
+    // From its first token to its last, a request decodes in every step.
+    for (id, ..) in log.finished() {
+        let steps: Vec<usize> = log
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.seqs.iter().any(|x| x.0 == id && x.3))
+            .map(|(i, _)| i)
+            .collect();
+        assert!(steps.windows(2).all(|w| w[1] == w[0] + 1), "request {id} skipped a step");
+    }
+    // Long prompts were split into chunks.
+    assert!(log.steps.iter().any(|s| s.seqs.iter().any(|x| !x.3 && x.1 > 0 && x.2 > 0)));
+}
+
+#[test]
+fn unchunked_prefill_processes_whole_prompts() {
+    let s = scenario("chunked_prefill");
+    let cfg = SchedulerConfig { chunked_prefill: false, prefix_caching: false, ..s.server.scheduler_config() };
+    let (log, _) = drive(cfg, requests_of(&s), simple_cost, vec![]);
+    assert!(log.steps.iter().flat_map(|s| &s.seqs).all(|x| x.3 || x.1 == 0));
+    assert!(log.steps.iter().any(|s| s.num_tokens > 2048), "several long prefills in one step");
+}
+
+#[test]
+fn prefix_caching_skips_the_shared_1024_tokens() {
+    let s = scenario("prefix_caching");
+    let cfg = s.server.scheduler_config();
+    let (on, _) = drive(cfg.clone(), requests_of(&s), simple_cost, vec![]);
+    let off_cfg = SchedulerConfig { prefix_caching: false, ..cfg };
+    let (off, _) = drive(off_cfg, requests_of(&s), simple_cost, vec![]);
+    assert_eq!(on.finished().len(), 48);
+    assert_eq!(on.prefill_tokens(0), off.prefill_tokens(0), "the first request computes everything");
+    for id in 1..48 {
+        let saved = off.prefill_tokens(id) as i64 - on.prefill_tokens(id) as i64;
+        assert!((1008..=1040).contains(&saved), "request {id} saved {saved} tokens");
+    }
+    let cached: Vec<usize> = on.finished().iter().filter(|f| f.0 > 0).map(|f| f.2.cached_tokens).collect();
+    assert!(cached.iter().all(|&c| c >= 1024), "{cached:?}");
+}
+
+#[test]
+fn a_full_cache_evicts_instead_of_failing() {
+    // 64 blocks of 16 tokens; each request needs ~40 blocks and leaves them cached.
+    let cfg = SchedulerConfig {
+        num_gpu_blocks: 64,
+        max_batch_size: 4,
+        prefill_chunk_size: 128,
+        ..SchedulerConfig::default()
+    };
+    let reqs: Vec<(f64, Request)> = (0..20)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..500).map(|t| (t * 13 + i * 1000) as u32).collect();
+            (i as f64 * 0.5, Request::new(i as u64, prompt, 100))
+        })
+        .collect();
+    let (log, sched) = drive(cfg, reqs, simple_cost, vec![]);
+    let done = log.finished();
+    assert_eq!(done.len(), 20);
+    assert!(done.iter().all(|(_, r, _)| *r == FinishReason::Length));
+    assert!(log.rejected.is_empty());
+    assert_eq!(sched.stats().num_free_blocks, 64);
+}
+
+#[test]
+fn running_out_of_blocks_preempts_and_recomputes() {
+    // Prompts fit, but decodes outgrow the pool: the newest sequence is preempted, then
+    // finishes later with its full output.
+    let cfg = SchedulerConfig {
+        num_gpu_blocks: 24,
+        block_size: 4,
+        max_batch_size: 4,
+        chunked_prefill: false,
+        prefix_caching: false,
+        max_model_len: 256,
+        ..SchedulerConfig::default()
+    };
+    let reqs: Vec<(f64, Request)> = (0..4).map(|i| (0.0, Request::new(i, vec![5; 12], 30))).collect();
+    let (log, sched) = drive(cfg, reqs, simple_cost, vec![]);
+    assert!(sched.stats().num_preemptions > 0);
+    let first_victim = log.steps.iter().find(|s| !s.preempted.is_empty()).unwrap().preempted[0];
+    assert_eq!(first_victim, 3, "newest first");
+    let done = log.finished();
+    assert_eq!(done.len(), 4);
+    assert!(done.iter().all(|(_, r, s)| *r == FinishReason::Length && s.output_tokens == 30));
+    assert!(done.iter().any(|(_, _, s)| s.preemptions > 0));
+}
