@@ -39,7 +39,8 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    pub const CSV_HEADER: &'static str = "id,start_s,ttft_ms,e2e_ms,tpot_ms,itl_mean_ms,itl_max_ms,\
+    pub const CSV_HEADER: &'static str =
+        "id,start_s,ttft_ms,e2e_ms,tpot_ms,itl_mean_ms,itl_max_ms,\
 prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,error";
 
     pub fn success(&self) -> bool {
@@ -57,7 +58,11 @@ prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,e
 
     pub fn to_csv_row(&self) -> String {
         let ms = |v: Option<f64>| v.map_or(String::new(), |x| format!("{:.3}", x * 1e3));
-        let err = self.error.as_deref().unwrap_or("").replace(['"', '\n', '\r'], " ");
+        let err = self
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .replace(['"', '\n', '\r'], " ");
         format!(
             "{},{:.6},{},{:.3},{},{},{},{},{},{},{},{},{},{},\"{}\"",
             self.id,
@@ -223,12 +228,20 @@ impl Summary {
             ("failed".into(), self.failed as f64),
             ("duration".into(), self.duration),
             ("total_input_tokens".into(), self.total_input_tokens as f64),
-            ("total_output_tokens".into(), self.total_output_tokens as f64),
+            (
+                "total_output_tokens".into(),
+                self.total_output_tokens as f64,
+            ),
             ("request_throughput".into(), self.request_throughput),
             ("output_throughput".into(), self.output_throughput),
             ("total_token_throughput".into(), self.total_token_throughput),
         ];
-        for (name, s) in [("ttft", self.ttft), ("tpot", self.tpot), ("itl", self.itl), ("e2el", self.e2el)] {
+        for (name, s) in [
+            ("ttft", self.ttft),
+            ("tpot", self.tpot),
+            ("itl", self.itl),
+            ("e2el", self.e2el),
+        ] {
             for (stat, v) in [
                 ("mean", s.mean),
                 ("median", s.median),
@@ -258,12 +271,36 @@ impl Summary {
         if let Some(c) = self.max_concurrency {
             line(&mut s, "Maximum request concurrency:", c.to_string());
         }
-        line(&mut s, "Benchmark duration (s):", format!("{:.2}", self.duration));
-        line(&mut s, "Total input tokens:", self.total_input_tokens.to_string());
-        line(&mut s, "Total generated tokens:", self.total_output_tokens.to_string());
-        line(&mut s, "Request throughput (req/s):", format!("{:.2}", self.request_throughput));
-        line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
-        line(&mut s, "Total Token throughput (tok/s):", format!("{:.2}", self.total_token_throughput));
+        line(
+            &mut s,
+            "Benchmark duration (s):",
+            format!("{:.2}", self.duration),
+        );
+        line(
+            &mut s,
+            "Total input tokens:",
+            self.total_input_tokens.to_string(),
+        );
+        line(
+            &mut s,
+            "Total generated tokens:",
+            self.total_output_tokens.to_string(),
+        );
+        line(
+            &mut s,
+            "Request throughput (req/s):",
+            format!("{:.2}", self.request_throughput),
+        );
+        line(
+            &mut s,
+            "Output token throughput (tok/s):",
+            format!("{:.2}", self.output_throughput),
+        );
+        line(
+            &mut s,
+            "Total Token throughput (tok/s):",
+            format!("{:.2}", self.total_token_throughput),
+        );
         for (title, short, st) in [
             ("Time to First Token", "TTFT", self.ttft),
             ("Time per Output Token (excl. 1st token)", "TPOT", self.tpot),
@@ -271,9 +308,21 @@ impl Summary {
             ("End-to-end Latency", "E2EL", self.e2el),
         ] {
             let _ = writeln!(s, "{:-^50}", title);
-            line(&mut s, &format!("Mean {short} (ms):"), format!("{:.2}", st.mean * 1e3));
-            line(&mut s, &format!("Median {short} (ms):"), format!("{:.2}", st.median * 1e3));
-            line(&mut s, &format!("P99 {short} (ms):"), format!("{:.2}", st.p99 * 1e3));
+            line(
+                &mut s,
+                &format!("Mean {short} (ms):"),
+                format!("{:.2}", st.mean * 1e3),
+            );
+            line(
+                &mut s,
+                &format!("Median {short} (ms):"),
+                format!("{:.2}", st.median * 1e3),
+            );
+            line(
+                &mut s,
+                &format!("P99 {short} (ms):"),
+                format!("{:.2}", st.p99 * 1e3),
+            );
         }
         let _ = writeln!(s, "{:=^50}", "");
         s
@@ -288,7 +337,11 @@ impl Serialize for Summary {
             // Counts as integers, like vLLM's JSON.
             if matches!(
                 k.as_str(),
-                "completed" | "failed" | "total_input_tokens" | "total_output_tokens" | "num_preemptions"
+                "completed"
+                    | "failed"
+                    | "total_input_tokens"
+                    | "total_output_tokens"
+                    | "num_preemptions"
             ) {
                 m.serialize_entry(k, &(*v as u64))?;
             } else {
@@ -358,13 +411,23 @@ impl MetricsRecorder {
 
     /// The client sent request `id` at `t`.
     pub fn start(&mut self, id: u64, t: f64, prompt_tokens: usize) {
-        let live = Live { start: t, prompt_tokens, first: None, last: t, chunks: 0, itl_sum: 0.0, itl_max: 0.0 };
+        let live = Live {
+            start: t,
+            prompt_tokens,
+            first: None,
+            last: t,
+            chunks: 0,
+            itl_sum: 0.0,
+            itl_max: 0.0,
+        };
         self.live.insert(id, live);
     }
 
     /// A streamed chunk (one or more tokens) of request `id` arrived at `t`.
     pub fn chunk(&mut self, id: u64, t: f64) {
-        let Some(l) = self.live.get_mut(&id) else { return };
+        let Some(l) = self.live.get_mut(&id) else {
+            return;
+        };
         if l.first.is_none() {
             l.first = Some(t);
         } else {
@@ -389,7 +452,9 @@ impl MetricsRecorder {
         queue_time: Option<f64>,
         replica: Option<usize>,
     ) {
-        let Some(l) = self.live.remove(&id) else { return };
+        let Some(l) = self.live.remove(&id) else {
+            return;
+        };
         let gaps = l.chunks.saturating_sub(1);
         self.records.push(RequestRecord {
             id,
@@ -487,7 +552,11 @@ mod tests {
         }
         let st = s.stats();
         let expected_median = 0.001 + 499.5e-5;
-        assert!((st.median - expected_median).abs() / expected_median < 1e-3, "{}", st.median);
+        assert!(
+            (st.median - expected_median).abs() / expected_median < 1e-3,
+            "{}",
+            st.median
+        );
         assert!(s.exact.is_empty(), "exact values are released");
     }
 
@@ -511,6 +580,9 @@ mod tests {
         let block = s.render();
         assert!(block.contains("Successful requests:                     1"));
         let row = m.sorted_records()[0].to_csv_row();
-        assert!(row.starts_with("1,0.000000,500.000,1100.000,200.000"), "{row}");
+        assert!(
+            row.starts_with("1,0.000000,500.000,1100.000,200.000"),
+            "{row}"
+        );
     }
 }

@@ -28,7 +28,11 @@ pub struct StopConditions {
 
 impl StopConditions {
     pub fn max_tokens(max_tokens: usize) -> Self {
-        StopConditions { max_tokens, ignore_eos: true, ..Default::default() }
+        StopConditions {
+            max_tokens,
+            ignore_eos: true,
+            ..Default::default()
+        }
     }
 }
 
@@ -42,7 +46,11 @@ pub struct Request {
 
 impl Request {
     pub fn new(id: u64, prompt: Vec<u32>, max_tokens: usize) -> Self {
-        Request { id: RequestId(id), prompt, stop: StopConditions::max_tokens(max_tokens) }
+        Request {
+            id: RequestId(id),
+            prompt,
+            stop: StopConditions::max_tokens(max_tokens),
+        }
     }
 }
 

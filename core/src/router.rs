@@ -151,8 +151,7 @@ impl Router {
             RouterKind::PrecisePrefix | RouterKind::Weighted => {
                 let hashes = self.block_hashes(req.prompt_ids);
                 let total = hashes.len().max(1) as f64;
-                let prefix: Vec<f64> =
-                    (0..n).map(|r| cached(r, &hashes) as f64 / total).collect();
+                let prefix: Vec<f64> = (0..n).map(|r| cached(r, &hashes) as f64 / total).collect();
                 let load = load_scores(replicas);
                 let scores: Vec<f64> = if self.kind == RouterKind::Weighted {
                     (0..n).map(|r| load[r] + 2.0 * prefix[r]).collect()
@@ -177,24 +176,28 @@ impl Router {
     /// The highest score; ties broken at random (llm-d's max-score picker).
     fn pick_max(&mut self, scores: &[f64]) -> usize {
         let best = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let ties: Vec<usize> = (0..scores.len()).filter(|&r| scores[r] >= best - 1e-12).collect();
+        let ties: Vec<usize> = (0..scores.len())
+            .filter(|&r| scores[r] >= best - 1e-12)
+            .collect();
         ties[self.rng.gen_range(0..ties.len())]
     }
 
     fn route_approx(&mut self, req: &RouteRequest, replicas: &[ReplicaSnapshot]) -> usize {
         self.clock += 1;
         let hashes = self.block_hashes(req.prompt_ids);
-        let mut matched = vec![0usize; self.num_replicas];
-        for r in 0..self.num_replicas {
-            matched[r] = hashes
-                .iter()
-                .take_while(|h| self.approx.get(h).is_some_and(|&(owner, _)| owner == r))
-                .count();
-        }
+        let matched: Vec<usize> = (0..self.num_replicas)
+            .map(|r| {
+                hashes
+                    .iter()
+                    .take_while(|h| self.approx.get(h).is_some_and(|&(owner, _)| owner == r))
+                    .count()
+            })
+            .collect();
         let total = hashes.len().max(1) as f64;
         let load = load_scores(replicas);
-        let scores: Vec<f64> =
-            (0..self.num_replicas).map(|r| load[r] + 2.0 * matched[r] as f64 / total).collect();
+        let scores: Vec<f64> = (0..self.num_replicas)
+            .map(|r| load[r] + 2.0 * matched[r] as f64 / total)
+            .collect();
         let choice = self.pick_max(&scores);
         for h in hashes {
             self.approx.insert(h, (choice, self.clock));
@@ -215,7 +218,7 @@ impl Router {
             .char_indices()
             .nth(CHWBL_KEY_CHARS)
             .map_or(req.prompt_text.len(), |(i, _)| i);
-        let h = fnv64(req.prompt_text[..key_end].as_bytes());
+        let h = fnv64(&req.prompt_text.as_bytes()[..key_end]);
         let total: usize = self.in_flight.iter().sum();
         let avg = (total + 1) as f64 / self.num_replicas as f64;
         let bound = (avg * CHWBL_LOAD_FACTOR).ceil() as usize;
@@ -226,7 +229,9 @@ impl Router {
                 return r;
             }
         }
-        (0..self.num_replicas).min_by_key(|&r| self.in_flight[r]).expect("n > 0")
+        (0..self.num_replicas)
+            .min_by_key(|&r| self.in_flight[r])
+            .expect("n > 0")
     }
 }
 
@@ -238,7 +243,11 @@ fn load_scores(replicas: &[ReplicaSnapshot]) -> Vec<f64> {
     replicas
         .iter()
         .map(|r| {
-            let queue = if max_q > min_q { (max_q - q(r)) / (max_q - min_q) } else { 1.0 };
+            let queue = if max_q > min_q {
+                (max_q - q(r)) / (max_q - min_q)
+            } else {
+                1.0
+            };
             queue + (1.0 - r.kv_usage)
         })
         .collect()
@@ -263,11 +272,26 @@ mod tests {
     #[test]
     fn load_policies_avoid_the_busy_replica() {
         let mut snaps = idle(3);
-        snaps[0] = ReplicaSnapshot { waiting: 9, running: 4, kv_usage: 0.9 };
-        snaps[1] = ReplicaSnapshot { waiting: 2, running: 4, kv_usage: 0.5 };
+        snaps[0] = ReplicaSnapshot {
+            waiting: 9,
+            running: 4,
+            kv_usage: 0.9,
+        };
+        snaps[1] = ReplicaSnapshot {
+            waiting: 2,
+            running: 4,
+            kv_usage: 0.5,
+        };
         let ids = [1u32; 40];
-        let req = RouteRequest { prompt_ids: &ids, prompt_text: "x" };
-        for kind in [RouterKind::LeastQueue, RouterKind::KvUsage, RouterKind::Load] {
+        let req = RouteRequest {
+            prompt_ids: &ids,
+            prompt_text: "x",
+        };
+        for kind in [
+            RouterKind::LeastQueue,
+            RouterKind::KvUsage,
+            RouterKind::Load,
+        ] {
             let mut r = Router::new(kind, 3, 16, 1);
             assert_eq!(r.route(&req, &snaps, &|_, _| 0), 2, "{kind:?}");
         }
@@ -276,7 +300,10 @@ mod tests {
     #[test]
     fn prefix_policies_follow_the_cache() {
         let ids: Vec<u32> = (0..64).collect();
-        let req = RouteRequest { prompt_ids: &ids, prompt_text: "x" };
+        let req = RouteRequest {
+            prompt_ids: &ids,
+            prompt_text: "x",
+        };
         let mut snaps = idle(4);
         snaps[3].waiting = 1; // the cache holder is a little busier
         for kind in [RouterKind::PrecisePrefix, RouterKind::Weighted] {
@@ -296,11 +323,18 @@ mod tests {
     fn chwbl_is_sticky_but_bounded() {
         let mut r = Router::new(RouterKind::Chwbl, 8, 16, 1);
         let text = "Conversation 5. The town of Kestrel Bay sits at the mouth of a shallow river";
-        let req = RouteRequest { prompt_ids: &[1, 2, 3], prompt_text: text };
+        let req = RouteRequest {
+            prompt_ids: &[1, 2, 3],
+            prompt_text: text,
+        };
         let snaps = idle(8);
         let first = r.route(&req, &snaps, &|_, _| 0);
         r.finished(first);
-        assert_eq!(r.route(&req, &snaps, &|_, _| 0), first, "same key, same replica");
+        assert_eq!(
+            r.route(&req, &snaps, &|_, _| 0),
+            first,
+            "same key, same replica"
+        );
         // Piling the same key on: the bound spreads it once the holder is 25% over average.
         let mut counts = [0usize; 8];
         for _ in 0..80 {
@@ -313,13 +347,18 @@ mod tests {
     #[test]
     fn round_robin_and_random_are_deterministic() {
         let snaps = idle(3);
-        let req = RouteRequest { prompt_ids: &[1], prompt_text: "a" };
+        let req = RouteRequest {
+            prompt_ids: &[1],
+            prompt_text: "a",
+        };
         let mut rr = Router::new(RouterKind::RoundRobin, 3, 16, 1);
         let seq: Vec<usize> = (0..6).map(|_| rr.route(&req, &snaps, &|_, _| 0)).collect();
         assert_eq!(seq, vec![0, 1, 2, 0, 1, 2]);
         let run = |seed| {
             let mut r = Router::new(RouterKind::Random, 3, 16, seed);
-            (0..20).map(|_| r.route(&req, &snaps, &|_, _| 0)).collect::<Vec<_>>()
+            (0..20)
+                .map(|_| r.route(&req, &snaps, &|_, _| 0))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(5), run(5));
         assert_ne!(run(5), run(6));

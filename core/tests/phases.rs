@@ -41,8 +41,14 @@ fn small(mode: BatchingMode) -> SchedulerConfig {
 #[test]
 fn static_batching_waits_for_the_whole_batch() {
     // Four requests start together; one is short. A fifth arrives after the short one ends.
-    let mut reqs: Vec<(f64, Request)> =
-        (0..4).map(|i| (0.0, Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }))).collect();
+    let mut reqs: Vec<(f64, Request)> = (0..4)
+        .map(|i| {
+            (
+                0.0,
+                Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }),
+            )
+        })
+        .collect();
     reqs.push((0.05, Request::new(4, vec![2; 32], 5)));
     let (log, _) = drive(small(BatchingMode::Static), reqs, |_| 0.01, vec![]);
     let batch_end = log
@@ -58,7 +64,12 @@ fn static_batching_waits_for_the_whole_batch() {
         .filter(|(_, e)| matches!(e, infer_core::Event::Finished { request, .. } if request.0 < 4))
         .map(|(t, _)| *t)
         .fold(0.0, f64::max);
-    let first_step_of_5 = log.steps.iter().find(|s| s.seqs.iter().any(|x| x.0 == 4)).unwrap().time;
+    let first_step_of_5 = log
+        .steps
+        .iter()
+        .find(|s| s.seqs.iter().any(|x| x.0 == 4))
+        .unwrap()
+        .time;
     assert!(
         first_step_of_5 >= last_of_batch,
         "request 4 ran at {first_step_of_5} before the batch ended at {last_of_batch}"
@@ -67,22 +78,43 @@ fn static_batching_waits_for_the_whole_batch() {
 
 #[test]
 fn continuous_batching_admits_on_the_next_step() {
-    let mut reqs: Vec<(f64, Request)> =
-        (0..4).map(|i| (0.0, Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }))).collect();
+    let mut reqs: Vec<(f64, Request)> = (0..4)
+        .map(|i| {
+            (
+                0.0,
+                Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }),
+            )
+        })
+        .collect();
     reqs.push((0.05, Request::new(4, vec![2; 32], 5)));
     let (log, _) = drive(small(BatchingMode::Continuous), reqs, |_| 0.01, vec![]);
-    let first_step_of_5 = log.steps.iter().find(|s| s.seqs.iter().any(|x| x.0 == 4)).unwrap().time;
+    let first_step_of_5 = log
+        .steps
+        .iter()
+        .find(|s| s.seqs.iter().any(|x| x.0 == 4))
+        .unwrap()
+        .time;
     // It arrives at 0.05 and a slot is free (request 0 ended at 0.03): the next step takes it.
-    assert!(first_step_of_5 <= 0.05 + 0.01 + 1e-9, "admitted at {first_step_of_5}");
+    assert!(
+        first_step_of_5 <= 0.05 + 0.01 + 1e-9,
+        "admitted at {first_step_of_5}"
+    );
 }
 
 #[test]
 fn paged_runs_24_where_contiguous_runs_8_at_the_same_budget() {
     let s = scenario("paged_attention");
     let reqs = requests_of(&s);
-    let base = SchedulerConfig { chunked_prefill: false, prefix_caching: false, ..s.server.scheduler_config() };
+    let base = SchedulerConfig {
+        chunked_prefill: false,
+        prefix_caching: false,
+        ..s.server.scheduler_config()
+    };
     assert_eq!(base.num_gpu_blocks * base.block_size, 32_768);
-    let contiguous = SchedulerConfig { kv_cache_backend: KvBackend::Contiguous, ..base.clone() };
+    let contiguous = SchedulerConfig {
+        kv_cache_backend: KvBackend::Contiguous,
+        ..base.clone()
+    };
     let (clog, _) = drive(contiguous, reqs.clone(), simple_cost, vec![]);
     let (plog, _) = drive(base, reqs, simple_cost, vec![]);
     let peak = |l: &common::RunLog| l.steps.iter().map(|s| s.num_running).max().unwrap();
@@ -96,13 +128,20 @@ fn paged_runs_24_where_contiguous_runs_8_at_the_same_budget() {
 fn chunked_prefill_keeps_the_budget_and_never_starves_decodes() {
     let s = scenario("chunked_prefill");
     // Enough blocks that nothing is preempted, so every decode should run every step.
-    let cfg = SchedulerConfig { num_gpu_blocks: 8192, prefix_caching: false, ..s.server.scheduler_config() };
+    let cfg = SchedulerConfig {
+        num_gpu_blocks: 8192,
+        prefix_caching: false,
+        ..s.server.scheduler_config()
+    };
     let budget = cfg.prefill_chunk_size;
     let (log, sched) = drive(cfg, requests_of(&s), simple_cost, vec![]);
     assert_eq!(sched.stats().num_preemptions, 0);
     assert_eq!(log.finished().len(), 48);
     assert!(log.steps.iter().all(|s| s.num_tokens <= budget));
-    assert!(log.steps.iter().any(|s| s.num_tokens == budget), "prefills fill the budget");
+    assert!(
+        log.steps.iter().any(|s| s.num_tokens == budget),
+        "prefills fill the budget"
+    );
     // From its first token to its last, a request decodes in every step.
     for (id, ..) in log.finished() {
         let steps: Vec<usize> = log
@@ -112,19 +151,36 @@ fn chunked_prefill_keeps_the_budget_and_never_starves_decodes() {
             .filter(|(_, s)| s.seqs.iter().any(|x| x.0 == id && x.3))
             .map(|(i, _)| i)
             .collect();
-        assert!(steps.windows(2).all(|w| w[1] == w[0] + 1), "request {id} skipped a step");
+        assert!(
+            steps.windows(2).all(|w| w[1] == w[0] + 1),
+            "request {id} skipped a step"
+        );
     }
     // Long prompts were split into chunks.
-    assert!(log.steps.iter().any(|s| s.seqs.iter().any(|x| !x.3 && x.1 > 0 && x.2 > 0)));
+    assert!(log
+        .steps
+        .iter()
+        .any(|s| s.seqs.iter().any(|x| !x.3 && x.1 > 0 && x.2 > 0)));
 }
 
 #[test]
 fn unchunked_prefill_processes_whole_prompts() {
     let s = scenario("chunked_prefill");
-    let cfg = SchedulerConfig { chunked_prefill: false, prefix_caching: false, ..s.server.scheduler_config() };
+    let cfg = SchedulerConfig {
+        chunked_prefill: false,
+        prefix_caching: false,
+        ..s.server.scheduler_config()
+    };
     let (log, _) = drive(cfg, requests_of(&s), simple_cost, vec![]);
-    assert!(log.steps.iter().flat_map(|s| &s.seqs).all(|x| x.3 || x.1 == 0));
-    assert!(log.steps.iter().any(|s| s.num_tokens > 2048), "several long prefills in one step");
+    assert!(log
+        .steps
+        .iter()
+        .flat_map(|s| &s.seqs)
+        .all(|x| x.3 || x.1 == 0));
+    assert!(
+        log.steps.iter().any(|s| s.num_tokens > 2048),
+        "several long prefills in one step"
+    );
 }
 
 #[test]
@@ -132,15 +188,30 @@ fn prefix_caching_skips_the_shared_1024_tokens() {
     let s = scenario("prefix_caching");
     let cfg = s.server.scheduler_config();
     let (on, _) = drive(cfg.clone(), requests_of(&s), simple_cost, vec![]);
-    let off_cfg = SchedulerConfig { prefix_caching: false, ..cfg };
+    let off_cfg = SchedulerConfig {
+        prefix_caching: false,
+        ..cfg
+    };
     let (off, _) = drive(off_cfg, requests_of(&s), simple_cost, vec![]);
     assert_eq!(on.finished().len(), 48);
-    assert_eq!(on.prefill_tokens(0), off.prefill_tokens(0), "the first request computes everything");
+    assert_eq!(
+        on.prefill_tokens(0),
+        off.prefill_tokens(0),
+        "the first request computes everything"
+    );
     for id in 1..48 {
         let saved = off.prefill_tokens(id) as i64 - on.prefill_tokens(id) as i64;
-        assert!((1008..=1040).contains(&saved), "request {id} saved {saved} tokens");
+        assert!(
+            (1008..=1040).contains(&saved),
+            "request {id} saved {saved} tokens"
+        );
     }
-    let cached: Vec<usize> = on.finished().iter().filter(|f| f.0 > 0).map(|f| f.2.cached_tokens).collect();
+    let cached: Vec<usize> = on
+        .finished()
+        .iter()
+        .filter(|f| f.0 > 0)
+        .map(|f| f.2.cached_tokens)
+        .collect();
     assert!(cached.iter().all(|&c| c >= 1024), "{cached:?}");
 }
 
@@ -151,6 +222,7 @@ fn a_full_cache_evicts_instead_of_failing() {
         num_gpu_blocks: 64,
         max_batch_size: 4,
         prefill_chunk_size: 128,
+        max_model_len: 1024,
         ..SchedulerConfig::default()
     };
     let reqs: Vec<(f64, Request)> = (0..20)
@@ -177,16 +249,25 @@ fn running_out_of_blocks_preempts_and_recomputes() {
         max_batch_size: 4,
         chunked_prefill: false,
         prefix_caching: false,
-        max_model_len: 256,
+        max_model_len: 96,
         ..SchedulerConfig::default()
     };
-    let reqs: Vec<(f64, Request)> = (0..4).map(|i| (0.0, Request::new(i, vec![5; 12], 30))).collect();
+    let reqs: Vec<(f64, Request)> = (0..4)
+        .map(|i| (0.0, Request::new(i, vec![5; 12], 30)))
+        .collect();
     let (log, sched) = drive(cfg, reqs, simple_cost, vec![]);
     assert!(sched.stats().num_preemptions > 0);
-    let first_victim = log.steps.iter().find(|s| !s.preempted.is_empty()).unwrap().preempted[0];
+    let first_victim = log
+        .steps
+        .iter()
+        .find(|s| !s.preempted.is_empty())
+        .unwrap()
+        .preempted[0];
     assert_eq!(first_victim, 3, "newest first");
     let done = log.finished();
     assert_eq!(done.len(), 4);
-    assert!(done.iter().all(|(_, r, s)| *r == FinishReason::Length && s.output_tokens == 30));
+    assert!(done
+        .iter()
+        .all(|(_, r, s)| *r == FinishReason::Length && s.output_tokens == 30));
     assert!(done.iter().any(|(_, _, s)| s.preemptions > 0));
 }

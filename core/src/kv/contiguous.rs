@@ -58,7 +58,7 @@ impl KvManager for ContiguousKv {
     fn commit(&mut self, _kv: &mut SeqKv, _tokens: &[u32], _num_computed: usize) {}
 
     fn free(&mut self, kv: &mut SeqKv) {
-        self.free.extend(kv.blocks.drain(..));
+        self.free.append(&mut kv.blocks);
         kv.hashes.clear();
     }
 

@@ -32,6 +32,9 @@ mod tests {
         let a = hash_block(ROOT_HASH, &[1, 2, 3, 4]);
         assert_eq!(a, hash_block(ROOT_HASH, &[1, 2, 3, 4]));
         assert_ne!(a, hash_block(ROOT_HASH, &[4, 3, 2, 1]));
-        assert_ne!(hash_block(a, &[5, 6, 7, 8]), hash_block(ROOT_HASH, &[5, 6, 7, 8]));
+        assert_ne!(
+            hash_block(a, &[5, 6, 7, 8]),
+            hash_block(ROOT_HASH, &[5, 6, 7, 8])
+        );
     }
 }

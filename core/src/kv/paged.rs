@@ -40,7 +40,14 @@ impl PagedKv {
             prefix_caching,
             cached: HashMap::new(),
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
-            block_tokens: vec![0; if prefix_caching { num_blocks * block_size } else { 0 }],
+            block_tokens: vec![
+                0;
+                if prefix_caching {
+                    num_blocks * block_size
+                } else {
+                    0
+                }
+            ],
         }
     }
 
@@ -108,11 +115,19 @@ impl KvManager for PagedKv {
     }
 
     fn allocate(&mut self, kv: &mut SeqKv, prefix: &PrefixMatch, num_tokens: usize) -> bool {
-        let reuse = if kv.blocks.is_empty() { prefix } else { &PrefixMatch::default() };
+        let reuse = if kv.blocks.is_empty() {
+            prefix
+        } else {
+            &PrefixMatch::default()
+        };
         let held = kv.blocks.len() + reuse.blocks.len();
         let needed = blocks_for(num_tokens, self.block_size).saturating_sub(held);
         // Reused blocks nobody holds leave the free queue when we take them.
-        let reused_free = reuse.blocks.iter().filter(|&&b| self.refs[b as usize] == 0).count();
+        let reused_free = reuse
+            .blocks
+            .iter()
+            .filter(|&&b| self.refs[b as usize] == 0)
+            .count();
         if needed > self.free.len() - reused_free {
             return false;
         }
@@ -172,7 +187,10 @@ impl KvManager for PagedKv {
     }
 
     fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
-        hashes.iter().take_while(|h| self.cached.contains_key(h)).count()
+        hashes
+            .iter()
+            .take_while(|h| self.cached.contains_key(h))
+            .count()
     }
 }
 
@@ -195,7 +213,10 @@ mod tests {
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 13));
         assert_eq!(a.blocks.len(), 4);
         let mut b = SeqKv::default();
-        assert!(!kv.allocate(&mut b, &PrefixMatch::default(), 17), "needs 5, 4 free");
+        assert!(
+            !kv.allocate(&mut b, &PrefixMatch::default(), 17),
+            "needs 5, 4 free"
+        );
         assert!(b.blocks.is_empty());
         kv.free(&mut a);
         assert_eq!(kv.num_free_blocks(), 8);
@@ -261,7 +282,11 @@ mod tests {
         assert_eq!(kv.num_cached_blocks(), 3);
         let mut probe = old.clone();
         probe.push(0);
-        assert_eq!(kv.lookup_prefix(&probe).blocks.len(), 3, "head blocks survive");
+        assert_eq!(
+            kv.lookup_prefix(&probe).blocks.len(),
+            3,
+            "head blocks survive"
+        );
         assert!(kv.allocate(&mut b, &PrefixMatch::default(), 16));
         assert_eq!(kv.num_cached_blocks(), 0);
         assert_eq!(kv.num_free_blocks(), 0);

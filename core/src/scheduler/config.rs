@@ -104,13 +104,13 @@ impl SchedulerConfig {
                 "needs kv_cache_backend = \"paged\" (contiguous slots cannot share blocks)".into(),
             ));
         }
-        if self.kv_cache_backend == KvBackend::Contiguous
-            && self.num_gpu_blocks * self.block_size < self.max_model_len
-        {
+        // Like vLLM, refuse a pool that cannot hold one sequence of max_model_len tokens:
+        // such a sequence, preempted, could never be scheduled again.
+        if self.num_gpu_blocks * self.block_size < self.max_model_len {
             return Err((
                 "num_gpu_blocks",
                 format!(
-                    "{} blocks x {} tokens = {} tokens cannot hold one contiguous slot of \
+                    "{} blocks x {} tokens = {} tokens of KV cannot hold one sequence of \
                      max_model_len {} tokens",
                     self.num_gpu_blocks,
                     self.block_size,

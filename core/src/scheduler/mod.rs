@@ -29,11 +29,19 @@ use crate::request::{FinishReason, Request, RequestId, RequestStats, SeqState, S
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddError {
     /// The prompt leaves no room for one output token within `max_model_len`.
-    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_model_len: usize,
+    },
     /// The prompt alone needs more KV than the whole pool holds.
-    ExceedsKvCapacity { needed_tokens: usize, capacity_tokens: usize },
+    ExceedsKvCapacity {
+        needed_tokens: usize,
+        capacity_tokens: usize,
+    },
     /// The waiting queue is at `max_waiting`.
-    QueueFull { max_waiting: usize },
+    QueueFull {
+        max_waiting: usize,
+    },
     DuplicateId(RequestId),
     EmptyPrompt,
 }
@@ -41,12 +49,18 @@ pub enum AddError {
 impl std::fmt::Display for AddError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            AddError::PromptTooLong { prompt_tokens, max_model_len } => write!(
+            AddError::PromptTooLong {
+                prompt_tokens,
+                max_model_len,
+            } => write!(
                 f,
                 "this model's maximum context length is {max_model_len} tokens, but the prompt \
                  has {prompt_tokens} tokens (at least one output token must fit)"
             ),
-            AddError::ExceedsKvCapacity { needed_tokens, capacity_tokens } => write!(
+            AddError::ExceedsKvCapacity {
+                needed_tokens,
+                capacity_tokens,
+            } => write!(
                 f,
                 "the request needs {needed_tokens} tokens of KV cache but the whole pool holds \
                  {capacity_tokens}"
@@ -141,9 +155,11 @@ impl Scheduler {
             panic!("invalid scheduler configuration: {key}: {reason}");
         }
         let kv: Box<dyn KvManager + Send> = match cfg.kv_cache_backend {
-            KvBackend::Paged => {
-                Box::new(PagedKv::new(cfg.num_gpu_blocks, cfg.block_size, cfg.prefix_caching))
-            }
+            KvBackend::Paged => Box::new(PagedKv::new(
+                cfg.num_gpu_blocks,
+                cfg.block_size,
+                cfg.prefix_caching,
+            )),
             KvBackend::Contiguous => Box::new(ContiguousKv::new(
                 cfg.num_gpu_blocks * cfg.block_size,
                 cfg.max_model_len,
@@ -289,8 +305,18 @@ impl Scheduler {
         // 1 and 2: running sequences, decodes before prompt chunks, oldest first.
         let mut order = std::mem::take(&mut self.order);
         order.clear();
-        order.extend(self.running.iter().copied().filter(|&s| self.seq(s).is_decode()));
-        order.extend(self.running.iter().copied().filter(|&s| !self.seq(s).is_decode()));
+        order.extend(
+            self.running
+                .iter()
+                .copied()
+                .filter(|&s| self.seq(s).is_decode()),
+        );
+        order.extend(
+            self.running
+                .iter()
+                .copied()
+                .filter(|&s| !self.seq(s).is_decode()),
+        );
         for &slot in &order {
             if budget == 0 {
                 break;
@@ -313,7 +339,9 @@ impl Scheduler {
             BatchingMode::Static => self.running.is_empty(),
         };
         while may_admit && budget > 0 && self.running.len() < self.cfg.max_batch_size {
-            let Some(&slot) = self.waiting.front() else { break };
+            let Some(&slot) = self.waiting.front() else {
+                break;
+            };
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
             let prefix = if self.cfg.prefix_caching {
@@ -354,9 +382,15 @@ impl Scheduler {
         let mut sampled = sampled.iter();
         let mut any_finished = false;
         for s in &plan.seqs {
-            let token = if s.samples { sampled.next().copied() } else { None };
+            let token = if s.samples {
+                sampled.next().copied()
+            } else {
+                None
+            };
             // A request ended between schedule and complete (abort) is skipped.
-            let Some(seq) = self.seqs[s.slot as usize].as_mut() else { continue };
+            let Some(seq) = self.seqs[s.slot as usize].as_mut() else {
+                continue;
+            };
             if seq.id != s.request || seq.state != SeqState::Running {
                 continue;
             }
@@ -365,10 +399,18 @@ impl Scheduler {
             let Some(token) = token else { continue };
             seq.tokens.push(token);
             let first = seq.output_len() == 1;
-            events.push(Event::Token { request: seq.id, token, first });
+            events.push(Event::Token {
+                request: seq.id,
+                token,
+                first,
+            });
             if let Some(reason) = stop_reason(seq, token, self.cfg.max_model_len) {
                 let stats = self.release(s.slot, reason);
-                events.push(Event::Finished { request: s.request, reason, stats });
+                events.push(Event::Finished {
+                    request: s.request,
+                    reason,
+                    stats,
+                });
                 any_finished = true;
             }
         }

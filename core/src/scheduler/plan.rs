@@ -116,7 +116,11 @@ impl StepPlan {
 
     /// Prompt (and recompute) tokens processed this step.
     pub fn num_prefill_tokens(&self) -> usize {
-        self.seqs.iter().filter(|s| !s.is_decode).map(|s| s.num_new_tokens).sum()
+        self.seqs
+            .iter()
+            .filter(|s| !s.is_decode)
+            .map(|s| s.num_new_tokens)
+            .sum()
     }
 }
 
@@ -124,7 +128,15 @@ impl StepPlan {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// A sampled token; `first` marks the request's first output token (TTFT).
-    Token { request: RequestId, token: u32, first: bool },
+    Token {
+        request: RequestId,
+        token: u32,
+        first: bool,
+    },
     /// The request ended; its KV is already released.
-    Finished { request: RequestId, reason: FinishReason, stats: RequestStats },
+    Finished {
+        request: RequestId,
+        reason: FinishReason,
+        stats: RequestStats,
+    },
 }

@@ -72,10 +72,16 @@ impl ArrivalSpec {
         );
         match self.rate {
             Some(r) if !(r > 0.0 && r.is_finite()) => {
-                return Err(("rate", format!("must be a positive number of requests/s, got {r}")))
+                return Err((
+                    "rate",
+                    format!("must be a positive number of requests/s, got {r}"),
+                ))
             }
             None if needs_rate => {
-                return Err(("rate", format!("is required for kind = \"{:?}\"", self.kind)))
+                return Err((
+                    "rate",
+                    format!("is required for kind = \"{:?}\"", self.kind),
+                ))
             }
             _ => {}
         }
@@ -88,15 +94,24 @@ impl ArrivalSpec {
             return Err(("max_concurrency", "must be at least 1".into()));
         }
         if self.kind == ArrivalKind::Concurrency && self.max_concurrency.is_none() {
-            return Err(("max_concurrency", "is required for kind = \"concurrency\"".into()));
+            return Err((
+                "max_concurrency",
+                "is required for kind = \"concurrency\"".into(),
+            ));
         }
         if self.kind == ArrivalKind::Stages {
             if self.stages.is_empty() {
-                return Err(("stages", "kind = \"stages\" needs at least one stage".into()));
+                return Err((
+                    "stages",
+                    "kind = \"stages\" needs at least one stage".into(),
+                ));
             }
             for s in &self.stages {
                 if !(s.rate > 0.0 && s.rate.is_finite()) {
-                    return Err(("stages", format!("stage rate must be positive, got {}", s.rate)));
+                    return Err((
+                        "stages",
+                        format!("stage rate must be positive, got {}", s.rate),
+                    ));
                 }
                 if !(s.duration_s > 0.0 && s.duration_s.is_finite()) {
                     return Err((
@@ -114,10 +129,16 @@ impl ArrivalSpec {
         let rate = self.rate.unwrap_or(1.0);
         let times = match self.kind {
             ArrivalKind::Sequential => {
-                return Arrivals { times: None, max_concurrency: Some(1) };
+                return Arrivals {
+                    times: None,
+                    max_concurrency: Some(1),
+                };
             }
             ArrivalKind::Concurrency => {
-                return Arrivals { times: None, max_concurrency: self.max_concurrency };
+                return Arrivals {
+                    times: None,
+                    max_concurrency: self.max_concurrency,
+                };
             }
             ArrivalKind::Burst => vec![0.0; num_requests],
             ArrivalKind::Uniform => (0..num_requests).map(|i| i as f64 / rate).collect(),
@@ -152,7 +173,10 @@ impl ArrivalSpec {
                 times
             }
         };
-        Arrivals { times: Some(times), max_concurrency: self.max_concurrency }
+        Arrivals {
+            times: Some(times),
+            max_concurrency: self.max_concurrency,
+        }
     }
 
     /// Total length of a staged schedule, in seconds.
@@ -193,15 +217,27 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     fn spec(kind: ArrivalKind, rate: Option<f64>) -> ArrivalSpec {
-        ArrivalSpec { kind, rate, burstiness: None, max_concurrency: None, stages: vec![] }
+        ArrivalSpec {
+            kind,
+            rate,
+            burstiness: None,
+            max_concurrency: None,
+            stages: vec![],
+        }
     }
 
     #[test]
     fn rates_come_out_right() {
         let mut rng = ChaCha8Rng::seed_from_u64(42);
-        let t = spec(ArrivalKind::Uniform, Some(4.0)).schedule(9, &mut rng).times.unwrap();
+        let t = spec(ArrivalKind::Uniform, Some(4.0))
+            .schedule(9, &mut rng)
+            .times
+            .unwrap();
         assert_eq!(t[8], 2.0);
-        let t = spec(ArrivalKind::Poisson, Some(6.0)).schedule(6001, &mut rng).times.unwrap();
+        let t = spec(ArrivalKind::Poisson, Some(6.0))
+            .schedule(6001, &mut rng)
+            .times
+            .unwrap();
         let rate = 6000.0 / t[6000];
         assert!((rate - 6.0).abs() < 0.3, "poisson rate {rate}");
         let mut g = spec(ArrivalKind::Gamma, Some(5.0));
@@ -214,8 +250,20 @@ mod tests {
     #[test]
     fn stages_follow_their_rates_and_end() {
         let mut s = spec(ArrivalKind::Stages, None);
-        s.stages = vec![Stage { rate: 3.0, duration_s: 100.0 }, Stage { rate: 20.0, duration_s: 50.0 }];
-        let t = s.schedule(usize::MAX, &mut ChaCha8Rng::seed_from_u64(1)).times.unwrap();
+        s.stages = vec![
+            Stage {
+                rate: 3.0,
+                duration_s: 100.0,
+            },
+            Stage {
+                rate: 20.0,
+                duration_s: 50.0,
+            },
+        ];
+        let t = s
+            .schedule(usize::MAX, &mut ChaCha8Rng::seed_from_u64(1))
+            .times
+            .unwrap();
         let first = t.iter().filter(|&&x| x < 100.0).count();
         let second = t.len() - first;
         assert!((250..350).contains(&first), "{first}");
@@ -226,11 +274,26 @@ mod tests {
 
     #[test]
     fn invalid_specs_are_refused() {
-        assert_eq!(spec(ArrivalKind::Poisson, Some(-1.0)).validate().unwrap_err().0, "rate");
-        assert_eq!(spec(ArrivalKind::Poisson, None).validate().unwrap_err().0, "rate");
-        assert_eq!(spec(ArrivalKind::Stages, None).validate().unwrap_err().0, "stages");
         assert_eq!(
-            spec(ArrivalKind::Concurrency, None).validate().unwrap_err().0,
+            spec(ArrivalKind::Poisson, Some(-1.0))
+                .validate()
+                .unwrap_err()
+                .0,
+            "rate"
+        );
+        assert_eq!(
+            spec(ArrivalKind::Poisson, None).validate().unwrap_err().0,
+            "rate"
+        );
+        assert_eq!(
+            spec(ArrivalKind::Stages, None).validate().unwrap_err().0,
+            "stages"
+        );
+        assert_eq!(
+            spec(ArrivalKind::Concurrency, None)
+                .validate()
+                .unwrap_err()
+                .0,
             "max_concurrency"
         );
     }

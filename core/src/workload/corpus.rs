@@ -20,7 +20,12 @@ const CORPUS_FILES: [&str; 10] = [
 
 /// The whole corpus as one text (files joined by blank lines).
 pub fn corpus_text() -> String {
-    CORPUS_FILES.iter().map(|f| f.trim_end()).collect::<Vec<_>>().join("\n\n") + "\n\n"
+    CORPUS_FILES
+        .iter()
+        .map(|f| f.trim_end())
+        .collect::<Vec<_>>()
+        .join("\n\n")
+        + "\n\n"
 }
 
 /// One token: its id and the byte range of the text it covers.
@@ -38,7 +43,10 @@ pub trait Tokenizer: Send + Sync {
     fn encode_with_offsets(&self, text: &str) -> Vec<Token>;
 
     fn encode(&self, text: &str) -> Vec<u32> {
-        self.encode_with_offsets(text).into_iter().map(|t| t.id).collect()
+        self.encode_with_offsets(text)
+            .into_iter()
+            .map(|t| t.id)
+            .collect()
     }
 
     /// A short name for logs and run metadata.
@@ -83,7 +91,11 @@ impl Tokenizer for ApproxTokenizer {
             // A word boundary (whitespace after non-whitespace) or a full piece ends a token.
             let boundary = ws && !prev_ws;
             if i > start && (boundary || chars == Self::CHARS_PER_TOKEN) {
-                out.push(Token { id: self.id_of(&text[start..i]), start, end: i });
+                out.push(Token {
+                    id: self.id_of(&text[start..i]),
+                    start,
+                    end: i,
+                });
                 start = i;
                 chars = 0;
             }
@@ -91,7 +103,11 @@ impl Tokenizer for ApproxTokenizer {
             prev_ws = ws;
         }
         if start < text.len() {
-            out.push(Token { id: self.id_of(&text[start..]), start, end: text.len() });
+            out.push(Token {
+                id: self.id_of(&text[start..]),
+                start,
+                end: text.len(),
+            });
         }
         out
     }
@@ -111,7 +127,10 @@ impl TokenizedCorpus {
     pub fn new(tokenizer: &dyn Tokenizer) -> Self {
         let text = corpus_text();
         let tokens = tokenizer.encode_with_offsets(&text);
-        assert!(!tokens.is_empty(), "the tokenizer produced no tokens for the corpus");
+        assert!(
+            !tokens.is_empty(),
+            "the tokenizer produced no tokens for the corpus"
+        );
         TokenizedCorpus { text, tokens }
     }
 
@@ -156,7 +175,11 @@ mod tests {
         }
         // About four characters per token.
         let chars = text.chars().count();
-        assert!(toks.len() >= chars / 4 && toks.len() <= chars / 2, "{}", toks.len());
+        assert!(
+            toks.len() >= chars / 4 && toks.len() <= chars / 2,
+            "{}",
+            toks.len()
+        );
         assert_eq!(t.encode(text), t.encode(text));
         assert_ne!(t.encode("alpha beta"), t.encode("beta alpha"));
     }

@@ -16,9 +16,22 @@ use serde::de::{Deserialize, Deserializer, Error as _};
 #[derive(Debug, Clone, PartialEq)]
 pub enum LengthDist {
     Fixed(usize),
-    Uniform { lo: usize, hi: usize },
-    Normal { mean: f64, std: f64, min: usize, max: usize },
-    LogNormal { median: f64, sigma: f64, min: usize, max: usize },
+    Uniform {
+        lo: usize,
+        hi: usize,
+    },
+    Normal {
+        mean: f64,
+        std: f64,
+        min: usize,
+        max: usize,
+    },
+    LogNormal {
+        median: f64,
+        sigma: f64,
+        min: usize,
+        max: usize,
+    },
     Mix(Vec<(f64, LengthDist)>),
 }
 
@@ -27,12 +40,24 @@ impl LengthDist {
         match self {
             LengthDist::Fixed(n) => *n,
             LengthDist::Uniform { lo, hi } => rng.gen_range(*lo..=*hi),
-            LengthDist::Normal { mean, std, min, max } => {
+            LengthDist::Normal {
+                mean,
+                std,
+                min,
+                max,
+            } => {
                 let x: f64 = Normal::new(*mean, *std).expect("validated").sample(rng);
                 (x.round().max(0.0) as usize).clamp(*min, *max)
             }
-            LengthDist::LogNormal { median, sigma, min, max } => {
-                let x: f64 = LogNormal::new(median.ln(), *sigma).expect("validated").sample(rng);
+            LengthDist::LogNormal {
+                median,
+                sigma,
+                min,
+                max,
+            } => {
+                let x: f64 = LogNormal::new(median.ln(), *sigma)
+                    .expect("validated")
+                    .sample(rng);
                 (x.round() as usize).clamp(*min, *max)
             }
             LengthDist::Mix(parts) => {
@@ -81,7 +106,11 @@ impl LengthDist {
                         if forms.is_empty() {
                             "none".to_string()
                         } else {
-                            forms.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                            forms
+                                .iter()
+                                .map(|s| s.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         }
                     ));
                 }
@@ -114,9 +143,16 @@ impl LengthDist {
                         }
                         let c = float(t.get(centre), centre)?;
                         let s = float(t.get(spread), spread)?;
-                        let min = t.get("min").map(|v| int(v, "min")).transpose()?.unwrap_or(1);
-                        let max =
-                            t.get("max").map(|v| int(v, "max")).transpose()?.unwrap_or(usize::MAX);
+                        let min = t
+                            .get("min")
+                            .map(|v| int(v, "min"))
+                            .transpose()?
+                            .unwrap_or(1);
+                        let max = t
+                            .get("max")
+                            .map(|v| int(v, "max"))
+                            .transpose()?
+                            .unwrap_or(usize::MAX);
                         if s < 0.0 || !s.is_finite() || !c.is_finite() || c <= 0.0 {
                             return Err(format!("{key} needs {centre} > 0 and {spread} >= 0"));
                         }
@@ -124,9 +160,19 @@ impl LengthDist {
                             return Err(format!("min {min} is above max {max}"));
                         }
                         Ok(if key == "normal" {
-                            LengthDist::Normal { mean: c, std: s, min, max }
+                            LengthDist::Normal {
+                                mean: c,
+                                std: s,
+                                min,
+                                max,
+                            }
                         } else {
-                            LengthDist::LogNormal { median: c, sigma: s, min, max }
+                            LengthDist::LogNormal {
+                                median: c,
+                                sigma: s,
+                                min,
+                                max,
+                            }
                         })
                     }
                     "mix" => {
@@ -170,7 +216,10 @@ fn non_negative(n: i64) -> Result<usize, String> {
 fn int(v: &toml::Value, what: &str) -> Result<usize, String> {
     match v {
         toml::Value::Integer(n) => non_negative(*n),
-        other => Err(format!("{what} must be an integer, found {}", other.type_str())),
+        other => Err(format!(
+            "{what} must be an integer, found {}",
+            other.type_str()
+        )),
     }
 }
 
@@ -178,7 +227,10 @@ fn float(v: Option<&toml::Value>, what: &str) -> Result<f64, String> {
     match v {
         Some(toml::Value::Integer(n)) => Ok(*n as f64),
         Some(toml::Value::Float(x)) => Ok(*x),
-        Some(other) => Err(format!("{what} must be a number, found {}", other.type_str())),
+        Some(other) => Err(format!(
+            "{what} must be a number, found {}",
+            other.type_str()
+        )),
         None => Err(format!("missing `{what}`")),
     }
 }
@@ -207,8 +259,16 @@ mod tests {
         for (src, lo, hi) in [
             ("256", 256, 256),
             ("{ uniform = [64, 512] }", 64, 512),
-            ("{ normal = { mean = 300, std = 50, min = 16, max = 400 } }", 16, 400),
-            ("{ lognormal = { median = 300, sigma = 0.6, min = 16, max = 4096 } }", 16, 4096),
+            (
+                "{ normal = { mean = 300, std = 50, min = 16, max = 400 } }",
+                16,
+                400,
+            ),
+            (
+                "{ lognormal = { median = 300, sigma = 0.6, min = 16, max = 4096 } }",
+                16,
+                4096,
+            ),
             (
                 "{ mix = [ { weight = 0.75, uniform = [1024, 2048] }, \
                  { weight = 0.25, uniform = [64, 128] } ] }",
@@ -240,7 +300,9 @@ mod tests {
         assert!(parse("{ mix = [] }").unwrap_err().contains("empty"));
         assert!(parse("-3").unwrap_err().contains("negative"));
         assert!(parse("{ uniform = [9, 3] }").unwrap_err().contains("above"));
-        assert!(parse("{ gauss = 3 }").unwrap_err().contains("unknown distribution"));
+        assert!(parse("{ gauss = 3 }")
+            .unwrap_err()
+            .contains("unknown distribution"));
         assert!(parse("\"long\"").unwrap_err().contains("found string"));
     }
 }

@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::arrival::{ArrivalSpec, Arrivals};
-use super::corpus::{Tokenizer, TokenizedCorpus};
+use super::corpus::{TokenizedCorpus, Tokenizer};
 use super::scenario::WorkloadSpec;
 
 /// One request of a workload.
@@ -50,10 +50,20 @@ const ARRIVALS: u64 = 8;
 impl WorkloadGenerator {
     pub fn new(spec: WorkloadSpec, tokenizer: Arc<dyn Tokenizer>) -> Self {
         let corpus = TokenizedCorpus::new(tokenizer.as_ref());
-        let mut g = WorkloadGenerator { spec, tokenizer, corpus, shared: None };
+        let mut g = WorkloadGenerator {
+            spec,
+            tokenizer,
+            corpus,
+            shared: None,
+        };
         if let Some(n) = g.spec.shared_prefix_tokens.filter(|&n| n > 0) {
             let mut seg = (String::new(), Vec::new());
-            g.segment("System instructions: ", n, &mut g.rng(SHARED, 0, 0), &mut seg);
+            g.segment(
+                "System instructions: ",
+                n,
+                &mut g.rng(SHARED, 0, 0),
+                &mut seg,
+            );
             g.shared = Some(seg);
         }
         g
@@ -92,7 +102,12 @@ impl WorkloadGenerator {
             let p = index % (g.count * g.prompts_per_group);
             let (gi, qi) = (p % g.count, p / g.count);
             let tag = format!("System prompt {gi}: ");
-            self.segment(&tag, g.system_tokens, &mut self.rng(GROUP_SYSTEM, gi, 0), &mut seg);
+            self.segment(
+                &tag,
+                g.system_tokens,
+                &mut self.rng(GROUP_SYSTEM, gi, 0),
+                &mut seg,
+            );
             let mut rng = self.rng(QUESTION, gi, qi);
             let n = w.prompt_tokens.sample(&mut rng);
             max_tokens = w.output_tokens.sample(&mut rng);
@@ -104,11 +119,16 @@ impl WorkloadGenerator {
             let turns = self.turns_of(ci);
             let t = (index / c.count) % turns;
             let tag = format!("Conversation {ci}. ");
-            self.segment(&tag, c.system_tokens.max(1), &mut self.rng(CONV_SYSTEM, ci, 0), &mut seg);
+            self.segment(
+                &tag,
+                c.system_tokens.max(1),
+                &mut self.rng(CONV_SYSTEM, ci, 0),
+                &mut seg,
+            );
             for k in 0..=t {
                 let mut rng = self.rng(USER_TURN, ci, k);
                 let n = w.prompt_tokens.sample(&mut rng);
-                self.segment(&format!("\n\nUser: "), n, &mut rng, &mut seg);
+                self.segment("\n\nUser: ", n, &mut rng, &mut seg);
                 if k < t {
                     let mut rng = self.rng(REPLY, ci, k);
                     let n = w.output_tokens.sample(&mut rng);
@@ -126,7 +146,11 @@ impl WorkloadGenerator {
             }
             let n = w.prompt_tokens.sample(&mut rng);
             max_tokens = w.output_tokens.sample(&mut rng);
-            let tag = if self.shared.is_some() { "\n\nRequest " } else { "Request " };
+            let tag = if self.shared.is_some() {
+                "\n\nRequest "
+            } else {
+                "Request "
+            };
             self.segment(&format!("{tag}{index}: "), n, &mut rng, &mut seg);
         }
         GeneratedRequest {
@@ -144,7 +168,8 @@ impl WorkloadGenerator {
     fn turns_of(&self, conversation: usize) -> usize {
         let c = self.spec.conversations.expect("conversations");
         let hi = c.max_turns.unwrap_or(c.min_turns);
-        self.rng(CONV_SYSTEM, conversation, 1).gen_range(c.min_turns..=hi)
+        self.rng(CONV_SYSTEM, conversation, 1)
+            .gen_range(c.min_turns..=hi)
     }
 
     /// Append a segment of exactly `n` tokens: a short tag (which makes unrelated

@@ -12,4 +12,6 @@ pub use arrival::{ArrivalKind, ArrivalSpec, Arrivals, Stage};
 pub use corpus::{ApproxTokenizer, Token, Tokenizer};
 pub use dist::LengthDist;
 pub use generate::{GeneratedRequest, WorkloadGenerator};
-pub use scenario::{ClusterSpec, ConversationsSpec, GroupsSpec, Scenario, ScenarioError, ServerSpec, WorkloadSpec};
+pub use scenario::{
+    ClusterSpec, ConversationsSpec, GroupsSpec, Scenario, ScenarioError, ServerSpec, WorkloadSpec,
+};

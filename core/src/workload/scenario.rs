@@ -194,7 +194,9 @@ impl Scenario {
                 let key = if path == "." { String::new() } else { path };
                 err(&key, e.into_inner().message().to_string())
             })?;
-        scenario.validate().map_err(|(key, reason)| err(&key, reason))?;
+        scenario
+            .validate()
+            .map_err(|(key, reason)| err(&key, reason))?;
         Ok(scenario)
     }
 
@@ -205,9 +207,16 @@ impl Scenario {
             return Err((at("workload", "num_requests"), "must be at least 1".into()));
         }
         if w.output_tokens.min() == 0 {
-            return Err((at("workload", "output_tokens"), "must be at least 1 token".into()));
+            return Err((
+                at("workload", "output_tokens"),
+                "must be at least 1 token".into(),
+            ));
         }
-        let forms = [w.shared_prefix_tokens.is_some(), w.groups.is_some(), w.conversations.is_some()];
+        let forms = [
+            w.shared_prefix_tokens.is_some(),
+            w.groups.is_some(),
+            w.conversations.is_some(),
+        ];
         if forms.iter().filter(|&&f| f).count() > 1 {
             return Err((
                 "workload".into(),
@@ -216,22 +225,42 @@ impl Scenario {
         }
         if let Some(g) = w.groups {
             if g.count == 0 || g.prompts_per_group == 0 {
-                return Err((at("workload", "groups"), "count and prompts_per_group must be >= 1".into()));
+                return Err((
+                    at("workload", "groups"),
+                    "count and prompts_per_group must be >= 1".into(),
+                ));
             }
         }
         if let Some(c) = w.conversations {
             if c.count == 0 || c.min_turns == 0 {
-                return Err((at("workload", "conversations"), "count and min_turns must be >= 1".into()));
+                return Err((
+                    at("workload", "conversations"),
+                    "count and min_turns must be >= 1".into(),
+                ));
             }
             if c.max_turns.is_some_and(|m| m < c.min_turns) {
-                return Err((at("workload", "conversations"), "max_turns is below min_turns".into()));
+                return Err((
+                    at("workload", "conversations"),
+                    "max_turns is below min_turns".into(),
+                ));
             }
         }
-        if w.prompt_tokens.min() == 0 && w.shared_prefix_tokens.unwrap_or(0) == 0 && w.groups.is_none() {
-            return Err((at("workload", "prompt_tokens"), "prompts need at least 1 token".into()));
+        if w.prompt_tokens.min() == 0
+            && w.shared_prefix_tokens.unwrap_or(0) == 0
+            && w.groups.is_none()
+        {
+            return Err((
+                at("workload", "prompt_tokens"),
+                "prompts need at least 1 token".into(),
+            ));
         }
-        self.arrival.validate().map_err(|(k, r)| (at("arrival", k), r))?;
-        self.server.scheduler_config().validate().map_err(|(k, r)| (at("server", k), r))?;
+        self.arrival
+            .validate()
+            .map_err(|(k, r)| (at("arrival", k), r))?;
+        self.server
+            .scheduler_config()
+            .validate()
+            .map_err(|(k, r)| (at("server", k), r))?;
         if let Some(c) = &self.cluster {
             if c.replicas == 0 {
                 return Err((at("cluster", "replicas"), "must be at least 1".into()));
@@ -260,7 +289,9 @@ fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()
     }
     let mut cur = table;
     for p in &parts[..parts.len() - 1] {
-        let entry = cur.entry(p.to_string()).or_insert_with(|| toml::Value::Table(Default::default()));
+        let entry = cur
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
         cur = entry
             .as_table_mut()
             .ok_or_else(|| format!("`{p}` is not a table, cannot set a key inside it"))?;
@@ -293,8 +324,12 @@ prefill_chunk_size = 512
 
     #[test]
     fn parses_with_defaults_and_overrides() {
-        let s = parse(&["server.prefix_caching=false", "arrival.rate=8", "workload.num_requests=100000"])
-            .unwrap();
+        let s = parse(&[
+            "server.prefix_caching=false",
+            "arrival.rate=8",
+            "workload.num_requests=100000",
+        ])
+        .unwrap();
         assert!(!s.server.prefix_caching);
         assert_eq!(s.arrival.rate, Some(8.0));
         assert_eq!(s.workload.num_requests, 100_000);

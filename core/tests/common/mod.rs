@@ -29,7 +29,11 @@ impl RunLog {
         self.events
             .iter()
             .filter_map(|(_, e)| match e {
-                Event::Finished { request, reason, stats } => Some((request.0, *reason, *stats)),
+                Event::Finished {
+                    request,
+                    reason,
+                    stats,
+                } => Some((request.0, *reason, *stats)),
                 _ => None,
             })
             .collect()
@@ -37,7 +41,11 @@ impl RunLog {
 
     pub fn first_token_time(&self, id: u64) -> Option<f64> {
         self.events.iter().find_map(|(t, e)| match e {
-            Event::Token { request, first: true, .. } if request.0 == id => Some(*t),
+            Event::Token {
+                request,
+                first: true,
+                ..
+            } if request.0 == id => Some(*t),
             _ => None,
         })
     }
@@ -99,7 +107,9 @@ pub fn drive(
         let stats = sched.stats();
         if plan.is_empty() {
             // Nothing can run (e.g. static batch finished, or waiting for blocks): advance.
-            let next = requests.get(next_req).map_or(now + 1e-3, |r| r.0.max(now + 1e-3));
+            let next = requests
+                .get(next_req)
+                .map_or(now + 1e-3, |r| r.0.max(now + 1e-3));
             sched.complete(plan, &[], now);
             now = next;
             continue;

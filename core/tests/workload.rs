@@ -1,0 +1,207 @@
+//! The seed scenarios parse; generation is deterministic and seed-dependent; the shared
+//! prefix structures share exactly what they should.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{drive, simple_cost};
+use infer_core::workload::{ApproxTokenizer, ArrivalKind, Scenario, WorkloadGenerator};
+use infer_core::Request;
+
+const SEEDS: [&str; 5] = [
+    "baseline",
+    "continuous_batching",
+    "paged_attention",
+    "chunked_prefill",
+    "prefix_caching",
+];
+
+fn load(name: &str, overrides: &[&str]) -> Scenario {
+    let path = format!("{}/../scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    Scenario::parse(&path, &text, &o).unwrap()
+}
+
+fn generator(s: &Scenario) -> WorkloadGenerator {
+    WorkloadGenerator::new(s.workload.clone(), Arc::new(ApproxTokenizer::default()))
+}
+
+#[test]
+fn seed_scenarios_match_the_benchmark_log() {
+    let expect = [
+        ("baseline", 10, ArrivalKind::Sequential),
+        ("continuous_batching", 32, ArrivalKind::Uniform),
+        ("paged_attention", 48, ArrivalKind::Burst),
+        ("chunked_prefill", 48, ArrivalKind::Poisson),
+        ("prefix_caching", 48, ArrivalKind::Uniform),
+    ];
+    for (name, n, kind) in expect {
+        let s = load(name, &[]);
+        assert_eq!(s.name, name);
+        assert_eq!(s.workload.num_requests, n);
+        assert_eq!(s.workload.warmup_requests, 2);
+        assert_eq!(s.workload.seed, 42);
+        assert_eq!(s.arrival.kind, kind);
+        let c = s.server.scheduler_config();
+        assert_eq!(
+            (c.max_batch_size, c.num_gpu_blocks, c.block_size),
+            (24, 2048, 16)
+        );
+        assert!(c.chunked_prefill && c.prefix_caching);
+        assert_eq!(c.prefill_chunk_size, 512);
+        // Requests have the log's lengths.
+        let g = generator(&s);
+        for i in 0..n {
+            let r = g.request(i);
+            assert_eq!(
+                r.prompt_ids.len(),
+                expected_len(name, &r.prompt_ids),
+                "{name} #{i}"
+            );
+            assert!(!r.prompt.is_empty());
+        }
+    }
+}
+
+fn expected_len(name: &str, ids: &[u32]) -> usize {
+    let n = ids.len();
+    let ok = match name {
+        "baseline" => n == 256,
+        "continuous_batching" => (64..=512).contains(&n),
+        "paged_attention" => (128..=384).contains(&n),
+        "chunked_prefill" => (64..=128).contains(&n) || (1024..=2048).contains(&n),
+        "prefix_caching" => (1024 + 32..=1024 + 128).contains(&n),
+        _ => false,
+    };
+    assert!(ok, "{name}: {n} tokens");
+    n
+}
+
+#[test]
+fn same_seed_same_requests_and_plans_other_seed_differs() {
+    for name in SEEDS {
+        let s = load(name, &[]);
+        let (a, b) = (generator(&s), generator(&s));
+        for i in 0..s.workload.num_requests {
+            assert_eq!(a.request(i), b.request(i));
+        }
+        assert_eq!(a.arrivals(&s.arrival), b.arrivals(&s.arrival));
+        let other = load(name, &["workload.seed=43"]);
+        let c = generator(&other);
+        assert_ne!(a.request(0).prompt_ids, c.request(0).prompt_ids, "{name}");
+    }
+    // Plans: the same scenario twice gives the same step-by-step schedule.
+    let s = load("chunked_prefill", &[]);
+    let run = || {
+        let g = generator(&s);
+        let times = g.arrivals(&s.arrival).times.unwrap();
+        let reqs: Vec<(f64, Request)> = times
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let r = g.request(i);
+                (t, Request::new(i as u64, r.prompt_ids, r.max_tokens))
+            })
+            .collect();
+        drive(s.server.scheduler_config(), reqs, simple_cost, vec![]).0
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn unrelated_prompts_do_not_share_a_first_block() {
+    let s = load("chunked_prefill", &["workload.num_requests=2000"]);
+    let g = generator(&s);
+    let mut firsts: Vec<Vec<u32>> = (0..2000)
+        .map(|i| g.request(i).prompt_ids[..16].to_vec())
+        .collect();
+    firsts.sort();
+    firsts.dedup();
+    assert_eq!(firsts.len(), 2000);
+}
+
+#[test]
+fn groups_share_their_system_prompt_and_conversations_grow() {
+    let text = r#"
+name = "g"
+[workload]
+num_requests = 249
+prompt_tokens = 100
+output_tokens = 50
+groups = { count = 83, prompts_per_group = 3, system_tokens = 800 }
+[arrival]
+kind = "poisson"
+rate = 3
+"#;
+    let s = Scenario::parse("g.toml", text, &[]).unwrap();
+    let g = generator(&s);
+    let (a, b, c) = (g.request(0), g.request(83), g.request(1));
+    assert_eq!((a.group, b.group, c.group), (Some(0), Some(0), Some(1)));
+    assert_eq!(a.prompt_ids.len(), 900);
+    assert_eq!(a.prompt_ids[..800], b.prompt_ids[..800]);
+    assert_ne!(a.prompt_ids[800..], b.prompt_ids[800..]);
+    assert_ne!(a.prompt_ids[..16], c.prompt_ids[..16]);
+    assert_eq!(
+        g.request(249).prompt_ids,
+        a.prompt_ids,
+        "the G x P set repeats"
+    );
+
+    let conv = text.replace(
+        "groups = { count = 83, prompts_per_group = 3, system_tokens = 800 }",
+        "conversations = { count = 10, min_turns = 8 }",
+    );
+    let s = Scenario::parse("c.toml", &conv, &[]).unwrap();
+    let g = generator(&s);
+    let (t0, t1, t2) = (g.request(3), g.request(13), g.request(23));
+    assert_eq!(t1.turn, Some((3, 1)));
+    assert!(
+        t1.prompt_ids.starts_with(&t0.prompt_ids),
+        "turn 1 extends turn 0"
+    );
+    assert!(t2.prompt_ids.starts_with(&t1.prompt_ids));
+    assert_eq!(t2.prompt_ids.len() - t1.prompt_ids.len(), 100 + 50);
+    assert!(t1.prompt.starts_with(&t0.prompt));
+}
+
+#[test]
+fn scenario_errors_name_file_key_and_reason() {
+    let path = format!(
+        "{}/../scenarios/chunked_prefill.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cases: [(&[&str], &str, &str); 5] = [
+        (
+            &["workload.colour=\"red\""],
+            "workload",
+            "unknown field `colour`",
+        ),
+        (
+            &["server.max_batch_size=\"lots\""],
+            "server.max_batch_size",
+            "invalid type",
+        ),
+        (
+            &["server.prefill_chunk_size=0"],
+            "server.prefill_chunk_size",
+            "at least 1",
+        ),
+        (
+            &["workload.prompt_tokens={ mix = [] }"],
+            "workload.prompt_tokens",
+            "empty",
+        ),
+        (&["arrival.rate=-6"], "arrival.rate", "positive"),
+    ];
+    for (set, key, reason) in cases {
+        let o: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+        let e = Scenario::parse(&path, &text, &o).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with(&path), "{msg}");
+        assert!(e.key.starts_with(key), "{set:?}: key {} in {msg}", e.key);
+        assert!(e.reason.contains(reason), "{set:?}: {msg}");
+    }
+}
