@@ -146,6 +146,7 @@ pub struct Scheduler {
     stats: SchedulerStats,
     /// Scratch for the running sequences' visiting order.
     order: Vec<u32>,
+    last_step_end: f64,
 }
 
 impl Scheduler {
@@ -178,6 +179,7 @@ impl Scheduler {
             spare: StepPlan::default(),
             stats: SchedulerStats::default(),
             order: Vec::new(),
+            last_step_end: 0.0,
         }
     }
 
@@ -279,6 +281,11 @@ impl Scheduler {
         self.index.len()
     }
 
+    /// When the last completed step ended (the driver's clock).
+    pub fn last_step_end(&self) -> f64 {
+        self.last_step_end
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         SchedulerStats {
             num_waiting: self.waiting.len(),
@@ -333,11 +340,13 @@ impl Scheduler {
         }
         self.order = order;
 
-        // 3: admit waiting sequences.
-        let may_admit = match self.cfg.batching_mode {
-            BatchingMode::Continuous => true,
-            BatchingMode::Static => self.running.is_empty(),
-        };
+        // 3: admit waiting sequences — not in a step that had to preempt (memory is
+        // short; the preempted would only be readmitted to be preempted again).
+        let may_admit = plan.preempted.is_empty()
+            && match self.cfg.batching_mode {
+                BatchingMode::Continuous => true,
+                BatchingMode::Static => self.running.is_empty(),
+            };
         while may_admit && budget > 0 && self.running.len() < self.cfg.max_batch_size {
             let Some(&slot) = self.waiting.front() else {
                 break;
@@ -371,8 +380,9 @@ impl Scheduler {
     }
 
     /// Apply a step's results: one sampled token per sampling sequence of `plan`, in plan
-    /// order. Returns the requests' events.
+    /// order. Returns the requests' events, which happen at `now` (the end of the step).
     pub fn complete(&mut self, plan: StepPlan, sampled: &[u32], now: f64) -> Vec<Event> {
+        self.last_step_end = now;
         assert_eq!(
             sampled.len(),
             plan.num_sampling(),
@@ -418,7 +428,6 @@ impl Scheduler {
             let seqs = &self.seqs;
             self.running.retain(|&slot| seqs[slot as usize].is_some());
         }
-        let _ = now;
         self.spare = plan;
         events
     }
@@ -493,9 +502,14 @@ impl Scheduler {
     /// Check the invariants of DESIGN.md that are visible from here (tests call this).
     pub fn check_invariants(&self) -> Result<(), String> {
         let kv = self.kv.as_ref();
+        // Each block a sequence holds is one reference: refs = held, used <= refs.
         let held: usize = self.seqs.iter().flatten().map(|s| s.kv.blocks.len()).sum();
-        if kv.total_refs() != held && self.cfg.kv_cache_backend == KvBackend::Contiguous {
-            return Err(format!("slots: refs {} != held {}", kv.total_refs(), held));
+        if kv.total_refs() != held {
+            return Err(format!(
+                "references {} != blocks held {}",
+                kv.total_refs(),
+                held
+            ));
         }
         if kv.total_refs() < kv.num_blocks() - kv.num_free_blocks() {
             return Err("a used block has no reference".into());
@@ -537,4 +551,135 @@ fn stop_reason(seq: &Sequence, token: u32, max_model_len: usize) -> Option<Finis
         return Some(FinishReason::Length);
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> SchedulerConfig {
+        SchedulerConfig {
+            num_gpu_blocks: 64,
+            max_model_len: 512,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    #[test]
+    fn abort_frees_blocks_at_once_and_is_reported_in_the_next_plan() {
+        let mut s = Scheduler::new(cfg());
+        s.add_request(Request::new(1, vec![3; 40], 10), 0.0)
+            .unwrap();
+        s.add_request(Request::new(2, vec![4; 40], 10), 0.0)
+            .unwrap();
+        let plan = s.schedule(0.0);
+        assert_eq!(plan.num_sampling(), 2);
+        // Aborted between schedule and complete: its sampled token is ignored.
+        let stats = s.abort(RequestId(1)).unwrap();
+        assert_eq!(stats.output_tokens, 0);
+        let events = s.complete(plan, &[7, 8], 0.1);
+        assert_eq!(events.len(), 1);
+        assert!(matches!(
+            events[0],
+            Event::Token {
+                request: RequestId(2),
+                token: 8,
+                first: true
+            }
+        ));
+        assert_eq!(s.stats().num_free_blocks, 64 - 3);
+        let plan = s.schedule(0.1);
+        assert_eq!(plan.finished, vec![RequestId(1)]);
+        assert_eq!(plan.seqs.len(), 1);
+        s.complete(plan, &[9], 0.2);
+        assert!(s.abort(RequestId(1)).is_none());
+        s.finish(RequestId(2), FinishReason::Stop).unwrap();
+        assert_eq!(s.stats().num_free_blocks, 64);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn eos_and_stop_tokens_end_requests_unless_ignored() {
+        let mut s = Scheduler::new(cfg());
+        let stop = |ignore_eos| StopConditions {
+            max_tokens: 50,
+            ignore_eos,
+            eos_token_ids: vec![2],
+            stop_token_ids: vec![9],
+        };
+        s.add_request(
+            Request {
+                id: RequestId(1),
+                prompt: vec![5; 8],
+                stop: stop(false),
+            },
+            0.0,
+        )
+        .unwrap();
+        s.add_request(
+            Request {
+                id: RequestId(2),
+                prompt: vec![6; 8],
+                stop: stop(true),
+            },
+            0.0,
+        )
+        .unwrap();
+        let plan = s.schedule(0.0);
+        let ev = s.complete(plan, &[2, 2], 0.1);
+        let ended: Vec<_> = ev
+            .iter()
+            .filter_map(|e| match e {
+                Event::Finished {
+                    request, reason, ..
+                } => Some((*request, *reason)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ended, vec![(RequestId(1), FinishReason::Stop)]);
+        let plan = s.schedule(0.1);
+        let ev = s.complete(plan, &[9], 0.2);
+        assert!(ev.iter().any(|e| matches!(
+            e,
+            Event::Finished {
+                reason: FinishReason::Stop,
+                ..
+            }
+        )));
+        assert!(!s.has_unfinished());
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_numbers() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_waiting: Some(1),
+            ..cfg()
+        });
+        let e = s
+            .add_request(Request::new(1, vec![1; 512], 4), 0.0)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            AddError::PromptTooLong {
+                prompt_tokens: 512,
+                max_model_len: 512
+            }
+        );
+        assert!(e.to_string().contains("512"));
+        assert_eq!(
+            s.add_request(Request::new(1, vec![], 4), 0.0),
+            Err(AddError::EmptyPrompt)
+        );
+        s.add_request(Request::new(1, vec![1; 5], 4), 0.0).unwrap();
+        assert_eq!(
+            s.add_request(Request::new(1, vec![1; 5], 4), 0.0),
+            Err(AddError::QueueFull { max_waiting: 1 })
+        );
+        let mut s = Scheduler::new(cfg());
+        s.add_request(Request::new(1, vec![1; 5], 4), 0.0).unwrap();
+        assert_eq!(
+            s.add_request(Request::new(1, vec![1; 5], 4), 0.0),
+            Err(AddError::DuplicateId(RequestId(1)))
+        );
+    }
 }
