@@ -1,2 +1,26 @@
-//! infer-sim: the discrete-event simulator. It drives the very same `infer-core` scheduler as
-//! the engine, with a cost model standing in for the GPU. Filled by the sim issue.
+//! infer-sim: the discrete-event simulator. It drives the very same `infer-core` scheduler
+//! as the engine, with a cost model standing in for the GPU, so the only thing that can
+//! differ between a prediction and a measurement is the cost model.
+//!
+//! * [`catalog`]: hardware and model numbers (published, with sources);
+//! * [`memory`]: the start-up memory plan (weights + KV pool + activations);
+//! * [`cost`]: the cost-model trait, the analytic roofline and the profiled fit;
+//! * [`calibration`]: the analytic model's coefficients and how they were fitted;
+//! * [`settings`]: the scenario's `[sim]` table;
+//! * [`setup`]: scenario → catalog entries, memory plan and cost model;
+//! * [`simulate`]: the event loop;
+//! * [`output`]: run directories and console text;
+//! * [`sweep`]: grids of runs in parallel.
+
+pub mod calibration;
+pub mod catalog;
+pub mod cost;
+pub mod memory;
+pub mod output;
+pub mod settings;
+pub mod setup;
+pub mod simulate;
+pub mod sweep;
+
+pub use setup::{load, prepare, Setup};
+pub use simulate::{run, RunStats, SimResult};

@@ -1,4 +1,150 @@
-fn main() {
-    eprintln!("sim: not built yet (see the sim issue)");
-    std::process::exit(2);
+//! `sim`: predict what a serving knob does before building or deploying it.
+//!
+//! ```text
+//! sim run SCENARIO [--set key=value]… [--out DIR] [--seed N] [--quiet]
+//! sim sweep SCENARIO --vary key=v1,v2,… [--vary …] [--set …] [--out DIR] [--threads N]
+//! sim catalog
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use infer_sim::{catalog, output, sweep};
+
+#[derive(Parser)]
+#[command(
+    name = "sim",
+    about = "Discrete-event simulator of the infer serving core",
+    version
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Simulate one scenario and write summary.json, requests.csv and timeseries.csv.
+    Run {
+        scenario: String,
+        /// Override a scenario key, e.g. --set server.prefix_caching=false.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Run directory (default: runs/<name>-<unix time>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Workload seed (overrides workload.seed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Print only the run directory.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Simulate the grid of --vary values in parallel and write sweep.csv.
+    Sweep {
+        scenario: String,
+        /// An axis: key=v1,v2,… (repeatable; the grid is their product).
+        #[arg(long = "vary", value_name = "KEY=V1,V2,…", required = true)]
+        vary: Vec<String>,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Worker threads (default: the machine's cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// List the hardware and models the simulator knows.
+    Catalog,
+}
+
+fn main() -> ExitCode {
+    match real_main(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn with_seed(mut set: Vec<String>, seed: Option<u64>) -> Vec<String> {
+    if let Some(s) = seed {
+        set.push(format!("workload.seed={s}"));
+    }
+    set
+}
+
+fn real_main(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Catalog => {
+            print!("{}", catalog::render());
+            Ok(())
+        }
+        Command::Run {
+            scenario,
+            set,
+            out,
+            seed,
+            quiet,
+        } => {
+            let setup = infer_sim::load(&scenario, &with_seed(set, seed))?;
+            let result = infer_sim::run(&setup);
+            let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name, ""));
+            output::write_run(&dir, &result)?;
+            if quiet {
+                for w in &setup.warnings {
+                    eprintln!("{w}");
+                }
+            } else {
+                print!("{}", output::console(&setup, &result));
+            }
+            println!("run directory: {}", dir.display());
+            Ok(())
+        }
+        Command::Sweep {
+            scenario,
+            vary,
+            set,
+            out,
+            seed,
+            threads,
+            quiet,
+        } => {
+            let text = std::fs::read_to_string(&scenario)
+                .map_err(|e| format!("{scenario}: cannot read: {e}"))?;
+            let axes = vary
+                .iter()
+                .map(|v| sweep::parse_axis(v))
+                .collect::<Result<Vec<_>, _>>()?;
+            let base = with_seed(set, seed);
+            // Fail fast on a scenario that is wrong at every point.
+            let first = infer_sim::prepare(
+                &scenario,
+                infer_core::workload::Scenario::parse(&scenario, &text, &base)
+                    .map_err(|e| e.to_string())?,
+            )?;
+            let threads = threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let points = sweep::run(&scenario, &text, &base, &axes, threads, !quiet);
+            let dir =
+                out.unwrap_or_else(|| output::default_run_dir(&first.scenario.name, "-sweep"));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
+            let path = dir.join("sweep.csv");
+            std::fs::write(&path, sweep::csv(&axes, &points))
+                .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+            if !quiet {
+                print!("{}", sweep::table(&axes, &points));
+            }
+            println!("sweep file: {}", path.display());
+            Ok(())
+        }
+    }
 }

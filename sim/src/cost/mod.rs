@@ -1,0 +1,133 @@
+//! Cost models: how long a step plan takes on the GPU, and how long a request spends
+//! outside it (HTTP, tokenisation, streaming). Two implementations behind one trait:
+//!
+//! * [`Analytic`]: a roofline from the catalog's hardware and model numbers plus a few
+//!   calibration coefficients;
+//! * [`Profiled`]: a small linear model fitted to step times measured by `engine profile`.
+
+mod analytic;
+mod profiled;
+
+pub use analytic::Analytic;
+pub use profiled::{Profile, ProfilePoint, Profiled};
+
+use infer_core::StepPlan;
+
+/// The step plan reduced to the quantities step time depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepShape {
+    pub num_seqs: usize,
+    /// New tokens of prompt chunks (and recomputes).
+    pub prefill_tokens: usize,
+    pub prefill_seqs: usize,
+    /// The longest prompt chunk in the step.
+    pub max_prefill_chunk: usize,
+    /// Sequences decoding one token.
+    pub decode_seqs: usize,
+    /// Sequences a token is sampled from (decodes plus prompts that complete).
+    pub sampled: usize,
+    /// Context tokens the step's attention reads: Σ context length after the step.
+    pub context_tokens: usize,
+    /// Query × key pairs attention computes: Σ over sequences of
+    /// new × computed + new × (new + 1) / 2 (causal within the chunk).
+    pub attention_pairs: f64,
+}
+
+impl StepShape {
+    pub fn of(plan: &StepPlan) -> StepShape {
+        let mut s = StepShape {
+            num_seqs: plan.seqs.len(),
+            ..StepShape::default()
+        };
+        for q in &plan.seqs {
+            let n = q.num_new_tokens;
+            if q.is_decode {
+                s.decode_seqs += 1;
+            } else {
+                s.prefill_tokens += n;
+                s.prefill_seqs += 1;
+                s.max_prefill_chunk = s.max_prefill_chunk.max(n);
+            }
+            if q.samples {
+                s.sampled += 1;
+            }
+            s.context_tokens += q.context_len();
+            let (n, c) = (n as f64, q.num_computed as f64);
+            s.attention_pairs += n * c + n * (n + 1.0) / 2.0;
+        }
+        s
+    }
+
+    /// New tokens over all sequences.
+    pub fn new_tokens(&self) -> usize {
+        self.prefill_tokens + self.decode_seqs
+    }
+}
+
+/// A request's path outside the GPU, as a client sees it.
+///
+/// ```text
+/// scheduler sees the request  = send + request_s + per_prompt_token_s × prompt tokens
+/// client sees a token         = step end + stream_s
+/// ```
+/// so TTFT and E2E include both, while ITL (gaps between chunks) does not.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClientPath {
+    /// HTTP parse, routing, request validation.
+    pub request_s: f64,
+    /// Tokenisation, per prompt token.
+    pub per_prompt_token_s: f64,
+    /// Detokenise one token and deliver the chunk over the stream.
+    pub stream_s: f64,
+}
+
+impl ClientPath {
+    pub fn request_delay(&self, prompt_tokens: usize) -> f64 {
+        self.request_s + self.per_prompt_token_s * prompt_tokens as f64
+    }
+}
+
+/// Step time for a plan, and the client path around it.
+pub trait CostModel: Send + Sync {
+    /// Seconds the step takes on one replica.
+    fn step_time(&self, shape: &StepShape) -> f64;
+    fn client_path(&self) -> ClientPath;
+    /// One line naming the model and its coefficients (printed with each run).
+    fn describe(&self) -> String;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infer_core::{Request, Scheduler, SchedulerConfig};
+
+    #[test]
+    fn shapes_count_prefill_decode_and_attention() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            prefix_caching: false,
+            ..Default::default()
+        });
+        s.add_request(Request::new(1, vec![5; 100], 4), 0.0)
+            .unwrap();
+        let plan = s.schedule(0.0);
+        let shape = StepShape::of(&plan);
+        assert_eq!(
+            (shape.prefill_tokens, shape.decode_seqs, shape.sampled),
+            (100, 0, 1)
+        );
+        assert_eq!(shape.attention_pairs, 100.0 * 101.0 / 2.0);
+        let ev = s.complete(plan, &[7], 0.01);
+        assert_eq!(ev.len(), 1);
+        let plan = s.schedule(0.01);
+        let shape = StepShape::of(&plan);
+        assert_eq!(
+            (
+                shape.prefill_tokens,
+                shape.decode_seqs,
+                shape.context_tokens
+            ),
+            (0, 1, 101)
+        );
+        assert_eq!(shape.attention_pairs, 101.0);
+    }
+}

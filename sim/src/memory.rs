@@ -1,0 +1,174 @@
+//! The memory plan made at start: does weights + KV pool + activations fit on one GPU?
+//!
+//! Per GPU (a tensor-parallel model splits weights and KV evenly):
+//!
+//! ```text
+//! weights     = params × weight dtype bytes / tp
+//! kv_pool     = num_gpu_blocks × block_size × KV bytes per token / tp
+//! activations = T_max × activation bytes per token + max_batch_size × vocab × 4
+//!               (T_max = tokens of the largest step: the chunk budget with chunked
+//!                prefill, otherwise min(KV capacity, max_batch_size × max_model_len);
+//!                the second term is the fp32 logits of one sampled row per sequence)
+//! usable      = device memory − reserved (context, allocator, display)
+//! ```
+//!
+//! A plan whose weights and KV pool alone exceed `usable` cannot start: an error. One that
+//! fits only without the activation peak is the benchmark log's "VRAM cliff": the excess is
+//! spilled to host memory (the Windows/WSL driver pages device allocations out rather than
+//! failing), and the cost model charges every step for moving it across the host link.
+//! A KV pool that cannot hold one `max_model_len` sequence is refused.
+
+use infer_core::SchedulerConfig;
+
+use crate::catalog::{HardwareSpec, ModelSpec};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    pub usable: f64,
+    pub weights: f64,
+    pub kv_pool: f64,
+    pub activations: f64,
+    /// Bytes beyond `usable` at the activation peak (0 when everything fits).
+    pub spill: f64,
+}
+
+impl MemoryPlan {
+    pub fn total(&self) -> f64 {
+        self.weights + self.kv_pool + self.activations
+    }
+
+    /// The numbers, in GiB, on one line.
+    pub fn describe(&self) -> String {
+        format!(
+            "weights {:.2} GiB + KV pool {:.2} GiB + activations {:.2} GiB = {:.2} GiB of {:.2} GiB usable",
+            self.weights / GIB,
+            self.kv_pool / GIB,
+            self.activations / GIB,
+            self.total() / GIB,
+            self.usable / GIB
+        )
+    }
+
+    /// A warning for a configuration past the cliff, if it is.
+    pub fn warning(&self) -> Option<String> {
+        (self.spill > 0.0).then(|| {
+            format!(
+                "warning: memory over-committed by {:.2} GiB ({}); the excess spills to host \
+                 memory and every step pays for it (expect a throughput collapse)",
+                self.spill / GIB,
+                self.describe()
+            )
+        })
+    }
+}
+
+/// Plan memory for `cfg` serving `model` on `hw`, or say why it cannot start.
+pub fn plan(
+    hw: &HardwareSpec,
+    model: &ModelSpec,
+    cfg: &SchedulerConfig,
+) -> Result<MemoryPlan, String> {
+    let capacity_tokens = cfg.num_gpu_blocks * cfg.block_size;
+    if capacity_tokens < cfg.max_model_len {
+        return Err(format!(
+            "the KV pool of {} blocks x {} tokens = {} tokens cannot hold one sequence of \
+             max_model_len {} tokens",
+            cfg.num_gpu_blocks, cfg.block_size, capacity_tokens, cfg.max_model_len
+        ));
+    }
+    let tp = model.tp as f64;
+    let weights = model.weight_bytes() / tp;
+    let kv_pool = capacity_tokens as f64 * model.kv_bytes_per_token() / tp;
+    let usable = hw.memory_bytes - hw.reserved_bytes;
+    let step_tokens = if cfg.chunked_prefill {
+        cfg.prefill_chunk_size
+    } else {
+        capacity_tokens.min(cfg.max_batch_size * cfg.max_model_len)
+    };
+    let activations = step_tokens as f64 * model.activation_bytes_per_token() / tp
+        + (cfg.max_batch_size * model.vocab) as f64 * 4.0;
+    if weights + kv_pool > usable {
+        return Err(format!(
+            "{} on {} does not fit: weights {:.2} GiB + KV pool {:.2} GiB ({} blocks) = {:.2} \
+             GiB, but only {:.2} GiB of {:.2} GiB is usable",
+            model.name,
+            hw.name,
+            weights / GIB,
+            kv_pool / GIB,
+            cfg.num_gpu_blocks,
+            (weights + kv_pool) / GIB,
+            usable / GIB,
+            hw.memory_bytes / GIB
+        ));
+    }
+    let spill = (weights + kv_pool + activations - usable).max(0.0);
+    Ok(MemoryPlan {
+        usable,
+        weights,
+        kv_pool,
+        activations,
+        spill,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{find_hardware, find_model};
+    use infer_core::KvBackend;
+
+    fn cfg(batch: usize, blocks: usize, chunked: bool) -> SchedulerConfig {
+        SchedulerConfig {
+            max_batch_size: batch,
+            num_gpu_blocks: blocks,
+            chunked_prefill: chunked,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_logs_vram_cliff_is_flagged_and_its_tuned_configs_are_not() {
+        // Phase 6 sweep on Qwen3-4B (no chunking): 12/768, 16/1024, 20/1280 ran fine,
+        // 24/2048 collapsed 3x.
+        let hw = find_hardware("rtx-5080").unwrap();
+        let qwen = find_model("qwen3-4b").unwrap();
+        for (b, n) in [(12, 768), (16, 1024), (20, 1280), (16, 1536)] {
+            let p = plan(&hw, &qwen, &cfg(b, n, false)).unwrap();
+            assert_eq!(p.spill, 0.0, "{b}/{n}: {}", p.describe());
+        }
+        let cliff = plan(&hw, &qwen, &cfg(24, 2048, false)).unwrap();
+        assert!(cliff.spill > 0.0, "{}", cliff.describe());
+        let w = cliff.warning().unwrap();
+        assert!(w.contains("GiB") && w.contains("KV pool 4.50 GiB"), "{w}");
+        // Llama-3.2-3B and Gemma3-1B run 24/2048 in the log.
+        for m in ["llama-3.2-3b", "gemma-3-1b"] {
+            let p = plan(&hw, &find_model(m).unwrap(), &cfg(24, 2048, false)).unwrap();
+            assert_eq!(p.spill, 0.0, "{m}: {}", p.describe());
+        }
+    }
+
+    #[test]
+    fn impossible_plans_are_refused_with_numbers() {
+        let hw = find_hardware("rtx-5080").unwrap();
+        let e = plan(
+            &hw,
+            &find_model("llama-3.1-8b").unwrap(),
+            &cfg(24, 8192, true),
+        )
+        .unwrap_err();
+        assert!(e.contains("does not fit") && e.contains("GiB"), "{e}");
+        let small = SchedulerConfig {
+            num_gpu_blocks: 100,
+            ..cfg(8, 100, true)
+        };
+        let e = plan(&hw, &find_model("llama-3.2-3b").unwrap(), &small).unwrap_err();
+        assert!(e.contains("1600 tokens") && e.contains("4096"), "{e}");
+        let contiguous = SchedulerConfig {
+            kv_cache_backend: KvBackend::Contiguous,
+            ..cfg(8, 2048, false)
+        };
+        assert!(plan(&hw, &find_model("llama-3.2-3b").unwrap(), &contiguous).is_ok());
+    }
+}

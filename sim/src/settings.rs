@@ -1,0 +1,183 @@
+//! The scenario's `[sim]` table: simulator-only settings, parsed strictly.
+//!
+//! ```toml
+//! [sim]
+//! cost_model = "analytic"          # analytic | profiled
+//! profile = "profiles/x.json"      # for profiled: a file written by `engine profile`
+//! timeseries_interval_s = 0.1      # spacing of timeseries.csv points
+//! # calibration overrides (analytic), each optional:
+//! compute_efficiency = 0.4
+//! bandwidth_efficiency = 0.85
+//! step_overhead_s = 0.004
+//! per_seq_overhead_s = 0.0001
+//! client_request_s = 0.003
+//! client_per_prompt_token_s = 1e-6
+//! client_stream_s = 0.001
+//! ```
+
+use infer_core::workload::Scenario;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostModelKind {
+    #[default]
+    Analytic,
+    Profiled,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimSettings {
+    #[serde(default)]
+    pub cost_model: CostModelKind,
+    pub profile: Option<String>,
+    pub timeseries_interval_s: Option<f64>,
+    pub compute_efficiency: Option<f64>,
+    pub bandwidth_efficiency: Option<f64>,
+    pub step_overhead_s: Option<f64>,
+    pub per_seq_overhead_s: Option<f64>,
+    pub client_request_s: Option<f64>,
+    pub client_per_prompt_token_s: Option<f64>,
+    pub client_stream_s: Option<f64>,
+}
+
+pub const DEFAULT_TIMESERIES_INTERVAL_S: f64 = 0.1;
+
+impl SimSettings {
+    /// The `[sim]` table of `scenario`; an error names the key (`sim.…`) and the reason.
+    pub fn from_scenario(scenario: &Scenario) -> Result<SimSettings, (String, String)> {
+        let Some(table) = &scenario.sim else {
+            return Ok(SimSettings::default());
+        };
+        let s: SimSettings = parse_table(table)?;
+        let fraction = [
+            ("compute_efficiency", s.compute_efficiency),
+            ("bandwidth_efficiency", s.bandwidth_efficiency),
+        ];
+        for (key, v) in fraction {
+            if let Some(v) = v {
+                if !(v > 0.0 && v <= 1.0) {
+                    return Err((format!("sim.{key}"), format!("must be in (0, 1], got {v}")));
+                }
+            }
+        }
+        let non_negative = [
+            ("step_overhead_s", s.step_overhead_s),
+            ("per_seq_overhead_s", s.per_seq_overhead_s),
+            ("client_request_s", s.client_request_s),
+            ("client_per_prompt_token_s", s.client_per_prompt_token_s),
+            ("client_stream_s", s.client_stream_s),
+        ];
+        for (key, v) in non_negative {
+            if let Some(v) = v {
+                if !(v >= 0.0 && v.is_finite()) {
+                    return Err((
+                        format!("sim.{key}"),
+                        format!("must be >= 0 seconds, got {v}"),
+                    ));
+                }
+            }
+        }
+        if let Some(v) = s.timeseries_interval_s {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err((
+                    "sim.timeseries_interval_s".into(),
+                    format!("must be positive, got {v}"),
+                ));
+            }
+        }
+        if s.cost_model == CostModelKind::Profiled && s.profile.is_none() {
+            return Err((
+                "sim.profile".into(),
+                "cost_model = \"profiled\" needs a profile file".into(),
+            ));
+        }
+        Ok(s)
+    }
+
+    pub fn timeseries_interval(&self) -> f64 {
+        self.timeseries_interval_s
+            .unwrap_or(DEFAULT_TIMESERIES_INTERVAL_S)
+    }
+}
+
+/// Deserialize the table, turning serde's message into (key, reason).
+fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
+    // Check keys first so an unknown one is named precisely.
+    const KNOWN: [&str; 10] = [
+        "cost_model",
+        "profile",
+        "timeseries_interval_s",
+        "compute_efficiency",
+        "bandwidth_efficiency",
+        "step_overhead_s",
+        "per_seq_overhead_s",
+        "client_request_s",
+        "client_per_prompt_token_s",
+        "client_stream_s",
+    ];
+    for k in table.keys() {
+        if !KNOWN.contains(&k.as_str()) {
+            return Err((
+                format!("sim.{k}"),
+                format!("unknown key; expected one of {}", KNOWN.join(", ")),
+            ));
+        }
+    }
+    for (k, v) in table {
+        // Accept integers where seconds or fractions are expected (`step_overhead_s = 0`).
+        let one = toml::Table::from_iter([(k.clone(), coerce(k, v.clone()))]);
+        if let Err(e) = SimSettings::deserialize(toml::Value::Table(one)) {
+            return Err((format!("sim.{k}"), e.message().to_string()));
+        }
+    }
+    let coerced: toml::Table = table
+        .iter()
+        .map(|(k, v)| (k.clone(), coerce(k, v.clone())))
+        .collect();
+    SimSettings::deserialize(toml::Value::Table(coerced))
+        .map_err(|e| ("sim".into(), e.message().to_string()))
+}
+
+fn coerce(key: &str, v: toml::Value) -> toml::Value {
+    match v {
+        toml::Value::Integer(i) if key != "cost_model" && key != "profile" => {
+            toml::Value::Float(i as f64)
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(sim: &str) -> Scenario {
+        let text = format!(
+            "name = \"t\"\n[workload]\nnum_requests = 1\nprompt_tokens = 8\noutput_tokens = 8\n\
+             [arrival]\nkind = \"sequential\"\n[sim]\n{sim}\n"
+        );
+        Scenario::parse("t.toml", &text, &[]).unwrap()
+    }
+
+    #[test]
+    fn settings_parse_strictly() {
+        let s =
+            SimSettings::from_scenario(&scenario("step_overhead_s = 0\ncompute_efficiency = 0.5"))
+                .unwrap();
+        assert_eq!(s.step_overhead_s, Some(0.0));
+        assert_eq!(s.cost_model, CostModelKind::Analytic);
+        let (k, r) = SimSettings::from_scenario(&scenario("bogus = 1")).unwrap_err();
+        assert_eq!(k, "sim.bogus");
+        assert!(r.contains("unknown key"), "{r}");
+        let (k, _) = SimSettings::from_scenario(&scenario("compute_efficiency = 1.5")).unwrap_err();
+        assert_eq!(k, "sim.compute_efficiency");
+        let (k, r) = SimSettings::from_scenario(&scenario("cost_model = \"magic\"")).unwrap_err();
+        assert_eq!(k, "sim.cost_model");
+        assert!(r.contains("analytic"), "{r}");
+        let (k, _) =
+            SimSettings::from_scenario(&scenario("cost_model = \"profiled\"")).unwrap_err();
+        assert_eq!(k, "sim.profile");
+    }
+}

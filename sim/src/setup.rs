@@ -1,0 +1,121 @@
+//! From a scenario to what a run needs: catalog entries, the memory plan and a cost model.
+//! Every refusal here names the file and the key, as scenario errors do.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use infer_core::workload::Scenario;
+
+use crate::calibration::Calibration;
+use crate::catalog::{find_hardware, find_model, HardwareSpec, ModelSpec};
+use crate::cost::{Analytic, CostModel, Profiled};
+use crate::memory::{self, MemoryPlan};
+use crate::settings::{CostModelKind, SimSettings};
+
+/// A scenario made ready to simulate.
+pub struct Setup {
+    pub file: String,
+    pub scenario: Scenario,
+    pub settings: SimSettings,
+    pub hardware: HardwareSpec,
+    pub model: ModelSpec,
+    pub memory: MemoryPlan,
+    pub cost: Arc<dyn CostModel>,
+    /// Things the user should know before reading the numbers (memory over-commit, …).
+    pub warnings: Vec<String>,
+}
+
+/// Read and parse a scenario file (errors name the file).
+pub fn load(path: &str, overrides: &[String]) -> Result<Setup, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"))?;
+    let scenario = Scenario::parse(path, &text, overrides).map_err(|e| e.to_string())?;
+    prepare(path, scenario)
+}
+
+pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
+    let at = |key: &str, reason: String| format!("{file}: key `{key}`: {reason}");
+    let settings = SimSettings::from_scenario(&scenario).map_err(|(k, r)| at(&k, r))?;
+    let hardware = find_hardware(&scenario.server.hardware)
+        .map_err(|e| at("server.hardware", e.to_string()))?;
+    let model =
+        find_model(&scenario.server.model).map_err(|e| at("server.model", e.to_string()))?;
+    let cfg = scenario.server.scheduler_config();
+    let memory =
+        memory::plan(&hardware, &model, &cfg).map_err(|r| at("server.num_gpu_blocks", r))?;
+    let mut warnings: Vec<String> = memory.warning().into_iter().collect();
+
+    let mut cal = Calibration::for_pair(&hardware, &model).map_err(|r| at("server.model", r))?;
+    apply_overrides(&mut cal, &settings);
+    let cost: Arc<dyn CostModel> = match settings.cost_model {
+        CostModelKind::Analytic => Arc::new(Analytic::new(
+            hardware.clone(),
+            model.clone(),
+            cal,
+            scenario.server.cuda_graphs,
+            Some(&memory),
+        )),
+        CostModelKind::Profiled => {
+            let p = settings.profile.as_deref().expect("validated");
+            let path = resolve(p, file);
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                at(
+                    "sim.profile",
+                    format!("{}: cannot read: {e}", path.display()),
+                )
+            })?;
+            let fit = Profiled::from_json(&text, cal.client)
+                .map_err(|r| at("sim.profile", format!("{}: {r}", path.display())))?;
+            if fit.rms_rel_error > 0.25 {
+                warnings.push(format!(
+                    "warning: the profile fit is loose (rms error {:.0}%)",
+                    fit.rms_rel_error * 100.0
+                ));
+            }
+            Arc::new(fit)
+        }
+    };
+    Ok(Setup {
+        file: file.to_string(),
+        scenario,
+        settings,
+        hardware,
+        model,
+        memory,
+        cost,
+        warnings,
+    })
+}
+
+fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
+    let mut touched = false;
+    let mut set = |slot: &mut f64, v: Option<f64>| {
+        if let Some(v) = v {
+            *slot = v;
+            touched = true;
+        }
+    };
+    set(&mut cal.compute_efficiency, s.compute_efficiency);
+    set(&mut cal.bandwidth_efficiency, s.bandwidth_efficiency);
+    set(&mut cal.step_overhead_s, s.step_overhead_s);
+    set(&mut cal.per_seq_overhead_s, s.per_seq_overhead_s);
+    set(&mut cal.client.request_s, s.client_request_s);
+    set(
+        &mut cal.client.per_prompt_token_s,
+        s.client_per_prompt_token_s,
+    );
+    set(&mut cal.client.stream_s, s.client_stream_s);
+    if touched {
+        cal.source.push_str(", with [sim] overrides");
+    }
+}
+
+/// A relative profile path: as given if it exists, else next to the scenario file.
+fn resolve(p: &str, scenario_file: &str) -> std::path::PathBuf {
+    let direct = Path::new(p);
+    if direct.is_absolute() || direct.exists() {
+        return direct.to_path_buf();
+    }
+    Path::new(scenario_file)
+        .parent()
+        .map_or(direct.to_path_buf(), |d| d.join(p))
+}

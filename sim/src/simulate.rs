@@ -1,0 +1,597 @@
+//! The discrete-event loop: clients, a router and replicas on one logical clock.
+//!
+//! Events, ordered by (time, class, sequence number) so that ties replay exactly:
+//!
+//! * class 0, client side: an open-loop arrival; a request reaching the server after its
+//!   request path (HTTP, tokenisation), where it is routed and queued; a client seeing a
+//!   request finish (closed-loop clients then send their next one);
+//! * class 1: a replica starts a step — after every client event of the same instant, so
+//!   requests arriving together are batched together;
+//! * class 2: a timeseries sample.
+//!
+//! A replica repeats `schedule(now)` → cost model → `complete(plan, sampled, now + dt)` while
+//! it has work, and idles otherwise. Clients: open-loop arrivals (optionally capped at
+//! `max_concurrency` in flight, arrivals beyond the cap waiting in order) and closed-loop
+//! ones (sequential = 1 client, `concurrency` = N) are one mechanism: closed-loop requests
+//! all "arrive" at the start and the cap releases them. Warm-up requests run first, one at
+//! a time, and are not measured; the measured run's clock starts when they are done.
+//!
+//! Memory stays bounded: prompts live only from send to admission (the scheduler then owns
+//! the tokens), and per-request metrics are folded into one record when a request ends.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
+use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
+use infer_core::workload::{ApproxTokenizer, GeneratedRequest, WorkloadGenerator};
+use infer_core::{Event, Request, Scheduler, StepPlan, StopConditions};
+
+use crate::cost::{ClientPath, CostModel, StepShape};
+use crate::setup::Setup;
+
+/// Everything a run produces.
+#[derive(Debug, Clone)]
+pub struct SimResult {
+    pub summary: Summary,
+    /// One per measured request, sorted by id.
+    pub records: Vec<RequestRecord>,
+    pub timeseries: Vec<TimePoint>,
+    pub stats: RunStats,
+}
+
+/// Run-wide figures beyond the summary (the console's extra line).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RunStats {
+    pub replicas: usize,
+    pub steps: u64,
+    pub peak_kv_usage: f64,
+    pub mean_kv_usage: f64,
+    pub peak_waiting: usize,
+    pub mean_waiting: f64,
+    pub mean_queue_time: f64,
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+}
+
+impl RunStats {
+    pub fn prefix_hit_rate(&self) -> f64 {
+        if self.prefix_queries == 0 {
+            0.0
+        } else {
+            self.prefix_hits as f64 / self.prefix_queries as f64
+        }
+    }
+
+    /// One line on KV use, queueing and prefix hits.
+    pub fn line(&self) -> String {
+        format!(
+            "KV usage peak {:.1}% mean {:.1}% | waiting peak {} mean {:.1}, queue time mean {:.1} ms | \
+             prefix cache {} of {} prompt tokens hit ({:.1}%) | preemptions {} | steps {} on {} replica(s)",
+            self.peak_kv_usage * 100.0,
+            self.mean_kv_usage * 100.0,
+            self.peak_waiting,
+            self.mean_waiting,
+            self.mean_queue_time * 1e3,
+            self.prefix_hits,
+            self.prefix_queries,
+            self.prefix_hit_rate() * 100.0,
+            self.preemptions,
+            self.steps,
+            self.replicas
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ev {
+    Arrival,
+    ServerIn(u64),
+    ClientDone,
+    StepStart(usize),
+    StepEnd(usize),
+    Sample,
+}
+
+impl Ev {
+    fn class(self) -> u8 {
+        match self {
+            Ev::Arrival | Ev::ServerIn(_) | Ev::ClientDone => 0,
+            Ev::StepStart(_) | Ev::StepEnd(_) => 1,
+            Ev::Sample => 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    time: f64,
+    class: u8,
+    seq: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    /// Reversed: `BinaryHeap` pops the greatest, we want the earliest.
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.time
+            .total_cmp(&self.time)
+            .then(o.class.cmp(&self.class))
+            .then(o.seq.cmp(&self.seq))
+    }
+}
+
+struct Replica {
+    sched: Scheduler,
+    /// A step is running or about to start.
+    busy: bool,
+    plan: Option<StepPlan>,
+    /// (time, state) as the router sees it after `metrics_delay_s`.
+    history: VecDeque<(f64, ReplicaSnapshot)>,
+}
+
+impl Replica {
+    fn snapshot(&self) -> ReplicaSnapshot {
+        let s = self.sched.stats();
+        ReplicaSnapshot {
+            waiting: s.num_waiting,
+            running: s.num_running,
+            kv_usage: s.kv_usage,
+        }
+    }
+
+    fn record(&mut self, now: f64, delay: f64) {
+        if delay > 0.0 {
+            let snap = self.snapshot();
+            self.history.push_back((now, snap));
+            self.snapshot_at(now - delay); // forget what no one can ask for any more
+        }
+    }
+
+    /// The state as of `t` (the newest record not after it).
+    fn snapshot_at(&mut self, t: f64) -> ReplicaSnapshot {
+        while self.history.len() >= 2 && self.history[1].0 <= t {
+            self.history.pop_front();
+        }
+        match self.history.front() {
+            Some(&(at, s)) if at <= t => s,
+            _ => ReplicaSnapshot::default(),
+        }
+    }
+}
+
+/// The release schedule of the measured requests.
+struct Clients {
+    count: usize,
+    /// Arrival offsets from the measured start; `None` = closed loop (all at once).
+    times: Option<Vec<f64>>,
+    cap: usize,
+    arrived: usize,
+    next_send: usize,
+    in_flight: usize,
+}
+
+struct Sim {
+    gen: WorkloadGenerator,
+    cost: Arc<dyn CostModel>,
+    client: ClientPath,
+    replicas: Vec<Replica>,
+    router: Option<Router>,
+    metrics_delay: f64,
+    ignore_eos: bool,
+    heap: BinaryHeap<Entry>,
+    seq: u64,
+    clients: Clients,
+    warmups: usize,
+    warmups_done: usize,
+    /// Absolute time the measured run started (`None` during warm-up).
+    t0: Option<f64>,
+    transit: HashMap<u64, GeneratedRequest>,
+    live: HashSet<u64>,
+    metrics: MetricsRecorder,
+    interval: f64,
+    timeseries: Vec<TimePoint>,
+    stats: RunStats,
+    kv_sum: f64,
+    waiting_sum: f64,
+    samples: u64,
+    queue_sum: f64,
+    queue_n: u64,
+    last_done: f64,
+    /// Counters at the measured start, to subtract.
+    base: (u64, u64, u64),
+    setup_cluster: bool,
+}
+
+/// Simulate the scenario of `setup`.
+pub fn run(setup: &Setup) -> SimResult {
+    let sc = &setup.scenario;
+    let cfg = sc.server.scheduler_config();
+    let tokenizer = Arc::new(ApproxTokenizer {
+        vocab_size: setup.model.vocab.min(u32::MAX as usize) as u32,
+    });
+    let gen = WorkloadGenerator::new(sc.workload.clone(), tokenizer);
+    let arrivals = gen.arrivals(&sc.arrival);
+    let count = arrivals.count(sc.workload.num_requests);
+    let n_replicas = sc.cluster.as_ref().map_or(1, |c| c.replicas);
+    let router = sc
+        .cluster
+        .as_ref()
+        .map(|c| Router::new(c.router, c.replicas, cfg.block_size, c.router_seed));
+    let replicas = (0..n_replicas)
+        .map(|_| Replica {
+            sched: Scheduler::new(cfg.clone()),
+            busy: false,
+            plan: None,
+            history: VecDeque::new(),
+        })
+        .collect();
+    let mut sim = Sim {
+        cost: setup.cost.clone(),
+        client: setup.cost.client_path(),
+        replicas,
+        router,
+        metrics_delay: sc.cluster.as_ref().map_or(0.0, |c| c.metrics_delay_s),
+        ignore_eos: sc.workload.ignore_eos,
+        heap: BinaryHeap::new(),
+        seq: 0,
+        clients: Clients {
+            count,
+            times: arrivals.times,
+            cap: arrivals.max_concurrency.unwrap_or(usize::MAX),
+            arrived: 0,
+            next_send: 0,
+            in_flight: 0,
+        },
+        warmups: sc.workload.warmup_requests,
+        warmups_done: 0,
+        t0: None,
+        transit: HashMap::new(),
+        live: HashSet::new(),
+        metrics: MetricsRecorder::new(),
+        interval: setup.settings.timeseries_interval(),
+        timeseries: Vec::new(),
+        stats: RunStats {
+            replicas: n_replicas,
+            ..RunStats::default()
+        },
+        kv_sum: 0.0,
+        waiting_sum: 0.0,
+        samples: 0,
+        queue_sum: 0.0,
+        queue_n: 0,
+        last_done: 0.0,
+        base: (0, 0, 0),
+        setup_cluster: sc.cluster.is_some(),
+        gen,
+    };
+    sim.start();
+    sim.event_loop();
+    sim.finish(arrivals.max_concurrency)
+}
+
+impl Sim {
+    fn push(&mut self, time: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Entry {
+            time,
+            class: ev.class(),
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn start(&mut self) {
+        if self.warmups > 0 {
+            self.send(self.gen.warmup_request(0), 0.0);
+        } else {
+            self.start_measured(0.0);
+        }
+    }
+
+    fn start_measured(&mut self, now: f64) {
+        self.t0 = Some(now);
+        let totals = self.counters();
+        self.base = totals;
+        match &self.clients.times {
+            Some(t) if !t.is_empty() => {
+                let first = now + t[0];
+                self.push(first, Ev::Arrival);
+            }
+            Some(_) => {}
+            None => self.clients.arrived = self.clients.count,
+        }
+        self.release(now);
+        self.push(now, Ev::Sample);
+    }
+
+    /// (prefix queries, prefix hits, preemptions) over all replicas.
+    fn counters(&self) -> (u64, u64, u64) {
+        self.replicas.iter().fold((0, 0, 0), |acc, r| {
+            let s = r.sched.stats();
+            (
+                acc.0 + s.prefix_queries,
+                acc.1 + s.prefix_hits,
+                acc.2 + s.num_preemptions,
+            )
+        })
+    }
+
+    fn rel(&self, t: f64) -> f64 {
+        t - self.t0.unwrap_or(0.0)
+    }
+
+    /// Send waiting arrivals while the concurrency cap allows.
+    fn release(&mut self, now: f64) {
+        while self.clients.next_send < self.clients.arrived
+            && self.clients.in_flight < self.clients.cap
+        {
+            let req = self.gen.request(self.clients.next_send);
+            self.clients.next_send += 1;
+            self.clients.in_flight += 1;
+            self.metrics
+                .start(req.index as u64, self.rel(now), req.prompt_ids.len());
+            self.send(req, now);
+        }
+    }
+
+    fn send(&mut self, req: GeneratedRequest, now: f64) {
+        let id = req.index as u64;
+        let at = now + self.client.request_delay(req.prompt_ids.len());
+        self.transit.insert(id, req);
+        self.push(at, Ev::ServerIn(id));
+    }
+
+    fn event_loop(&mut self) {
+        while let Some(e) = self.heap.pop() {
+            let now = e.time;
+            match e.ev {
+                Ev::Arrival => self.on_arrival(now),
+                Ev::ServerIn(id) => self.on_server_in(id, now),
+                Ev::ClientDone => self.on_client_done(now),
+                Ev::StepStart(r) => self.on_step_start(r, now),
+                Ev::StepEnd(r) => self.on_step_end(r, now),
+                Ev::Sample => self.on_sample(now),
+            }
+        }
+    }
+
+    fn on_arrival(&mut self, now: f64) {
+        self.clients.arrived += 1;
+        let t0 = self.t0.expect("arrivals are measured");
+        if let Some(times) = &self.clients.times {
+            if let Some(&next) = times.get(self.clients.arrived) {
+                self.push(t0 + next, Ev::Arrival);
+            }
+        }
+        self.release(now);
+    }
+
+    fn on_server_in(&mut self, id: u64, now: f64) {
+        let req = self.transit.remove(&id).expect("in transit");
+        let r = match &mut self.router {
+            None => 0,
+            Some(router) => {
+                let delay = self.metrics_delay;
+                let snaps: Vec<ReplicaSnapshot> = self
+                    .replicas
+                    .iter_mut()
+                    .map(|rep| {
+                        if delay > 0.0 {
+                            rep.snapshot_at(now - delay)
+                        } else {
+                            rep.snapshot()
+                        }
+                    })
+                    .collect();
+                let replicas = &self.replicas;
+                let cached =
+                    |r: usize, hashes: &[u64]| replicas[r].sched.kv().cached_prefix_blocks(hashes);
+                let route = RouteRequest {
+                    prompt_ids: &req.prompt_ids,
+                    prompt_text: &req.prompt,
+                };
+                router.route(&route, &snaps, &cached)
+            }
+        };
+        let stop = StopConditions {
+            max_tokens: req.max_tokens,
+            ignore_eos: req.ignore_eos || self.ignore_eos,
+            ..Default::default()
+        };
+        let request = Request {
+            id: infer_core::RequestId(id),
+            prompt: req.prompt_ids,
+            stop,
+        };
+        let delay = self.metrics_delay;
+        let rep = &mut self.replicas[r];
+        match rep.sched.add_request(request, now) {
+            Ok(()) => {
+                self.live.insert(id);
+                rep.record(now, delay);
+                if !rep.busy {
+                    rep.busy = true;
+                    self.push(now, Ev::StepStart(r));
+                }
+            }
+            Err(e) => {
+                if let Some(router) = &mut self.router {
+                    router.finished(r);
+                }
+                let t = now + self.client.stream_s;
+                if self.t0.is_some() {
+                    self.metrics.fail(id, self.rel(t), e.to_string());
+                }
+                self.push(t, Ev::ClientDone);
+            }
+        }
+    }
+
+    fn on_client_done(&mut self, now: f64) {
+        self.last_done = self.last_done.max(now);
+        if self.t0.is_none() {
+            self.warmups_done += 1;
+            if self.warmups_done < self.warmups {
+                let req = self.gen.warmup_request(self.warmups_done);
+                self.send(req, now);
+            } else {
+                self.start_measured(now);
+            }
+            return;
+        }
+        self.clients.in_flight -= 1;
+        self.release(now);
+    }
+
+    fn on_step_start(&mut self, r: usize, now: f64) {
+        let delay = self.metrics_delay;
+        let rep = &mut self.replicas[r];
+        let plan = rep.sched.schedule(now);
+        if plan.is_empty() {
+            rep.sched.complete(plan, &[], now);
+            rep.busy = false;
+            return;
+        }
+        let dt = self.cost.step_time(&StepShape::of(&plan));
+        rep.plan = Some(plan);
+        rep.record(now, delay);
+        if self.t0.is_some() {
+            let s = rep.sched.stats();
+            self.stats.steps += 1;
+            self.stats.peak_kv_usage = self.stats.peak_kv_usage.max(s.kv_usage);
+            self.stats.peak_waiting = self.stats.peak_waiting.max(s.num_waiting);
+        }
+        self.push(now + dt, Ev::StepEnd(r));
+    }
+
+    fn on_step_end(&mut self, r: usize, now: f64) {
+        let delay = self.metrics_delay;
+        let plan = self.replicas[r].plan.take().expect("a step is running");
+        // Any token will do: the simulator has no model. Mix request and step so that
+        // generated blocks differ between requests (they never match a later prompt).
+        let sampled: Vec<u32> = plan
+            .seqs
+            .iter()
+            .filter(|s| s.samples)
+            .map(|s| 1 + ((s.request.0.wrapping_mul(2_654_435_761) ^ plan.step) % 30_000) as u32)
+            .collect();
+        let events = self.replicas[r].sched.complete(plan, &sampled, now);
+        let seen = now + self.client.stream_s;
+        let seen_rel = self.rel(seen);
+        for e in events {
+            match e {
+                Event::Token { request, .. } => self.metrics.chunk(request.0, seen_rel),
+                Event::Finished { request, stats, .. } => {
+                    let id = request.0;
+                    self.live.remove(&id);
+                    if let Some(router) = &mut self.router {
+                        router.finished(r);
+                    }
+                    let queue = stats.first_scheduled_time.map(|f| f - stats.arrival_time);
+                    let measured = self.t0.is_some() && (id as usize) < self.clients.count;
+                    if measured {
+                        if let Some(q) = queue {
+                            self.queue_sum += q;
+                            self.queue_n += 1;
+                        }
+                        let replica = self.setup_cluster.then_some(r);
+                        self.metrics.finish(
+                            id,
+                            seen_rel,
+                            stats.output_tokens,
+                            stats.cached_tokens,
+                            stats.preemptions,
+                            queue,
+                            replica,
+                        );
+                    }
+                    self.push(seen, Ev::ClientDone);
+                }
+            }
+        }
+        let rep = &mut self.replicas[r];
+        rep.record(now, delay);
+        if rep.sched.has_unfinished() {
+            self.push(now, Ev::StepStart(r));
+        } else {
+            rep.busy = false;
+        }
+    }
+
+    fn on_sample(&mut self, now: f64) {
+        let t = self.rel(now);
+        for (i, rep) in self.replicas.iter().enumerate() {
+            let s = rep.sched.stats();
+            self.kv_sum += s.kv_usage;
+            self.waiting_sum += s.num_waiting as f64;
+            self.timeseries.push(TimePoint {
+                t,
+                replica: i,
+                waiting: s.num_waiting,
+                running: s.num_running,
+                kv_usage: s.kv_usage,
+                prefix_queries: s.prefix_queries,
+                prefix_hits: s.prefix_hits,
+                preemptions: s.num_preemptions,
+            });
+        }
+        self.samples += 1;
+        let pending = self.clients.next_send < self.clients.count || self.clients.in_flight > 0;
+        if pending {
+            self.push(now + self.interval, Ev::Sample);
+        }
+    }
+
+    fn finish(mut self, max_concurrency: Option<usize>) -> SimResult {
+        // Requests nothing will ever schedule (cannot happen with a valid configuration,
+        // but a run must end with every request accounted for).
+        let mut stuck: Vec<u64> = self.live.drain().collect();
+        stuck.sort_unstable();
+        let end = self.rel(self.last_done);
+        for id in stuck {
+            if (id as usize) < self.clients.count {
+                self.metrics
+                    .fail(id, end, "never scheduled (simulation ended)".into());
+            }
+        }
+        let (q, h, p) = self.counters();
+        self.stats.prefix_queries = q - self.base.0;
+        self.stats.prefix_hits = h - self.base.1;
+        self.stats.preemptions = p - self.base.2;
+        let n = (self.samples * self.replicas.len() as u64).max(1) as f64;
+        self.stats.mean_kv_usage = self.kv_sum / n;
+        self.stats.mean_waiting = self.waiting_sum / n;
+        self.stats.mean_queue_time = if self.queue_n > 0 {
+            self.queue_sum / self.queue_n as f64
+        } else {
+            0.0
+        };
+        let records = self.metrics.sorted_records();
+        let duration = records.iter().map(|r| r.start + r.e2e).fold(0.0, f64::max);
+        let mut summary = self.metrics.summary(duration);
+        summary.prefix_cache_hit_rate = self.stats.prefix_hit_rate();
+        summary.num_preemptions = self.stats.preemptions;
+        summary.peak_kv_usage = self.stats.peak_kv_usage;
+        summary.max_concurrency = max_concurrency;
+        SimResult {
+            summary,
+            records,
+            timeseries: self.timeseries,
+            stats: self.stats,
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Sweeps: the grid of `--vary key=v1,v2,…` axes, run in parallel on std threads.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use infer_core::metrics::Summary;
+use infer_core::workload::Scenario;
+
+use crate::simulate::RunStats;
+
+/// One `--vary` axis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Axis {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+/// Parse `key=v1,v2,…`; commas inside brackets, braces or quotes do not split.
+pub fn parse_axis(s: &str) -> Result<Axis, String> {
+    let (key, values) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--vary `{s}`: expected key=v1,v2,…"))?;
+    let mut out = Vec::new();
+    let (mut depth, mut quoted, mut cur) = (0i32, false, String::new());
+    for c in values.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '[' | '{' if !quoted => depth += 1,
+            ']' | '}' if !quoted => depth -= 1,
+            ',' if depth == 0 && !quoted => {
+                out.push(std::mem::take(&mut cur).trim().to_string());
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur.trim().to_string());
+    if key.trim().is_empty() || out.iter().any(|v| v.is_empty()) {
+        return Err(format!("--vary `{s}`: empty key or value"));
+    }
+    Ok(Axis {
+        key: key.trim().to_string(),
+        values: out,
+    })
+}
+
+/// Every combination, the first axis varying slowest.
+pub fn grid(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
+    let mut points = vec![Vec::new()];
+    for a in axes {
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                a.values.iter().map(move |v| {
+                    let mut q = p.clone();
+                    q.push((a.key.clone(), v.clone()));
+                    q
+                })
+            })
+            .collect();
+    }
+    points
+}
+
+/// One grid point's outcome.
+#[derive(Debug, Clone)]
+pub struct Point {
+    pub assignment: Vec<(String, String)>,
+    pub outcome: Result<(Summary, RunStats), String>,
+}
+
+/// Run every point of the grid over `threads` workers; `progress` draws a bar on stderr.
+pub fn run(
+    file: &str,
+    text: &str,
+    base: &[String],
+    axes: &[Axis],
+    threads: usize,
+    progress: bool,
+) -> Vec<Point> {
+    let points = grid(axes);
+    let total = points.len();
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Point>>> = Mutex::new(vec![None; total]);
+    let draw = |n: usize| {
+        if progress {
+            let width = 30;
+            let filled = n * width / total.max(1);
+            let bar = "#".repeat(filled) + &".".repeat(width - filled);
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\rsweep [{bar}] {n}/{total}");
+            if n == total {
+                let _ = writeln!(err);
+            }
+        }
+    };
+    draw(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, total.max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= total {
+                    break;
+                }
+                let assignment = points[i].clone();
+                let mut overrides = base.to_vec();
+                overrides.extend(assignment.iter().map(|(k, v)| format!("{k}={v}")));
+                let outcome = Scenario::parse(file, text, &overrides)
+                    .map_err(|e| e.to_string())
+                    .and_then(|sc| crate::setup::prepare(file, sc))
+                    .map(|setup| {
+                        let r = crate::simulate::run(&setup);
+                        (r.summary, r.stats)
+                    });
+                results.lock().expect("no panics while held")[i] = Some(Point {
+                    assignment,
+                    outcome,
+                });
+                draw(done.fetch_add(1, Ordering::SeqCst) + 1);
+            });
+        }
+    });
+    results
+        .into_inner()
+        .expect("workers done")
+        .into_iter()
+        .map(|p| p.expect("every point ran"))
+        .collect()
+}
+
+const COLUMNS: [&str; 12] = [
+    "completed",
+    "duration_s",
+    "req_per_s",
+    "out_tok_per_s",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "e2el_p50_ms",
+    "peak_kv_usage",
+    "prefix_hit_rate",
+];
+
+fn values(s: &Summary, st: &RunStats) -> [f64; 12] {
+    [
+        s.completed as f64,
+        s.duration,
+        s.request_throughput,
+        s.output_throughput,
+        s.ttft.median * 1e3,
+        s.ttft.p90 * 1e3,
+        s.ttft.p99 * 1e3,
+        s.itl.median * 1e3,
+        s.itl.p99 * 1e3,
+        s.e2el.median * 1e3,
+        st.peak_kv_usage,
+        st.prefix_hit_rate(),
+    ]
+}
+
+/// The sweep as CSV: one column per axis, then the figures (fixed formatting).
+pub fn csv(axes: &[Axis], points: &[Point]) -> String {
+    let mut s = String::new();
+    let head: Vec<&str> = axes
+        .iter()
+        .map(|a| a.key.as_str())
+        .chain(COLUMNS)
+        .chain(["error"])
+        .collect();
+    let _ = writeln!(s, "{}", head.join(","));
+    for p in points {
+        let mut row: Vec<String> = p.assignment.iter().map(|(_, v)| csv_field(v)).collect();
+        match &p.outcome {
+            Ok((sum, st)) => {
+                row.extend(values(sum, st).iter().map(|v| format!("{v:.4}")));
+                row.push(String::new());
+            }
+            Err(e) => {
+                row.extend(COLUMNS.iter().map(|_| String::new()));
+                row.push(csv_field(e));
+            }
+        }
+        let _ = writeln!(s, "{}", row.join(","));
+    }
+    s
+}
+
+fn csv_field(v: &str) -> String {
+    if v.contains([',', '"', '\n']) {
+        format!("\"{}\"", v.replace('"', "\"\"").replace('\n', " "))
+    } else {
+        v.to_string()
+    }
+}
+
+/// The sweep as an aligned console table.
+pub fn table(axes: &[Axis], points: &[Point]) -> String {
+    let mut s = String::new();
+    let shown = [0usize, 2, 3, 4, 6, 7, 8, 10];
+    for a in axes {
+        let _ = write!(s, "{:>24} ", a.key);
+    }
+    for &c in &shown {
+        let _ = write!(s, "{:>14} ", COLUMNS[c]);
+    }
+    s.push('\n');
+    for p in points {
+        for (_, v) in &p.assignment {
+            let _ = write!(s, "{v:>24} ");
+        }
+        match &p.outcome {
+            Ok((sum, st)) => {
+                let v = values(sum, st);
+                for &c in &shown {
+                    let _ = write!(s, "{:>14.2} ", v[c]);
+                }
+            }
+            Err(e) => {
+                let _ = write!(s, "error: {e}");
+            }
+        }
+        s.push('\n');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axes_split_on_top_level_commas_and_grids_multiply() {
+        let a = parse_axis("server.max_batch_size=8,16,24").unwrap();
+        assert_eq!(a.values, vec!["8", "16", "24"]);
+        let b = parse_axis("workload.prompt_tokens={ uniform = [64, 512] },256").unwrap();
+        assert_eq!(b.values, vec!["{ uniform = [64, 512] }", "256"]);
+        let g = grid(&[a, b]);
+        assert_eq!(g.len(), 6);
+        assert_eq!(g[1][0].1, "8");
+        assert_eq!(g[1][1].1, "256");
+        assert!(parse_axis("novalue").is_err());
+    }
+}

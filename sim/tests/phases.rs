@@ -1,0 +1,144 @@
+//! The benchmark log's phase effects, predicted with the RTX 5080 calibration. Each test
+//! states its threshold; the published change is quoted beside it.
+
+mod common;
+
+use common::{phase_config, run_owned, with, SEED_MODELS};
+use infer_sim::calibration::RTX5080_BASELINES;
+
+#[test]
+fn baseline_reproduces_the_calibration_rows() {
+    for t in RTX5080_BASELINES {
+        let r = run_owned("baseline", &phase_config(t.model, "baseline"));
+        let s = &r.summary;
+        let ttft_err = (s.ttft.median - t.ttft_s).abs() / t.ttft_s;
+        let itl_err = (s.itl.median - t.itl_s).abs() / t.itl_s;
+        assert!(
+            ttft_err < 0.03 && itl_err < 0.03,
+            "{}: TTFT {} ITL {}",
+            t.model,
+            s.ttft.median,
+            s.itl.median
+        );
+        assert_eq!(s.completed, 10);
+    }
+}
+
+#[test]
+fn continuous_batching_lowers_ttft() {
+    // Phase 4 → 5 on continuous_batching (contiguous KV, batch 8): TTFT P50 −30…−55%.
+    // Threshold: continuous at most 0.6 × static for every model.
+    let phase5 = [
+        "server.kv_cache_backend=contiguous",
+        "server.max_batch_size=8",
+        "server.chunked_prefill=false",
+        "server.prefix_caching=false",
+    ];
+    for m in SEED_MODELS {
+        let base = with(&[format!("server.model={m}")], &phase5);
+        let cont = run_owned("continuous_batching", &base);
+        let stat = run_owned(
+            "continuous_batching",
+            &with(&base, &["server.batching_mode=static"]),
+        );
+        let (c, s) = (cont.summary.ttft.median, stat.summary.ttft.median);
+        assert!(c <= 0.6 * s, "{m}: continuous {c:.3}s vs static {s:.3}s");
+    }
+}
+
+#[test]
+fn paged_kv_raises_throughput_at_the_same_budget() {
+    // Phase 5 → 6 on paged_attention: contiguous batch 8 → paged (24, or 16 for Qwen3):
+    // +17…+32% output throughput over Phase 4. Threshold: at least +10% for every model.
+    for m in SEED_MODELS {
+        let paged = with(
+            &phase_config(m, "paged_attention"),
+            &[
+                "server.chunked_prefill=false",
+                "server.prefix_caching=false",
+            ],
+        );
+        let contiguous = with(
+            &paged,
+            &[
+                "server.kv_cache_backend=contiguous",
+                "server.max_batch_size=8",
+                "server.num_gpu_blocks=2048",
+            ],
+        );
+        let p = run_owned("paged_attention", &paged)
+            .summary
+            .output_throughput;
+        let c = run_owned("paged_attention", &contiguous)
+            .summary
+            .output_throughput;
+        assert!(
+            p >= 1.1 * c,
+            "{m}: paged {p:.1} tok/s vs contiguous {c:.1} tok/s"
+        );
+    }
+}
+
+#[test]
+fn chunked_prefill_cuts_the_itl_tail_severalfold() {
+    // Phase 6 → 7 on chunked_prefill: ITL P99 1562 → 209 ms (Llama), 2203 → 207 (Qwen3).
+    // Threshold: at least 3x lower for Llama and Qwen3.
+    for m in ["llama-3.2-3b", "qwen3-4b"] {
+        let chunked = with(
+            &phase_config(m, "chunked_prefill"),
+            &["server.prefix_caching=false"],
+        );
+        let whole = with(&chunked, &["server.chunked_prefill=false"]);
+        let c = run_owned("chunked_prefill", &chunked).summary.itl.p99;
+        let w = run_owned("chunked_prefill", &whole).summary.itl.p99;
+        assert!(
+            w >= 3.0 * c,
+            "{m}: ITL P99 unchunked {w:.3}s vs chunked {c:.3}s"
+        );
+    }
+}
+
+#[test]
+fn prefix_caching_lowers_ttft() {
+    // Phase 7 → 8 on prefix_caching: TTFT P50 −28% (Llama), −12% (Qwen3), −7% (Gemma3).
+    // Threshold: at least −10% for every model, and most prompt tokens hit.
+    for m in SEED_MODELS {
+        let on = phase_config(m, "prefix_caching");
+        let off = with(&on, &["server.prefix_caching=false"]);
+        let hit = run_owned("prefix_caching", &on);
+        let miss = run_owned("prefix_caching", &off);
+        let (a, b) = (hit.summary.ttft.median, miss.summary.ttft.median);
+        assert!(
+            a <= 0.9 * b,
+            "{m}: TTFT P50 cached {a:.3}s vs uncached {b:.3}s"
+        );
+        assert!(
+            hit.summary.prefix_cache_hit_rate > 0.8,
+            "{m}: hit rate {}",
+            hit.summary.prefix_cache_hit_rate
+        );
+        assert_eq!(miss.summary.prefix_cache_hit_rate, 0.0);
+    }
+}
+
+#[test]
+fn the_qwen3_vram_cliff_is_not_silent() {
+    // Phase 6 tuning: Qwen3-4B at batch 24 / 2048 blocks collapsed 3x; 16 / 1024 was fine.
+    let o = [
+        "server.model=qwen3-4b",
+        "server.chunked_prefill=false",
+        "server.prefix_caching=false",
+    ];
+    let cliff = common::setup("paged_attention", &o);
+    assert!(
+        cliff.warnings.iter().any(|w| w.contains("over-committed")),
+        "{:?}",
+        cliff.warnings
+    );
+    let tuned: Vec<&str> = o
+        .iter()
+        .copied()
+        .chain(["server.max_batch_size=16", "server.num_gpu_blocks=1024"])
+        .collect();
+    assert!(common::setup("paged_attention", &tuned).warnings.is_empty());
+}
