@@ -586,3 +586,56 @@ mod tests {
         );
     }
 }
+
+/// What produced a run directory (`run.json`): enough for reports to label and group runs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunInfo {
+    /// "sim" or "engine".
+    pub source: String,
+    pub scenario: String,
+    pub description: String,
+    /// The benchmark log's phase this server configuration corresponds to.
+    pub phase: String,
+    pub server: crate::workload::ServerSpec,
+    pub arrival: crate::workload::ArrivalSpec,
+    pub seed: u64,
+    pub replicas: usize,
+    pub router: Option<crate::router::RouterKind>,
+    /// The cost model (sim) or the device and model path (engine).
+    pub backend: String,
+}
+
+impl RunInfo {
+    pub fn new(source: &str, scenario: &crate::workload::Scenario, backend: String) -> Self {
+        RunInfo {
+            source: source.to_string(),
+            scenario: scenario.name.clone(),
+            description: scenario.description.clone(),
+            phase: phase_of(&scenario.server).to_string(),
+            server: scenario.server.clone(),
+            arrival: scenario.arrival.clone(),
+            seed: scenario.workload.seed,
+            replicas: scenario.cluster.as_ref().map_or(1, |c| c.replicas),
+            router: scenario.cluster.as_ref().map(|c| c.router),
+            backend,
+        }
+    }
+}
+
+/// The benchmark log's phase for a server configuration: each phase adds one technique.
+pub fn phase_of(s: &crate::workload::ServerSpec) -> &'static str {
+    use crate::scheduler::{BatchingMode, KvBackend};
+    match (s.batching_mode, s.kv_cache_backend) {
+        (BatchingMode::Static, _) => "P4 static",
+        (BatchingMode::Continuous, KvBackend::Contiguous) => "P5 continuous",
+        (BatchingMode::Continuous, KvBackend::Paged) => {
+            match (s.chunked_prefill, s.prefix_caching, s.cuda_graphs) {
+                (_, _, true) if s.chunked_prefill && s.prefix_caching => "P9 cuda-graphs",
+                (false, false, _) => "P6 paged",
+                (true, false, _) => "P7 chunked",
+                (true, true, _) => "P8 prefix-caching",
+                (false, true, _) => "P6 paged + prefix-caching",
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! sim catalog
 //! ```
 
+use infer_core::metrics::RunInfo;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -97,7 +98,8 @@ fn real_main(cli: Cli) -> Result<(), String> {
             let setup = infer_sim::load(&scenario, &with_seed(set, seed))?;
             let result = infer_sim::run(&setup);
             let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name, ""));
-            output::write_run(&dir, &result)?;
+            let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
+            output::write_run(&dir, &result, &info)?;
             if quiet {
                 for w in &setup.warnings {
                     eprintln!("{w}");

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use infer_core::metrics::{RequestRecord, Stats, TimePoint};
+use infer_core::metrics::{RequestRecord, RunInfo, Stats, TimePoint};
 use infer_core::workload::{ArrivalKind, ArrivalSpec};
 
 use crate::setup::Setup;
@@ -24,8 +24,9 @@ pub fn default_run_dir(name: &str, suffix: &str) -> PathBuf {
     dir
 }
 
-/// Write the three files of a run into `dir` (created if needed).
-pub fn write_run(dir: &Path, result: &SimResult) -> Result<(), String> {
+/// Write the files of a run into `dir` (created if needed): summary.json, requests.csv,
+/// timeseries.csv, and run.json (what produced it).
+pub fn write_run(dir: &Path, result: &SimResult, info: &RunInfo) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
     let write = |name: &str, text: String| {
         let p = dir.join(name);
@@ -36,6 +37,8 @@ pub fn write_run(dir: &Path, result: &SimResult) -> Result<(), String> {
     write("summary.json", json + "\n")?;
     write("requests.csv", requests_csv(&result.records))?;
     write("timeseries.csv", timeseries_csv(&result.timeseries))?;
+    let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
+    write("run.json", info + "\n")?;
     Ok(())
 }
 
