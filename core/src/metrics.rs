@@ -353,6 +353,30 @@ impl Serialize for Summary {
     }
 }
 
+/// `requests.csv`: the header and one row per record.
+pub fn requests_csv(records: &[RequestRecord]) -> String {
+    let mut s = String::with_capacity(records.len() * 96 + 128);
+    s.push_str(RequestRecord::CSV_HEADER);
+    s.push('\n');
+    for r in records {
+        s.push_str(&r.to_csv_row());
+        s.push('\n');
+    }
+    s
+}
+
+/// `timeseries.csv`: the header and one row per point.
+pub fn timeseries_csv(points: &[TimePoint]) -> String {
+    let mut s = String::with_capacity(points.len() * 48 + 96);
+    s.push_str(TimePoint::CSV_HEADER);
+    s.push('\n');
+    for p in points {
+        s.push_str(&p.to_csv_row());
+        s.push('\n');
+    }
+    s
+}
+
 /// A point of `timeseries.csv`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TimePoint {
@@ -438,6 +462,13 @@ impl MetricsRecorder {
         }
         l.chunks += 1;
         l.last = t;
+    }
+
+    /// The server's own prompt token count for `id` (it tokenises the text itself).
+    pub fn set_prompt_tokens(&mut self, id: u64, prompt_tokens: usize) {
+        if let Some(l) = self.live.get_mut(&id) {
+            l.prompt_tokens = prompt_tokens;
+        }
     }
 
     /// Request `id` completed at `t`.

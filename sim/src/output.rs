@@ -3,7 +3,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use infer_core::metrics::{RequestRecord, RunInfo, Stats, TimePoint};
+pub use infer_core::metrics::{requests_csv, timeseries_csv};
+use infer_core::metrics::{RequestRecord, RunInfo, Stats};
 use infer_core::workload::{ArrivalKind, ArrivalSpec};
 
 use crate::setup::Setup;
@@ -40,28 +41,6 @@ pub fn write_run(dir: &Path, result: &SimResult, info: &RunInfo) -> Result<(), S
     let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
     write("run.json", info + "\n")?;
     Ok(())
-}
-
-pub fn requests_csv(records: &[RequestRecord]) -> String {
-    let mut s = String::with_capacity(records.len() * 96 + 128);
-    s.push_str(RequestRecord::CSV_HEADER);
-    s.push('\n');
-    for r in records {
-        s.push_str(&r.to_csv_row());
-        s.push('\n');
-    }
-    s
-}
-
-pub fn timeseries_csv(points: &[TimePoint]) -> String {
-    let mut s = String::with_capacity(points.len() * 48 + 96);
-    s.push_str(TimePoint::CSV_HEADER);
-    s.push('\n');
-    for p in points {
-        s.push_str(&p.to_csv_row());
-        s.push('\n');
-    }
-    s
 }
 
 /// What `sim run` prints: the setup, warnings, vLLM's block, the extra line and, for a
