@@ -1,2 +1,23 @@
-//! infer-kernels: CUDA kernels (paged attention, KV write, fused norms) compiled through NVRTC,
-//! each with a CPU reference implementation. Filled by the CUDA issue.
+//! infer-kernels: the GPU kernels of the engine's model runner, and a CPU reference for each.
+//!
+//! Every kernel exists twice:
+//! - [`reference`]: plain f32 loops in Rust. They are the CPU backend's implementation and the
+//!   oracle the CUDA kernels are tested against.
+//! - `cuda` (feature `cuda`): CUDA C sources compiled at run time with NVRTC for the GPU's
+//!   compute capability, plus typed launch wrappers.
+//!
+//! Both sides share the tensor layouts described in [`layout`]; storage on the GPU is bf16
+//! (raw `u16` bits, see [`bf16`]) with f32 arithmetic inside every kernel.
+//!
+//! All CUDA kernels are written to be captured in CUDA graphs: grid sizes depend only on the
+//! batch shape (number of sequences / tokens), never on context lengths, and all per-step data
+//! (sequence lengths, positions, block tables, slot mappings) is read from device memory. A
+//! captured decode graph can therefore be replayed for any context length by rewriting those
+//! buffers in place.
+
+pub mod bf16;
+pub mod layout;
+pub mod reference;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;

@@ -1,0 +1,242 @@
+//! Model-runner throughput on this machine, printed as `name: value unit` lines:
+//! memory bandwidth and matmul GFLOP/s (the roofline), then decode tokens/s at several
+//! batch sizes and prefill tokens/s for `builtin:tiny` and a generated ~0.5B Llama, with
+//! the fraction of the roofline each reaches.
+//!
+//! `cargo run --release -p infer-engine --example runner_bench [-- --quick]`
+//! (`--quick` skips the 0.5B model, whose first run also writes ~2 GB into the cache).
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use infer_engine::make_model::{make_model, ModelSpec};
+use infer_engine::{builtin, load_model, Arch, ForwardBatch, LoadedModel, SeqChunk};
+use std::time::Instant;
+
+fn line(name: &str, value: f64, unit: &str) {
+    println!("{name}: {value:.2} {unit}");
+}
+
+/// Best-of-n wall time of `f`, in seconds.
+fn best_of(n: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut best = f64::INFINITY;
+    for _ in 0..n {
+        let t = Instant::now();
+        f()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Memory bandwidth with all cores: each thread streams its share of a 512 MiB buffer
+/// (pre-touched, far larger than the caches). Returns (read GB/s, copy GB/s counting
+/// bytes read plus written).
+fn memory_bandwidth_gbs() -> (f64, f64) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let n = 64 << 20; // u64 words = 512 MiB
+    let src: Vec<u64> = (0..n as u64).collect();
+    let mut dst: Vec<u64> = vec![1; n];
+    let chunk = n.div_ceil(threads);
+    let read = best_of_plain(5, || {
+        std::thread::scope(|s| {
+            for part in src.chunks(chunk) {
+                // Integer adds vectorise (they are associative), so this is load-bound.
+                s.spawn(move || {
+                    std::hint::black_box(part.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+                });
+            }
+        })
+    });
+    let copy = best_of_plain(5, || {
+        std::thread::scope(|s| {
+            for (d, part) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                s.spawn(move || d.copy_from_slice(part));
+            }
+        })
+    });
+    let bytes = (n * 8) as f64;
+    (bytes / read / 1e9, 2.0 * bytes / copy / 1e9)
+}
+
+fn best_of_plain(n: usize, mut f: impl FnMut()) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..n {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn matmul_gflops(m: usize, k: usize, n: usize) -> Result<f64> {
+    let a = Tensor::ones((m, k), DType::F32, &Device::Cpu)?;
+    let b = Tensor::ones((n, k), DType::F32, &Device::Cpu)?;
+    let secs = best_of(5, || {
+        a.matmul(&b.t()?)?;
+        Ok(())
+    })?;
+    Ok(2.0 * (m * k * n) as f64 / secs / 1e9)
+}
+
+/// Decode step time with `batch` sequences of `ctx` tokens already in the cache.
+fn decode_tokens_per_s(
+    lm: &LoadedModel,
+    batch: usize,
+    ctx: usize,
+    steps: usize,
+) -> Result<(f64, f64)> {
+    let bs = 16;
+    let blocks_per_seq = (ctx + steps + 1).div_ceil(bs);
+    let mut cache = lm.model.new_kv_cache(batch * blocks_per_seq, bs)?;
+    let vocab = lm.config.vocab_size as u32;
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|i| ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect())
+        .collect();
+    // Prefill each sequence (not timed).
+    for t in &tables {
+        let tokens = (0..ctx as u32)
+            .map(|i| 10 + (i * 7919) % (vocab - 10))
+            .collect();
+        let b = ForwardBatch {
+            seqs: vec![SeqChunk {
+                tokens,
+                start_pos: 0,
+                block_table: t.clone(),
+                sample: false,
+            }],
+        };
+        lm.model.forward(&b, &mut cache)?;
+    }
+    let start = Instant::now();
+    for s in 0..steps {
+        let b = ForwardBatch {
+            seqs: tables
+                .iter()
+                .map(|t| SeqChunk {
+                    tokens: vec![11 + s as u32],
+                    start_pos: ctx + s,
+                    block_table: t.clone(),
+                    sample: true,
+                })
+                .collect(),
+        };
+        lm.model.forward(&b, &mut cache)?;
+    }
+    let step = start.elapsed().as_secs_f64() / steps as f64;
+    Ok((batch as f64 / step, step))
+}
+
+fn prefill_tokens_per_s(lm: &LoadedModel, len: usize) -> Result<f64> {
+    let bs = 16;
+    let mut cache = lm.model.new_kv_cache(len.div_ceil(bs), bs)?;
+    let vocab = lm.config.vocab_size as u32;
+    let tokens: Vec<u32> = (0..len as u32)
+        .map(|i| 10 + (i * 104729) % (vocab - 10))
+        .collect();
+    let table: Vec<u32> = (0..len.div_ceil(bs) as u32).collect();
+    let secs = best_of(2, || {
+        let b = ForwardBatch {
+            seqs: vec![SeqChunk {
+                tokens: tokens.clone(),
+                start_pos: 0,
+                block_table: table.clone(),
+                sample: true,
+            }],
+        };
+        lm.model.forward(&b, &mut cache)?;
+        Ok(())
+    })?;
+    Ok(len as f64 / secs)
+}
+
+fn bench_model(
+    name: &str,
+    lm: &LoadedModel,
+    bw_gbs: f64,
+    peak_gflops: f64,
+    ctx: usize,
+    prefill_len: usize,
+    steps: usize,
+) -> Result<()> {
+    let c = &lm.config;
+    let params = c.num_parameters() as f64;
+    let bytes_per_param = lm.model.dtype().size_in_bytes() as f64;
+    line(&format!("params[{name}]"), params / 1e6, "M");
+    for batch in [1, 8, 32] {
+        let (tps, step) = decode_tokens_per_s(lm, batch, ctx, steps)?;
+        // Roofline of a decode step: the slower of reading every weight once plus each
+        // sequence's KV at full bandwidth, and 2 FLOPs per weight per sequence at the
+        // measured matmul peak.
+        let kv_bytes = (batch * (ctx + steps / 2) * 2 * c.num_layers * c.num_kv_heads * c.head_dim)
+            as f64
+            * bytes_per_param;
+        let memory_floor = (params * bytes_per_param + kv_bytes) / (bw_gbs * 1e9);
+        let compute_floor = batch as f64 * 2.0 * params / (peak_gflops * 1e9);
+        let floor = memory_floor.max(compute_floor);
+        line(
+            &format!("decode_tokens_per_s[{name},batch={batch},ctx={ctx}]"),
+            tps,
+            "tok/s",
+        );
+        line(
+            &format!("decode_step_ms[{name},batch={batch}]"),
+            step * 1e3,
+            "ms",
+        );
+        line(
+            &format!("decode_roofline_fraction[{name},batch={batch}]"),
+            floor / step,
+            "",
+        );
+    }
+    let tps = prefill_tokens_per_s(lm, prefill_len)?;
+    let flops_per_token = 2.0 * params;
+    line(
+        &format!("prefill_tokens_per_s[{name},len={prefill_len}]"),
+        tps,
+        "tok/s",
+    );
+    line(
+        &format!("prefill_roofline_fraction[{name}]"),
+        tps * flops_per_token / 1e9 / peak_gflops,
+        "",
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (bw, copy_bw) = memory_bandwidth_gbs();
+    line("memory_read_bandwidth", bw, "GB/s");
+    line("memory_copy_bandwidth", copy_bw, "GB/s");
+    let peak = matmul_gflops(1024, 1024, 1024)?;
+    line("matmul_gflops[1024x1024x1024]", peak, "GFLOP/s");
+    line(
+        "matmul_gflops[32x1024x4096]",
+        matmul_gflops(32, 1024, 4096)?,
+        "GFLOP/s",
+    );
+
+    let tiny = load_model(builtin::TINY, None, &Device::Cpu)?;
+    bench_model("builtin:tiny", &tiny, bw, peak, 128, 512, 16)?;
+
+    if !quick {
+        let dir = builtin::cache_dir().join("bench-llama-0.5b-v1");
+        if !dir.join("model.safetensors").exists() {
+            let spec = ModelSpec {
+                layers: 28,
+                hidden: 1024,
+                heads: 16,
+                kv_heads: 4,
+                intermediate: 4096,
+                vocab: 32768,
+                max_pos: 4096,
+                ..ModelSpec::new(Arch::Llama)
+            };
+            eprintln!("building {} (once)…", dir.display());
+            make_model(&spec, &dir)?;
+        }
+        let lm = load_model(dir.to_str().unwrap(), None, &Device::Cpu)?;
+        bench_model("llama-0.5b", &lm, bw, peak, 128, 128, 4)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,495 @@
+//! `engine bench`: a load generator for any OpenAI-compatible server (infer, vLLM, SGLang).
+//!
+//! It generates the scenario's requests with the core's generator — the very prompts the
+//! simulator schedules — sends them with the scenario's arrival process, streams every
+//! response and measures with the core's metric definitions (vLLM's). Server errors are
+//! failed requests with their text; the client itself does not fail on them.
+
+mod prom;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use futures_util::StreamExt;
+use infer_core::metrics::{
+    requests_csv, timeseries_csv, MetricsRecorder, RequestRecord, RunInfo, Summary, TimePoint,
+};
+use infer_core::workload::{ApproxTokenizer, GeneratedRequest, Scenario, WorkloadGenerator};
+use serde_json::{json, Value};
+
+/// What to run against which server.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Base URL, e.g. `http://127.0.0.1:8000`.
+    pub server: String,
+    pub scenario: PathBuf,
+    pub overrides: Vec<String>,
+    /// The served model name; asked from `/v1/models` when absent.
+    pub model: Option<String>,
+    /// Run directory; nothing is written when `None`.
+    pub out: Option<PathBuf>,
+    pub progress: bool,
+    /// How often `/metrics` is scraped.
+    pub scrape_interval: Duration,
+}
+
+impl BenchOptions {
+    pub fn new(server: &str, scenario: impl Into<PathBuf>) -> Self {
+        BenchOptions {
+            server: server.trim_end_matches('/').to_string(),
+            scenario: scenario.into(),
+            overrides: Vec::new(),
+            model: None,
+            out: None,
+            progress: false,
+            scrape_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Counters the server reported (deltas over the measured part of the run).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ServerCounters {
+    pub prompt_tokens: f64,
+    pub generation_tokens: f64,
+    pub request_success: f64,
+    pub prefix_cache_queries: f64,
+    pub prefix_cache_hits: f64,
+    pub num_preemptions: f64,
+}
+
+pub struct BenchResult {
+    pub scenario: Scenario,
+    pub summary: Summary,
+    pub records: Vec<RequestRecord>,
+    pub timeseries: Vec<TimePoint>,
+    /// `None` when the server has no `/metrics`.
+    pub server_counters: Option<ServerCounters>,
+}
+
+/// Run a benchmark on a fresh Tokio runtime.
+pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(opts))
+}
+
+pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
+    let path = opts.scenario.display().to_string();
+    let text = std::fs::read_to_string(&opts.scenario)
+        .with_context(|| format!("{path}: cannot read scenario"))?;
+    let scenario = Scenario::parse(&path, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
+    let gen = Arc::new(WorkloadGenerator::new(
+        scenario.workload.clone(),
+        Arc::new(ApproxTokenizer::default()),
+    ));
+    let client = reqwest::Client::builder().build()?;
+    let base = opts.server.trim_end_matches('/').to_string();
+    let model = match &opts.model {
+        Some(m) => m.clone(),
+        None => served_model(&client, &base).await?,
+    };
+    let target = Target {
+        client,
+        base,
+        model,
+    };
+
+    // Warm-up, one at a time, not counted.
+    for i in 0..scenario.workload.warmup_requests {
+        let mut scratch = MetricsRecorder::new();
+        target
+            .send(
+                &gen.warmup_request(i),
+                u64::MAX,
+                &mut Recorder::Local(&mut scratch),
+                Instant::now(),
+            )
+            .await;
+    }
+
+    let before = target.scrape().await;
+    let arrivals = gen.arrivals(&scenario.arrival);
+    let n = arrivals.count(scenario.workload.num_requests);
+    let recorder = Arc::new(Mutex::new(MetricsRecorder::new()));
+    let bar = progress_bar(n, opts.progress);
+    let start = Instant::now();
+    let last_end = Arc::new(Mutex::new(0.0f64));
+
+    // The scraper runs until the requests are done.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraper = {
+        let (target, done, before) = (target.clone(), done.clone(), before.clone());
+        let interval = opts.scrape_interval;
+        tokio::spawn(async move { scrape_loop(target, before, start, interval, done).await })
+    };
+
+    let run_one = {
+        let (target, gen, recorder, bar, last_end) = (
+            target.clone(),
+            gen.clone(),
+            recorder.clone(),
+            bar.clone(),
+            last_end.clone(),
+        );
+        move |i: usize| {
+            let (target, gen, recorder, bar, last_end) = (
+                target.clone(),
+                gen.clone(),
+                recorder.clone(),
+                bar.clone(),
+                last_end.clone(),
+            );
+            async move {
+                let req = gen.request(i);
+                let end = target
+                    .send(&req, i as u64, &mut Recorder::Shared(&recorder), start)
+                    .await;
+                let mut l = last_end.lock().unwrap();
+                *l = l.max(end);
+                bar.inc(1);
+            }
+        }
+    };
+
+    let mut tasks = Vec::new();
+    match arrivals.times {
+        Some(times) => {
+            let sem = arrivals
+                .max_concurrency
+                .map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
+            for (i, &t) in times.iter().enumerate().take(n) {
+                tokio::time::sleep_until((start + Duration::from_secs_f64(t)).into()).await;
+                let permit = match &sem {
+                    Some(s) => Some(s.clone().acquire_owned().await?),
+                    None => None,
+                };
+                let fut = run_one(i);
+                tasks.push(tokio::spawn(async move {
+                    fut.await;
+                    drop(permit);
+                }));
+            }
+        }
+        None => {
+            // Closed loop: each client sends its next request when its previous one ends.
+            let next = Arc::new(AtomicUsize::new(0));
+            let clients = arrivals.max_concurrency.unwrap_or(1).min(n.max(1));
+            for _ in 0..clients {
+                let (next, run_one) = (next.clone(), run_one.clone());
+                tasks.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= n {
+                            break;
+                        }
+                        run_one(i).await;
+                    }
+                }));
+            }
+        }
+    }
+    for t in tasks {
+        t.await?;
+    }
+    drop(run_one); // releases its handle on the recorder
+    bar.finish_and_clear();
+    done.store(true, Ordering::SeqCst);
+    let timeseries = scraper.await?;
+    let after = target.scrape().await;
+
+    let duration = *last_end.lock().unwrap();
+    let mut recorder = Arc::try_unwrap(recorder)
+        .map_err(|_| anyhow!("requests still running"))?
+        .into_inner()
+        .unwrap();
+    let mut summary = recorder.summary(duration);
+    summary.max_concurrency = arrivals.max_concurrency;
+    let server_counters = match (before, after) {
+        (Some(b), Some(a)) => Some(counters(&a).delta(&counters(&b))),
+        _ => None,
+    };
+    if let Some(c) = server_counters {
+        summary.prefix_cache_hit_rate = if c.prefix_cache_queries > 0.0 {
+            c.prefix_cache_hits / c.prefix_cache_queries
+        } else {
+            0.0
+        };
+        summary.num_preemptions = c.num_preemptions as u64;
+    }
+    summary.peak_kv_usage = timeseries.iter().map(|p| p.kv_usage).fold(0.0, f64::max);
+    let records = recorder.sorted_records();
+    let result = BenchResult {
+        scenario,
+        summary,
+        records,
+        timeseries,
+        server_counters,
+    };
+    if let Some(dir) = &opts.out {
+        write_run(dir, &result, &format!("{} ({})", target.base, target.model))?;
+    }
+    Ok(result)
+}
+
+/// Write summary.json, requests.csv, timeseries.csv and run.json into `dir`.
+pub fn write_run(dir: &Path, r: &BenchResult, backend: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).with_context(|| format!("{}: cannot write", p.display()))
+    };
+    write(
+        "summary.json",
+        serde_json::to_string_pretty(&r.summary)? + "\n",
+    )?;
+    write("requests.csv", requests_csv(&r.records))?;
+    write("timeseries.csv", timeseries_csv(&r.timeseries))?;
+    let info = RunInfo::new("engine", &r.scenario, backend.to_string());
+    write("run.json", serde_json::to_string_pretty(&info)? + "\n")?;
+    Ok(())
+}
+
+fn progress_bar(n: usize, show: bool) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(n as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} requests",
+        )
+        .expect("valid template"),
+    );
+    bar
+}
+
+#[derive(Clone)]
+struct Target {
+    client: reqwest::Client,
+    base: String,
+    model: String,
+}
+
+enum Recorder<'a> {
+    Shared(&'a Arc<Mutex<MetricsRecorder>>),
+    Local(&'a mut MetricsRecorder),
+}
+
+impl Recorder<'_> {
+    fn with<T>(&mut self, f: impl FnOnce(&mut MetricsRecorder) -> T) -> T {
+        match self {
+            Recorder::Shared(m) => f(&mut m.lock().unwrap()),
+            Recorder::Local(m) => f(m),
+        }
+    }
+}
+
+impl Target {
+    /// Send one streaming completion and record its timeline. Returns when it ended
+    /// (seconds since `start`).
+    async fn send(
+        &self,
+        req: &GeneratedRequest,
+        id: u64,
+        rec: &mut Recorder<'_>,
+        start: Instant,
+    ) -> f64 {
+        let now = || start.elapsed().as_secs_f64();
+        rec.with(|r| r.start(id, now(), req.prompt_ids.len()));
+        let body = json!({
+            "model": self.model,
+            "prompt": req.prompt,
+            "max_tokens": req.max_tokens,
+            "ignore_eos": req.ignore_eos,
+            "temperature": 0.0,
+            "stream": true,
+            "stream_options": { "include_usage": true },
+        });
+        let resp = self
+            .client
+            .post(format!("{}/v1/completions", self.base))
+            .json(&body)
+            .send()
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                let t = now();
+                rec.with(|r| r.fail(id, t, format!("connection: {e}")));
+                return t;
+            }
+        };
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let text = resp.text().await.unwrap_or_default();
+            let t = now();
+            rec.with(|r| r.fail(id, t, format!("HTTP {status}: {text}")));
+            return t;
+        }
+        let mut stream = resp.bytes_stream();
+        let mut buf = Vec::new();
+        let (mut chunks, mut usage, mut error) = (0usize, None::<Value>, None::<String>);
+        'read: while let Some(piece) = stream.next().await {
+            let piece = match piece {
+                Ok(p) => p,
+                Err(e) => {
+                    error = Some(format!("stream: {e}"));
+                    break;
+                }
+            };
+            buf.extend_from_slice(&piece);
+            while let Some(pos) = find_event_end(&buf) {
+                let event: Vec<u8> = buf.drain(..pos).collect();
+                for line in String::from_utf8_lossy(&event).lines() {
+                    let Some(data) = line.strip_prefix("data:").map(str::trim) else {
+                        continue;
+                    };
+                    if data == "[DONE]" {
+                        break 'read;
+                    }
+                    let Ok(v) = serde_json::from_str::<Value>(data) else {
+                        error = Some(format!("bad stream chunk: {data}"));
+                        break 'read;
+                    };
+                    if let Some(e) = v.get("error") {
+                        error = Some(format!("server error: {e}"));
+                        break 'read;
+                    }
+                    // Like vLLM's client: every chunk with choices is a token chunk.
+                    if v.get("choices")
+                        .and_then(Value::as_array)
+                        .is_some_and(|c| !c.is_empty())
+                    {
+                        chunks += 1;
+                        let t = now();
+                        rec.with(|r| r.chunk(id, t));
+                    }
+                    if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                        usage = Some(u.clone());
+                    }
+                }
+            }
+        }
+        let t = now();
+        if let Some(e) = error {
+            rec.with(|r| r.fail(id, t, e));
+            return t;
+        }
+        let field = |k: &str| {
+            usage
+                .as_ref()
+                .and_then(|u| u.get(k))
+                .and_then(Value::as_u64)
+        };
+        let output = field("completion_tokens").map_or(chunks, |v| v as usize);
+        let cached = usage
+            .as_ref()
+            .and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        rec.with(|r| {
+            if let Some(p) = field("prompt_tokens") {
+                r.set_prompt_tokens(id, p as usize);
+            }
+            r.finish(id, t, output, cached, 0, None, None)
+        });
+        t
+    }
+
+    async fn scrape(&self) -> Option<String> {
+        let resp = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.text().await.ok()
+    }
+}
+
+/// The end of the first complete SSE event in `buf` (a blank line), if any.
+fn find_event_end(buf: &[u8]) -> Option<usize> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+async fn served_model(client: &reqwest::Client, base: &str) -> Result<String> {
+    let v: Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .with_context(|| format!("{base}: cannot reach the server"))?
+        .json()
+        .await?;
+    v.pointer("/data/0/id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("{base}/v1/models lists no model; pass --model"))
+}
+
+fn counters(text: &str) -> ServerCounters {
+    let v = |name| prom::value(text, name).unwrap_or(0.0);
+    ServerCounters {
+        prompt_tokens: v("vllm:prompt_tokens"),
+        generation_tokens: v("vllm:generation_tokens"),
+        request_success: v("vllm:request_success"),
+        prefix_cache_queries: v("vllm:prefix_cache_queries"),
+        prefix_cache_hits: v("vllm:prefix_cache_hits"),
+        num_preemptions: v("vllm:num_preemptions"),
+    }
+}
+
+impl ServerCounters {
+    fn delta(&self, before: &ServerCounters) -> ServerCounters {
+        ServerCounters {
+            prompt_tokens: self.prompt_tokens - before.prompt_tokens,
+            generation_tokens: self.generation_tokens - before.generation_tokens,
+            request_success: self.request_success - before.request_success,
+            prefix_cache_queries: self.prefix_cache_queries - before.prefix_cache_queries,
+            prefix_cache_hits: self.prefix_cache_hits - before.prefix_cache_hits,
+            num_preemptions: self.num_preemptions - before.num_preemptions,
+        }
+    }
+}
+
+async fn scrape_loop(
+    target: Target,
+    before: Option<String>,
+    start: Instant,
+    interval: Duration,
+    done: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<TimePoint> {
+    let mut points = Vec::new();
+    let Some(before) = before else { return points };
+    let base = counters(&before);
+    while !done.load(Ordering::SeqCst) {
+        if let Some(text) = target.scrape().await {
+            let c = counters(&text).delta(&base);
+            let g = |name| prom::value(&text, name).unwrap_or(0.0);
+            points.push(TimePoint {
+                t: start.elapsed().as_secs_f64(),
+                replica: 0,
+                waiting: g("vllm:num_requests_waiting") as usize,
+                running: g("vllm:num_requests_running") as usize,
+                kv_usage: g("vllm:kv_cache_usage_perc"),
+                prefix_queries: c.prefix_cache_queries as u64,
+                prefix_hits: c.prefix_cache_hits as u64,
+                preemptions: c.num_preemptions as u64,
+            });
+        }
+        tokio::time::sleep(interval).await;
+    }
+    points
+}

@@ -1,0 +1,209 @@
+//! The paged KV store: one implementation serves both KV backends of the core.
+//!
+//! Per layer, K and V are `[num_kv_heads, num_blocks * block_size, head_dim]` tensors: per
+//! head, a flat array of token *slots*, slot = `block * block_size + offset`. A contiguous
+//! backend is simply `block_size = max_model_len` with one block per sequence. Writes
+//! scatter the step's new rows into their slots in place; reads gather a sequence's slots
+//! through its block table. Both are single tensor ops per layer, so they run on any
+//! candle device. Heads come first so that a gather lands directly in the
+//! `[kv_heads, sequences, positions, head_dim]` layout attention multiplies with, with no
+//! transposing copy of the gathered context.
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Device, Tensor};
+
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    num_blocks: usize,
+    block_size: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+impl KvCache {
+    /// Zero-filled store. Zero (finite) matters: padded attention reads unwritten slots
+    /// with weight exactly 0, and 0 * NaN would poison the result.
+    pub fn new(
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        ensure!(
+            num_blocks > 0 && block_size > 0,
+            "KV cache needs at least one block of one slot"
+        );
+        let shape = (num_kv_heads, num_blocks * block_size, head_dim);
+        let zeros = || Tensor::zeros(shape, dtype, device);
+        let k = (0..num_layers)
+            .map(|_| zeros())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let v = (0..num_layers)
+            .map(|_| zeros())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Self {
+            k,
+            v,
+            num_blocks,
+            block_size,
+            num_kv_heads,
+            head_dim,
+        })
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.k.len()
+    }
+
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_kv_heads
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.k[0].dtype()
+    }
+
+    /// Bytes held by the store (K and V, all layers).
+    pub fn size_bytes(&self) -> usize {
+        2 * self.k.len() * self.k[0].elem_count() * self.dtype().size_in_bytes()
+    }
+
+    /// The slot holding position `pos` of a sequence with this block table.
+    pub fn slot(&self, block_table: &[u32], pos: usize) -> Result<u32> {
+        let Some(&block) = block_table.get(pos / self.block_size) else {
+            bail!(
+                "position {pos} needs block #{} but the block table has {} blocks (block_size {})",
+                pos / self.block_size,
+                block_table.len(),
+                self.block_size
+            );
+        };
+        ensure!(
+            (block as usize) < self.num_blocks,
+            "block id {block} out of range: the KV pool has {} blocks",
+            self.num_blocks
+        );
+        Ok((block as usize * self.block_size + pos % self.block_size) as u32)
+    }
+
+    /// The scatter index for writing rows into `slots`: candle's scatter wants the
+    /// destination of every element, so each slot is repeated over heads and head_dim.
+    /// Built once per step and shared by all layers.
+    pub(crate) fn write_index(&self, slots: &[u32], device: &Device) -> Result<Tensor> {
+        let (h, d) = (self.num_kv_heads, self.head_dim);
+        let mut idx = Vec::with_capacity(h * slots.len() * d);
+        for _ in 0..h {
+            for &s in slots {
+                idx.extend(std::iter::repeat_n(s, d));
+            }
+        }
+        Ok(Tensor::from_vec(idx, (h, slots.len(), d), device)?)
+    }
+
+    /// Writes `k`, `v` (`[n, kv_heads, head_dim]`) in place at the slots of `index`
+    /// (from [`KvCache::write_index`]).
+    pub(crate) fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
+        let k = k.transpose(0, 1)?.contiguous()?;
+        let v = v.transpose(0, 1)?.contiguous()?;
+        self.k[layer]
+            .scatter_set(index, &k, 1)
+            .context("writing K")?;
+        self.v[layer]
+            .scatter_set(index, &v, 1)
+            .context("writing V")?;
+        Ok(())
+    }
+
+    /// Gathers the slots `slots` (`[n]` u32): returns K and V shaped
+    /// `[kv_heads, n, head_dim]`.
+    pub(crate) fn gather(&self, layer: usize, slots: &Tensor) -> Result<(Tensor, Tensor)> {
+        let k = self.k[layer].index_select(slots, 1)?;
+        let v = self.v[layer].index_select(slots, 1)?;
+        Ok((k, v))
+    }
+
+    /// Copies the KV of block `src` into block `dst` in every layer (copy-on-write of a
+    /// shared prefix block).
+    pub fn copy_block(&self, src: u32, dst: u32) -> Result<()> {
+        let (src, dst) = (src as usize, dst as usize);
+        ensure!(
+            src < self.num_blocks && dst < self.num_blocks && src != dst,
+            "copy_block({src}, {dst}) invalid for a pool of {} blocks",
+            self.num_blocks
+        );
+        let bs = self.block_size as u32;
+        let device = self.k[0].device();
+        let rows = Tensor::arange(src as u32 * bs, (src as u32 + 1) * bs, device)?;
+        for t in self.k.iter().chain(self.v.iter()) {
+            // index_select always yields fresh contiguous storage, as slice_set needs.
+            let block = t.index_select(&rows, 1)?;
+            t.slice_set(&block, 1, dst * bs as usize)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[n, heads, d]` -> per position, all values in head order.
+    fn per_position(t: &Tensor) -> Result<Vec<Vec<f32>>> {
+        Ok(t.transpose(0, 1)?.flatten_from(1)?.to_vec2::<f32>()?)
+    }
+
+    #[test]
+    fn write_then_gather_round_trips_through_block_table() -> Result<()> {
+        let dev = Device::Cpu;
+        let cache = KvCache::new(1, 2, 3, 4, 2, DType::F32, &dev)?;
+        // Sequence uses blocks [3, 1]: positions 0,1 -> slots 6,7; 2,3 -> slots 2,3.
+        let table = [3u32, 1];
+        let slots: Vec<u32> = (0..4).map(|p| cache.slot(&table, p).unwrap()).collect();
+        assert_eq!(slots, vec![6, 7, 2, 3]);
+        let rows = Tensor::arange(0f32, 24., &dev)?.reshape((4, 2, 3))?;
+        let rows2 = (&rows * 2.0)?;
+        cache.write(0, &cache.write_index(&slots, &dev)?, &rows, &rows2)?;
+        let (k, v) = cache.gather(0, &Tensor::new(slots.as_slice(), &dev)?)?;
+        assert_eq!(k.dims(), &[2, 4, 3]);
+        let expect = rows.reshape((4, 6))?.to_vec2::<f32>()?;
+        assert_eq!(per_position(&k)?, expect);
+        assert_eq!(per_position(&v)?, rows2.reshape((4, 6))?.to_vec2::<f32>()?);
+        // Untouched slots stay zero.
+        let (k0, _) = cache.gather(0, &Tensor::new(&[0u32, 5], &dev)?)?;
+        assert!(k0
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .all(|&x| x == 0.0));
+        // Copy block 3 to block 0 and read it back.
+        cache.copy_block(3, 0)?;
+        let (k_copy, _) = cache.gather(0, &Tensor::new(&[0u32, 1], &dev)?)?;
+        assert_eq!(per_position(&k_copy)?, expect[..2].to_vec());
+        Ok(())
+    }
+
+    #[test]
+    fn slot_rejects_short_block_table_and_bad_block() -> Result<()> {
+        let cache = KvCache::new(1, 1, 2, 2, 4, DType::F32, &Device::Cpu)?;
+        assert!(cache.slot(&[0], 4).is_err());
+        assert!(cache.slot(&[7], 0).is_err());
+        assert_eq!(cache.slot(&[1], 3)?, 7);
+        Ok(())
+    }
+}

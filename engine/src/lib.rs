@@ -1,0 +1,22 @@
+//! infer-engine: the real engine. This crate holds the model runner — loading Hugging Face
+//! model directories, one transformer code path executing flattened step batches over a
+//! paged KV store (candle; CPU by default, CUDA with `--features cuda`), sampling and
+//! streaming detokenisation — plus generated models for tests and `builtin:tiny`.
+//! The HTTP server, load generator and profiler drive `infer-core` on top of it.
+
+pub mod batch;
+pub mod bench;
+pub mod builtin;
+mod corpus;
+pub mod detokenize;
+pub mod generate;
+pub mod kv_cache;
+pub mod make_model;
+pub mod model;
+pub mod sampling;
+pub mod serve;
+pub mod tokenizer;
+
+pub use batch::{ForwardBatch, SeqChunk};
+pub use kv_cache::KvCache;
+pub use model::{load_model, load_model_dir, Arch, LoadedModel, Model, ModelConfig};

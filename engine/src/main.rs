@@ -1,0 +1,362 @@
+//! `engine`: the real engine's command line.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
+use infer_engine::bench::BenchOptions;
+use infer_engine::detokenize::StopConditions;
+use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
+use infer_engine::make_model::{make_model, ModelSpec};
+use infer_engine::sampling::SamplingParams;
+use infer_engine::serve::{serve, ServeConfig};
+use infer_engine::tokenizer::ChatMessage;
+use infer_engine::Arch;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "engine",
+    about = "infer's real engine: model runner, server, load generator, profiler"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a Hugging Face model directory with deterministic random weights.
+    MakeModel(MakeModelArgs),
+    /// Generate text for one prompt (a manual check of the model runner).
+    Generate(GenerateArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
+    /// Drive an OpenAI-compatible server with a scenario and measure it.
+    Bench(BenchArgs),
+}
+
+/// The seed server's flags. Defaults: the embedded model on 127.0.0.1:8000 with the
+/// benchmark log's Phase 8 configuration; booleans take `--flag` or `--flag=false`.
+#[derive(Args)]
+struct ServeArgs {
+    /// A Hugging Face model directory, or `builtin:tiny`.
+    #[arg(long, default_value = "builtin:tiny")]
+    model: String,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    #[arg(long = "served-model-name")]
+    served_model_name: Option<String>,
+    #[arg(long = "max-batch-size", default_value_t = 24)]
+    max_batch_size: usize,
+    #[arg(long = "batching-mode", value_enum, default_value_t = BatchingArg::Continuous)]
+    batching_mode: BatchingArg,
+    #[arg(long = "kv-cache-backend", value_enum, default_value_t = KvArg::Paged)]
+    kv_cache_backend: KvArg,
+    #[arg(long = "num-gpu-blocks", default_value_t = 2048)]
+    num_gpu_blocks: usize,
+    #[arg(long = "block-size", default_value_t = 16)]
+    block_size: usize,
+    #[arg(long = "chunked-prefill", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    chunked_prefill: bool,
+    #[arg(long = "prefill-chunk-size", default_value_t = 512)]
+    prefill_chunk_size: usize,
+    #[arg(long = "prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    prefix_caching: bool,
+    #[arg(long = "max-model-len", default_value_t = 4096)]
+    max_model_len: usize,
+    /// Waiting requests at most; beyond it the server answers 503 with Retry-After.
+    #[arg(long = "max-waiting")]
+    max_waiting: Option<usize>,
+    /// `cpu`, or `cuda[:N]` (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    cuda_graphs: bool,
+    #[arg(long, value_enum)]
+    dtype: Option<DTypeArg>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BatchingArg {
+    Static,
+    Continuous,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KvArg {
+    Contiguous,
+    Paged,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Base URL of an OpenAI-compatible server.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    server: String,
+    #[arg(long)]
+    scenario: PathBuf,
+    /// The served model name (default: the first of /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// Run directory (default runs/<scenario>-bench-<time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Scenario overrides, `key=value` (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    #[arg(long = "no-progress")]
+    no_progress: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ArchArg {
+    Llama,
+    Qwen3,
+    Gemma3,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DTypeArg {
+    F32,
+    Bf16,
+}
+
+impl From<DTypeArg> for DType {
+    fn from(d: DTypeArg) -> Self {
+        match d {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+        }
+    }
+}
+
+#[derive(Args)]
+struct MakeModelArgs {
+    #[arg(long, value_enum)]
+    arch: ArchArg,
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    #[arg(long, default_value_t = 64)]
+    hidden: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long = "kv-heads", default_value_t = 2)]
+    kv_heads: usize,
+    #[arg(long = "head-dim")]
+    head_dim: Option<usize>,
+    #[arg(long, default_value_t = 128)]
+    intermediate: usize,
+    #[arg(long, default_value_t = 512)]
+    vocab: usize,
+    #[arg(long = "max-pos", default_value_t = 1024)]
+    max_pos: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    dtype: DTypeArg,
+    /// Gemma 3: window of the sliding-window layers.
+    #[arg(long = "sliding-window", default_value_t = 512)]
+    sliding_window: usize,
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// A model directory or `builtin:tiny`.
+    #[arg(long, default_value = "builtin:tiny")]
+    model: String,
+    #[arg(long)]
+    prompt: String,
+    #[arg(long = "max-tokens", default_value_t = 64)]
+    max_tokens: usize,
+    /// Wrap the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long = "top-k", default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    #[arg(long = "ignore-eos")]
+    ignore_eos: bool,
+    /// Weights dtype (default: the model's when f32/bf16, else f32).
+    #[arg(long, value_enum)]
+    dtype: Option<DTypeArg>,
+}
+
+fn main() -> std::process::ExitCode {
+    // Errors print as one causal chain ("loading …: missing file …"), never as a backtrace.
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::MakeModel(a) => {
+            let arch = match a.arch {
+                ArchArg::Llama => Arch::Llama,
+                ArchArg::Qwen3 => Arch::Qwen3,
+                ArchArg::Gemma3 => Arch::Gemma3,
+            };
+            let spec = ModelSpec {
+                layers: a.layers,
+                hidden: a.hidden,
+                heads: a.heads,
+                kv_heads: a.kv_heads,
+                head_dim: a.head_dim,
+                intermediate: a.intermediate,
+                vocab: a.vocab,
+                max_pos: a.max_pos,
+                seed: a.seed,
+                dtype: a.dtype.into(),
+                sliding_window: a.sliding_window,
+                ..ModelSpec::new(arch)
+            };
+            make_model(&spec, &a.out)?;
+            println!("wrote {} model to {}", arch.name(), a.out.display());
+        }
+        Command::Generate(a) => run_generate(a)?,
+        Command::Serve(a) => run_serve(a)?,
+        Command::Bench(a) => run_bench(a)?,
+    }
+    Ok(())
+}
+
+fn run_serve(a: ServeArgs) -> Result<()> {
+    if a.device != "cpu" {
+        bail!(
+            "--device {}: this build runs on the CPU only (the CUDA backend is not built yet)",
+            a.device
+        );
+    }
+    if a.cuda_graphs {
+        eprintln!("note: --cuda-graphs has no effect on the CPU");
+    }
+    let sched = SchedulerConfig {
+        batching_mode: match a.batching_mode {
+            BatchingArg::Static => BatchingMode::Static,
+            BatchingArg::Continuous => BatchingMode::Continuous,
+        },
+        max_batch_size: a.max_batch_size,
+        kv_cache_backend: match a.kv_cache_backend {
+            KvArg::Contiguous => KvBackend::Contiguous,
+            KvArg::Paged => KvBackend::Paged,
+        },
+        num_gpu_blocks: a.num_gpu_blocks,
+        block_size: a.block_size,
+        chunked_prefill: a.chunked_prefill,
+        prefill_chunk_size: a.prefill_chunk_size,
+        prefix_caching: a.prefix_caching,
+        max_model_len: a.max_model_len,
+        max_waiting: a.max_waiting,
+    };
+    let cfg = ServeConfig {
+        served_model_name: a.served_model_name,
+        sched,
+        seed: a.seed,
+        dtype: a.dtype.map(Into::into),
+        ..ServeConfig::new(&a.model)
+    };
+    let addr: std::net::SocketAddr = format!("{}:{}", a.host, a.port)
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--host/--port: {e}"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(cfg, addr))
+}
+
+fn run_bench(a: BenchArgs) -> Result<()> {
+    let mut opts = BenchOptions::new(&a.server, &a.scenario);
+    opts.overrides = a.set;
+    opts.model = a.model;
+    opts.progress = !a.no_progress;
+    let name = a
+        .scenario
+        .file_stem()
+        .map_or("bench".to_string(), |s| s.to_string_lossy().to_string());
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let dir = a
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("runs/{name}-bench-{secs}")));
+    opts.out = Some(dir.clone());
+    let r = infer_engine::bench::run_blocking(&opts)?;
+    print!("{}", r.summary.render());
+    if let Some(c) = r.server_counters {
+        println!(
+            "server counters: {} prompt tokens, {} generated, prefix cache hit rate {:.1}%, {} preemptions",
+            c.prompt_tokens,
+            c.generation_tokens,
+            r.summary.prefix_cache_hit_rate * 100.0,
+            c.num_preemptions
+        );
+    }
+    println!("run directory: {}", dir.display());
+    Ok(())
+}
+
+fn run_generate(a: GenerateArgs) -> Result<()> {
+    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), &Device::Cpu)?;
+    let prompt = if a.chat {
+        if !lm.tokenizer.has_chat_template() {
+            bail!("--chat: {} has no chat template", lm.dir.display());
+        }
+        let text = lm
+            .tokenizer
+            .apply_chat_template(&[ChatMessage::new("user", &a.prompt)], true)?;
+        lm.tokenizer.encode(&text, false)?
+    } else {
+        lm.tokenizer.encode(&a.prompt, true)?
+    };
+    let req = GenerateRequest {
+        prompt,
+        params: SamplingParams {
+            temperature: a.temperature,
+            top_p: a.top_p,
+            top_k: a.top_k,
+            seed: Some(a.seed),
+            ..Default::default()
+        },
+        stop: StopConditions {
+            max_tokens: a.max_tokens,
+            stop_token_ids: lm.eos_token_ids.clone(),
+            stop: a.stop,
+            ignore_eos: a.ignore_eos,
+        },
+    };
+    let start = std::time::Instant::now();
+    let out = generate(&lm, &[req], GenerateOptions::default(), |_, delta| {
+        print!("{delta}");
+        let _ = std::io::stdout().flush();
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let n = out[0].tokens.len();
+    println!();
+    eprintln!(
+        "[{n} tokens in {secs:.2} s, {:.1} tokens/s, finish: {}]",
+        n as f64 / secs,
+        out[0].finish.as_str()
+    );
+    Ok(())
+}

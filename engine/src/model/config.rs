@@ -1,0 +1,426 @@
+//! `config.json` of a Hugging Face model directory, normalised into one description that
+//! the single transformer code path reads. Architecture differences become data here
+//! (which norms exist, rope tables per layer, soft-capping, embedding scale), not code.
+
+use anyhow::{bail, Context, Result};
+use candle_core::DType;
+use serde_json::Value;
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen3,
+    Gemma3,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// gelu with the tanh approximation (`gelu_pytorch_tanh`, `gelu_new`).
+    GeluTanh,
+    /// exact gelu (`gelu`).
+    GeluErf,
+}
+
+/// How rotary frequencies are rescaled for long context.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// `rope_type: "linear"`: every frequency divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// `rope_type: "llama3"`: low frequencies divided by `factor`, high ones kept,
+    /// smooth interpolation between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    pub activation: Activation,
+    pub attention_bias: bool,
+    /// Rope base and scaling of full-attention layers.
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// Rope base of sliding-window layers when it differs (Gemma 3's `rope_local_base_freq`).
+    pub rope_local_theta: Option<f64>,
+    /// Window size; a query at position p sees keys k with `p - k < window`.
+    pub sliding_window: Option<usize>,
+    /// Per layer: whether it uses the sliding window.
+    pub layer_sliding: Vec<bool>,
+    /// Attention scores are multiplied by `query_pre_attn_scalar ** -0.5`.
+    pub query_pre_attn_scalar: f64,
+    pub attn_logit_softcapping: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    /// Embeddings multiplied by `sqrt(hidden_size)` (Gemma).
+    pub scale_embeddings: bool,
+    /// RMSNorm multiplies by `(1 + weight)` (Gemma).
+    pub norm_weight_plus_one: bool,
+    /// Per-head RMSNorm of q and k before rope (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// Extra norms after attention and around the MLP (Gemma's "sandwich" norms).
+    pub sandwich_norms: bool,
+    /// `torch_dtype` / `dtype` from the file, when it is one we run.
+    pub dtype: Option<DType>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read model config {}", path.display()))?;
+        let json: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", path.display()))?;
+        Self::from_json(&json).with_context(|| format!("in model config {}", path.display()))
+    }
+
+    pub fn from_json(j: &Value) -> Result<Self> {
+        let arch = detect_arch(j)?;
+        let get_usize = |key: &str| -> Result<usize> {
+            j.get(key)
+                .and_then(Value::as_u64)
+                .map(|v| v as usize)
+                .with_context(|| format!("missing or non-integer field `{key}`"))
+        };
+        let opt_usize = |key: &str| j.get(key).and_then(Value::as_u64).map(|v| v as usize);
+        let opt_f64 = |key: &str| j.get(key).and_then(Value::as_f64);
+        let opt_bool = |key: &str| j.get(key).and_then(Value::as_bool);
+
+        let hidden_size = get_usize("hidden_size")?;
+        let num_heads = get_usize("num_attention_heads")?;
+        let num_kv_heads = opt_usize("num_key_value_heads").unwrap_or(num_heads);
+        if num_heads % num_kv_heads != 0 {
+            bail!("num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}");
+        }
+        let head_dim = opt_usize("head_dim").unwrap_or(hidden_size / num_heads);
+        let num_layers = get_usize("num_hidden_layers")?;
+
+        let act_name = j
+            .get("hidden_activation")
+            .or_else(|| j.get("hidden_act"))
+            .and_then(Value::as_str)
+            .unwrap_or(if arch == Arch::Gemma3 {
+                "gelu_pytorch_tanh"
+            } else {
+                "silu"
+            });
+        let activation = match act_name {
+            "silu" | "swish" => Activation::Silu,
+            "gelu_pytorch_tanh" | "gelu_new" | "gelu_fast" => Activation::GeluTanh,
+            "gelu" => Activation::GeluErf,
+            other => bail!("unsupported activation `{other}`"),
+        };
+
+        let rope_theta = opt_f64("rope_theta").unwrap_or(match arch {
+            Arch::Gemma3 => 1_000_000.0,
+            _ => 10_000.0,
+        });
+        let rope_scaling = parse_rope_scaling(j.get("rope_scaling"))?;
+
+        let sliding_window = match arch {
+            Arch::Gemma3 => Some(opt_usize("sliding_window").unwrap_or(4096)),
+            _ if opt_bool("use_sliding_window").unwrap_or(false) => opt_usize("sliding_window"),
+            _ => None,
+        };
+        let layer_sliding = layer_sliding(j, arch, num_layers, sliding_window.is_some())?;
+
+        let gemma = arch == Arch::Gemma3;
+        let eos_token_ids = match j.get("eos_token_id") {
+            Some(v) => token_id_list(v)?,
+            None => vec![],
+        };
+        Ok(Self {
+            arch,
+            vocab_size: get_usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: get_usize("intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps: opt_f64("rms_norm_eps").unwrap_or(1e-6),
+            max_position_embeddings: opt_usize("max_position_embeddings").unwrap_or(4096),
+            // HF defaults: Gemma ties, Llama and Qwen3 do not unless told.
+            tie_word_embeddings: opt_bool("tie_word_embeddings").unwrap_or(gemma),
+            activation,
+            attention_bias: opt_bool("attention_bias").unwrap_or(false),
+            rope_theta,
+            rope_scaling,
+            rope_local_theta: if gemma {
+                Some(opt_f64("rope_local_base_freq").unwrap_or(10_000.0))
+            } else {
+                None
+            },
+            sliding_window,
+            layer_sliding,
+            query_pre_attn_scalar: if gemma {
+                opt_f64("query_pre_attn_scalar").unwrap_or(head_dim as f64)
+            } else {
+                head_dim as f64
+            },
+            attn_logit_softcapping: if gemma {
+                opt_f64("attn_logit_softcapping")
+            } else {
+                None
+            },
+            final_logit_softcapping: if gemma {
+                opt_f64("final_logit_softcapping")
+            } else {
+                None
+            },
+            scale_embeddings: gemma,
+            norm_weight_plus_one: gemma,
+            qk_norm: arch != Arch::Llama,
+            sandwich_norms: gemma,
+            dtype: parse_dtype(j.get("torch_dtype").or_else(|| j.get("dtype"))),
+            bos_token_id: j
+                .get("bos_token_id")
+                .and_then(Value::as_u64)
+                .map(|v| v as u32),
+            eos_token_ids,
+        })
+    }
+
+    /// Parameters in the weights (embeddings counted once when tied).
+    pub fn num_parameters(&self) -> usize {
+        let (h, i, d) = (self.hidden_size, self.intermediate_size, self.head_dim);
+        let attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2);
+        let mlp = 3 * h * i;
+        let norms =
+            h * if self.sandwich_norms { 4 } else { 2 } + if self.qk_norm { 2 * d } else { 0 };
+        let embed = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
+        self.num_layers * (attn + mlp + norms) + embed + h
+    }
+}
+
+fn detect_arch(j: &Value) -> Result<Arch> {
+    let archs: Vec<&str> = j
+        .get("architectures")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let model_type = j.get("model_type").and_then(Value::as_str).unwrap_or("");
+    for a in &archs {
+        match *a {
+            "LlamaForCausalLM" => return Ok(Arch::Llama),
+            "Qwen3ForCausalLM" => return Ok(Arch::Qwen3),
+            "Gemma3ForCausalLM" => return Ok(Arch::Gemma3),
+            _ => {}
+        }
+    }
+    match model_type {
+        "llama" => Ok(Arch::Llama),
+        "qwen3" => Ok(Arch::Qwen3),
+        "gemma3_text" => Ok(Arch::Gemma3),
+        _ => bail!(
+            "unknown architecture {archs:?} (model_type `{model_type}`): supported are \
+             LlamaForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (gemma3_text)"
+        ),
+    }
+}
+
+fn parse_rope_scaling(v: Option<&Value>) -> Result<RopeScaling> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = v
+        .get("rope_type")
+        .or_else(|| v.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let f = |key: &str| {
+        v.get(key)
+            .and_then(Value::as_f64)
+            .with_context(|| format!("rope_scaling.{key} missing"))
+    };
+    Ok(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: f("factor")?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: f("factor")?,
+            low_freq_factor: f("low_freq_factor")?,
+            high_freq_factor: f("high_freq_factor")?,
+            original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
+        },
+        other => bail!("unsupported rope_scaling type `{other}`"),
+    })
+}
+
+fn layer_sliding(j: &Value, arch: Arch, num_layers: usize, has_window: bool) -> Result<Vec<bool>> {
+    if !has_window {
+        return Ok(vec![false; num_layers]);
+    }
+    if let Some(types) = j.get("layer_types").and_then(Value::as_array) {
+        if types.len() != num_layers {
+            bail!(
+                "layer_types has {} entries for {num_layers} layers",
+                types.len()
+            );
+        }
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("sliding_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                other => bail!("unknown layer type {other:?}"),
+            })
+            .collect();
+    }
+    Ok(match arch {
+        // Gemma 3: every `sliding_window_pattern`-th layer is global.
+        Arch::Gemma3 => {
+            let pattern = j
+                .get("sliding_window_pattern")
+                .and_then(Value::as_u64)
+                .unwrap_or(6) as usize;
+            (0..num_layers)
+                .map(|i| (i + 1) % pattern.max(1) != 0)
+                .collect()
+        }
+        // Qwen: layers from `max_window_layers` on use the window.
+        _ => {
+            let from = j
+                .get("max_window_layers")
+                .and_then(Value::as_u64)
+                .unwrap_or(0) as usize;
+            (0..num_layers).map(|i| i >= from).collect()
+        }
+    })
+}
+
+fn parse_dtype(v: Option<&Value>) -> Option<DType> {
+    match v.and_then(Value::as_str)? {
+        "float32" => Some(DType::F32),
+        "bfloat16" => Some(DType::BF16),
+        "float16" => Some(DType::F16),
+        _ => None,
+    }
+}
+
+/// `eos_token_id` may be one integer or a list of them.
+pub fn token_id_list(v: &Value) -> Result<Vec<u32>> {
+    match v {
+        Value::Null => Ok(vec![]),
+        Value::Number(n) => Ok(vec![n
+            .as_u64()
+            .context("token id must be a non-negative integer")?
+            as u32]),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as u32)
+                    .context("token id must be a non-negative integer")
+            })
+            .collect(),
+        other => bail!("expected a token id or a list of them, found {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn gemma3_layer_pattern_and_defaults() {
+        let c = ModelConfig::from_json(&json!({
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 1,
+            "head_dim": 32, "sliding_window": 16, "sliding_window_pattern": 3,
+            "query_pre_attn_scalar": 24, "final_logit_softcapping": 30.0
+        }))
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        assert_eq!(c.layer_sliding, vec![true, true, false, true, true, false]);
+        assert!(c.tie_word_embeddings && c.scale_embeddings && c.qk_norm && c.sandwich_norms);
+        assert_eq!(c.activation, Activation::GeluTanh);
+        assert_eq!(c.query_pre_attn_scalar, 24.0);
+        assert_eq!(c.final_logit_softcapping, Some(30.0));
+        assert_eq!(c.rope_local_theta, Some(10_000.0));
+    }
+
+    #[test]
+    fn explicit_layer_types_override_the_pattern() {
+        let c = ModelConfig::from_json(&json!({
+            "model_type": "gemma3_text", "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "sliding_window": 8, "sliding_window_pattern": 2,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention"]
+        }))
+        .unwrap();
+        assert_eq!(c.layer_sliding, vec![false, true, true]);
+        assert_eq!(c.sliding_window, Some(8));
+        // Qwen3 without use_sliding_window has no window at all.
+        let q = ModelConfig::from_json(&json!({
+            "architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "head_dim": 32, "sliding_window": 8, "use_sliding_window": false
+        }))
+        .unwrap();
+        assert_eq!(
+            (q.sliding_window, q.layer_sliding),
+            (None, vec![false, false])
+        );
+        assert_eq!(q.head_dim, 32);
+    }
+
+    #[test]
+    fn llama3_rope_scaling_and_eos_list() {
+        let c = ModelConfig::from_json(&json!({
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "eos_token_id": [1, 7], "torch_dtype": "bfloat16",
+            "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        }))
+        .unwrap();
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.num_kv_heads, 4);
+        assert_eq!(c.eos_token_ids, vec![1, 7]);
+        assert_eq!(c.dtype, Some(DType::BF16));
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0));
+        assert!(!c.tie_word_embeddings && !c.qk_norm);
+    }
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let err = ModelConfig::from_json(
+            &json!({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("MambaForCausalLM"), "{err}");
+    }
+}

@@ -1,0 +1,81 @@
+//! Loading a Hugging Face model directory (or `builtin:tiny`) into a ready model.
+
+use super::config::ModelConfig;
+use super::transformer::Model;
+use super::weights::WeightStore;
+use crate::tokenizer::TextTokenizer;
+use anyhow::{Context, Result};
+use candle_core::{DType, Device};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+pub struct LoadedModel {
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub model: Model,
+    pub tokenizer: TextTokenizer,
+    /// Token ids that end generation: `generation_config.json`, `config.json` and the
+    /// tokenizer's eos token, merged.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Loads `spec`: a model directory path, or `builtin:tiny` (built into a cache on first use).
+/// `dtype`: `None` takes the directory's `torch_dtype` when it is f32 or bf16, else f32.
+/// Weights stored in any of f32/bf16/f16 are converted on load. On the CPU, bf16 is computed
+/// in f32: candle's CPU backend has no bf16 matmul.
+pub fn load_model(spec: &str, dtype: Option<DType>, device: &Device) -> Result<LoadedModel> {
+    let dir = crate::builtin::resolve(spec)?;
+    load_model_dir(&dir, dtype, device)
+}
+
+pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<LoadedModel> {
+    if !dir.is_dir() {
+        anyhow::bail!("model directory {} does not exist", dir.display());
+    }
+    let config_path = dir.join("config.json");
+    if !config_path.exists() {
+        anyhow::bail!("missing model config {}", config_path.display());
+    }
+    let config = ModelConfig::from_file(&config_path)?;
+    let dtype = match dtype.or(config.dtype) {
+        Some(DType::BF16) if !device.is_cpu() => DType::BF16,
+        _ => DType::F32,
+    };
+    let tokenizer = TextTokenizer::from_dir(dir)?;
+    let weights = WeightStore::open(dir, dtype, device)?;
+    let model = Model::load(&config, &weights)
+        .with_context(|| format!("loading model weights from {}", dir.display()))?;
+
+    let mut eos_token_ids = generation_eos(dir)?;
+    eos_token_ids.extend(&config.eos_token_ids);
+    if let Some(id) = tokenizer.eos_token().and_then(|t| tokenizer.token_to_id(t)) {
+        eos_token_ids.push(id);
+    }
+    eos_token_ids.sort_unstable();
+    eos_token_ids.dedup();
+    Ok(LoadedModel {
+        dir: dir.to_path_buf(),
+        config,
+        model,
+        tokenizer,
+        eos_token_ids,
+    })
+}
+
+/// `generation_config.json`'s `eos_token_id` (an int or a list), when the file exists.
+fn generation_eos(dir: &Path) -> Result<Vec<u32>> {
+    let path = dir.join("generation_config.json");
+    if !path.exists() {
+        return Ok(vec![]);
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let json: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    match json.get("eos_token_id") {
+        Some(v) => {
+            super::config::token_id_list(v).with_context(|| format!("in {}", path.display()))
+        }
+        None => Ok(vec![]),
+    }
+}

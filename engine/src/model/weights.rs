@@ -1,0 +1,115 @@
+//! Tensors of a model directory: one `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`. Every error names the file (and tensor) it is about.
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub struct WeightStore {
+    files: Vec<(PathBuf, MmapedSafetensors)>,
+    /// tensor name -> index into `files`.
+    location: HashMap<String, usize>,
+    dtype: DType,
+    device: Device,
+}
+
+impl WeightStore {
+    /// Opens the weights of `dir`, converting tensors to `dtype` on `device` as they load.
+    pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let paths: Vec<PathBuf> = if index.exists() {
+            shard_paths(&index)?
+        } else if single.exists() {
+            vec![single]
+        } else {
+            bail!(
+                "missing weights: neither {} nor {} exists",
+                single.display(),
+                index.display()
+            );
+        };
+        let mut files = Vec::with_capacity(paths.len());
+        let mut location = HashMap::new();
+        for (i, path) in paths.into_iter().enumerate() {
+            ensure!(path.exists(), "missing weight file {}", path.display());
+            // SAFETY: the file is mapped read-only; as with every mmap-based loader, it must
+            // not be truncated while the model is loaded.
+            let st = unsafe { MmapedSafetensors::new(&path) }
+                .map_err(|e| anyhow::anyhow!("corrupt safetensors file {}: {e}", path.display()))?;
+            for (name, _) in st.tensors() {
+                location.insert(name, i);
+            }
+            files.push((path, st));
+        }
+        Ok(Self {
+            files,
+            location,
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.location.contains_key(name)
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Loads `name`, checking that its shape is `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let Some(&i) = self.location.get(name) else {
+            let files: Vec<_> = self
+                .files
+                .iter()
+                .map(|(p, _)| p.display().to_string())
+                .collect();
+            bail!("tensor `{name}` not found in {}", files.join(", "));
+        };
+        let (path, st) = &self.files[i];
+        let view = st
+            .get(name)
+            .with_context(|| format!("reading `{name}` from {}", path.display()))?;
+        ensure!(
+            view.shape() == shape,
+            "shape mismatch for tensor `{name}` in {}: expected {shape:?}, found {:?}",
+            path.display(),
+            view.shape()
+        );
+        let t = st
+            .load(name, &self.device)
+            .map_err(|e| anyhow::anyhow!("corrupt tensor `{name}` in {}: {e}", path.display()))?;
+        Ok(t.to_dtype(self.dtype)?)
+    }
+}
+
+/// The distinct shard files named by an index's `weight_map`, in first-seen order.
+fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string(index)
+        .with_context(|| format!("cannot read {}", index.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", index.display()))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .with_context(|| format!("{} has no `weight_map` object", index.display()))?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut seen = Vec::<String>::new();
+    for file in map.values() {
+        let file = file
+            .as_str()
+            .with_context(|| format!("non-string file name in {}", index.display()))?;
+        if !seen.iter().any(|f| f == file) {
+            seen.push(file.to_string());
+        }
+    }
+    Ok(seen.into_iter().map(|f| dir.join(f)).collect())
+}

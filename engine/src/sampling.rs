@@ -1,0 +1,347 @@
+//! Token sampling from one sequence's logits, with vLLM's parameter semantics:
+//! penalties, then temperature (0 = greedy), then min-p, top-k, top-p, then a draw from a
+//! per-request seeded generator. Logprobs are those of the raw model distribution.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Keep the k most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches p; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 = off.
+    pub min_p: f32,
+    /// Seed of this request's generator; `None` takes the driver's default seed.
+    pub seed: Option<u64>,
+    /// > 1 discourages tokens already in the prompt or output; 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of every token already generated.
+    pub frequency_penalty: f32,
+    /// Return this many most likely tokens with their logprobs.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logprobs: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    pub token: u32,
+    /// Logprob of `token` under the raw model distribution.
+    pub logprob: f32,
+    /// The `logprobs` most likely tokens, most likely first.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+/// Per-request sampling state: the generator and the token counts penalties need.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    /// Tokens of the prompt and the output so far (repetition penalty).
+    seen: HashMap<u32, u32>,
+    /// Occurrences in the output so far (presence / frequency penalties).
+    output_counts: HashMap<u32, u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, prompt: &[u32], default_seed: u64) -> Self {
+        let rng = ChaCha8Rng::seed_from_u64(params.seed.unwrap_or(default_seed));
+        let mut seen = HashMap::new();
+        for &t in prompt {
+            *seen.entry(t).or_insert(0) += 1;
+        }
+        Self {
+            params,
+            rng,
+            seen,
+            output_counts: HashMap::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Chooses the next token from `logits` (one row, vocab long) and records it.
+    pub fn sample(&mut self, logits: &[f32]) -> SampledToken {
+        let p = &self.params;
+        let mut l = logits.to_vec();
+        self.apply_penalties(&mut l);
+        let token = if p.temperature <= 0.0 {
+            argmax(&l)
+        } else {
+            self.draw(&l)
+        };
+        let (logprob, top_logprobs) =
+            raw_logprobs(logits, token, self.params.logprobs.unwrap_or(0));
+        *self.seen.entry(token).or_insert(0) += 1;
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        SampledToken {
+            token,
+            logprob,
+            top_logprobs,
+        }
+    }
+
+    fn apply_penalties(&self, l: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in self.seen.keys() {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x = if *x > 0.0 {
+                        *x / p.repetition_penalty
+                    } else {
+                        *x * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &n) in &self.output_counts {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x -= p.presence_penalty + p.frequency_penalty * n as f32;
+                }
+            }
+        }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        // Candidates with unnormalised probabilities exp((l - max) / T).
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (i as u32, ((x - max) / p.temperature).exp()))
+            .filter(|&(_, w)| w > 0.0)
+            .collect();
+        if p.min_p > 0.0 {
+            // The most likely token has weight 1 after subtracting the max.
+            cand.retain(|&(_, w)| w >= p.min_p);
+        }
+        let by_prob = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, by_prob);
+            cand.truncate(p.top_k);
+        }
+        if p.top_p < 1.0 {
+            cand.sort_unstable_by(by_prob);
+            let total: f32 = cand.iter().map(|c| c.1).sum();
+            let mut acc = 0.0;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += c.1 / total;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep);
+        } else {
+            // A fixed order makes the draw independent of how candidates were filtered.
+            cand.sort_unstable_by_key(|c| c.0);
+        }
+        let total: f32 = cand.iter().map(|c| c.1).sum();
+        let mut u = self.rng.gen::<f32>() * total;
+        for &(t, w) in &cand {
+            if u < w {
+                return t;
+            }
+            u -= w;
+        }
+        cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+/// Index of the largest logit; ties go to the lowest id.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let log_z = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
+    let lp = |t: u32| logits[t as usize] - log_z;
+    let mut top = Vec::new();
+    if top_n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let n = top_n.min(idx.len());
+        let cmp = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        idx.select_nth_unstable_by(n - 1, cmp);
+        idx.truncate(n);
+        idx.sort_unstable_by(cmp);
+        top = idx.into_iter().map(|t| (t, lp(t))).collect();
+    }
+    (lp(token), top)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.5, 0.0, -1.0, 2.9, 0.5, 1.5]
+    }
+
+    fn draws(params: SamplingParams, n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(params, &[], 7);
+        (0..n).map(|_| s.sample(&logits()).token).collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        assert_eq!(draws(SamplingParams::greedy(), 3), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_seed_dependent() {
+        let p = |seed| SamplingParams {
+            seed: Some(seed),
+            ..Default::default()
+        };
+        assert_eq!(draws(p(1), 50), draws(p(1), 50));
+        assert_ne!(draws(p(1), 50), draws(p(2), 50));
+        // Without a per-request seed the default seed decides.
+        assert_eq!(
+            draws(SamplingParams::default(), 50),
+            draws(SamplingParams::default(), 50)
+        );
+    }
+
+    #[test]
+    fn top_k_restricts_support() {
+        let d = draws(
+            SamplingParams {
+                top_k: 2,
+                temperature: 5.0,
+                ..Default::default()
+            },
+            300,
+        );
+        assert!(d.iter().all(|&t| t == 1 || t == 5), "{d:?}");
+        assert!(d.contains(&1) && d.contains(&5));
+    }
+
+    #[test]
+    fn top_p_restricts_support() {
+        // Softmax of logits(): token 1 ≈ 0.33, 5 ≈ 0.30, 2 ≈ 0.20; p = 0.6 keeps {1, 5}.
+        let d = draws(
+            SamplingParams {
+                top_p: 0.6,
+                ..Default::default()
+            },
+            300,
+        );
+        assert!(d.iter().all(|&t| t == 1 || t == 5), "{d:?}");
+        assert!(d.contains(&1) && d.contains(&5));
+    }
+
+    #[test]
+    fn min_p_restricts_support() {
+        // exp(2.5 - 3) ≈ 0.61 ≥ 0.5, exp(1.5 - 3) ≈ 0.22 < 0.5.
+        let d = draws(
+            SamplingParams {
+                min_p: 0.5,
+                ..Default::default()
+            },
+            300,
+        );
+        assert!(d.iter().all(|&t| [1, 2, 5].contains(&t)), "{d:?}");
+        assert!(d.contains(&2));
+    }
+
+    #[test]
+    fn penalties_steer_away_from_repeats() {
+        // Token 1 leads by 0.1; a repetition penalty on it (from the prompt) flips greedy to 5.
+        let mut s = Sampler::new(
+            SamplingParams {
+                repetition_penalty: 1.2,
+                ..SamplingParams::greedy()
+            },
+            &[1],
+            0,
+        );
+        assert_eq!(s.sample(&logits()).token, 5);
+        // Presence penalty: after emitting 1, it loses 0.2 and 5 wins; then 5 is penalised too.
+        let mut s = Sampler::new(
+            SamplingParams {
+                presence_penalty: 0.2,
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        assert_eq!(s.sample(&logits()).token, 1);
+        assert_eq!(s.sample(&logits()).token, 5);
+        assert_eq!(s.sample(&logits()).token, 1);
+        // Frequency penalty grows with each occurrence.
+        let mut s = Sampler::new(
+            SamplingParams {
+                frequency_penalty: 0.45,
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        let tokens: Vec<u32> = (0..4).map(|_| s.sample(&logits()).token).collect();
+        assert_eq!(tokens, vec![1, 5, 1, 2]);
+    }
+
+    #[test]
+    fn logprobs_are_raw_and_sorted() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                logprobs: Some(3),
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        let out = s.sample(&logits());
+        let l = logits();
+        let z: f32 = l.iter().map(|x| x.exp()).sum::<f32>().ln();
+        assert!((out.logprob - (3.0 - z)).abs() < 1e-5);
+        let ids: Vec<u32> = out.top_logprobs.iter().map(|x| x.0).collect();
+        assert_eq!(ids, vec![1, 5, 2]);
+        assert!((out.top_logprobs[2].1 - (2.5 - z)).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,521 @@
+//! The OpenAI wire format: request bodies, their validation, and error responses.
+//!
+//! Bodies are parsed by hand from JSON values (not by a typed extractor) so that every
+//! mistake — malformed JSON, a field of the wrong type, an out-of-range value — becomes an
+//! OpenAI-style 400 naming the field, never a framework-specific status.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+use crate::sampling::SamplingParams;
+
+/// An error as OpenAI and vLLM return it: `{"error": {message, type, param, code}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    /// Seconds a client should wait (503).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn bad_request(param: Option<&str>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            retry_after: None,
+        }
+    }
+
+    pub fn not_found(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            ..Self::bad_request(Some(param), message)
+        }
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            ..Self::bad_request(None, message)
+        }
+    }
+
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "service_unavailable_error",
+            param: None,
+            retry_after: Some(1),
+        }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "internal_server_error",
+            param: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({ "error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", s.into());
+        }
+        r
+    }
+}
+
+/// What the client asked for, validated (tokenisation and length checks come later).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub model: String,
+    pub prompt: Prompt,
+    /// `None`: as many as fit in max_model_len.
+    pub max_tokens: Option<usize>,
+    pub params: SamplingParams,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Chat(Vec<crate::tokenizer::ChatMessage>),
+}
+
+/// Which endpoint a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+pub fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(None, format!("malformed JSON body: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        other => Err(ApiError::bad_request(
+            None,
+            format!("the body must be a JSON object, not {}", type_name(&other)),
+        )),
+    }
+}
+
+/// Parse and validate a completions or chat body.
+pub fn parse_request(
+    body: &Map<String, Value>,
+    endpoint: Endpoint,
+) -> Result<GenerationRequest, ApiError> {
+    let f = Fields(body);
+    let model = f.string("model")?.unwrap_or_default();
+    let prompt = match endpoint {
+        Endpoint::Completions => match body.get("prompt") {
+            Some(Value::String(s)) => Prompt::Text(s.clone()),
+            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+                Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
+            }
+            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+                Prompt::Tokens(a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect())
+            }
+            Some(Value::Array(a)) if a.len() > 1 => {
+                return Err(ApiError::bad_request(
+                    Some("prompt"),
+                    "only one prompt per request is supported",
+                ))
+            }
+            Some(other) => {
+                return Err(ApiError::bad_request(
+                    Some("prompt"),
+                    format!(
+                        "prompt must be a string or a list of token ids, not {}",
+                        type_name(other)
+                    ),
+                ))
+            }
+            None => return Err(ApiError::bad_request(Some("prompt"), "prompt is required")),
+        },
+        Endpoint::Chat => Prompt::Chat(parse_messages(body.get("messages"))?),
+    };
+    if let Some(n) = f.uint("n")? {
+        if n != 1 {
+            return Err(ApiError::bad_request(
+                Some("n"),
+                format!("only n = 1 is supported, got {n}"),
+            ));
+        }
+    }
+    let max_tokens = match endpoint {
+        Endpoint::Completions => f.int("max_tokens")?,
+        Endpoint::Chat => match f.int("max_completion_tokens")? {
+            Some(v) => Some(v),
+            None => f.int("max_tokens")?,
+        },
+    };
+    let max_tokens = match max_tokens {
+        Some(v) if v <= 0 => {
+            return Err(ApiError::bad_request(
+                Some("max_tokens"),
+                format!("max_tokens must be at least 1, got {v}"),
+            ))
+        }
+        Some(v) => Some(v as usize),
+        // OpenAI's completions default is 16; chat generates until done.
+        None if endpoint == Endpoint::Completions => Some(16),
+        None => None,
+    };
+    let mut params = SamplingParams::default();
+    if let Some(t) = f.float("temperature")? {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::bad_request(
+                Some("temperature"),
+                format!("temperature must be in [0, 2], got {t}"),
+            ));
+        }
+        params.temperature = t as f32;
+    }
+    if let Some(p) = f.float("top_p")? {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::bad_request(
+                Some("top_p"),
+                format!("top_p must be in (0, 1], got {p}"),
+            ));
+        }
+        params.top_p = p as f32;
+    }
+    if let Some(k) = f.int("top_k")? {
+        if k < -1 {
+            return Err(ApiError::bad_request(
+                Some("top_k"),
+                format!("top_k must be -1 (off) or positive, got {k}"),
+            ));
+        }
+        params.top_k = k.max(0) as usize;
+    }
+    if let Some(m) = f.float("min_p")? {
+        if !(0.0..=1.0).contains(&m) {
+            return Err(ApiError::bad_request(
+                Some("min_p"),
+                format!("min_p must be in [0, 1], got {m}"),
+            ));
+        }
+        params.min_p = m as f32;
+    }
+    for (key, slot) in [
+        ("presence_penalty", &mut params.presence_penalty),
+        ("frequency_penalty", &mut params.frequency_penalty),
+    ] {
+        if let Some(v) = f.float(key)? {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(ApiError::bad_request(
+                    Some(key),
+                    format!("{key} must be in [-2, 2], got {v}"),
+                ));
+            }
+            *slot = v as f32;
+        }
+    }
+    if let Some(v) = f.float("repetition_penalty")? {
+        if v <= 0.0 {
+            return Err(ApiError::bad_request(
+                Some("repetition_penalty"),
+                format!("repetition_penalty must be > 0, got {v}"),
+            ));
+        }
+        params.repetition_penalty = v as f32;
+    }
+    params.seed = f.uint("seed")?;
+    params.logprobs = match endpoint {
+        Endpoint::Completions => f.uint("logprobs")?.map(|n| n as usize),
+        Endpoint::Chat => match f.bool("logprobs")? {
+            Some(true) => Some(f.uint("top_logprobs")?.unwrap_or(0) as usize),
+            _ => None,
+        },
+    };
+    if params.logprobs.is_some_and(|n| n > 20) {
+        return Err(ApiError::bad_request(
+            Some("logprobs"),
+            "at most 20 logprobs per token",
+        ));
+    }
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
+            .iter()
+            .map(|s| s.as_str().unwrap_or_default().to_string())
+            .collect(),
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                Some("stop"),
+                format!(
+                    "stop must be a string or a list of strings, not {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::bad_request(
+            Some("stop"),
+            "stop strings cannot be empty",
+        ));
+    }
+    let stop_token_ids = match body.get("stop_token_ids") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
+            a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect()
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                Some("stop_token_ids"),
+                "stop_token_ids must be a list of token ids",
+            ))
+        }
+    };
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    Some("stream_options.include_usage"),
+                    "must be a boolean",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                Some("stream_options"),
+                "stream_options must be an object",
+            ))
+        }
+    };
+    Ok(GenerationRequest {
+        model,
+        prompt,
+        max_tokens,
+        params,
+        stop,
+        stop_token_ids,
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        stream,
+        include_usage,
+    })
+}
+
+fn parse_messages(v: Option<&Value>) -> Result<Vec<crate::tokenizer::ChatMessage>, ApiError> {
+    let arr = match v {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::bad_request(
+                Some("messages"),
+                "messages cannot be empty",
+            ))
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(
+                Some("messages"),
+                format!("messages must be a list, not {}", type_name(other)),
+            ))
+        }
+        None => {
+            return Err(ApiError::bad_request(
+                Some("messages"),
+                "messages is required",
+            ))
+        }
+    };
+    arr.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::bad_request(Some(&param), "each message needs a string role")
+            })?;
+            let content = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                // The list form: concatenate the text parts.
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| {
+                        match (
+                            p.get("type").and_then(Value::as_str),
+                            p.get("text").and_then(Value::as_str),
+                        ) {
+                            (Some("text"), Some(t)) => Ok(t.to_string()),
+                            _ => Err(ApiError::bad_request(
+                                Some(&param),
+                                "only text content parts are supported",
+                            )),
+                        }
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(""),
+                None | Some(Value::Null) => String::new(),
+                Some(other) => {
+                    return Err(ApiError::bad_request(
+                        Some(&param),
+                        format!("content must be a string, not {}", type_name(other)),
+                    ))
+                }
+            };
+            Ok(crate::tokenizer::ChatMessage::new(role, &content))
+        })
+        .collect()
+}
+
+/// Typed access to optional body fields, with OpenAI-style errors naming the field.
+struct Fields<'a>(&'a Map<String, Value>);
+
+impl Fields<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn wrong(key: &str, want: &str, v: &Value) -> ApiError {
+        ApiError::bad_request(
+            Some(key),
+            format!("{key} must be {want}, not {}", type_name(v)),
+        )
+    }
+
+    fn string(&self, key: &str) -> Result<Option<String>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(Self::wrong(key, "a string", v)),
+        }
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(Self::wrong(key, "a boolean", v)),
+        }
+    }
+
+    fn float(&self, key: &str) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) => Ok(n.as_f64()),
+            Some(v) => Err(Self::wrong(key, "a number", v)),
+        }
+    }
+
+    fn int(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.is_i64() => Ok(n.as_i64()),
+            Some(Value::Number(n)) if n.is_u64() => Ok(Some(i64::MAX)),
+            Some(v) => Err(Self::wrong(key, "an integer", v)),
+        }
+    }
+
+    fn uint(&self, key: &str) -> Result<Option<u64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Number(n)) if n.is_u64() => Ok(n.as_u64()),
+            Some(v) => Err(Self::wrong(key, "a non-negative integer", v)),
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str, e: Endpoint) -> Result<GenerationRequest, ApiError> {
+        parse_request(&parse_body(s.as_bytes())?, e)
+    }
+
+    #[test]
+    fn parses_completions_and_chat() {
+        let r = parse(
+            r#"{"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"stop":"\n","stream":true,
+               "stream_options":{"include_usage":true},"ignore_eos":true,"seed":3,"top_k":-1}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!(r.prompt, Prompt::Text("hi".into()));
+        assert_eq!(r.max_tokens, Some(5));
+        assert_eq!(r.params.temperature, 0.0);
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+        assert!(r.stream && r.include_usage && r.ignore_eos);
+        assert_eq!(r.params.seed, Some(3));
+        let c = parse(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+               "max_completion_tokens":7,"logprobs":true,"top_logprobs":2}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(c.max_tokens, Some(7));
+        assert_eq!(c.params.logprobs, Some(2));
+        match c.prompt {
+            Prompt::Chat(m) => assert_eq!(m[0].content, "ab"),
+            _ => panic!(),
+        }
+    }
+
+    #[test]
+    fn mistakes_are_400s_naming_the_field() {
+        for (body, param) in [
+            (r#"{"prompt":"x","max_tokens":"5"}"#, "max_tokens"),
+            (r#"{"prompt":"x","max_tokens":0}"#, "max_tokens"),
+            (r#"{"prompt":"x","temperature":-1}"#, "temperature"),
+            (r#"{"prompt":"x","top_p":0}"#, "top_p"),
+            (r#"{"prompt":"x","n":2}"#, "n"),
+            (r#"{"prompt":7}"#, "prompt"),
+            (r#"{"prompt":"x","stop":[1]}"#, "stop"),
+            (r#"{"prompt":"x","stream":"yes"}"#, "stream"),
+        ] {
+            let e = parse(body, Endpoint::Completions).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(e.param.as_deref(), Some(param), "{body}");
+            assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+        }
+        let e = parse("{nope", Endpoint::Completions).unwrap_err();
+        assert!(e.message.contains("malformed JSON"));
+        let e = parse(r#"{"messages":[]}"#, Endpoint::Chat).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"));
+    }
+}

@@ -1,0 +1,703 @@
+//! `engine serve`: an OpenAI-compatible HTTP server (axum) over the engine loop.
+//!
+//! Handlers parse and validate, tokenise, and hand the request to the engine thread through
+//! a channel; tokens come back through a per-request channel and leave as SSE chunks or one
+//! JSON body. A dropped client (stream or not) sends an abort, so its KV is freed at once.
+
+pub mod api;
+pub mod engine_loop;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::Stream;
+use infer_core::{AddError, SchedulerConfig};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use api::{ApiError, Endpoint, GenerationRequest, Prompt};
+use engine_loop::{Command, EngineLoop, NewRequest, StreamEvent};
+use metrics::ServerMetrics;
+
+use crate::model::LoadedModel;
+use crate::tokenizer::TextTokenizer;
+
+/// Everything `engine serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// A model directory or `builtin:tiny`.
+    pub model: String,
+    pub served_model_name: Option<String>,
+    pub sched: SchedulerConfig,
+    pub seed: u64,
+    pub dtype: Option<candle_core::DType>,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+}
+
+impl ServeConfig {
+    pub fn new(model: &str) -> Self {
+        ServeConfig {
+            model: model.to_string(),
+            served_model_name: None,
+            sched: SchedulerConfig::default(),
+            seed: 0,
+            dtype: None,
+            max_body_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Shared by the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    model_name: String,
+    max_model_len: usize,
+    tokenizer: Arc<TextTokenizer>,
+    vocab_size: usize,
+    commands: Mutex<mpsc::Sender<Command>>,
+    metrics: Arc<Mutex<ServerMetrics>>,
+    next_id: AtomicU64,
+    created: u64,
+}
+
+/// A running engine: the HTTP app state plus the engine thread.
+pub struct Engine {
+    pub state: AppState,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// A human-readable description of the resolved configuration.
+    pub startup_log: String,
+}
+
+impl Engine {
+    /// Load the model and start the engine thread.
+    pub fn start(cfg: &ServeConfig) -> Result<Engine> {
+        cfg.sched
+            .validate()
+            .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
+        let lm: LoadedModel =
+            crate::model::load_model(&cfg.model, cfg.dtype, &candle_core::Device::Cpu)?;
+        let model_name = cfg
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| cfg.model.clone());
+        let mut sched = cfg.sched.clone();
+        if sched.max_model_len > lm.config.max_position_embeddings {
+            sched.max_model_len = lm.config.max_position_embeddings;
+        }
+        let tokenizer = Arc::new(TextTokenizer::from_dir(&lm.dir)?);
+        let vocab_size = lm.config.vocab_size;
+        let metrics = Arc::new(Mutex::new(ServerMetrics::new(
+            &model_name,
+            sched.block_size,
+            sched.num_gpu_blocks,
+        )));
+        let engine = EngineLoop::new(lm, sched.clone(), metrics.clone(), cfg.seed)?;
+        let capacity = infer_core::Scheduler::new(sched.clone())
+            .kv()
+            .capacity_tokens();
+        let startup_log = format!(
+            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {capacity} tokens",
+            cfg.model,
+            engine_description(&cfg.model),
+            sched
+        );
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("engine-loop".into())
+            .spawn(move || engine.run(rx))
+            .context("cannot start the engine thread")?;
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let state = AppState {
+            inner: Arc::new(Shared {
+                model_name,
+                max_model_len: sched.max_model_len,
+                tokenizer,
+                vocab_size,
+                commands: Mutex::new(tx),
+                metrics,
+                next_id: AtomicU64::new(0),
+                created,
+            }),
+        };
+        Ok(Engine {
+            state,
+            thread: Some(thread),
+            startup_log,
+        })
+    }
+
+    pub fn router(&self, max_body_bytes: usize) -> Router {
+        router(self.state.clone(), max_body_bytes)
+    }
+
+    /// Stop the engine thread (live requests end with an error).
+    pub fn shutdown(&mut self) {
+        let _ = self
+            .state
+            .inner
+            .commands
+            .lock()
+            .unwrap()
+            .send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The rendered `/metrics` text (tests read counters through it).
+    pub fn metrics_text(&self) -> String {
+        self.state.inner.metrics.lock().unwrap().render()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn engine_description(model: &str) -> &'static str {
+    if model.starts_with("builtin:") {
+        "embedded model, CPU"
+    } else {
+        "CPU"
+    }
+}
+
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics_text))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// Serve until SIGINT or SIGTERM.
+pub async fn serve(cfg: ServeConfig, addr: SocketAddr) -> Result<()> {
+    let mut engine = tokio::task::block_in_place(|| Engine::start(&cfg))?;
+    eprintln!("{}", engine.startup_log);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    eprintln!("listening on http://{}", listener.local_addr()?);
+    // No Nagle: one small SSE chunk per token must leave at once, or ITL gains 40 ms stalls.
+    axum::serve(no_delay(listener), engine.router(cfg.max_body_bytes))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    eprintln!("shutting down");
+    tokio::task::block_in_place(|| engine.shutdown());
+    Ok(())
+}
+
+/// Accepted connections without Nagle's algorithm: each small SSE chunk (one token) must
+/// leave at once, or delayed ACKs add ~40 ms stalls to inter-token latency.
+fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+async fn models(State(s): State<AppState>) -> Json<Value> {
+    let s = &s.inner;
+    Json(json!({"object": "list", "data": [{
+        "id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
+        "max_model_len": s.max_model_len,
+    }]}))
+}
+
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    let text = s.inner.metrics.lock().unwrap().render();
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+fn body_or_error(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    match body {
+        Ok(b) => api::parse_body(&b),
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::too_large(format!(
+            "request body too large: {}",
+            r.body_text()
+        ))),
+        Err(r) => Err(ApiError::bad_request(None, r.body_text())),
+    }
+}
+
+async fn tokenize(
+    State(s): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_or_error(body)?;
+    let s = &s.inner;
+    let tokens = if body.contains_key("messages") {
+        let req = api::parse_request(&body, Endpoint::Chat)?;
+        prompt_tokens(s, &req.prompt)?
+    } else {
+        match body.get("prompt") {
+            Some(Value::String(p)) => {
+                let add = body
+                    .get("add_special_tokens")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true);
+                s.tokenizer
+                    .encode(p, add)
+                    .map_err(|e| ApiError::internal(format!("{e:#}")))?
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    Some("prompt"),
+                    "prompt must be a string",
+                ))
+            }
+        }
+    };
+    Ok(Json(
+        json!({"tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len}),
+    ))
+}
+
+async fn detokenize(
+    State(s): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_or_error(body)?;
+    let tokens: Vec<u32> = match body.get("tokens") {
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
+            a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect()
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                Some("tokens"),
+                "tokens must be a list of token ids",
+            ))
+        }
+    };
+    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= s.inner.vocab_size) {
+        return Err(ApiError::bad_request(
+            Some("tokens"),
+            format!("token id {bad} is outside the vocabulary"),
+        ));
+    }
+    let text = s
+        .inner
+        .tokenizer
+        .decode(&tokens)
+        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    Ok(Json(json!({"prompt": text})))
+}
+
+async fn completions(State(s): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(s, body, Endpoint::Completions)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat_completions(
+    State(s): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(s, body, Endpoint::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let tokens = match prompt {
+        Prompt::Text(t) => s.tokenizer.encode(t, true),
+        Prompt::Tokens(t) => {
+            if let Some(bad) = t.iter().find(|&&x| x as usize >= s.vocab_size) {
+                return Err(ApiError::bad_request(
+                    Some("prompt"),
+                    format!(
+                        "token id {bad} is outside the vocabulary of {}",
+                        s.vocab_size
+                    ),
+                ));
+            }
+            Ok(t.clone())
+        }
+        Prompt::Chat(messages) => {
+            let text = s
+                .tokenizer
+                .apply_chat_template(messages, true)
+                .map_err(|e| ApiError::bad_request(Some("messages"), format!("{e:#}")))?;
+            s.tokenizer.encode(&text, false)
+        }
+    };
+    let tokens = tokens.map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    if tokens.is_empty() {
+        return Err(ApiError::bad_request(Some("prompt"), "the prompt is empty"));
+    }
+    Ok(tokens)
+}
+
+/// Aborts the request when dropped before it finished (the client went away).
+struct AbortOnDrop {
+    id: u64,
+    commands: mpsc::Sender<Command>,
+    done: bool,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.commands.send(Command::Abort(self.id));
+        }
+    }
+}
+
+async fn generate(
+    state: AppState,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let body = body_or_error(body)?;
+    let req: GenerationRequest = api::parse_request(&body, endpoint)?;
+    let s = &state.inner;
+    if !req.model.is_empty() && req.model != s.model_name {
+        return Err(ApiError::not_found(
+            "model",
+            format!(
+                "the model `{}` does not exist; this server serves `{}`",
+                req.model, s.model_name
+            ),
+        ));
+    }
+    let prompt = prompt_tokens(s, &req.prompt)?;
+    let n = prompt.len();
+    if n >= s.max_model_len {
+        return Err(ApiError::bad_request(
+            Some("prompt"),
+            format!(
+                "this model's maximum context length is {} tokens, but the prompt has {n} tokens",
+                s.max_model_len
+            ),
+        ));
+    }
+    let max_tokens = match req.max_tokens {
+        Some(m) if n + m > s.max_model_len => {
+            return Err(ApiError::bad_request(
+                Some("max_tokens"),
+                format!(
+                    "this model's maximum context length is {} tokens, but you requested {} tokens ({n} in the prompt, {m} for the completion)",
+                    s.max_model_len,
+                    n + m
+                ),
+            ))
+        }
+        Some(m) => m,
+        None => s.max_model_len - n,
+    };
+    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = unbounded_channel();
+    let commands = s.commands.lock().unwrap().clone();
+    let new = NewRequest {
+        id,
+        prompt,
+        max_tokens,
+        params: req.params.clone(),
+        stop_strings: req.stop.clone(),
+        stop_token_ids: req.stop_token_ids.clone(),
+        ignore_eos: req.ignore_eos,
+        arrival,
+        events: tx,
+    };
+    commands
+        .send(Command::Add(Box::new(new)))
+        .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    let guard = AbortOnDrop {
+        id,
+        commands,
+        done: false,
+    };
+    match rx.recv().await {
+        Some(StreamEvent::Accepted) => {}
+        Some(StreamEvent::Rejected(e)) => return Err(rejection(e)),
+        _ => return Err(ApiError::internal("the engine dropped the request")),
+    }
+    let meta = ResponseMeta {
+        id: format!(
+            "{}-{id}",
+            if endpoint == Endpoint::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            }
+        ),
+        created: s.created,
+        model: s.model_name.clone(),
+        endpoint,
+        logprobs: req.params.logprobs.is_some(),
+        tokenizer: s.tokenizer.clone(),
+    };
+    if req.stream {
+        Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
+    } else {
+        collect(rx, guard, meta).await
+    }
+}
+
+fn rejection(e: AddError) -> ApiError {
+    match e {
+        AddError::QueueFull { .. } => ApiError::overloaded(format!("{e}; retry later")),
+        _ => ApiError::bad_request(Some("prompt"), e.to_string()),
+    }
+}
+
+struct ResponseMeta {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+    logprobs: bool,
+    tokenizer: Arc<TextTokenizer>,
+}
+
+impl ResponseMeta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Completions, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+               "prompt_tokens_details": {"cached_tokens": cached}})
+    }
+
+    fn token_logprobs(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Value {
+        let text = |t: u32| self.tokenizer.decode(&[t]).unwrap_or_default();
+        match self.endpoint {
+            Endpoint::Completions => json!({
+                "tokens": [text(token)], "token_logprobs": [logprob],
+                "top_logprobs": [top.iter().map(|&(t, l)| (text(t), json!(l))).collect::<serde_json::Map<String, Value>>()],
+            }),
+            Endpoint::Chat => json!({"content": [{
+                "token": text(token), "logprob": logprob,
+                "top_logprobs": top.iter().map(|&(t, l)| json!({"token": text(t), "logprob": l})).collect::<Vec<_>>(),
+            }]}),
+        }
+    }
+
+    fn chunk(&self, text: &str, logprobs: Value, finish: Option<&str>, first: bool) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Completions => {
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            }
+            Endpoint::Chat => {
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+            }
+        };
+        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]})
+    }
+}
+
+fn sse_stream(
+    mut rx: UnboundedReceiver<StreamEvent>,
+    guard: AbortOnDrop,
+    meta: ResponseMeta,
+    include_usage: bool,
+) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
+    async_stream::stream! {
+        // Move the whole guard in: dropping the stream (client gone) aborts the request.
+        let mut guard = guard;
+        let mut first = true;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                StreamEvent::Token { text, token, logprob, top_logprobs, finish } => {
+                    let lp = if meta.logprobs { meta.token_logprobs(token, logprob, &top_logprobs) } else { Value::Null };
+                    let reason = finish.map(|f| f.reason.as_str());
+                    yield Ok(SseEvent::default().data(meta.chunk(&text, lp, reason, first).to_string()));
+                    first = false;
+                    if let Some(f) = finish {
+                        guard.done = true;
+                        if include_usage {
+                            let u = json!({"id": meta.id, "object": meta.object(true), "created": meta.created, "model": meta.model,
+                                           "choices": [], "usage": ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens)});
+                            yield Ok(SseEvent::default().data(u.to_string()));
+                        }
+                        break;
+                    }
+                }
+                StreamEvent::Error(msg) => {
+                    guard.done = true;
+                    yield Ok(SseEvent::default().data(ApiError::internal(msg).body().to_string()));
+                    break;
+                }
+                StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
+            }
+        }
+        yield Ok(SseEvent::default().data("[DONE]"));
+    }
+}
+
+async fn collect(
+    mut rx: UnboundedReceiver<StreamEvent>,
+    mut guard: AbortOnDrop,
+    meta: ResponseMeta,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut lps: Vec<Value> = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            StreamEvent::Token {
+                text: t,
+                token,
+                logprob,
+                top_logprobs,
+                finish,
+            } => {
+                text.push_str(&t);
+                if meta.logprobs {
+                    lps.push(meta.token_logprobs(token, logprob, &top_logprobs));
+                }
+                let Some(f) = finish else { continue };
+                guard.done = true;
+                let logprobs = if meta.logprobs {
+                    merge_logprobs(meta.endpoint, &lps)
+                } else {
+                    Value::Null
+                };
+                let reason = f.reason.as_str();
+                let choice = match meta.endpoint {
+                    Endpoint::Completions => {
+                        json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason})
+                    }
+                    Endpoint::Chat => {
+                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": reason})
+                    }
+                };
+                let body = json!({"id": meta.id, "object": meta.object(false), "created": meta.created, "model": meta.model,
+                                  "choices": [choice], "usage": ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens)});
+                return Ok(Json(body).into_response());
+            }
+            StreamEvent::Error(msg) => {
+                guard.done = true;
+                return Err(ApiError::internal(msg));
+            }
+            StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
+        }
+    }
+    Err(ApiError::internal(
+        "the engine stopped before the request finished",
+    ))
+}
+
+/// Per-token logprob objects → one object, as the non-streaming response carries them.
+fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
+    match endpoint {
+        Endpoint::Completions => {
+            let cat = |k: &str| {
+                parts
+                    .iter()
+                    .flat_map(|p| p[k].as_array().cloned().unwrap_or_default())
+                    .collect::<Vec<_>>()
+            };
+            json!({"tokens": cat("tokens"), "token_logprobs": cat("token_logprobs"), "top_logprobs": cat("top_logprobs")})
+        }
+        Endpoint::Chat => {
+            json!({"content": parts.iter().flat_map(|p| p["content"].as_array().cloned().unwrap_or_default()).collect::<Vec<_>>()})
+        }
+    }
+}
+
+/// Start a server in this process on `127.0.0.1:0` (tests and `engine verify`):
+/// returns its address; it stops when the returned guard is dropped.
+pub async fn spawn_local(cfg: ServeConfig) -> Result<(SocketAddr, LocalServer)> {
+    let engine =
+        tokio::task::spawn_blocking(move || Engine::start(&cfg).map(|e| (e, cfg.max_body_bytes)))
+            .await??;
+    let (engine, max_body) = engine;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let app = engine.router(max_body);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(no_delay(listener), app)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .await;
+    });
+    Ok((
+        addr,
+        LocalServer {
+            engine: Some(engine),
+            stop: Some(stop_tx),
+            task: Some(task),
+        },
+    ))
+}
+
+pub struct LocalServer {
+    engine: Option<Engine>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl LocalServer {
+    pub fn engine(&self) -> &Engine {
+        self.engine.as_ref().expect("running")
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+        if let Some(mut e) = self.engine.take() {
+            tokio::task::spawn_blocking(move || e.shutdown()).await.ok();
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Text side of a model directory: `tokenizer.json` (HF tokenizers), the chat template and
+//! special tokens of `tokenizer_config.json`.
+
+use anyhow::{anyhow, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+pub struct TextTokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl TextTokenizer {
+    /// Loads `tokenizer.json` and, when present, `tokenizer_config.json` from `dir`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            anyhow::bail!("missing tokenizer file {}", path.display());
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| anyhow!("cannot load tokenizer {}: {e}", path.display()))?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: Value = if cfg_path.exists() {
+            let text = std::fs::read_to_string(&cfg_path)
+                .with_context(|| format!("cannot read {}", cfg_path.display()))?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{} is not valid JSON", cfg_path.display()))?
+        } else {
+            Value::Null
+        };
+        Ok(Self {
+            inner,
+            chat_template: chat_template(&cfg),
+            bos_token: special_token(cfg.get("bos_token")),
+            eos_token: special_token(cfg.get("eos_token")),
+        })
+    }
+
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// `add_special_tokens`: apply the tokenizer's post-processor (e.g. prepend BOS). Off for
+    /// text rendered by the chat template, which already contains its special tokens.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| anyhow!("tokenizer encode: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes `ids`, dropping special tokens (BOS, end-of-turn, …).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| anyhow!("tokenizer decode: {e}"))
+    }
+
+    /// Renders the chat template (minijinja, with Python string methods as HF templates use).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .context("this model has no chat_template in tokenizer_config.json")?;
+        let mut env = minijinja::Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_function("strftime_now", |_fmt: String| -> String {
+            // Templates use it for "today's date" in system prompts; a fixed date keeps
+            // prompts (and so runs) reproducible.
+            "01 Jan 2025".to_string()
+        });
+        env.add_template("chat", template)
+            .context("invalid chat_template")?;
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        env.get_template("chat")?
+            .render(ctx)
+            .context("rendering chat_template")
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` (take `default`).
+fn chat_template(cfg: &Value) -> Option<String> {
+    match cfg.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// Special tokens are a string or an `AddedToken` object with `content`.
+fn special_token(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tokenizer with a given chat template, on a minimal vocabulary.
+    fn with_template(template: &str) -> TextTokenizer {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"a":0,"<unk>":1},"unk_token":"<unk>"}}"#;
+        TextTokenizer {
+            inner: tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap(),
+            chat_template: Some(template.to_string()),
+            bos_token: Some("<s>".into()),
+            eos_token: Some("</s>".into()),
+        }
+    }
+
+    #[test]
+    fn renders_templates_that_use_python_methods_and_namespaces() -> Result<()> {
+        // The constructs real templates (Qwen3, Llama 3.1) rely on. As in Jinja, `{%-`
+        // trims the newline before it and booleans print as Python's True/False.
+        let t = with_template(
+            "{%- set ns = namespace(last_user=-1) %}\
+             {%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}\
+             {{- bos_token }}\
+             {%- for m in messages %}\
+               {%- if m.content.startswith('!') %}{{ raise_exception('no bangs') }}{%- endif %}\
+               {%- set c = m.content.split('</think>')[-1].strip() %}\
+               {{- m.role | upper }}({{ loop.index0 == ns.last_user }}):{{ c | tojson }}\n\
+             {%- endfor %}\
+             {%- if add_generation_prompt %}ASSISTANT:{%- endif %}",
+        );
+        let msgs = [
+            ChatMessage::new("user", "  hi  "),
+            ChatMessage::new("assistant", "<think>x</think> yo"),
+        ];
+        assert_eq!(
+            t.apply_chat_template(&msgs, true)?,
+            "<s>USER(True):\"hi\"ASSISTANT(False):\"yo\"ASSISTANT:"
+        );
+        let err = t
+            .apply_chat_template(&[ChatMessage::new("user", "!x")], false)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("no bangs"), "{err:#}");
+        Ok(())
+    }
+
+    #[test]
+    fn template_and_special_tokens_come_from_either_config_form() {
+        let cfg = serde_json::json!({
+            "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+            "bos_token": {"content": "<s>", "special": true},
+            "eos_token": "</s>",
+        });
+        assert_eq!(chat_template(&cfg).as_deref(), Some("D"));
+        assert_eq!(special_token(cfg.get("bos_token")).as_deref(), Some("<s>"));
+        assert_eq!(special_token(cfg.get("eos_token")).as_deref(), Some("</s>"));
+    }
+}

@@ -1,0 +1,238 @@
+//! Loading model directories: good ones (sharded weights, bf16, chat template, EOS
+//! merging) and bad ones, whose errors must name the file at fault.
+
+mod common;
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use infer_engine::detokenize::IncrementalDetokenizer;
+use infer_engine::make_model::ModelSpec;
+use infer_engine::tokenizer::ChatMessage;
+use infer_engine::{load_model_dir, Arch, ForwardBatch, LoadedModel, SeqChunk};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn load_err(dir: &Path) -> String {
+    match load(dir) {
+        Ok(_) => panic!("loading {} should fail", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+fn prefill_logits(lm: &LoadedModel) -> Result<Vec<f32>> {
+    let tokens = prompt(9, 10, lm.config.vocab_size);
+    let batch = ForwardBatch {
+        seqs: vec![SeqChunk {
+            tokens,
+            start_pos: 0,
+            block_table: vec![0],
+            sample: true,
+        }],
+    };
+    let mut cache = lm.model.new_kv_cache(1, 16)?;
+    Ok(lm
+        .model
+        .forward(&batch, &mut cache)?
+        .squeeze(0)?
+        .to_vec1()?)
+}
+
+#[test]
+fn missing_files_are_named() -> Result<()> {
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+        std::fs::remove_file(dir.join(file))?;
+        let err = load_err(&dir);
+        assert!(
+            err.contains(file) && err.contains("missing"),
+            "{file}: {err}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn unknown_architecture_names_config_and_architecture() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)?
+        .replace("LlamaForCausalLM", "FooForCausalLM")
+        .replace("\"llama\"", "\"foo\"");
+    std::fs::write(&path, text)?;
+    let err = load_err(&dir);
+    assert!(
+        err.contains("config.json") && err.contains("FooForCausalLM"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn shape_mismatch_names_tensor_file_and_shapes() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+    let path = dir.join("model.safetensors");
+    let mut tensors: HashMap<String, Tensor> = candle_core::safetensors::load(&path, &Device::Cpu)?;
+    let name = "model.layers.1.self_attn.k_proj.weight";
+    tensors.insert(
+        name.to_string(),
+        Tensor::zeros((16, 64), DType::F32, &Device::Cpu)?,
+    );
+    candle_core::safetensors::save(&tensors, &path)?;
+    let err = load_err(&dir);
+    assert!(
+        err.contains(name) && err.contains("model.safetensors"),
+        "{err}"
+    );
+    assert!(
+        err.contains("expected [32, 64]") && err.contains("found [16, 64]"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn corrupt_safetensors_is_named() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path)?;
+    std::fs::write(&path, &bytes[..bytes.len() / 2])?;
+    let err = load_err(&dir);
+    assert!(
+        err.contains("corrupt") && err.contains("model.safetensors"),
+        "{err}"
+    );
+    // A garbage header is caught too.
+    std::fs::write(&path, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header")?;
+    let err = load_err(&dir);
+    assert!(
+        err.contains("corrupt") && err.contains("model.safetensors"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn sharded_weights_load_like_a_single_file() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Qwen3))?;
+    let single = prefill_logits(&load(&dir)?)?;
+    // Split the tensors over two shards listed by an index.
+    let path = dir.join("model.safetensors");
+    let tensors: HashMap<String, Tensor> = candle_core::safetensors::load(&path, &Device::Cpu)?;
+    let (mut a, mut b) = (HashMap::new(), HashMap::new());
+    let mut weight_map = serde_json::Map::new();
+    for (name, t) in tensors {
+        let (shard, file) = if name.contains("layers.1") {
+            (&mut b, "model-00002-of-00002.safetensors")
+        } else {
+            (&mut a, "model-00001-of-00002.safetensors")
+        };
+        weight_map.insert(name.clone(), file.into());
+        shard.insert(name, t);
+    }
+    candle_core::safetensors::save(&a, dir.join("model-00001-of-00002.safetensors"))?;
+    candle_core::safetensors::save(&b, dir.join("model-00002-of-00002.safetensors"))?;
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": weight_map}).to_string(),
+    )?;
+    std::fs::remove_file(&path)?;
+    assert_eq!(prefill_logits(&load(&dir)?)?, single);
+    // A missing shard is named.
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors"))?;
+    let err = load_err(&dir);
+    assert!(err.contains("model-00002-of-00002.safetensors"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn bf16_model_runs_close_to_f32() -> Result<()> {
+    let s = ModelSpec {
+        dtype: DType::BF16,
+        ..spec(Arch::Gemma3)
+    };
+    let (_tmp, dir) = tiny_model(&s)?;
+    let stored = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
+    assert!(stored.values().all(|t| t.dtype() == DType::BF16));
+    // On the CPU bf16 weights run in f32 (candle has no CPU bf16 matmul).
+    let lm = load_model_dir(&dir, None, &Device::Cpu)?;
+    assert_eq!(lm.model.dtype(), DType::F32);
+    // Same seed in f32: the weights differ only by bf16 rounding.
+    let (_tmp32, dir32) = tiny_model(&spec(Arch::Gemma3))?;
+    let (a, b) = (prefill_logits(&lm)?, prefill_logits(&load(&dir32)?)?);
+    assert!(a.iter().all(|x| x.is_finite()));
+    let d = rel_diff(&a, &b);
+    assert!(d > 0.0 && d < 0.05, "bf16 vs f32 relative difference {d}");
+    Ok(())
+}
+
+#[test]
+fn chat_template_special_tokens_and_eos_ids() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+    let lm = load(&dir)?;
+    let tok = &lm.tokenizer;
+    let text = tok.apply_chat_template(
+        &[
+            ChatMessage::new("system", "Be brief. "),
+            ChatMessage::new("user", "Hi"),
+        ],
+        true,
+    )?;
+    assert_eq!(
+        text,
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    let ids = tok.encode(&text, false)?;
+    assert_eq!(ids[0], tok.token_to_id("<|begin_of_text|>").unwrap());
+    assert_eq!(
+        ids.iter()
+            .filter(|&&t| Some(t) == tok.token_to_id("<|eot_id|>"))
+            .count(),
+        2
+    );
+    // generation_config's list [<|end_of_text|>, <|eot_id|>] merged with config and tokenizer.
+    assert_eq!(lm.eos_token_ids, vec![1, 4]);
+
+    let (_tmp2, gdir) = tiny_model(&spec(Arch::Gemma3))?;
+    let g = load(&gdir)?;
+    let text = g.tokenizer.apply_chat_template(
+        &[
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Yo"),
+        ],
+        false,
+    )?;
+    assert_eq!(
+        text,
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n"
+    );
+    Ok(())
+}
+
+#[test]
+fn incremental_detokenization_never_splits_utf8() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+    let lm = load(&dir)?;
+    let tok = &lm.tokenizer;
+    let text = "Hello naïve café — 日本語 ✓ 🎉 done";
+    let ids = tok.encode(text, false)?;
+    // The English-trained tokenizer splits the CJK and emoji into byte tokens.
+    assert!(ids.len() > text.chars().count() / 2);
+    let mut d = IncrementalDetokenizer::new();
+    let mut out = String::new();
+    let mut held_back = 0;
+    for &id in &ids {
+        let delta = d.push(tok, id)?;
+        assert!(!delta.contains('\u{FFFD}'), "split character in {delta:?}");
+        held_back += delta.is_empty() as usize;
+        out.push_str(&delta);
+    }
+    out.push_str(&d.flush(tok)?);
+    assert_eq!(out, text);
+    assert!(
+        held_back > 0,
+        "multi-byte characters should have been held back at least once"
+    );
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! Kernel micro-benchmarks on the GPU, printed as `name: value unit` lines.
+//!
+//!   cargo run --release -p infer-kernels --features cuda --example kernel_bench
+//!
+//! Shapes are Llama-3.2-3B's (24 query heads, 8 KV heads, head_dim 128, hidden 3072,
+//! intermediate 8192), block size 16. Decode attention is also timed as a replayed CUDA graph,
+//! the Phase 9 question: does a captured launch run as fast as an eager one?
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
+use infer_kernels::cuda::kernels::{DeviceBlockTables, DeviceKv};
+use infer_kernels::cuda::Kernels;
+use infer_kernels::layout::{AttentionConfig, KvCacheShape};
+use infer_kernels::reference::{default_inv_freq, RmsWeight, RopeTable};
+
+const WARMUP: usize = 5;
+const ITERS: usize = 50;
+const CONTEXT: usize = 1024;
+const BLOCK_SIZE: usize = 16;
+
+/// Mean milliseconds per call of `step` over `ITERS` calls, timed with CUDA events.
+fn time_ms(stream: &Arc<CudaStream>, mut step: impl FnMut() -> Result<(), DriverError>) -> f64 {
+    for _ in 0..WARMUP {
+        step().unwrap();
+    }
+    let start = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .unwrap();
+    for _ in 0..ITERS {
+        step().unwrap();
+    }
+    let end = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .unwrap();
+    end.synchronize().unwrap();
+    start.elapsed_ms(&end).unwrap() as f64 / ITERS as f64
+}
+
+fn bf16_buffer(stream: &Arc<CudaStream>, len: usize) -> CudaSlice<u16> {
+    // 0x3c00 = bf16 0.0078125: finite, nonzero, the same everywhere (timing only).
+    stream.clone_htod(&vec![0x3c00u16; len]).unwrap()
+}
+
+fn main() {
+    let ctx = CudaContext::new(0).expect("a CUDA device");
+    let stream = ctx.new_stream().unwrap();
+    let kernels = Kernels::load(stream.clone()).expect("kernels compile and load");
+    println!(
+        "# device {} sm_{}{}",
+        ctx.name().unwrap(),
+        kernels.arch.major,
+        kernels.arch.minor
+    );
+
+    let cfg = AttentionConfig::new(24, 8, 128);
+    for batch in [1usize, 8, 32] {
+        bench_decode(&kernels, &stream, &cfg, batch);
+    }
+    bench_prefill(&kernels, &stream, &cfg, 512);
+    bench_elementwise(&kernels, &stream, &cfg, 512);
+}
+
+fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConfig, batch: usize) {
+    let blocks_per_seq = CONTEXT / BLOCK_SIZE;
+    let shape = KvCacheShape {
+        num_blocks: batch * blocks_per_seq,
+        block_size: BLOCK_SIZE,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+    };
+    let (k, v) = (
+        bf16_buffer(stream, shape.len()),
+        bf16_buffer(stream, shape.len()),
+    );
+    let table: Vec<i32> = (0..(batch * blocks_per_seq) as i32).collect();
+    let table = stream.clone_htod(&table).unwrap();
+    let lens = stream.clone_htod(&vec![CONTEXT as i32; batch]).unwrap();
+    let q = bf16_buffer(stream, batch * cfg.num_heads * cfg.head_dim);
+    let mut out = bf16_buffer(stream, q.len());
+    let kv = DeviceKv {
+        k_cache: k.as_view(),
+        v_cache: v.as_view(),
+        shape,
+    };
+    let tables = DeviceBlockTables {
+        table: table.as_view(),
+        max_blocks_per_seq: blocks_per_seq,
+    };
+    let mut launch = || {
+        kernels.paged_attention_decode(
+            &mut out.as_view_mut(),
+            &q.as_view(),
+            &kv,
+            &tables,
+            &lens.as_view(),
+            cfg,
+        )
+    };
+    let eager = time_ms(stream, &mut launch);
+    // Unique K+V bytes each step must read at least once.
+    let bytes = (2 * batch * CONTEXT * cfg.num_kv_heads * cfg.head_dim * 2) as f64;
+    let tag = format!("batch={batch},ctx={CONTEXT}");
+    println!("paged_attention_decode_us[{tag}]: {:.1} us", eager * 1e3);
+    println!(
+        "paged_attention_decode_gbps[{tag}]: {:.1} GB/s",
+        bytes / (eager * 1e-3) / 1e9
+    );
+
+    // The same launch captured into a graph and replayed (cudarc's cross-stream event
+    // tracking is not capturable, hence turned off around the capture).
+    let ctx = stream.context().clone();
+    unsafe { ctx.disable_event_tracking() };
+    let graph = stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .and_then(|_| launch())
+        .and_then(|_| {
+            stream.end_capture(
+                CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            )
+        });
+    unsafe { ctx.enable_event_tracking() };
+    match graph {
+        Ok(Some(graph)) => {
+            let replay = time_ms(stream, || graph.launch());
+            println!(
+                "paged_attention_decode_graph_us[{tag}]: {:.1} us",
+                replay * 1e3
+            );
+            println!(
+                "paged_attention_decode_graph_vs_eager[{tag}]: {:.2} x",
+                replay / eager
+            );
+        }
+        Ok(None) => println!("# graph capture returned no graph"),
+        Err(e) => println!("# graph capture failed: {e}"),
+    }
+}
+
+fn bench_prefill(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    cfg: &AttentionConfig,
+    tokens: usize,
+) {
+    let blocks = tokens.div_ceil(BLOCK_SIZE);
+    let shape = KvCacheShape {
+        num_blocks: blocks,
+        block_size: BLOCK_SIZE,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+    };
+    let (k, v) = (
+        bf16_buffer(stream, shape.len()),
+        bf16_buffer(stream, shape.len()),
+    );
+    let table = stream
+        .clone_htod(&(0..blocks as i32).collect::<Vec<_>>())
+        .unwrap();
+    let cu = stream.clone_htod(&[0, tokens as i32]).unwrap();
+    let start = stream.clone_htod(&[0i32]).unwrap();
+    let q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
+    let mut out = bf16_buffer(stream, q.len());
+    let kv = DeviceKv {
+        k_cache: k.as_view(),
+        v_cache: v.as_view(),
+        shape,
+    };
+    let tables = DeviceBlockTables {
+        table: table.as_view(),
+        max_blocks_per_seq: blocks,
+    };
+    let ms = time_ms(stream, || {
+        kernels.paged_attention_prefill(
+            &mut out.as_view_mut(),
+            &q.as_view(),
+            &kv,
+            &tables,
+            &cu.as_view(),
+            &start.as_view(),
+            cfg,
+        )
+    });
+    // Causal attention: QK^T and PV each cost 2 * d flops per (query, key) pair, half the square.
+    let flops = 4.0 * (tokens * tokens) as f64 / 2.0 * (cfg.num_heads * cfg.head_dim) as f64;
+    println!(
+        "paged_attention_prefill_us[tokens={tokens}]: {:.1} us",
+        ms * 1e3
+    );
+    println!(
+        "paged_attention_prefill_tflops[tokens={tokens}]: {:.2} TFLOP/s",
+        flops / (ms * 1e-3) / 1e12
+    );
+}
+
+fn bench_elementwise(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    cfg: &AttentionConfig,
+    tokens: usize,
+) {
+    let (hidden, inter) = (3072, 8192);
+    let gbps = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+
+    let x = bf16_buffer(stream, tokens * hidden);
+    let w = bf16_buffer(stream, hidden);
+    let mut y = bf16_buffer(stream, x.len());
+    let ms = time_ms(stream, || {
+        kernels.rms_norm(
+            &mut y.as_view_mut(),
+            &x.as_view(),
+            &w.as_view(),
+            1e-5,
+            RmsWeight::Scale,
+        )
+    });
+    println!(
+        "rms_norm_gbps[tokens={tokens},hidden={hidden}]: {:.1} GB/s",
+        gbps(4 * x.len(), ms)
+    );
+
+    let gate_up = bf16_buffer(stream, tokens * 2 * inter);
+    let mut act = bf16_buffer(stream, tokens * inter);
+    let ms = time_ms(stream, || {
+        kernels.silu_and_mul(&mut act.as_view_mut(), &gate_up.as_view(), inter)
+    });
+    println!(
+        "silu_and_mul_gbps[tokens={tokens},inter={inter}]: {:.1} GB/s",
+        gbps(6 * tokens * inter, ms)
+    );
+
+    let table = RopeTable::new(&default_inv_freq(cfg.head_dim, 500_000.0), 4096);
+    let (cos, sin) = (
+        stream.clone_htod(&table.cos).unwrap(),
+        stream.clone_htod(&table.sin).unwrap(),
+    );
+    let positions = stream
+        .clone_htod(&(0..tokens as i32).collect::<Vec<_>>())
+        .unwrap();
+    let mut q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
+    let mut k = bf16_buffer(stream, tokens * cfg.num_kv_heads * cfg.head_dim);
+    let ms = time_ms(stream, || {
+        kernels.rope_neox(
+            &mut q.as_view_mut(),
+            &mut k.as_view_mut(),
+            &positions.as_view(),
+            &cos.as_view(),
+            &sin.as_view(),
+            cfg.num_heads,
+            cfg.num_kv_heads,
+        )
+    });
+    println!(
+        "rope_neox_gbps[tokens={tokens}]: {:.1} GB/s",
+        gbps(4 * (q.len() + k.len()), ms)
+    );
+
+    let shape = KvCacheShape {
+        num_blocks: tokens / BLOCK_SIZE,
+        block_size: BLOCK_SIZE,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+    };
+    let (mut kc, mut vc) = (
+        bf16_buffer(stream, shape.len()),
+        bf16_buffer(stream, shape.len()),
+    );
+    let slots = stream
+        .clone_htod(&(0..tokens as i32).collect::<Vec<_>>())
+        .unwrap();
+    let key = bf16_buffer(stream, shape.len());
+    let ms = time_ms(stream, || {
+        kernels.reshape_and_cache(
+            &key.as_view(),
+            &key.as_view(),
+            &mut kc.as_view_mut(),
+            &mut vc.as_view_mut(),
+            &slots.as_view(),
+            &shape,
+        )
+    });
+    println!(
+        "reshape_and_cache_gbps[tokens={tokens}]: {:.1} GB/s",
+        gbps(8 * shape.len(), ms)
+    );
+}

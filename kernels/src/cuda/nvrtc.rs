@@ -1,0 +1,119 @@
+//! Finding libnvrtc and compiling the kernel sources to PTX.
+//!
+//! cudarc (feature `dynamic-loading`) dlopens NVRTC by bare names (`libnvrtc.so`,
+//! `libnvrtc.so.12`, …), i.e. through the system search path. To use the NVRTC that PyPI's
+//! `nvidia-cuda-nvrtc-cu12` wheel ships (no CUDA toolkit needed), [`ensure_loaded`] first loads
+//! the library from an explicit path and keeps it loaded: glibc then answers cudarc's
+//! `dlopen("libnvrtc.so.12")` with that already-loaded object, because the name matches its
+//! SONAME. NVRTC finds its `libnvrtc-builtins` next to itself (the wheel's RUNPATH is `$ORIGIN`).
+//!
+//! Compiling needs only the library, never a GPU or a driver.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+
+use super::sources::KernelSource;
+
+/// Path of libnvrtc (the `.so` itself or the directory holding it).
+pub const NVRTC_LIB_ENV: &str = "INFER_NVRTC_LIB";
+
+/// Where `kernels/fetch-nvrtc.sh` installs the wheel's library.
+pub fn wheel_lib_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/nvrtc/nvidia/cuda_nvrtc/lib")
+}
+
+/// A GPU architecture, e.g. 9.0 (H100) or 12.0 (RTX 50xx).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComputeCapability {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl ComputeCapability {
+    pub const H100: Self = Self { major: 9, minor: 0 };
+    pub const RTX_50: Self = Self {
+        major: 12,
+        minor: 0,
+    };
+
+    /// The virtual architecture NVRTC compiles PTX for. PTX (not a cubin) is what we load: the
+    /// driver JIT-compiles it for the exact GPU, so one target serves a whole family.
+    pub fn virtual_arch(&self) -> String {
+        format!("compute_{}{}", self.major, self.minor)
+    }
+}
+
+/// Make libnvrtc loadable, trying in order: `$INFER_NVRTC_LIB`, the wheel installed by
+/// `fetch-nvrtc.sh`, then the system search path (a CUDA toolkit, `LD_LIBRARY_PATH`).
+/// Returns a description of where it was found, or why it was not. Idempotent.
+pub fn ensure_loaded() -> Result<&'static str, &'static str> {
+    static FOUND: OnceLock<Result<String, String>> = OnceLock::new();
+    FOUND
+        .get_or_init(locate_and_load)
+        .as_ref()
+        .map(String::as_str)
+        .map_err(String::as_str)
+}
+
+fn locate_and_load() -> Result<String, String> {
+    if let Some(path) = std::env::var_os(NVRTC_LIB_ENV) {
+        let path = PathBuf::from(path);
+        // An explicit setting that does not work is an error, not a reason to look elsewhere.
+        return preload(&path).map(|lib| format!("{} (from ${NVRTC_LIB_ENV})", lib.display()));
+    }
+    let wheel = wheel_lib_dir();
+    if wheel.is_dir() {
+        return preload(&wheel).map(|lib| format!("{} (fetch-nvrtc.sh wheel)", lib.display()));
+    }
+    // SAFETY: loading NVRTC runs its initialisers only; it is the library cudarc would load.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Ok("system search path".into());
+    }
+    Err(format!(
+        "libnvrtc not found: set {NVRTC_LIB_ENV}, run kernels/fetch-nvrtc.sh, or install CUDA"
+    ))
+}
+
+/// Load libnvrtc from `path` (a file, or a directory holding `libnvrtc.so*`) and never unload it.
+fn preload(path: &Path) -> Result<PathBuf, String> {
+    let lib = if path.is_dir() {
+        ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"]
+            .iter()
+            .map(|name| path.join(name))
+            .find(|p| p.exists())
+            .ok_or_else(|| format!("no libnvrtc.so* in {}", path.display()))?
+    } else {
+        path.to_path_buf()
+    };
+    // SAFETY: as above; the handle is leaked on purpose so the library stays mapped for cudarc.
+    let handle = unsafe { libloading::Library::new(&lib) }
+        .map_err(|e| format!("cannot load {}: {e}", lib.display()))?;
+    std::mem::forget(handle);
+    Ok(lib)
+}
+
+/// NVRTC's (major, minor) version. Call [`ensure_loaded`] first.
+pub fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: plain out-parameters; nvrtcVersion cannot fail with valid pointers.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    assert_eq!(status, cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS);
+    (major, minor)
+}
+
+/// Compile one kernel source to PTX for `arch`. Call [`ensure_loaded`] first.
+pub fn compile(source: &KernelSource, arch: ComputeCapability) -> Result<Ptx, CompileError> {
+    let opts = CompileOptions {
+        name: Some(format!("{}.cu", source.name)),
+        // Exact expf/division/sqrt: these kernels are bandwidth-bound, accuracy is free.
+        use_fast_math: Some(false),
+        options: vec![
+            format!("--gpu-architecture={}", arch.virtual_arch()),
+            "-std=c++17".into(),
+        ],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(source.program(), opts)
+}

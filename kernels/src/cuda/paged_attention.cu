@@ -1,0 +1,196 @@
+// Paged attention over a block-table KV pool: decode (one query per sequence) and prefill
+// (a chunk of query tokens per sequence, causal). bf16 storage, f32 math, online softmax.
+//
+// q, out:           [tokens, num_heads, head_dim]
+// k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+// block_tables:     [num_seqs, max_blocks_per_seq]
+// A query at position pos sees keys first..pos of its sequence, first = max(0, pos + 1 - window)
+// (window <= 0: no window). The current step's K/V must already be in the pool.
+// GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+//
+// Work split: one thread block of ATTN_WARPS warps per (query head, query token). Each warp
+// takes every ATTN_WARPS-th key and keeps its own running max / sum / accumulator (online
+// softmax, so the context length is unbounded and K/V are read once); lane i owns HEAD_DIM/32
+// contiguous dimensions, so a warp reads one key row as one contiguous segment. The warps'
+// partial states are merged through shared memory at the end.
+//
+// CUDA graphs: the grid depends only on (num_heads, tokens); sequence lengths, positions and
+// block tables are read from device memory, so a captured launch stays valid when they change.
+// Entries with seq_len <= 0 (decode) or tokens past cu_seqlens_q[num_seqs] (prefill) are
+// padding of a graph bucket and are skipped without writing.
+//
+// ATTN_WARPS is defined by the host (sources.rs) so the launch configuration and the kernel
+// cannot disagree.
+
+template <int HEAD_DIM>
+__device__ void attend_one_query(
+    bf16* __restrict__ out,
+    const bf16* __restrict__ q,
+    const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache,
+    const int* __restrict__ block_table,
+    int pos,
+    int window,
+    int kv_head,
+    int num_kv_heads,
+    int block_size,
+    float scale) {
+    static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of the warp size");
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int dim0 = lane * PER_LANE;
+    const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+
+    // Fold the softmax scale into q once instead of into every score.
+    float q_reg[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        q_reg[i] = bf16_to_f32(q[dim0 + i]) * scale;
+    }
+
+    float running_max = neg_infinity();
+    float running_sum = 0.0f;
+    float acc[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        acc[i] = 0.0f;
+    }
+
+    for (int j = first + warp; j <= pos; j += ATTN_WARPS) {
+        const long long block = block_table[j / block_size];
+        const long long slot = block * block_size + j % block_size;
+        const long long base = (slot * num_kv_heads + kv_head) * HEAD_DIM + dim0;
+        float score = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            score += q_reg[i] * bf16_to_f32(k_cache[base + i]);
+        }
+        score = warp_sum(score);
+        // Rescale what was accumulated under the old maximum (exp(-inf) = 0 on the first key).
+        const float new_max = fmaxf(running_max, score);
+        const float correction = expf(running_max - new_max);
+        const float p = expf(score - new_max);
+        running_sum = running_sum * correction + p;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            acc[i] = acc[i] * correction + p * bf16_to_f32(v_cache[base + i]);
+        }
+        running_max = new_max;
+    }
+
+    // Merge the warps: rescale each warp's state to the global maximum. A warp that saw no key
+    // has max -inf and sum 0 and contributes nothing; warp 0 always sees key `first`.
+    __shared__ float warp_max[ATTN_WARPS];
+    __shared__ float warp_sum_exp[ATTN_WARPS];
+    __shared__ float warp_acc[ATTN_WARPS][HEAD_DIM];
+    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum_exp[warp] = running_sum;
+    }
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        warp_acc[warp][dim0 + i] = acc[i];
+    }
+    __syncthreads();
+
+    float global_max = neg_infinity();
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        global_max = fmaxf(global_max, warp_max[w]);
+    }
+    float total = 0.0f;
+    float weight[ATTN_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        weight[w] = expf(warp_max[w] - global_max);
+        total += warp_sum_exp[w] * weight[w];
+    }
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        float value = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            value += warp_acc[w][d] * weight[w];
+        }
+        out[d] = f32_to_bf16(value / total);
+    }
+}
+
+// Grid (num_heads, num_seqs). seq_lens[s] counts the query's own token: it sits at seq_len - 1.
+template <int HEAD_DIM>
+__device__ void paged_attention_decode(
+    bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    const int* block_tables, const int* seq_lens, int max_blocks_per_seq,
+    int num_heads, int num_kv_heads, int block_size, float scale, int window) {
+    const int head = blockIdx.x;
+    const int seq = blockIdx.y;
+    const int seq_len = seq_lens[seq];
+    if (seq_len <= 0) {
+        return;
+    }
+    const long long row = ((long long)seq * num_heads + head) * HEAD_DIM;
+    attend_one_query<HEAD_DIM>(
+        out + row, q + row, k_cache, v_cache,
+        block_tables + (long long)seq * max_blocks_per_seq, seq_len - 1, window,
+        head / (num_heads / num_kv_heads), num_kv_heads, block_size, scale);
+}
+
+// Grid (num_heads, num_tokens). Sequence s owns query tokens cu_seqlens_q[s] .. cu_seqlens_q[s+1]
+// and its first query token is at position start_pos[s].
+template <int HEAD_DIM>
+__device__ void paged_attention_prefill(
+    bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    const int* block_tables, const int* cu_seqlens_q, const int* start_pos, int num_seqs,
+    int max_blocks_per_seq, int num_heads, int num_kv_heads, int block_size, float scale,
+    int window) {
+    const int head = blockIdx.x;
+    const int token = blockIdx.y;
+    if (token >= cu_seqlens_q[num_seqs]) {
+        return;
+    }
+    // The owning sequence is the last s with cu_seqlens_q[s] <= token (skips empty sequences).
+    int lo = 0;
+    int hi = num_seqs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (cu_seqlens_q[mid] <= token) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    const int seq = lo;
+    const int pos = start_pos[seq] + token - cu_seqlens_q[seq];
+    const long long row = ((long long)token * num_heads + head) * HEAD_DIM;
+    attend_one_query<HEAD_DIM>(
+        out + row, q + row, k_cache, v_cache,
+        block_tables + (long long)seq * max_blocks_per_seq, pos, window,
+        head / (num_heads / num_kv_heads), num_kv_heads, block_size, scale);
+}
+
+// One extern "C" entry point per supported head_dim (the Rust side picks by name).
+#define DEFINE_PAGED_ATTENTION(D)                                                               \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
+        paged_attention_decode_bf16_d##D(                                                       \
+            bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
+            const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
+            int num_heads, int num_kv_heads, int block_size, float scale, int window) {         \
+        paged_attention_decode<D>(out, q, k_cache, v_cache, block_tables, seq_lens,             \
+                                  max_blocks_per_seq, num_heads, num_kv_heads, block_size,      \
+                                  scale, window);                                               \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
+        paged_attention_prefill_bf16_d##D(                                                      \
+            bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
+            const int* block_tables, const int* cu_seqlens_q, const int* start_pos,             \
+            int num_seqs, int max_blocks_per_seq, int num_heads, int num_kv_heads,              \
+            int block_size, float scale, int window) {                                          \
+        paged_attention_prefill<D>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q,        \
+                                   start_pos, num_seqs, max_blocks_per_seq, num_heads,          \
+                                   num_kv_heads, block_size, scale, window);                    \
+    }
+
+DEFINE_PAGED_ATTENTION(64)
+DEFINE_PAGED_ATTENTION(96)
+DEFINE_PAGED_ATTENTION(128)
+DEFINE_PAGED_ATTENTION(256)

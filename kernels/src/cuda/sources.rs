@@ -1,0 +1,111 @@
+//! The CUDA C sources, embedded in the binary and compiled at run time.
+
+/// Warps per block of the attention kernels. Injected into the source as `ATTN_WARPS` so the
+/// kernel's shared-memory layout and the launch's block size come from this one constant.
+pub const ATTENTION_WARPS: u32 = 4;
+
+/// Head dimensions the attention kernels are instantiated for.
+pub const ATTENTION_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
+
+/// Shared by every kernel: bf16 conversion and reductions.
+const COMMON: &str = include_str!("common.cuh");
+
+/// One `.cu` file: compiled as one NVRTC program and loaded as one module.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    pub name: &'static str,
+    source: &'static str,
+    pub entry_points: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
+    pub fn program(&self) -> String {
+        format!(
+            "#define ATTN_WARPS {ATTENTION_WARPS}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            self.name, self.source
+        )
+    }
+}
+
+pub const PAGED_ATTENTION: KernelSource = KernelSource {
+    name: "paged_attention",
+    source: include_str!("paged_attention.cu"),
+    entry_points: &[
+        "paged_attention_decode_bf16_d64",
+        "paged_attention_decode_bf16_d96",
+        "paged_attention_decode_bf16_d128",
+        "paged_attention_decode_bf16_d256",
+        "paged_attention_prefill_bf16_d64",
+        "paged_attention_prefill_bf16_d96",
+        "paged_attention_prefill_bf16_d128",
+        "paged_attention_prefill_bf16_d256",
+    ],
+};
+
+pub const KV_CACHE: KernelSource = KernelSource {
+    name: "kv_cache",
+    source: include_str!("kv_cache.cu"),
+    entry_points: &["reshape_and_cache_bf16"],
+};
+
+pub const RMS_NORM: KernelSource = KernelSource {
+    name: "rms_norm",
+    source: include_str!("rms_norm.cu"),
+    entry_points: &["rms_norm_bf16"],
+};
+
+pub const ROPE: KernelSource = KernelSource {
+    name: "rope",
+    source: include_str!("rope.cu"),
+    entry_points: &["rope_neox_bf16"],
+};
+
+pub const ACTIVATION: KernelSource = KernelSource {
+    name: "activation",
+    source: include_str!("activation.cu"),
+    entry_points: &["silu_and_mul_bf16", "gelu_tanh_and_mul_bf16"],
+};
+
+pub const ALL: [KernelSource; 5] = [PAGED_ATTENTION, KV_CACHE, RMS_NORM, ROPE, ACTIVATION];
+
+/// Entry-point names of the attention kernels for one head dimension.
+pub fn attention_entry_points(head_dim: usize) -> Option<(&'static str, &'static str)> {
+    let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
+    let names = PAGED_ATTENTION.entry_points;
+    Some((names[i], names[i + ATTENTION_HEAD_DIMS.len()]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every declared entry point is defined in its source (the attention ones through the
+    /// `DEFINE_PAGED_ATTENTION(D)` macro), so loading by name cannot miss.
+    #[test]
+    fn entry_points_exist_in_sources() {
+        for src in ALL {
+            for name in src.entry_points {
+                let defined = match name.rsplit_once("_bf16_d") {
+                    Some((_, dim)) => src
+                        .source
+                        .contains(&format!("DEFINE_PAGED_ATTENTION({dim})")),
+                    None => src.source.contains(&format!("void {name}(")),
+                };
+                assert!(defined, "{name} not defined in {}.cu", src.name);
+            }
+        }
+    }
+
+    #[test]
+    fn attention_names_by_head_dim() {
+        assert_eq!(
+            attention_entry_points(128),
+            Some((
+                "paged_attention_decode_bf16_d128",
+                "paged_attention_prefill_bf16_d128"
+            ))
+        );
+        assert_eq!(attention_entry_points(80), None);
+    }
+}

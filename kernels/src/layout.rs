@@ -1,0 +1,147 @@
+//! Tensor layouts shared by the CPU references and the CUDA kernels.
+//!
+//! All tensors are dense, row-major, with the shapes written next to each argument. Index
+//! arrays (block tables, sequence lengths, positions, slot mappings) are `i32`: the pool has far
+//! fewer than 2^31 slots, and the kernels widen to 64 bits before forming element offsets.
+
+/// Shape of one layer's paged K (or V) pool: `[num_blocks, block_size, num_kv_heads, head_dim]`.
+///
+/// A token's K vectors for all heads are contiguous, so writing one token (reshape_and_cache)
+/// is one contiguous copy, and a decode warp reading one head walks `head_dim` contiguous
+/// elements per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvCacheShape {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvCacheShape {
+    /// Elements in one pool (K or V).
+    pub fn len(&self) -> usize {
+        self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn num_slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+
+    /// Offset of the first element of `(slot, kv_head)`, where `slot = block * block_size + offset`.
+    pub fn offset(&self, slot: usize, kv_head: usize) -> usize {
+        (slot * self.num_kv_heads + kv_head) * self.head_dim
+    }
+}
+
+/// Per-sequence block tables, `[num_seqs, max_blocks_per_seq]`, entry = physical block index.
+/// Entries past a sequence's last block are never read and may hold anything.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockTables<'a> {
+    pub table: &'a [i32],
+    pub max_blocks_per_seq: usize,
+}
+
+impl BlockTables<'_> {
+    /// The pool slot holding token `pos` of sequence `seq`.
+    pub fn slot(&self, seq: usize, pos: usize, block_size: usize) -> usize {
+        let block = self.table[seq * self.max_blocks_per_seq + pos / block_size];
+        block as usize * block_size + pos % block_size
+    }
+}
+
+/// Attention head configuration of one layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionConfig {
+    pub num_heads: usize,
+    /// Grouped-query attention: query head `h` reads KV head `h / (num_heads / num_kv_heads)`.
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Multiplies q·k before the softmax, usually `1/sqrt(head_dim)`.
+    pub scale: f32,
+    /// Sliding-window attention: a query at position `p` sees keys at `j` with `p - j < window`
+    /// (the Mistral/Gemma convention, the query's own token included). `None`: full causal.
+    pub sliding_window: Option<usize>,
+}
+
+impl AttentionConfig {
+    pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
+        assert!(
+            num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+            "heads must group evenly"
+        );
+        Self {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            sliding_window: None,
+        }
+    }
+
+    pub fn with_sliding_window(mut self, window: usize) -> Self {
+        self.sliding_window = Some(window);
+        self
+    }
+
+    pub fn kv_head(&self, head: usize) -> usize {
+        head / (self.num_heads / self.num_kv_heads)
+    }
+
+    /// First key position visible to a query at `pos` (the last one is `pos` itself).
+    pub fn first_visible(&self, pos: usize) -> usize {
+        match self.sliding_window {
+            Some(w) if w > 0 => (pos + 1).saturating_sub(w),
+            _ => 0,
+        }
+    }
+
+    /// The window as the kernels take it: 0 means no window.
+    pub fn window_arg(&self) -> i32 {
+        self.sliding_window.unwrap_or(0) as i32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_goes_through_the_block_table() {
+        let table = [7, 2, 0, 0, 5, 9];
+        let tables = BlockTables {
+            table: &table,
+            max_blocks_per_seq: 3,
+        };
+        // Sequence 0, token 5 with block_size 4: logical block 1 -> physical 2, offset 1.
+        assert_eq!(tables.slot(0, 5, 4), 2 * 4 + 1);
+        // Sequence 1, token 0: logical block 0 -> physical 0.
+        assert_eq!(tables.slot(1, 0, 4), 0);
+        assert_eq!(tables.slot(1, 7, 4), 5 * 4 + 3);
+    }
+
+    #[test]
+    fn gqa_and_window() {
+        let cfg = AttentionConfig::new(8, 2, 64).with_sliding_window(4);
+        assert_eq!(cfg.kv_head(3), 0);
+        assert_eq!(cfg.kv_head(4), 1);
+        assert_eq!(cfg.first_visible(2), 0);
+        assert_eq!(cfg.first_visible(10), 7);
+        assert_eq!(AttentionConfig::new(4, 4, 8).first_visible(10), 0);
+    }
+
+    #[test]
+    fn cache_offsets() {
+        let s = KvCacheShape {
+            num_blocks: 3,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        assert_eq!(s.len(), 3 * 4 * 2 * 8);
+        assert_eq!(s.offset(5, 1), (5 * 2 + 1) * 8);
+    }
+}

@@ -1,0 +1,284 @@
+//! Paged attention: queries attend to K/V stored in the paged pool through block tables.
+//!
+//! The caller has already written the current step's K/V into the pool (reshape_and_cache), so
+//! a query at position `p` reads keys `first_visible(p) ..= p` of its own sequence from the pool.
+//! This reference computes each query row independently with a plain two-pass softmax
+//! (max, then sum of exponentials) so that it checks the kernels' online softmax rather than
+//! repeating it.
+
+use crate::layout::{AttentionConfig, BlockTables, KvCacheShape};
+
+/// One layer's K and V pools, each shaped by `shape`.
+#[derive(Clone, Copy, Debug)]
+pub struct PagedKv<'a> {
+    pub k_cache: &'a [f32],
+    pub v_cache: &'a [f32],
+    pub shape: KvCacheShape,
+}
+
+/// Decode: one query token per sequence.
+///
+/// `q`, `out`: `[num_seqs, num_heads, head_dim]`. `seq_lens[s]`: tokens of sequence `s` in the
+/// pool, the query's own included (so the query is at position `seq_lens[s] - 1`).
+pub fn paged_attention_decode(
+    out: &mut [f32],
+    q: &[f32],
+    kv: &PagedKv,
+    tables: &BlockTables,
+    seq_lens: &[i32],
+    cfg: &AttentionConfig,
+) {
+    let row = cfg.num_heads * cfg.head_dim;
+    assert_eq!(q.len(), seq_lens.len() * row);
+    assert_eq!(out.len(), q.len());
+    for (s, &len) in seq_lens.iter().enumerate() {
+        assert!(len > 0, "a decoding sequence holds at least its own token");
+        let pos = len as usize - 1;
+        attend_token(
+            &mut out[s * row..][..row],
+            &q[s * row..][..row],
+            kv,
+            tables,
+            s,
+            pos,
+            cfg,
+        );
+    }
+}
+
+/// Prefill (a chunk of each sequence's prompt), causal within the chunk and over the cached
+/// prefix before it.
+///
+/// `q`, `out`: `[num_tokens, num_heads, head_dim]`, sequences packed one after another;
+/// sequence `s` owns tokens `cu_seqlens_q[s] .. cu_seqlens_q[s + 1]` (`num_seqs + 1` entries,
+/// starting at 0) and its first query token is at position `start_pos[s]` (the number of its
+/// tokens already cached before this chunk, e.g. a prefix-cache hit or earlier chunks).
+pub fn paged_attention_prefill(
+    out: &mut [f32],
+    q: &[f32],
+    kv: &PagedKv,
+    tables: &BlockTables,
+    cu_seqlens_q: &[i32],
+    start_pos: &[i32],
+    cfg: &AttentionConfig,
+) {
+    let row = cfg.num_heads * cfg.head_dim;
+    assert_eq!(cu_seqlens_q.len(), start_pos.len() + 1);
+    assert_eq!(q.len(), *cu_seqlens_q.last().unwrap() as usize * row);
+    assert_eq!(out.len(), q.len());
+    for s in 0..start_pos.len() {
+        for t in cu_seqlens_q[s] as usize..cu_seqlens_q[s + 1] as usize {
+            let pos = start_pos[s] as usize + t - cu_seqlens_q[s] as usize;
+            attend_token(
+                &mut out[t * row..][..row],
+                &q[t * row..][..row],
+                kv,
+                tables,
+                s,
+                pos,
+                cfg,
+            );
+        }
+    }
+}
+
+/// All heads of one query token of sequence `seq` at position `pos`.
+fn attend_token(
+    out: &mut [f32],
+    q: &[f32],
+    kv: &PagedKv,
+    tables: &BlockTables,
+    seq: usize,
+    pos: usize,
+    cfg: &AttentionConfig,
+) {
+    let d = cfg.head_dim;
+    let shape = &kv.shape;
+    assert_eq!(shape.head_dim, d);
+    assert_eq!(shape.num_kv_heads, cfg.num_kv_heads);
+    let slots: Vec<usize> = (cfg.first_visible(pos)..=pos)
+        .map(|j| tables.slot(seq, j, shape.block_size))
+        .collect();
+    for h in 0..cfg.num_heads {
+        let kv_head = cfg.kv_head(h);
+        let q_h = &q[h * d..][..d];
+        let scores: Vec<f32> = slots
+            .iter()
+            .map(|&slot| {
+                let k = &kv.k_cache[shape.offset(slot, kv_head)..][..d];
+                cfg.scale * q_h.iter().zip(k).map(|(a, b)| a * b).sum::<f32>()
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f32 = weights.iter().sum();
+        let out_h = &mut out[h * d..][..d];
+        out_h.fill(0.0);
+        for (&slot, w) in slots.iter().zip(&weights) {
+            let v = &kv.v_cache[shape.offset(slot, kv_head)..][..d];
+            for i in 0..d {
+                out_h[i] += w / total * v[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::reshape_and_cache;
+
+    /// Textbook attention over contiguous per-sequence K/V (`[len, num_kv_heads, d]`), used as
+    /// the oracle for the paged versions.
+    fn naive_attention(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        pos: usize,
+        cfg: &AttentionConfig,
+    ) -> Vec<f32> {
+        let (d, hk) = (cfg.head_dim, cfg.num_kv_heads);
+        let mut out = vec![0.0; cfg.num_heads * d];
+        for h in 0..cfg.num_heads {
+            let g = cfg.kv_head(h);
+            let keys = cfg.first_visible(pos)..=pos;
+            let logits: Vec<f32> = keys
+                .clone()
+                .map(|j| {
+                    (0..d)
+                        .map(|i| q[h * d + i] * k[(j * hk + g) * d + i])
+                        .sum::<f32>()
+                        * cfg.scale
+                })
+                .collect();
+            let probs: Vec<f32> = {
+                let e: Vec<f32> = logits.iter().map(|l| l.exp()).collect();
+                let sum: f32 = e.iter().sum();
+                e.iter().map(|x| x / sum).collect()
+            };
+            for (p, j) in probs.iter().zip(keys) {
+                for i in 0..d {
+                    out[h * d + i] += p * v[(j * hk + g) * d + i];
+                }
+            }
+        }
+        out
+    }
+
+    /// Deterministic pseudo-random values in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    fn assert_close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() < 1e-5, "element {i}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn hand_computed_two_keys() {
+        // d = 2, scale 1, q = (1, 0), keys (0, 0) and (ln 3, 0): weights 1/4 and 3/4.
+        let shape = KvCacheShape {
+            num_blocks: 1,
+            block_size: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+        };
+        let k = [0.0, 0.0, 3f32.ln(), 0.0];
+        let v = [4.0, 0.0, 0.0, 8.0];
+        let kv = PagedKv {
+            k_cache: &k,
+            v_cache: &v,
+            shape,
+        };
+        let tables = BlockTables {
+            table: &[0],
+            max_blocks_per_seq: 1,
+        };
+        let cfg = AttentionConfig {
+            scale: 1.0,
+            ..AttentionConfig::new(1, 1, 2)
+        };
+        let mut out = [0.0; 2];
+        paged_attention_decode(&mut out, &[1.0, 0.0], &kv, &tables, &[2], &cfg);
+        assert_close(&out, &[1.0, 6.0]);
+        // Window 1: the query sees only its own token.
+        let cfg = cfg.with_sliding_window(1);
+        paged_attention_decode(&mut out, &[1.0, 0.0], &kv, &tables, &[2], &cfg);
+        assert_close(&out, &[0.0, 8.0]);
+    }
+
+    /// Two sequences of different lengths scattered over shuffled blocks: decode and a prefill
+    /// chunk must match naive attention over the contiguous K/V, for GQA with and without a
+    /// sliding window.
+    #[test]
+    fn paged_matches_naive_attention() {
+        for window in [None, Some(5)] {
+            let mut cfg = AttentionConfig::new(4, 2, 8);
+            cfg.sliding_window = window;
+            let shape = KvCacheShape {
+                num_blocks: 8,
+                block_size: 4,
+                num_kv_heads: 2,
+                head_dim: 8,
+            };
+            let token = shape.num_kv_heads * shape.head_dim;
+            let row = cfg.num_heads * cfg.head_dim;
+            let lens = [11usize, 6];
+            let table = [5, 0, 7, 0, 3, 6, 1, 0]; // max 4 blocks per sequence
+            let tables = BlockTables {
+                table: &table,
+                max_blocks_per_seq: 4,
+            };
+            let mut k_cache = vec![f32::NAN; shape.len()]; // unwritten slots must never be read
+            let mut v_cache = vec![f32::NAN; shape.len()];
+            let mut seq_kv = Vec::new();
+            for (s, &len) in lens.iter().enumerate() {
+                let (k, v) = (
+                    values(len * token, 10 + s as u32),
+                    values(len * token, 20 + s as u32),
+                );
+                let slots: Vec<i32> = (0..len).map(|j| tables.slot(s, j, 4) as i32).collect();
+                reshape_and_cache(&k, &v, &mut k_cache, &mut v_cache, &slots, &shape);
+                seq_kv.push((k, v));
+            }
+            let kv = PagedKv {
+                k_cache: &k_cache,
+                v_cache: &v_cache,
+                shape,
+            };
+
+            let q = values(2 * row, 99);
+            let mut out = vec![0.0; 2 * row];
+            paged_attention_decode(&mut out, &q, &kv, &tables, &[11, 6], &cfg);
+            for s in 0..2 {
+                let (k, v) = &seq_kv[s];
+                let want = naive_attention(&q[s * row..][..row], k, v, lens[s] - 1, &cfg);
+                assert_close(&out[s * row..][..row], &want);
+            }
+
+            // Prefill: sequence 0's last 3 tokens (positions 8..11), sequence 1's first 6.
+            let cu = [0, 3, 9];
+            let start = [8, 0];
+            let q = values(9 * row, 7);
+            let mut out = vec![0.0; 9 * row];
+            paged_attention_prefill(&mut out, &q, &kv, &tables, &cu, &start, &cfg);
+            for t in 0..9 {
+                let (s, pos) = if t < 3 { (0, 8 + t) } else { (1, t - 3) };
+                let (k, v) = &seq_kv[s];
+                let want = naive_attention(&q[t * row..][..row], k, v, pos, &cfg);
+                assert_close(&out[t * row..][..row], &want);
+            }
+        }
+    }
+}
