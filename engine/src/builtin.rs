@@ -50,7 +50,10 @@ pub fn resolve(spec: &str) -> Result<PathBuf> {
     }
     // Build beside the target and rename, so a concurrent or interrupted build never
     // leaves a half-written model where a reader would take it.
-    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    // Unique per process and per call: tests build it from several threads at once.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.with_extension(format!("tmp{}-{n}", std::process::id()));
     make_model(&tiny_spec(), &tmp)
         .with_context(|| format!("building {TINY} in {}", tmp.display()))?;
     match std::fs::rename(&tmp, &dir) {

@@ -4,6 +4,7 @@
 //! sim run SCENARIO [--set key=value]… [--out DIR] [--seed N] [--quiet]
 //! sim sweep SCENARIO --vary key=v1,v2,… [--vary …] [--set …] [--out DIR] [--threads N]
 //! sim catalog
+//! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
 
 use infer_core::metrics::RunInfo;
@@ -63,6 +64,18 @@ enum Command {
     },
     /// List the hardware and models the simulator knows.
     Catalog,
+    /// Write report.md (tables, phase comparisons, charts) for run directories, flagging
+    /// regressions against --baseline.
+    Report {
+        #[arg(required = true, value_name = "RUN_DIR")]
+        runs: Vec<PathBuf>,
+        /// Compare every run against this one and flag regressions.
+        #[arg(long, value_name = "RUN_DIR")]
+        baseline: Option<PathBuf>,
+        /// Report directory (default: runs/report-<unix time>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -86,6 +99,19 @@ fn real_main(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Catalog => {
             print!("{}", catalog::render());
+            Ok(())
+        }
+        Command::Report {
+            runs,
+            baseline,
+            out,
+        } => {
+            let out = out.unwrap_or_else(|| output::default_run_dir("report", ""));
+            let report = infer_reports::write_report(&runs, baseline.as_deref(), &out)?;
+            for r in &report.regressions {
+                println!("regression: {r}");
+            }
+            println!("report: {}", report.path.display());
             Ok(())
         }
         Command::Run {

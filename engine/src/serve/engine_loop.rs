@@ -335,6 +335,18 @@ impl EngineLoop {
             completion_tokens: stats.output_tokens,
             cached_tokens: stats.cached_tokens,
         });
+        // Count a finished request before the client can see its end, so that a client
+        // reading /metrics right after its last chunk sees it.
+        if let Some((reason, stats)) = finish {
+            let mut m = self.metrics.lock().unwrap();
+            m.finished(reason);
+            m.prompt_tokens += stats.prompt_tokens as u64;
+            m.e2e.observe(live.arrival.elapsed().as_secs_f64());
+            if let Some(t) = stats.first_scheduled_time {
+                m.queue.observe((t - stats.arrival_time).max(0.0));
+            }
+            m.sched = self.sched.stats();
+        }
         let delivered = live
             .events
             .send(StreamEvent::Token {
@@ -345,15 +357,8 @@ impl EngineLoop {
                 finish: end,
             })
             .is_ok();
-        if let Some((reason, stats)) = finish {
-            let live = self.live.remove(&id).expect("checked above");
-            let mut m = self.metrics.lock().unwrap();
-            m.finished(reason);
-            m.prompt_tokens += stats.prompt_tokens as u64;
-            m.e2e.observe(live.arrival.elapsed().as_secs_f64());
-            if let Some(t) = stats.first_scheduled_time {
-                m.queue.observe((t - stats.arrival_time).max(0.0));
-            }
+        if finish.is_some() {
+            self.live.remove(&id);
         } else if !delivered {
             // The client is gone: free its KV before the next step.
             self.live.remove(&id);

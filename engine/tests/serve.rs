@@ -1,0 +1,426 @@
+//! The server end to end, in process on 127.0.0.1 with the embedded model: the five seed
+//! scenarios through the bench client, streaming vs non-streaming, the chat template,
+//! every bad-input case, client disconnects and overload.
+
+use std::time::{Duration, Instant};
+
+use infer_core::SchedulerConfig;
+use infer_engine::bench::{self, BenchOptions};
+use infer_engine::serve::{spawn_local, ServeConfig};
+use serde_json::{json, Value};
+
+fn scenario(name: &str) -> String {
+    format!("{}/../scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn config(sched: SchedulerConfig) -> ServeConfig {
+    ServeConfig {
+        sched,
+        ..ServeConfig::new("builtin:tiny")
+    }
+}
+
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
+    let r = client.post(url).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_scenarios_run_clean_and_counts_match_the_server() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    for name in [
+        "baseline",
+        "continuous_batching",
+        "paged_attention",
+        "chunked_prefill",
+        "prefix_caching",
+    ] {
+        let mut opts = BenchOptions::new(&base, scenario(name));
+        // Scaled down: fewer, shorter requests; the shapes and arrival processes stay.
+        opts.overrides = vec![
+            "workload.num_requests=6".into(),
+            "workload.warmup_requests=1".into(),
+            "workload.output_tokens={ uniform = [4, 12] }".into(),
+        ];
+        if name == "chunked_prefill" {
+            opts.overrides.push("workload.prompt_tokens={ mix = [ { weight = 0.5, uniform = [600, 900] }, { weight = 0.5, uniform = [64, 128] } ] }".into());
+        }
+        opts.scrape_interval = Duration::from_millis(50);
+        let r = bench::run(&opts).await.unwrap();
+        let s = &r.summary;
+        assert_eq!(
+            (s.completed, s.failed),
+            (6, 0),
+            "{name}: {:?}",
+            r.records.iter().find(|r| r.error.is_some())
+        );
+        let c = r.server_counters.expect("the server has /metrics");
+        assert_eq!(
+            s.total_output_tokens as f64, c.generation_tokens,
+            "{name}: output tokens"
+        );
+        assert_eq!(
+            s.total_input_tokens as f64, c.prompt_tokens,
+            "{name}: prompt tokens"
+        );
+        assert_eq!(c.request_success, 6.0, "{name}");
+        assert!(s.ttft.median > 0.0 && s.itl.median > 0.0, "{name}");
+        if name == "prefix_caching" {
+            assert!(
+                s.prefix_cache_hit_rate > 0.5,
+                "shared prefix hits: {}",
+                s.prefix_cache_hit_rate
+            );
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_and_non_streaming_agree_and_chat_uses_the_template() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let body = json!({"prompt": "The harbour at dawn was quiet", "max_tokens": 20, "temperature": 0, "ignore_eos": true});
+    let (status, whole) = post(&client, &format!("{base}/v1/completions"), body.clone()).await;
+    assert_eq!(status, 200);
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let text = client
+        .post(format!("{base}/v1/completions"))
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    let joined: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(joined, whole["choices"][0]["text"].as_str().unwrap());
+    let token_chunks = chunks
+        .iter()
+        .filter(|c| !c["choices"].as_array().unwrap().is_empty())
+        .count();
+    assert_eq!(
+        token_chunks, 20,
+        "one chunk per token, the last with finish_reason"
+    );
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 20);
+
+    // Chat: the template wraps the message, so the prompt is longer than the content, and the
+    // same tokens sent as a completion give the same greedy reply.
+    let messages = json!([{"role": "user", "content": "Tell me about the lighthouse"}]);
+    let (status, tok) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"messages": messages}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, raw) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": "Tell me about the lighthouse"}),
+    )
+    .await;
+    assert!(
+        tok["count"].as_u64().unwrap() > raw["count"].as_u64().unwrap() + 2,
+        "{tok} vs {raw}"
+    );
+    let (status, chat) = post(
+        &client,
+        &format!("{base}/v1/chat/completions"),
+        json!({"messages": messages, "max_tokens": 12, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    assert_eq!(chat["usage"]["prompt_tokens"], tok["count"]);
+    let (_, same) = post(
+        &client,
+        &format!("{base}/v1/completions"),
+        json!({"prompt": tok["tokens"], "max_tokens": 12, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(
+        chat["choices"][0]["message"]["content"],
+        same["choices"][0]["text"]
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_get_openai_errors_and_the_server_keeps_serving() {
+    let sched = SchedulerConfig {
+        max_model_len: 256,
+        ..SchedulerConfig::default()
+    };
+    let cfg = ServeConfig {
+        max_body_bytes: 64 << 10,
+        ..config(sched)
+    };
+    let (addr, server) = spawn_local(cfg).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/completions");
+    let long_prompt = "harbour ".repeat(400);
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
+        (
+            "malformed JSON",
+            client.post(&url).body("{\"prompt\": "),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "wrong type",
+            client
+                .post(&url)
+                .json(&json!({"prompt": "x", "max_tokens": "5"})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "unknown model",
+            client
+                .post(&url)
+                .json(&json!({"model": "gpt-9", "prompt": "x"})),
+            404,
+            "invalid_request_error",
+        ),
+        (
+            "prompt too long",
+            client
+                .post(&url)
+                .json(&json!({"prompt": long_prompt, "max_tokens": 4})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "max_tokens 0",
+            client
+                .post(&url)
+                .json(&json!({"prompt": "x", "max_tokens": 0})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "max_tokens negative",
+            client
+                .post(&url)
+                .json(&json!({"prompt": "x", "max_tokens": -3})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "temperature",
+            client
+                .post(&url)
+                .json(&json!({"prompt": "x", "temperature": 7})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "top_p",
+            client
+                .post(&url)
+                .json(&json!({"prompt": "x", "top_p": 1.5})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "n",
+            client.post(&url).json(&json!({"prompt": "x", "n": 3})),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            "oversize body",
+            client
+                .post(&url)
+                .json(&json!({"prompt": "y".repeat(100_000)})),
+            413,
+            "invalid_request_error",
+        ),
+        (
+            "bad chat",
+            client
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&json!({"messages": "hi"})),
+            400,
+            "invalid_request_error",
+        ),
+    ];
+    for (what, req, status, kind) in cases {
+        let r = req
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{what}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], kind, "{what}: {v}");
+        assert_eq!(v["error"]["code"], status, "{what}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}"
+        );
+        if what == "prompt too long" {
+            let m = v["error"]["message"].as_str().unwrap();
+            assert!(m.contains("256") && m.contains("prompt has"), "{m}");
+        }
+    }
+    let (status, ok) = post(
+        &client,
+        &url,
+        json!({"prompt": "The harbour", "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{ok}");
+    assert_eq!(ok["usage"]["completion_tokens"], 5);
+    assert_eq!(
+        metric(&client, &base, "vllm:kv_cache_usage_perc").await,
+        0.0,
+        "no KV held when idle"
+    );
+    assert_eq!(
+        metric(&client, &base, "vllm:num_requests_running").await,
+        0.0
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_dropping_its_stream_frees_its_blocks() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let body = json!({"prompt": "A long story about the sea", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut resp = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data:"));
+    assert!(
+        metric(&client, &base, "vllm:kv_cache_usage_perc").await > 0.0,
+        "the request holds KV"
+    );
+    drop(resp);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let usage = metric(&client, &base, "vllm:kv_cache_usage_perc").await;
+        let running = metric(&client, &base, "vllm:num_requests_running").await;
+        if usage == 0.0 && running == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "KV still held: usage {usage}, running {running}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let aborted = metric(
+        &client,
+        &base,
+        "vllm:request_success_total{model_name=\"builtin:tiny\",finished_reason=\"abort\"}",
+    )
+    .await;
+    assert_eq!(aborted, 1.0);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_gets_503s_and_every_accepted_request_completes() {
+    let sched = SchedulerConfig {
+        max_batch_size: 2,
+        max_waiting: Some(3),
+        ..SchedulerConfig::default()
+    };
+    let (addr, server) = spawn_local(config(sched)).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/completions");
+    let sends = (0..24).map(|i| {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let r = client
+                .post(&url)
+                .json(&json!({"prompt": format!("Request {i} about the harbour"), "max_tokens": 24, "ignore_eos": true}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let retry = r.headers().get("retry-after").is_some();
+            let v: Value = r.json().await.unwrap();
+            (status, retry, v)
+        })
+    });
+    let results = tokio::time::timeout(
+        Duration::from_secs(120),
+        futures_util::future::join_all(sends),
+    )
+    .await
+    .expect("nothing hangs");
+    let (mut ok, mut busy) = (0, 0);
+    for r in results {
+        let (status, retry, v) = r.unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                assert_eq!(v["usage"]["completion_tokens"], 24);
+            }
+            503 => {
+                busy += 1;
+                assert!(retry, "503 carries Retry-After");
+                assert_eq!(v["error"]["type"], "service_unavailable_error");
+            }
+            other => panic!("unexpected status {other}: {v}"),
+        }
+    }
+    assert!(busy > 0, "the burst exceeds running + waiting capacity");
+    assert!(ok >= 3, "at least a full waiting queue was served: {ok}");
+    assert_eq!(ok + busy, 24);
+    assert_eq!(
+        metric(&client, &base, "vllm:kv_cache_usage_perc").await,
+        0.0
+    );
+    server.stop().await;
+}

@@ -1,0 +1,91 @@
+//! Per-workload tables in the benchmark log's layout (one row per metric, one column per
+//! run), and the table that says what each run was.
+
+use crate::markdown::Table;
+use crate::metric::LOG_ROWS;
+use crate::run::Run;
+
+/// The log's per-workload table: Throughput, TTFT P50/P99, ITL P50/P99, Latency P50,
+/// Errors, one column per run headed by `labels`.
+pub fn workload_table(runs: &[&Run], labels: &[String]) -> Table {
+    let mut t = Table::new(std::iter::once("Metric".to_string()).chain(labels.iter().cloned()));
+    for m in LOG_ROWS {
+        t.row(std::iter::once(m.name.to_string()).chain(runs.iter().map(|r| m.format(m.value(r)))));
+    }
+    t
+}
+
+/// Runs grouped by scenario, in order of first appearance.
+pub fn by_scenario<'a>(runs: &[&'a Run]) -> Vec<(String, Vec<&'a Run>)> {
+    let mut groups: Vec<(String, Vec<&Run>)> = Vec::new();
+    for r in runs {
+        let s = r.scenario();
+        match groups.iter_mut().find(|(name, _)| *name == s) {
+            Some((_, g)) => g.push(r),
+            None => groups.push((s, vec![r])),
+        }
+    }
+    groups
+}
+
+/// One line per run: its label, directory and what produced it.
+pub fn runs_table(runs: &[&Run], labels: &[String]) -> Table {
+    let mut t = Table::text([
+        "Run",
+        "Directory",
+        "Source",
+        "Scenario",
+        "Phase",
+        "Model",
+        "Hardware",
+        "Arrival",
+        "Replicas",
+        "Backend",
+    ]);
+    for (r, label) in runs.iter().zip(labels) {
+        let cells = match &r.info {
+            Some(i) => vec![
+                i.source.clone(),
+                i.scenario.clone(),
+                i.phase.clone(),
+                i.server.model.clone(),
+                i.server.hardware.clone(),
+                arrival(r),
+                match r.router().as_str() {
+                    "" => i.replicas.to_string(),
+                    router => format!("{} ({router})", i.replicas),
+                },
+                i.backend.clone(),
+            ],
+            None => vec!["?".to_string(); 8],
+        };
+        t.row(
+            [label.clone(), r.dir.display().to_string()]
+                .into_iter()
+                .chain(cells),
+        );
+    }
+    t
+}
+
+fn arrival(r: &Run) -> String {
+    let Some(i) = &r.info else {
+        return String::new();
+    };
+    let a = &i.arrival;
+    let kind = serde_json::to_value(a.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{:?}", a.kind));
+    let mut s = kind;
+    if let Some(rate) = a.rate {
+        s += &format!(" {rate} req/s");
+    }
+    if let Some(c) = a.max_concurrency {
+        s += &format!(" max {c} in flight");
+    }
+    if !a.stages.is_empty() {
+        s += &format!(" {} stages", a.stages.len());
+    }
+    s
+}
