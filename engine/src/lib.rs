@@ -13,9 +13,11 @@ pub mod generate;
 pub mod kv_cache;
 pub mod make_model;
 pub mod model;
+pub mod profile;
 pub mod sampling;
 pub mod serve;
 pub mod tokenizer;
+pub mod verify;
 
 pub use batch::{ForwardBatch, SeqChunk};
 pub use kv_cache::KvCache;

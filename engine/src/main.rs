@@ -35,6 +35,53 @@ enum Command {
     Serve(ServeArgs),
     /// Drive an OpenAI-compatible server with a scenario and measure it.
     Bench(BenchArgs),
+    /// Time model steps over a grid of batch shapes: the simulator's profiled cost model.
+    Profile(ProfileArgs),
+    /// Predict each scenario with the simulator, measure it on the engine, compare.
+    Verify(VerifyArgs),
+    /// Tables and charts from run directories (the same as `sim report`).
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+struct ProfileArgs {
+    #[arg(long, default_value = "builtin:tiny")]
+    model: String,
+    #[arg(long, default_value = "profile.json")]
+    out: PathBuf,
+    /// A smaller grid (for a quick look).
+    #[arg(long)]
+    quick: bool,
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// Scenario files.
+    #[arg(required = true)]
+    scenarios: Vec<PathBuf>,
+    #[arg(long, default_value = "builtin:tiny")]
+    model: String,
+    /// Reuse a profile written by `engine profile`.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Overrides for every scenario, `key=value` (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    #[arg(long = "quick-profile")]
+    quick_profile: bool,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// Run directories.
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    #[arg(long, default_value = "runs/report")]
+    out: PathBuf,
 }
 
 /// The seed server's flags. Defaults: the embedded model on 127.0.0.1:8000 with the
@@ -237,6 +284,52 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => run_generate(a)?,
         Command::Serve(a) => run_serve(a)?,
         Command::Bench(a) => run_bench(a)?,
+        Command::Profile(a) => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let profile = rt.block_on(infer_engine::profile::profile_model(&a.model, a.quick))?;
+            std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")?;
+            for p in &profile.points {
+                println!(
+                    "step_ms[prefill={},decode={},context={}]: {:.3} ms",
+                    p.prefill_tokens,
+                    p.decode_seqs,
+                    p.context_tokens,
+                    p.step_s * 1e3
+                );
+            }
+            println!("wrote {}", a.out.display());
+        }
+        Command::Verify(a) => {
+            let opts = infer_engine::verify::VerifyOptions {
+                scenarios: a.scenarios,
+                model: a.model,
+                profile: a.profile,
+                out: a.out.unwrap_or_else(infer_engine::verify::default_out),
+                overrides: a.set,
+                quick_profile: a.quick_profile,
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            let results = rt.block_on(infer_engine::verify::verify(&opts))?;
+            let table = infer_engine::verify::fidelity_table(&results);
+            std::fs::write(opts.out.join("fidelity.md"), &table)?;
+            print!("{table}");
+            for r in &results {
+                if let Some(e) = r.verification.median_abs_error_pct {
+                    println!("median_abs_error_pct[{}]: {e:.1} %", r.scenario);
+                }
+            }
+            println!("reports under {}", opts.out.display());
+        }
+        Command::Report(a) => {
+            let report = infer_reports::write_report(&a.runs, a.baseline.as_deref(), &a.out)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let _ = report;
+            println!("wrote {}", a.out.join("report.md").display());
+        }
     }
     Ok(())
 }

@@ -23,4 +23,4 @@ pub mod simulate;
 pub mod sweep;
 
 pub use setup::{load, prepare, Setup};
-pub use simulate::{run, RunStats, SimResult};
+pub use simulate::{run, run_with_tokenizer, RunStats, SimResult};

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
 use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
-use infer_core::workload::{ApproxTokenizer, GeneratedRequest, WorkloadGenerator};
+use infer_core::workload::{ApproxTokenizer, GeneratedRequest, Tokenizer, WorkloadGenerator};
 use infer_core::{Event, Request, Scheduler, StepPlan, StopConditions};
 
 use crate::cost::{ClientPath, CostModel, StepShape};
@@ -216,13 +216,20 @@ struct Sim {
     setup_cluster: bool,
 }
 
-/// Simulate the scenario of `setup`.
+/// Simulate the scenario of `setup`, with prompts cut by the approximate tokenizer
+/// (about four characters per token) of the catalog model.
 pub fn run(setup: &Setup) -> SimResult {
-    let sc = &setup.scenario;
-    let cfg = sc.server.scheduler_config();
     let tokenizer = Arc::new(ApproxTokenizer {
         vocab_size: setup.model.vocab.min(u32::MAX as usize) as u32,
     });
+    run_with_tokenizer(setup, tokenizer)
+}
+
+/// Simulate with prompts cut by `tokenizer` — a real model's, when the prediction is to be
+/// compared with that model served by the engine.
+pub fn run_with_tokenizer(setup: &Setup, tokenizer: Arc<dyn Tokenizer>) -> SimResult {
+    let sc = &setup.scenario;
+    let cfg = sc.server.scheduler_config();
     let gen = WorkloadGenerator::new(sc.workload.clone(), tokenizer);
     let arrivals = gen.arrivals(&sc.arrival);
     let count = arrivals.count(sc.workload.num_requests);

@@ -17,11 +17,13 @@ use futures_util::StreamExt;
 use infer_core::metrics::{
     requests_csv, timeseries_csv, MetricsRecorder, RequestRecord, RunInfo, Summary, TimePoint,
 };
-use infer_core::workload::{ApproxTokenizer, GeneratedRequest, Scenario, WorkloadGenerator};
+use infer_core::workload::{
+    ApproxTokenizer, GeneratedRequest, Scenario, Tokenizer, WorkloadGenerator,
+};
 use serde_json::{json, Value};
 
 /// What to run against which server.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct BenchOptions {
     /// Base URL, e.g. `http://127.0.0.1:8000`.
     pub server: String,
@@ -34,6 +36,9 @@ pub struct BenchOptions {
     pub progress: bool,
     /// How often `/metrics` is scraped.
     pub scrape_interval: Duration,
+    /// Cuts prompts in this tokenizer's tokens (default: the approximate tokenizer the
+    /// simulator uses for catalog models).
+    pub tokenizer: Option<Arc<dyn Tokenizer>>,
 }
 
 impl BenchOptions {
@@ -46,6 +51,7 @@ impl BenchOptions {
             out: None,
             progress: false,
             scrape_interval: Duration::from_millis(250),
+            tokenizer: None,
         }
     }
 }
@@ -83,10 +89,11 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     let text = std::fs::read_to_string(&opts.scenario)
         .with_context(|| format!("{path}: cannot read scenario"))?;
     let scenario = Scenario::parse(&path, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
-    let gen = Arc::new(WorkloadGenerator::new(
-        scenario.workload.clone(),
-        Arc::new(ApproxTokenizer::default()),
-    ));
+    let tokenizer = opts
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| Arc::new(ApproxTokenizer::default()));
+    let gen = Arc::new(WorkloadGenerator::new(scenario.workload.clone(), tokenizer));
     let client = reqwest::Client::builder().build()?;
     let base = opts.server.trim_end_matches('/').to_string();
     let model = match &opts.model {

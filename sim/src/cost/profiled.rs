@@ -131,26 +131,53 @@ impl Profiled {
                 *s = 1.0; // an unexercised feature: its coefficient ends up 0
             }
         }
-        let mut ata = [[0.0f64; FEATURES]; FEATURES];
-        let mut atb = [0.0f64; FEATURES];
-        for (r, p) in rows.iter().zip(pts) {
-            let x: Vec<f64> = (0..FEATURES).map(|j| r[j] / scale[j]).collect();
-            for i in 0..FEATURES {
-                atb[i] += x[i] * p.step_s;
-                for j in 0..FEATURES {
-                    ata[i][j] += x[i] * x[j];
+        // Least squares on *relative* error (each row divided by its step time), so that a
+        // 1 ms decode step weighs as much as a 1 s prefill; and no negative coefficient (a
+        // cost term cannot save time): a feature whose coefficient comes out negative is
+        // dropped and the rest refitted (an active-set method, at most FEATURES rounds).
+        let mut active = [true; FEATURES];
+        let mut coef = [0.0; FEATURES];
+        for _ in 0..FEATURES {
+            let mut ata = [[0.0f64; FEATURES]; FEATURES];
+            let mut atb = [0.0f64; FEATURES];
+            for (r, p) in rows.iter().zip(pts) {
+                let x: Vec<f64> = (0..FEATURES)
+                    .map(|j| {
+                        if active[j] {
+                            r[j] / scale[j] / p.step_s
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                for i in 0..FEATURES {
+                    atb[i] += x[i];
+                    for j in 0..FEATURES {
+                        ata[i][j] += x[i] * x[j];
+                    }
                 }
             }
+            // A tiny ridge keeps unexercised or dropped features (zero columns) solvable at 0.
+            for (i, row) in ata.iter_mut().enumerate() {
+                row[i] += 1e-12;
+            }
+            let beta =
+                solve(ata, atb).ok_or("the profile's points do not determine a fit (singular)")?;
+            for j in 0..FEATURES {
+                coef[j] = beta[j] / scale[j];
+            }
+            match (0..FEATURES)
+                .filter(|&j| active[j] && coef[j] < 0.0)
+                .min_by(|&a, &b| (coef[a] * scale[a]).total_cmp(&(coef[b] * scale[b])))
+            {
+                Some(j) => active[j] = false,
+                None => break,
+            }
         }
-        // A tiny ridge keeps unexercised features (all-zero columns) solvable at 0.
-        for (i, row) in ata.iter_mut().enumerate() {
-            row[i] += 1e-12;
-        }
-        let beta =
-            solve(ata, atb).ok_or("the profile's points do not determine a fit (singular)")?;
-        let mut coef = [0.0; FEATURES];
         for j in 0..FEATURES {
-            coef[j] = beta[j] / scale[j];
+            if !active[j] {
+                coef[j] = 0.0;
+            }
         }
         let floor = pts.iter().map(|p| p.step_s).fold(f64::INFINITY, f64::min);
         let client = profile.client.map_or(client, |c| ClientPath {

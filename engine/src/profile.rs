@@ -1,0 +1,219 @@
+//! `engine profile`: time real model steps over a grid of batch compositions and write the
+//! profile the simulator's profiled cost model fits (format: `infer_sim::cost::profiled`).
+//!
+//! Grid: pure prefills (a fresh prompt, or a chunk after earlier chunks), pure decodes at
+//! several batch sizes and context lengths, and mixed steps (a prefill chunk plus decodes),
+//! which is what chunked prefill schedules. Each point is the median of a few runs after a
+//! warm-up. The client path (HTTP, tokenisation, streaming) is measured on an in-process
+//! server, so predicted TTFT includes it as a client sees it.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::batch::{ForwardBatch, SeqChunk};
+use crate::model::LoadedModel;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfilePoint {
+    pub prefill_tokens: usize,
+    pub decode_seqs: usize,
+    pub context_tokens: usize,
+    pub attention_pairs: f64,
+    pub step_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileClient {
+    pub request_s: f64,
+    pub per_prompt_token_s: f64,
+    pub stream_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Profile {
+    pub model: String,
+    pub device: String,
+    pub points: Vec<ProfilePoint>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<ProfileClient>,
+}
+
+/// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`.
+#[derive(Debug, Clone)]
+struct Shape {
+    prefills: Vec<(usize, usize)>,
+    decodes: usize,
+    decode_ctx: usize,
+}
+
+/// Profile `model` (steps and client path) into the simulator's profile format.
+pub async fn profile_model(model: &str, quick: bool) -> Result<Profile> {
+    let m = model.to_string();
+    let (lm, mut points) = tokio::task::spawn_blocking(move || {
+        let lm = crate::model::load_model(&m, None, &candle_core::Device::Cpu)?;
+        let points = profile_steps(&lm, quick, 5)?;
+        anyhow::Ok((lm, points))
+    })
+    .await??;
+    drop(lm);
+    let client = crate::verify::measure_client_path(model, &mut points).await?;
+    Ok(Profile {
+        model: model.to_string(),
+        device: "cpu".into(),
+        points,
+        client: Some(client),
+    })
+}
+
+fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
+    let mut g = Vec::new();
+    let lens: &[usize] = if quick {
+        &[64, 512]
+    } else {
+        &[16, 64, 128, 256, 512, 1024, 2048]
+    };
+    for &p in lens.iter().filter(|&&p| p < max_len) {
+        g.push(Shape {
+            prefills: vec![(0, p)],
+            decodes: 0,
+            decode_ctx: 0,
+        });
+    }
+    // Chunks that follow earlier chunks (or a prefix-cache hit).
+    for &start in if quick {
+        &[1024][..]
+    } else {
+        &[512, 1024, 1536][..]
+    } {
+        if start + 512 < max_len {
+            g.push(Shape {
+                prefills: vec![(start, 512)],
+                decodes: 0,
+                decode_ctx: 0,
+            });
+        }
+    }
+    // Several prompts in one step (unchunked bursts).
+    for &n in if quick { &[4][..] } else { &[2, 4, 8][..] } {
+        g.push(Shape {
+            prefills: vec![(0, 256); n],
+            decodes: 0,
+            decode_ctx: 0,
+        });
+    }
+    let batches: &[usize] = if quick {
+        &[1, 16]
+    } else {
+        &[1, 2, 4, 8, 16, 24, 32]
+    };
+    let ctxs: &[usize] = if quick {
+        &[256]
+    } else {
+        &[128, 512, 1024, 2048]
+    };
+    for &d in batches {
+        for &c in ctxs.iter().filter(|&&c| c < max_len) {
+            g.push(Shape {
+                prefills: vec![],
+                decodes: d,
+                decode_ctx: c,
+            });
+        }
+    }
+    for &d in if quick { &[8][..] } else { &[4, 12, 24][..] } {
+        for &p in if quick { &[256][..] } else { &[128, 488][..] } {
+            g.push(Shape {
+                prefills: vec![(0, p)],
+                decodes: d,
+                decode_ctx: 512,
+            });
+        }
+    }
+    g
+}
+
+/// Time the grid on `lm`. `reps` runs per point (the median is kept).
+pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<ProfilePoint>> {
+    let block_size = 16;
+    let max_len = lm.config.max_position_embeddings.min(4096);
+    let shapes = grid(max_len, quick);
+    // One pool large enough for the largest shape; block tables are disjoint ranges.
+    let need = shapes
+        .iter()
+        .map(|s| {
+            let p: usize = s
+                .prefills
+                .iter()
+                .map(|&(a, n)| (a + n).div_ceil(block_size))
+                .sum();
+            p + s.decodes * (s.decode_ctx + 1).div_ceil(block_size)
+        })
+        .max()
+        .unwrap_or(1);
+    let mut kv = lm.model.new_kv_cache(need, block_size)?;
+    let vocab = lm.config.vocab_size as u32;
+    let mut points = Vec::with_capacity(shapes.len());
+    for shape in &shapes {
+        let mut next_block = 0u32;
+        let mut table = |len: usize| {
+            let n = len.div_ceil(block_size) as u32;
+            let t: Vec<u32> = (next_block..next_block + n).collect();
+            next_block += n;
+            t
+        };
+        let mut seqs = Vec::new();
+        for (i, &(start, n)) in shape.prefills.iter().enumerate() {
+            let tokens = (0..n)
+                .map(|k| ((k * 31 + i * 7 + 11) as u32) % vocab)
+                .collect();
+            seqs.push(SeqChunk {
+                tokens,
+                start_pos: start,
+                block_table: table(start + n),
+                sample: true,
+            });
+        }
+        for i in 0..shape.decodes {
+            let tok = ((i * 13 + 5) as u32) % vocab;
+            let c = shape.decode_ctx;
+            seqs.push(SeqChunk {
+                tokens: vec![tok],
+                start_pos: c,
+                block_table: table(c + 1),
+                sample: true,
+            });
+        }
+        let batch = ForwardBatch { seqs };
+        lm.model.forward(&batch, &mut kv)?; // warm-up
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            let logits = lm.model.forward(&batch, &mut kv)?;
+            // A real step also reads the logits back and samples (greedy, as the benchmarks).
+            for row in logits.to_vec2::<f32>()? {
+                std::hint::black_box(crate::sampling::argmax(&row));
+            }
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let prefill_tokens: usize = shape.prefills.iter().map(|p| p.1).sum();
+        let context_tokens: usize = shape.prefills.iter().map(|&(a, n)| a + n).sum::<usize>()
+            + shape.decodes * (shape.decode_ctx + 1);
+        let attention_pairs: f64 = shape
+            .prefills
+            .iter()
+            .map(|&(a, n)| (n * a) as f64 + (n * (n + 1)) as f64 / 2.0)
+            .sum::<f64>()
+            + (shape.decodes * (shape.decode_ctx + 1)) as f64;
+        points.push(ProfilePoint {
+            prefill_tokens,
+            decode_seqs: shape.decodes,
+            context_tokens,
+            attention_pairs,
+            step_s: times[times.len() / 2],
+        });
+    }
+    Ok(points)
+}
