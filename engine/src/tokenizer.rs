@@ -159,6 +159,45 @@ fn special_token(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The core's tokenizer abstraction over a real `tokenizer.json`, so the workload generator
+/// can cut prompts in this model's own tokens (what `engine verify` needs for the simulator
+/// and the server to see the same prompt lengths).
+impl infer_core::workload::Tokenizer for TextTokenizer {
+    fn encode_with_offsets(&self, text: &str) -> Vec<infer_core::workload::Token> {
+        let Ok(enc) = self.inner.encode(text, false) else {
+            return Vec::new();
+        };
+        // Byte-level BPE offsets can fall inside a character or leave gaps (trimmed
+        // spaces); snap them to character boundaries and make them contiguous.
+        let floor = |mut i: usize| {
+            i = i.min(text.len());
+            while !text.is_char_boundary(i) {
+                i -= 1;
+            }
+            i
+        };
+        let ids = enc.get_ids();
+        let starts: Vec<usize> = enc.get_offsets().iter().map(|o| floor(o.0)).collect();
+        let mut out = Vec::with_capacity(ids.len());
+        let mut prev = 0;
+        for (i, &id) in ids.iter().enumerate() {
+            let start = prev;
+            let end = if i + 1 < ids.len() {
+                starts[i + 1].max(start)
+            } else {
+                text.len()
+            };
+            out.push(infer_core::workload::Token { id, start, end });
+            prev = end;
+        }
+        out
+    }
+
+    fn name(&self) -> String {
+        format!("tokenizer.json (vocab {})", self.vocab_size())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,44 +255,5 @@ mod tests {
         assert_eq!(chat_template(&cfg).as_deref(), Some("D"));
         assert_eq!(special_token(cfg.get("bos_token")).as_deref(), Some("<s>"));
         assert_eq!(special_token(cfg.get("eos_token")).as_deref(), Some("</s>"));
-    }
-}
-
-/// The core's tokenizer abstraction over a real `tokenizer.json`, so the workload generator
-/// can cut prompts in this model's own tokens (what `engine verify` needs for the simulator
-/// and the server to see the same prompt lengths).
-impl infer_core::workload::Tokenizer for TextTokenizer {
-    fn encode_with_offsets(&self, text: &str) -> Vec<infer_core::workload::Token> {
-        let Ok(enc) = self.inner.encode(text, false) else {
-            return Vec::new();
-        };
-        // Byte-level BPE offsets can fall inside a character or leave gaps (trimmed
-        // spaces); snap them to character boundaries and make them contiguous.
-        let floor = |mut i: usize| {
-            i = i.min(text.len());
-            while !text.is_char_boundary(i) {
-                i -= 1;
-            }
-            i
-        };
-        let ids = enc.get_ids();
-        let starts: Vec<usize> = enc.get_offsets().iter().map(|o| floor(o.0)).collect();
-        let mut out = Vec::with_capacity(ids.len());
-        let mut prev = 0;
-        for (i, &id) in ids.iter().enumerate() {
-            let start = prev;
-            let end = if i + 1 < ids.len() {
-                starts[i + 1].max(start)
-            } else {
-                text.len()
-            };
-            out.push(infer_core::workload::Token { id, start, end });
-            prev = end;
-        }
-        out
-    }
-
-    fn name(&self) -> String {
-        format!("tokenizer.json (vocab {})", self.vocab_size())
     }
 }
