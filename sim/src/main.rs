@@ -65,7 +65,8 @@ enum Command {
     /// List the hardware and models the simulator knows.
     Catalog,
     /// Write report.md (tables, phase comparisons, charts) for run directories, flagging
-    /// regressions against --baseline.
+    /// regressions against --baseline (needs `--features report`).
+    #[cfg(feature = "report")]
     Report {
         #[arg(required = true, value_name = "RUN_DIR")]
         runs: Vec<PathBuf>,
@@ -101,6 +102,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
             print!("{}", catalog::render());
             Ok(())
         }
+        #[cfg(feature = "report")]
         Command::Report {
             runs,
             baseline,

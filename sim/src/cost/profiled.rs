@@ -323,7 +323,21 @@ mod tests {
         assert!((fit.step_time(&s) - want).abs() / want < 1e-6);
         let json = serde_json::to_string(&profile()).unwrap();
         let again = Profiled::from_json(&json, ClientPath::default()).unwrap();
-        assert_eq!(again.coefficients(), fit.coefficients());
+        // This grid makes context = prefill + 700 × decodes, so the coefficients are not
+        // unique; the predictions are.
+        for shape in [
+            s,
+            StepShape {
+                prefill_tokens: 0,
+                decode_seqs: 12,
+                context_tokens: 8400,
+                attention_pairs: 8400.0,
+                ..StepShape::default()
+            },
+        ] {
+            let (a, b) = (again.step_time(&shape), fit.step_time(&shape));
+            assert!((a - b).abs() / b < 1e-9, "{a} vs {b}");
+        }
     }
 
     #[test]
