@@ -38,9 +38,8 @@ fn small(mode: BatchingMode) -> SchedulerConfig {
     }
 }
 
-#[test]
-fn static_batching_waits_for_the_whole_batch() {
-    // Four requests start together; one is short. A fifth arrives after the short one ends.
+/// Four requests start together (request 0 is short); a fifth arrives at 0.05 s.
+fn batch_then_latecomer() -> Vec<(f64, Request)> {
     let mut reqs: Vec<(f64, Request)> = (0..4)
         .map(|i| {
             (
@@ -50,6 +49,21 @@ fn static_batching_waits_for_the_whole_batch() {
         })
         .collect();
     reqs.push((0.05, Request::new(4, vec![2; 32], 5)));
+    reqs
+}
+
+/// When request `id` was first scheduled.
+fn first_step_of(log: &common::RunLog, id: u64) -> f64 {
+    log.steps
+        .iter()
+        .find(|s| s.seqs.iter().any(|x| x.0 == id))
+        .unwrap()
+        .time
+}
+
+#[test]
+fn static_batching_waits_for_the_whole_batch() {
+    let reqs = batch_then_latecomer();
     let (log, _) = drive(small(BatchingMode::Static), reqs, |_| 0.01, vec![]);
     let batch_end = log
         .finished()
@@ -64,12 +78,7 @@ fn static_batching_waits_for_the_whole_batch() {
         .filter(|(_, e)| matches!(e, infer_core::Event::Finished { request, .. } if request.0 < 4))
         .map(|(t, _)| *t)
         .fold(0.0, f64::max);
-    let first_step_of_5 = log
-        .steps
-        .iter()
-        .find(|s| s.seqs.iter().any(|x| x.0 == 4))
-        .unwrap()
-        .time;
+    let first_step_of_5 = first_step_of(&log, 4);
     assert!(
         first_step_of_5 >= last_of_batch,
         "request 4 ran at {first_step_of_5} before the batch ended at {last_of_batch}"
@@ -78,22 +87,9 @@ fn static_batching_waits_for_the_whole_batch() {
 
 #[test]
 fn continuous_batching_admits_on_the_next_step() {
-    let mut reqs: Vec<(f64, Request)> = (0..4)
-        .map(|i| {
-            (
-                0.0,
-                Request::new(i, vec![1; 32], if i == 0 { 2 } else { 20 }),
-            )
-        })
-        .collect();
-    reqs.push((0.05, Request::new(4, vec![2; 32], 5)));
+    let reqs = batch_then_latecomer();
     let (log, _) = drive(small(BatchingMode::Continuous), reqs, |_| 0.01, vec![]);
-    let first_step_of_5 = log
-        .steps
-        .iter()
-        .find(|s| s.seqs.iter().any(|x| x.0 == 4))
-        .unwrap()
-        .time;
+    let first_step_of_5 = first_step_of(&log, 4);
     // It arrives at 0.05 and a slot is free (request 0 ended at 0.03): the next step takes it.
     assert!(
         first_step_of_5 <= 0.05 + 0.01 + 1e-9,

@@ -150,11 +150,8 @@ impl EngineLoop {
         match cmd {
             Command::Add(r) => self.add(*r),
             Command::Abort(id) => {
-                if self.live.remove(&id).is_some() {
-                    if let Some(stats) = self.sched.abort(RequestId(id)) {
-                        self.metrics.lock().unwrap().finished(FinishReason::Abort);
-                        let _ = stats;
-                    }
+                if self.live.remove(&id).is_some() && self.sched.abort(RequestId(id)).is_some() {
+                    self.metrics.lock().unwrap().finished(FinishReason::Abort);
                 }
             }
             Command::Shutdown => return false,

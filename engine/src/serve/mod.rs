@@ -109,9 +109,7 @@ impl Engine {
             sched.num_gpu_blocks,
         )));
         let engine = EngineLoop::new(lm, sched.clone(), metrics.clone(), cfg.seed)?;
-        let capacity = infer_core::Scheduler::new(sched.clone())
-            .kv()
-            .capacity_tokens();
+        let capacity = sched.kv_capacity_tokens();
         let startup_log = format!(
             "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {capacity} tokens",
             cfg.model,
