@@ -88,6 +88,7 @@ pub struct Engine {
 impl Engine {
     /// Load the model and start the engine thread.
     pub fn start(cfg: &ServeConfig) -> Result<Engine> {
+        crate::host_memory::keep_freed_memory();
         cfg.sched
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;

@@ -1,0 +1,29 @@
+//! Keep freed host memory for reuse instead of handing it back to the OS.
+//!
+//! A CPU forward allocates large temporaries every step (gathered K/V, score matrices,
+//! activations): tens of MB at long contexts. glibc serves blocks above its mmap threshold
+//! (at most 32 MB) with a fresh `mmap` and unmaps them on free, so every step page-faults
+//! them in again — measured here, a 24-sequence decode at 49k context tokens took 140 ms
+//! instead of 54 ms and a 2,048-token prefill 1.15 s instead of 0.53 s, a cliff in step
+//! time no cost model should have to learn. GPU servers avoid the same cost with a caching
+//! allocator (PyTorch's keeps freed device blocks); this is the host equivalent: no mmap for
+//! allocations, no trimming of the heap, one arena so that the engine thread and candle's
+//! worker threads reuse the same memory. The price is that resident memory stays at its
+//! high-water mark.
+
+/// Configure the allocator; idempotent, best effort (a no-op off glibc).
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only sets allocator parameters; these take effect for later
+            // allocations and are safe to change while others run.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_MAX, 0);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+                libc::mallopt(libc::M_ARENA_MAX, 1);
+            }
+        });
+    }
+}
