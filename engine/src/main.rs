@@ -292,14 +292,30 @@ fn run(cli: Cli) -> Result<()> {
                 .build()?;
             let profile = rt.block_on(infer_engine::profile::profile_model(&a.model, a.quick))?;
             std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")?;
+            let fit = infer_sim::cost::Profiled::fit(&profile, Default::default());
             for p in &profile.points {
+                let fitted = match &fit {
+                    Ok(f) => {
+                        let t = f.predict_point(p);
+                        format!(
+                            " (fit {:.3} ms, {:+.0}%)",
+                            t * 1e3,
+                            (t / p.step_s - 1.0) * 100.0
+                        )
+                    }
+                    Err(_) => String::new(),
+                };
                 println!(
-                    "step_ms[prefill={},decode={},context={}]: {:.3} ms",
+                    "step_ms[prefill={},decode={},context={}]: {:.3} ms{fitted}",
                     p.prefill_tokens,
                     p.decode_seqs,
                     p.context_tokens,
                     p.step_s * 1e3
                 );
+            }
+            match &fit {
+                Ok(fit) => println!("{}", infer_sim::cost::CostModel::describe(fit)),
+                Err(e) => println!("the profile does not fit: {e}"),
             }
             println!("wrote {}", a.out.display());
         }

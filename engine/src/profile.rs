@@ -10,35 +10,11 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use serde::Serialize;
 
 use crate::batch::{ForwardBatch, SeqChunk};
 use crate::model::LoadedModel;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ProfilePoint {
-    pub prefill_tokens: usize,
-    pub decode_seqs: usize,
-    pub context_tokens: usize,
-    pub attention_pairs: f64,
-    pub step_s: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ProfileClient {
-    pub request_s: f64,
-    pub per_prompt_token_s: f64,
-    pub stream_s: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Profile {
-    pub model: String,
-    pub device: String,
-    pub points: Vec<ProfilePoint>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub client: Option<ProfileClient>,
-}
+pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint};
 
 /// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`.
 #[derive(Debug, Clone)]
@@ -212,7 +188,9 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
             prefill_tokens,
             decode_seqs: shape.decodes,
             context_tokens,
-            attention_pairs,
+            decode_context_tokens: Some(shape.decodes * (shape.decode_ctx + 1)),
+            attention_pairs: Some(attention_pairs),
+            chunk_self_pairs: Some(shape.prefills.iter().map(|&(_, n)| (n * n) as f64).sum()),
             step_s: times[times.len() / 2],
         });
     }

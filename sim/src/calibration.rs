@@ -139,6 +139,7 @@ pub fn calibrate(
         decode_seqs: 1,
         sampled: 1,
         context_tokens: ctx,
+        decode_context_tokens: ctx,
         attention_pairs: ctx as f64,
         ..StepShape::default()
     };

@@ -174,6 +174,7 @@ mod tests {
             decode_seqs: seqs,
             sampled: seqs,
             context_tokens: seqs * ctx,
+            decode_context_tokens: seqs * ctx,
             attention_pairs: (seqs * ctx) as f64,
             ..StepShape::default()
         }

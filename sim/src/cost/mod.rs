@@ -3,13 +3,13 @@
 //!
 //! * [`Analytic`]: a roofline from the catalog's hardware and model numbers plus a few
 //!   calibration coefficients;
-//! * [`Profiled`]: a small linear model fitted to step times measured by `engine profile`.
+//! * [`Profiled`]: a model fitted to step times measured by `engine profile`.
 
 mod analytic;
 mod profiled;
 
 pub use analytic::Analytic;
-pub use profiled::{Profile, ProfilePoint, Profiled};
+pub use profiled::{Profile, ProfileClient, ProfilePoint, Profiled};
 
 use infer_core::StepPlan;
 
@@ -28,9 +28,14 @@ pub struct StepShape {
     pub sampled: usize,
     /// Context tokens the step's attention reads: Σ context length after the step.
     pub context_tokens: usize,
+    /// The part of `context_tokens` that belongs to decodes.
+    pub decode_context_tokens: usize,
     /// Query × key pairs attention computes: Σ over sequences of
     /// new × computed + new × (new + 1) / 2 (causal within the chunk).
     pub attention_pairs: f64,
+    /// Σ over prompt chunks of chunk length²: the square block of a chunk attending to
+    /// itself, masked half included (what an attention without causal skipping computes).
+    pub chunk_self_pairs: f64,
 }
 
 impl StepShape {
@@ -43,10 +48,12 @@ impl StepShape {
             let n = q.num_new_tokens;
             if q.is_decode {
                 s.decode_seqs += 1;
+                s.decode_context_tokens += q.context_len();
             } else {
                 s.prefill_tokens += n;
                 s.prefill_seqs += 1;
                 s.max_prefill_chunk = s.max_prefill_chunk.max(n);
+                s.chunk_self_pairs += (n * n) as f64;
             }
             if q.samples {
                 s.sampled += 1;
@@ -124,9 +131,10 @@ mod tests {
             (
                 shape.prefill_tokens,
                 shape.decode_seqs,
-                shape.context_tokens
+                shape.context_tokens,
+                shape.decode_context_tokens
             ),
-            (0, 1, 101)
+            (0, 1, 101, 101)
         );
         assert_eq!(shape.attention_pairs, 101.0);
     }

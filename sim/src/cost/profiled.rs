@@ -9,7 +9,7 @@
 //!   "points": [
 //!     { "prefill_tokens": 512, "decode_seqs": 0, "context_tokens": 512, "step_s": 0.061 },
 //!     { "prefill_tokens": 0, "decode_seqs": 16, "context_tokens": 6144, "step_s": 0.019,
-//!       "attention_pairs": 6144 }
+//!       "decode_context_tokens": 6144, "attention_pairs": 6144 }
 //!   ],
 //!   "client": { "request_s": 0.003, "per_prompt_token_s": 1e-6, "stream_s": 0.001 }
 //! }
@@ -17,20 +17,35 @@
 //!
 //! Field meanings are those of [`StepShape`]: `prefill_tokens` = new prompt tokens in the
 //! step, `decode_seqs` = sequences decoding one token, `context_tokens` = Σ context length
-//! after the step over scheduled sequences, `step_s` = measured seconds. `attention_pairs`
-//! (Σ query × key pairs) is optional; when absent it is taken as a fresh prefill's
-//! `prefill_tokens × (prefill_tokens + 1) / 2` plus one pair per context token of the
-//! decodes. `client` is optional (the client path outside the GPU).
+//! after the step over scheduled sequences, `decode_context_tokens` = the part of it that
+//! belongs to decodes, `attention_pairs` = Σ query × key pairs, `step_s` = measured seconds.
+//! `chunk_self_pairs` = Σ chunk length² over prompt chunks. The last three are optional;
+//! when absent they are taken as for one fresh prompt (`context_tokens − prefill_tokens`,
+//! `p × (p + 1) / 2` plus one pair per decode context token, and `p²`). `client` is
+//! optional (the client path outside the GPU).
 //!
-//! The fit is ordinary least squares of
+//! The model mirrors what a step does:
 //!
 //! ```text
-//! step_s ≈ b0 + b1 × prefill_tokens + b2 × decode_seqs + b3 × context_tokens + b4 × attention_pairs
+//! step_s ≈ dense(new_tokens) + a × decode_context_tokens
+//!          + b × cross_pairs + c × chunk_self_pairs
 //! ```
 //!
-//! (fixed overhead; matmul cost per prompt token; per-sequence decode cost; KV reads;
-//! attention compute). Features are scaled to unit magnitude before solving the normal
-//! equations, and a prediction never goes below the smallest measured step.
+//! * `dense` — everything that scales with the rows of the step's activations (weights
+//!   streamed, matmuls, norms, sampling, fixed overhead) — is a piecewise-linear function of
+//!   the new tokens (prefill tokens + decodes) with knots at powers of two, because it is
+//!   not linear at small batches: a GPU is weight-bandwidth bound until the matmuls fill
+//!   it, and a CPU's first extra row can cost a thread hand-off. Beyond the last knot it
+//!   extrapolates the last segment.
+//! * `a` — decode attention reads each context token's K and V once (memory bound);
+//! * `b`, `c` — prefill attention computes query × key pairs (compute bound): `cross_pairs`
+//!   of a chunk's queries with the context before it (n × start), and `chunk_self_pairs`
+//!   of the chunk with itself (n²). An attention that skips the masked half (flash
+//!   attention) fits `c ≈ b / 2`; one that computes the whole square and masks it (a
+//!   batched matmul, like the CPU engine's) fits `c ≈ b`. One pair count cannot be both.
+//!
+//! All weights are fitted at once by non-negative least squares on *relative* error (a
+//! 1 ms decode weighs as much as a 1 s prefill; no term may save time).
 
 use serde::{Deserialize, Serialize};
 
@@ -42,8 +57,12 @@ pub struct ProfilePoint {
     pub prefill_tokens: usize,
     pub decode_seqs: usize,
     pub context_tokens: usize,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_context_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_pairs: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_self_pairs: Option<f64>,
     pub step_s: f64,
 }
 
@@ -62,31 +81,98 @@ pub struct Profile {
     pub model: String,
     pub device: String,
     pub points: Vec<ProfilePoint>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<ProfileClient>,
 }
 
-const FEATURES: usize = 5;
-
 impl ProfilePoint {
-    fn pairs(&self) -> f64 {
-        self.attention_pairs.unwrap_or_else(|| {
+    fn new_tokens(&self) -> usize {
+        self.prefill_tokens + self.decode_seqs
+    }
+
+    fn decode_context(&self) -> usize {
+        match self.decode_context_tokens {
+            Some(c) => c,
+            None if self.decode_seqs == 0 => 0,
+            None => self.context_tokens.saturating_sub(self.prefill_tokens),
+        }
+    }
+
+    fn prefill_pairs(&self) -> f64 {
+        let pairs = self.attention_pairs.unwrap_or_else(|| {
             let p = self.prefill_tokens as f64;
-            let decode_ctx = self.context_tokens.saturating_sub(self.prefill_tokens) as f64;
-            p * (p + 1.0) / 2.0 + decode_ctx
-        })
+            p * (p + 1.0) / 2.0 + self.decode_context() as f64
+        });
+        (pairs - self.decode_context() as f64).max(0.0)
+    }
+
+    fn self_pairs(&self) -> f64 {
+        self.chunk_self_pairs
+            .unwrap_or((self.prefill_tokens * self.prefill_tokens) as f64)
     }
 }
 
-fn features(prefill: f64, decode: f64, context: f64, pairs: f64) -> [f64; FEATURES] {
-    [1.0, prefill, decode, context, pairs]
+/// Prefill attention pairs split into (cross, self): `prefill_pairs` counts causal pairs,
+/// Σ n × start + n × (n + 1) / 2, so cross = prefill_pairs − (Σ n² + Σ n) / 2.
+fn split_pairs(prefill_pairs: f64, self_pairs: f64, prefill_tokens: usize) -> (f64, f64) {
+    let cross = (prefill_pairs - (self_pairs + prefill_tokens as f64) / 2.0).max(0.0);
+    (cross, self_pairs)
+}
+
+impl ProfilePoint {
+    fn attention(&self) -> (f64, f64) {
+        split_pairs(self.prefill_pairs(), self.self_pairs(), self.prefill_tokens)
+    }
+}
+
+/// The hat basis of the dense term: value of each knot's function at `n` new tokens.
+/// Below the first knot the first function is 1; beyond the last the last segment
+/// continues (its two functions take values 1 − t and t with t > 1).
+fn hats(knots: &[f64], n: f64, out: &mut [f64]) {
+    out.fill(0.0);
+    let k = knots.len();
+    if k == 1 || n <= knots[0] {
+        out[0] = 1.0;
+        return;
+    }
+    let seg = knots.windows(2).position(|w| n <= w[1]).unwrap_or(k - 2);
+    let t = (n - knots[seg]) / (knots[seg + 1] - knots[seg]);
+    out[seg] = 1.0 - t;
+    out[seg + 1] = t;
+}
+
+/// Powers of two from 1 up to the first at or above the largest step, keeping only those
+/// whose hat function some measured step touches (an untouched one would be unfitted).
+fn choose_knots(new_tokens: &[usize]) -> Vec<f64> {
+    let max = new_tokens.iter().copied().max().unwrap_or(1).max(1);
+    let candidates: Vec<usize> = (0..)
+        .map(|i| 1usize << i)
+        .take_while(|&c| c < max * 2)
+        .collect();
+    let mut knots = Vec::new();
+    for (i, &c) in candidates.iter().enumerate() {
+        let lo = if i == 0 { 0 } else { candidates[i - 1] };
+        let hi = candidates.get(i + 1).copied().unwrap_or(usize::MAX);
+        if new_tokens.iter().any(|&n| n > lo && n < hi) {
+            knots.push(c as f64);
+        }
+    }
+    knots
 }
 
 #[derive(Debug, Clone)]
 pub struct Profiled {
     name: String,
-    coef: [f64; FEATURES],
-    floor: f64,
+    /// New-token counts of the dense term's knots.
+    knots: Vec<f64>,
+    /// Dense step time at each knot (s).
+    dense: Vec<f64>,
+    /// Seconds per decode context token.
+    per_decode_context: f64,
+    /// Seconds per prefill pair with the context before the chunk.
+    per_cross_pair: f64,
+    /// Seconds per pair of a chunk with itself.
+    per_self_pair: f64,
     client: ClientPath,
     /// Root-mean-square relative error of the fit over the profile's points.
     pub rms_rel_error: f64,
@@ -96,90 +182,55 @@ impl Profiled {
     /// Fit `profile`; `client` is used when the profile has none.
     pub fn fit(profile: &Profile, client: ClientPath) -> Result<Profiled, String> {
         let pts = &profile.points;
-        if pts.len() < FEATURES {
-            return Err(format!(
-                "a profile needs at least {FEATURES} points to fit {FEATURES} coefficients, it has {}",
-                pts.len()
-            ));
-        }
         if let Some(p) = pts
             .iter()
             .find(|p| !(p.step_s > 0.0 && p.step_s.is_finite()))
         {
             return Err(format!("step_s must be positive, found {}", p.step_s));
         }
-        let rows: Vec<[f64; FEATURES]> = pts
+        if let Some(p) = pts.iter().find(|p| p.new_tokens() == 0) {
+            return Err(format!(
+                "a point with no new tokens (prefill_tokens 0, decode_seqs 0, step_s {})",
+                p.step_s
+            ));
+        }
+        let knots = choose_knots(&pts.iter().map(ProfilePoint::new_tokens).collect::<Vec<_>>());
+        let k = knots.len();
+        let features = k + 3;
+        if pts.len() < features {
+            return Err(format!(
+                "a profile needs at least {features} points to fit {features} coefficients \
+                 ({k} dense knots, decode context, two prefill attention terms), it has {}",
+                pts.len()
+            ));
+        }
+        let row = |p: &ProfilePoint| {
+            let mut x = vec![0.0; features];
+            hats(&knots, p.new_tokens() as f64, &mut x[..k]);
+            x[k] = p.decode_context() as f64;
+            (x[k + 1], x[k + 2]) = p.attention();
+            x
+        };
+        let rows: Vec<Vec<f64>> = pts.iter().map(row).collect();
+        // Relative error: each row divided by its step time, target 1. Columns scaled to
+        // max |value| = 1 so that the normal equations are well conditioned.
+        let mut scale = vec![0.0f64; features];
+        for (r, p) in rows.iter().zip(pts) {
+            for j in 0..features {
+                scale[j] = scale[j].max((r[j] / p.step_s).abs());
+            }
+        }
+        for s in scale.iter_mut().filter(|s| **s == 0.0) {
+            *s = 1.0; // an unexercised feature: its weight ends up 0
+        }
+        let a: Vec<Vec<f64>> = rows
             .iter()
-            .map(|p| {
-                features(
-                    p.prefill_tokens as f64,
-                    p.decode_seqs as f64,
-                    p.context_tokens as f64,
-                    p.pairs(),
-                )
-            })
+            .zip(pts)
+            .map(|(r, p)| (0..features).map(|j| r[j] / p.step_s / scale[j]).collect())
             .collect();
-        // Scale each column to max |value| = 1 so the normal equations are well conditioned.
-        let mut scale = [0.0f64; FEATURES];
-        for r in &rows {
-            for j in 0..FEATURES {
-                scale[j] = scale[j].max(r[j].abs());
-            }
-        }
-        for s in scale.iter_mut() {
-            if *s == 0.0 {
-                *s = 1.0; // an unexercised feature: its coefficient ends up 0
-            }
-        }
-        // Least squares on *relative* error (each row divided by its step time), so that a
-        // 1 ms decode step weighs as much as a 1 s prefill; and no negative coefficient (a
-        // cost term cannot save time): a feature whose coefficient comes out negative is
-        // dropped and the rest refitted (an active-set method, at most FEATURES rounds).
-        let mut active = [true; FEATURES];
-        let mut coef = [0.0; FEATURES];
-        for _ in 0..FEATURES {
-            let mut ata = [[0.0f64; FEATURES]; FEATURES];
-            let mut atb = [0.0f64; FEATURES];
-            for (r, p) in rows.iter().zip(pts) {
-                let x: Vec<f64> = (0..FEATURES)
-                    .map(|j| {
-                        if active[j] {
-                            r[j] / scale[j] / p.step_s
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                for i in 0..FEATURES {
-                    atb[i] += x[i];
-                    for j in 0..FEATURES {
-                        ata[i][j] += x[i] * x[j];
-                    }
-                }
-            }
-            // A tiny ridge keeps unexercised or dropped features (zero columns) solvable at 0.
-            for (i, row) in ata.iter_mut().enumerate() {
-                row[i] += 1e-12;
-            }
-            let beta =
-                solve(ata, atb).ok_or("the profile's points do not determine a fit (singular)")?;
-            for j in 0..FEATURES {
-                coef[j] = beta[j] / scale[j];
-            }
-            match (0..FEATURES)
-                .filter(|&j| active[j] && coef[j] < 0.0)
-                .min_by(|&a, &b| (coef[a] * scale[a]).total_cmp(&(coef[b] * scale[b])))
-            {
-                Some(j) => active[j] = false,
-                None => break,
-            }
-        }
-        for j in 0..FEATURES {
-            if !active[j] {
-                coef[j] = 0.0;
-            }
-        }
-        let floor = pts.iter().map(|p| p.step_s).fold(f64::INFINITY, f64::min);
+        let w = nnls(&a, &vec![1.0; pts.len()])
+            .ok_or("the profile's points do not determine a fit (singular)")?;
+        let coef: Vec<f64> = (0..features).map(|j| w[j] / scale[j]).collect();
         let client = profile.client.map_or(client, |c| ClientPath {
             request_s: c.request_s,
             per_prompt_token_s: c.per_prompt_token_s,
@@ -187,15 +238,17 @@ impl Profiled {
         });
         let mut fit = Profiled {
             name: format!("{} on {}", profile.model, profile.device),
-            coef,
-            floor,
+            knots,
+            dense: coef[..k].to_vec(),
+            per_decode_context: coef[k],
+            per_cross_pair: coef[k + 1],
+            per_self_pair: coef[k + 2],
             client,
             rms_rel_error: 0.0,
         };
-        let sq: f64 = rows
+        let sq: f64 = pts
             .iter()
-            .zip(pts)
-            .map(|(r, p)| ((fit.predict(r) - p.step_s) / p.step_s).powi(2))
+            .map(|p| ((fit.predict_point(p) - p.step_s) / p.step_s).powi(2))
             .sum();
         fit.rms_rel_error = (sq / pts.len() as f64).sqrt();
         Ok(fit)
@@ -207,24 +260,38 @@ impl Profiled {
         Profiled::fit(&profile, client)
     }
 
-    pub fn coefficients(&self) -> [f64; FEATURES] {
-        self.coef
+    /// The dense term at `n` new tokens.
+    pub fn dense_time(&self, n: usize) -> f64 {
+        let (k, n) = (self.knots.len(), n as f64);
+        if k > 1 && n > self.knots[k - 1] {
+            // Extrapolate the last segment, never downwards.
+            let slope =
+                (self.dense[k - 1] - self.dense[k - 2]) / (self.knots[k - 1] - self.knots[k - 2]);
+            return self.dense[k - 1] + slope.max(0.0) * (n - self.knots[k - 1]);
+        }
+        let mut h = vec![0.0; k];
+        hats(&self.knots, n, &mut h);
+        h.iter().zip(&self.dense).map(|(a, b)| a * b).sum()
     }
 
-    fn predict(&self, x: &[f64; FEATURES]) -> f64 {
-        let y: f64 = x.iter().zip(&self.coef).map(|(a, b)| a * b).sum();
-        y.max(self.floor)
+    /// The fitted step time of a profiled shape.
+    pub fn predict_point(&self, p: &ProfilePoint) -> f64 {
+        self.predict(p.new_tokens(), p.decode_context(), p.attention())
+    }
+
+    fn predict(&self, new_tokens: usize, decode_context: usize, (cross, own): (f64, f64)) -> f64 {
+        self.dense_time(new_tokens)
+            + self.per_decode_context * decode_context as f64
+            + self.per_cross_pair * cross
+            + self.per_self_pair * own
     }
 }
 
 impl CostModel for Profiled {
     fn step_time(&self, s: &StepShape) -> f64 {
-        self.predict(&features(
-            s.prefill_tokens as f64,
-            s.decode_seqs as f64,
-            s.context_tokens as f64,
-            s.attention_pairs,
-        ))
+        let prefill_pairs = (s.attention_pairs - s.decode_context_tokens as f64).max(0.0);
+        let pairs = split_pairs(prefill_pairs, s.chunk_self_pairs, s.prefill_tokens);
+        self.predict(s.new_tokens(), s.decode_context_tokens, pairs)
     }
 
     fn client_path(&self) -> ClientPath {
@@ -232,42 +299,123 @@ impl CostModel for Profiled {
     }
 
     fn describe(&self) -> String {
-        let c = &self.coef;
+        let dense: Vec<String> = self
+            .knots
+            .iter()
+            .zip(&self.dense)
+            .map(|(n, t)| format!("{n}:{:.3}", t * 1e3))
+            .collect();
         format!(
-            "profiled ({}): step = {:.3} ms + {:.4} ms/prefill tok + {:.4} ms/decode seq + {:.6} ms/ctx tok \
-             + {:.3e} ms/attn pair (fit rms error {:.1}%)",
+            "profiled ({}): step = dense(new tokens) [ms at {}] + {:.3e} ms/decode ctx tok \
+             + {:.3e} ms/prefill pair with earlier context + {:.3e} ms/pair within a chunk \
+             (fit rms error {:.1}%)",
             self.name,
-            c[0] * 1e3,
-            c[1] * 1e3,
-            c[2] * 1e3,
-            c[3] * 1e3,
-            c[4] * 1e3,
+            dense.join(" "),
+            self.per_decode_context * 1e3,
+            self.per_cross_pair * 1e3,
+            self.per_self_pair * 1e3,
             self.rms_rel_error * 100.0
         )
     }
 }
 
+/// Non-negative least squares, min ‖A x − b‖ subject to x ≥ 0 (Lawson and Hanson's
+/// active-set method). `a` is row-major, every row of the same length.
+fn nnls(a: &[Vec<f64>], b: &[f64]) -> Option<Vec<f64>> {
+    let n = a.first().map_or(0, Vec::len);
+    let mut x = vec![0.0; n];
+    let mut passive = vec![false; n];
+    let gradient = |x: &[f64]| -> Vec<f64> {
+        let mut g = vec![0.0; n];
+        for (row, &bi) in a.iter().zip(b) {
+            let r = bi - row.iter().zip(x).map(|(p, q)| p * q).sum::<f64>();
+            for j in 0..n {
+                g[j] += row[j] * r;
+            }
+        }
+        g
+    };
+    for _ in 0..3 * n + 10 {
+        let g = gradient(&x);
+        let Some(j) = (0..n)
+            .filter(|&j| !passive[j] && g[j] > 1e-10)
+            .max_by(|&p, &q| g[p].total_cmp(&g[q]))
+        else {
+            break;
+        };
+        passive[j] = true;
+        loop {
+            let z = least_squares_on(a, b, &passive)?;
+            if (0..n).all(|j| !passive[j] || z[j] > 0.0) {
+                x = z;
+                break;
+            }
+            // Step from x towards z as far as feasibility allows, then free the variables
+            // that hit zero.
+            let alpha = (0..n)
+                .filter(|&j| passive[j] && z[j] <= 0.0)
+                .map(|j| x[j] / (x[j] - z[j]))
+                .fold(f64::INFINITY, f64::min);
+            for j in 0..n {
+                x[j] += alpha * (z[j] - x[j]);
+                if passive[j] && x[j] <= 1e-14 {
+                    passive[j] = false;
+                    x[j] = 0.0;
+                }
+            }
+        }
+    }
+    Some(x)
+}
+
+/// Unconstrained least squares over the `active` columns (others fixed at 0), by the
+/// normal equations with a tiny ridge.
+fn least_squares_on(a: &[Vec<f64>], b: &[f64], active: &[bool]) -> Option<Vec<f64>> {
+    let cols: Vec<usize> = (0..active.len()).filter(|&j| active[j]).collect();
+    let m = cols.len();
+    let mut ata = vec![vec![0.0; m]; m];
+    let mut atb = vec![0.0; m];
+    for (row, &bi) in a.iter().zip(b) {
+        for (p, &cp) in cols.iter().enumerate() {
+            atb[p] += row[cp] * bi;
+            for (q, &cq) in cols.iter().enumerate() {
+                ata[p][q] += row[cp] * row[cq];
+            }
+        }
+    }
+    for (i, r) in ata.iter_mut().enumerate() {
+        r[i] += 1e-12;
+    }
+    let sol = solve(ata, atb)?;
+    let mut x = vec![0.0; active.len()];
+    for (p, &c) in cols.iter().enumerate() {
+        x[c] = sol[p];
+    }
+    Some(x)
+}
+
 /// Gaussian elimination with partial pivoting.
-fn solve(mut a: [[f64; FEATURES]; FEATURES], mut b: [f64; FEATURES]) -> Option<[f64; FEATURES]> {
-    for col in 0..FEATURES {
-        let pivot = (col..FEATURES).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
+    let n = b.len();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
         if a[pivot][col].abs() < 1e-15 {
             return None;
         }
         a.swap(col, pivot);
         b.swap(col, pivot);
-        for row in col + 1..FEATURES {
+        for row in col + 1..n {
             let f = a[row][col] / a[col][col];
-            let pivot_row = a[col];
+            let pivot_row = a[col].clone();
             for (x, p) in a[row][col..].iter_mut().zip(&pivot_row[col..]) {
                 *x -= f * p;
             }
             b[row] -= f * b[col];
         }
     }
-    let mut x = [0.0; FEATURES];
-    for i in (0..FEATURES).rev() {
-        let s: f64 = (i + 1..FEATURES).map(|k| a[i][k] * x[k]).sum();
+    let mut x = vec![0.0; n];
+    for i in (0..n).rev() {
+        let s: f64 = (i + 1..n).map(|k| a[i][k] * x[k]).sum();
         x[i] = (b[i] - s) / a[i][i];
     }
     Some(x)
@@ -277,28 +425,41 @@ fn solve(mut a: [[f64; FEATURES]; FEATURES], mut b: [f64; FEATURES]) -> Option<[
 mod tests {
     use super::*;
 
-    /// A synthetic GPU with known coefficients.
-    fn truth(p: usize, d: usize, c: usize, pairs: f64) -> f64 {
-        0.004 + 60e-6 * p as f64 + 0.2e-3 * d as f64 + 0.5e-6 * c as f64 + 2e-9 * pairs
+    /// A synthetic device: a fixed cost, a jump from one row to two (a thread hand-off),
+    /// linear beyond, plus decode context reads and prefill attention that computes a
+    /// chunk's square block at 3/4 the cost per pair of its earlier context.
+    fn truth(new: usize, decode_ctx: usize, cross: f64, own: f64) -> f64 {
+        let dense = 0.8e-3 + if new >= 2 { 1.2e-3 } else { 0.0 } + 0.1e-3 * new as f64;
+        dense + 0.5e-6 * decode_ctx as f64 + 2e-9 * cross + 1.5e-9 * own
+    }
+
+    /// A prefill chunk of `n` tokens after `start` computed ones plus `d` decodes at `ctx`.
+    fn point(start: usize, n: usize, d: usize, ctx: usize) -> ProfilePoint {
+        let (cross, own) = ((n * start) as f64, (n * n) as f64);
+        ProfilePoint {
+            prefill_tokens: n,
+            decode_seqs: d,
+            context_tokens: start + n + d * ctx,
+            decode_context_tokens: Some(d * ctx),
+            attention_pairs: Some(cross + (n * (n + 1) / 2) as f64 + (d * ctx) as f64),
+            chunk_self_pairs: Some(own),
+            step_s: truth(n + d, d * ctx, cross, own),
+        }
     }
 
     fn profile() -> Profile {
         let mut points = Vec::new();
-        for &p in &[0usize, 128, 512, 2048] {
-            for &d in &[0usize, 1, 8, 24] {
-                if p == 0 && d == 0 {
-                    continue;
+        for &p in &[0usize, 16, 128, 512, 2048] {
+            for &d in &[0usize, 1, 2, 4, 8, 24] {
+                for ctx in [300, 1100] {
+                    if p + d > 0 {
+                        points.push(point(0, p, d, ctx));
+                    }
                 }
-                let c = p + d * 700;
-                let pairs = (p * (p + 1) / 2) as f64 + (d * 700) as f64;
-                points.push(ProfilePoint {
-                    prefill_tokens: p,
-                    decode_seqs: d,
-                    context_tokens: c,
-                    attention_pairs: None,
-                    step_s: truth(p, d, c, pairs),
-                });
             }
+        }
+        for start in [512, 1536] {
+            points.push(point(start, 512, 0, 0));
         }
         Profile {
             model: "m".into(),
@@ -308,46 +469,101 @@ mod tests {
         }
     }
 
+    fn shape(start: usize, n: usize, decodes: usize, decode_ctx: usize) -> StepShape {
+        let p = point(start, n, decodes, decode_ctx);
+        StepShape {
+            prefill_tokens: n,
+            decode_seqs: decodes,
+            context_tokens: p.context_tokens,
+            decode_context_tokens: decodes * decode_ctx,
+            attention_pairs: p.attention_pairs.unwrap(),
+            chunk_self_pairs: p.chunk_self_pairs.unwrap(),
+            ..StepShape::default()
+        }
+    }
+
     #[test]
-    fn the_fit_recovers_a_linear_truth() {
+    fn the_fit_recovers_a_piecewise_linear_truth() {
         let fit = Profiled::fit(&profile(), ClientPath::default()).unwrap();
         assert!(fit.rms_rel_error < 1e-6, "{}", fit.rms_rel_error);
-        let s = StepShape {
-            prefill_tokens: 300,
-            decode_seqs: 5,
-            context_tokens: 3800,
-            attention_pairs: 50_000.0,
-            ..StepShape::default()
-        };
-        let want = truth(300, 5, 3800, 50_000.0);
-        assert!((fit.step_time(&s) - want).abs() / want < 1e-6);
+        // Shapes the grid does not hold: new-token counts between knots, other contexts,
+        // a prefill chunk after earlier chunks beside decodes.
+        for (start, n, d, ctx) in [(0, 0, 1, 4000), (0, 0, 12, 750), (1000, 300, 5, 760)] {
+            let want = point(start, n, d, ctx).step_s;
+            let got = fit.step_time(&shape(start, n, d, ctx));
+            assert!(
+                (got - want).abs() / want < 1e-6,
+                "{n} {d} {ctx}: {got} vs {want}"
+            );
+        }
+        // The jump from one row to two is kept, not averaged away.
+        assert!(fit.dense_time(2) > 2.0 * fit.dense_time(1));
+        // Beyond the largest profiled step: the last segment continues.
+        let want = truth(4096, 0, 0.0, 0.0);
+        assert!((fit.dense_time(4096) - want).abs() / want < 1e-6);
+        // The JSON form fits the same.
         let json = serde_json::to_string(&profile()).unwrap();
         let again = Profiled::from_json(&json, ClientPath::default()).unwrap();
-        // This grid makes context = prefill + 700 × decodes, so the coefficients are not
-        // unique; the predictions are.
-        for shape in [
-            s,
-            StepShape {
-                prefill_tokens: 0,
-                decode_seqs: 12,
-                context_tokens: 8400,
-                attention_pairs: 8400.0,
-                ..StepShape::default()
-            },
-        ] {
-            let (a, b) = (again.step_time(&shape), fit.step_time(&shape));
-            assert!((a - b).abs() / b < 1e-9, "{a} vs {b}");
+        let s = shape(64, 64, 3, 700);
+        let (a, b) = (again.step_time(&s), fit.step_time(&s));
+        assert!((a - b).abs() / b < 1e-9, "{a} vs {b}");
+    }
+
+    #[test]
+    fn a_profile_without_the_optional_counts_reads_as_fresh_prompts() {
+        let mut p = profile();
+        for pt in p
+            .points
+            .iter_mut()
+            .filter(|pt| pt.context_tokens == pt.prefill_tokens)
+        {
+            (
+                pt.decode_context_tokens,
+                pt.attention_pairs,
+                pt.chunk_self_pairs,
+            ) = (None, None, None);
         }
+        let fit = Profiled::fit(&p, ClientPath::default()).unwrap();
+        assert!(fit.rms_rel_error < 1e-6, "{}", fit.rms_rel_error);
+    }
+
+    #[test]
+    fn no_weight_comes_out_negative() {
+        // Noisy points that an unconstrained fit would answer with negative weights.
+        let mut p = profile();
+        for (i, pt) in p.points.iter_mut().enumerate() {
+            pt.step_s *= if i % 2 == 0 { 1.3 } else { 0.75 };
+        }
+        let fit = Profiled::fit(&p, ClientPath::default()).unwrap();
+        assert!(fit.dense.iter().all(|&w| w >= 0.0));
+        assert!(fit.per_decode_context >= 0.0 && fit.per_cross_pair >= 0.0);
+        assert!(fit.per_self_pair >= 0.0);
+        assert!(fit.rms_rel_error > 0.05 && fit.rms_rel_error < 0.5);
+    }
+
+    #[test]
+    fn knots_are_powers_of_two_that_points_touch() {
+        assert_eq!(
+            choose_knots(&[1, 2, 8, 24]),
+            vec![1.0, 2.0, 8.0, 16.0, 32.0]
+        );
+        assert_eq!(choose_knots(&[512]), vec![512.0]);
+        let mut h = [0.0; 3];
+        hats(&[1.0, 2.0, 4.0], 3.0, &mut h);
+        assert_eq!(h, [0.0, 0.5, 0.5]);
     }
 
     #[test]
     fn too_few_or_bad_points_are_refused() {
         let mut p = profile();
         p.points.truncate(3);
-        assert!(Profiled::fit(&p, ClientPath::default())
-            .unwrap_err()
-            .contains("at least 5"));
+        let e = Profiled::fit(&p, ClientPath::default()).unwrap_err();
+        assert!(e.contains("at least"), "{e}");
         let e = Profiled::from_json("{\"model\": 1}", ClientPath::default()).unwrap_err();
         assert!(e.contains("invalid profile JSON"), "{e}");
+        let mut p = profile();
+        p.points[0].step_s = -1.0;
+        let e = Profiled::fit(&p, ClientPath::default()).unwrap_err();
+        assert!(e.contains("step_s must be positive"), "{e}");
     }
 }
