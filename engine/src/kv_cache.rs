@@ -10,7 +10,9 @@
 //! transposing copy of the gathered context.
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+
+use crate::model::decode_attention::{decode_attention, DecodeSet, Dims};
 
 pub struct KvCache {
     k: Vec<Tensor>,
@@ -136,6 +138,54 @@ impl KvCache {
         let k = self.k[layer].index_select(slots, 1)?;
         let v = self.v[layer].index_select(slots, 1)?;
         Ok((k, v))
+    }
+
+    /// Whether [`KvCache::decode_attention`] can read this store in place (CPU storage).
+    pub(crate) fn reads_in_place(&self) -> bool {
+        self.k[0].device().is_cpu()
+    }
+
+    /// Decode attention for `set` over layer `layer`, read in place (see
+    /// [`crate::model::decode_attention`]). `q`: `[decodes, heads, head_dim]` f32.
+    pub(crate) fn decode_attention(
+        &self,
+        layer: usize,
+        q: &[f32],
+        set: &DecodeSet,
+        heads: usize,
+        scale: f64,
+        softcap: Option<f64>,
+    ) -> Result<Vec<f32>> {
+        let (ks, kl) = self.k[layer].storage_and_layout();
+        let (vs, vl) = self.v[layer].storage_and_layout();
+        ensure!(
+            kl.is_contiguous() && vl.is_contiguous(),
+            "the KV store is not contiguous"
+        );
+        let dims = Dims {
+            heads,
+            kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            slots_per_head: self.num_blocks * self.block_size,
+        };
+        let (scale, cap) = (scale as f32, softcap.map(|c| c as f32));
+        let n = self.k[layer].elem_count();
+        let (ko, vo) = (kl.start_offset(), vl.start_offset());
+        Ok(match (&*ks, &*vs) {
+            (Storage::Cpu(CpuStorage::F32(k)), Storage::Cpu(CpuStorage::F32(v))) => {
+                decode_attention(q, &k[ko..ko + n], &v[vo..vo + n], set, dims, scale, cap)
+            }
+            (Storage::Cpu(CpuStorage::BF16(k)), Storage::Cpu(CpuStorage::BF16(v))) => {
+                decode_attention(q, &k[ko..ko + n], &v[vo..vo + n], set, dims, scale, cap)
+            }
+            (Storage::Cpu(CpuStorage::F16(k)), Storage::Cpu(CpuStorage::F16(v))) => {
+                decode_attention(q, &k[ko..ko + n], &v[vo..vo + n], set, dims, scale, cap)
+            }
+            _ => bail!(
+                "decode attention in place needs a CPU store of f32, bf16 or f16, not {:?}",
+                self.dtype()
+            ),
+        })
     }
 
     /// Copies the KV of block `src` into block `dst` in every layer (copy-on-write of a

@@ -127,6 +127,9 @@ struct ServeArgs {
     dtype: Option<DTypeArg>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Write a CSV trace of every engine step (its shape, forward and step seconds).
+    #[arg(long = "step-log")]
+    step_log: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -333,8 +336,12 @@ fn run(cli: Cli) -> Result<()> {
                 .build()?;
             let results = rt.block_on(infer_engine::verify::verify(&opts))?;
             let table = infer_engine::verify::fidelity_table(&results);
-            std::fs::write(opts.out.join("fidelity.md"), &table)?;
-            print!("{table}");
+            let steps = infer_engine::verify::step_table(&results);
+            std::fs::write(
+                opts.out.join("fidelity.md"),
+                format!("{table}\nStep times, the cost model against the measured run's steps:\n\n{steps}"),
+            )?;
+            print!("{table}\n{steps}");
             for r in &results {
                 if let Some(e) = r.verification.median_abs_error_pct {
                     println!("median_abs_error_pct[{}]: {e:.1} %", r.scenario);
@@ -385,6 +392,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         sched,
         seed: a.seed,
         dtype: a.dtype.map(Into::into),
+        step_log: a.step_log,
         ..ServeConfig::new(&a.model)
     };
     let addr: std::net::SocketAddr = format!("{}:{}", a.host, a.port)

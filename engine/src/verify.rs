@@ -14,6 +14,7 @@ use infer_core::workload::{Scenario, Tokenizer};
 
 use crate::bench::{self, BenchOptions};
 use crate::profile::{profile_model, ProfileClient};
+use crate::serve::step_log::{self, StepRecord};
 use crate::serve::{spawn_local, ServeConfig};
 
 pub struct VerifyOptions {
@@ -32,7 +33,57 @@ pub struct VerifyOptions {
 pub struct VerifyResult {
     pub scenario: String,
     pub verification: infer_reports::Verification,
+    /// The cost model against the steps the measured run took.
+    pub steps: Vec<StepFidelity>,
     pub report: PathBuf,
+}
+
+/// Predicted vs measured time of the steps of one kind in a step log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepFidelity {
+    /// `decode`, `prefill`, `mixed` or `all`.
+    pub kind: &'static str,
+    pub steps: usize,
+    pub measured_s: f64,
+    pub predicted_s: f64,
+    /// Median over the steps of (predicted − measured) / measured, in %.
+    pub median_error_pct: f64,
+}
+
+/// Compare `cost`'s step time with every logged step, by kind.
+pub fn step_fidelity(
+    steps: &[StepRecord],
+    cost: &dyn infer_sim::cost::CostModel,
+) -> Vec<StepFidelity> {
+    let kind = |r: &StepRecord| match (r.shape.prefill_tokens > 0, r.shape.decode_seqs > 0) {
+        (false, _) => "decode",
+        (true, false) => "prefill",
+        (true, true) => "mixed",
+    };
+    ["decode", "prefill", "mixed", "all"]
+        .into_iter()
+        .filter_map(|k| {
+            let of_kind: Vec<&StepRecord> = steps
+                .iter()
+                .filter(|r| k == "all" || kind(r) == k)
+                .collect();
+            if of_kind.is_empty() {
+                return None;
+            }
+            let mut errors: Vec<f64> = of_kind
+                .iter()
+                .map(|r| (cost.step_time(&r.shape) / r.step_s - 1.0) * 100.0)
+                .collect();
+            errors.sort_by(f64::total_cmp);
+            Some(StepFidelity {
+                kind: k,
+                steps: of_kind.len(),
+                measured_s: of_kind.iter().map(|r| r.step_s).sum(),
+                predicted_s: of_kind.iter().map(|r| cost.step_time(&r.shape)).sum(),
+                median_error_pct: errors[errors.len() / 2],
+            })
+        })
+        .collect()
 }
 
 pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
@@ -83,9 +134,11 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
             .map_err(|e| anyhow!("{e}"))?;
 
         // Measure.
+        let steps_path = dir.join("measured-steps.csv");
         let cfg = ServeConfig {
             sched: scenario.server.scheduler_config(),
             seed: 0,
+            step_log: Some(steps_path.clone()),
             ..ServeConfig::new(&opts.model)
         };
         let (addr, server) = spawn_local(cfg).await?;
@@ -103,9 +156,11 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
         let p = infer_reports::Run::load(dir.join("predicted")).map_err(|e| anyhow!("{e}"))?;
         let m = infer_reports::Run::load(dir.join("measured")).map_err(|e| anyhow!("{e}"))?;
         let verification = infer_reports::predicted_vs_measured(&p, &m);
+        let steps = step_fidelity(&step_log::read(&steps_path)?, setup.cost.as_ref());
         results.push(VerifyResult {
             scenario: scenario.name.clone(),
             verification,
+            steps,
             report,
         });
     }
@@ -232,9 +287,92 @@ pub fn fidelity_table(results: &[VerifyResult]) -> String {
     s
 }
 
+/// The step-time table over several scenarios, in markdown.
+pub fn step_table(results: &[VerifyResult]) -> String {
+    let mut s = String::from(
+        "| scenario | steps | count | measured (s) | predicted (s) | error of the sum % | median step error % |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for r in results {
+        for f in &r.steps {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.2} | {:.2} | {:+.1} | {:+.1} |\n",
+                r.scenario,
+                f.kind,
+                f.steps,
+                f.measured_s,
+                f.predicted_s,
+                (f.predicted_s / f.measured_s - 1.0) * 100.0,
+                f.median_error_pct
+            ));
+        }
+    }
+    s
+}
+
 pub fn default_out() -> PathBuf {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     Path::new("runs").join(format!("verify-{secs}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infer_sim::cost::{ClientPath, CostModel, StepShape};
+
+    /// 1 ms per new token.
+    struct PerToken;
+    impl CostModel for PerToken {
+        fn step_time(&self, s: &StepShape) -> f64 {
+            1e-3 * s.new_tokens() as f64
+        }
+        fn client_path(&self) -> ClientPath {
+            ClientPath::default()
+        }
+        fn describe(&self) -> String {
+            "per token".into()
+        }
+    }
+
+    fn step(prefill: usize, decodes: usize, step_s: f64) -> StepRecord {
+        StepRecord {
+            t_s: 0.0,
+            shape: StepShape {
+                prefill_tokens: prefill,
+                decode_seqs: decodes,
+                ..StepShape::default()
+            },
+            forward_s: step_s,
+            step_s,
+        }
+    }
+
+    #[test]
+    fn step_fidelity_compares_each_kind() {
+        // Decodes take twice the prediction, the prefill exactly it; no mixed steps.
+        let steps = [step(0, 4, 0.008), step(0, 2, 0.004), step(100, 0, 0.1)];
+        let f = step_fidelity(&steps, &PerToken);
+        let kinds: Vec<&str> = f.iter().map(|x| x.kind).collect();
+        assert_eq!(kinds, ["decode", "prefill", "all"]);
+        assert_eq!(f[0].steps, 2);
+        assert!((f[0].median_error_pct + 50.0).abs() < 1e-9);
+        assert!((f[0].predicted_s - 0.006).abs() < 1e-12);
+        assert!(f[1].median_error_pct.abs() < 1e-9);
+        assert!((f[2].measured_s - 0.112).abs() < 1e-12);
+        let table = step_table(&[VerifyResult {
+            scenario: "s".into(),
+            verification: infer_reports::Verification {
+                rows: Vec::new(),
+                median_abs_error_pct: None,
+            },
+            steps: f,
+            report: PathBuf::new(),
+        }]);
+        assert!(
+            table.contains("| s | decode | 2 | 0.01 | 0.01 | -50.0 | -50.0 |"),
+            "{table}"
+        );
+    }
 }

@@ -1,14 +1,17 @@
 //! Attention over the paged KV store for a flattened step.
 //!
-//! Each sequence attends only to its own context, read through its block table. To keep
-//! the number of tensor ops independent of the batch size, sequences whose chunks have the
-//! same length and a similar context (typically: decodes) form one *group* computed as one
-//! padded batched attention; padded key slots are masked to -inf, so they get weight
+//! Each sequence attends only to its own context, read through its block table. On the CPU,
+//! decodes (one query each) take [`super::decode_attention`], which reads the KV store in
+//! place. Prompt chunks — and decodes on other devices — go through batched matmuls: to
+//! keep the number of tensor ops independent of the batch size, sequences whose chunks
+//! have the same length and a similar context form one *group* computed as one padded
+//! batched attention; padded key slots are masked to -inf, so they get weight
 //! exactly 0 and a sequence's result does not depend on what it is batched with. Contexts
 //! are bucketed by powers of two, so padding at most doubles a group's work. The plan (slots, masks,
 //! row order) depends only on the batch, so it is built once per step and reused by every
 //! layer of the same kind (global or sliding window).
 
+use super::decode_attention::DecodeSet;
 use crate::batch::ForwardBatch;
 use crate::kv_cache::KvCache;
 use anyhow::Result;
@@ -16,6 +19,8 @@ use candle_core::{DType, Device, Tensor};
 
 pub(crate) struct AttnPlan {
     groups: Vec<Group>,
+    /// Decodes read in place (CPU), after the groups in concatenation order.
+    decodes: Option<(DecodeSet, Tensor)>,
     /// Gathers the concatenated group outputs back into the batch's token order;
     /// `None` when they are already in order.
     restore: Option<Tensor>,
@@ -64,7 +69,16 @@ impl AttnPlan {
         // Group by (chunk length, context bucket), in order of first appearance
         // (deterministic).
         let mut by_key: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+        let mut decodes = DecodeSet::new();
+        let direct = cache.reads_in_place();
         for (i, s) in batch.seqs.iter().enumerate() {
+            if direct && s.tokens.len() == 1 {
+                let slots = (lo[i]..s.end_pos())
+                    .map(|pos| cache.slot(&s.block_table, pos))
+                    .collect::<Result<Vec<u32>>>()?;
+                decodes.push(row_start[i] as u32, slots);
+                continue;
+            }
             let key = (s.tokens.len(), (s.end_pos() - lo[i]).next_power_of_two());
             match by_key.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, members)) => members.push(i),
@@ -131,6 +145,13 @@ impl AttnPlan {
             });
         }
 
+        let decodes = if decodes.len() > 0 {
+            order.extend_from_slice(&decodes.rows);
+            let rows = Tensor::new(decodes.rows.as_slice(), dev)?;
+            Some((decodes, rows))
+        } else {
+            None
+        };
         let in_order = order.iter().enumerate().all(|(i, &r)| i as u32 == r);
         let restore = if in_order {
             None
@@ -141,7 +162,11 @@ impl AttnPlan {
             }
             Some(Tensor::new(inverse.as_slice(), dev)?)
         };
-        Ok(Self { groups, restore })
+        Ok(Self {
+            groups,
+            decodes,
+            restore,
+        })
     }
 
     /// `q`: `[tokens, heads, head_dim]` (rope applied). The step's K/V must already be in
@@ -191,6 +216,13 @@ impl AttnPlan {
                 .permute((1, 3, 0, 2, 4))?
                 .contiguous()?
                 .reshape((b * l, heads * d))?;
+            outs.push(out.to_dtype(q.dtype())?);
+        }
+        if let Some((set, rows)) = &self.decodes {
+            let qd = q.index_select(rows, 0)?.to_dtype(DType::F32)?;
+            let qd = qd.flatten_all()?.to_vec1::<f32>()?;
+            let out = cache.decode_attention(layer, &qd, set, heads, scale, softcap)?;
+            let out = Tensor::from_vec(out, (set.len(), heads * d), q.device())?;
             outs.push(out.to_dtype(q.dtype())?);
         }
         let out = if outs.len() == 1 {

@@ -2,6 +2,7 @@
 
 mod attention;
 pub mod config;
+pub(crate) mod decode_attention;
 pub mod loader;
 mod rope;
 pub mod transformer;

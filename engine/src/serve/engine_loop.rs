@@ -81,6 +81,7 @@ pub struct EngineLoop {
     metrics: Arc<Mutex<ServerMetrics>>,
     default_seed: u64,
     start: Instant,
+    step_log: Option<super::step_log::StepLog>,
 }
 
 impl EngineLoop {
@@ -102,7 +103,13 @@ impl EngineLoop {
             metrics,
             default_seed: seed,
             start: Instant::now(),
+            step_log: None,
         })
+    }
+
+    /// Trace every step from now on.
+    pub fn log_steps(&mut self, log: super::step_log::StepLog) {
+        self.step_log = Some(log);
     }
 
     /// Serve commands until `Shutdown` or until every sender is gone.
@@ -138,6 +145,9 @@ impl EngineLoop {
         let ids: Vec<u64> = self.live.keys().copied().collect();
         for id in ids {
             self.end_with_error(id, "the server is shutting down");
+        }
+        if let Some(log) = &mut self.step_log {
+            log.flush();
         }
     }
 
@@ -205,6 +215,7 @@ impl EngineLoop {
     }
 
     fn step(&mut self) {
+        let t_start = Instant::now();
         let plan = self.sched.schedule(self.now());
         if plan.is_empty() {
             let now = self.now();
@@ -212,7 +223,12 @@ impl EngineLoop {
             std::thread::sleep(std::time::Duration::from_millis(1));
             return;
         }
+        let shape = self
+            .step_log
+            .is_some()
+            .then(|| infer_sim::cost::StepShape::of(&plan));
         let batch = to_batch(&plan);
+        let t_forward = Instant::now();
         let sampled = match self.forward_and_sample(&batch, &plan) {
             Ok(s) => s,
             Err(e) => {
@@ -226,6 +242,7 @@ impl EngineLoop {
                 return;
             }
         };
+        let forward_s = t_forward.elapsed().as_secs_f64();
         let tokens: Vec<u32> = sampled.iter().map(|s| s.1.token).collect();
         let now = self.now();
         let events = self.sched.complete(plan, &tokens, now);
@@ -256,6 +273,14 @@ impl EngineLoop {
                     self.live.remove(&request.0);
                 }
             }
+        }
+        if let (Some(log), Some(shape)) = (&mut self.step_log, shape) {
+            log.record(&super::step_log::StepRecord {
+                t_s: t_start.duration_since(self.start).as_secs_f64(),
+                shape,
+                forward_s,
+                step_s: t_start.elapsed().as_secs_f64(),
+            });
         }
     }
 

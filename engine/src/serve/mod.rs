@@ -7,6 +7,7 @@
 pub mod api;
 pub mod engine_loop;
 pub mod metrics;
+pub mod step_log;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,8 @@ pub struct ServeConfig {
     pub dtype: Option<candle_core::DType>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
+    /// Write a per-step trace here (see [`step_log`]).
+    pub step_log: Option<std::path::PathBuf>,
 }
 
 impl ServeConfig {
@@ -56,6 +59,7 @@ impl ServeConfig {
             seed: 0,
             dtype: None,
             max_body_bytes: 4 << 20,
+            step_log: None,
         }
     }
 }
@@ -109,7 +113,10 @@ impl Engine {
             sched.block_size,
             sched.num_gpu_blocks,
         )));
-        let engine = EngineLoop::new(lm, sched.clone(), metrics.clone(), cfg.seed)?;
+        let mut engine = EngineLoop::new(lm, sched.clone(), metrics.clone(), cfg.seed)?;
+        if let Some(path) = &cfg.step_log {
+            engine.log_steps(step_log::StepLog::create(path)?);
+        }
         let capacity = sched.kv_capacity_tokens();
         let startup_log = format!(
             "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {capacity} tokens",
