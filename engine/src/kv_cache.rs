@@ -140,6 +140,24 @@ impl KvCache {
         Ok((k, v))
     }
 
+    /// Fill every slot with deterministic values of the magnitude real K and V have
+    /// (|x| ≤ 0.5), so that reads touch real memory: a fresh store is zero pages, which
+    /// the OS maps to one shared page and would make a profile's reads unrealistically fast.
+    pub fn fill_pattern(&self) -> Result<()> {
+        for t in self.k.iter().chain(self.v.iter()) {
+            let n = t.elem_count() as u32;
+            let x = Tensor::arange(0u32, n, t.device())?
+                .to_dtype(DType::F32)?
+                .affine(0.618_034, 0.0)?
+                .sin()?
+                .affine(0.5, 0.0)?
+                .to_dtype(t.dtype())?
+                .reshape(t.dims())?;
+            t.slice_set(&x, 0, 0)?;
+        }
+        Ok(())
+    }
+
     /// Whether [`KvCache::decode_attention`] can read this store in place (CPU storage).
     pub(crate) fn reads_in_place(&self) -> bool {
         self.k[0].device().is_cpu()

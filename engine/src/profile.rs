@@ -71,10 +71,15 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
             });
         }
     }
-    // Several prompts in one step (unchunked bursts).
-    for &n in if quick { &[4][..] } else { &[2, 4, 8][..] } {
+    // Several prompts in one step (unchunked bursts), up to 4,096 tokens.
+    let bursts: &[(usize, usize)] = if quick {
+        &[(4, 256)]
+    } else {
+        &[(2, 256), (4, 256), (8, 256), (4, 1024)]
+    };
+    for &(n, len) in bursts.iter().filter(|&&(_, len)| len < max_len) {
         g.push(Shape {
-            prefills: vec![(0, 256); n],
+            prefills: vec![(0, len); n],
             decodes: 0,
             decode_ctx: 0,
         });
@@ -110,13 +115,13 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
     g
 }
 
-/// Time the grid on `lm`. `reps` runs per point (the median is kept).
+/// Time the grid on `lm`: `reps` passes over it (each point keeps its median).
 pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<ProfilePoint>> {
     crate::host_memory::keep_freed_memory();
     let block_size = 16;
     let max_len = lm.config.max_position_embeddings.min(4096);
     let shapes = grid(max_len, quick);
-    // One pool large enough for the largest shape; block tables are disjoint ranges.
+    // One pool large enough for the largest shape; block tables are disjoint sets of it.
     let need = shapes
         .iter()
         .map(|s| {
@@ -130,13 +135,24 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
         .max()
         .unwrap_or(1);
     let mut kv = lm.model.new_kv_cache(need, block_size)?;
+    kv.fill_pattern()?;
+    // Block ids in a scattered order, as a server's free list hands them out after a while
+    // (reads then cross a page boundary at every block).
+    let mut order: Vec<u32> = (0..need as u32).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
     let vocab = lm.config.vocab_size as u32;
-    let mut points = Vec::with_capacity(shapes.len());
+    let mut batches = Vec::with_capacity(shapes.len());
     for shape in &shapes {
-        let mut next_block = 0u32;
+        let mut next_block = 0;
         let mut table = |len: usize| {
-            let n = len.div_ceil(block_size) as u32;
-            let t: Vec<u32> = (next_block..next_block + n).collect();
+            let n = len.div_ceil(block_size);
+            let t: Vec<u32> = order[next_block..next_block + n].to_vec();
             next_block += n;
             t
         };
@@ -164,16 +180,24 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
         }
         let batch = ForwardBatch { seqs };
         lm.model.forward(&batch, &mut kv)?; // warm-up
-        let mut times = Vec::with_capacity(reps);
-        for _ in 0..reps.max(1) {
+        batches.push(batch);
+    }
+    // Passes over the whole grid rather than repeats of one shape, so that a slow spell
+    // of this shared machine lands on one sample of many points, not on all of one point.
+    let mut times = vec![Vec::with_capacity(reps); shapes.len()];
+    for _ in 0..reps.max(1) {
+        for (batch, times) in batches.iter().zip(times.iter_mut()) {
             let t = Instant::now();
-            let logits = lm.model.forward(&batch, &mut kv)?;
+            let logits = lm.model.forward(batch, &mut kv)?;
             // A real step also reads the logits back and samples (greedy, as the benchmarks).
             for row in logits.to_vec2::<f32>()? {
                 std::hint::black_box(crate::sampling::argmax(&row));
             }
             times.push(t.elapsed().as_secs_f64());
         }
+    }
+    let mut points = Vec::with_capacity(shapes.len());
+    for (shape, mut times) in shapes.iter().zip(times) {
         times.sort_by(f64::total_cmp);
         let prefill_tokens: usize = shape.prefills.iter().map(|p| p.1).sum();
         let context_tokens: usize = shape.prefills.iter().map(|&(a, n)| a + n).sum::<usize>()

@@ -119,9 +119,12 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
             .await;
     }
 
-    let before = target.scrape().await;
     let arrivals = gen.arrivals(&scenario.arrival);
     let n = arrivals.count(scenario.workload.num_requests);
+    // Every prompt is cut before the clock starts (as vLLM's benchmark samples its requests
+    // first), so that generating them does not take CPU from the server being measured.
+    let requests: Arc<Vec<GeneratedRequest>> = Arc::new((0..n).map(|i| gen.request(i)).collect());
+    let before = target.scrape().await;
     let recorder = Arc::new(Mutex::new(MetricsRecorder::new()));
     let bar = progress_bar(n, opts.progress);
     let start = Instant::now();
@@ -136,25 +139,29 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     };
 
     let run_one = {
-        let (target, gen, recorder, bar, last_end) = (
+        let (target, requests, recorder, bar, last_end) = (
             target.clone(),
-            gen.clone(),
+            requests.clone(),
             recorder.clone(),
             bar.clone(),
             last_end.clone(),
         );
         move |i: usize| {
-            let (target, gen, recorder, bar, last_end) = (
+            let (target, requests, recorder, bar, last_end) = (
                 target.clone(),
-                gen.clone(),
+                requests.clone(),
                 recorder.clone(),
                 bar.clone(),
                 last_end.clone(),
             );
             async move {
-                let req = gen.request(i);
                 let end = target
-                    .send(&req, i as u64, &mut Recorder::Shared(&recorder), start)
+                    .send(
+                        &requests[i],
+                        i as u64,
+                        &mut Recorder::Shared(&recorder),
+                        start,
+                    )
                     .await;
                 let mut l = last_end.lock().unwrap();
                 *l = l.max(end);
