@@ -267,6 +267,23 @@ mod tests {
     }
 
     #[test]
+    fn fill_pattern_writes_every_slot() -> Result<()> {
+        let cache = KvCache::new(2, 2, 4, 3, 2, DType::F32, &Device::Cpu)?;
+        cache.fill_pattern()?;
+        let all = Tensor::arange(0u32, 6, &Device::Cpu)?;
+        let (k, v) = cache.gather(1, &all)?;
+        let k = k.flatten_all()?.to_vec1::<f32>()?;
+        assert_eq!(
+            k.iter().filter(|x| **x == 0.0).count(),
+            1,
+            "only sin(0) is zero"
+        );
+        assert!(k.iter().all(|x| x.abs() <= 0.5));
+        assert_eq!(k, v.flatten_all()?.to_vec1::<f32>()?);
+        Ok(())
+    }
+
+    #[test]
     fn slot_rejects_short_block_table_and_bad_block() -> Result<()> {
         let cache = KvCache::new(1, 1, 2, 2, 4, DType::F32, &Device::Cpu)?;
         assert!(cache.slot(&[0], 4).is_err());

@@ -10,7 +10,7 @@ pub mod builtin;
 mod corpus;
 pub mod detokenize;
 pub mod generate;
-pub mod host_memory;
+pub mod host;
 pub mod kv_cache;
 pub mod make_model;
 pub mod model;

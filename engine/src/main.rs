@@ -250,7 +250,7 @@ struct GenerateArgs {
 
 fn main() -> std::process::ExitCode {
     // Before any thread starts, so that every thread shares the one arena.
-    infer_engine::host_memory::keep_freed_memory();
+    infer_engine::host::keep_freed_memory();
     // Errors print as one causal chain ("loading …: missing file …"), never as a backtrace.
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -29,7 +29,7 @@ pub async fn profile_model(model: &str, quick: bool) -> Result<Profile> {
     let m = model.to_string();
     let (lm, mut points) = tokio::task::spawn_blocking(move || {
         let lm = crate::model::load_model(&m, None, &candle_core::Device::Cpu)?;
-        let points = profile_steps(&lm, quick, 5)?;
+        let points = crate::host::run_in_compute_pool("profile", || profile_steps(&lm, quick, 6))??;
         anyhow::Ok((lm, points))
     })
     .await??;
@@ -115,9 +115,10 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
     g
 }
 
-/// Time the grid on `lm`: `reps` passes over it (each point keeps its median).
+/// Time the grid on `lm`: about `reps` timed runs per shape, in two rounds (each point
+/// keeps the median).
 pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<ProfilePoint>> {
-    crate::host_memory::keep_freed_memory();
+    crate::host::keep_freed_memory();
     let block_size = 16;
     let max_len = lm.config.max_position_embeddings.min(4096);
     let shapes = grid(max_len, quick);
@@ -178,22 +179,41 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
                 sample: true,
             });
         }
-        let batch = ForwardBatch { seqs };
-        lm.model.forward(&batch, &mut kv)?; // warm-up
-        batches.push(batch);
+        batches.push(ForwardBatch { seqs });
     }
-    // Passes over the whole grid rather than repeats of one shape, so that a slow spell
-    // of this shared machine lands on one sample of many points, not on all of one point.
-    let mut times = vec![Vec::with_capacity(reps); shapes.len()];
-    for _ in 0..reps.max(1) {
+    // Rounds over the whole grid, so that a slow spell of this shared machine lands on a
+    // few samples of many points rather than on all of one point; within a round a shape
+    // runs back to back after a warm-up, as a server's consecutive steps do (weights and
+    // KV warm in cache; a shape timed cold after a large one would read the model from
+    // DRAM and look up to twice as slow as serving finds it).
+    let rounds = 2;
+    let per_round = reps.max(2).div_ceil(rounds);
+    let mut times = vec![Vec::new(); shapes.len()];
+    let step = |batch: &ForwardBatch, kv: &mut crate::KvCache| -> Result<f64> {
+        let t = Instant::now();
+        let logits = lm.model.forward(batch, kv)?;
+        // A real step also reads the logits back and samples (greedy, as the benchmarks do).
+        for row in logits.to_vec2::<f32>()? {
+            std::hint::black_box(crate::sampling::argmax(&row));
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    for _ in 0..rounds {
         for (batch, times) in batches.iter().zip(times.iter_mut()) {
-            let t = Instant::now();
-            let logits = lm.model.forward(batch, &mut kv)?;
-            // A real step also reads the logits back and samples (greedy, as the benchmarks).
-            for row in logits.to_vec2::<f32>()? {
-                std::hint::black_box(crate::sampling::argmax(&row));
+            // Warm up for a few steps or 20 ms, then time at least `per_round` steps and
+            // 30 ms' worth: sub-millisecond steps get enough samples for a steady median.
+            let (mut warm, mut n) = (0.0, 0);
+            while n < 2 || (warm < 0.02 && n < 50) {
+                warm += step(batch, &mut kv)?;
+                n += 1;
             }
-            times.push(t.elapsed().as_secs_f64());
+            let (mut spent, mut n) = (0.0, 0);
+            while n < per_round || (spent < 0.03 && n < 100) {
+                let t = step(batch, &mut kv)?;
+                times.push(t);
+                spent += t;
+                n += 1;
+            }
         }
     }
     let mut points = Vec::with_capacity(shapes.len());

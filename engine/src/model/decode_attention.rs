@@ -9,7 +9,8 @@
 //! whatever the mix of lengths, and a sequence's result never depends on its neighbours.
 //!
 //! Per (sequence, KV head): scores for the `g` query heads sharing that KV head, a softmax
-//! (with Gemma's soft cap when set), then the weighted sum of V. Sequences run in parallel.
+//! (with Gemma's soft cap when set), then the weighted sum of V. (Sequence, KV head) pairs
+//! run in parallel.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -95,41 +96,41 @@ pub(crate) fn decode_attention<T: KvElem>(
     } = dims;
     let g = heads / kv_heads;
     let mut out = vec![0f32; set.len() * heads * d];
-    out.par_chunks_mut(heads * d)
+    // One task per (sequence, KV head): its `g` query heads are a contiguous `g × d` piece
+    // of the output. Even one long decode then uses every core.
+    out.par_chunks_mut(g * d)
         .enumerate()
-        .for_each(|(i, out_i)| {
+        .for_each(|(task, out_h)| {
+            let (i, h) = (task / kv_heads, task % kv_heads);
             let slots = &set.slots[set.offsets[i]..set.offsets[i + 1]];
             let ctx = slots.len();
             let mut scores = vec![0f32; g * ctx];
-            for h in 0..kv_heads {
-                let head_k = &k[h * slots_per_head * d..(h + 1) * slots_per_head * d];
-                let head_v = &v[h * slots_per_head * d..(h + 1) * slots_per_head * d];
-                let q_h = &q[(i * heads + h * g) * d..(i * heads + (h + 1) * g) * d];
-                for (c, &slot) in slots.iter().enumerate() {
-                    if let Some(&ahead) = slots.get(c + PREFETCH_AHEAD) {
-                        prefetch(&head_k[ahead as usize * d..][..d]);
-                    }
-                    let k_row = &head_k[slot as usize * d..][..d];
-                    for j in 0..g {
-                        let mut s = dot(&q_h[j * d..(j + 1) * d], k_row) * scale;
-                        if let Some(cap) = softcap {
-                            s = (s / cap).tanh() * cap;
-                        }
-                        scores[j * ctx + c] = s;
-                    }
+            let head_k = &k[h * slots_per_head * d..(h + 1) * slots_per_head * d];
+            let head_v = &v[h * slots_per_head * d..(h + 1) * slots_per_head * d];
+            let q_h = &q[(i * heads + h * g) * d..(i * heads + (h + 1) * g) * d];
+            for (c, &slot) in slots.iter().enumerate() {
+                if let Some(&ahead) = slots.get(c + PREFETCH_AHEAD) {
+                    prefetch(&head_k[ahead as usize * d..][..d]);
                 }
+                let k_row = &head_k[slot as usize * d..][..d];
                 for j in 0..g {
-                    softmax_in_place(&mut scores[j * ctx..(j + 1) * ctx]);
+                    let mut s = dot(&q_h[j * d..(j + 1) * d], k_row) * scale;
+                    if let Some(cap) = softcap {
+                        s = (s / cap).tanh() * cap;
+                    }
+                    scores[j * ctx + c] = s;
                 }
-                let out_h = &mut out_i[h * g * d..(h + 1) * g * d];
-                for (c, &slot) in slots.iter().enumerate() {
-                    if let Some(&ahead) = slots.get(c + PREFETCH_AHEAD) {
-                        prefetch(&head_v[ahead as usize * d..][..d]);
-                    }
-                    let v_row = &head_v[slot as usize * d..][..d];
-                    for j in 0..g {
-                        axpy(&mut out_h[j * d..(j + 1) * d], scores[j * ctx + c], v_row);
-                    }
+            }
+            for j in 0..g {
+                softmax_in_place(&mut scores[j * ctx..(j + 1) * ctx]);
+            }
+            for (c, &slot) in slots.iter().enumerate() {
+                if let Some(&ahead) = slots.get(c + PREFETCH_AHEAD) {
+                    prefetch(&head_v[ahead as usize * d..][..d]);
+                }
+                let v_row = &head_v[slot as usize * d..][..d];
+                for j in 0..g {
+                    axpy(&mut out_h[j * d..(j + 1) * d], scores[j * ctx + c], v_row);
                 }
             }
         });

@@ -92,7 +92,7 @@ pub struct Engine {
 impl Engine {
     /// Load the model and start the engine thread.
     pub fn start(cfg: &ServeConfig) -> Result<Engine> {
-        crate::host_memory::keep_freed_memory();
+        crate::host::keep_freed_memory();
         cfg.sched
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
@@ -125,9 +125,15 @@ impl Engine {
             sched
         );
         let (tx, rx) = mpsc::channel();
+        // The loop runs on a worker of the compute pool, so the model's parallel ops start
+        // on the spot (see `run_in_compute_pool`).
         let thread = std::thread::Builder::new()
             .name("engine-loop".into())
-            .spawn(move || engine.run(rx))
+            .spawn(move || {
+                if let Err(e) = crate::host::run_in_compute_pool("engine", || engine.run(rx)) {
+                    eprintln!("error: cannot start the engine's compute pool: {e}");
+                }
+            })
             .context("cannot start the engine thread")?;
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
