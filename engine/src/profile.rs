@@ -16,12 +16,14 @@ use crate::model::LoadedModel;
 
 pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint};
 
-/// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`.
-#[derive(Debug, Clone)]
+/// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`, the first
+/// `shared` tokens of which every decode reads from the same blocks (a prefix-cache hit).
+#[derive(Debug, Clone, Default)]
 struct Shape {
     prefills: Vec<(usize, usize)>,
     decodes: usize,
     decode_ctx: usize,
+    shared: usize,
 }
 
 /// Profile `model` (steps and client path) into the simulator's profile format.
@@ -53,8 +55,7 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
     for &p in lens.iter().filter(|&&p| p < max_len) {
         g.push(Shape {
             prefills: vec![(0, p)],
-            decodes: 0,
-            decode_ctx: 0,
+            ..Shape::default()
         });
     }
     // Chunks that follow earlier chunks (or a prefix-cache hit).
@@ -66,8 +67,7 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
         if start + 512 < max_len {
             g.push(Shape {
                 prefills: vec![(start, 512)],
-                decodes: 0,
-                decode_ctx: 0,
+                ..Shape::default()
             });
         }
     }
@@ -80,8 +80,7 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
     for &(n, len) in bursts.iter().filter(|&&(_, len)| len < max_len) {
         g.push(Shape {
             prefills: vec![(0, len); n],
-            decodes: 0,
-            decode_ctx: 0,
+            ..Shape::default()
         });
     }
     let batches: &[usize] = if quick {
@@ -97,9 +96,9 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
     for &d in batches {
         for &c in ctxs.iter().filter(|&&c| c < max_len) {
             g.push(Shape {
-                prefills: vec![],
                 decodes: d,
                 decode_ctx: c,
+                ..Shape::default()
             });
         }
     }
@@ -109,6 +108,18 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
                 prefills: vec![(0, p)],
                 decodes: d,
                 decode_ctx: 512,
+                ..Shape::default()
+            });
+        }
+    }
+    // Decodes sharing a 1,024-token prefix (prefix caching): shared blocks read again.
+    for &d in if quick { &[][..] } else { &[8, 24][..] } {
+        if 1280 < max_len {
+            g.push(Shape {
+                decodes: d,
+                decode_ctx: 1280,
+                shared: 1024,
+                ..Shape::default()
             });
         }
     }
@@ -132,6 +143,7 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
                 .map(|&(a, n)| (a + n).div_ceil(block_size))
                 .sum();
             p + s.decodes * (s.decode_ctx + 1).div_ceil(block_size)
+                - s.decodes.saturating_sub(1) * (s.shared / block_size)
         })
         .max()
         .unwrap_or(1);
@@ -169,13 +181,16 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
                 sample: true,
             });
         }
+        let shared = table(shape.shared); // a whole number of blocks
         for i in 0..shape.decodes {
             let tok = ((i * 13 + 5) as u32) % vocab;
             let c = shape.decode_ctx;
+            let mut block_table = shared.clone();
+            block_table.extend(table(c + 1 - shape.shared));
             seqs.push(SeqChunk {
                 tokens: vec![tok],
                 start_pos: c,
-                block_table: table(c + 1),
+                block_table,
                 sample: true,
             });
         }
@@ -233,6 +248,8 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
             decode_seqs: shape.decodes,
             context_tokens,
             decode_context_tokens: Some(shape.decodes * (shape.decode_ctx + 1)),
+            // As the simulator counts it: every reader but the one that computed it.
+            decode_shared_context_tokens: shape.decodes.saturating_sub(1) * shape.shared,
             attention_pairs: Some(attention_pairs),
             chunk_self_pairs: Some(shape.prefills.iter().map(|&(_, n)| (n * n) as f64).sum()),
             step_s: times[times.len() / 2],

@@ -483,6 +483,7 @@ impl Scheduler {
             &seq.tokens[start..start + n],
             samples,
             seq.is_decode(),
+            seq.cached_tokens.unwrap_or(0),
             &seq.kv.blocks,
         );
     }

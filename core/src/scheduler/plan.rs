@@ -15,6 +15,9 @@ pub struct ScheduledSeq {
     pub samples: bool,
     /// A decode step of a sequence whose prompt is already computed.
     pub is_decode: bool,
+    /// Prompt tokens this sequence found in the prefix cache when admitted: context whose
+    /// KV it shares with the sequence that computed it.
+    pub cached_tokens: usize,
     pub(crate) slot: u32,
     tokens: (u32, u32),
     blocks: (u32, u32),
@@ -66,6 +69,7 @@ impl StepPlan {
         new_tokens: &[u32],
         samples: bool,
         is_decode: bool,
+        cached_tokens: usize,
         block_table: &[BlockId],
     ) {
         let t0 = self.token_ids.len() as u32;
@@ -78,6 +82,7 @@ impl StepPlan {
             num_new_tokens: new_tokens.len(),
             samples,
             is_decode,
+            cached_tokens,
             slot,
             tokens: (t0, self.token_ids.len() as u32),
             blocks: (b0, self.block_ids.len() as u32),

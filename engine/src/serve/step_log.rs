@@ -12,7 +12,7 @@ use infer_sim::cost::StepShape;
 
 pub const HEADER: &str =
     "t_s,num_seqs,prefill_tokens,decode_seqs,context_tokens,decode_context_tokens,\
-attention_pairs,chunk_self_pairs,forward_s,step_s";
+decode_shared_context_tokens,attention_pairs,chunk_self_pairs,forward_s,step_s";
 
 /// One step of the trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,13 +48,14 @@ impl StepLog {
         let s = &r.shape;
         let _ = writeln!(
             self.out,
-            "{:.6},{},{},{},{},{},{},{},{:.6},{:.6}",
+            "{:.6},{},{},{},{},{},{},{},{},{:.6},{:.6}",
             r.t_s,
             s.num_seqs,
             s.prefill_tokens,
             s.decode_seqs,
             s.context_tokens,
             s.decode_context_tokens,
+            s.decode_shared_context_tokens,
             s.attention_pairs,
             s.chunk_self_pairs,
             r.forward_s,
@@ -88,7 +89,7 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 i + 2
             )
         };
-        if f.len() != 10 {
+        if f.len() != 11 {
             return Err(bad());
         }
         let u = |j: usize| f[j].parse::<usize>().map_err(|_| bad());
@@ -101,12 +102,13 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 decode_seqs: u(3)?,
                 context_tokens: u(4)?,
                 decode_context_tokens: u(5)?,
-                attention_pairs: x(6)?,
-                chunk_self_pairs: x(7)?,
+                decode_shared_context_tokens: u(6)?,
+                attention_pairs: x(7)?,
+                chunk_self_pairs: x(8)?,
                 ..StepShape::default()
             },
-            forward_s: x(8)?,
-            step_s: x(9)?,
+            forward_s: x(9)?,
+            step_s: x(10)?,
         });
     }
     Ok(steps)
@@ -128,6 +130,7 @@ mod tests {
                 decode_seqs: 3,
                 context_tokens: 964,
                 decode_context_tokens: 900,
+                decode_shared_context_tokens: 512,
                 attention_pairs: 900.0 + 64.0 * 65.0 / 2.0,
                 chunk_self_pairs: 4096.0,
                 ..StepShape::default()
@@ -142,6 +145,7 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].shape.decode_context_tokens, 900);
         assert_eq!(back[0].shape.num_seqs, 3);
+        assert_eq!(back[0].shape.decode_shared_context_tokens, 512);
         assert_eq!(back[0].shape.attention_pairs, rec.shape.attention_pairs);
         assert_eq!((back[0].forward_s, back[0].step_s), (0.012, 0.0135));
         std::fs::write(&path, "a,b\n").unwrap();

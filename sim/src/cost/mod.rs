@@ -30,6 +30,11 @@ pub struct StepShape {
     pub context_tokens: usize,
     /// The part of `context_tokens` that belongs to decodes.
     pub decode_context_tokens: usize,
+    /// The part of `decode_context_tokens` that decodes share through the prefix cache
+    /// (their prefix-cache hits): blocks read more than once in the step, which a cache
+    /// serves faster than distinct context. Counted per reader that found the prefix in
+    /// the cache, so the sequence that computed it reads it as its own context.
+    pub decode_shared_context_tokens: usize,
     /// Query × key pairs attention computes: Σ over sequences of
     /// new × computed + new × (new + 1) / 2 (causal within the chunk).
     pub attention_pairs: f64,
@@ -49,6 +54,7 @@ impl StepShape {
             if q.is_decode {
                 s.decode_seqs += 1;
                 s.decode_context_tokens += q.context_len();
+                s.decode_shared_context_tokens += q.cached_tokens.min(q.context_len());
             } else {
                 s.prefill_tokens += n;
                 s.prefill_seqs += 1;
@@ -137,5 +143,25 @@ mod tests {
             (0, 1, 101, 101)
         );
         assert_eq!(shape.attention_pairs, 101.0);
+    }
+
+    #[test]
+    fn decodes_that_hit_the_prefix_cache_count_their_shared_context() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            block_size: 16,
+            ..Default::default()
+        });
+        s.add_request(Request::new(1, vec![5; 48], 4), 0.0).unwrap();
+        let plan = s.schedule(0.0);
+        s.complete(plan, &[7], 0.01);
+        // The second prompt finds the first's full blocks (not its last token) in the cache.
+        s.add_request(Request::new(2, vec![5; 48], 4), 0.01)
+            .unwrap();
+        let plan = s.schedule(0.01);
+        s.complete(plan, &[7, 7], 0.02);
+        let shape = StepShape::of(&s.schedule(0.02));
+        assert_eq!(shape.decode_seqs, 2);
+        assert_eq!(shape.decode_context_tokens, 50 + 49);
+        assert_eq!(shape.decode_shared_context_tokens, 32);
     }
 }

@@ -18,7 +18,9 @@
 //! Field meanings are those of [`StepShape`]: `prefill_tokens` = new prompt tokens in the
 //! step, `decode_seqs` = sequences decoding one token, `context_tokens` = Σ context length
 //! after the step over scheduled sequences, `decode_context_tokens` = the part of it that
-//! belongs to decodes, `attention_pairs` = Σ query × key pairs, `step_s` = measured seconds.
+//! belongs to decodes, `decode_shared_context_tokens` = the part of that the decodes share
+//! through the prefix cache (default 0), `attention_pairs` = Σ query × key pairs, `step_s`
+//! = measured seconds.
 //! `chunk_self_pairs` = Σ chunk length² over prompt chunks. The last three are optional;
 //! when absent they are taken as for one fresh prompt (`context_tokens − prefill_tokens`,
 //! `p × (p + 1) / 2` plus one pair per decode context token, and `p²`). `client` is
@@ -27,7 +29,7 @@
 //! The model mirrors what a step does:
 //!
 //! ```text
-//! step_s ≈ dense(new_tokens) + a × decode_context_tokens
+//! step_s ≈ dense(new_tokens) + a × own decode context + a' × shared decode context
 //!          + b × cross_pairs + c × chunk_self_pairs
 //! ```
 //!
@@ -38,6 +40,9 @@
 //!   it, and a CPU's first extra row can cost a thread hand-off. Beyond the last knot it
 //!   extrapolates the last segment.
 //! * `a` — decode attention reads each context token's K and V once (memory bound);
+//!   `a'` — a block that several decodes share through the prefix cache is read again
+//!   from cache, cheaper (fitted from profiled steps with a shared prefix; taken as `a`
+//!   when the profile has none);
 //! * `b`, `c` — prefill attention computes query × key pairs (compute bound): `cross_pairs`
 //!   of a chunk's queries with the context before it (n × start), and `chunk_self_pairs`
 //!   of the chunk with itself (n²). An attention that skips the masked half (flash
@@ -59,6 +64,8 @@ pub struct ProfilePoint {
     pub context_tokens: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_context_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub decode_shared_context_tokens: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_pairs: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -85,6 +92,10 @@ pub struct Profile {
     pub client: Option<ProfileClient>,
 }
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 impl ProfilePoint {
     fn new_tokens(&self) -> usize {
         self.prefill_tokens + self.decode_seqs
@@ -104,6 +115,13 @@ impl ProfilePoint {
             p * (p + 1.0) / 2.0 + self.decode_context() as f64
         });
         (pairs - self.decode_context() as f64).max(0.0)
+    }
+
+    /// (own, shared) decode context tokens.
+    fn decode_context_split(&self) -> (f64, f64) {
+        let total = self.decode_context();
+        let shared = self.decode_shared_context_tokens.min(total);
+        ((total - shared) as f64, shared as f64)
     }
 
     fn self_pairs(&self) -> f64 {
@@ -167,8 +185,10 @@ pub struct Profiled {
     knots: Vec<f64>,
     /// Dense step time at each knot (s).
     dense: Vec<f64>,
-    /// Seconds per decode context token.
+    /// Seconds per decode context token of a sequence's own.
     per_decode_context: f64,
+    /// Seconds per decode context token shared through the prefix cache.
+    per_shared_context: f64,
     /// Seconds per prefill pair with the context before the chunk.
     per_cross_pair: f64,
     /// Seconds per pair of a chunk with itself.
@@ -196,19 +216,20 @@ impl Profiled {
         }
         let knots = choose_knots(&pts.iter().map(ProfilePoint::new_tokens).collect::<Vec<_>>());
         let k = knots.len();
-        let features = k + 3;
+        let features = k + 4;
         if pts.len() < features {
             return Err(format!(
                 "a profile needs at least {features} points to fit {features} coefficients \
-                 ({k} dense knots, decode context, two prefill attention terms), it has {}",
+                 ({k} dense knots, own and shared decode context, two prefill attention \
+                 terms), it has {}",
                 pts.len()
             ));
         }
         let row = |p: &ProfilePoint| {
             let mut x = vec![0.0; features];
             hats(&knots, p.new_tokens() as f64, &mut x[..k]);
-            x[k] = p.decode_context() as f64;
-            (x[k + 1], x[k + 2]) = p.attention();
+            (x[k], x[k + 1]) = p.decode_context_split();
+            (x[k + 2], x[k + 3]) = p.attention();
             x
         };
         let rows: Vec<Vec<f64>> = pts.iter().map(row).collect();
@@ -241,8 +262,14 @@ impl Profiled {
             knots,
             dense: coef[..k].to_vec(),
             per_decode_context: coef[k],
-            per_cross_pair: coef[k + 1],
-            per_self_pair: coef[k + 2],
+            // No shared-prefix steps profiled: shared context costs what own context does.
+            per_shared_context: if pts.iter().any(|p| p.decode_shared_context_tokens > 0) {
+                coef[k + 1]
+            } else {
+                coef[k]
+            },
+            per_cross_pair: coef[k + 2],
+            per_self_pair: coef[k + 3],
             client,
             rms_rel_error: 0.0,
         };
@@ -276,14 +303,20 @@ impl Profiled {
 
     /// The fitted step time of a profiled shape.
     pub fn predict_point(&self, p: &ProfilePoint) -> f64 {
-        self.predict(p.new_tokens(), p.decode_context(), p.attention())
+        self.predict(p.new_tokens(), p.decode_context_split(), p.attention())
     }
 
-    fn predict(&self, new_tokens: usize, decode_context: usize, (cross, own): (f64, f64)) -> f64 {
+    fn predict(
+        &self,
+        new_tokens: usize,
+        (own_ctx, shared_ctx): (f64, f64),
+        (cross, within): (f64, f64),
+    ) -> f64 {
         self.dense_time(new_tokens)
-            + self.per_decode_context * decode_context as f64
+            + self.per_decode_context * own_ctx
+            + self.per_shared_context * shared_ctx
             + self.per_cross_pair * cross
-            + self.per_self_pair * own
+            + self.per_self_pair * within
     }
 }
 
@@ -291,7 +324,9 @@ impl CostModel for Profiled {
     fn step_time(&self, s: &StepShape) -> f64 {
         let prefill_pairs = (s.attention_pairs - s.decode_context_tokens as f64).max(0.0);
         let pairs = split_pairs(prefill_pairs, s.chunk_self_pairs, s.prefill_tokens);
-        self.predict(s.new_tokens(), s.decode_context_tokens, pairs)
+        let shared = s.decode_shared_context_tokens.min(s.decode_context_tokens);
+        let ctx = ((s.decode_context_tokens - shared) as f64, shared as f64);
+        self.predict(s.new_tokens(), ctx, pairs)
     }
 
     fn client_path(&self) -> ClientPath {
@@ -307,11 +342,12 @@ impl CostModel for Profiled {
             .collect();
         format!(
             "profiled ({}): step = dense(new tokens) [ms at {}] + {:.3e} ms/decode ctx tok \
-             + {:.3e} ms/prefill pair with earlier context + {:.3e} ms/pair within a chunk \
-             (fit rms error {:.1}%)",
+             ({:.3e} shared) + {:.3e} ms/prefill pair with earlier context + {:.3e} ms/pair \
+             within a chunk (fit rms error {:.1}%)",
             self.name,
             dense.join(" "),
             self.per_decode_context * 1e3,
+            self.per_shared_context * 1e3,
             self.per_cross_pair * 1e3,
             self.per_self_pair * 1e3,
             self.rms_rel_error * 100.0
@@ -433,6 +469,9 @@ mod tests {
         dense + 0.5e-6 * decode_ctx as f64 + 2e-9 * cross + 1.5e-9 * own
     }
 
+    /// Context shared through the prefix cache reads at a fifth of the cost.
+    const SHARED_DISCOUNT: f64 = 0.4e-6;
+
     /// A prefill chunk of `n` tokens after `start` computed ones plus `d` decodes at `ctx`.
     fn point(start: usize, n: usize, d: usize, ctx: usize) -> ProfilePoint {
         let (cross, own) = ((n * start) as f64, (n * n) as f64);
@@ -441,6 +480,7 @@ mod tests {
             decode_seqs: d,
             context_tokens: start + n + d * ctx,
             decode_context_tokens: Some(d * ctx),
+            decode_shared_context_tokens: 0,
             attention_pairs: Some(cross + (n * (n + 1) / 2) as f64 + (d * ctx) as f64),
             chunk_self_pairs: Some(own),
             step_s: truth(n + d, d * ctx, cross, own),
@@ -461,12 +501,23 @@ mod tests {
         for start in [512, 1536] {
             points.push(point(start, 512, 0, 0));
         }
+        for d in [8, 24] {
+            points.push(shared_point(d, 1100, 800));
+        }
         Profile {
             model: "m".into(),
             device: "d".into(),
             points,
             client: None,
         }
+    }
+
+    /// `d` decodes of `ctx` tokens each, the first `shared` of which all share.
+    fn shared_point(d: usize, ctx: usize, shared: usize) -> ProfilePoint {
+        let mut p = point(0, 0, d, ctx);
+        p.decode_shared_context_tokens = (d - 1) * shared;
+        p.step_s -= SHARED_DISCOUNT * ((d - 1) * shared) as f64;
+        p
     }
 
     fn shape(start: usize, n: usize, decodes: usize, decode_ctx: usize) -> StepShape {
@@ -496,6 +547,16 @@ mod tests {
                 "{n} {d} {ctx}: {got} vs {want}"
             );
         }
+        // Shared context at its own price.
+        let p = shared_point(12, 900, 500);
+        let mut s = shape(0, 0, 12, 900);
+        s.decode_shared_context_tokens = p.decode_shared_context_tokens;
+        let got = fit.step_time(&s);
+        assert!(
+            (got - p.step_s).abs() / p.step_s < 1e-6,
+            "{got} vs {}",
+            p.step_s
+        );
         // The jump from one row to two is kept, not averaged away.
         assert!(fit.dense_time(2) > 2.0 * fit.dense_time(1));
         // Beyond the largest profiled step: the last segment continues.
@@ -525,6 +586,10 @@ mod tests {
         }
         let fit = Profiled::fit(&p, ClientPath::default()).unwrap();
         assert!(fit.rms_rel_error < 1e-6, "{}", fit.rms_rel_error);
+        // Without shared-prefix points, shared context is priced as own context.
+        p.points.retain(|pt| pt.decode_shared_context_tokens == 0);
+        let fit = Profiled::fit(&p, ClientPath::default()).unwrap();
+        assert_eq!(fit.per_shared_context, fit.per_decode_context);
     }
 
     #[test]
@@ -537,7 +602,7 @@ mod tests {
         let fit = Profiled::fit(&p, ClientPath::default()).unwrap();
         assert!(fit.dense.iter().all(|&w| w >= 0.0));
         assert!(fit.per_decode_context >= 0.0 && fit.per_cross_pair >= 0.0);
-        assert!(fit.per_self_pair >= 0.0);
+        assert!(fit.per_self_pair >= 0.0 && fit.per_shared_context >= 0.0);
         assert!(fit.rms_rel_error > 0.05 && fit.rms_rel_error < 0.5);
     }
 
