@@ -71,6 +71,10 @@ struct VerifyArgs {
     set: Vec<String>,
     #[arg(long = "quick-profile")]
     quick_profile: bool,
+    /// Profile, predict and measure N times and compare the medians (a noisy machine
+    /// drifts between runs).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
 }
 
 #[derive(Args)]
@@ -330,6 +334,7 @@ fn run(cli: Cli) -> Result<()> {
                 out: a.out.unwrap_or_else(infer_engine::verify::default_out),
                 overrides: a.set,
                 quick_profile: a.quick_profile,
+                repeat: a.repeat,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -337,11 +342,26 @@ fn run(cli: Cli) -> Result<()> {
             let results = rt.block_on(infer_engine::verify::verify(&opts))?;
             let table = infer_engine::verify::fidelity_table(&results);
             let steps = infer_engine::verify::step_table(&results);
+            let headline = match infer_engine::verify::headline(&results) {
+                Some((median, max, over)) => format!(
+                    "Over TTFT P50, ITL P50, E2E P50 and throughput: median |error| {median:.1}%, \
+                     largest {max:.1}%, {over} above 25%.\n"
+                ),
+                None => String::new(),
+            };
+            let reps = if a.repeat > 1 {
+                format!(
+                    "Medians of {} repetitions (profile, predict, measure).\n\n",
+                    a.repeat
+                )
+            } else {
+                String::new()
+            };
             std::fs::write(
                 opts.out.join("fidelity.md"),
-                format!("{table}\nStep times, the cost model against the measured run's steps:\n\n{steps}"),
+                format!("{reps}{table}\n{headline}\nStep times, the cost model against the measured run's steps:\n\n{steps}"),
             )?;
-            print!("{table}\n{steps}");
+            print!("{reps}{table}\n{headline}\n{steps}");
             for r in &results {
                 if let Some(e) = r.verification.median_abs_error_pct {
                     println!("median_abs_error_pct[{}]: {e:.1} %", r.scenario);

@@ -27,6 +27,9 @@ pub struct VerifyOptions {
     pub overrides: Vec<String>,
     /// A smaller profiling grid.
     pub quick_profile: bool,
+    /// Profile, predict and measure this many times; the table compares the median
+    /// prediction with the median measurement of each figure.
+    pub repeat: usize,
 }
 
 /// One scenario's outcome.
@@ -96,11 +99,74 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
     .await??;
     let tokenizer: Arc<dyn Tokenizer> =
         Arc::new(crate::tokenizer::TextTokenizer::from_dir(&lm.dir)?);
+    drop(lm);
+    let reps = opts.repeat.max(1);
+    let mut runs: Vec<Vec<VerifyResult>> = Vec::with_capacity(reps);
+    for r in 0..reps {
+        let out = if reps == 1 {
+            opts.out.clone()
+        } else {
+            eprintln!("repetition {} of {reps}", r + 1);
+            opts.out.join(format!("rep{}", r + 1))
+        };
+        runs.push(verify_once(opts, &out, tokenizer.clone()).await?);
+    }
+    let last = runs.pop().expect("at least one repetition");
+    Ok(last
+        .into_iter()
+        .enumerate()
+        .map(|(i, res)| {
+            let reps: Vec<&VerifyResult> = runs.iter().map(|r| &r[i]).chain([&res]).collect();
+            let verifications: Vec<_> = reps.iter().map(|r| r.verification.clone()).collect();
+            VerifyResult {
+                scenario: res.scenario.clone(),
+                verification: infer_reports::Verification::combine(&verifications),
+                steps: combine_steps(&reps),
+                report: res.report.clone(),
+            }
+        })
+        .collect())
+}
 
+/// Step-time comparisons of repetitions, kind by kind: counts and times add up, the median
+/// step error is the median of the repetitions' medians.
+fn combine_steps(reps: &[&VerifyResult]) -> Vec<StepFidelity> {
+    let mut out: Vec<StepFidelity> = Vec::new();
+    for f in reps.iter().flat_map(|r| &r.steps) {
+        match out.iter_mut().find(|o| o.kind == f.kind) {
+            Some(o) => {
+                o.steps += f.steps;
+                o.measured_s += f.measured_s;
+                o.predicted_s += f.predicted_s;
+            }
+            None => out.push(f.clone()),
+        }
+    }
+    for o in &mut out {
+        let mut m: Vec<f64> = reps
+            .iter()
+            .flat_map(|r| &r.steps)
+            .filter(|f| f.kind == o.kind)
+            .map(|f| f.median_error_pct)
+            .collect();
+        m.sort_by(f64::total_cmp);
+        o.median_error_pct = m[m.len() / 2];
+    }
+    out
+}
+
+/// One repetition: profile (unless a profile is given), then predict and measure each
+/// scenario, writing under `out`.
+async fn verify_once(
+    opts: &VerifyOptions,
+    out: &Path,
+    tokenizer: Arc<dyn Tokenizer>,
+) -> Result<Vec<VerifyResult>> {
+    std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
     let profile_path = match &opts.profile {
         Some(p) => p.clone(),
         None => {
-            let path = opts.out.join("profile.json");
+            let path = out.join("profile.json");
             eprintln!("profiling {} …", opts.model);
             let profile = profile_model(&opts.model, opts.quick_profile).await?;
             std::fs::write(&path, serde_json::to_string_pretty(&profile)? + "\n")
@@ -118,7 +184,7 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
             .with_context(|| format!("{file}: cannot read scenario"))?;
         let scenario =
             Scenario::parse(&file, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
-        let dir = opts.out.join(&scenario.name);
+        let dir = out.join(&scenario.name);
 
         // Predict.
         let mut sim_overrides = opts.overrides.clone();
@@ -170,8 +236,11 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
 /// The serving path around the model step, measured on an in-process server with the bench
 /// client beside it (as `engine verify` runs them, sharing this machine's cores):
 ///
-/// * per step and per running sequence: streamed inter-token gaps at batch 1 and 8 minus the
-///   profiled decode steps of the same shape (scheduling, sampling, detokenising, SSE);
+/// * per step and per running sequence: from the server's step log while 1 and then 8
+///   greedy streams decode, the time of each loop iteration outside the model's forward
+///   (scheduling, the scheduler update, detokenising, handing chunks to the streams, the
+///   next iteration's wait) — medians at batch 1 and 8, solved for a per-step and a
+///   per-sequence part;
 /// * per request: TTFT of a one-token completion minus its prefill step and the step
 ///   overhead (HTTP, tokenisation).
 ///
@@ -180,24 +249,16 @@ pub(crate) async fn measure_client_path(
     model: &str,
     points: &mut [crate::profile::ProfilePoint],
 ) -> Result<ProfileClient> {
-    let (addr, server) = spawn_local(ServeConfig::new(model)).await?;
+    let log = std::env::temp_dir().join(format!("infer-probe-steps-{}.csv", std::process::id()));
+    let cfg = ServeConfig {
+        step_log: Some(log.clone()),
+        ..ServeConfig::new(model)
+    };
+    let (addr, server) = spawn_local(cfg).await?;
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/completions");
-    let decode_step = |b: usize| {
-        points
-            .iter()
-            .filter(|p| p.decode_seqs == b && p.prefill_tokens == 0)
-            .min_by_key(|p| p.context_tokens)
-            .map_or(0.0, |p| p.step_s)
-    };
-    let itl1 = stream_itl(&client, &url, 1).await?;
-    let itl8 = stream_itl(&client, &url, 8).await?;
-    let (o1, o8) = (
-        (itl1 - decode_step(1)).max(0.0),
-        (itl8 - decode_step(8)).max(0.0),
-    );
-    let per_seq = ((o8 - o1) / 7.0).max(0.0);
-    let per_step = (o1 - per_seq).max(0.0);
+    stream_itl(&client, &url, 1).await?;
+    stream_itl(&client, &url, 8).await?;
     let mut ttfts = Vec::new();
     let mut prompt_tokens = 0;
     for i in 0..9 {
@@ -208,6 +269,11 @@ pub(crate) async fn measure_client_path(
         prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
     }
     server.stop().await;
+    let steps = step_log::read(&log)?;
+    let _ = std::fs::remove_file(&log);
+    let (o1, o8) = (host_time(&steps, 1)?, host_time(&steps, 8)?);
+    let per_seq = ((o8 - o1) / 7.0).max(0.0);
+    let per_step = (o1 - per_seq).max(0.0);
     ttfts.sort_by(f64::total_cmp);
     let ttft = ttfts[ttfts.len() / 2];
     let prefill = points
@@ -220,17 +286,38 @@ pub(crate) async fn measure_client_path(
         p.step_s += per_step + per_seq * seqs as f64;
     }
     eprintln!(
-        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (ITL at batch 1 {:.3} ms, at batch 8 {:.3} ms)",
+        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (outside the forward: \
+         {:.3} ms at batch 1, {:.3} ms at batch 8)",
         per_step * 1e3,
         per_seq * 1e3,
-        itl1 * 1e3,
-        itl8 * 1e3
+        o1 * 1e3,
+        o8 * 1e3
     );
     Ok(ProfileClient {
         request_s: (ttft - prefill - per_step - per_seq).max(0.0),
         per_prompt_token_s: 0.0,
         stream_s: 0.0,
     })
+}
+
+/// Median time per loop iteration outside the forward over consecutive decode steps of
+/// `batch` sequences: from one step's start to the next's, minus the forward.
+fn host_time(steps: &[StepRecord], batch: usize) -> Result<f64> {
+    let mut host: Vec<f64> = steps
+        .windows(2)
+        .filter(|w| {
+            let s = &w[0].shape;
+            s.prefill_tokens == 0 && s.decode_seqs == batch && w[1].shape.decode_seqs == batch
+        })
+        .map(|w| (w[1].t_s - w[0].t_s - w[0].forward_s).max(0.0))
+        .collect();
+    anyhow::ensure!(
+        host.len() >= 8,
+        "the serving-path probe logged only {} decode steps at batch {batch}",
+        host.len()
+    );
+    host.sort_by(f64::total_cmp);
+    Ok(host[host.len() / 2])
 }
 
 /// Median gap between streamed chunks with `n` concurrent greedy streams.
@@ -285,6 +372,37 @@ pub fn fidelity_table(results: &[VerifyResult]) -> String {
         }
     }
     s
+}
+
+/// The headline figures of a fidelity table: TTFT P50, ITL P50, E2E P50 and throughput.
+pub const HEADLINE: [infer_reports::metric::Metric; 4] = [
+    infer_reports::metric::TTFT_P50,
+    infer_reports::metric::ITL_P50,
+    infer_reports::metric::LATENCY_P50,
+    infer_reports::metric::THROUGHPUT,
+];
+
+/// Over the headline figures of all scenarios: (median |error %|, largest |error %|, how
+/// many exceed 25%). `None` when no figure has an error.
+pub fn headline(results: &[VerifyResult]) -> Option<(f64, f64, usize)> {
+    let mut errors: Vec<f64> = results
+        .iter()
+        .flat_map(|r| &r.verification.rows)
+        .filter(|row| HEADLINE.iter().any(|m| m.key == row.metric.key))
+        .filter_map(|row| row.error_pct.map(f64::abs))
+        .collect();
+    if errors.is_empty() {
+        return None;
+    }
+    errors.sort_by(f64::total_cmp);
+    let n = errors.len();
+    let median = if n % 2 == 1 {
+        errors[n / 2]
+    } else {
+        (errors[n / 2 - 1] + errors[n / 2]) / 2.0
+    };
+    let over = errors.iter().filter(|&&e| e > 25.0).count();
+    Some((median, errors[n - 1], over))
 }
 
 /// The step-time table over several scenarios, in markdown.
@@ -375,4 +493,53 @@ mod tests {
             "{table}"
         );
     }
+
+    fn result(errors: &[(infer_reports::metric::Metric, f64)]) -> VerifyResult {
+        let rows = errors
+            .iter()
+            .map(|&(metric, e)| infer_reports::verify::VerifyRow {
+                metric,
+                predicted: Some(100.0 + e),
+                measured: Some(100.0),
+                error_pct: Some(e),
+            })
+            .collect();
+        VerifyResult {
+            scenario: "s".into(),
+            verification: infer_reports::Verification {
+                rows,
+                median_abs_error_pct: None,
+            },
+            steps: vec![StepFidelity {
+                kind: "all",
+                steps: 10,
+                measured_s: 1.0,
+                predicted_s: 1.1,
+                median_error_pct: errors.len() as f64,
+            }],
+            report: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn the_headline_counts_only_the_four_figures() {
+        use infer_reports::metric::{ITL_P50, ITL_P99, LATENCY_P50, THROUGHPUT, TTFT_P50};
+        let a = result(&[(TTFT_P50, 5.0), (ITL_P50, -30.0), (ITL_P99, 90.0)]);
+        let b = result(&[(LATENCY_P50, 8.0), (THROUGHPUT, -2.0)]);
+        let (median, max, over) = headline(&[a, b]).unwrap();
+        assert_eq!((median, max, over), (6.5, 30.0, 1));
+        assert!(headline(&[]).is_none());
+    }
+
+    #[test]
+    fn repetitions_add_their_steps() {
+        let (a, b, c) = (result(&[]), result(&[]), result(&[(TTFT_P50_M, 1.0)]));
+        let f = combine_steps(&[&a, &b, &c]);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].steps, 30);
+        assert!((f[0].predicted_s - 3.3).abs() < 1e-9);
+        assert_eq!(f[0].median_error_pct, 0.0);
+    }
+
+    const TTFT_P50_M: infer_reports::metric::Metric = infer_reports::metric::TTFT_P50;
 }

@@ -38,28 +38,53 @@ pub struct Verification {
 }
 
 pub fn predicted_vs_measured(predicted: &Run, measured: &Run) -> Verification {
-    let rows: Vec<VerifyRow> = VERIFY_METRICS
-        .iter()
-        .map(|m| {
-            let (p, me) = (m.value(predicted), m.value(measured));
-            VerifyRow {
-                metric: *m,
+    Verification::from_values(
+        VERIFY_METRICS
+            .iter()
+            .map(|m| (*m, m.value(predicted), m.value(measured))),
+    )
+}
+
+impl Verification {
+    fn from_values(values: impl Iterator<Item = (Metric, Option<f64>, Option<f64>)>) -> Self {
+        let rows: Vec<VerifyRow> = values
+            .map(|(metric, p, me)| VerifyRow {
+                metric,
                 predicted: p,
                 measured: me,
                 error_pct: match (p, me) {
                     (Some(p), Some(me)) if me != 0.0 => Some((p - me) / me.abs() * 100.0),
                     _ => None,
                 },
-            }
-        })
-        .collect();
-    let abs: Vec<f64> = rows
-        .iter()
-        .filter_map(|r| r.error_pct.map(f64::abs))
-        .collect();
-    Verification {
-        median_abs_error_pct: median(abs),
-        rows,
+            })
+            .collect();
+        let abs: Vec<f64> = rows
+            .iter()
+            .filter_map(|r| r.error_pct.map(f64::abs))
+            .collect();
+        Verification {
+            median_abs_error_pct: median(abs),
+            rows,
+        }
+    }
+
+    /// Repetitions of one comparison (rows in the same order): per metric, the median of
+    /// the predictions against the median of the measurements, so that the drift of a
+    /// noisy machine between repetitions averages out instead of landing on one side.
+    pub fn combine(reps: &[Verification]) -> Verification {
+        let Some(first) = reps.first() else {
+            return Verification::from_values(std::iter::empty());
+        };
+        Verification::from_values(first.rows.iter().enumerate().map(|(i, row)| {
+            let of = |get: fn(&VerifyRow) -> Option<f64>| {
+                median(
+                    reps.iter()
+                        .filter_map(|v| v.rows.get(i).and_then(get))
+                        .collect(),
+                )
+            };
+            (row.metric, of(|r| r.predicted), of(|r| r.measured))
+        }))
     }
 }
 
@@ -151,6 +176,28 @@ pub fn write_verify_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repetitions_combine_by_the_median_of_each_side() {
+        let rep = |p: f64, m: f64| {
+            Verification::from_values(
+                [
+                    (metric::TTFT_P50, Some(p), Some(m)),
+                    (metric::THROUGHPUT, None, Some(m)),
+                ]
+                .into_iter(),
+            )
+        };
+        let v = Verification::combine(&[rep(10.0, 8.0), rep(30.0, 10.0), rep(12.0, 12.0)]);
+        assert_eq!(v.rows.len(), 2);
+        assert_eq!(
+            (v.rows[0].predicted, v.rows[0].measured),
+            (Some(12.0), Some(10.0))
+        );
+        assert!((v.rows[0].error_pct.unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!((v.rows[1].predicted, v.rows[1].error_pct), (None, None));
+        assert_eq!(v.median_abs_error_pct, v.rows[0].error_pct);
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {
