@@ -237,10 +237,11 @@ async fn verify_once(
 /// client beside it (as `engine verify` runs them, sharing this machine's cores):
 ///
 /// * per step and per running sequence: from the server's step log while 1 and then 8
-///   greedy streams decode, the time of each loop iteration outside the model's forward
-///   (scheduling, the scheduler update, detokenising, handing chunks to the streams, the
-///   next iteration's wait) — medians at batch 1 and 8, solved for a per-step and a
-///   per-sequence part;
+///   greedy streams decode, how much longer each loop iteration takes than the profile
+///   fitted so far predicts for its shape — the work outside the forward (scheduling,
+///   the scheduler update, detokenising, handing chunks to the streams) and the forward's
+///   slowdown from the HTTP and client threads sharing the cores — medians at batch 1 and
+///   8, solved for a per-step and a per-sequence part;
 /// * per request: TTFT of a one-token completion minus its prefill step and the step
 ///   overhead (HTTP, tokenisation).
 ///
@@ -271,7 +272,20 @@ pub(crate) async fn measure_client_path(
     server.stop().await;
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_file(&log);
-    let (o1, o8) = (host_time(&steps, 1)?, host_time(&steps, 8)?);
+    let offline = infer_sim::cost::Profiled::fit(
+        &crate::profile::Profile {
+            model: model.to_string(),
+            device: "cpu".into(),
+            points: points.to_vec(),
+            client: None,
+        },
+        Default::default(),
+    )
+    .map_err(|e| anyhow!("the profile does not fit: {e}"))?;
+    let (o1, o8) = (
+        serving_excess(&steps, 1, &offline)?,
+        serving_excess(&steps, 8, &offline)?,
+    );
     let per_seq = ((o8 - o1) / 7.0).max(0.0);
     let per_step = (o1 - per_seq).max(0.0);
     ttfts.sort_by(f64::total_cmp);
@@ -286,8 +300,8 @@ pub(crate) async fn measure_client_path(
         p.step_s += per_step + per_seq * seqs as f64;
     }
     eprintln!(
-        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (outside the forward: \
-         {:.3} ms at batch 1, {:.3} ms at batch 8)",
+        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (a served decode step \
+         takes {:.3} ms longer than profiled at batch 1, {:.3} ms at batch 8)",
         per_step * 1e3,
         per_seq * 1e3,
         o1 * 1e3,
@@ -300,24 +314,29 @@ pub(crate) async fn measure_client_path(
     })
 }
 
-/// Median time per loop iteration outside the forward over consecutive decode steps of
-/// `batch` sequences: from one step's start to the next's, minus the forward.
-fn host_time(steps: &[StepRecord], batch: usize) -> Result<f64> {
-    let mut host: Vec<f64> = steps
+/// Median excess of a served decode step of `batch` sequences over what `offline` predicts
+/// for its shape, the step measured from its start to the next step's start.
+fn serving_excess(
+    steps: &[StepRecord],
+    batch: usize,
+    offline: &infer_sim::cost::Profiled,
+) -> Result<f64> {
+    use infer_sim::cost::CostModel;
+    let mut excess: Vec<f64> = steps
         .windows(2)
         .filter(|w| {
             let s = &w[0].shape;
             s.prefill_tokens == 0 && s.decode_seqs == batch && w[1].shape.decode_seqs == batch
         })
-        .map(|w| (w[1].t_s - w[0].t_s - w[0].forward_s).max(0.0))
+        .map(|w| w[1].t_s - w[0].t_s - offline.step_time(&w[0].shape))
         .collect();
     anyhow::ensure!(
-        host.len() >= 8,
+        excess.len() >= 8,
         "the serving-path probe logged only {} decode steps at batch {batch}",
-        host.len()
+        excess.len()
     );
-    host.sort_by(f64::total_cmp);
-    Ok(host[host.len() / 2])
+    excess.sort_by(f64::total_cmp);
+    Ok(excess[excess.len() / 2])
 }
 
 /// Median gap between streamed chunks with `n` concurrent greedy streams.
