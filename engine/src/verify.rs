@@ -233,15 +233,33 @@ async fn verify_once(
     Ok(results)
 }
 
-/// The serving path around the model step, measured on an in-process server with the bench
-/// client beside it (as `engine verify` runs them, sharing this machine's cores):
+/// A mixed load for calibrating the serving path: prompts of 64–1,024 tokens arriving as a
+/// Poisson stream, decoding beside each other and beside chunked prefills. Fixed, so that
+/// a profile never depends on the scenarios it will predict.
+const CALIBRATION_SCENARIO: &str = r#"
+name = "serving-calibration"
+description = "engine profile: the serving path under a mixed load"
+[workload]
+num_requests = 24
+warmup_requests = 1
+seed = 7
+prompt_tokens = { uniform = [64, 1024] }
+output_tokens = { uniform = [32, 160] }
+ignore_eos = true
+[arrival]
+kind = "poisson"
+rate = 8.0
+"#;
+
+/// The serving path around the model step, measured on in-process servers with the bench
+/// client beside them (as `engine verify` runs them, sharing this machine's cores):
 ///
-/// * per step and per running sequence: from the server's step log while 1 and then 8
-///   greedy streams decode, how much longer each loop iteration takes than the profile
-///   fitted so far predicts for its shape — the work outside the forward (scheduling,
-///   the scheduler update, detokenising, handing chunks to the streams) and the forward's
-///   slowdown from the HTTP and client threads sharing the cores — medians at batch 1 and
-///   8, solved for a per-step and a per-sequence part;
+/// * per step and per running sequence: a fixed mixed load ([`CALIBRATION_SCENARIO`]) is
+///   served with a step log, and each busy step's period (start to the next step's start)
+///   is compared with what the offline profile predicts for its shape. The excess — work
+///   outside the forward (scheduling, detokenising, handing chunks to the streams) and the
+///   forward's slowdown from HTTP and client threads sharing the cores — is fitted as a
+///   per-step plus a per-sequence cost (least squares over the middle 80% of steps);
 /// * per request: TTFT of a one-token completion minus its prefill step and the step
 ///   overhead (HTTP, tokenisation).
 ///
@@ -250,28 +268,6 @@ pub(crate) async fn measure_client_path(
     model: &str,
     points: &mut [crate::profile::ProfilePoint],
 ) -> Result<ProfileClient> {
-    let log = std::env::temp_dir().join(format!("infer-probe-steps-{}.csv", std::process::id()));
-    let cfg = ServeConfig {
-        step_log: Some(log.clone()),
-        ..ServeConfig::new(model)
-    };
-    let (addr, server) = spawn_local(cfg).await?;
-    let client = reqwest::Client::new();
-    let url = format!("http://{addr}/v1/completions");
-    stream_itl(&client, &url, 1).await?;
-    stream_itl(&client, &url, 8).await?;
-    let mut ttfts = Vec::new();
-    let mut prompt_tokens = 0;
-    for i in 0..9 {
-        let body = serde_json::json!({"prompt": format!("Probe {i}: a short prompt."), "max_tokens": 1, "temperature": 0});
-        let t = Instant::now();
-        let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
-        ttfts.push(t.elapsed().as_secs_f64());
-        prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
-    }
-    server.stop().await;
-    let steps = step_log::read(&log)?;
-    let _ = std::fs::remove_file(&log);
     let offline = infer_sim::cost::Profiled::fit(
         &crate::profile::Profile {
             model: model.to_string(),
@@ -282,12 +278,33 @@ pub(crate) async fn measure_client_path(
         Default::default(),
     )
     .map_err(|e| anyhow!("the profile does not fit: {e}"))?;
-    let (o1, o8) = (
-        serving_excess(&steps, 1, &offline)?,
-        serving_excess(&steps, 8, &offline)?,
-    );
-    let per_seq = ((o8 - o1) / 7.0).max(0.0);
-    let per_step = (o1 - per_seq).max(0.0);
+    let tmp = std::env::temp_dir().join(format!("infer-calibration-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let (log, scenario) = (tmp.join("steps.csv"), tmp.join("calibration.toml"));
+    std::fs::write(&scenario, CALIBRATION_SCENARIO)?;
+    let cfg = ServeConfig {
+        step_log: Some(log.clone()),
+        ..ServeConfig::new(model)
+    };
+    let (addr, server) = spawn_local(cfg).await?;
+    let client = reqwest::Client::new();
+    let base = format!("http://{addr}");
+    let calibration = bench::run(&BenchOptions::new(&base, &scenario)).await;
+    let url = format!("{base}/v1/completions");
+    let mut ttfts = Vec::new();
+    let mut prompt_tokens = 0;
+    for i in 0..9 {
+        let body = serde_json::json!({"prompt": format!("Probe {i}: a short prompt."), "max_tokens": 1, "temperature": 0});
+        let t = Instant::now();
+        let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
+        ttfts.push(t.elapsed().as_secs_f64());
+        prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
+    }
+    server.stop().await;
+    calibration?;
+    let steps = step_log::read(&log)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    let (per_step, per_seq) = serving_excess(&steps, &offline)?;
     ttfts.sort_by(f64::total_cmp);
     let ttft = ttfts[ttfts.len() / 2];
     let prefill = points
@@ -300,12 +317,10 @@ pub(crate) async fn measure_client_path(
         p.step_s += per_step + per_seq * seqs as f64;
     }
     eprintln!(
-        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (a served decode step \
-         takes {:.3} ms longer than profiled at batch 1, {:.3} ms at batch 8)",
+        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (over {} served steps)",
         per_step * 1e3,
         per_seq * 1e3,
-        o1 * 1e3,
-        o8 * 1e3
+        steps.len()
     );
     Ok(ProfileClient {
         request_s: (ttft - prefill - per_step - per_seq).max(0.0),
@@ -314,61 +329,37 @@ pub(crate) async fn measure_client_path(
     })
 }
 
-/// Median excess of a served decode step of `batch` sequences over what `offline` predicts
-/// for its shape, the step measured from its start to the next step's start.
-fn serving_excess(
-    steps: &[StepRecord],
-    batch: usize,
-    offline: &infer_sim::cost::Profiled,
-) -> Result<f64> {
+/// The served steps' excess over `offline`, fitted as `per_step + per_seq × sequences` by
+/// least squares over busy steps (the next step starts within 5 ms of this one's end),
+/// dropping the 10% largest and smallest excesses (hiccups of a shared machine). Both parts
+/// are kept non-negative.
+fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
     use infer_sim::cost::CostModel;
-    let mut excess: Vec<f64> = steps
+    let mut xy: Vec<(f64, f64)> = steps
         .windows(2)
-        .filter(|w| {
-            let s = &w[0].shape;
-            s.prefill_tokens == 0 && s.decode_seqs == batch && w[1].shape.decode_seqs == batch
+        .filter(|w| w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
+        .map(|w| {
+            let excess = w[1].t_s - w[0].t_s - offline.step_time(&w[0].shape);
+            (w[0].shape.num_seqs as f64, excess)
         })
-        .map(|w| w[1].t_s - w[0].t_s - offline.step_time(&w[0].shape))
         .collect();
     anyhow::ensure!(
-        excess.len() >= 8,
-        "the serving-path probe logged only {} decode steps at batch {batch}",
-        excess.len()
+        xy.len() >= 50,
+        "the serving-path calibration logged only {} busy steps",
+        xy.len()
     );
-    excess.sort_by(f64::total_cmp);
-    Ok(excess[excess.len() / 2])
-}
-
-/// Median gap between streamed chunks with `n` concurrent greedy streams.
-async fn stream_itl(client: &reqwest::Client, url: &str, n: usize) -> Result<f64> {
-    use futures_util::StreamExt;
-    let runs = (0..n).map(|i| {
-        let (client, url) = (client.clone(), url.to_string());
-        async move {
-            let body = serde_json::json!({"prompt": format!("Stream {i} about the harbour and its boats at dawn."),
-                "max_tokens": 96, "temperature": 0, "ignore_eos": true, "stream": true});
-            let resp = client.post(&url).json(&body).send().await?;
-            let mut stream = resp.bytes_stream();
-            let mut times = Vec::new();
-            while let Some(piece) = stream.next().await {
-                let piece = piece?;
-                let k = piece.windows(5).filter(|w| w == b"data:").count();
-                times.extend(std::iter::repeat_n(Instant::now(), k));
-            }
-            anyhow::Ok(times)
-        }
-    });
-    let mut gaps = Vec::new();
-    for times in futures_util::future::join_all(runs).await {
-        let times = times?;
-        // Skip the first chunk (TTFT) and the trailing usage/[DONE] chunks.
-        for w in times.windows(2).skip(1).take(times.len().saturating_sub(4)) {
-            gaps.push(w[1].duration_since(w[0]).as_secs_f64());
-        }
-    }
-    anyhow::ensure!(!gaps.is_empty(), "no streamed tokens to time");
-    gaps.sort_by(f64::total_cmp);
-    Ok(gaps[gaps.len() / 2])
+    xy.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let cut = xy.len() / 10;
+    let xy = &xy[cut..xy.len() - cut];
+    let n = xy.len() as f64;
+    let (mx, my) = (
+        xy.iter().map(|p| p.0).sum::<f64>() / n,
+        xy.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = xy.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let sxy: f64 = xy.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let per_seq = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    Ok(((my - per_seq * mx).max(0.0), per_seq))
 }
 
 /// The fidelity table over several scenarios, in markdown.
