@@ -145,7 +145,7 @@ impl AttnPlan {
             });
         }
 
-        let decodes = if decodes.len() > 0 {
+        let decodes = if !decodes.is_empty() {
             order.extend_from_slice(&decodes.rows);
             let rows = Tensor::new(decodes.rows.as_slice(), dev)?;
             Some((decodes, rows))

@@ -42,6 +42,10 @@ impl DecodeSet {
     pub fn len(&self) -> usize {
         self.rows.len()
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
 }
 
 /// A KV element type read as f32.
