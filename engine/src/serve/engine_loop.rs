@@ -246,6 +246,9 @@ impl EngineLoop {
         let tokens: Vec<u32> = sampled.iter().map(|s| s.1.token).collect();
         let now = self.now();
         let events = self.sched.complete(plan, &tokens, now);
+        // Before any token leaves: a client that reads /metrics on its first token must see
+        // the KV its request holds.
+        self.metrics.lock().unwrap().sched = self.sched.stats();
         let logprobs: HashMap<u64, crate::sampling::SampledToken> = sampled.into_iter().collect();
         let mut events = events.into_iter().peekable();
         while let Some(e) = events.next() {
