@@ -6,14 +6,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 use infer_core::metrics::RunInfo;
 use infer_core::workload::{Scenario, Tokenizer};
 
+use infer_reports::verify::median;
+
 use crate::bench::{self, BenchOptions};
-use crate::profile::{profile_model, ProfileClient};
+use crate::profile::profile_model;
 use crate::serve::step_log::{self, StepRecord};
 use crate::serve::{spawn_local, ServeConfig};
 
@@ -73,17 +74,18 @@ pub fn step_fidelity(
             if of_kind.is_empty() {
                 return None;
             }
-            let mut errors: Vec<f64> = of_kind
+            let predicted: Vec<f64> = of_kind.iter().map(|r| cost.step_time(&r.shape)).collect();
+            let errors = of_kind
                 .iter()
-                .map(|r| (cost.step_time(&r.shape) / r.step_s - 1.0) * 100.0)
+                .zip(&predicted)
+                .map(|(r, p)| (p / r.step_s - 1.0) * 100.0)
                 .collect();
-            errors.sort_by(f64::total_cmp);
             Some(StepFidelity {
                 kind: k,
                 steps: of_kind.len(),
                 measured_s: of_kind.iter().map(|r| r.step_s).sum(),
-                predicted_s: of_kind.iter().map(|r| cost.step_time(&r.shape)).sum(),
-                median_error_pct: errors[errors.len() / 2],
+                predicted_s: predicted.iter().sum(),
+                median_error_pct: median(errors).unwrap_or(0.0),
             })
         })
         .collect()
@@ -143,14 +145,13 @@ fn combine_steps(reps: &[&VerifyResult]) -> Vec<StepFidelity> {
         }
     }
     for o in &mut out {
-        let mut m: Vec<f64> = reps
+        let medians = reps
             .iter()
             .flat_map(|r| &r.steps)
             .filter(|f| f.kind == o.kind)
             .map(|f| f.median_error_pct)
             .collect();
-        m.sort_by(f64::total_cmp);
-        o.median_error_pct = m[m.len() / 2];
+        o.median_error_pct = median(medians).unwrap_or(0.0);
     }
     out
 }
@@ -233,135 +234,6 @@ async fn verify_once(
     Ok(results)
 }
 
-/// A mixed load for calibrating the serving path: prompts of 64–1,024 tokens arriving as a
-/// Poisson stream, decoding beside each other and beside chunked prefills. Fixed, so that
-/// a profile never depends on the scenarios it will predict.
-const CALIBRATION_SCENARIO: &str = r#"
-name = "serving-calibration"
-description = "engine profile: the serving path under a mixed load"
-[workload]
-num_requests = 24
-warmup_requests = 1
-seed = 7
-prompt_tokens = { uniform = [64, 1024] }
-output_tokens = { uniform = [32, 160] }
-ignore_eos = true
-[arrival]
-kind = "poisson"
-rate = 8.0
-"#;
-
-/// The serving path around the model step, measured on in-process servers with the bench
-/// client beside them (as `engine verify` runs them, sharing this machine's cores):
-///
-/// * per step and per running sequence: a fixed mixed load ([`CALIBRATION_SCENARIO`]) is
-///   served with a step log, and each busy step's period (start to the next step's start)
-///   is compared with what the offline profile predicts for its shape. The excess — work
-///   outside the forward (scheduling, detokenising, handing chunks to the streams) and the
-///   forward's slowdown from HTTP and client threads sharing the cores — is fitted as a
-///   per-step plus a per-sequence cost (least squares over the middle 80% of steps);
-/// * per request: TTFT of a one-token completion minus its prefill step and the step
-///   overhead (HTTP, tokenisation).
-///
-/// The step overheads are added to every profiled point (they are part of an engine step).
-pub(crate) async fn measure_client_path(
-    model: &str,
-    points: &mut [crate::profile::ProfilePoint],
-) -> Result<ProfileClient> {
-    let offline = infer_sim::cost::Profiled::fit(
-        &crate::profile::Profile {
-            model: model.to_string(),
-            device: "cpu".into(),
-            points: points.to_vec(),
-            client: None,
-        },
-        Default::default(),
-    )
-    .map_err(|e| anyhow!("the profile does not fit: {e}"))?;
-    let tmp = std::env::temp_dir().join(format!("infer-calibration-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp)?;
-    let (log, scenario) = (tmp.join("steps.csv"), tmp.join("calibration.toml"));
-    std::fs::write(&scenario, CALIBRATION_SCENARIO)?;
-    let cfg = ServeConfig {
-        step_log: Some(log.clone()),
-        ..ServeConfig::new(model)
-    };
-    let (addr, server) = spawn_local(cfg).await?;
-    let client = reqwest::Client::new();
-    let base = format!("http://{addr}");
-    let calibration = bench::run(&BenchOptions::new(&base, &scenario)).await;
-    let url = format!("{base}/v1/completions");
-    let mut ttfts = Vec::new();
-    let mut prompt_tokens = 0;
-    for i in 0..9 {
-        let body = serde_json::json!({"prompt": format!("Probe {i}: a short prompt."), "max_tokens": 1, "temperature": 0});
-        let t = Instant::now();
-        let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
-        ttfts.push(t.elapsed().as_secs_f64());
-        prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
-    }
-    server.stop().await;
-    calibration?;
-    let steps = step_log::read(&log)?;
-    let _ = std::fs::remove_dir_all(&tmp);
-    let (per_step, per_seq) = serving_excess(&steps, &offline)?;
-    ttfts.sort_by(f64::total_cmp);
-    let ttft = ttfts[ttfts.len() / 2];
-    let prefill = points
-        .iter()
-        .filter(|p| p.decode_seqs == 0 && p.prefill_tokens > 0)
-        .min_by_key(|p| p.prefill_tokens.abs_diff(prompt_tokens))
-        .map_or(0.0, |p| p.step_s);
-    for p in points.iter_mut() {
-        let seqs = p.decode_seqs + usize::from(p.prefill_tokens > 0);
-        p.step_s += per_step + per_seq * seqs as f64;
-    }
-    eprintln!(
-        "serving overhead: {:.3} ms per step + {:.3} ms per sequence (over {} served steps)",
-        per_step * 1e3,
-        per_seq * 1e3,
-        steps.len()
-    );
-    Ok(ProfileClient {
-        request_s: (ttft - prefill - per_step - per_seq).max(0.0),
-        per_prompt_token_s: 0.0,
-        stream_s: 0.0,
-    })
-}
-
-/// The served steps' excess over `offline`, fitted as `per_step + per_seq × sequences` by
-/// least squares over busy steps (the next step starts within 5 ms of this one's end),
-/// dropping the 10% largest and smallest excesses (hiccups of a shared machine). Both parts
-/// are kept non-negative.
-fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
-    use infer_sim::cost::CostModel;
-    let mut xy: Vec<(f64, f64)> = steps
-        .windows(2)
-        .filter(|w| w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
-        .map(|w| {
-            let excess = w[1].t_s - w[0].t_s - offline.step_time(&w[0].shape);
-            (w[0].shape.num_seqs as f64, excess)
-        })
-        .collect();
-    anyhow::ensure!(
-        xy.len() >= 50,
-        "the serving-path calibration logged only {} busy steps",
-        xy.len()
-    );
-    xy.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let cut = xy.len() / 10;
-    let xy = &xy[cut..xy.len() - cut];
-    let n = xy.len() as f64;
-    let (mx, my) = (
-        xy.iter().map(|p| p.0).sum::<f64>() / n,
-        xy.iter().map(|p| p.1).sum::<f64>() / n,
-    );
-    let sxx: f64 = xy.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = xy.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let per_seq = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-    Ok(((my - per_seq * mx).max(0.0), per_seq))
-}
-
 /// The fidelity table over several scenarios, in markdown.
 pub fn fidelity_table(results: &[VerifyResult]) -> String {
     let mut s = String::from(
@@ -395,24 +267,15 @@ pub const HEADLINE: [infer_reports::metric::Metric; 4] = [
 /// Over the headline figures of all scenarios: (median |error %|, largest |error %|, how
 /// many exceed 25%). `None` when no figure has an error.
 pub fn headline(results: &[VerifyResult]) -> Option<(f64, f64, usize)> {
-    let mut errors: Vec<f64> = results
+    let errors: Vec<f64> = results
         .iter()
         .flat_map(|r| &r.verification.rows)
         .filter(|row| HEADLINE.iter().any(|m| m.key == row.metric.key))
         .filter_map(|row| row.error_pct.map(f64::abs))
         .collect();
-    if errors.is_empty() {
-        return None;
-    }
-    errors.sort_by(f64::total_cmp);
-    let n = errors.len();
-    let median = if n % 2 == 1 {
-        errors[n / 2]
-    } else {
-        (errors[n / 2 - 1] + errors[n / 2]) / 2.0
-    };
+    let largest = errors.iter().copied().reduce(f64::max)?;
     let over = errors.iter().filter(|&&e| e > 25.0).count();
-    Some((median, errors[n - 1], over))
+    Some((median(errors)?, largest, over))
 }
 
 /// The step-time table over several scenarios, in markdown.

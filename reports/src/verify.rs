@@ -89,7 +89,7 @@ impl Verification {
 }
 
 /// Median by linear interpolation (the mean of the middle two for an even count).
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

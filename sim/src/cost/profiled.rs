@@ -217,14 +217,6 @@ impl Profiled {
         let knots = choose_knots(&pts.iter().map(ProfilePoint::new_tokens).collect::<Vec<_>>());
         let k = knots.len();
         let features = k + 4;
-        if pts.len() < features {
-            return Err(format!(
-                "a profile needs at least {features} points to fit {features} coefficients \
-                 ({k} dense knots, own and shared decode context, two prefill attention \
-                 terms), it has {}",
-                pts.len()
-            ));
-        }
         let row = |p: &ProfilePoint| {
             let mut x = vec![0.0; features];
             hats(&knots, p.new_tokens() as f64, &mut x[..k]);
@@ -233,6 +225,18 @@ impl Profiled {
             x
         };
         let rows: Vec<Vec<f64>> = pts.iter().map(row).collect();
+        // A term no point exercises is no unknown: it is fitted at 0 (and the shared
+        // context priced as own context, below).
+        let unknowns = (0..features)
+            .filter(|&j| rows.iter().any(|r| r[j] != 0.0))
+            .count();
+        if pts.len() < unknowns {
+            return Err(format!(
+                "a profile needs at least {unknowns} points to fit the {unknowns} terms its \
+                 shapes exercise ({k} dense knots, decode context, prefill attention), it has {}",
+                pts.len()
+            ));
+        }
         // Relative error: each row divided by its step time, target 1. Columns scaled to
         // max |value| = 1 so that the normal equations are well conditioned.
         let mut scale = vec![0.0f64; features];
@@ -620,10 +624,19 @@ mod tests {
 
     #[test]
     fn too_few_or_bad_points_are_refused() {
+        // A decode and a prompt exercise four terms (two knots, decode context, the
+        // prompt's square): two points cannot fit them.
         let mut p = profile();
-        p.points.truncate(3);
+        p.points = vec![point(0, 0, 1, 300), point(0, 512, 0, 0)];
         let e = Profiled::fit(&p, ClientPath::default()).unwrap_err();
-        assert!(e.contains("at least"), "{e}");
+        assert!(e.contains("at least 4 points"), "{e}");
+        // Terms no point exercises are not unknowns: three decodes fit.
+        p.points = vec![
+            point(0, 0, 1, 300),
+            point(0, 0, 1, 900),
+            point(0, 0, 2, 300),
+        ];
+        assert!(Profiled::fit(&p, ClientPath::default()).is_ok());
         let e = Profiled::from_json("{\"model\": 1}", ClientPath::default()).unwrap_err();
         assert!(e.contains("invalid profile JSON"), "{e}");
         let mut p = profile();
