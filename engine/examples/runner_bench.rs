@@ -216,7 +216,7 @@ fn main() -> Result<()> {
         "GFLOP/s",
     );
 
-    let tiny = load_model(builtin::TINY, None, &Device::Cpu)?;
+    let tiny = load_model(builtin::TINY, None, infer_engine::Device::Cpu)?;
     bench_model("builtin:tiny", &tiny, bw, peak, 128, 512, 16)?;
 
     if !quick {
@@ -235,7 +235,7 @@ fn main() -> Result<()> {
             eprintln!("building {} (once)…", dir.display());
             make_model(&spec, &dir)?;
         }
-        let lm = load_model(dir.to_str().unwrap(), None, &Device::Cpu)?;
+        let lm = load_model(dir.to_str().unwrap(), None, infer_engine::Device::Cpu)?;
         bench_model("llama-0.5b", &lm, bw, peak, 128, 128, 4)?;
     }
     Ok(())

@@ -125,9 +125,8 @@ pub fn generate(
             if !chunk.sample {
                 continue;
             }
-            let l: Vec<f32> = logits.get(row)?.to_vec1()?;
+            let t = s.sampler.sample(logits.row(row)).token;
             row += 1;
-            let t = s.sampler.sample(&l).token;
             s.tokens.push(t);
             let delta = s.output.push(&lm.tokenizer, t)?;
             if !delta.is_empty() {

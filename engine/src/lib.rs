@@ -1,9 +1,11 @@
 //! infer-engine: the real engine. This crate holds the model runner — loading Hugging Face
 //! model directories, one transformer code path executing flattened step batches over a
-//! paged KV store (candle; CPU by default, CUDA with `--features cuda`), sampling and
+//! paged KV store (written once against the `backend` seam: candle on the CPU, cuBLAS and
+//! NVRTC kernels on CUDA with `--features cuda`), sampling and
 //! streaming detokenisation — plus generated models for tests and `builtin:tiny`.
 //! The HTTP server, load generator and profiler drive `infer-core` on top of it.
 
+pub mod backend;
 pub mod batch;
 pub mod bench;
 pub mod builtin;
@@ -11,7 +13,6 @@ mod corpus;
 pub mod detokenize;
 pub mod generate;
 pub mod host;
-pub mod kv_cache;
 pub mod make_model;
 pub mod model;
 pub mod profile;
@@ -21,5 +22,5 @@ pub mod tokenizer;
 pub mod verify;
 
 pub use batch::{ForwardBatch, SeqChunk};
-pub use kv_cache::KvCache;
-pub use model::{load_model, load_model_dir, Arch, LoadedModel, Model, ModelConfig};
+pub use backend::{Device, Logits};
+pub use model::{load_model, load_model_dir, Arch, KvCache, LoadedModel, Model, ModelConfig};

@@ -1,7 +1,7 @@
 //! `engine`: the real engine's command line.
 
-use anyhow::{bail, Result};
-use candle_core::{DType, Device};
+use anyhow::{bail, Context, Result};
+use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 use infer_engine::bench::BenchOptions;
@@ -12,6 +12,7 @@ use infer_engine::sampling::SamplingParams;
 use infer_engine::serve::{serve, ServeConfig};
 use infer_engine::tokenizer::ChatMessage;
 use infer_engine::Arch;
+use infer_engine::Device;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -247,7 +248,7 @@ struct GenerateArgs {
     stop: Vec<String>,
     #[arg(long = "ignore-eos")]
     ignore_eos: bool,
-    /// Weights dtype (default: the model's when f32/bf16, else f32).
+    /// Compute dtype: the CPU computes in f32 (the default); another is refused.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
 }
@@ -380,13 +381,8 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn run_serve(a: ServeArgs) -> Result<()> {
-    if a.device != "cpu" {
-        bail!(
-            "--device {}: this build runs on the CPU only (the CUDA backend is not built yet)",
-            a.device
-        );
-    }
-    if a.cuda_graphs {
+    let device = infer_engine::Device::parse(&a.device).context("--device")?;
+    if a.cuda_graphs && device.is_cpu() {
         eprintln!("note: --cuda-graphs has no effect on the CPU");
     }
     let sched = SchedulerConfig {
@@ -412,6 +408,8 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         sched,
         seed: a.seed,
         dtype: a.dtype.map(Into::into),
+        device,
+        cuda_graphs: a.cuda_graphs,
         step_log: a.step_log,
         ..ServeConfig::new(&a.model)
     };
@@ -456,7 +454,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), &Device::Cpu)?;
+    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), Device::Cpu)?;
     let prompt = if a.chat {
         if !lm.tokenizer.has_chat_template() {
             bail!("--chat: {} has no chat template", lm.dir.display());

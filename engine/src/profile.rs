@@ -59,7 +59,7 @@ impl Shape {
 pub async fn profile_model(model: &str, quick: bool) -> Result<Profile> {
     let m = model.to_string();
     let (lm, mut points) = tokio::task::spawn_blocking(move || {
-        let lm = crate::model::load_model(&m, None, &candle_core::Device::Cpu)?;
+        let lm = crate::model::load_model(&m, None, crate::Device::Cpu)?;
         let points = crate::host::run_in_compute_pool("profile", || profile_steps(&lm, quick, 6))??;
         anyhow::Ok((lm, points))
     })
@@ -177,7 +177,7 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
         .max()
         .unwrap_or(1);
     let mut kv = lm.model.new_kv_cache(need, block_size)?;
-    kv.fill_pattern()?;
+    lm.model.fill_pattern(&mut kv)?;
     // Block ids in a scattered order, as a server's free list hands them out after a while
     // (reads then cross a page boundary at every block).
     let mut order: Vec<u32> = (0..need as u32).collect();
@@ -237,8 +237,8 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
         let t = Instant::now();
         let logits = lm.model.forward(batch, kv)?;
         // A real step also reads the logits back and samples (greedy, as the benchmarks do).
-        for row in logits.to_vec2::<f32>()? {
-            std::hint::black_box(crate::sampling::argmax(&row));
+        for row in logits.iter() {
+            std::hint::black_box(crate::sampling::argmax(row));
         }
         Ok(t.elapsed().as_secs_f64())
     };

@@ -96,7 +96,7 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
         .with_context(|| format!("{}: cannot create", opts.out.display()))?;
     let model = opts.model.clone();
     let lm = tokio::task::spawn_blocking(move || {
-        crate::model::load_model(&model, None, &candle_core::Device::Cpu)
+        crate::model::load_model(&model, None, crate::Device::Cpu)
     })
     .await??;
     let tokenizer: Arc<dyn Tokenizer> =

@@ -129,7 +129,7 @@ fn greedy_from(
                 sample: true,
             }],
         };
-        let logits: Vec<f32> = lm.model.forward(&batch, cache)?.squeeze(0)?.to_vec1()?;
+        let logits: Vec<f32> = lm.model.forward(&batch, cache)?.row(0).to_vec();
         start = tokens.len();
         let t = argmax(&logits);
         tokens.push(t);
@@ -157,8 +157,8 @@ fn prefix_reuse_from_shared_or_copied_blocks_matches_full_prefill() -> Result<()
     let b_shared = greedy_from(&lm, &mut cache, &[0, 1, 6, 7, 8, 9], &b, 8, NEW_TOKENS)?;
     assert_eq!(b_shared, b_alone);
     // B from copies of the prefix blocks (copy-on-write style).
-    cache.copy_block(0, 10)?;
-    cache.copy_block(1, 11)?;
+    lm.model.copy_block(&mut cache, 0, 10)?;
+    lm.model.copy_block(&mut cache, 1, 11)?;
     let b_copied = greedy_from(
         &lm,
         &mut cache,
@@ -196,7 +196,7 @@ fn sliding_window_sees_exactly_the_last_window_positions() -> Result<()> {
                 sample: true,
             }],
         };
-        Ok(lm.model.forward(&batch, cache)?.squeeze(0)?.to_vec1()?)
+        Ok(lm.model.forward(&batch, cache)?.row(0).to_vec())
     };
     let prefill = |cache: &mut KvCache| -> Result<()> {
         let batch = ForwardBatch {
@@ -216,12 +216,12 @@ fn sliding_window_sees_exactly_the_last_window_positions() -> Result<()> {
     // Position 11 sees 8..=11. Wiping positions 0..8 must change nothing at all.
     prefill(&mut cache)?;
     for p in 0..(12 - W) as u32 {
-        cache.copy_block(19, p)?;
+        lm.model.copy_block(&mut cache, 19, p)?;
     }
     assert_eq!(decode(&mut cache)?, clean);
     // Wiping position 8, the oldest one inside the window, must change the logits.
     prefill(&mut cache)?;
-    cache.copy_block(19, (12 - W) as u32)?;
+    lm.model.copy_block(&mut cache, 19, (12 - W) as u32)?;
     assert!(rel_diff(&decode(&mut cache)?, &clean) > 1e-3);
     Ok(())
 }
@@ -272,16 +272,16 @@ fn interleaved_groups_in_one_step_match_each_sequence_alone() -> Result<()> {
         },
         &mut cache,
     )?;
-    assert_eq!(together.dims(), &[3, vocab]);
+    assert_eq!((together.rows(), together.vocab()), (3, vocab));
     for (i, chunk) in step_chunks.into_iter().enumerate() {
         let mut solo_cache = lm.model.new_kv_cache(6, 8)?;
         prefill(&mut solo_cache, i)?;
         let solo: Vec<f32> = lm
             .model
             .forward(&ForwardBatch { seqs: vec![chunk] }, &mut solo_cache)?
-            .squeeze(0)?
-            .to_vec1()?;
-        let row: Vec<f32> = together.get(i)?.to_vec1()?;
+            .row(0)
+            .to_vec();
+        let row: Vec<f32> = together.row(i).to_vec();
         assert!(rel_diff(&row, &solo) < 1e-5, "sequence {i}");
         assert_eq!(argmax(&row), argmax(&solo));
     }

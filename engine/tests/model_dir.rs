@@ -31,11 +31,7 @@ fn prefill_logits(lm: &LoadedModel) -> Result<Vec<f32>> {
         }],
     };
     let mut cache = lm.model.new_kv_cache(1, 16)?;
-    Ok(lm
-        .model
-        .forward(&batch, &mut cache)?
-        .squeeze(0)?
-        .to_vec1()?)
+    Ok(lm.model.forward(&batch, &mut cache)?.row(0).to_vec())
 }
 
 #[test]
@@ -155,7 +151,7 @@ fn bf16_model_runs_close_to_f32() -> Result<()> {
     let stored = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
     assert!(stored.values().all(|t| t.dtype() == DType::BF16));
     // On the CPU bf16 weights run in f32 (candle has no CPU bf16 matmul).
-    let lm = load_model_dir(&dir, None, &Device::Cpu)?;
+    let lm = load_model_dir(&dir, None, infer_engine::Device::Cpu)?;
     assert_eq!(lm.model.dtype(), DType::F32);
     // Same seed in f32: the weights differ only by bf16 rounding.
     let (_tmp32, dir32) = tiny_model(&spec(Arch::Gemma3))?;

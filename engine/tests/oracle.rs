@@ -89,11 +89,7 @@ fn compare(lm: &LoadedModel, oracle: &mut dyn Oracle, decode_steps: usize) -> Re
                 sample: true,
             }],
         };
-        let ours: Vec<f32> = lm
-            .model
-            .forward(&batch, &mut cache)?
-            .squeeze(0)?
-            .to_vec1()?;
+        let ours: Vec<f32> = lm.model.forward(&batch, &mut cache)?.row(0).to_vec();
         let d = rel_diff(&ours, &expected);
         assert!(
             d < 1e-4,

@@ -1,11 +1,12 @@
 //! Loading a Hugging Face model directory (or `builtin:tiny`) into a ready model.
 
 use super::config::ModelConfig;
-use super::transformer::Model;
+use super::dispatch::Model;
 use super::weights::WeightStore;
+use crate::backend::Device;
 use crate::tokenizer::TextTokenizer;
-use anyhow::{Context, Result};
-use candle_core::{DType, Device};
+use anyhow::{bail, Context, Result};
+use candle_core::DType;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -20,15 +21,15 @@ pub struct LoadedModel {
 }
 
 /// Loads `spec`: a model directory path, or `builtin:tiny` (built into a cache on first use).
-/// `dtype`: `None` takes the directory's `torch_dtype` when it is f32 or bf16, else f32.
-/// Weights stored in any of f32/bf16/f16 are converted on load. On the CPU, bf16 is computed
-/// in f32: candle's CPU backend has no bf16 matmul.
-pub fn load_model(spec: &str, dtype: Option<DType>, device: &Device) -> Result<LoadedModel> {
+/// `dtype`: the CPU computes in f32 (candle's CPU backend has no bf16 matmul); CUDA in bf16.
+/// `None` picks the device's; asking for another is an error. Weights stored in any of
+/// f32/bf16/f16 are converted on load.
+pub fn load_model(spec: &str, dtype: Option<DType>, device: Device) -> Result<LoadedModel> {
     let dir = crate::builtin::resolve(spec)?;
     load_model_dir(&dir, dtype, device)
 }
 
-pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Result<LoadedModel> {
+pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: Device) -> Result<LoadedModel> {
     if !dir.is_dir() {
         anyhow::bail!("model directory {} does not exist", dir.display());
     }
@@ -37,13 +38,16 @@ pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: &Device) -> Resu
         anyhow::bail!("missing model config {}", config_path.display());
     }
     let config = ModelConfig::from_file(&config_path)?;
-    let dtype = match dtype.or(config.dtype) {
-        Some(DType::BF16) if !device.is_cpu() => DType::BF16,
-        _ => DType::F32,
+    let compute = match device {
+        Device::Cpu => DType::F32,
+        Device::Cuda(_) => DType::BF16,
     };
+    if let Some(asked) = dtype.filter(|&d| d != compute) {
+        bail!("--dtype {asked:?}: the {device} backend computes in {compute:?}");
+    }
     let tokenizer = TextTokenizer::from_dir(dir)?;
-    let weights = WeightStore::open(dir, dtype, device)?;
-    let model = Model::load(&config, &weights)
+    let weights = WeightStore::open(dir, compute)?;
+    let model = Model::load(&config, &weights, device)
         .with_context(|| format!("loading model weights from {}", dir.display()))?;
 
     let mut eos_token_ids = generation_eos(dir)?;

@@ -1,13 +1,13 @@
-//! The model: configuration, weights, the transformer, and directory loading.
+//! The model: configuration, weights, the transformer (written once against
+//! [`crate::backend::Backend`]), and directory loading.
 
-mod attention;
 pub mod config;
-pub(crate) mod decode_attention;
+mod dispatch;
 pub mod loader;
 mod rope;
 pub mod transformer;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
+pub use dispatch::{KvCache, Model};
 pub use loader::{load_model, load_model_dir, LoadedModel};
-pub use transformer::Model;

@@ -1,234 +1,195 @@
-//! The one decoder-only transformer used for every supported architecture and device.
+//! The one decoder-only transformer used for every supported architecture and backend.
 //!
 //! All tokens of a step (prefill chunks and decodes together) are flattened into one
-//! `[tokens, hidden]` tensor, so every matmul sees the whole step; only attention is
-//! per sequence (see `attention.rs`). Architecture differences are flags of
-//! [`ModelConfig`], not separate code paths.
+//! `[tokens, hidden]` activation, so every matmul sees the whole step; only attention is
+//! per sequence. Architecture differences are flags of [`ModelConfig`], not separate code
+//! paths; device differences are the [`Backend`]'s.
 
-use super::attention::AttnPlan;
-use super::config::{Activation, ModelConfig};
-use super::rope::Rope;
+use super::config::ModelConfig;
+use super::rope::inv_frequencies;
 use super::weights::WeightStore;
+use crate::backend::{AttnKind, Backend, Heads, KvLayout, Logits, Role};
 use crate::batch::ForwardBatch;
-use crate::kv_cache::KvCache;
-use anyhow::{ensure, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use anyhow::{bail, ensure, Context, Result};
 
-/// A projection `x @ W^T (+ b)`, `W` being `[out, in]` as stored in HF checkpoints.
-///
-/// How the product is laid out matters a lot to candle's CPU gemm on step-sized inputs
-/// (x with 1–128 rows). Measured on this project's 2-core machines: for small weights a
-/// contiguous `[in, out]` copy of `W^T` is fastest (256x768, batch 32: 79 us vs 317 us
-/// through a transposed view); for large ones computing `(W @ x^T)^T` is (8192x1024,
-/// batch 32: 5.5 ms vs 8.3 ms via a view, 13.9 ms via the copy). Other devices use
-/// `x @ W^T` through a view, which their BLAS handles natively.
-enum Proj {
-    /// `x @ wt`; `wt` is `W^T`, a contiguous copy on the CPU, a view elsewhere.
-    XWt { wt: Tensor, bias: Option<Tensor> },
-    /// `(w @ x^T)^T` with `w` as stored.
-    WXt { w: Tensor, bias: Option<Tensor> },
+/// A projection and its optional bias.
+struct Linear<B: Backend> {
+    w: B::Weight,
+    bias: Option<B::Weight>,
 }
 
-/// Weights up to this many elements take the contiguous `W^T` layout on the CPU.
-const SMALL_WEIGHT_ELEMS: usize = 1 << 20;
-
-impl Proj {
-    fn new(w: Tensor, bias: Option<Tensor>) -> Result<Self> {
-        Ok(if !w.device().is_cpu() {
-            Proj::XWt { wt: w.t()?, bias }
-        } else if w.elem_count() <= SMALL_WEIGHT_ELEMS {
-            Proj::XWt {
-                wt: w.t()?.contiguous()?,
-                bias,
-            }
-        } else {
-            Proj::WXt { w, bias }
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let (y, bias) = match self {
-            Proj::XWt { wt, bias } => (x.matmul(wt)?, bias),
-            Proj::WXt { w, bias } => (w.matmul(&x.t()?)?.t()?.contiguous()?, bias),
-        };
-        Ok(match bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+impl<B: Backend> Linear<B> {
+    fn forward(&self, b: &B, x: &B::Act) -> Result<B::Act> {
+        b.linear(x, &self.w, self.bias.as_ref())
     }
 }
 
-struct RmsNorm {
-    /// Already `1 + weight` for Gemma, so one kernel serves both conventions.
-    weight: Tensor,
-    eps: f32,
-}
-
-impl RmsNorm {
-    fn load(w: &WeightStore, name: &str, dim: usize, cfg: &ModelConfig) -> Result<Self> {
-        let mut weight = w.get(name, &[dim])?;
-        if cfg.norm_weight_plus_one {
-            // HF computes (1 + w) in f32 before scaling; do the same, then cast.
-            weight = (weight.to_dtype(DType::F32)? + 1.0)?.to_dtype(w.dtype())?;
-        }
-        Ok(Self {
-            weight,
-            eps: cfg.rms_norm_eps as f32,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::rms_norm(
-            &x.contiguous()?,
-            &self.weight,
-            self.eps,
-        )?)
-    }
-}
-
-struct Layer {
+struct Layer<B: Backend> {
     /// q, k and v projections fused into one matmul.
-    qkv: Proj,
-    o: Proj,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    attn_in_norm: RmsNorm,
-    attn_out_norm: Option<RmsNorm>,
-    mlp_in_norm: RmsNorm,
-    mlp_out_norm: Option<RmsNorm>,
+    qkv: Linear<B>,
+    o: Linear<B>,
+    /// Per-head norms of q and k (Qwen3, Gemma 3).
+    qk_norm: Option<(B::Weight, B::Weight)>,
+    attn_in_norm: B::Weight,
+    attn_out_norm: Option<B::Weight>,
+    mlp_in_norm: B::Weight,
+    mlp_out_norm: Option<B::Weight>,
     /// gate and up projections fused into one matmul.
-    gate_up: Proj,
-    down: Proj,
-    sliding: bool,
+    gate_up: Linear<B>,
+    down: Linear<B>,
+    /// Index into [`Transformer::kinds`]: global or sliding-window attention.
+    kind: usize,
 }
 
-pub struct Model {
+/// One kind of attention layer, as the model holds it.
+struct Kind<B: Backend> {
+    window: Option<usize>,
+    rope: B::Rope,
+}
+
+pub struct Transformer<B: Backend> {
+    backend: B,
     cfg: ModelConfig,
-    embed: Tensor,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
-    lm_head: Proj,
-    rope_global: Rope,
-    /// Rope of sliding-window layers when it differs from the global one.
-    rope_local: Option<Rope>,
-    dtype: DType,
-    device: Device,
+    heads: Heads,
+    embed: B::Weight,
+    layers: Vec<Layer<B>>,
+    norm: B::Weight,
+    lm_head: B::Weight,
+    /// `[global]` or `[global, sliding]`.
+    kinds: Vec<Kind<B>>,
 }
 
-fn linear(
+fn linear<B: Backend>(
+    b: &B,
     w: &WeightStore,
-    prefix: &str,
-    out: usize,
+    parts: &[(&str, usize)],
     inp: usize,
     bias: bool,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let weight = w.get(&format!("{prefix}.weight"), &[out, inp])?;
+) -> Result<Linear<B>> {
+    let load = |suffix: &str, shape: &[usize]| -> Result<Vec<_>> {
+        parts
+            .iter()
+            .map(|(prefix, out)| {
+                let mut shape = shape.to_vec();
+                shape[0] = *out;
+                w.get(&format!("{prefix}.{suffix}"), &shape)
+            })
+            .collect()
+    };
+    let weights = load("weight", &[0, inp])?;
+    let weight = candle_core::Tensor::cat(&weights, 0)?;
     let bias = if bias {
-        Some(w.get(&format!("{prefix}.bias"), &[out])?)
+        let biases = load("bias", &[0])?;
+        Some(b.weight(candle_core::Tensor::cat(&biases, 0)?, Role::Bias)?)
     } else {
         None
     };
-    Ok((weight, bias))
+    Ok(Linear {
+        w: b.weight(weight, Role::Linear)?,
+        bias,
+    })
 }
 
-fn fuse(parts: Vec<(Tensor, Option<Tensor>)>) -> Result<Proj> {
-    let weights: Vec<&Tensor> = parts.iter().map(|(w, _)| w).collect();
-    let weight = Tensor::cat(&weights, 0)?;
-    let bias = if parts.iter().all(|(_, b)| b.is_some()) {
-        let biases: Vec<&Tensor> = parts.iter().filter_map(|(_, b)| b.as_ref()).collect();
-        Some(Tensor::cat(&biases, 0)?)
-    } else {
-        None
-    };
-    Proj::new(weight, bias)
-}
-
-impl Model {
+impl<B: Backend> Transformer<B> {
     /// Builds the model from loaded weights (HF tensor names).
-    pub fn load(cfg: &ModelConfig, w: &WeightStore) -> Result<Self> {
+    pub fn load(cfg: &ModelConfig, w: &WeightStore, backend: B) -> Result<Self> {
+        let b = &backend;
         let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (nq, nkv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let norm_role = Role::Norm {
+            plus_one: cfg.norm_weight_plus_one,
+        };
+        let norm = |name: &str, dim: usize| b.weight(w.get(name, &[dim])?, norm_role);
+        let embed_host = w.get("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let sliding_window = cfg
+            .sliding_window
+            .filter(|_| cfg.layer_sliding.contains(&true));
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for li in 0..cfg.num_layers {
             let p = format!("model.layers.{li}");
             let bias = cfg.attention_bias;
-            let qkv = fuse(vec![
-                linear(w, &format!("{p}.self_attn.q_proj"), nq, h, bias)?,
-                linear(w, &format!("{p}.self_attn.k_proj"), nkv, h, bias)?,
-                linear(w, &format!("{p}.self_attn.v_proj"), nkv, h, bias)?,
-            ])?;
-            let (ow, ob) = linear(w, &format!("{p}.self_attn.o_proj"), h, nq, bias)?;
-            let norm =
-                |name: &str, dim: usize| RmsNorm::load(w, &format!("{p}.{name}.weight"), dim, cfg);
-            let (q_norm, k_norm) = if cfg.qk_norm {
-                (
-                    Some(norm("self_attn.q_norm", d)?),
-                    Some(norm("self_attn.k_norm", d)?),
-                )
+            let (q, k, v) = (
+                format!("{p}.self_attn.q_proj"),
+                format!("{p}.self_attn.k_proj"),
+                format!("{p}.self_attn.v_proj"),
+            );
+            let qkv = linear(b, w, &[(&q, nq), (&k, nkv), (&v, nkv)], h, bias)?;
+            let o = linear(b, w, &[(&format!("{p}.self_attn.o_proj"), h)], nq, bias)?;
+            let layer_norm = |name: &str, dim: usize| norm(&format!("{p}.{name}.weight"), dim);
+            let qk_norm = if cfg.qk_norm {
+                Some((
+                    layer_norm("self_attn.q_norm", d)?,
+                    layer_norm("self_attn.k_norm", d)?,
+                ))
             } else {
-                (None, None)
+                None
             };
             // Llama/Qwen call the pre-MLP norm `post_attention_layernorm`; Gemma has a real
             // post-attention norm and a separate `pre_feedforward_layernorm`.
             let (attn_out_norm, mlp_in_norm, mlp_out_norm) = if cfg.sandwich_norms {
                 (
-                    Some(norm("post_attention_layernorm", h)?),
-                    norm("pre_feedforward_layernorm", h)?,
-                    Some(norm("post_feedforward_layernorm", h)?),
+                    Some(layer_norm("post_attention_layernorm", h)?),
+                    layer_norm("pre_feedforward_layernorm", h)?,
+                    Some(layer_norm("post_feedforward_layernorm", h)?),
                 )
             } else {
-                (None, norm("post_attention_layernorm", h)?, None)
+                (None, layer_norm("post_attention_layernorm", h)?, None)
             };
-            let gate_up = fuse(vec![
-                linear(w, &format!("{p}.mlp.gate_proj"), i, h, false)?,
-                linear(w, &format!("{p}.mlp.up_proj"), i, h, false)?,
-            ])?;
-            let (dw, _) = linear(w, &format!("{p}.mlp.down_proj"), h, i, false)?;
+            let (gate, up) = (format!("{p}.mlp.gate_proj"), format!("{p}.mlp.up_proj"));
+            let gate_up = linear(b, w, &[(&gate, i), (&up, i)], h, false)?;
+            let down = linear(b, w, &[(&format!("{p}.mlp.down_proj"), h)], i, false)?;
             layers.push(Layer {
                 qkv,
-                o: Proj::new(ow, ob)?,
-                q_norm,
-                k_norm,
-                attn_in_norm: norm("input_layernorm", h)?,
+                o,
+                qk_norm,
+                attn_in_norm: layer_norm("input_layernorm", h)?,
                 attn_out_norm,
                 mlp_in_norm,
                 mlp_out_norm,
                 gate_up,
-                down: Proj::new(dw, None)?,
-                sliding: cfg.layer_sliding[li],
+                down,
+                kind: usize::from(cfg.layer_sliding[li] && sliding_window.is_some()),
             });
         }
-        let norm = RmsNorm::load(w, "model.norm.weight", h, cfg)?;
         let lm_head = if cfg.tie_word_embeddings {
-            Proj::new(embed.clone(), None)?
+            b.weight(embed_host.clone(), Role::Linear)?
         } else {
-            Proj::new(w.get("lm_head.weight", &[cfg.vocab_size, h])?, None)?
+            b.weight(w.get("lm_head.weight", &[cfg.vocab_size, h])?, Role::Linear)?
         };
-        let (dtype, dev) = (w.dtype(), w.device());
         let max_pos = cfg.max_position_embeddings;
-        let rope_global = Rope::new(d, cfg.rope_theta, &cfg.rope_scaling, max_pos, dtype, dev)?;
-        let rope_local = match cfg.rope_local_theta {
-            Some(theta) if cfg.layer_sliding.iter().any(|&s| s) => Some(Rope::new(
-                d,
-                theta,
-                &super::config::RopeScaling::None,
-                max_pos,
-                dtype,
-                dev,
-            )?),
-            _ => None,
+        let global = b.rope(&inv_frequencies(d, cfg.rope_theta, &cfg.rope_scaling), max_pos)?;
+        let mut kinds = vec![Kind {
+            window: None,
+            rope: global,
+        }];
+        if let Some(window) = sliding_window {
+            // Sliding layers have their own RoPE base (Gemma 3) or share the global one.
+            let theta = cfg.rope_local_theta.unwrap_or(cfg.rope_theta);
+            let scaling = match cfg.rope_local_theta {
+                Some(_) => &super::config::RopeScaling::None,
+                None => &cfg.rope_scaling,
+            };
+            kinds.push(Kind {
+                window: Some(window),
+                rope: b.rope(&inv_frequencies(d, theta, scaling), max_pos)?,
+            });
+        }
+        let heads = Heads {
+            q: cfg.num_heads,
+            kv: cfg.num_kv_heads,
+            dim: d,
+            scale: cfg.query_pre_attn_scalar.powf(-0.5) as f32,
+            softcap: cfg.attn_logit_softcapping.map(|c| c as f32),
         };
         Ok(Self {
+            embed: b.weight(embed_host, Role::Embedding)?,
+            norm: norm("model.norm.weight", h)?,
+            backend,
             cfg: cfg.clone(),
-            embed,
+            heads,
             layers,
-            norm,
             lm_head,
-            rope_global,
-            rope_local,
-            dtype,
-            device: dev.clone(),
+            kinds,
         })
     }
 
@@ -236,47 +197,37 @@ impl Model {
         &self.cfg
     }
 
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    pub fn device(&self) -> &Device {
-        &self.device
+    pub fn backend(&self) -> &B {
+        &self.backend
     }
 
     /// A KV store shaped for this model.
-    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<B::Kv> {
+        ensure!(
+            num_blocks > 0 && block_size > 0,
+            "KV cache needs at least one block of one slot"
+        );
         let c = &self.cfg;
-        KvCache::new(
-            c.num_layers,
-            c.num_kv_heads,
-            c.head_dim,
+        self.backend.new_kv(KvLayout {
+            num_layers: c.num_layers,
             num_blocks,
             block_size,
-            self.dtype,
-            &self.device,
-        )
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        })
     }
 
-    /// Runs one step: writes the batch's new K/V into `cache` and returns f32 logits
-    /// `[number of sequences with sample == true, vocab]`, in batch order.
-    pub fn forward(&self, batch: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
+    /// Checks what the backends trust: token ids, positions, and block tables covering
+    /// every position with ids inside the pool.
+    fn validate(&self, batch: &ForwardBatch, kv: &KvLayout) -> Result<()> {
         let c = &self.cfg;
-        let dev = &self.device;
         ensure!(
-            cache.num_layers() == c.num_layers
-                && cache.num_kv_heads() == c.num_kv_heads
-                && cache.head_dim() == c.head_dim,
+            kv.num_layers == c.num_layers
+                && kv.num_kv_heads == c.num_kv_heads
+                && kv.head_dim == c.head_dim,
             "KV cache shape does not match the model"
         );
-        let total = batch.total_tokens();
-        ensure!(total > 0, "empty batch");
-
-        // Flatten tokens, positions and destination slots of the whole step.
-        let mut tokens = Vec::with_capacity(total);
-        let mut positions = Vec::with_capacity(total);
-        let mut slots = Vec::with_capacity(total);
-        let mut sample_rows = Vec::new();
+        ensure!(batch.total_tokens() > 0, "empty batch");
         for s in &batch.seqs {
             ensure!(
                 !s.tokens.is_empty(),
@@ -288,134 +239,98 @@ impl Model {
                 s.end_pos(),
                 c.max_position_embeddings
             );
-            for (j, &t) in s.tokens.iter().enumerate() {
-                ensure!(
-                    (t as usize) < c.vocab_size,
-                    "token id {t} out of vocabulary ({})",
-                    c.vocab_size
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                bail!("token id {t} out of vocabulary ({})", c.vocab_size);
+            }
+            let need = s.end_pos().div_ceil(kv.block_size);
+            ensure!(
+                s.block_table.len() >= need,
+                "position {} needs block #{} but the block table has {} blocks (block_size {})",
+                s.end_pos() - 1,
+                need - 1,
+                s.block_table.len(),
+                kv.block_size
+            );
+            if let Some(&b) = s.block_table[..need]
+                .iter()
+                .find(|&&b| b as usize >= kv.num_blocks)
+            {
+                bail!(
+                    "block id {b} out of range: the KV pool has {} blocks",
+                    kv.num_blocks
                 );
-                let pos = s.start_pos + j;
-                tokens.push(t);
-                positions.push(pos as u32);
-                slots.push(cache.slot(&s.block_table, pos)?);
-            }
-            if s.sample {
-                sample_rows.push((tokens.len() - 1) as u32);
             }
         }
-        let row = c.num_kv_heads * c.head_dim;
-        let write_index = cache.write_index(&slots, dev)?;
-        let positions = Tensor::new(positions.as_slice(), dev)?;
+        Ok(())
+    }
 
-        let global_plan = AttnPlan::new(batch, cache, None, dev)?;
-        let sliding_plan = match c.sliding_window {
-            Some(w) if c.layer_sliding.iter().any(|&s| s) => {
-                Some(AttnPlan::new(batch, cache, Some(w), dev)?)
-            }
-            _ => None,
-        };
-        let rope_global = self.rope_global.lookup(&positions)?;
-        let rope_local = self
-            .rope_local
-            .as_ref()
-            .map(|r| r.lookup(&positions))
-            .transpose()?;
-
-        let mut x = self
-            .embed
-            .index_select(&Tensor::new(tokens.as_slice(), dev)?, 0)?;
-        if c.scale_embeddings {
-            // HF multiplies by sqrt(hidden) cast to the model dtype.
-            let scale = Tensor::new((c.hidden_size as f32).sqrt(), dev)?.to_dtype(self.dtype)?;
-            x = x.broadcast_mul(&scale)?;
-        }
-        let scale = c.query_pre_attn_scalar.powf(-0.5);
+    /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of the
+    /// sequences with `sample == true`, in batch order.
+    pub fn forward(&self, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Logits> {
+        let (b, c, heads) = (&self.backend, &self.cfg, &self.heads);
+        self.validate(batch, &B::kv_layout(kv))?;
+        let kinds: Vec<AttnKind<'_, B::Rope>> = self
+            .kinds
+            .iter()
+            .map(|k| AttnKind {
+                window: k.window,
+                rope: &k.rope,
+            })
+            .collect();
+        let step = b.prepare(batch, kv, &kinds)?;
+        let eps = c.rms_norm_eps as f32;
+        let scale = c.scale_embeddings.then(|| (c.hidden_size as f32).sqrt());
+        let mut x = b.embed(&self.embed, &step, scale)?;
+        let (nq, nkv) = (heads.q * heads.dim, heads.kv * heads.dim);
+        let mut h = b.rms_norm(&x, &self.layers[0].attn_in_norm, eps)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = layer.attn_in_norm.forward(&x)?;
-            let qkv = layer.qkv.forward(&h)?;
-            let (nq, nkv) = (c.num_heads * c.head_dim, row);
-            let q = qkv
-                .narrow(1, 0, nq)?
-                .reshape((total, c.num_heads, c.head_dim))?;
-            let k = qkv
-                .narrow(1, nq, nkv)?
-                .reshape((total, c.num_kv_heads, c.head_dim))?;
-            let v = qkv
-                .narrow(1, nq + nkv, nkv)?
-                .reshape((total, c.num_kv_heads, c.head_dim))?;
-            let (q, k) = match (&layer.q_norm, &layer.k_norm) {
-                (Some(qn), Some(kn)) => (qn.forward(&q)?, kn.forward(&k)?),
-                _ => (q, k),
-            };
-            let ((cos, sin), plan) = match (layer.sliding, &rope_local, &sliding_plan) {
-                (true, Some(local), Some(p)) => (local, p),
-                (true, None, Some(p)) => (&rope_global, p),
-                _ => (&rope_global, &global_plan),
-            };
-            let q = Rope::apply(&q, cos, sin)?;
-            let k = Rope::apply(&k, cos, sin)?;
-            cache
-                .write(li, &write_index, &k, &v)
+            let qkv = layer.qkv.forward(b, &h)?;
+            let [mut q, mut k, v]: [B::Act; 3] = b
+                .split(&qkv, &[nq, nkv, nkv])?
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("split returned the wrong number of parts"))?;
+            if let Some((qn, kn)) = &layer.qk_norm {
+                q = b.rms_norm(&q, qn, eps)?;
+                k = b.rms_norm(&k, kn, eps)?;
+            }
+            b.rope_qk(&mut q, &mut k, heads, &step, layer.kind)?;
+            b.write_kv(kv, li, &k, &v, &step)
                 .with_context(|| format!("layer {li}"))?;
-            let attn = plan.attend(&q, cache, li, scale, c.attn_logit_softcapping)?;
-            let mut h = layer.o.forward(&attn)?;
+            let attn = b.attention(&q, kv, li, heads, &step, layer.kind)?;
+            let mut o = layer.o.forward(b, &attn)?;
             if let Some(n) = &layer.attn_out_norm {
-                h = n.forward(&h)?;
+                o = b.rms_norm(&o, n, eps)?;
             }
-            x = (x + h)?;
-
-            let h = layer.mlp_in_norm.forward(&x)?;
-            let gate_up = layer.gate_up.forward(&h)?;
-            let gate = gate_up.narrow(1, 0, c.intermediate_size)?;
-            let up = gate_up.narrow(1, c.intermediate_size, c.intermediate_size)?;
-            let gate = match c.activation {
-                Activation::Silu => candle_nn::ops::silu(&gate)?,
-                Activation::GeluTanh => gate.gelu()?,
-                Activation::GeluErf => gate.gelu_erf()?,
-            };
-            let mut h = layer.down.forward(&(gate * up)?)?;
+            h = b.add_rms_norm(&mut x, &o, &layer.mlp_in_norm, eps)?;
+            let gate_up = layer.gate_up.forward(b, &h)?;
+            let mut m = layer.down.forward(b, &b.gated(&gate_up, c.activation)?)?;
             if let Some(n) = &layer.mlp_out_norm {
-                h = n.forward(&h)?;
+                m = b.rms_norm(&m, n, eps)?;
             }
-            x = (x + h)?;
+            // The residual add feeds the next layer's input norm (or, after the last layer,
+            // the sampled rows' final norm).
+            match self.layers.get(li + 1) {
+                Some(next) => h = b.add_rms_norm(&mut x, &m, &next.attn_in_norm, eps)?,
+                None => b.add(&mut x, &m)?,
+            }
         }
 
         // Only rows whose next token is sampled go through the final norm and the head.
-        if sample_rows.is_empty() {
-            return Ok(Tensor::zeros((0, c.vocab_size), DType::F32, dev)?);
-        }
-        let x = x.index_select(&Tensor::new(sample_rows.as_slice(), dev)?, 0)?;
-        let x = self.norm.forward(&x)?;
-        let mut logits = self.lm_head.forward(&x)?.to_dtype(DType::F32)?;
-        if let Some(cap) = c.final_logit_softcapping {
-            logits = ((logits / cap)?.tanh()? * cap)?;
-        }
-        Ok(logits)
+        let Some(x) = b.sampled_rows(&x, &step)? else {
+            return Ok(Logits::empty(c.vocab_size));
+        };
+        let x = b.rms_norm(&x, &self.norm, eps)?;
+        let logits = b.linear(&x, &self.lm_head, None)?;
+        b.logits(&logits, c.final_logit_softcapping.map(|c| c as f32))
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn both_projection_layouts_compute_x_times_w_transposed() -> Result<()> {
-        let dev = Device::Cpu;
-        let x = Tensor::randn(0f32, 1.0, (5, 1024), &dev)?;
-        for out in [256, 1100] {
-            let w = Tensor::randn(0f32, 1.0, (out, 1024), &dev)?;
-            let b = Tensor::randn(0f32, 1.0, out, &dev)?;
-            let p = Proj::new(w.clone(), Some(b.clone()))?;
-            assert_eq!(
-                matches!(p, Proj::WXt { .. }),
-                out * 1024 > SMALL_WEIGHT_ELEMS
-            );
-            let expect = x.matmul(&w.t()?)?.broadcast_add(&b)?;
-            let got = p.forward(&x)?;
-            assert_eq!(got.dims(), &[5, out]);
-            let err = (got - &expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            assert!(err < 1e-3, "out {out}: max error {err}");
-        }
-        Ok(())
+    pub fn copy_block(&self, kv: &mut B::Kv, src: usize, dst: usize) -> Result<()> {
+        let l = B::kv_layout(kv);
+        ensure!(
+            src < l.num_blocks && dst < l.num_blocks && src != dst,
+            "copy_block({src}, {dst}) invalid for a pool of {} blocks",
+            l.num_blocks
+        );
+        self.backend.copy_block(kv, src, dst)
     }
 }

@@ -12,12 +12,12 @@ pub struct WeightStore {
     /// tensor name -> index into `files`.
     location: HashMap<String, usize>,
     dtype: DType,
-    device: Device,
 }
 
 impl WeightStore {
-    /// Opens the weights of `dir`, converting tensors to `dtype` on `device` as they load.
-    pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+    /// Opens the weights of `dir`, converting tensors to `dtype` on the host as they load
+    /// (a backend then takes them where it computes).
+    pub fn open(dir: &Path, dtype: DType) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let paths: Vec<PathBuf> = if index.exists() {
@@ -48,7 +48,6 @@ impl WeightStore {
             files,
             location,
             dtype,
-            device: device.clone(),
         })
     }
 
@@ -58,10 +57,6 @@ impl WeightStore {
 
     pub fn dtype(&self) -> DType {
         self.dtype
-    }
-
-    pub fn device(&self) -> &Device {
-        &self.device
     }
 
     /// Loads `name`, checking that its shape is `shape`.
@@ -85,7 +80,7 @@ impl WeightStore {
             view.shape()
         );
         let t = st
-            .load(name, &self.device)
+            .load(name, &Device::Cpu)
             .map_err(|e| anyhow::anyhow!("corrupt tensor `{name}` in {}: {e}", path.display()))?;
         Ok(t.to_dtype(self.dtype)?)
     }

@@ -293,10 +293,9 @@ impl EngineLoop {
         plan: &StepPlan,
     ) -> Result<Vec<(u64, crate::sampling::SampledToken)>> {
         let logits = self.model.model.forward(batch, &mut self.kv)?;
-        let rows: Vec<Vec<f32>> = logits.to_vec2::<f32>()?;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut out = Vec::with_capacity(logits.rows());
         let sampling = plan.seqs.iter().filter(|s| s.samples);
-        for (s, row) in sampling.zip(rows.iter()) {
+        for (s, row) in sampling.zip(logits.iter()) {
             let id = s.request.0;
             let live = self
                 .live

@@ -44,6 +44,9 @@ pub struct ServeConfig {
     pub sched: SchedulerConfig,
     pub seed: u64,
     pub dtype: Option<candle_core::DType>,
+    pub device: crate::Device,
+    /// Replay decode steps from captured CUDA graphs (CUDA only).
+    pub cuda_graphs: bool,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
     /// Write a per-step trace here (see [`step_log`]).
@@ -58,6 +61,8 @@ impl ServeConfig {
             sched: SchedulerConfig::default(),
             seed: 0,
             dtype: None,
+            device: crate::Device::Cpu,
+            cuda_graphs: false,
             max_body_bytes: 4 << 20,
             step_log: None,
         }
@@ -97,7 +102,7 @@ impl Engine {
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
         let lm: LoadedModel =
-            crate::model::load_model(&cfg.model, cfg.dtype, &candle_core::Device::Cpu)?;
+            crate::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
         let model_name = cfg
             .served_model_name
             .clone()

@@ -2,9 +2,9 @@
 #![allow(dead_code)]
 
 use anyhow::Result;
-use candle_core::{DType, Device};
+use candle_core::DType;
 use infer_engine::make_model::{make_model, ModelSpec};
-use infer_engine::{load_model_dir, Arch, LoadedModel};
+use infer_engine::{load_model_dir, Arch, Device, LoadedModel};
 use std::path::PathBuf;
 
 /// A generated model in a fresh temporary directory (kept alive by the returned guard).
@@ -16,7 +16,7 @@ pub fn tiny_model(spec: &ModelSpec) -> Result<(tempfile::TempDir, PathBuf)> {
 }
 
 pub fn load(dir: &std::path::Path) -> Result<LoadedModel> {
-    load_model_dir(dir, Some(DType::F32), &Device::Cpu)
+    load_model_dir(dir, Some(DType::F32), Device::Cpu)
 }
 
 /// 2 layers, hidden 64, GQA 4:2; larger weights than the default so logits have clear

@@ -13,7 +13,7 @@
 
 use super::decode_attention::DecodeSet;
 use crate::batch::ForwardBatch;
-use crate::kv_cache::KvCache;
+use super::kv::CpuKv;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 
@@ -47,7 +47,7 @@ impl AttnPlan {
     /// `window`: keys of a query at position p are those k with `p - k < window`.
     pub(crate) fn new(
         batch: &ForwardBatch,
-        cache: &KvCache,
+        cache: &CpuKv,
         window: Option<usize>,
         dev: &Device,
     ) -> Result<Self> {
@@ -174,7 +174,7 @@ impl AttnPlan {
     pub(crate) fn attend(
         &self,
         q: &Tensor,
-        cache: &KvCache,
+        cache: &CpuKv,
         layer: usize,
         scale: f64,
         softcap: Option<f64>,

@@ -1,4 +1,4 @@
-//! The paged KV store: one implementation serves both KV backends of the core.
+//! The CPU backend's paged KV store.
 //!
 //! Per layer, K and V are `[num_kv_heads, num_blocks * block_size, head_dim]` tensors: per
 //! head, a flat array of token *slots*, slot = `block * block_size + offset`. A contiguous
@@ -12,9 +12,9 @@
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
 
-use crate::model::decode_attention::{decode_attention, DecodeSet, Dims};
+use super::decode_attention::{decode_attention, DecodeSet, Dims};
 
-pub struct KvCache {
+pub struct CpuKv {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     num_blocks: usize,
@@ -23,7 +23,7 @@ pub struct KvCache {
     head_dim: usize,
 }
 
-impl KvCache {
+impl CpuKv {
     /// Zero-filled store. Zero (finite) matters: padded attention reads unwritten slots
     /// with weight exactly 0, and 0 * NaN would poison the result.
     pub fn new(
@@ -119,7 +119,7 @@ impl KvCache {
     }
 
     /// Writes `k`, `v` (`[n, kv_heads, head_dim]`) in place at the slots of `index`
-    /// (from [`KvCache::write_index`]).
+    /// (from [`CpuKv::write_index`]).
     pub(crate) fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
         let k = k.transpose(0, 1)?.contiguous()?;
         let v = v.transpose(0, 1)?.contiguous()?;
@@ -158,7 +158,7 @@ impl KvCache {
         Ok(())
     }
 
-    /// Whether [`KvCache::decode_attention`] can read this store in place (CPU storage).
+    /// Whether [`CpuKv::decode_attention`] can read this store in place (CPU storage).
     pub(crate) fn reads_in_place(&self) -> bool {
         self.k[0].device().is_cpu()
     }
@@ -239,7 +239,7 @@ mod tests {
     #[test]
     fn write_then_gather_round_trips_through_block_table() -> Result<()> {
         let dev = Device::Cpu;
-        let cache = KvCache::new(1, 2, 3, 4, 2, DType::F32, &dev)?;
+        let cache = CpuKv::new(1, 2, 3, 4, 2, DType::F32, &dev)?;
         // Sequence uses blocks [3, 1]: positions 0,1 -> slots 6,7; 2,3 -> slots 2,3.
         let table = [3u32, 1];
         let slots: Vec<u32> = (0..4).map(|p| cache.slot(&table, p).unwrap()).collect();
@@ -268,7 +268,7 @@ mod tests {
 
     #[test]
     fn fill_pattern_writes_every_slot() -> Result<()> {
-        let cache = KvCache::new(2, 2, 4, 3, 2, DType::F32, &Device::Cpu)?;
+        let cache = CpuKv::new(2, 2, 4, 3, 2, DType::F32, &Device::Cpu)?;
         cache.fill_pattern()?;
         let all = Tensor::arange(0u32, 6, &Device::Cpu)?;
         let (k, v) = cache.gather(1, &all)?;
@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn slot_rejects_short_block_table_and_bad_block() -> Result<()> {
-        let cache = KvCache::new(1, 1, 2, 2, 4, DType::F32, &Device::Cpu)?;
+        let cache = CpuKv::new(1, 1, 2, 2, 4, DType::F32, &Device::Cpu)?;
         assert!(cache.slot(&[0], 4).is_err());
         assert!(cache.slot(&[7], 0).is_err());
         assert_eq!(cache.slot(&[1], 3)?, 7);

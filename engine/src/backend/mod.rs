@@ -1,0 +1,262 @@
+//! The seam between the model and the hardware it runs on.
+//!
+//! The transformer (`crate::model::transformer`) is written once against [`Backend`]: a small
+//! set of operations on one step's activations — embedding gather, linear, RMSNorm (fused
+//! with the residual add), RoPE, KV write, paged attention, gated activation, logits. Each
+//! backend owns its tensor type, its weight layout, its KV layout and its step preparation
+//! (slot mapping, block tables, sequence offsets):
+//!
+//! - [`cpu`]: candle tensors in f32, decode attention read in place from the paged store, the
+//!   engine's rayon pool;
+//! - `cuda` (feature `cuda`): bf16 weights and KV on the GPU, GEMMs through cuBLAS, the rest
+//!   through the NVRTC kernels of `infer-kernels`, CUDA graphs for decode steps.
+//!
+//! Activations are row-major `[rows, width]` matrices, one row per token of the step
+//! (attention heads side by side in a row), so a backend never needs more than 2-D shapes.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+
+use crate::batch::ForwardBatch;
+use crate::model::config::Activation;
+
+/// Where a model runs: `cpu`, `cuda` or `cuda:N`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl Device {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => bail!("unknown device `{s}`: expected cpu, cuda or cuda:N"),
+            },
+        }
+    }
+
+    pub fn is_cpu(&self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// What a loaded parameter is used for: decides the layout a backend prepares it in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `[out, in]` as stored in HF checkpoints; multiplied as `x @ W^T`.
+    Linear,
+    /// A bias or any vector added to rows.
+    Bias,
+    /// `[vocab, hidden]`, gathered by token id.
+    Embedding,
+    /// An RMSNorm weight; `plus_one`: Gemma's convention, the scale is `1 + w`.
+    Norm { plus_one: bool },
+}
+
+/// Attention geometry of one model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Heads {
+    pub q: usize,
+    pub kv: usize,
+    pub dim: usize,
+    /// Multiplies q·k before the softmax.
+    pub scale: f32,
+    /// Gemma 2's `attn_logit_softcapping`: scores become `cap * tanh(score / cap)`.
+    pub softcap: Option<f32>,
+}
+
+/// One kind of attention layer: global, or sliding-window with its own RoPE table.
+pub struct AttnKind<'a, R> {
+    /// A query at `p` sees keys at `j` with `p - j < window` (its own token included).
+    pub window: Option<usize>,
+    pub rope: &'a R,
+}
+
+/// The paged KV store's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_layers: usize,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// f32 logits of the sampled rows, `[rows, vocab]`, on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logits {
+    data: Vec<f32>,
+    vocab: usize,
+}
+
+impl Logits {
+    pub fn new(data: Vec<f32>, vocab: usize) -> Self {
+        assert!(vocab > 0 && data.len() % vocab == 0, "logits are not [rows, vocab]");
+        Self { data, vocab }
+    }
+
+    pub fn empty(vocab: usize) -> Self {
+        Self::new(Vec::new(), vocab)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.vocab
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[f32]> {
+        self.data.chunks_exact(self.vocab)
+    }
+}
+
+/// The operations the transformer is written against. `Act` is `[rows, width]`; the model
+/// decides every width, the backend how and where the numbers live.
+pub trait Backend: Sized {
+    /// One step's activations.
+    type Act;
+    /// A parameter in the layout this backend computes with.
+    type Weight;
+    /// RoPE cos/sin tables.
+    type Rope;
+    /// The paged KV store of all layers.
+    type Kv;
+    /// One step's inputs, prepared once and read by every layer.
+    type Step;
+
+    /// Takes a parameter loaded on the host (f32, or the checkpoint's bf16).
+    fn weight(&self, t: Tensor, role: Role) -> Result<Self::Weight>;
+    /// Element count of a weight (its width, for vectors).
+    fn weight_len(w: &Self::Weight) -> usize;
+    /// Tables for positions `[0, max_positions)` from the inverse frequencies (`head_dim / 2`).
+    fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<Self::Rope>;
+    fn new_kv(&self, layout: KvLayout) -> Result<Self::Kv>;
+    fn kv_layout(kv: &Self::Kv) -> KvLayout;
+
+    /// Device-side inputs of `batch`, validated by the caller (token ids in range, block
+    /// tables covering every position, block ids inside the pool). `kinds` are the model's
+    /// attention kinds, indexed by the `kind` argument of [`Backend::rope_qk`] and
+    /// [`Backend::attention`].
+    fn prepare(
+        &self,
+        batch: &ForwardBatch,
+        kv: &Self::Kv,
+        kinds: &[AttnKind<'_, Self::Rope>],
+    ) -> Result<Self::Step>;
+
+    /// Rows of `table` for the step's tokens, times `scale` when given.
+    fn embed(&self, table: &Self::Weight, step: &Self::Step, scale: Option<f32>)
+        -> Result<Self::Act>;
+    /// `x @ W^T (+ bias)`.
+    fn linear(
+        &self,
+        x: &Self::Act,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+    ) -> Result<Self::Act>;
+    /// RMSNorm of every `len(w)`-wide group of each row (a whole row, or each head).
+    fn rms_norm(&self, x: &Self::Act, w: &Self::Weight, eps: f32) -> Result<Self::Act>;
+    /// `residual += x`, then returns the RMSNorm of the new residual.
+    fn add_rms_norm(
+        &self,
+        residual: &mut Self::Act,
+        x: &Self::Act,
+        w: &Self::Weight,
+        eps: f32,
+    ) -> Result<Self::Act>;
+    /// `residual += x`.
+    fn add(&self, residual: &mut Self::Act, x: &Self::Act) -> Result<()>;
+    /// Splits the columns of `x` into pieces of `widths` (a fused QKV product).
+    fn split(&self, x: &Self::Act, widths: &[usize]) -> Result<Vec<Self::Act>>;
+    /// Rotates `q` (`[tokens, heads.q * dim]`) and `k` (`[tokens, heads.kv * dim]`) at the
+    /// step's positions with the RoPE of attention kind `kind`.
+    fn rope_qk(
+        &self,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        heads: &Heads,
+        step: &Self::Step,
+        kind: usize,
+    ) -> Result<()>;
+    /// Writes the step's new K and V of `layer` into their slots.
+    fn write_kv(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        k: &Self::Act,
+        v: &Self::Act,
+        step: &Self::Step,
+    ) -> Result<()>;
+    /// Causal attention of the step's queries over their sequences' context in `kv`
+    /// (the step's own K/V already written), with the window of attention kind `kind`.
+    fn attention(
+        &self,
+        q: &Self::Act,
+        kv: &Self::Kv,
+        layer: usize,
+        heads: &Heads,
+        step: &Self::Step,
+        kind: usize,
+    ) -> Result<Self::Act>;
+    /// `act(gate) * up` for rows `[gate ++ up]`.
+    fn gated(&self, gate_up: &Self::Act, act: Activation) -> Result<Self::Act>;
+    /// The rows whose next token is sampled, in batch order.
+    fn sampled_rows(&self, x: &Self::Act, step: &Self::Step) -> Result<Option<Self::Act>>;
+    /// f32 logits on the host, soft-capped when `softcap` is set.
+    fn logits(&self, x: &Self::Act, softcap: Option<f32>) -> Result<Logits>;
+    /// Copies the KV of block `src` into block `dst` in every layer.
+    fn copy_block(&self, kv: &mut Self::Kv, src: usize, dst: usize) -> Result<()>;
+    /// Fills every slot with deterministic values of real K/V magnitude (profiling reads
+    /// real memory, not zero pages).
+    fn fill_pattern(&self, kv: &mut Self::Kv) -> Result<()>;
+    /// Bytes held by the KV store.
+    fn kv_bytes(kv: &Self::Kv) -> usize;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!(Device::parse("cpu").unwrap(), Device::Cpu);
+        assert_eq!(Device::parse("cuda").unwrap(), Device::Cuda(0));
+        assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
+        assert!(Device::parse("cuda:x").is_err());
+        assert!(Device::parse("gpu").is_err());
+        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+    }
+
+    #[test]
+    fn logits_rows() {
+        let l = Logits::new(vec![1., 2., 3., 4., 5., 6.], 3);
+        assert_eq!(l.rows(), 2);
+        assert_eq!(l.row(1), &[4., 5., 6.]);
+        assert_eq!(l.iter().count(), 2);
+        assert_eq!(Logits::empty(5).rows(), 0);
+    }
+}

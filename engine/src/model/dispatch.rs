@@ -1,0 +1,142 @@
+//! The transformer on whichever backend its device picked, and that backend's KV store:
+//! what every driver (serve, generate, profile, the tests) steps.
+
+use anyhow::{bail, Result};
+use candle_core::DType;
+
+use super::config::ModelConfig;
+use super::transformer::Transformer;
+use super::weights::WeightStore;
+use crate::backend::cpu::{CpuBackend, CpuKv};
+#[cfg(feature = "cuda")]
+use crate::backend::cuda::{CudaBackend, CudaKv};
+use crate::backend::{Backend, Device, Logits};
+use crate::batch::ForwardBatch;
+
+pub enum Model {
+    Cpu(Transformer<CpuBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(Transformer<CudaBackend>),
+}
+
+/// The paged KV store of a [`Model`], made by [`Model::new_kv_cache`].
+pub enum KvCache {
+    Cpu(CpuKv),
+    #[cfg(feature = "cuda")]
+    Cuda(CudaKv),
+}
+
+/// `$body` with `$m` the model's transformer and `$k` its KV store, on whichever backend.
+macro_rules! with_kv {
+    ($model:expr, $kv:expr, |$m:ident, $k:ident| $body:expr) => {
+        #[allow(unreachable_patterns)]
+        match ($model, $kv) {
+            (Model::Cpu($m), KvCache::Cpu($k)) => $body,
+            #[cfg(feature = "cuda")]
+            (Model::Cuda($m), KvCache::Cuda($k)) => $body,
+            _ => bail!("the KV cache was made for another device"),
+        }
+    };
+}
+
+impl Model {
+    /// Builds the model for `device` from weights loaded on the host.
+    pub fn load(cfg: &ModelConfig, w: &WeightStore, device: Device) -> Result<Self> {
+        match device {
+            Device::Cpu => Ok(Model::Cpu(Transformer::load(
+                cfg,
+                w,
+                CpuBackend::new(w.dtype()),
+            )?)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(ordinal) => Ok(Model::Cuda(Transformer::load(
+                cfg,
+                w,
+                CudaBackend::new(ordinal)?,
+            )?)),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => {
+                bail!("--device {device}: this build has no CUDA backend (build with --features cuda)")
+            }
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Model::Cpu(m) => m.config(),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => m.config(),
+        }
+    }
+
+    /// The dtype weights, activations and KV are held in.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Model::Cpu(m) => m.backend().dtype(),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) => DType::BF16,
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        match self {
+            Model::Cpu(_) => Device::Cpu,
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => Device::Cuda(m.backend().ordinal()),
+        }
+    }
+
+    /// A KV store of `num_blocks` blocks of `block_size` slots, shaped for this model.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
+        Ok(match self {
+            Model::Cpu(m) => KvCache::Cpu(m.new_kv_cache(num_blocks, block_size)?),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => KvCache::Cuda(m.new_kv_cache(num_blocks, block_size)?),
+        })
+    }
+
+    /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of
+    /// the sequences with `sample == true`, in batch order.
+    pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Logits> {
+        with_kv!(self, kv, |m, k| m.forward(batch, k))
+    }
+
+    /// Copies the KV of block `src` into block `dst` in every layer (copy-on-write of a
+    /// shared prefix block).
+    pub fn copy_block(&self, kv: &mut KvCache, src: u32, dst: u32) -> Result<()> {
+        with_kv!(self, kv, |m, k| m.copy_block(k, src as usize, dst as usize))
+    }
+
+    /// Fills every slot with deterministic values of the magnitude real K and V have, so
+    /// that a profile's reads touch real memory (a fresh store is zero pages).
+    pub fn fill_pattern(&self, kv: &mut KvCache) -> Result<()> {
+        with_kv!(self, kv, |m, k| m.backend().fill_pattern(k))
+    }
+}
+
+impl KvCache {
+    /// Bytes held by the store (K and V, all layers).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            KvCache::Cpu(k) => CpuBackend::kv_bytes(k),
+            #[cfg(feature = "cuda")]
+            KvCache::Cuda(k) => CudaBackend::kv_bytes(k),
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.layout().num_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.layout().block_size
+    }
+
+    fn layout(&self) -> crate::backend::KvLayout {
+        match self {
+            KvCache::Cpu(k) => CpuBackend::kv_layout(k),
+            #[cfg(feature = "cuda")]
+            KvCache::Cuda(k) => CudaBackend::kv_layout(k),
+        }
+    }
+}
