@@ -21,6 +21,6 @@ pub mod serve;
 pub mod tokenizer;
 pub mod verify;
 
-pub use batch::{ForwardBatch, SeqChunk};
 pub use backend::{Device, Logits};
+pub use batch::{ForwardBatch, SeqChunk};
 pub use model::{load_model, load_model_dir, Arch, KvCache, LoadedModel, Model, ModelConfig};

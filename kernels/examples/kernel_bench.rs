@@ -4,14 +4,14 @@
 //!
 //! Shapes are Llama-3.2-3B's (24 query heads, 8 KV heads, head_dim 128, hidden 3072,
 //! intermediate 8192), block size 16. Decode attention is also timed as a replayed CUDA graph,
-//! the Phase 9 question: does a captured launch run as fast as an eager one?
+//! the Phase 9 question: does a captured launch run as fast as an eager one? The cuBLAS GEMMs
+//! are timed at the model's projection shapes.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
-use infer_kernels::cuda::kernels::{DeviceBlockTables, DeviceKv};
-use infer_kernels::cuda::Kernels;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use infer_kernels::cuda::{DeviceBlockTables, DeviceKv, Gemm, Kernels, Span};
 use infer_kernels::layout::{AttentionConfig, KvCacheShape};
 use infer_kernels::reference::{default_inv_freq, RmsWeight, RopeTable};
 
@@ -21,7 +21,10 @@ const CONTEXT: usize = 1024;
 const BLOCK_SIZE: usize = 16;
 
 /// Mean milliseconds per call of `step` over `ITERS` calls, timed with CUDA events.
-fn time_ms(stream: &Arc<CudaStream>, mut step: impl FnMut() -> Result<(), DriverError>) -> f64 {
+fn time_ms<E: std::fmt::Debug>(
+    stream: &Arc<CudaStream>,
+    mut step: impl FnMut() -> Result<(), E>,
+) -> f64 {
     for _ in 0..WARMUP {
         step().unwrap();
     }
@@ -60,6 +63,7 @@ fn main() {
     }
     bench_prefill(&kernels, &stream, &cfg, 512);
     bench_elementwise(&kernels, &stream, &cfg, 512);
+    bench_gemm(&stream);
 }
 
 fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConfig, batch: usize) {
@@ -78,27 +82,27 @@ fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConf
     let table = stream.clone_htod(&table).unwrap();
     let lens = stream.clone_htod(&vec![CONTEXT as i32; batch]).unwrap();
     let q = bf16_buffer(stream, batch * cfg.num_heads * cfg.head_dim);
-    let mut out = bf16_buffer(stream, q.len());
+    let out = bf16_buffer(stream, q.len());
     let kv = DeviceKv {
-        k_cache: k.as_view(),
-        v_cache: v.as_view(),
+        k_cache: Span::of(&k),
+        v_cache: Span::of(&v),
         shape,
     };
     let tables = DeviceBlockTables {
-        table: table.as_view(),
+        table: Span::of(&table),
         max_blocks_per_seq: blocks_per_seq,
     };
-    let mut launch = || {
+    let launch = || {
         kernels.paged_attention_decode(
-            &mut out.as_view_mut(),
-            &q.as_view(),
+            Span::of(&out),
+            Span::of(&q),
             &kv,
             &tables,
-            &lens.as_view(),
+            Span::of(&lens),
             cfg,
         )
     };
-    let eager = time_ms(stream, &mut launch);
+    let eager = time_ms(stream, &launch);
     // Unique K+V bytes each step must read at least once.
     let bytes = (2 * batch * CONTEXT * cfg.num_kv_heads * cfg.head_dim * 2) as f64;
     let tag = format!("batch={batch},ctx={CONTEXT}");
@@ -161,24 +165,24 @@ fn bench_prefill(
     let cu = stream.clone_htod(&[0, tokens as i32]).unwrap();
     let start = stream.clone_htod(&[0i32]).unwrap();
     let q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
-    let mut out = bf16_buffer(stream, q.len());
+    let out = bf16_buffer(stream, q.len());
     let kv = DeviceKv {
-        k_cache: k.as_view(),
-        v_cache: v.as_view(),
+        k_cache: Span::of(&k),
+        v_cache: Span::of(&v),
         shape,
     };
     let tables = DeviceBlockTables {
-        table: table.as_view(),
+        table: Span::of(&table),
         max_blocks_per_seq: blocks,
     };
     let ms = time_ms(stream, || {
         kernels.paged_attention_prefill(
-            &mut out.as_view_mut(),
-            &q.as_view(),
+            Span::of(&out),
+            Span::of(&q),
             &kv,
             &tables,
-            &cu.as_view(),
-            &start.as_view(),
+            Span::of(&cu),
+            Span::of(&start),
             cfg,
         )
     });
@@ -205,12 +209,12 @@ fn bench_elementwise(
 
     let x = bf16_buffer(stream, tokens * hidden);
     let w = bf16_buffer(stream, hidden);
-    let mut y = bf16_buffer(stream, x.len());
+    let y = bf16_buffer(stream, x.len());
     let ms = time_ms(stream, || {
         kernels.rms_norm(
-            &mut y.as_view_mut(),
-            &x.as_view(),
-            &w.as_view(),
+            Span::of(&y),
+            Span::of(&x),
+            Span::of(&w),
             1e-5,
             RmsWeight::Scale,
         )
@@ -220,10 +224,27 @@ fn bench_elementwise(
         gbps(4 * x.len(), ms)
     );
 
-    let gate_up = bf16_buffer(stream, tokens * 2 * inter);
-    let mut act = bf16_buffer(stream, tokens * inter);
+    let residual = bf16_buffer(stream, x.len());
     let ms = time_ms(stream, || {
-        kernels.silu_and_mul(&mut act.as_view_mut(), &gate_up.as_view(), inter)
+        kernels.fused_add_rms_norm(
+            Span::of(&y),
+            Span::of(&residual),
+            Span::of(&x),
+            Span::of(&w),
+            1e-5,
+            RmsWeight::Scale,
+        )
+    });
+    // Reads residual and x, writes residual and out.
+    println!(
+        "fused_add_rms_norm_gbps[tokens={tokens},hidden={hidden}]: {:.1} GB/s",
+        gbps(8 * x.len(), ms)
+    );
+
+    let gate_up = bf16_buffer(stream, tokens * 2 * inter);
+    let act = bf16_buffer(stream, tokens * inter);
+    let ms = time_ms(stream, || {
+        kernels.silu_and_mul(Span::of(&act), Span::of(&gate_up), inter)
     });
     println!(
         "silu_and_mul_gbps[tokens={tokens},inter={inter}]: {:.1} GB/s",
@@ -238,15 +259,15 @@ fn bench_elementwise(
     let positions = stream
         .clone_htod(&(0..tokens as i32).collect::<Vec<_>>())
         .unwrap();
-    let mut q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
-    let mut k = bf16_buffer(stream, tokens * cfg.num_kv_heads * cfg.head_dim);
+    let q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
+    let k = bf16_buffer(stream, tokens * cfg.num_kv_heads * cfg.head_dim);
     let ms = time_ms(stream, || {
         kernels.rope_neox(
-            &mut q.as_view_mut(),
-            &mut k.as_view_mut(),
-            &positions.as_view(),
-            &cos.as_view(),
-            &sin.as_view(),
+            Span::of(&q),
+            Span::of(&k),
+            Span::of(&positions),
+            Span::of(&cos),
+            Span::of(&sin),
             cfg.num_heads,
             cfg.num_kv_heads,
         )
@@ -262,7 +283,7 @@ fn bench_elementwise(
         num_kv_heads: cfg.num_kv_heads,
         head_dim: cfg.head_dim,
     };
-    let (mut kc, mut vc) = (
+    let (kc, vc) = (
         bf16_buffer(stream, shape.len()),
         bf16_buffer(stream, shape.len()),
     );
@@ -272,11 +293,11 @@ fn bench_elementwise(
     let key = bf16_buffer(stream, shape.len());
     let ms = time_ms(stream, || {
         kernels.reshape_and_cache(
-            &key.as_view(),
-            &key.as_view(),
-            &mut kc.as_view_mut(),
-            &mut vc.as_view_mut(),
-            &slots.as_view(),
+            Span::of(&key),
+            Span::of(&key),
+            Span::of(&kc),
+            Span::of(&vc),
+            Span::of(&slots),
             &shape,
         )
     });
@@ -284,4 +305,41 @@ fn bench_elementwise(
         "reshape_and_cache_gbps[tokens={tokens}]: {:.1} GB/s",
         gbps(8 * shape.len(), ms)
     );
+}
+
+/// `x @ w^T` at Llama-3.2-3B's projection shapes (fused QKV, o_proj, fused gate/up, down).
+fn bench_gemm(stream: &Arc<CudaStream>) {
+    let gemm = match Gemm::new(stream.clone()) {
+        Ok(gemm) => gemm,
+        Err(e) => {
+            println!("# gemm skipped: {e}");
+            return;
+        }
+    };
+    let (hidden, inter, qkv) = (3072, 8192, 3072 + 2 * 1024);
+    for (name, n, k) in [
+        ("qkv", qkv, hidden),
+        ("o", hidden, hidden),
+        ("gate_up", 2 * inter, hidden),
+        ("down", hidden, inter),
+    ] {
+        let w = bf16_buffer(stream, n * k);
+        for m in [1usize, 32, 512] {
+            let x = bf16_buffer(stream, m * k);
+            let out = bf16_buffer(stream, m * n);
+            let ms = time_ms(stream, || {
+                gemm.matmul_bf16(Span::of(&out), Span::of(&x), Span::of(&w), m, n, k)
+            });
+            let tag = format!("{name},m={m},n={n},k={k}");
+            println!(
+                "gemm_tflops[{tag}]: {:.2} TFLOP/s",
+                2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12
+            );
+            // Small m is weight-bandwidth bound.
+            println!(
+                "gemm_gbps[{tag}]: {:.1} GB/s",
+                (2 * (n * k + m * k + m * n)) as f64 / (ms * 1e-3) / 1e9
+            );
+        }
+    }
 }

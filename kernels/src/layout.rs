@@ -51,6 +51,21 @@ impl BlockTables<'_> {
         let block = self.table[seq * self.max_blocks_per_seq + pos / block_size];
         block as usize * block_size + pos % block_size
     }
+
+    /// Like [`Self::slot`], but `None` where the kernels skip the key: the logical block lies
+    /// past the sequence's row of the table, or the entry is not a block of the pool
+    /// (outside `[0, shape.num_blocks)`).
+    pub fn slot_checked(&self, seq: usize, pos: usize, shape: &KvCacheShape) -> Option<usize> {
+        let logical = pos / shape.block_size;
+        if logical >= self.max_blocks_per_seq {
+            return None;
+        }
+        let block = *self.table.get(seq * self.max_blocks_per_seq + logical)?;
+        let block = usize::try_from(block)
+            .ok()
+            .filter(|&b| b < shape.num_blocks)?;
+        Some(block * shape.block_size + pos % shape.block_size)
+    }
 }
 
 /// Attention head configuration of one layer.
@@ -65,6 +80,9 @@ pub struct AttentionConfig {
     /// Sliding-window attention: a query at position `p` sees keys at `j` with `p - j < window`
     /// (the Mistral/Gemma convention, the query's own token included). `None`: full causal.
     pub sliding_window: Option<usize>,
+    /// Logit soft-capping (Gemma 2's `attn_logit_softcapping`): after the scale,
+    /// `score = cap * tanh(score / cap)`. `None`: no capping.
+    pub softcap: Option<f32>,
 }
 
 impl AttentionConfig {
@@ -79,11 +97,18 @@ impl AttentionConfig {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
             sliding_window: None,
+            softcap: None,
         }
     }
 
     pub fn with_sliding_window(mut self, window: usize) -> Self {
         self.sliding_window = Some(window);
+        self
+    }
+
+    pub fn with_softcap(mut self, cap: f32) -> Self {
+        assert!(cap > 0.0, "soft-cap must be positive, got {cap}");
+        self.softcap = Some(cap);
         self
     }
 
@@ -102,6 +127,11 @@ impl AttentionConfig {
     /// The window as the kernels take it: 0 means no window.
     pub fn window_arg(&self) -> i32 {
         self.sliding_window.unwrap_or(0) as i32
+    }
+
+    /// The soft-cap as the kernels take it: 0 means none.
+    pub fn softcap_arg(&self) -> f32 {
+        self.softcap.unwrap_or(0.0)
     }
 }
 
@@ -124,6 +154,26 @@ mod tests {
     }
 
     #[test]
+    fn checked_slot_rejects_bad_blocks() {
+        let shape = KvCacheShape {
+            num_blocks: 8,
+            block_size: 4,
+            num_kv_heads: 1,
+            head_dim: 2,
+        };
+        let table = [7, -1, 8, 3];
+        let tables = BlockTables {
+            table: &table,
+            max_blocks_per_seq: 2,
+        };
+        assert_eq!(tables.slot_checked(0, 1, &shape), Some(7 * 4 + 1));
+        assert_eq!(tables.slot_checked(0, 4, &shape), None); // block -1
+        assert_eq!(tables.slot_checked(1, 0, &shape), None); // block 8 of 8
+        assert_eq!(tables.slot_checked(1, 5, &shape), Some(3 * 4 + 1));
+        assert_eq!(tables.slot_checked(1, 8, &shape), None); // past the row
+    }
+
+    #[test]
     fn gqa_and_window() {
         let cfg = AttentionConfig::new(8, 2, 64).with_sliding_window(4);
         assert_eq!(cfg.kv_head(3), 0);
@@ -131,6 +181,8 @@ mod tests {
         assert_eq!(cfg.first_visible(2), 0);
         assert_eq!(cfg.first_visible(10), 7);
         assert_eq!(AttentionConfig::new(4, 4, 8).first_visible(10), 0);
+        assert_eq!(cfg.softcap_arg(), 0.0);
+        assert_eq!(cfg.with_softcap(50.0).softcap_arg(), 50.0);
     }
 
     #[test]

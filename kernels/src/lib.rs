@@ -4,7 +4,8 @@
 //! - [`reference`]: plain f32 loops in Rust. They are the CPU backend's implementation and the
 //!   oracle the CUDA kernels are tested against.
 //! - `cuda` (feature `cuda`): CUDA C sources compiled at run time with NVRTC for the GPU's
-//!   compute capability, plus typed launch wrappers.
+//!   compute capability, typed launch wrappers over raw device-address spans, and cuBLAS for
+//!   the linear layers (`reference::matmul_xwt` is its CPU counterpart).
 //!
 //! Both sides share the tensor layouts described in [`layout`]; storage on the GPU is bf16
 //! (raw `u16` bits, see [`bf16`]) with f32 arithmetic inside every kernel.
@@ -13,7 +14,9 @@
 //! batch shape (number of sequences / tokens), never on context lengths, and all per-step data
 //! (sequence lengths, positions, block tables, slot mappings) is read from device memory. A
 //! captured decode graph can therefore be replayed for any context length by rewriting those
-//! buffers in place.
+//! buffers in place. The kernels bound every index they read from device memory (bad ids,
+//! slots, block ids and positions are skipped or give zeros), so no device data can make them
+//! touch memory outside their buffers; the CPU references follow the same rules.
 
 pub mod bf16;
 pub mod layout;

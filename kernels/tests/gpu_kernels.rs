@@ -10,8 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use infer_kernels::bf16;
-use infer_kernels::cuda::kernels::{DeviceBlockTables, DeviceKv};
-use infer_kernels::cuda::Kernels;
+use infer_kernels::cuda::{DeviceBlockTables, DeviceKv, Gemm, Kernels, Span};
 use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape};
 use infer_kernels::reference::{self, PagedKv, RmsWeight, RopeTable};
 
@@ -47,6 +46,10 @@ fn upload(stream: &Arc<CudaStream>, xs: &[f32]) -> CudaSlice<u16> {
 
 fn download(stream: &Arc<CudaStream>, xs: &CudaSlice<u16>) -> Vec<f32> {
     bf16::slice_to_f32(&stream.clone_dtoh(xs).unwrap())
+}
+
+fn span<T>(xs: &CudaSlice<T>) -> Span<T> {
+    Span::of(xs)
 }
 
 fn assert_close(name: &str, got: &[f32], want: &[f32]) {
@@ -105,6 +108,30 @@ impl PagedSetup {
         }
     }
 
+    /// Upload the pools and the table; the returned slices own the memory the spans point at.
+    fn device(
+        &self,
+        stream: &Arc<CudaStream>,
+    ) -> (
+        DeviceKv,
+        DeviceBlockTables,
+        [CudaSlice<u16>; 2],
+        CudaSlice<i32>,
+    ) {
+        let (k, v) = (upload(stream, &self.k), upload(stream, &self.v));
+        let table = stream.clone_htod(&self.table).unwrap();
+        let kv = DeviceKv {
+            k_cache: span(&k),
+            v_cache: span(&v),
+            shape: self.shape,
+        };
+        let tables = DeviceBlockTables {
+            table: span(&table),
+            max_blocks_per_seq: self.max_blocks_per_seq,
+        };
+        (kv, tables, [k, v], table)
+    }
+
     fn cpu(&self) -> (PagedKv<'_>, BlockTables<'_>) {
         let kv = PagedKv {
             k_cache: &self.k,
@@ -132,6 +159,8 @@ fn configs() -> Vec<AttentionConfig> {
     for head_dim in [64, 96, 128, 256] {
         all.push(AttentionConfig::new(8, 2, head_dim));
         all.push(AttentionConfig::new(4, 4, head_dim).with_sliding_window(24));
+        // Scores of these inputs are O(1): a cap of 1 bends them hard.
+        all.push(AttentionConfig::new(8, 4, head_dim).with_softcap(1.0));
     }
     all
 }
@@ -157,27 +186,18 @@ fn paged_attention_decode_matches_reference() {
             &cfg,
         );
 
-        let (k, v) = (upload(&stream, &setup.k), upload(&stream, &setup.v));
-        let table = stream.clone_htod(&setup.table).unwrap();
+        let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
         let lens = stream.clone_htod(&seq_lens.map(|l| l as i32)).unwrap();
         let q_dev = upload(&stream, &q);
-        let mut out = stream.alloc_zeros::<u16>(q.len()).unwrap();
-        let kv_dev = DeviceKv {
-            k_cache: k.as_view(),
-            v_cache: v.as_view(),
-            shape: setup.shape,
-        };
-        let tables_dev = DeviceBlockTables {
-            table: table.as_view(),
-            max_blocks_per_seq: setup.max_blocks_per_seq,
-        };
+        // Garbage in the output, so the padding row must really be written with zeros.
+        let out = upload(&stream, &random(q.len(), 4, 1.0));
         kernels
             .paged_attention_decode(
-                &mut out.as_view_mut(),
-                &q_dev.as_view(),
+                span(&out),
+                span(&q_dev),
                 &kv_dev,
                 &tables_dev,
-                &lens.as_view(),
+                span(&lens),
                 &cfg,
             )
             .unwrap();
@@ -185,7 +205,7 @@ fn paged_attention_decode_matches_reference() {
         assert_close(&format!("decode {cfg:?}"), &got[..4 * row], &want);
         assert!(
             got[4 * row..].iter().all(|&x| x == 0.0),
-            "padding row written"
+            "padding row not zeroed"
         );
     }
 }
@@ -217,29 +237,19 @@ fn paged_attention_prefill_matches_reference() {
             &cfg,
         );
 
-        let (k, v) = (upload(&stream, &setup.k), upload(&stream, &setup.v));
-        let table = stream.clone_htod(&setup.table).unwrap();
+        let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
         let cu_dev = stream.clone_htod(&cu).unwrap();
         let start_dev = stream.clone_htod(&start).unwrap();
         let q_dev = upload(&stream, &q);
-        let mut out = stream.alloc_zeros::<u16>(q.len()).unwrap();
-        let kv_dev = DeviceKv {
-            k_cache: k.as_view(),
-            v_cache: v.as_view(),
-            shape: setup.shape,
-        };
-        let tables_dev = DeviceBlockTables {
-            table: table.as_view(),
-            max_blocks_per_seq: setup.max_blocks_per_seq,
-        };
+        let out = upload(&stream, &random(q.len(), 6, 1.0));
         kernels
             .paged_attention_prefill(
-                &mut out.as_view_mut(),
-                &q_dev.as_view(),
+                span(&out),
+                span(&q_dev),
                 &kv_dev,
                 &tables_dev,
-                &cu_dev.as_view(),
-                &start_dev.as_view(),
+                span(&cu_dev),
+                span(&start_dev),
                 &cfg,
             )
             .unwrap();
@@ -247,7 +257,7 @@ fn paged_attention_prefill_matches_reference() {
         assert_close(&format!("prefill {cfg:?}"), &got[..real * row], &want);
         assert!(
             got[real * row..].iter().all(|&x| x == 0.0),
-            "padding tokens written"
+            "padding tokens not zeroed"
         );
     }
 }
@@ -263,23 +273,24 @@ fn reshape_and_cache_matches_reference() {
         head_dim: 128,
     };
     let token = shape.num_kv_heads * shape.head_dim;
-    let slots: Vec<i32> = vec![5, 140, -1, 16, 0, 143, 77];
+    // -1: padding; 144 (= num_slots) and 10_000: past the pool, must be skipped too.
+    let slots: Vec<i32> = vec![5, 140, -1, 16, 0, 143, 144, 77, 10_000];
     let key = random(slots.len() * token, 1, 2.0);
     let value = random(slots.len() * token, 2, 2.0);
     let mut k_want = random(shape.len(), 3, 1.0);
     let mut v_want = random(shape.len(), 4, 1.0);
 
-    let mut k_dev = upload(&stream, &k_want);
-    let mut v_dev = upload(&stream, &v_want);
+    let k_dev = upload(&stream, &k_want);
+    let v_dev = upload(&stream, &v_want);
     let (key_dev, value_dev) = (upload(&stream, &key), upload(&stream, &value));
     let slots_dev = stream.clone_htod(&slots).unwrap();
     kernels
         .reshape_and_cache(
-            &key_dev.as_view(),
-            &value_dev.as_view(),
-            &mut k_dev.as_view_mut(),
-            &mut v_dev.as_view_mut(),
-            &slots_dev.as_view(),
+            span(&key_dev),
+            span(&value_dev),
+            span(&k_dev),
+            span(&v_dev),
+            span(&slots_dev),
             &shape,
         )
         .unwrap();
@@ -304,15 +315,9 @@ fn rms_norm_matches_reference() {
         let mut want = vec![0.0; x.len()];
         reference::rms_norm(&mut want, &x, &w, 1e-6, style);
         let (x_dev, w_dev) = (upload(&stream, &x), upload(&stream, &w));
-        let mut out = stream.alloc_zeros::<u16>(x.len()).unwrap();
+        let out = stream.alloc_zeros::<u16>(x.len()).unwrap();
         kernels
-            .rms_norm(
-                &mut out.as_view_mut(),
-                &x_dev.as_view(),
-                &w_dev.as_view(),
-                1e-6,
-                style,
-            )
+            .rms_norm(span(&out), span(&x_dev), span(&w_dev), 1e-6, style)
             .unwrap();
         assert_close(
             &format!("rms_norm {hidden} {style:?}"),
@@ -328,21 +333,22 @@ fn rope_matches_reference() {
     let (kernels, stream) = kernels();
     let (heads, kv_heads, head_dim) = (24, 8, 128);
     let table = RopeTable::new(&reference::default_inv_freq(head_dim, 500_000.0), 4096);
-    let positions: Vec<i32> = vec![0, 1, 2, 17, 1000, 4095, 3];
+    // -1 and 4096 are outside the table: those tokens must come back unchanged.
+    let positions: Vec<i32> = vec![0, 1, 2, 17, 1000, 4095, 3, -1, 4096];
     let n = positions.len();
     let mut q = random(n * heads * head_dim, 1, 2.0);
     let mut k = random(n * kv_heads * head_dim, 2, 2.0);
-    let (mut q_dev, mut k_dev) = (upload(&stream, &q), upload(&stream, &k));
+    let (q_dev, k_dev) = (upload(&stream, &q), upload(&stream, &k));
     let pos_dev = stream.clone_htod(&positions).unwrap();
     let cos = stream.clone_htod(&table.cos).unwrap();
     let sin = stream.clone_htod(&table.sin).unwrap();
     kernels
         .rope_neox(
-            &mut q_dev.as_view_mut(),
-            &mut k_dev.as_view_mut(),
-            &pos_dev.as_view(),
-            &cos.as_view(),
-            &sin.as_view(),
+            span(&q_dev),
+            span(&k_dev),
+            span(&pos_dev),
+            span(&cos),
+            span(&sin),
             heads,
             kv_heads,
         )
@@ -360,18 +366,266 @@ fn gated_activations_match_reference() {
     let (rows, inter) = (19, 8192);
     let gate_up = random(rows * 2 * inter, 9, 6.0);
     let gate_up_dev = upload(&stream, &gate_up);
-    let mut out = stream.alloc_zeros::<u16>(rows * inter).unwrap();
+    let out = stream.alloc_zeros::<u16>(rows * inter).unwrap();
     let mut want = vec![0.0; rows * inter];
 
     kernels
-        .silu_and_mul(&mut out.as_view_mut(), &gate_up_dev.as_view(), inter)
+        .silu_and_mul(span(&out), span(&gate_up_dev), inter)
         .unwrap();
     reference::silu_and_mul(&mut want, &gate_up, inter);
     assert_close("silu_and_mul", &download(&stream, &out), &want);
 
     kernels
-        .gelu_tanh_and_mul(&mut out.as_view_mut(), &gate_up_dev.as_view(), inter)
+        .gelu_tanh_and_mul(span(&out), span(&gate_up_dev), inter)
         .unwrap();
     reference::gelu_tanh_and_mul(&mut want, &gate_up, inter);
     assert_close("gelu_tanh_and_mul", &download(&stream, &out), &want);
+
+    kernels
+        .gelu_erf_and_mul(span(&out), span(&gate_up_dev), inter)
+        .unwrap();
+    reference::gelu_erf_and_mul(&mut want, &gate_up, inter);
+    assert_close("gelu_erf_and_mul", &download(&stream, &out), &want);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn paged_attention_skips_bad_blocks() {
+    let (kernels, stream) = kernels();
+    let cfg = AttentionConfig::new(8, 2, 128).with_sliding_window(200);
+    let row = cfg.num_heads * cfg.head_dim;
+    let capacity = [100, 40, 16, 64];
+    let mut setup = PagedSetup::new(cfg.num_kv_heads, cfg.head_dim, &capacity, 21);
+    let (mpb, num_blocks) = (setup.max_blocks_per_seq, setup.shape.num_blocks as i32);
+    // Sequence 0 loses its 2nd block (-1) and its 4th (past the pool); sequence 2's only block
+    // is bad, so its queries see nothing and must output zeros.
+    setup.table[1] = -1;
+    setup.table[3] = num_blocks + 7;
+    setup.table[2 * mpb] = i32::MIN;
+    let (kv, tables) = setup.cpu();
+    let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+
+    // Decode; sequence 3 claims more tokens than its table row holds (mpb blocks of 16):
+    // keys past the row are skipped, not read.
+    let seq_lens = [100, 40, 16, (mpb * 16 + 50) as i32];
+    let q = random(seq_lens.len() * row, 8, 1.0);
+    let mut want = vec![f32::NAN; q.len()];
+    reference::paged_attention_decode(&mut want, &q, &kv, &tables, &seq_lens, &cfg);
+    assert!(want[2 * row..3 * row].iter().all(|&x| x == 0.0));
+    let (q_dev, lens) = (upload(&stream, &q), stream.clone_htod(&seq_lens).unwrap());
+    let out = upload(&stream, &random(q.len(), 9, 1.0));
+    kernels
+        .paged_attention_decode(
+            span(&out),
+            span(&q_dev),
+            &kv_dev,
+            &tables_dev,
+            span(&lens),
+            &cfg,
+        )
+        .unwrap();
+    assert_close("decode, bad blocks", &download(&stream, &out), &want);
+
+    // Prefill over the same tables: whole sequences 0 and 2 as chunks.
+    let cu = [0, 100, 100, 116, 116];
+    let start = [0, 0, 0, 0];
+    let q = random(116 * row, 10, 1.0);
+    let mut want = vec![f32::NAN; q.len()];
+    reference::paged_attention_prefill(&mut want, &q, &kv, &tables, &cu, &start, &cfg);
+    let q_dev = upload(&stream, &q);
+    let (cu_dev, start_dev) = (
+        stream.clone_htod(&cu).unwrap(),
+        stream.clone_htod(&start).unwrap(),
+    );
+    let out = upload(&stream, &random(q.len(), 11, 1.0));
+    kernels
+        .paged_attention_prefill(
+            span(&out),
+            span(&q_dev),
+            &kv_dev,
+            &tables_dev,
+            span(&cu_dev),
+            span(&start_dev),
+            &cfg,
+        )
+        .unwrap();
+    let got = download(&stream, &out);
+    assert_close("prefill, bad blocks", &got, &want);
+    assert!(
+        got[100 * row..].iter().all(|&x| x == 0.0),
+        "no visible key: zeros"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fused_add_rms_norm_matches_reference() {
+    let (kernels, stream) = kernels();
+    for (hidden, style) in [(3072, RmsWeight::Scale), (2560, RmsWeight::OnePlus)] {
+        let rows = 37;
+        let mut residual = random(rows * hidden, 1, 4.0);
+        let x = random(rows * hidden, 2, 4.0);
+        let w = random(hidden, 3, 1.0);
+        let (res_dev, x_dev, w_dev) = (
+            upload(&stream, &residual),
+            upload(&stream, &x),
+            upload(&stream, &w),
+        );
+        let out = stream.alloc_zeros::<u16>(x.len()).unwrap();
+        kernels
+            .fused_add_rms_norm(
+                span(&out),
+                span(&res_dev),
+                span(&x_dev),
+                span(&w_dev),
+                1e-6,
+                style,
+            )
+            .unwrap();
+        let mut want = vec![0.0; x.len()];
+        reference::fused_add_rms_norm(&mut want, &mut residual, &x, &w, 1e-6, style);
+        let tag = format!("fused_add_rms_norm {hidden} {style:?}");
+        assert_close(
+            &format!("{tag} residual"),
+            &download(&stream, &res_dev),
+            &residual,
+        );
+        assert_close(&format!("{tag} out"), &download(&stream, &out), &want);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embedding_matches_reference() {
+    let (kernels, stream) = kernels();
+    let (vocab, hidden) = (1000, 2048);
+    let table = random(vocab * hidden, 1, 1.0);
+    // -1 and vocab are out of range: zero rows.
+    let ids: Vec<i32> = vec![0, 999, 17, -1, 1000, 17, 512];
+    let table_dev = upload(&stream, &table);
+    let ids_dev = stream.clone_htod(&ids).unwrap();
+    // Gemma's normaliser: sqrt(hidden) rounded to bf16, then an f32 multiply.
+    for scale in [1.0, bf16::round((hidden as f32).sqrt())] {
+        let out = upload(&stream, &random(ids.len() * hidden, 2, 1.0));
+        kernels
+            .embedding(span(&out), span(&table_dev), span(&ids_dev), hidden, scale)
+            .unwrap();
+        let mut want = vec![f32::NAN; ids.len() * hidden];
+        reference::embedding(&mut want, &table, &ids, hidden, scale);
+        let got = download(&stream, &out);
+        if scale == 1.0 {
+            assert_eq!(got, want, "a plain embedding is a copy");
+        }
+        assert_close(&format!("embedding scale {scale}"), &got, &want);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn residual_and_bias_add_match_reference() {
+    let (kernels, stream) = kernels();
+    // 3_000_001 elements: more than the flat grid's threads, so the grid-stride loop runs.
+    for n in [1, 1003, 3_000_001] {
+        let mut x = random(n, 1, 4.0);
+        let y = random(n, 2, 4.0);
+        let (x_dev, y_dev) = (upload(&stream, &x), upload(&stream, &y));
+        kernels.add(span(&x_dev), span(&y_dev)).unwrap();
+        reference::add(&mut x, &y);
+        assert_close(&format!("add {n}"), &download(&stream, &x_dev), &x);
+    }
+
+    let (rows, cols) = (13, 5120);
+    let mut x = random(rows * cols, 3, 4.0);
+    let bias = random(cols, 4, 1.0);
+    let (x_dev, bias_dev) = (upload(&stream, &x), upload(&stream, &bias));
+    kernels.bias_add(span(&x_dev), span(&bias_dev)).unwrap();
+    reference::bias_add(&mut x, &bias);
+    assert_close("bias_add", &download(&stream, &x_dev), &x);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn copy_columns_and_gather_rows_match_reference() {
+    let (kernels, stream) = kernels();
+    // A fused QKV product [rows, q 3072 | k 1024 | v 1024]: take k.
+    let (rows, cols, col0, width) = (9, 5120, 3072, 1024);
+    let x = random(rows * cols, 1, 2.0);
+    let x_dev = upload(&stream, &x);
+    let out = stream.alloc_zeros::<u16>(rows * width).unwrap();
+    kernels
+        .copy_columns(span(&out), span(&x_dev), cols, col0)
+        .unwrap();
+    let mut want = vec![0.0; rows * width];
+    reference::copy_columns(&mut want, &x, cols, col0);
+    assert_eq!(download(&stream, &out), want, "copy_columns is a copy");
+
+    // Last token of each sequence before the LM head; -1 and 9 (= rows) give zero rows.
+    let idx: Vec<i32> = vec![8, 0, 3, -1, 9, 3];
+    let idx_dev = stream.clone_htod(&idx).unwrap();
+    let out = upload(&stream, &random(idx.len() * cols, 2, 1.0));
+    kernels
+        .gather_rows(span(&out), span(&x_dev), span(&idx_dev), cols)
+        .unwrap();
+    let mut want = vec![f32::NAN; idx.len() * cols];
+    reference::gather_rows(&mut want, &x, &idx, cols);
+    assert_eq!(download(&stream, &out), want, "gather_rows is a copy");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn logits_match_reference() {
+    let (kernels, stream) = kernels();
+    let n = 2 * 262_144 + 7; // two rows of Gemma 3's vocabulary, and a ragged end
+    let x = random(n, 1, 60.0);
+    let x_dev = upload(&stream, &x);
+    let out = stream.alloc_zeros::<f32>(n).unwrap();
+    for cap in [None, Some(30.0)] {
+        kernels.logits_f32(span(&out), span(&x_dev), cap).unwrap();
+        let got = stream.clone_dtoh(&out).unwrap();
+        let mut want = vec![0.0; n];
+        reference::logits(&mut want, &x, cap);
+        if cap.is_none() {
+            assert_eq!(got, want, "uncapped logits are the bf16 values widened");
+        }
+        assert_close(&format!("logits softcap {cap:?}"), &got, &want);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemm_matches_reference() {
+    let (_kernels, stream) = kernels();
+    let gemm = Gemm::new(stream.clone()).expect("cuBLAS loads");
+    for (m, n, k) in [
+        (1, 4096, 3072),
+        (37, 1536, 2048),
+        (200, 256, 1152),
+        (3, 5, 7),
+    ] {
+        let x = random(m * k, 1, 1.0);
+        let w = random(n * k, 2, 1.0);
+        // x and out live in one arena (as the engine's activations do), each at a 128-byte
+        // aligned offset, with garbage around them; w on its own.
+        let out_at = (m * k).next_multiple_of(64);
+        let arena = upload(
+            &stream,
+            &[x.clone(), random(out_at - m * k + m * n + 64, 3, 1.0)].concat(),
+        );
+        let w_dev = upload(&stream, &w);
+        let (x_span, out_span) = (
+            span(&arena).slice(0, m * k),
+            span(&arena).slice(out_at, m * n),
+        );
+        gemm.matmul_bf16(out_span, x_span, span(&w_dev), m, n, k)
+            .unwrap();
+        let all = download(&stream, &arena);
+        let mut want = vec![0.0; m * n];
+        reference::matmul_xwt(&mut want, &x, &w, m, n, k);
+        assert_close(
+            &format!("matmul {m}x{n}x{k}"),
+            &all[out_at..][..m * n],
+            &want,
+        );
+        assert_eq!(&all[..m * k], &x[..], "input untouched");
+    }
 }

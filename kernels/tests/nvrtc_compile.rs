@@ -1,7 +1,8 @@
 //! Compiles every kernel source through NVRTC to PTX for H100 (compute_90) and RTX 50xx
 //! (compute_120). Needs libnvrtc but no GPU: run `kernels/fetch-nvrtc.sh` or set
-//! `INFER_NVRTC_LIB`. Without the library the test prints why and passes, so CI without the
-//! wheel stays green.
+//! `INFER_NVRTC_LIB`. Every source must compile without any NVRTC diagnostic (warnings
+//! included). Without the library the test prints why and passes, so CI without the wheel stays
+//! green.
 #![cfg(feature = "cuda")]
 
 use infer_kernels::cuda::nvrtc::{self, ComputeCapability};
@@ -45,6 +46,14 @@ fn every_kernel_compiles_to_ptx() {
                     source.name
                 );
             }
+            // A clean compile: NVRTC has nothing to say (no warnings to ignore).
+            let log = nvrtc::compile_log(&source, arch).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                log.is_empty(),
+                "{}.cu for {}: NVRTC diagnostics:\n{log}",
+                source.name,
+                arch.virtual_arch()
+            );
             println!(
                 "{}.cu -> {} PTX, {} bytes",
                 source.name,

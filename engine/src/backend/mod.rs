@@ -17,6 +17,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod step_inputs;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
@@ -109,7 +110,10 @@ pub struct Logits {
 
 impl Logits {
     pub fn new(data: Vec<f32>, vocab: usize) -> Self {
-        assert!(vocab > 0 && data.len() % vocab == 0, "logits are not [rows, vocab]");
+        assert!(
+            vocab > 0 && data.len().is_multiple_of(vocab),
+            "logits are not [rows, vocab]"
+        );
         Self { data, vocab }
     }
 
@@ -168,9 +172,25 @@ pub trait Backend: Sized {
         kinds: &[AttnKind<'_, Self::Rope>],
     ) -> Result<Self::Step>;
 
+    /// Runs `forward` — the step's work from the embedding to the head's output of the sampled
+    /// rows — for `step`. The CUDA backend captures it into a graph per decode bucket and
+    /// replays that; the others just run it.
+    fn execute(
+        &self,
+        step: &Self::Step,
+        forward: &mut dyn FnMut() -> Result<Option<Self::Act>>,
+    ) -> Result<Option<Self::Act>> {
+        let _ = step;
+        forward()
+    }
+
     /// Rows of `table` for the step's tokens, times `scale` when given.
-    fn embed(&self, table: &Self::Weight, step: &Self::Step, scale: Option<f32>)
-        -> Result<Self::Act>;
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        step: &Self::Step,
+        scale: Option<f32>,
+    ) -> Result<Self::Act>;
     /// `x @ W^T (+ bias)`.
     fn linear(
         &self,

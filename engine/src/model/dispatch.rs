@@ -13,6 +13,8 @@ use crate::backend::cuda::{CudaBackend, CudaKv};
 use crate::backend::{Backend, Device, Logits};
 use crate::batch::ForwardBatch;
 
+// One model per process, moved once: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Model {
     Cpu(Transformer<CpuBackend>),
     #[cfg(feature = "cuda")]
@@ -83,6 +85,22 @@ impl Model {
             Model::Cpu(_) => Device::Cpu,
             #[cfg(feature = "cuda")]
             Model::Cuda(m) => Device::Cuda(m.backend().ordinal()),
+        }
+    }
+
+    /// Replays decode steps of up to `max_batch` sequences of at most `max_context` tokens
+    /// from CUDA graphs. Only the CUDA backend has graphs.
+    pub fn enable_cuda_graphs(&self, max_batch: usize, max_context: usize) -> Result<()> {
+        match self {
+            Model::Cpu(_) => {
+                let _ = (max_batch, max_context);
+                bail!("CUDA graphs need a CUDA device")
+            }
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => {
+                m.backend().set_cuda_graphs(max_batch, max_context);
+                Ok(())
+            }
         }
     }
 

@@ -157,7 +157,10 @@ impl<B: Backend> Transformer<B> {
             b.weight(w.get("lm_head.weight", &[cfg.vocab_size, h])?, Role::Linear)?
         };
         let max_pos = cfg.max_position_embeddings;
-        let global = b.rope(&inv_frequencies(d, cfg.rope_theta, &cfg.rope_scaling), max_pos)?;
+        let global = b.rope(
+            &inv_frequencies(d, cfg.rope_theta, &cfg.rope_scaling),
+            max_pos,
+        )?;
         let mut kinds = vec![Kind {
             window: None,
             rope: global,
@@ -267,7 +270,7 @@ impl<B: Backend> Transformer<B> {
     /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of the
     /// sequences with `sample == true`, in batch order.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Logits> {
-        let (b, c, heads) = (&self.backend, &self.cfg, &self.heads);
+        let (b, c) = (&self.backend, &self.cfg);
         self.validate(batch, &B::kv_layout(kv))?;
         let kinds: Vec<AttnKind<'_, B::Rope>> = self
             .kinds
@@ -278,9 +281,19 @@ impl<B: Backend> Transformer<B> {
             })
             .collect();
         let step = b.prepare(batch, kv, &kinds)?;
+        let head = b.execute(&step, &mut || self.run(&step, kv))?;
+        match head {
+            Some(x) => b.logits(&x, c.final_logit_softcapping.map(|c| c as f32)),
+            None => Ok(Logits::empty(c.vocab_size)),
+        }
+    }
+
+    /// Embedding to head: the head's output for the rows whose next token is sampled.
+    fn run(&self, step: &B::Step, kv: &mut B::Kv) -> Result<Option<B::Act>> {
+        let (b, c, heads) = (&self.backend, &self.cfg, &self.heads);
         let eps = c.rms_norm_eps as f32;
         let scale = c.scale_embeddings.then(|| (c.hidden_size as f32).sqrt());
-        let mut x = b.embed(&self.embed, &step, scale)?;
+        let mut x = b.embed(&self.embed, step, scale)?;
         let (nq, nkv) = (heads.q * heads.dim, heads.kv * heads.dim);
         let mut h = b.rms_norm(&x, &self.layers[0].attn_in_norm, eps)?;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -293,10 +306,10 @@ impl<B: Backend> Transformer<B> {
                 q = b.rms_norm(&q, qn, eps)?;
                 k = b.rms_norm(&k, kn, eps)?;
             }
-            b.rope_qk(&mut q, &mut k, heads, &step, layer.kind)?;
-            b.write_kv(kv, li, &k, &v, &step)
+            b.rope_qk(&mut q, &mut k, heads, step, layer.kind)?;
+            b.write_kv(kv, li, &k, &v, step)
                 .with_context(|| format!("layer {li}"))?;
-            let attn = b.attention(&q, kv, li, heads, &step, layer.kind)?;
+            let attn = b.attention(&q, kv, li, heads, step, layer.kind)?;
             let mut o = layer.o.forward(b, &attn)?;
             if let Some(n) = &layer.attn_out_norm {
                 o = b.rms_norm(&o, n, eps)?;
@@ -314,14 +327,12 @@ impl<B: Backend> Transformer<B> {
                 None => b.add(&mut x, &m)?,
             }
         }
-
         // Only rows whose next token is sampled go through the final norm and the head.
-        let Some(x) = b.sampled_rows(&x, &step)? else {
-            return Ok(Logits::empty(c.vocab_size));
+        let Some(x) = b.sampled_rows(&x, step)? else {
+            return Ok(None);
         };
         let x = b.rms_norm(&x, &self.norm, eps)?;
-        let logits = b.linear(&x, &self.lm_head, None)?;
-        b.logits(&logits, c.final_logit_softcapping.map(|c| c as f32))
+        Ok(Some(b.linear(&x, &self.lm_head, None)?))
     }
 
     pub fn copy_block(&self, kv: &mut B::Kv, src: usize, dst: usize) -> Result<()> {

@@ -107,6 +107,11 @@ impl EngineLoop {
         })
     }
 
+    /// Bytes of the KV store.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.size_bytes()
+    }
+
     /// Trace every step from now on.
     pub fn log_steps(&mut self, log: super::step_log::StepLog) {
         self.step_log = Some(log);

@@ -101,8 +101,7 @@ impl Engine {
         cfg.sched
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
-        let lm: LoadedModel =
-            crate::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
+        let lm: LoadedModel = crate::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
         let model_name = cfg
             .served_model_name
             .clone()
@@ -111,6 +110,11 @@ impl Engine {
         if sched.max_model_len > lm.config.max_position_embeddings {
             sched.max_model_len = lm.config.max_position_embeddings;
         }
+        if cfg.cuda_graphs && !cfg.device.is_cpu() {
+            lm.model
+                .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
+        }
+        let weight_bytes = lm.config.num_parameters() * lm.model.dtype().size_in_bytes();
         let tokenizer = Arc::new(TextTokenizer::from_dir(&lm.dir)?);
         let vocab_size = lm.config.vocab_size;
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
@@ -123,11 +127,24 @@ impl Engine {
             engine.log_steps(step_log::StepLog::create(path)?);
         }
         let capacity = sched.kv_capacity_tokens();
+        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         let startup_log = format!(
-            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {capacity} tokens",
+            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {capacity} tokens\n\
+             memory plan on {}: weights {:.2} GiB, KV {:.2} GiB ({} blocks of {} tokens), \
+             activations per step as needed, CUDA graphs {}",
             cfg.model,
             engine_description(&cfg.model),
-            sched
+            sched,
+            cfg.device,
+            gib(weight_bytes),
+            gib(engine.kv_bytes()),
+            sched.num_gpu_blocks,
+            sched.block_size,
+            if cfg.cuda_graphs && !cfg.device.is_cpu() {
+                format!("on for decode batches up to {}", sched.max_batch_size)
+            } else {
+                "off".into()
+            },
         );
         let (tx, rx) = mpsc::channel();
         // The loop runs on a worker of the compute pool, so the model's parallel ops start

@@ -1,22 +1,27 @@
 //! Loaded kernels and their typed launch wrappers.
 //!
-//! Buffers are cudarc views: bf16 tensors as `u16` bits, index arrays as `i32`, RoPE tables as
-//! `f32`, all with the layouts of [`crate::layout`] (the same as the CPU references). Each
-//! wrapper checks the buffer lengths against the shapes it is given, then enqueues on the
-//! stream the kernels were loaded for; none allocates or synchronises, so every launch can be
-//! captured into a CUDA graph.
+//! Buffers are [`Span`]s (raw device addresses with a length): bf16 tensors as `Span<u16>`,
+//! index arrays as `Span<i32>`, RoPE tables and logits as `Span<f32>`, all with the layouts of
+//! [`crate::layout`] (the same as the CPU references). Each wrapper checks the span lengths
+//! against the shapes it is given, then enqueues on the stream the kernels were loaded for.
+//! Grids depend only on shapes, never on device data, and no wrapper allocates or
+//! synchronises, so every launch can be captured into a CUDA graph and replayed with new data
+//! written in place.
+//!
+//! Spans carry no mutability: a wrapper's doc says which spans it writes. Outputs must not
+//! overlap inputs unless the wrapper says they may.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaFunction, CudaStream, CudaView, CudaViewMut, DriverError, LaunchConfig, PushKernelArg,
-};
+use cudarc::cublas::result::CublasError;
+use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::CompileError;
 
 use super::nvrtc::{self, ComputeCapability};
 use super::sources::{self, ATTENTION_WARPS};
+use super::span::Span;
 use crate::layout::{AttentionConfig, KvCacheShape};
 use crate::reference::RmsWeight;
 
@@ -28,6 +33,9 @@ pub enum KernelError {
         error: CompileError,
     },
     Driver(DriverError),
+    /// libcublas could not be loaded.
+    CublasMissing,
+    Cublas(CublasError),
 }
 
 impl fmt::Display for KernelError {
@@ -36,6 +44,8 @@ impl fmt::Display for KernelError {
             KernelError::NvrtcMissing(why) => write!(f, "NVRTC unavailable: {why}"),
             KernelError::Compile { source, error } => write!(f, "compiling {source}.cu: {error}"),
             KernelError::Driver(e) => write!(f, "CUDA driver: {e}"),
+            KernelError::CublasMissing => write!(f, "cuBLAS unavailable: libcublas not found"),
+            KernelError::Cublas(e) => write!(f, "cuBLAS: {e}"),
         }
     }
 }
@@ -48,16 +58,24 @@ impl From<DriverError> for KernelError {
     }
 }
 
-/// One layer's paged K/V pools on the device.
-pub struct DeviceKv<'a> {
-    pub k_cache: CudaView<'a, u16>,
-    pub v_cache: CudaView<'a, u16>,
+impl From<CublasError> for KernelError {
+    fn from(e: CublasError) -> Self {
+        KernelError::Cublas(e)
+    }
+}
+
+/// One layer's paged K/V pools on the device, each `shape.len()` elements.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceKv {
+    pub k_cache: Span<u16>,
+    pub v_cache: Span<u16>,
     pub shape: KvCacheShape,
 }
 
 /// Block tables on the device, `[num_seqs, max_blocks_per_seq]`.
-pub struct DeviceBlockTables<'a> {
-    pub table: CudaView<'a, i32>,
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceBlockTables {
+    pub table: Span<i32>,
     pub max_blocks_per_seq: usize,
 }
 
@@ -69,9 +87,30 @@ mod grid {
     /// there is work, up to 1024 (rows in these models are 1k–16k wide, so ≤ 16 strides).
     pub fn per_row(rows: usize, work: usize) -> LaunchConfig {
         let threads = work.div_ceil(32).clamp(1, 32) as u32 * 32;
+        // The x dimension of a grid may be up to 2^31 - 1 blocks.
+        assert!(
+            rows > 0 && rows <= i32::MAX as usize,
+            "{rows} rows out of range"
+        );
         LaunchConfig {
-            grid_dim: (dim(rows), 1, 1),
+            grid_dim: (rows as u32, 1, 1),
             block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Threads per block of the flat element-wise kernels.
+    pub const FLAT_THREADS: u32 = 256;
+    /// At most this many blocks for flat kernels; they stride over the rest (4096 × 256 threads
+    /// is several times what an H100 keeps resident).
+    pub const FLAT_MAX_BLOCKS: usize = 4096;
+
+    /// Flat element-wise kernels over `n` elements, grid-stride loops.
+    pub fn flat(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(FLAT_THREADS as usize).clamp(1, FLAT_MAX_BLOCKS);
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (FLAT_THREADS, 1, 1),
             shared_mem_bytes: 0,
         }
     }
@@ -85,6 +124,7 @@ mod grid {
         }
     }
 
+    /// A y (or, for symmetry, x) grid dimension: at most 65535.
     fn dim(n: usize) -> u32 {
         assert!(n > 0 && n < 65_536, "grid dimension {n} out of range");
         n as u32
@@ -96,6 +136,17 @@ fn int(x: usize) -> i32 {
     i32::try_from(x).expect("kernel argument exceeds i32")
 }
 
+/// `len / width` for a span holding whole rows of `width`.
+fn rows_of(len: usize, width: usize, what: &str) -> usize {
+    assert!(width > 0, "{what}: zero row width");
+    assert_eq!(
+        len % width,
+        0,
+        "{what}: {len} elements is not whole rows of {width}"
+    );
+    len / width
+}
+
 /// Kernels compiled for one device and bound to one stream.
 pub struct Kernels {
     stream: Arc<CudaStream>,
@@ -104,9 +155,17 @@ pub struct Kernels {
     attention: HashMap<usize, (CudaFunction, CudaFunction)>,
     reshape_and_cache: CudaFunction,
     rms_norm: CudaFunction,
+    fused_add_rms_norm: CudaFunction,
     rope_neox: CudaFunction,
     silu_and_mul: CudaFunction,
     gelu_tanh_and_mul: CudaFunction,
+    gelu_erf_and_mul: CudaFunction,
+    embedding: CudaFunction,
+    gather_rows: CudaFunction,
+    copy_columns: CudaFunction,
+    add: CudaFunction,
+    bias_add: CudaFunction,
+    logits_f32: CudaFunction,
 }
 
 impl Kernels {
@@ -147,9 +206,17 @@ impl Kernels {
             attention,
             reshape_and_cache: take("reshape_and_cache_bf16"),
             rms_norm: take("rms_norm_bf16"),
+            fused_add_rms_norm: take("fused_add_rms_norm_bf16"),
             rope_neox: take("rope_neox_bf16"),
             silu_and_mul: take("silu_and_mul_bf16"),
             gelu_tanh_and_mul: take("gelu_tanh_and_mul_bf16"),
+            gelu_erf_and_mul: take("gelu_erf_and_mul_bf16"),
+            embedding: take("embedding_bf16"),
+            gather_rows: take("gather_rows_bf16"),
+            copy_columns: take("copy_columns_bf16"),
+            add: take("add_bf16"),
+            bias_add: take("bias_add_bf16"),
+            logits_f32: take("logits_f32"),
             stream,
         };
         Ok(kernels)
@@ -174,14 +241,15 @@ impl Kernels {
     }
 
     /// Decode attention, see [`crate::reference::paged_attention_decode`].
-    /// `q`, `out`: `[num_seqs, num_heads, head_dim]`; `seq_lens`: `[num_seqs]` (≤ 0: padding).
+    /// Writes `out`; `q`, `out`: `[num_seqs, num_heads, head_dim]`; `seq_lens`: `[num_seqs]`
+    /// (≤ 0: padding, its `out` row is zeros). Block ids outside the pool are skipped.
     pub fn paged_attention_decode(
         &self,
-        out: &mut CudaViewMut<u16>,
-        q: &CudaView<u16>,
+        out: Span<u16>,
+        q: Span<u16>,
         kv: &DeviceKv,
         tables: &DeviceBlockTables,
-        seq_lens: &CudaView<i32>,
+        seq_lens: Span<i32>,
         cfg: &AttentionConfig,
     ) -> Result<(), DriverError> {
         let (decode, _) = self.attention_fns(cfg, kv);
@@ -189,89 +257,100 @@ impl Kernels {
         assert_eq!(q.len(), num_seqs * cfg.num_heads * cfg.head_dim);
         assert_eq!(out.len(), q.len());
         assert!(tables.table.len() >= num_seqs * tables.max_blocks_per_seq);
-        let (max_blocks, num_heads, num_kv_heads, block_size, window) = (
+        let (max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
             int(tables.max_blocks_per_seq),
+            int(kv.shape.num_blocks),
             int(cfg.num_heads),
             int(cfg.num_kv_heads),
             int(kv.shape.block_size),
-            cfg.window_arg(),
         );
+        let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
         let mut launch = self.stream.launch_builder(decode);
         launch
-            .arg(out)
-            .arg(q)
+            .arg(&out)
+            .arg(&q)
             .arg(&kv.k_cache)
             .arg(&kv.v_cache)
             .arg(&tables.table)
-            .arg(seq_lens)
+            .arg(&seq_lens)
             .arg(&max_blocks)
+            .arg(&num_blocks)
             .arg(&num_heads)
             .arg(&num_kv_heads)
             .arg(&block_size)
             .arg(&cfg.scale)
-            .arg(&window);
-        // SAFETY: argument order and types match paged_attention_decode_bf16_d*; lengths checked.
+            .arg(&window)
+            .arg(&softcap);
+        // SAFETY: argument order and types match paged_attention_decode_bf16_d*; lengths checked,
+        // and the kernel bounds every device-side index (block ids, table row).
         unsafe { launch.launch(grid::attention(cfg.num_heads, num_seqs)) }.map(drop)
     }
 
     /// Prefill attention, see [`crate::reference::paged_attention_prefill`].
-    /// `q`, `out`: `[num_tokens, num_heads, head_dim]`; `cu_seqlens_q`: `[num_seqs + 1]`;
-    /// `start_pos`: `[num_seqs]`. Tokens past `cu_seqlens_q[num_seqs]` are padding.
+    /// Writes `out`; `q`, `out`: `[num_tokens, num_heads, head_dim]`; `cu_seqlens_q`:
+    /// `[num_seqs + 1]`; `start_pos`: `[num_seqs]`. Tokens past `cu_seqlens_q[num_seqs]` are
+    /// padding (their `out` rows are zeros).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention_prefill(
         &self,
-        out: &mut CudaViewMut<u16>,
-        q: &CudaView<u16>,
+        out: Span<u16>,
+        q: Span<u16>,
         kv: &DeviceKv,
         tables: &DeviceBlockTables,
-        cu_seqlens_q: &CudaView<i32>,
-        start_pos: &CudaView<i32>,
+        cu_seqlens_q: Span<i32>,
+        start_pos: Span<i32>,
         cfg: &AttentionConfig,
     ) -> Result<(), DriverError> {
         let (_, prefill) = self.attention_fns(cfg, kv);
         let row = cfg.num_heads * cfg.head_dim;
         let num_seqs = start_pos.len();
+        assert!(num_seqs > 0, "prefill needs at least one sequence");
         assert_eq!(cu_seqlens_q.len(), num_seqs + 1);
-        assert_eq!(q.len() % row, 0);
+        let num_tokens = rows_of(q.len(), row, "prefill q");
         assert_eq!(out.len(), q.len());
         assert!(tables.table.len() >= num_seqs * tables.max_blocks_per_seq);
-        let num_tokens = q.len() / row;
-        let (seqs, max_blocks, num_heads, num_kv_heads, block_size, window) = (
+        let (seqs, max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
             int(num_seqs),
             int(tables.max_blocks_per_seq),
+            int(kv.shape.num_blocks),
             int(cfg.num_heads),
             int(cfg.num_kv_heads),
             int(kv.shape.block_size),
-            cfg.window_arg(),
         );
+        let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
         let mut launch = self.stream.launch_builder(prefill);
         launch
-            .arg(out)
-            .arg(q)
+            .arg(&out)
+            .arg(&q)
             .arg(&kv.k_cache)
             .arg(&kv.v_cache)
             .arg(&tables.table)
-            .arg(cu_seqlens_q)
-            .arg(start_pos)
+            .arg(&cu_seqlens_q)
+            .arg(&start_pos)
             .arg(&seqs)
             .arg(&max_blocks)
+            .arg(&num_blocks)
             .arg(&num_heads)
             .arg(&num_kv_heads)
             .arg(&block_size)
             .arg(&cfg.scale)
-            .arg(&window);
-        // SAFETY: argument order and types match paged_attention_prefill_bf16_d*; lengths checked.
+            .arg(&window)
+            .arg(&softcap);
+        // SAFETY: argument order and types match paged_attention_prefill_bf16_d*; lengths checked,
+        // and the kernel bounds every device-side index (block ids, table row).
         unsafe { launch.launch(grid::attention(cfg.num_heads, num_tokens)) }.map(drop)
     }
 
-    /// Write new K/V (`[num_tokens, num_kv_heads, head_dim]`) into the pool at `slot_mapping`.
+    /// Write new K/V (`[num_tokens, num_kv_heads, head_dim]`) into the pools `k_cache` and
+    /// `v_cache` (written) at `slot_mapping` (`[num_tokens]`). A slot outside
+    /// `[0, shape.num_slots())` (padding: -1) is skipped.
     pub fn reshape_and_cache(
         &self,
-        key: &CudaView<u16>,
-        value: &CudaView<u16>,
-        k_cache: &mut CudaViewMut<u16>,
-        v_cache: &mut CudaViewMut<u16>,
-        slot_mapping: &CudaView<i32>,
+        key: Span<u16>,
+        value: Span<u16>,
+        k_cache: Span<u16>,
+        v_cache: Span<u16>,
+        slot_mapping: Span<i32>,
         shape: &KvCacheShape,
     ) -> Result<(), DriverError> {
         let token_len = shape.num_kv_heads * shape.head_dim;
@@ -280,54 +359,87 @@ impl Kernels {
         assert_eq!(value.len(), key.len());
         assert_eq!(k_cache.len(), shape.len());
         assert_eq!(v_cache.len(), shape.len());
-        let token_len_arg = int(token_len);
+        let (token_len_arg, num_slots) = (int(token_len), int(shape.num_slots()));
         let mut launch = self.stream.launch_builder(&self.reshape_and_cache);
         launch
-            .arg(key)
-            .arg(value)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(slot_mapping)
-            .arg(&token_len_arg);
-        // SAFETY: matches reshape_and_cache_bf16; slots are the caller's (< num_slots).
+            .arg(&key)
+            .arg(&value)
+            .arg(&k_cache)
+            .arg(&v_cache)
+            .arg(&slot_mapping)
+            .arg(&token_len_arg)
+            .arg(&num_slots);
+        // SAFETY: matches reshape_and_cache_bf16; the kernel skips slots outside the pool.
         unsafe { launch.launch(grid::per_row(num_tokens, token_len)) }.map(drop)
     }
 
-    /// RMSNorm of each `weight.len()`-wide row of `x` into `out`.
+    /// RMSNorm of each `weight.len()`-wide row of `x` into `out` (written).
     pub fn rms_norm(
         &self,
-        out: &mut CudaViewMut<u16>,
-        x: &CudaView<u16>,
-        weight: &CudaView<u16>,
+        out: Span<u16>,
+        x: Span<u16>,
+        weight: Span<u16>,
         eps: f32,
         style: RmsWeight,
     ) -> Result<(), DriverError> {
         let hidden = weight.len();
-        assert_eq!(x.len() % hidden, 0);
+        let rows = rows_of(x.len(), hidden, "rms_norm x");
         assert_eq!(out.len(), x.len());
         let (hidden_arg, one_plus) = (int(hidden), (style == RmsWeight::OnePlus) as i32);
         let mut launch = self.stream.launch_builder(&self.rms_norm);
         launch
-            .arg(out)
-            .arg(x)
-            .arg(weight)
+            .arg(&out)
+            .arg(&x)
+            .arg(&weight)
             .arg(&hidden_arg)
             .arg(&eps)
             .arg(&one_plus);
         // SAFETY: matches rms_norm_bf16; block size is a multiple of 32 as block_sum requires.
-        unsafe { launch.launch(grid::per_row(x.len() / hidden, hidden)) }.map(drop)
+        unsafe { launch.launch(grid::per_row(rows, hidden)) }.map(drop)
+    }
+
+    /// `residual = bf16(residual + x)` (written), then `out = rms_norm(residual)` (written), see
+    /// [`crate::reference::fused_add_rms_norm`]. All `[rows, weight.len()]`. `out` may be `x`;
+    /// it must not overlap `residual`.
+    pub fn fused_add_rms_norm(
+        &self,
+        out: Span<u16>,
+        residual: Span<u16>,
+        x: Span<u16>,
+        weight: Span<u16>,
+        eps: f32,
+        style: RmsWeight,
+    ) -> Result<(), DriverError> {
+        let hidden = weight.len();
+        let rows = rows_of(x.len(), hidden, "fused_add_rms_norm x");
+        assert_eq!(residual.len(), x.len());
+        assert_eq!(out.len(), x.len());
+        let (hidden_arg, one_plus) = (int(hidden), (style == RmsWeight::OnePlus) as i32);
+        let mut launch = self.stream.launch_builder(&self.fused_add_rms_norm);
+        launch
+            .arg(&out)
+            .arg(&residual)
+            .arg(&x)
+            .arg(&weight)
+            .arg(&hidden_arg)
+            .arg(&eps)
+            .arg(&one_plus);
+        // SAFETY: matches fused_add_rms_norm_bf16; block size is a multiple of 32.
+        unsafe { launch.launch(grid::per_row(rows, hidden)) }.map(drop)
     }
 
     /// NeoX RoPE in place on `q` (`[num_tokens, num_heads, head_dim]`) and `k`
-    /// (`[num_tokens, num_kv_heads, head_dim]`); `cos`, `sin`: `[max_positions, head_dim / 2]`.
+    /// (`[num_tokens, num_kv_heads, head_dim]`), both written; `cos`, `sin`:
+    /// `[max_positions, head_dim / 2]`. A position outside `[0, max_positions)` leaves its
+    /// token unchanged.
     #[allow(clippy::too_many_arguments)]
     pub fn rope_neox(
         &self,
-        q: &mut CudaViewMut<u16>,
-        k: &mut CudaViewMut<u16>,
-        positions: &CudaView<i32>,
-        cos: &CudaView<f32>,
-        sin: &CudaView<f32>,
+        q: Span<u16>,
+        k: Span<u16>,
+        positions: Span<i32>,
+        cos: Span<f32>,
+        sin: Span<f32>,
         num_heads: usize,
         num_kv_heads: usize,
     ) -> Result<(), DriverError> {
@@ -335,58 +447,194 @@ impl Kernels {
         let head_dim = q.len() / (num_tokens * num_heads);
         assert_eq!(q.len(), num_tokens * num_heads * head_dim);
         assert_eq!(k.len(), num_tokens * num_kv_heads * head_dim);
-        assert_eq!(cos.len() % (head_dim / 2), 0);
+        let max_positions = rows_of(cos.len(), head_dim / 2, "rope cos");
         assert_eq!(sin.len(), cos.len());
-        let (heads, kv_heads, dim) = (int(num_heads), int(num_kv_heads), int(head_dim));
+        let (heads, kv_heads, dim, positions_arg) = (
+            int(num_heads),
+            int(num_kv_heads),
+            int(head_dim),
+            int(max_positions),
+        );
         let mut launch = self.stream.launch_builder(&self.rope_neox);
         launch
-            .arg(q)
-            .arg(k)
-            .arg(positions)
-            .arg(cos)
-            .arg(sin)
+            .arg(&q)
+            .arg(&k)
+            .arg(&positions)
+            .arg(&cos)
+            .arg(&sin)
             .arg(&heads)
             .arg(&kv_heads)
-            .arg(&dim);
+            .arg(&dim)
+            .arg(&positions_arg);
         let pairs = (num_heads + num_kv_heads) * head_dim / 2;
-        // SAFETY: matches rope_neox_bf16; positions must be < max_positions (caller's contract).
+        // SAFETY: matches rope_neox_bf16; the kernel bounds the positions.
         unsafe { launch.launch(grid::per_row(num_tokens, pairs)) }.map(drop)
     }
 
-    /// `out = silu(gate) * up` for `gate_up` rows `[gate (inter) ++ up (inter)]`.
+    /// `out = silu(gate) * up` (written, `[rows, inter]`) for `gate_up` rows
+    /// `[gate (inter) ++ up (inter)]`.
     pub fn silu_and_mul(
         &self,
-        out: &mut CudaViewMut<u16>,
-        gate_up: &CudaView<u16>,
+        out: Span<u16>,
+        gate_up: Span<u16>,
         inter: usize,
     ) -> Result<(), DriverError> {
         self.gated(&self.silu_and_mul, out, gate_up, inter)
     }
 
-    /// `out = gelu_tanh(gate) * up` (Gemma).
+    /// `out = gelu_tanh(gate) * up` (Gemma's `gelu_pytorch_tanh`).
     pub fn gelu_tanh_and_mul(
         &self,
-        out: &mut CudaViewMut<u16>,
-        gate_up: &CudaView<u16>,
+        out: Span<u16>,
+        gate_up: Span<u16>,
         inter: usize,
     ) -> Result<(), DriverError> {
         self.gated(&self.gelu_tanh_and_mul, out, gate_up, inter)
     }
 
+    /// `out = gelu_erf(gate) * up` (exact GELU).
+    pub fn gelu_erf_and_mul(
+        &self,
+        out: Span<u16>,
+        gate_up: Span<u16>,
+        inter: usize,
+    ) -> Result<(), DriverError> {
+        self.gated(&self.gelu_erf_and_mul, out, gate_up, inter)
+    }
+
     fn gated(
         &self,
         function: &CudaFunction,
-        out: &mut CudaViewMut<u16>,
-        gate_up: &CudaView<u16>,
+        out: Span<u16>,
+        gate_up: Span<u16>,
         inter: usize,
     ) -> Result<(), DriverError> {
         assert_eq!(gate_up.len(), 2 * out.len());
-        assert_eq!(out.len() % inter, 0);
-        let (rows, inter_arg) = (out.len() / inter, int(inter));
+        let (rows, inter_arg) = (rows_of(out.len(), inter, "gated out"), int(inter));
         let mut launch = self.stream.launch_builder(function);
-        launch.arg(out).arg(gate_up).arg(&inter_arg);
-        // SAFETY: matches silu_and_mul_bf16 / gelu_tanh_and_mul_bf16.
+        launch.arg(&out).arg(&gate_up).arg(&inter_arg);
+        // SAFETY: matches silu_and_mul_bf16 / gelu_{tanh,erf}_and_mul_bf16.
         unsafe { launch.launch(grid::per_row(rows, inter)) }.map(drop)
+    }
+
+    /// Token embedding into `out` (written, `[ids.len(), hidden]`): row `i` is
+    /// `table[ids[i]] * scale` (`table`: `[vocab, hidden]`), zeros for an id outside
+    /// `[0, vocab)`. See [`crate::reference::embedding`].
+    pub fn embedding(
+        &self,
+        out: Span<u16>,
+        table: Span<u16>,
+        ids: Span<i32>,
+        hidden: usize,
+        scale: f32,
+    ) -> Result<(), DriverError> {
+        let n = ids.len();
+        assert_eq!(out.len(), n * hidden);
+        let vocab = rows_of(table.len(), hidden, "embedding table");
+        let (n_arg, hidden_arg, vocab_arg) = (int(n), int(hidden), int(vocab));
+        let mut launch = self.stream.launch_builder(&self.embedding);
+        launch
+            .arg(&out)
+            .arg(&table)
+            .arg(&ids)
+            .arg(&n_arg)
+            .arg(&hidden_arg)
+            .arg(&vocab_arg)
+            .arg(&scale);
+        // SAFETY: matches embedding_bf16; the kernel bounds the ids.
+        unsafe { launch.launch(grid::per_row(n, hidden)) }.map(drop)
+    }
+
+    /// Residual add: `x = bf16(x + y)` (`x` written), same length.
+    pub fn add(&self, x: Span<u16>, y: Span<u16>) -> Result<(), DriverError> {
+        assert_eq!(x.len(), y.len());
+        let n = int(x.len());
+        let mut launch = self.stream.launch_builder(&self.add);
+        launch.arg(&x).arg(&y).arg(&n);
+        // SAFETY: matches add_bf16 (a grid-stride loop bounded by n).
+        unsafe { launch.launch(grid::flat(x.len())) }.map(drop)
+    }
+
+    /// `x[r, c] = bf16(x[r, c] + bias[c])` (`x` written, `[rows, bias.len()]`).
+    pub fn bias_add(&self, x: Span<u16>, bias: Span<u16>) -> Result<(), DriverError> {
+        let cols = bias.len();
+        let rows = rows_of(x.len(), cols, "bias_add x");
+        let (rows_arg, cols_arg) = (int(rows), int(cols));
+        let mut launch = self.stream.launch_builder(&self.bias_add);
+        launch.arg(&x).arg(&bias).arg(&rows_arg).arg(&cols_arg);
+        // SAFETY: matches bias_add_bf16.
+        unsafe { launch.launch(grid::per_row(rows, cols)) }.map(drop)
+    }
+
+    /// `out = x[:, col0 .. col0 + width]` (written, `[rows, width]`) for `x`: `[rows, cols]`;
+    /// `width = out.len() / rows`. Splits a fused QKV or gate/up product.
+    pub fn copy_columns(
+        &self,
+        out: Span<u16>,
+        x: Span<u16>,
+        cols: usize,
+        col0: usize,
+    ) -> Result<(), DriverError> {
+        let rows = rows_of(x.len(), cols, "copy_columns x");
+        let width = rows_of(out.len(), rows, "copy_columns out");
+        assert!(
+            col0 + width <= cols,
+            "columns {col0}..{} of {cols}",
+            col0 + width
+        );
+        let (rows_arg, cols_arg, col0_arg, width_arg) =
+            (int(rows), int(cols), int(col0), int(width));
+        let mut launch = self.stream.launch_builder(&self.copy_columns);
+        launch
+            .arg(&out)
+            .arg(&x)
+            .arg(&rows_arg)
+            .arg(&cols_arg)
+            .arg(&col0_arg)
+            .arg(&width_arg);
+        // SAFETY: matches copy_columns_bf16; col0 + width <= cols checked.
+        unsafe { launch.launch(grid::per_row(rows, width)) }.map(drop)
+    }
+
+    /// `out[i] = x[idx[i]]` (written, `[idx.len(), cols]`) for `x`: `[rows, cols]`; an index
+    /// outside `[0, rows)` gives a row of zeros.
+    pub fn gather_rows(
+        &self,
+        out: Span<u16>,
+        x: Span<u16>,
+        idx: Span<i32>,
+        cols: usize,
+    ) -> Result<(), DriverError> {
+        let n = idx.len();
+        assert_eq!(out.len(), n * cols);
+        let rows = rows_of(x.len(), cols, "gather_rows x");
+        let (n_arg, cols_arg, rows_arg) = (int(n), int(cols), int(rows));
+        let mut launch = self.stream.launch_builder(&self.gather_rows);
+        launch
+            .arg(&out)
+            .arg(&x)
+            .arg(&idx)
+            .arg(&n_arg)
+            .arg(&cols_arg)
+            .arg(&rows_arg);
+        // SAFETY: matches gather_rows_bf16; the kernel bounds the indices.
+        unsafe { launch.launch(grid::per_row(n, cols)) }.map(drop)
+    }
+
+    /// Logits for the sampler: `out = f32(x)` (written), soft-capped when `softcap` is set:
+    /// `cap * tanh(x / cap)`. Same length. See [`crate::reference::logits`].
+    pub fn logits_f32(
+        &self,
+        out: Span<f32>,
+        x: Span<u16>,
+        softcap: Option<f32>,
+    ) -> Result<(), DriverError> {
+        assert_eq!(out.len(), x.len());
+        let (n, cap) = (int(x.len()), softcap.unwrap_or(0.0));
+        let mut launch = self.stream.launch_builder(&self.logits_f32);
+        launch.arg(&out).arg(&x).arg(&n).arg(&cap);
+        // SAFETY: matches logits_f32 (a grid-stride loop bounded by n).
+        unsafe { launch.launch(grid::flat(x.len())) }.map(drop)
     }
 }
 
@@ -400,6 +648,18 @@ mod tests {
         assert_eq!(grid::per_row(3, 100).block_dim.0, 128);
         assert_eq!(grid::per_row(3, 8192).block_dim.0, 1024);
         assert_eq!(grid::per_row(3, 8192).grid_dim, (3, 1, 1));
+        assert_eq!(grid::per_row(100_000, 64).grid_dim, (100_000, 1, 1));
         assert_eq!(grid::attention(32, 8).grid_dim, (32, 8, 1));
+    }
+
+    #[test]
+    fn flat_grid_is_capped() {
+        assert_eq!(grid::flat(0).grid_dim, (1, 1, 1));
+        assert_eq!(grid::flat(257).grid_dim, (2, 1, 1));
+        assert_eq!(
+            grid::flat(1 << 30).grid_dim.0 as usize,
+            grid::FLAT_MAX_BLOCKS
+        );
+        assert_eq!(grid::flat(5).block_dim.0, grid::FLAT_THREADS);
     }
 }

@@ -103,17 +103,51 @@ pub fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
+/// The NVRTC options every source is compiled with, beyond the program name.
+fn options(arch: ComputeCapability) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={}", arch.virtual_arch()),
+        "-std=c++17".into(),
+    ]
+}
+
 /// Compile one kernel source to PTX for `arch`. Call [`ensure_loaded`] first.
 pub fn compile(source: &KernelSource, arch: ComputeCapability) -> Result<Ptx, CompileError> {
     let opts = CompileOptions {
         name: Some(format!("{}.cu", source.name)),
         // Exact expf/division/sqrt: these kernels are bandwidth-bound, accuracy is free.
         use_fast_math: Some(false),
-        options: vec![
-            format!("--gpu-architecture={}", arch.virtual_arch()),
-            "-std=c++17".into(),
-        ],
+        options: options(arch),
         ..Default::default()
     };
     compile_ptx_with_opts(source.program(), opts)
+}
+
+/// What NVRTC says (warnings, remarks) when compiling `source` for `arch` with the options of
+/// [`compile`]: `Ok(log)` if it compiled (an empty log when clean), `Err(log)` if not. For the
+/// compile test, which [`compile`] cannot serve: cudarc drops the log of a successful compile.
+/// Call [`ensure_loaded`] first.
+pub fn compile_log(source: &KernelSource, arch: ComputeCapability) -> Result<String, String> {
+    use cudarc::nvrtc::result;
+    use std::ffi::{CStr, CString};
+
+    let src = CString::new(source.program()).expect("no NUL in kernel sources");
+    let name = CString::new(format!("{}.cu", source.name)).expect("no NUL in names");
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| e.to_string())?;
+    // SAFETY: `prog` is live until destroyed at the end; `src` and `name` outlive it.
+    unsafe {
+        let compiled = result::compile_program(prog, &options(arch));
+        let log = result::get_program_log(prog).map(|raw| {
+            CStr::from_ptr(raw.as_ptr())
+                .to_string_lossy()
+                .trim()
+                .to_owned()
+        });
+        let _ = result::destroy_program(prog);
+        let log = log.map_err(|e| e.to_string())?;
+        match compiled {
+            Ok(()) => Ok(log),
+            Err(e) => Err(format!("{e}: {log}")),
+        }
+    }
 }

@@ -7,6 +7,13 @@
 // A query at position pos sees keys first..pos of its sequence, first = max(0, pos + 1 - window)
 // (window <= 0: no window). The current step's K/V must already be in the pool.
 // GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+// Scores are q.k * scale, then soft-capped when softcap > 0: softcap * tanh(score / softcap)
+// (Gemma 2's attn_logit_softcapping), then softmax.
+//
+// Bounds: the kernels never read outside the pools or the table row, whatever the device data
+// says. A key whose logical block is past the row (j / block_size >= max_blocks_per_seq) or
+// whose table entry is outside [0, num_blocks) is skipped (contributes nothing); a query that
+// ends up with no key writes zeros.
 //
 // Work split: one thread block of ATTN_WARPS warps per (query head, query token). Each warp
 // takes every ATTN_WARPS-th key and keeps its own running max / sum / accumulator (online
@@ -17,10 +24,18 @@
 // CUDA graphs: the grid depends only on (num_heads, tokens); sequence lengths, positions and
 // block tables are read from device memory, so a captured launch stays valid when they change.
 // Entries with seq_len <= 0 (decode) or tokens past cu_seqlens_q[num_seqs] (prefill) are
-// padding of a graph bucket and are skipped without writing.
+// padding of a graph bucket: their output rows are written as zeros and nothing is read.
 //
 // ATTN_WARPS is defined by the host (sources.rs) so the launch configuration and the kernel
 // cannot disagree.
+
+// Zeros for one head of a padding row.
+template <int HEAD_DIM>
+__device__ __forceinline__ void zero_head(bf16* out) {
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        out[d] = 0;
+    }
+}
 
 template <int HEAD_DIM>
 __device__ void attend_one_query(
@@ -34,13 +49,18 @@ __device__ void attend_one_query(
     int kv_head,
     int num_kv_heads,
     int block_size,
-    float scale) {
+    int max_blocks_per_seq,
+    int num_blocks,
+    float scale,
+    float softcap) {
     static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of the warp size");
     constexpr int PER_LANE = HEAD_DIM / 32;
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     const int dim0 = lane * PER_LANE;
     const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    // Keys past the table row would index outside it: never visit them.
+    const int last = (int)min((long long)pos, (long long)max_blocks_per_seq * block_size - 1);
 
     // Fold the softmax scale into q once instead of into every score.
     float q_reg[PER_LANE];
@@ -57,8 +77,13 @@ __device__ void attend_one_query(
         acc[i] = 0.0f;
     }
 
-    for (int j = first + warp; j <= pos; j += ATTN_WARPS) {
+    for (int j = first + warp; j <= last; j += ATTN_WARPS) {
         const long long block = block_table[j / block_size];
+        // The same j for the whole warp, so this branch is warp-uniform (warp_sum below needs
+        // every lane).
+        if (block < 0 || block >= num_blocks) {
+            continue;
+        }
         const long long slot = block * block_size + j % block_size;
         const long long base = (slot * num_kv_heads + kv_head) * HEAD_DIM + dim0;
         float score = 0.0f;
@@ -67,6 +92,9 @@ __device__ void attend_one_query(
             score += q_reg[i] * bf16_to_f32(k_cache[base + i]);
         }
         score = warp_sum(score);
+        if (softcap > 0.0f) {
+            score = softcap * tanhf(score / softcap);
+        }
         // Rescale what was accumulated under the old maximum (exp(-inf) = 0 on the first key).
         const float new_max = fmaxf(running_max, score);
         const float correction = expf(running_max - new_max);
@@ -80,7 +108,7 @@ __device__ void attend_one_query(
     }
 
     // Merge the warps: rescale each warp's state to the global maximum. A warp that saw no key
-    // has max -inf and sum 0 and contributes nothing; warp 0 always sees key `first`.
+    // has max -inf and sum 0 and contributes nothing; if no warp saw one, the output is zeros.
     __shared__ float warp_max[ATTN_WARPS];
     __shared__ float warp_sum_exp[ATTN_WARPS];
     __shared__ float warp_acc[ATTN_WARPS][HEAD_DIM];
@@ -98,6 +126,10 @@ __device__ void attend_one_query(
 #pragma unroll
     for (int w = 0; w < ATTN_WARPS; ++w) {
         global_max = fmaxf(global_max, warp_max[w]);
+    }
+    if (global_max == neg_infinity()) {
+        zero_head<HEAD_DIM>(out);
+        return;
     }
     float total = 0.0f;
     float weight[ATTN_WARPS];
@@ -120,19 +152,21 @@ __device__ void attend_one_query(
 template <int HEAD_DIM>
 __device__ void paged_attention_decode(
     bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
-    const int* block_tables, const int* seq_lens, int max_blocks_per_seq,
-    int num_heads, int num_kv_heads, int block_size, float scale, int window) {
+    const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
+    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
     const int head = blockIdx.x;
     const int seq = blockIdx.y;
     const int seq_len = seq_lens[seq];
+    const long long row = ((long long)seq * num_heads + head) * HEAD_DIM;
     if (seq_len <= 0) {
+        zero_head<HEAD_DIM>(out + row);
         return;
     }
-    const long long row = ((long long)seq * num_heads + head) * HEAD_DIM;
     attend_one_query<HEAD_DIM>(
         out + row, q + row, k_cache, v_cache,
         block_tables + (long long)seq * max_blocks_per_seq, seq_len - 1, window,
-        head / (num_heads / num_kv_heads), num_kv_heads, block_size, scale);
+        head / (num_heads / num_kv_heads), num_kv_heads, block_size, max_blocks_per_seq,
+        num_blocks, scale, softcap);
 }
 
 // Grid (num_heads, num_tokens). Sequence s owns query tokens cu_seqlens_q[s] .. cu_seqlens_q[s+1]
@@ -141,11 +175,13 @@ template <int HEAD_DIM>
 __device__ void paged_attention_prefill(
     bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, const int* cu_seqlens_q, const int* start_pos, int num_seqs,
-    int max_blocks_per_seq, int num_heads, int num_kv_heads, int block_size, float scale,
-    int window) {
+    int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads, int block_size,
+    float scale, int window, float softcap) {
     const int head = blockIdx.x;
     const int token = blockIdx.y;
+    const long long row = ((long long)token * num_heads + head) * HEAD_DIM;
     if (token >= cu_seqlens_q[num_seqs]) {
+        zero_head<HEAD_DIM>(out + row);
         return;
     }
     // The owning sequence is the last s with cu_seqlens_q[s] <= token (skips empty sequences).
@@ -161,11 +197,11 @@ __device__ void paged_attention_prefill(
     }
     const int seq = lo;
     const int pos = start_pos[seq] + token - cu_seqlens_q[seq];
-    const long long row = ((long long)token * num_heads + head) * HEAD_DIM;
     attend_one_query<HEAD_DIM>(
         out + row, q + row, k_cache, v_cache,
         block_tables + (long long)seq * max_blocks_per_seq, pos, window,
-        head / (num_heads / num_kv_heads), num_kv_heads, block_size, scale);
+        head / (num_heads / num_kv_heads), num_kv_heads, block_size, max_blocks_per_seq,
+        num_blocks, scale, softcap);
 }
 
 // One extern "C" entry point per supported head_dim (the Rust side picks by name).
@@ -174,20 +210,22 @@ __device__ void paged_attention_prefill(
         paged_attention_decode_bf16_d##D(                                                       \
             bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
             const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
-            int num_heads, int num_kv_heads, int block_size, float scale, int window) {         \
+            int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale,       \
+            int window, float softcap) {                                                        \
         paged_attention_decode<D>(out, q, k_cache, v_cache, block_tables, seq_lens,             \
-                                  max_blocks_per_seq, num_heads, num_kv_heads, block_size,      \
-                                  scale, window);                                               \
+                                  max_blocks_per_seq, num_blocks, num_heads, num_kv_heads,      \
+                                  block_size, scale, window, softcap);                          \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_prefill_bf16_d##D(                                                      \
             bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
             const int* block_tables, const int* cu_seqlens_q, const int* start_pos,             \
-            int num_seqs, int max_blocks_per_seq, int num_heads, int num_kv_heads,              \
-            int block_size, float scale, int window) {                                          \
+            int num_seqs, int max_blocks_per_seq, int num_blocks, int num_heads,                \
+            int num_kv_heads, int block_size, float scale, int window, float softcap) {         \
         paged_attention_prefill<D>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q,        \
-                                   start_pos, num_seqs, max_blocks_per_seq, num_heads,          \
-                                   num_kv_heads, block_size, scale, window);                    \
+                                   start_pos, num_seqs, max_blocks_per_seq, num_blocks,         \
+                                   num_heads, num_kv_heads, block_size, scale, window,          \
+                                   softcap);                                                    \
     }
 
 DEFINE_PAGED_ATTENTION(64)

@@ -52,7 +52,7 @@ pub const KV_CACHE: KernelSource = KernelSource {
 pub const RMS_NORM: KernelSource = KernelSource {
     name: "rms_norm",
     source: include_str!("rms_norm.cu"),
-    entry_points: &["rms_norm_bf16"],
+    entry_points: &["rms_norm_bf16", "fused_add_rms_norm_bf16"],
 };
 
 pub const ROPE: KernelSource = KernelSource {
@@ -64,10 +64,34 @@ pub const ROPE: KernelSource = KernelSource {
 pub const ACTIVATION: KernelSource = KernelSource {
     name: "activation",
     source: include_str!("activation.cu"),
-    entry_points: &["silu_and_mul_bf16", "gelu_tanh_and_mul_bf16"],
+    entry_points: &[
+        "silu_and_mul_bf16",
+        "gelu_tanh_and_mul_bf16",
+        "gelu_erf_and_mul_bf16",
+    ],
 };
 
-pub const ALL: [KernelSource; 5] = [PAGED_ATTENTION, KV_CACHE, RMS_NORM, ROPE, ACTIVATION];
+pub const GATHER: KernelSource = KernelSource {
+    name: "gather",
+    source: include_str!("gather.cu"),
+    entry_points: &["embedding_bf16", "gather_rows_bf16", "copy_columns_bf16"],
+};
+
+pub const ELEMENTWISE: KernelSource = KernelSource {
+    name: "elementwise",
+    source: include_str!("elementwise.cu"),
+    entry_points: &["add_bf16", "logits_f32", "bias_add_bf16"],
+};
+
+pub const ALL: [KernelSource; 7] = [
+    PAGED_ATTENTION,
+    KV_CACHE,
+    RMS_NORM,
+    ROPE,
+    ACTIVATION,
+    GATHER,
+    ELEMENTWISE,
+];
 
 /// Entry-point names of the attention kernels for one head dimension.
 pub fn attention_entry_points(head_dim: usize) -> Option<(&'static str, &'static str)> {

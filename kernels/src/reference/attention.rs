@@ -5,7 +5,12 @@
 //! This reference computes each query row independently with a plain two-pass softmax
 //! (max, then sum of exponentials) so that it checks the kernels' online softmax rather than
 //! repeating it.
+//!
+//! Bounds, as the kernels: a key whose block-table entry is not a block of the pool (outside
+//! `[0, num_blocks)`) or whose logical block lies past the table row is skipped, and a query
+//! that sees no key at all outputs zeros. Scores are soft-capped when `cfg.softcap` is set.
 
+use super::elementwise::softcap;
 use crate::layout::{AttentionConfig, BlockTables, KvCacheShape};
 
 /// One layer's K and V pools, each shaped by `shape`.
@@ -19,7 +24,8 @@ pub struct PagedKv<'a> {
 /// Decode: one query token per sequence.
 ///
 /// `q`, `out`: `[num_seqs, num_heads, head_dim]`. `seq_lens[s]`: tokens of sequence `s` in the
-/// pool, the query's own included (so the query is at position `seq_lens[s] - 1`).
+/// pool, the query's own included (so the query is at position `seq_lens[s] - 1`); a length
+/// `<= 0` marks a padding entry, whose output row is zeros.
 pub fn paged_attention_decode(
     out: &mut [f32],
     q: &[f32],
@@ -32,7 +38,10 @@ pub fn paged_attention_decode(
     assert_eq!(q.len(), seq_lens.len() * row);
     assert_eq!(out.len(), q.len());
     for (s, &len) in seq_lens.iter().enumerate() {
-        assert!(len > 0, "a decoding sequence holds at least its own token");
+        if len <= 0 {
+            out[s * row..][..row].fill(0.0);
+            continue;
+        }
         let pos = len as usize - 1;
         attend_token(
             &mut out[s * row..][..row],
@@ -97,7 +106,7 @@ fn attend_token(
     assert_eq!(shape.head_dim, d);
     assert_eq!(shape.num_kv_heads, cfg.num_kv_heads);
     let slots: Vec<usize> = (cfg.first_visible(pos)..=pos)
-        .map(|j| tables.slot(seq, j, shape.block_size))
+        .filter_map(|j| tables.slot_checked(seq, j, shape))
         .collect();
     for h in 0..cfg.num_heads {
         let kv_head = cfg.kv_head(h);
@@ -106,7 +115,8 @@ fn attend_token(
             .iter()
             .map(|&slot| {
                 let k = &kv.k_cache[shape.offset(slot, kv_head)..][..d];
-                cfg.scale * q_h.iter().zip(k).map(|(a, b)| a * b).sum::<f32>()
+                let score = cfg.scale * q_h.iter().zip(k).map(|(a, b)| a * b).sum::<f32>();
+                softcap(score, cfg.softcap)
             })
             .collect();
         let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -114,6 +124,9 @@ fn attend_token(
         let total: f32 = weights.iter().sum();
         let out_h = &mut out[h * d..][..d];
         out_h.fill(0.0);
+        if slots.is_empty() {
+            continue;
+        }
         for (&slot, w) in slots.iter().zip(&weights) {
             let v = &kv.v_cache[shape.offset(slot, kv_head)..][..d];
             for i in 0..d {
@@ -150,6 +163,7 @@ mod tests {
                         .sum::<f32>()
                         * cfg.scale
                 })
+                .map(|l| softcap(l, cfg.softcap))
                 .collect();
             let probs: Vec<f32> = {
                 let e: Vec<f32> = logits.iter().map(|l| l.exp()).collect();
@@ -216,16 +230,69 @@ mod tests {
         let cfg = cfg.with_sliding_window(1);
         paged_attention_decode(&mut out, &[1.0, 0.0], &kv, &tables, &[2], &cfg);
         assert_close(&out, &[0.0, 8.0]);
+        // Soft-cap 1: scores 0 and tanh(ln 3) = 0.8, so weights 1 : e^0.8.
+        let cfg = AttentionConfig {
+            sliding_window: None,
+            ..cfg
+        }
+        .with_softcap(1.0);
+        paged_attention_decode(&mut out, &[1.0, 0.0], &kv, &tables, &[2], &cfg);
+        let w1 = 0.8f32.exp() / (1.0 + 0.8f32.exp());
+        assert_close(&out, &[4.0 * (1.0 - w1), 8.0 * w1]);
+    }
+
+    /// Bad block ids are skipped, a query with no valid key and a padding sequence (length 0)
+    /// output zeros.
+    #[test]
+    fn bad_blocks_and_padding() {
+        let shape = KvCacheShape {
+            num_blocks: 2,
+            block_size: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+        };
+        // Block 0: keys (0, 0) and (ln 3, 0); block 1: never valid below.
+        let k = [0.0, 0.0, 3f32.ln(), 0.0, 9.0, 9.0, 9.0, 9.0];
+        let v = [4.0, 0.0, 0.0, 8.0, 100.0, 100.0, 100.0, 100.0];
+        let kv = PagedKv {
+            k_cache: &k,
+            v_cache: &v,
+            shape,
+        };
+        let cfg = AttentionConfig {
+            scale: 1.0,
+            ..AttentionConfig::new(1, 1, 2)
+        };
+        // Sequence 0: blocks [0, 5] -> its keys 2 and 3 are skipped. Sequence 1: [-1, 0] with
+        // length 2 sees nothing. Sequence 2: padding.
+        let table = [0, 5, -1, 0, 0, 0];
+        let tables = BlockTables {
+            table: &table,
+            max_blocks_per_seq: 2,
+        };
+        let q = [1.0, 0.0].repeat(3);
+        let mut out = [f32::NAN; 6];
+        paged_attention_decode(&mut out, &q, &kv, &tables, &[4, 2, 0], &cfg);
+        assert_close(&out, &[1.0, 6.0, 0.0, 0.0, 0.0, 0.0]);
+        // Length 5 runs past the table row (2 blocks of 2): key 4 is skipped too.
+        paged_attention_decode(&mut out[..2], &q[..2], &kv, &tables, &[5], &cfg);
+        assert_close(&out[..2], &[1.0, 6.0]);
     }
 
     /// Two sequences of different lengths scattered over shuffled blocks: decode and a prefill
     /// chunk must match naive attention over the contiguous K/V, for GQA with and without a
-    /// sliding window.
+    /// sliding window and a soft-cap.
     #[test]
     fn paged_matches_naive_attention() {
-        for window in [None, Some(5)] {
+        for (window, cap) in [
+            (None, None),
+            (Some(5), None),
+            (None, Some(0.5)),
+            (Some(3), Some(2.0)),
+        ] {
             let mut cfg = AttentionConfig::new(4, 2, 8);
             cfg.sliding_window = window;
+            cfg.softcap = cap;
             let shape = KvCacheShape {
                 num_blocks: 8,
                 block_size: 4,

@@ -4,7 +4,8 @@ use crate::layout::KvCacheShape;
 
 /// Copy each new token's K and V (`[num_tokens, num_kv_heads, head_dim]`) into pool slot
 /// `slot_mapping[t] = block * block_size + offset`. A negative slot marks a padding token
-/// (e.g. a CUDA-graph bucket larger than the batch) and is skipped.
+/// (e.g. a CUDA-graph bucket larger than the batch) and is skipped; so is a slot past the pool
+/// (`>= shape.num_slots()`), as the kernel never writes outside the pool.
 pub fn reshape_and_cache(
     key: &[f32],
     value: &[f32],
@@ -19,7 +20,7 @@ pub fn reshape_and_cache(
     assert_eq!(k_cache.len(), shape.len());
     assert_eq!(v_cache.len(), shape.len());
     for (t, &slot) in slot_mapping.iter().enumerate() {
-        if slot < 0 {
+        if slot < 0 || slot as usize >= shape.num_slots() {
             continue;
         }
         let dst = shape.offset(slot as usize, 0);
@@ -47,6 +48,10 @@ mod tests {
         let mut v = vec![0.0; shape.len()];
         // Token 0 -> block 1 offset 1 (slot 3); token 1 is padding; token 2 -> slot 0.
         reshape_and_cache(&key, &value, &mut k, &mut v, &[3, -1, 0], &shape);
+        assert_eq!(k, [5.0, 6.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
+        assert_eq!(v, [-5.0, -6.0, 0.0, 0.0, 0.0, 0.0, -1.0, -2.0]);
+        // Slots past the pool (4 slots) are skipped, not written.
+        reshape_and_cache(&key, &value, &mut k, &mut v, &[4, 99, -7], &shape);
         assert_eq!(k, [5.0, 6.0, 0.0, 0.0, 0.0, 0.0, 1.0, 2.0]);
         assert_eq!(v, [-5.0, -6.0, 0.0, 0.0, 0.0, 0.0, -1.0, -2.0]);
     }

@@ -5,12 +5,20 @@
 
 mod activation;
 mod attention;
+mod elementwise;
+mod gather;
 mod kv_cache;
+mod matmul;
 mod norm;
 mod rope;
 
-pub use activation::{gelu_tanh, gelu_tanh_and_mul, silu, silu_and_mul};
+pub use activation::{
+    erf, gelu_erf, gelu_erf_and_mul, gelu_tanh, gelu_tanh_and_mul, silu, silu_and_mul,
+};
 pub use attention::{paged_attention_decode, paged_attention_prefill, PagedKv};
+pub use elementwise::{add, bias_add, logits, softcap};
+pub use gather::{copy_columns, embedding, gather_rows};
 pub use kv_cache::reshape_and_cache;
-pub use norm::{rms_norm, RmsWeight};
+pub use matmul::matmul_xwt;
+pub use norm::{fused_add_rms_norm, rms_norm, RmsWeight};
 pub use rope::{default_inv_freq, rope_neox, RopeTable};

@@ -29,6 +29,21 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32, style: Rms
     }
 }
 
+/// The pre-norm block's residual step: `residual += x`, then `out = rms_norm(residual)`.
+/// `residual`, `x`, `out`: `[rows, hidden]`. (The kernel stores the sum in bf16 and normalises
+/// the stored value.)
+pub fn fused_add_rms_norm(
+    out: &mut [f32],
+    residual: &mut [f32],
+    x: &[f32],
+    weight: &[f32],
+    eps: f32,
+    style: RmsWeight,
+) {
+    super::add(residual, x);
+    rms_norm(out, residual, weight, eps, style);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,6 +62,25 @@ mod tests {
         rms_norm(&mut out, &x, &w, 0.0, RmsWeight::OnePlus);
         assert!((out[0] - 6.0 / r).abs() < 1e-6);
         assert_eq!(&out[2..], &[2.0, 3.0]);
+    }
+
+    #[test]
+    fn fused_add_then_norm() {
+        let mut residual = [1.0, 4.0, 0.0, 2.0];
+        let mut out = [0.0; 4];
+        fused_add_rms_norm(
+            &mut out,
+            &mut residual,
+            &[2.0, 0.0, 1.0, -1.0],
+            &[1.0, 2.0],
+            0.0,
+            RmsWeight::Scale,
+        );
+        assert_eq!(residual, [3.0, 4.0, 1.0, 1.0]);
+        let r = 12.5f32.sqrt();
+        assert!((out[0] - 3.0 / r).abs() < 1e-6);
+        assert!((out[1] - 8.0 / r).abs() < 1e-6);
+        assert_eq!(&out[2..], &[1.0, 2.0]);
     }
 
     #[test]

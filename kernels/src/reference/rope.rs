@@ -43,12 +43,19 @@ impl RopeTable {
 }
 
 /// Rotate `x` (`[num_tokens, num_heads, head_dim]`) in place; token `t` is at `positions[t]`.
+/// A position outside the table (`[0, max_positions)`) leaves its token unchanged, as the kernel.
 pub fn rope_neox(x: &mut [f32], positions: &[i32], num_heads: usize, table: &RopeTable) {
     let half = table.half_dim;
     let head_dim = 2 * half;
     assert_eq!(x.len(), positions.len() * num_heads * head_dim);
     for (t, &pos) in positions.iter().enumerate() {
-        let angles = pos as usize * half;
+        let Some(pos) = usize::try_from(pos)
+            .ok()
+            .filter(|&p| p < table.max_positions)
+        else {
+            continue;
+        };
+        let angles = pos * half;
         let (cos, sin) = (
             &table.cos[angles..angles + half],
             &table.sin[angles..angles + half],
@@ -77,6 +84,10 @@ mod tests {
         assert_eq!(&x[..2], &[1.0, 2.0]);
         // Rotating (1, 2) by 90 degrees gives (-2, 1).
         assert!((x[2] + 2.0).abs() < 1e-6 && (x[3] - 1.0).abs() < 1e-6);
+        // Positions outside the table leave the token as it was.
+        let mut x = [1.0, 2.0, 1.0, 2.0];
+        rope_neox(&mut x, &[-1, 3], 1, &table);
+        assert_eq!(x, [1.0, 2.0, 1.0, 2.0]);
     }
 
     #[test]

@@ -12,8 +12,8 @@
 //! layer of the same kind (global or sliding window).
 
 use super::decode_attention::DecodeSet;
-use crate::batch::ForwardBatch;
 use super::kv::CpuKv;
+use crate::batch::ForwardBatch;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 

@@ -244,7 +244,10 @@ impl Backend for CpuBackend {
         if group == width {
             return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, w, eps)?);
         }
-        ensure!(width % group == 0, "norm of width {group} over rows of {width}");
+        ensure!(
+            width % group == 0,
+            "norm of width {group} over rows of {width}"
+        );
         let x = x.reshape((rows * width / group, group))?;
         Ok(candle_nn::ops::rms_norm(&x, w, eps)?.reshape((rows, width))?)
     }
@@ -407,7 +410,11 @@ mod tests {
         let backend = CpuBackend::new(DType::F32);
         let x = Tensor::randn(0f32, 1.0, (3, 8), &DEV)?;
         let w = Tensor::randn(0f32, 1.0, 4, &DEV)?;
-        let got = backend.rms_norm(&x, &backend.weight(w.clone(), Role::Norm { plus_one: false })?, 1e-6)?;
+        let got = backend.rms_norm(
+            &x,
+            &backend.weight(w.clone(), Role::Norm { plus_one: false })?,
+            1e-6,
+        )?;
         let expect = candle_nn::ops::rms_norm(&x.reshape((6, 4))?, &w, 1e-6)?.reshape((3, 8))?;
         let err = (got - expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err < 1e-6, "max error {err}");

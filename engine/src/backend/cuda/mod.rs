@@ -1,0 +1,564 @@
+//! The CUDA backend: bf16 weights, activations and KV on one GPU; GEMMs through cuBLAS,
+//! everything else through the NVRTC kernels of `infer-kernels`; decode steps replayed from
+//! CUDA graphs (one per batch-size bucket) when enabled.
+//!
+//! Everything runs on one stream, in order, so the backend needs no events or
+//! synchronisation except when logits come back to the host. Activations live in a per-step
+//! [`arena::Arena`] and are passed to kernels as raw [`Span`]s; weights, RoPE tables and the
+//! KV pools are allocations the backend keeps for its lifetime.
+
+mod arena;
+mod graphs;
+
+use std::sync::Arc;
+use std::sync::Mutex;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use candle_core::{DType, Tensor};
+use infer_kernels::cuda::cudarc::driver::{result as cu, CudaContext, CudaSlice, CudaStream};
+use infer_kernels::cuda::{DeviceBlockTables, DeviceKv, Gemm, Kernels, Span};
+use infer_kernels::layout::{AttentionConfig, KvCacheShape};
+use infer_kernels::reference::RmsWeight;
+
+use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
+use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
+use crate::batch::ForwardBatch;
+use arena::Arena;
+use graphs::Graphs;
+
+/// `[rows, cols]` bf16 in the step arena.
+#[derive(Clone, Copy, Debug)]
+pub struct CudaAct {
+    span: Span<u16>,
+    rows: usize,
+    cols: usize,
+}
+
+/// A parameter on the device: `[rows, cols]` bf16 (vectors have one row).
+pub struct CudaWeight {
+    buf: CudaSlice<u16>,
+    rows: usize,
+    cols: usize,
+    /// RMSNorm weights: how the kernel applies them.
+    norm: RmsWeight,
+}
+
+impl CudaWeight {
+    fn span(&self) -> Span<u16> {
+        Span::of(&self.buf)
+    }
+}
+
+pub struct CudaRope {
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+}
+
+/// Per-layer K and V pools, `[num_blocks, block_size, kv_heads, head_dim]` each.
+pub struct CudaKv {
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+    layout: KvLayout,
+}
+
+impl CudaKv {
+    fn shape(&self) -> KvCacheShape {
+        KvCacheShape {
+            num_blocks: self.layout.num_blocks,
+            block_size: self.layout.block_size,
+            num_kv_heads: self.layout.num_kv_heads,
+            head_dim: self.layout.head_dim,
+        }
+    }
+
+    fn layer(&self, layer: usize) -> DeviceKv {
+        DeviceKv {
+            k_cache: Span::of(&self.k[layer]),
+            v_cache: Span::of(&self.v[layer]),
+            shape: self.shape(),
+        }
+    }
+}
+
+/// One step: its inputs on the device and what the kernels need to read them.
+pub struct CudaStep {
+    inputs: StepInputs,
+    /// `inputs.data` on the device.
+    data: Span<i32>,
+    kinds: Vec<KindStep>,
+    /// The graph bucket this decode step replays in, when graphs are on.
+    bucket: Option<usize>,
+}
+
+struct KindStep {
+    window: Option<usize>,
+    cos: Span<f32>,
+    sin: Span<f32>,
+}
+
+impl CudaStep {
+    fn array(&self, offset: usize, len: usize) -> Span<i32> {
+        self.data.slice(offset, len)
+    }
+}
+
+pub struct CudaBackend {
+    ordinal: usize,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    gemm: Gemm,
+    arena: Mutex<Arena>,
+    /// Step inputs of eager steps (grown as needed, reused).
+    inputs: Mutex<Option<CudaSlice<i32>>>,
+    graphs: Mutex<Graphs>,
+}
+
+impl CudaBackend {
+    pub fn new(ordinal: usize) -> Result<Self> {
+        let ctx =
+            CudaContext::new(ordinal).with_context(|| format!("opening CUDA device {ordinal}"))?;
+        // One stream, in-order: cudarc's per-allocation events would only add work (and
+        // event records inside a graph capture).
+        // SAFETY: called before any allocation of this context.
+        unsafe { ctx.disable_event_tracking() };
+        // Not the legacy default stream: it cannot be captured into a graph.
+        let stream = ctx.new_stream()?;
+        let kernels = Kernels::load(stream.clone()).map_err(|e| anyhow!("{e}"))?;
+        let gemm = Gemm::new(stream.clone()).map_err(|e| anyhow!("{e}"))?;
+        Ok(Self {
+            ordinal,
+            arena: Mutex::new(Arena::new(stream.clone())),
+            inputs: Mutex::new(None),
+            graphs: Mutex::new(Graphs::default()),
+            stream,
+            kernels,
+            gemm,
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Replay decode steps of up to `max_batch` sequences from CUDA graphs, one per bucket
+    /// (0 turns graphs off). `max_context` bounds every sequence's length: block tables are
+    /// padded to it so one graph serves every context length.
+    pub fn set_cuda_graphs(&self, max_batch: usize, max_context: usize) {
+        self.graphs
+            .lock()
+            .unwrap()
+            .configure(max_batch, max_context);
+    }
+
+    /// (free, total) bytes of device memory.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        Ok(self.stream.context().mem_get_info()?)
+    }
+
+    /// Bytes the step arena holds (activations of the largest step so far).
+    pub fn activation_bytes(&self) -> usize {
+        self.arena.lock().unwrap().bytes()
+    }
+
+    pub fn graph_count(&self) -> usize {
+        self.graphs.lock().unwrap().len()
+    }
+
+    fn act(&self, rows: usize, cols: usize) -> Result<CudaAct> {
+        Ok(CudaAct {
+            span: self.arena.lock().unwrap().alloc(rows * cols)?,
+            rows,
+            cols,
+        })
+    }
+
+    fn upload<T: infer_kernels::cuda::cudarc::driver::DeviceRepr>(
+        &self,
+        host: &[T],
+    ) -> Result<CudaSlice<T>> {
+        Ok(self.stream.clone_htod(host)?)
+    }
+}
+
+fn bf16_bits(t: &Tensor) -> Result<Vec<u16>> {
+    let t = t.to_dtype(DType::BF16)?.flatten_all()?;
+    Ok(t.to_vec1::<half::bf16>()?
+        .into_iter()
+        .map(|x| x.to_bits())
+        .collect())
+}
+
+fn driver<T>(
+    r: std::result::Result<T, infer_kernels::cuda::cudarc::driver::DriverError>,
+) -> Result<T> {
+    r.map_err(|e| anyhow!("CUDA: {e}"))
+}
+
+impl Backend for CudaBackend {
+    type Act = CudaAct;
+    type Weight = CudaWeight;
+    type Rope = CudaRope;
+    type Kv = CudaKv;
+    type Step = CudaStep;
+
+    fn weight(&self, t: Tensor, role: Role) -> Result<CudaWeight> {
+        let (rows, cols) = match t.dims() {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            d => bail!("a weight of shape {d:?}"),
+        };
+        let norm = match role {
+            // The kernel adds the 1 in f32, as HF does: a bf16 `1 + w` would lose bits.
+            Role::Norm { plus_one: true } => RmsWeight::OnePlus,
+            _ => RmsWeight::Scale,
+        };
+        Ok(CudaWeight {
+            buf: self.upload(&bf16_bits(&t)?)?,
+            rows,
+            cols,
+            norm,
+        })
+    }
+
+    fn weight_len(w: &CudaWeight) -> usize {
+        w.rows * w.cols
+    }
+
+    fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<CudaRope> {
+        let angles: Vec<f32> = (0..max_positions)
+            .flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f))
+            .collect();
+        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        Ok(CudaRope {
+            cos: self.upload(&cos)?,
+            sin: self.upload(&sin)?,
+        })
+    }
+
+    fn new_kv(&self, layout: KvLayout) -> Result<CudaKv> {
+        let len = layout.num_blocks * layout.block_size * layout.num_kv_heads * layout.head_dim;
+        ensure!(
+            i32::try_from(layout.num_blocks * layout.block_size).is_ok(),
+            "{} KV slots do not fit the kernels' i32 slot ids",
+            layout.num_blocks * layout.block_size
+        );
+        let zeros = || -> Result<CudaSlice<u16>> { Ok(self.stream.alloc_zeros::<u16>(len)?) };
+        let k = (0..layout.num_layers)
+            .map(|_| zeros())
+            .collect::<Result<_>>()?;
+        let v = (0..layout.num_layers)
+            .map(|_| zeros())
+            .collect::<Result<_>>()?;
+        Ok(CudaKv { k, v, layout })
+    }
+
+    fn kv_layout(kv: &CudaKv) -> KvLayout {
+        kv.layout
+    }
+
+    fn prepare(
+        &self,
+        batch: &ForwardBatch,
+        kv: &CudaKv,
+        kinds: &[AttnKind<'_, CudaRope>],
+    ) -> Result<CudaStep> {
+        let l = kv.layout;
+        let mut graphs = self.graphs.lock().unwrap();
+        let bucket = match graphs.max_batch() {
+            Some(max) if is_decode_only(batch) => graph_bucket(batch.seqs.len(), max),
+            _ => None,
+        };
+        let padding = bucket.map(|bucket| Padding {
+            bucket,
+            max_blocks: graphs.max_context().div_ceil(l.block_size),
+        });
+        let inputs = StepInputs::build(batch, l.block_size, l.num_blocks, padding)?;
+        // A graph's inputs live at its own fixed address; eager steps share one buffer.
+        let data = match bucket {
+            Some(b) => {
+                let buf = graphs.inputs(b, inputs.data.len(), &self.stream)?;
+                driver(self.stream.memcpy_htod(&inputs.data, buf))?;
+                Span::of(buf)
+            }
+            None => {
+                let mut slot = self.inputs.lock().unwrap();
+                if slot.as_ref().is_none_or(|b| b.len() < inputs.data.len()) {
+                    *slot = Some(driver(unsafe {
+                        self.stream
+                            .alloc::<i32>(inputs.data.len().next_power_of_two())
+                    })?);
+                }
+                let buf = slot.as_mut().expect("allocated above");
+                driver(self.stream.memcpy_htod(&inputs.data, buf))?;
+                Span::of(buf).slice(0, inputs.data.len())
+            }
+        };
+        let kinds = kinds
+            .iter()
+            .map(|k| KindStep {
+                window: k.window,
+                cos: Span::of(&k.rope.cos),
+                sin: Span::of(&k.rope.sin),
+            })
+            .collect();
+        Ok(CudaStep {
+            inputs,
+            data,
+            kinds,
+            bucket,
+        })
+    }
+
+    fn execute(
+        &self,
+        step: &CudaStep,
+        forward: &mut dyn FnMut() -> Result<Option<CudaAct>>,
+    ) -> Result<Option<CudaAct>> {
+        self.arena.lock().unwrap().reset();
+        let Some(bucket) = step.bucket else {
+            return forward();
+        };
+        let real = step.inputs.real_sampled;
+        let out = graphs::run(self, bucket, forward)?;
+        // Only the real rows go back to the host.
+        Ok(out.map(|x| CudaAct {
+            span: x.span.slice(0, real * x.cols),
+            rows: real,
+            cols: x.cols,
+        }))
+    }
+
+    fn embed(&self, table: &CudaWeight, step: &CudaStep, scale: Option<f32>) -> Result<CudaAct> {
+        let s = &step.inputs;
+        let out = self.act(s.tokens, table.cols)?;
+        // HF multiplies by the scale rounded to the model dtype.
+        let scale = scale.map_or(1.0, infer_kernels::bf16::round);
+        driver(self.kernels.embedding(
+            out.span,
+            table.span(),
+            step.array(s.at.ids, s.tokens),
+            table.cols,
+            scale,
+        ))?;
+        Ok(out)
+    }
+
+    fn linear(&self, x: &CudaAct, w: &CudaWeight, bias: Option<&CudaWeight>) -> Result<CudaAct> {
+        ensure!(
+            x.cols == w.cols,
+            "linear: x has {} columns, W^T {}",
+            x.cols,
+            w.cols
+        );
+        let out = self.act(x.rows, w.rows)?;
+        self.gemm
+            .matmul_bf16(out.span, x.span, w.span(), x.rows, w.rows, w.cols)
+            .map_err(|e| anyhow!("{e}"))?;
+        if let Some(b) = bias {
+            driver(self.kernels.bias_add(out.span, b.span()))?;
+        }
+        Ok(out)
+    }
+
+    fn rms_norm(&self, x: &CudaAct, w: &CudaWeight, eps: f32) -> Result<CudaAct> {
+        let out = self.act(x.rows, x.cols)?;
+        driver(
+            self.kernels
+                .rms_norm(out.span, x.span, w.span(), eps, w.norm),
+        )?;
+        Ok(out)
+    }
+
+    fn add_rms_norm(
+        &self,
+        residual: &mut CudaAct,
+        x: &CudaAct,
+        w: &CudaWeight,
+        eps: f32,
+    ) -> Result<CudaAct> {
+        let out = self.act(x.rows, x.cols)?;
+        driver(self.kernels.fused_add_rms_norm(
+            out.span,
+            residual.span,
+            x.span,
+            w.span(),
+            eps,
+            w.norm,
+        ))?;
+        Ok(out)
+    }
+
+    fn add(&self, residual: &mut CudaAct, x: &CudaAct) -> Result<()> {
+        driver(self.kernels.add(residual.span, x.span))
+    }
+
+    fn split(&self, x: &CudaAct, widths: &[usize]) -> Result<Vec<CudaAct>> {
+        ensure!(
+            widths.iter().sum::<usize>() == x.cols,
+            "split widths do not add up"
+        );
+        let mut col0 = 0;
+        widths
+            .iter()
+            .map(|&w| {
+                let out = self.act(x.rows, w)?;
+                driver(self.kernels.copy_columns(out.span, x.span, x.cols, col0))?;
+                col0 += w;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    fn rope_qk(
+        &self,
+        q: &mut CudaAct,
+        k: &mut CudaAct,
+        heads: &Heads,
+        step: &CudaStep,
+        kind: usize,
+    ) -> Result<()> {
+        let s = &step.inputs;
+        let ks = &step.kinds[kind];
+        driver(self.kernels.rope_neox(
+            q.span,
+            k.span,
+            step.array(s.at.positions, s.tokens),
+            ks.cos,
+            ks.sin,
+            heads.q,
+            heads.kv,
+        ))
+    }
+
+    fn write_kv(
+        &self,
+        kv: &mut CudaKv,
+        layer: usize,
+        k: &CudaAct,
+        v: &CudaAct,
+        step: &CudaStep,
+    ) -> Result<()> {
+        let s = &step.inputs;
+        let pools = kv.layer(layer);
+        driver(self.kernels.reshape_and_cache(
+            k.span,
+            v.span,
+            pools.k_cache,
+            pools.v_cache,
+            step.array(s.at.slots, s.tokens),
+            &pools.shape,
+        ))
+    }
+
+    fn attention(
+        &self,
+        q: &CudaAct,
+        kv: &CudaKv,
+        layer: usize,
+        heads: &Heads,
+        step: &CudaStep,
+        kind: usize,
+    ) -> Result<CudaAct> {
+        let s = &step.inputs;
+        let mut cfg = AttentionConfig::new(heads.q, heads.kv, heads.dim);
+        cfg.scale = heads.scale;
+        cfg.softcap = heads.softcap;
+        cfg.sliding_window = step.kinds[kind].window;
+        let out = self.act(q.rows, q.cols)?;
+        let pools = kv.layer(layer);
+        let tables = DeviceBlockTables {
+            table: step.array(s.at.tables, s.seqs * s.max_blocks),
+            max_blocks_per_seq: s.max_blocks,
+        };
+        if s.decode_only {
+            driver(self.kernels.paged_attention_decode(
+                out.span,
+                q.span,
+                &pools,
+                &tables,
+                step.array(s.at.seq_lens, s.seqs),
+                &cfg,
+            ))?;
+        } else {
+            driver(self.kernels.paged_attention_prefill(
+                out.span,
+                q.span,
+                &pools,
+                &tables,
+                step.array(s.at.cu_seqlens, s.seqs + 1),
+                step.array(s.at.start_pos, s.seqs),
+                &cfg,
+            ))?;
+        }
+        Ok(out)
+    }
+
+    fn gated(&self, gate_up: &CudaAct, act: Activation) -> Result<CudaAct> {
+        let inter = gate_up.cols / 2;
+        let out = self.act(gate_up.rows, inter)?;
+        let k = &self.kernels;
+        driver(match act {
+            Activation::Silu => k.silu_and_mul(out.span, gate_up.span, inter),
+            Activation::GeluTanh => k.gelu_tanh_and_mul(out.span, gate_up.span, inter),
+            Activation::GeluErf => k.gelu_erf_and_mul(out.span, gate_up.span, inter),
+        })?;
+        Ok(out)
+    }
+
+    fn sampled_rows(&self, x: &CudaAct, step: &CudaStep) -> Result<Option<CudaAct>> {
+        let s = &step.inputs;
+        if s.sampled == 0 {
+            return Ok(None);
+        }
+        let out = self.act(s.sampled, x.cols)?;
+        driver(self.kernels.gather_rows(
+            out.span,
+            x.span,
+            step.array(s.at.sample_rows, s.sampled),
+            x.cols,
+        ))?;
+        Ok(Some(out))
+    }
+
+    fn logits(&self, x: &CudaAct, softcap: Option<f32>) -> Result<Logits> {
+        let n = x.rows * x.cols;
+        let out: Span<f32> = self.arena.lock().unwrap().alloc(n)?;
+        driver(self.kernels.logits_f32(out, x.span, softcap))?;
+        let mut host = vec![0f32; n];
+        // SAFETY: `out` is n f32s of the arena; the copy is ordered after the kernel on the
+        // stream, and the synchronize below waits for it before `host` is read.
+        driver(unsafe { cu::memcpy_dtoh_async(&mut host, out.ptr(), self.stream.cu_stream()) })?;
+        driver(self.stream.synchronize())?;
+        Ok(Logits::new(host, x.cols))
+    }
+
+    fn copy_block(&self, kv: &mut CudaKv, src: usize, dst: usize) -> Result<()> {
+        let l = kv.layout;
+        let block = l.block_size * l.num_kv_heads * l.head_dim;
+        for pool in kv.k.iter().chain(kv.v.iter()) {
+            let all = Span::of(pool);
+            let (from, to) = (all.slice(src * block, block), all.slice(dst * block, block));
+            // SAFETY: two disjoint blocks (src != dst, checked by the model) of one pool.
+            driver(unsafe {
+                cu::memcpy_dtod_async(to.ptr(), from.ptr(), to.bytes(), self.stream.cu_stream())
+            })?;
+        }
+        Ok(())
+    }
+
+    fn fill_pattern(&self, kv: &mut CudaKv) -> Result<()> {
+        let n = kv.k.first().map_or(0, |p| p.len());
+        let pattern: Vec<u16> = (0..n)
+            .map(|i| half::bf16::from_f32(0.5 * (i as f32 * 0.618_034).sin()).to_bits())
+            .collect();
+        for pool in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+            driver(self.stream.memcpy_htod(&pattern, pool))?;
+        }
+        driver(self.stream.synchronize())
+    }
+
+    fn kv_bytes(kv: &CudaKv) -> usize {
+        kv.k.iter().chain(kv.v.iter()).map(|p| p.len() * 2).sum()
+    }
+}

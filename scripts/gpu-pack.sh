@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Build everything the GPU check needs into gpu-pack/ (git-ignored), on a machine with Rust
+# (no GPU or CUDA toolkit needed): the engine with the CUDA backend, the kernel and parity
+# test binaries, the GPU benchmark, the seed scenarios and gpu-check.sh. The GPU machines
+# here have a driver, nvcc and PyTorch but no Rust toolchain and no network, so the check runs
+# from this folder alone:
+#   scripts/gpu-pack.sh                        # here
+#   (on the GPU machine, folder carried over)  bash gpu-pack/gpu-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=gpu-pack
+rm -rf "$out" && mkdir -p "$out/bin"
+
+cargo build --release -p infer-engine --features cuda --bin engine --example gpu_bench
+cp target/release/engine target/release/examples/gpu_bench "$out/bin/"
+cargo build --release -p infer-kernels --features cuda --example kernel_bench
+cp target/release/examples/kernel_bench "$out/bin/"
+
+# Test binaries: cargo prints their paths as JSON; keep the ones the check runs.
+test_bin() { # package test-name
+    cargo test --release -p "$1" --features cuda --test "$2" --no-run --message-format=json \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$2"
+}
+cp "$(test_bin infer-kernels gpu_kernels)" "$out/bin/gpu_kernels"
+cp "$(test_bin infer-kernels nvrtc_compile)" "$out/bin/nvrtc_compile"
+cp "$(test_bin infer-engine gpu_parity)" "$out/bin/gpu_parity"
+strip "$out"/bin/*
+
+cp -r scenarios "$out/"
+cp scripts/gpu-check.sh "$out/"
+du -sh "$out"
+echo "packed $out: run 'bash $out/gpu-check.sh' on the GPU machine"
