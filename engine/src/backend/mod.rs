@@ -138,6 +138,14 @@ impl Logits {
     }
 }
 
+/// RoPE angles `[max_positions, inv_freq.len()]`, computed in f32 like HF: every backend's
+/// cos/sin tables come from these.
+pub(crate) fn rope_angles(inv_freq: &[f32], max_positions: usize) -> Vec<f32> {
+    (0..max_positions)
+        .flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f))
+        .collect()
+}
+
 /// The operations the transformer is written against. `Act` is `[rows, width]`; the model
 /// decides every width, the backend how and where the numbers live.
 pub trait Backend: Sized {

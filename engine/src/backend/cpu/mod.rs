@@ -139,10 +139,8 @@ impl Backend for CpuBackend {
 
     fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<CpuRope> {
         let half = inv_freq.len();
-        // Angles in f32 like HF, then cast: the tables are what the model was trained with.
-        let angles: Vec<f32> = (0..max_positions)
-            .flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f))
-            .collect();
+        // Cast after the trig: the tables are what the model was trained with.
+        let angles = super::rope_angles(inv_freq, max_positions);
         let angles = Tensor::from_vec(angles, (max_positions, half), &DEV)?;
         Ok(CpuRope {
             cos: angles.cos()?.to_dtype(self.dtype)?,

@@ -225,9 +225,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<CudaRope> {
-        let angles: Vec<f32> = (0..max_positions)
-            .flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f))
-            .collect();
+        let angles = super::rope_angles(inv_freq, max_positions);
         let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         Ok(CudaRope {
