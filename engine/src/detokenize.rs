@@ -117,92 +117,50 @@ impl StopStrings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// A stop token or stop string.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StopConditions {
-    pub max_tokens: usize,
-    /// Token ids that end generation (EOS and friends) unless `ignore_eos`.
-    pub stop_token_ids: Vec<u32>,
-    pub stop: Vec<String>,
-    pub ignore_eos: bool,
-}
-
-/// One request's output: tokens in, text deltas and the finish reason out.
+/// One request's text: generated tokens in, text deltas out, cut right before the first
+/// stop string. When the request ends (the scheduler decides on tokens and lengths; a
+/// stop string is decided here), `finish` releases the text still held back.
 pub struct OutputStream {
-    cond: StopConditions,
     detok: IncrementalDetokenizer,
     stops: StopStrings,
-    num_tokens: usize,
-    finished: Option<FinishReason>,
+    stopped: bool,
 }
 
 impl OutputStream {
-    pub fn new(cond: StopConditions) -> Self {
-        let stops = StopStrings::new(&cond.stop);
+    pub fn new(stop_strings: &[String]) -> Self {
         Self {
-            cond,
             detok: IncrementalDetokenizer::new(),
-            stops,
-            num_tokens: 0,
-            finished: None,
+            stops: StopStrings::new(stop_strings),
+            stopped: false,
         }
     }
 
-    pub fn finished(&self) -> Option<FinishReason> {
-        self.finished
+    /// A stop string has appeared: the request must end.
+    pub fn stopped(&self) -> bool {
+        self.stopped
     }
 
-    /// Adds a generated token; returns the text to stream now. After the stream finishes,
-    /// further tokens are ignored.
+    /// Adds a generated token; returns the text to stream now. After a stop string,
+    /// further tokens add nothing.
     pub fn push(&mut self, tok: &TextTokenizer, token: u32) -> Result<String> {
-        if self.finished.is_some() {
+        if self.stopped {
             return Ok(String::new());
         }
-        self.num_tokens += 1;
-        if !self.cond.ignore_eos && self.cond.stop_token_ids.contains(&token) {
-            self.finished = Some(FinishReason::Stop);
-            return self.flush(tok);
-        }
         let delta = self.detok.push(tok, token)?;
-        let (mut out, stopped) = self.stops.push(&delta);
-        if stopped {
-            self.finished = Some(FinishReason::Stop);
-        } else if self.num_tokens >= self.cond.max_tokens {
-            self.finished = Some(FinishReason::Length);
-            out.push_str(&self.flush(tok)?);
-        }
+        let (out, stopped) = self.stops.push(&delta);
+        self.stopped = stopped;
         Ok(out)
     }
 
-    /// The request ended for a reason decided elsewhere (the scheduler's stop tokens or
-    /// lengths): release the text held back for UTF-8 or a possible stop string.
+    /// The request ended: the text held back for UTF-8 or a possible stop string (which
+    /// may still complete a stop string, and is then cut before it).
     pub fn finish(&mut self, tok: &TextTokenizer) -> Result<String> {
-        if self.finished.is_some() {
+        if self.stopped {
             return Ok(String::new());
         }
-        self.finished = Some(FinishReason::Length);
-        self.flush(tok)
-    }
-
-    fn flush(&mut self, tok: &TextTokenizer) -> Result<String> {
         let rest = self.detok.flush(tok)?;
         let (mut out, stopped) = self.stops.push(&rest);
+        self.stopped = stopped;
         if !stopped {
             out.push_str(&self.stops.flush());
         }

@@ -1,21 +1,17 @@
-//! A minimal driver over the batch API: every request runs from the first step, prefills
-//! in chunks of `prefill_chunk` tokens, then decodes one token per step, all sequences
-//! batched together. It is the manual check behind `engine generate` and the reference
-//! the tests compare batched and chunked execution against; serving uses the core
-//! scheduler instead.
+//! Run a fixed set of requests to completion through the engine core — the same scheduler,
+//! step and text handling `engine serve` uses — with a scheduler sized so that nothing
+//! waits for memory. It backs `engine generate` and the runner tests, which compare
+//! batched, chunked and paged execution against one request alone.
 
-use crate::batch::{ForwardBatch, SeqChunk};
-use crate::detokenize::{FinishReason, OutputStream, StopConditions};
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Result};
+use infer_core::{BatchingMode, FinishReason, KvBackend, SchedulerConfig};
+
+use crate::engine_core::{EngineCore, EngineRequest};
 use crate::model::LoadedModel;
-use crate::sampling::{Sampler, SamplingParams};
-use anyhow::{ensure, Result};
 
-#[derive(Debug, Clone)]
-pub struct GenerateRequest {
-    pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    pub stop: StopConditions,
-}
+pub use crate::engine_core::EngineRequest as GenerateRequest;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateOutput {
@@ -27,8 +23,10 @@ pub struct GenerateOutput {
 #[derive(Debug, Clone, Copy)]
 pub struct GenerateOptions {
     pub block_size: usize,
-    /// Largest prefill chunk per sequence per step.
-    pub prefill_chunk: usize,
+    /// Token budget of a step (chunked prefill; raised to the number of requests so that
+    /// every running sequence decodes each step). `None` prefills each prompt whole.
+    pub step_tokens: Option<usize>,
+    pub prefix_caching: bool,
     /// Seed for requests without their own.
     pub default_seed: u64,
 }
@@ -37,22 +35,41 @@ impl Default for GenerateOptions {
     fn default() -> Self {
         Self {
             block_size: 16,
-            prefill_chunk: 512,
+            step_tokens: Some(512),
+            prefix_caching: true,
             default_seed: 0,
         }
     }
 }
 
-struct Running {
-    tokens: Vec<u32>,
-    /// Tokens whose KV is in the cache.
-    computed: usize,
-    prompt_len: usize,
-    blocks: Vec<u32>,
-    sampler: Sampler,
-    output: OutputStream,
-    text: String,
-    done: Option<FinishReason>,
+impl GenerateOptions {
+    /// A continuous, paged scheduler with a KV pool that holds every request at its longest,
+    /// so none is ever preempted or kept waiting.
+    pub fn scheduler_config(
+        &self,
+        lm: &LoadedModel,
+        requests: &[EngineRequest],
+    ) -> SchedulerConfig {
+        let n = requests.len().max(1);
+        let positions = lm.config.max_position_embeddings;
+        let lens = requests
+            .iter()
+            .map(|r| (r.prompt.len() + r.max_tokens).clamp(1, positions));
+        let max_model_len = lens.clone().max().unwrap_or(1);
+        let blocks: usize = lens.map(|len| len.div_ceil(self.block_size)).sum();
+        SchedulerConfig {
+            batching_mode: BatchingMode::Continuous,
+            max_batch_size: n,
+            kv_cache_backend: KvBackend::Paged,
+            num_gpu_blocks: blocks.max(1),
+            block_size: self.block_size,
+            chunked_prefill: self.step_tokens.is_some(),
+            prefill_chunk_size: self.step_tokens.unwrap_or(0).max(n),
+            prefix_caching: self.prefix_caching,
+            max_model_len,
+            max_waiting: None,
+        }
+    }
 }
 
 /// Generates for all `requests` together. `on_text(i, delta)` receives streamed text.
@@ -62,86 +79,54 @@ pub fn generate(
     opts: GenerateOptions,
     mut on_text: impl FnMut(usize, &str),
 ) -> Result<Vec<GenerateOutput>> {
-    ensure!(opts.prefill_chunk > 0, "prefill_chunk must be positive");
-    let bs = opts.block_size;
-    // Reserve every sequence's blocks up front: this driver never preempts.
-    let mut next_block = 0u32;
-    let mut seqs: Vec<Running> = requests
-        .iter()
-        .map(|r| {
-            let max_len = r.prompt.len() + r.stop.max_tokens;
-            let n = max_len.div_ceil(bs) as u32;
-            let blocks = (next_block..next_block + n).collect();
-            next_block += n;
-            Running {
-                tokens: r.prompt.clone(),
-                computed: 0,
-                prompt_len: r.prompt.len(),
-                blocks,
-                sampler: Sampler::new(r.params.clone(), &r.prompt, opts.default_seed),
-                output: OutputStream::new(r.stop.clone()),
+    ensure!(opts.block_size > 0, "block_size must be positive");
+    let mut outputs: Vec<Option<GenerateOutput>> = vec![None; requests.len()];
+    let mut core = EngineCore::new(lm, opts.scheduler_config(lm, requests), opts.default_seed)?;
+    let arrival = Instant::now();
+    for (i, r) in requests.iter().enumerate() {
+        if r.max_tokens == 0 {
+            outputs[i] = Some(GenerateOutput {
+                tokens: Vec::new(),
                 text: String::new(),
-                done: (r.stop.max_tokens == 0).then_some(FinishReason::Length),
-            }
-        })
-        .collect();
-    for (r, s) in requests.iter().zip(&seqs) {
-        ensure!(!r.prompt.is_empty(), "empty prompt");
+                finish: FinishReason::Length,
+            });
+            continue;
+        }
+        if let Err(e) = core.add(i as u64, r.clone(), arrival) {
+            bail!("request {i}: {e}");
+        }
+    }
+    let mut running: Vec<(Vec<u32>, String)> = vec![Default::default(); requests.len()];
+    while core.has_unfinished() {
+        let step = core.step();
+        if let Some((id, _, error)) = step.failed.first() {
+            bail!("request {id}: {error}");
+        }
         ensure!(
-            s.prompt_len + r.stop.max_tokens <= lm.config.max_position_embeddings,
-            "prompt + max_tokens exceeds the model's {} positions",
-            lm.config.max_position_embeddings
+            !step.idle,
+            "the scheduler ran nothing although every request fits"
         );
-    }
-    let mut cache = lm.model.new_kv_cache(next_block.max(1) as usize, bs)?;
-
-    loop {
-        let active: Vec<usize> = (0..seqs.len())
-            .filter(|&i| seqs[i].done.is_none())
-            .collect();
-        if active.is_empty() {
-            break;
-        }
-        let batch = ForwardBatch {
-            seqs: active
-                .iter()
-                .map(|&i| {
-                    let s = &seqs[i];
-                    let end = (s.computed + opts.prefill_chunk).min(s.tokens.len());
-                    SeqChunk {
-                        tokens: s.tokens[s.computed..end].to_vec(),
-                        start_pos: s.computed,
-                        block_table: s.blocks.clone(),
-                        sample: end == s.tokens.len(),
-                    }
-                })
-                .collect(),
-        };
-        let logits = lm.model.forward(&batch, &mut cache)?;
-        let mut row = 0;
-        for (&i, chunk) in active.iter().zip(&batch.seqs) {
-            let s = &mut seqs[i];
-            s.computed += chunk.tokens.len();
-            if !chunk.sample {
-                continue;
+        for t in step.tokens {
+            let i = t.id as usize;
+            let (tokens, text) = &mut running[i];
+            tokens.push(t.token);
+            if !t.text.is_empty() {
+                on_text(i, &t.text);
+                text.push_str(&t.text);
             }
-            let t = s.sampler.sample(logits.row(row)).token;
-            row += 1;
-            s.tokens.push(t);
-            let delta = s.output.push(&lm.tokenizer, t)?;
-            if !delta.is_empty() {
-                on_text(i, &delta);
-                s.text.push_str(&delta);
+            if let Some((finish, _)) = t.finish {
+                let (tokens, text) = std::mem::take(&mut running[i]);
+                outputs[i] = Some(GenerateOutput {
+                    tokens,
+                    text,
+                    finish,
+                });
             }
-            s.done = s.output.finished();
         }
     }
-    Ok(seqs
+    outputs
         .into_iter()
-        .map(|s| GenerateOutput {
-            tokens: s.tokens[s.prompt_len..].to_vec(),
-            text: s.text,
-            finish: s.done.unwrap_or(FinishReason::Length),
-        })
-        .collect())
+        .enumerate()
+        .map(|(i, o)| o.ok_or_else(|| anyhow::anyhow!("request {i} did not finish")))
+        .collect()
 }

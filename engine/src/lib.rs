@@ -11,6 +11,7 @@ pub mod bench;
 pub mod builtin;
 mod corpus;
 pub mod detokenize;
+pub mod engine_core;
 pub mod generate;
 pub mod host;
 pub mod make_model;

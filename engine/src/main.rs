@@ -5,7 +5,6 @@ use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 use infer_engine::bench::BenchOptions;
-use infer_engine::detokenize::StopConditions;
 use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::make_model::{make_model, ModelSpec};
 use infer_engine::sampling::SamplingParams;
@@ -251,6 +250,9 @@ struct GenerateArgs {
     /// Compute dtype: the CPU computes in f32 (the default); another is refused.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
+    /// `cpu`, or `cuda[:N]` (a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 fn main() -> std::process::ExitCode {
@@ -454,7 +456,8 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), Device::Cpu)?;
+    let device = Device::parse(&a.device).context("--device")?;
+    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), device)?;
     let prompt = if a.chat {
         if !lm.tokenizer.has_chat_template() {
             bail!("--chat: {} has no chat template", lm.dir.display());
@@ -475,12 +478,10 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             seed: Some(a.seed),
             ..Default::default()
         },
-        stop: StopConditions {
-            max_tokens: a.max_tokens,
-            stop_token_ids: lm.eos_token_ids.clone(),
-            stop: a.stop,
-            ignore_eos: a.ignore_eos,
-        },
+        max_tokens: a.max_tokens,
+        stop_strings: a.stop,
+        stop_token_ids: Vec::new(),
+        ignore_eos: a.ignore_eos,
     };
     let start = std::time::Instant::now();
     let out = generate(&lm, &[req], GenerateOptions::default(), |_, delta| {

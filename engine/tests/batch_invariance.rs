@@ -7,7 +7,6 @@ mod common;
 
 use anyhow::Result;
 use common::*;
-use infer_engine::detokenize::StopConditions;
 use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::sampling::{argmax, SamplingParams};
 use infer_engine::{Arch, ForwardBatch, KvCache, LoadedModel, SeqChunk};
@@ -22,11 +21,10 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
         .map(|(i, &len)| GenerateRequest {
             prompt: prompt(i as u64 + 100, len, vocab),
             params: SamplingParams::greedy(),
-            stop: StopConditions {
-                max_tokens: NEW_TOKENS,
-                ignore_eos: true,
-                ..Default::default()
-            },
+            max_tokens: NEW_TOKENS,
+            stop_strings: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
         })
         .collect()
 }
@@ -35,12 +33,12 @@ fn run(
     lm: &LoadedModel,
     reqs: &[GenerateRequest],
     block_size: usize,
-    prefill_chunk: usize,
+    step_tokens: Option<usize>,
 ) -> Result<Vec<Vec<u32>>> {
     let opts = GenerateOptions {
         block_size,
-        prefill_chunk,
-        default_seed: 0,
+        step_tokens,
+        ..GenerateOptions::default()
     };
     Ok(generate(lm, reqs, opts, |_, _| {})?
         .into_iter()
@@ -60,28 +58,29 @@ fn check_invariance(
     // Reference: each request alone, whole prefill, block size 16.
     let alone: Vec<Vec<u32>> = reqs
         .iter()
-        .map(|r| Ok(run(&lm, std::slice::from_ref(r), 16, 4096)?.remove(0)))
+        .map(|r| Ok(run(&lm, std::slice::from_ref(r), 16, None)?.remove(0)))
         .collect::<Result<_>>()?;
     assert!(alone.iter().all(|t| t.len() == NEW_TOKENS));
     let distinct: std::collections::HashSet<u32> = alone.iter().flatten().copied().collect();
     assert!(distinct.len() > 5, "degenerate model output {alone:?}");
 
     let max_pos = lm.config.max_position_embeddings;
+    // Step budgets below the 5 requests are raised to 5: decodes plus one-token chunks.
     for (block_size, chunk) in [
-        (16, 4096),
-        (1, 4096),
-        (3, 4096),
-        (max_pos, 4096),
-        (16, 1),
-        (4, 5),
-        (3, 7),
-        (max_pos, 8),
+        (16, None),
+        (1, None),
+        (3, None),
+        (max_pos, None),
+        (16, Some(1)),
+        (4, Some(5)),
+        (3, Some(7)),
+        (max_pos, Some(8)),
     ] {
         let batched = run(&lm, &reqs, block_size, chunk)?;
         assert_eq!(
             batched,
             alone,
-            "{} block_size {block_size} chunk {chunk}",
+            "{} block_size {block_size} step budget {chunk:?}",
             arch.name()
         );
     }

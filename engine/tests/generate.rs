@@ -5,16 +5,28 @@ mod common;
 
 use anyhow::Result;
 use common::*;
-use infer_engine::detokenize::{FinishReason, StopConditions};
+use infer_core::FinishReason;
 use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::sampling::SamplingParams;
 use infer_engine::Arch;
 
-fn request(prompt: Vec<u32>, params: SamplingParams, stop: StopConditions) -> GenerateRequest {
+/// Stop conditions of a request: a length, stop strings, stop token ids, EOS.
+#[derive(Clone, Default)]
+struct Stop {
+    max_tokens: usize,
+    stop: Vec<String>,
+    stop_token_ids: Vec<u32>,
+    ignore_eos: bool,
+}
+
+fn request(prompt: Vec<u32>, params: SamplingParams, stop: Stop) -> GenerateRequest {
     GenerateRequest {
         prompt,
         params,
-        stop,
+        max_tokens: stop.max_tokens,
+        stop_strings: stop.stop,
+        stop_token_ids: stop.stop_token_ids,
+        ignore_eos: stop.ignore_eos,
     }
 }
 
@@ -23,7 +35,7 @@ fn stop_strings_and_stop_tokens_end_generation_exactly() -> Result<()> {
     let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
     let lm = load(&dir)?;
     let p = prompt(4, 6, lm.config.vocab_size);
-    let free = StopConditions {
+    let free = Stop {
         max_tokens: 24,
         ignore_eos: true,
         ..Default::default()
@@ -46,7 +58,7 @@ fn stop_strings_and_stop_tokens_end_generation_exactly() -> Result<()> {
     let at = chars.len() / 2;
     let stop: String = chars[at..at + 3].iter().collect();
     let cut = full.text.find(&stop).unwrap();
-    let with_stop = StopConditions {
+    let with_stop = Stop {
         stop: vec![stop.clone()],
         ..free.clone()
     };
@@ -63,9 +75,8 @@ fn stop_strings_and_stop_tokens_end_generation_exactly() -> Result<()> {
     // A stop token: generation ends on it, and its text is not emitted.
     let stop_id = full.tokens[2];
     let first = full.tokens.iter().position(|&t| t == stop_id).unwrap();
-    let with_id = StopConditions {
+    let with_id = Stop {
         stop_token_ids: vec![stop_id],
-        ignore_eos: false,
         ..free
     };
     let out = generate(
@@ -86,7 +97,7 @@ fn seeded_sampling_reproduces_alone_or_batched() -> Result<()> {
     let (_tmp, dir) = tiny_model(&spec(Arch::Qwen3))?;
     let lm = load(&dir)?;
     let vocab = lm.config.vocab_size;
-    let stop = StopConditions {
+    let stop = Stop {
         max_tokens: 16,
         ignore_eos: true,
         ..Default::default()

@@ -432,6 +432,29 @@ impl Scheduler {
         events
     }
 
+    /// Hand back a step that could not run (the model failed): every request in it ends
+    /// with `Abort` and its KV is freed now; requests outside the step are untouched and
+    /// the next `schedule` goes on with them. Returns the requests it ended.
+    pub fn fail(&mut self, plan: StepPlan, now: f64) -> Vec<(RequestId, RequestStats)> {
+        self.last_step_end = now;
+        let mut ended = Vec::with_capacity(plan.seqs.len());
+        for s in &plan.seqs {
+            // Skipped like in `complete`: a request that ended between schedule and here.
+            let live = self.seqs[s.slot as usize]
+                .as_ref()
+                .is_some_and(|q| q.id == s.request && q.state == SeqState::Running);
+            if !live {
+                continue;
+            }
+            if let Some(pos) = self.running.iter().position(|&r| r == s.slot) {
+                self.running.remove(pos);
+            }
+            ended.push((s.request, self.release(s.slot, FinishReason::Abort)));
+        }
+        self.spare = plan;
+        ended
+    }
+
     fn seq(&self, slot: u32) -> &Sequence {
         self.seqs[slot as usize].as_ref().expect("live sequence")
     }
@@ -596,6 +619,32 @@ mod tests {
         assert!(s.abort(RequestId(1)).is_none());
         s.finish(RequestId(2), FinishReason::Stop).unwrap();
         assert_eq!(s.stats().num_free_blocks, 64);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_failed_step_ends_its_requests_and_frees_their_blocks_only() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_batch_size: 2,
+            ..cfg()
+        });
+        for id in 1..=3 {
+            s.add_request(Request::new(id, vec![3; 40], 10), 0.0)
+                .unwrap();
+        }
+        let plan = s.schedule(0.0);
+        assert_eq!(plan.seqs.len(), 2);
+        let ended = s.fail(plan, 0.1);
+        let ids: Vec<RequestId> = ended.iter().map(|e| e.0).collect();
+        assert_eq!(ids, vec![RequestId(1), RequestId(2)]);
+        assert_eq!(s.stats().num_free_blocks, 64);
+        s.check_invariants().unwrap();
+        // The third request was waiting: it runs next, as if nothing happened.
+        let plan = s.schedule(0.1);
+        assert_eq!(plan.seqs.len(), 1);
+        assert_eq!(plan.seqs[0].request, RequestId(3));
+        let events = s.complete(plan, &[5], 0.2);
+        assert_eq!(events.len(), 1);
         s.check_invariants().unwrap();
     }
 

@@ -28,6 +28,7 @@ use infer_core::{AddError, SchedulerConfig};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::engine_core::EngineRequest;
 use api::{ApiError, Endpoint, GenerationRequest, Prompt};
 use engine_loop::{Command, EngineLoop, NewRequest, StreamEvent};
 use metrics::ServerMetrics;
@@ -469,12 +470,14 @@ async fn generate(
     let commands = s.commands.lock().unwrap().clone();
     let new = NewRequest {
         id,
-        prompt,
-        max_tokens,
-        params: req.params.clone(),
-        stop_strings: req.stop.clone(),
-        stop_token_ids: req.stop_token_ids.clone(),
-        ignore_eos: req.ignore_eos,
+        request: EngineRequest {
+            prompt,
+            max_tokens,
+            params: req.params.clone(),
+            stop_strings: req.stop.clone(),
+            stop_token_ids: req.stop_token_ids.clone(),
+            ignore_eos: req.ignore_eos,
+        },
         arrival,
         events: tx,
     };

@@ -1,0 +1,441 @@
+//! The engine core: the one loop body every driver runs. It owns the model's KV store, the
+//! core scheduler and each request's sampler and text stream; a step is
+//! `schedule` → one batched forward → sample → `complete` → text deltas and finishes.
+//!
+//! `engine serve` wraps it in a thread fed by channels (`serve::engine_loop`);
+//! `engine generate` and the runner tests call it directly (`generate`). There is no
+//! other way to run the model over requests, so what the tests check is what serving runs.
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{anyhow, Result};
+use infer_core::{
+    AddError, Event, FinishReason, Request, RequestId, RequestStats, Scheduler, SchedulerConfig,
+    SchedulerStats, StepPlan, StopConditions,
+};
+use infer_sim::cost::StepShape;
+
+use crate::batch::{ForwardBatch, SeqChunk};
+use crate::detokenize::OutputStream;
+use crate::model::{KvCache, LoadedModel};
+use crate::sampling::{SampledToken, Sampler, SamplingParams};
+
+/// A tokenised request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineRequest {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    /// Text that ends generation; the output stops right before it.
+    pub stop_strings: Vec<String>,
+    /// Token ids that end generation, honoured even with `ignore_eos` (as vLLM does).
+    pub stop_token_ids: Vec<u32>,
+    /// Generate past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// One generated token of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOutput {
+    pub id: u64,
+    pub token: u32,
+    /// The request's first output token.
+    pub first: bool,
+    /// Text completed by this token (possibly empty); the last token of a request also
+    /// carries the text held back until then. A stop token's own text is not emitted.
+    pub text: String,
+    /// Logprob of `token` and the most likely alternatives, when the request asked.
+    pub logprob: f32,
+    pub top_logprobs: Vec<(u32, f32)>,
+    /// The request ended with this token.
+    pub finish: Option<(FinishReason, RequestStats)>,
+}
+
+/// What one step did.
+#[derive(Debug, Default)]
+pub struct StepOutput {
+    /// Nothing was scheduled (every unfinished request is waiting for memory).
+    pub idle: bool,
+    pub tokens: Vec<TokenOutput>,
+    /// Requests the step could not run: ended (KV freed), with the error.
+    pub failed: Vec<(u64, RequestStats, String)>,
+    /// The step's shape in the simulator's terms, when tracing.
+    pub shape: Option<StepShape>,
+    /// Seconds in the model's forward and sampling.
+    pub forward_s: f64,
+}
+
+/// A request's state outside the scheduler.
+struct Live {
+    sampler: Sampler,
+    output: OutputStream,
+    want_logprobs: bool,
+}
+
+/// The loop body. `M` is the model, owned (a server) or borrowed (a one-off run).
+pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
+    model: M,
+    kv: KvCache,
+    sched: Scheduler,
+    live: HashMap<u64, Live>,
+    default_seed: u64,
+    start: Instant,
+    trace: bool,
+    #[cfg(test)]
+    fail_next_forward: bool,
+}
+
+impl<M: Borrow<LoadedModel>> EngineCore<M> {
+    /// A core over a valid scheduler configuration; the KV store is allocated here.
+    /// `default_seed` seeds requests that bring none.
+    pub fn new(model: M, cfg: SchedulerConfig, default_seed: u64) -> Result<Self> {
+        cfg.validate()
+            .map_err(|(k, r)| anyhow!("invalid scheduler configuration: {k}: {r}"))?;
+        let sched = Scheduler::new(cfg);
+        let kv = model
+            .borrow()
+            .model
+            .new_kv_cache(sched.kv().num_blocks(), sched.kv().block_size())?;
+        Ok(EngineCore {
+            model,
+            kv,
+            sched,
+            live: HashMap::new(),
+            default_seed,
+            start: Instant::now(),
+            trace: false,
+            #[cfg(test)]
+            fail_next_forward: false,
+        })
+    }
+
+    pub fn model(&self) -> &LoadedModel {
+        self.model.borrow()
+    }
+
+    /// When the core started: the scheduler's clock reads seconds since then.
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// Report each step's shape (for `--step-log`).
+    pub fn trace_steps(&mut self, on: bool) {
+        self.trace = on;
+    }
+
+    /// Bytes of the KV store.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.size_bytes()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        self.sched.stats()
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        self.sched.has_unfinished()
+    }
+
+    /// Queue a request that arrived at `arrival`. The model's end-of-sequence tokens end
+    /// it unless `ignore_eos`.
+    pub fn add(&mut self, id: u64, r: EngineRequest, arrival: Instant) -> Result<(), AddError> {
+        let mut eos = if r.ignore_eos {
+            Vec::new()
+        } else {
+            self.model().eos_token_ids.clone()
+        };
+        eos.sort_unstable();
+        let req = Request {
+            id: RequestId(id),
+            prompt: r.prompt,
+            stop: StopConditions {
+                max_tokens: r.max_tokens,
+                ignore_eos: r.ignore_eos,
+                eos_token_ids: eos,
+                stop_token_ids: r.stop_token_ids,
+            },
+        };
+        let sampler = Sampler::new(r.params, &req.prompt, self.default_seed);
+        let arrival_s = arrival.saturating_duration_since(self.start).as_secs_f64();
+        self.sched.add_request(req, arrival_s)?;
+        let want_logprobs = sampler.params().logprobs.is_some();
+        self.live.insert(
+            id,
+            Live {
+                sampler,
+                output: OutputStream::new(&r.stop_strings),
+                want_logprobs,
+            },
+        );
+        Ok(())
+    }
+
+    /// End a request now and free its KV. `None` if it was not live.
+    pub fn abort(&mut self, id: u64) -> Option<RequestStats> {
+        self.live.remove(&id);
+        self.sched.abort(RequestId(id))
+    }
+
+    /// Run one step.
+    pub fn step(&mut self) -> StepOutput {
+        let now = self.now();
+        let plan = self.sched.schedule(now);
+        for id in &plan.finished {
+            self.live.remove(&id.0);
+        }
+        if plan.is_empty() {
+            self.sched.complete(plan, &[], now);
+            return StepOutput {
+                idle: true,
+                ..StepOutput::default()
+            };
+        }
+        let shape = self.trace.then(|| StepShape::of(&plan));
+        let t_forward = Instant::now();
+        let sampled = match self.forward_and_sample(&plan) {
+            Ok(s) => s,
+            Err(e) => {
+                // The step failed: end its requests, keep serving the others.
+                let now = self.now();
+                let failed = self
+                    .sched
+                    .fail(plan, now)
+                    .into_iter()
+                    .map(|(id, stats)| {
+                        self.live.remove(&id.0);
+                        (id.0, stats, format!("model step failed: {e:#}"))
+                    })
+                    .collect();
+                return StepOutput {
+                    failed,
+                    shape,
+                    forward_s: t_forward.elapsed().as_secs_f64(),
+                    ..StepOutput::default()
+                };
+            }
+        };
+        let forward_s = t_forward.elapsed().as_secs_f64();
+        let tokens: Vec<u32> = sampled.iter().map(|s| s.1.token).collect();
+        let now = self.now();
+        let events = self.sched.complete(plan, &tokens, now);
+        let mut sampled = sampled.into_iter();
+        let mut out = Vec::with_capacity(tokens.len());
+        let mut events = events.into_iter().peekable();
+        while let Some(e) = events.next() {
+            let Event::Token {
+                request,
+                token,
+                first,
+            } = e
+            else {
+                // Every finish follows its request's token, and is taken with it below.
+                continue;
+            };
+            // Events come in plan order, so the sampled tokens are met in order.
+            let Some((_, s)) = sampled.by_ref().find(|s| s.0 == request.0) else {
+                continue;
+            };
+            debug_assert_eq!(s.token, token);
+            let finish = match events.peek() {
+                Some(Event::Finished { request: r, .. }) if *r == request => match events.next() {
+                    Some(Event::Finished { reason, stats, .. }) => Some((reason, stats)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            out.push(self.token_output(request.0, s, first, finish));
+        }
+        StepOutput {
+            idle: false,
+            tokens: out,
+            failed: Vec::new(),
+            shape,
+            forward_s,
+        }
+    }
+
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    /// Each sampling sequence's token, in plan order, with its request id.
+    fn forward_and_sample(&mut self, plan: &StepPlan) -> Result<Vec<(u64, SampledToken)>> {
+        #[cfg(test)]
+        if std::mem::take(&mut self.fail_next_forward) {
+            anyhow::bail!("injected forward failure");
+        }
+        let batch = to_batch(plan);
+        let logits = self.model.borrow().model.forward(&batch, &mut self.kv)?;
+        let mut out = Vec::with_capacity(logits.rows());
+        let sampling = plan.seqs.iter().filter(|s| s.samples);
+        for (s, row) in sampling.zip(logits.iter()) {
+            let id = s.request.0;
+            let live = self
+                .live
+                .get_mut(&id)
+                .ok_or_else(|| anyhow!("request {id} has no state"))?;
+            out.push((id, live.sampler.sample(row)));
+        }
+        Ok(out)
+    }
+
+    /// The text side of one token: detokenise, match stop strings (which end the request
+    /// here), release held-back text at the end.
+    fn token_output(
+        &mut self,
+        id: u64,
+        sampled: SampledToken,
+        first: bool,
+        mut finish: Option<(FinishReason, RequestStats)>,
+    ) -> TokenOutput {
+        let tokenizer = &self.model.borrow().tokenizer;
+        let live = self
+            .live
+            .get_mut(&id)
+            .expect("a token event for a live request");
+        // A stop token ends the request without its own text (vLLM's rule).
+        let stop_token = matches!(finish, Some((FinishReason::Stop, _)));
+        let mut text = if stop_token {
+            String::new()
+        } else {
+            live.output
+                .push(tokenizer, sampled.token)
+                .unwrap_or_default()
+        };
+        if finish.is_none() && live.output.stopped() {
+            finish = self
+                .sched
+                .finish(RequestId(id), FinishReason::Stop)
+                .map(|s| (FinishReason::Stop, s));
+        }
+        if finish.is_some() {
+            text.push_str(&live.output.finish(tokenizer).unwrap_or_default());
+        }
+        let (logprob, top_logprobs) = if live.want_logprobs {
+            (sampled.logprob, sampled.top_logprobs)
+        } else {
+            (0.0, Vec::new())
+        };
+        if finish.is_some() {
+            self.live.remove(&id);
+        }
+        TokenOutput {
+            id,
+            token: sampled.token,
+            first,
+            text,
+            logprob,
+            top_logprobs,
+            finish,
+        }
+    }
+}
+
+/// The model's view of a step plan.
+pub fn to_batch(plan: &StepPlan) -> ForwardBatch {
+    ForwardBatch {
+        seqs: (0..plan.seqs.len())
+            .map(|i| {
+                let s = &plan.seqs[i];
+                SeqChunk {
+                    tokens: plan.tokens(i).to_vec(),
+                    start_pos: s.num_computed,
+                    block_table: plan.block_table(i).to_vec(),
+                    sample: s.samples,
+                }
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::make_model::{make_model, ModelSpec};
+    use crate::model::{load_model_dir, Arch};
+    use crate::Device;
+
+    fn tiny() -> Result<(tempfile::TempDir, LoadedModel)> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("llama");
+        make_model(&ModelSpec::new(Arch::Llama), &dir)?;
+        let lm = load_model_dir(&dir, Some(candle_core::DType::F32), Device::Cpu)?;
+        Ok((tmp, lm))
+    }
+
+    fn request(len: usize, max_tokens: usize) -> EngineRequest {
+        EngineRequest {
+            prompt: (0..len as u32).map(|i| 10 + i % 50).collect(),
+            params: SamplingParams::greedy(),
+            max_tokens,
+            stop_strings: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+        }
+    }
+
+    fn config() -> SchedulerConfig {
+        SchedulerConfig {
+            max_batch_size: 2,
+            num_gpu_blocks: 64,
+            max_model_len: 256,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    /// Steps until nothing is left; returns each request's token count.
+    fn drain(core: &mut EngineCore<&LoadedModel>) -> HashMap<u64, usize> {
+        let mut counts = HashMap::new();
+        while core.has_unfinished() {
+            let out = core.step();
+            assert!(out.failed.is_empty());
+            for t in out.tokens {
+                *counts.entry(t.id).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn a_failed_step_fails_its_requests_only_and_the_engine_goes_on() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let mut core = EngineCore::new(&lm, config(), 0)?;
+        let now = Instant::now();
+        for id in 0..3 {
+            core.add(id, request(20, 4), now).unwrap();
+        }
+        core.fail_next_forward = true;
+        let out = core.step();
+        let failed: Vec<u64> = out.failed.iter().map(|f| f.0).collect();
+        assert_eq!(failed, vec![0, 1], "the two scheduled requests fail");
+        assert!(out.failed[0].2.contains("injected forward failure"));
+        assert!(out.tokens.is_empty());
+        assert_eq!(core.stats().num_running, 0);
+        assert_eq!(core.stats().num_free_blocks, 64, "their KV is freed");
+        // The waiting request and a new one run to the end.
+        core.add(3, request(9, 5), Instant::now()).unwrap();
+        let counts = drain(&mut core);
+        assert_eq!(counts, HashMap::from([(2, 4), (3, 5)]));
+        assert_eq!(core.stats().num_free_blocks, 64);
+        assert!(core.live.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn abort_frees_kv_and_forgets_the_request() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let mut core = EngineCore::new(&lm, config(), 0)?;
+        core.add(7, request(40, 50), Instant::now()).unwrap();
+        core.add(8, request(10, 3), Instant::now()).unwrap();
+        core.step();
+        assert!(core.stats().num_free_blocks < 64);
+        assert!(core.abort(7).is_some());
+        assert!(core.abort(7).is_none());
+        assert_eq!(drain(&mut core), HashMap::from([(8, 2)]));
+        assert_eq!(core.stats().num_free_blocks, 64);
+        assert!(core.live.is_empty());
+        Ok(())
+    }
+}
