@@ -7,9 +7,13 @@
 #      and CUDA-graph replays;
 #   3. decode tok/s at batch 1/8/32 with GB/s and its fraction of the device copy bandwidth,
 #      batch-1 ITL eager vs graphs, prefill tok/s at 512 and 2,048 tokens (gpu_bench);
-#   4. kernel figures (kernel_bench).
-# Not yet here: `engine profile` / `engine verify` with --device cuda (they take no --device
-# yet; the GPU-engine issue's note says what is left).
+#   4. kernel figures (kernel_bench);
+#   5. the engine on the GPU with a generated ~1B Llama (Llama-3.2-1B's shape, random
+#      weights): `engine generate` eager and with graphs, `engine serve
+#      --gpu-memory-utilization` driven by `engine bench`, `engine profile`, then
+#      `engine verify` on the five seed workloads in the Phase 8 configuration, whose
+#      fidelity table is copied to $OUT/fidelity-gpu.md.
+# QUICK=1 stops after step 4 (the engine steps take several minutes).
 # Steps run in order and the script goes on after a failure, so one run shows everything.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -46,6 +50,44 @@ step gpu_kernels "$bin/gpu_kernels" --ignored --nocapture --test-threads 1
 step gpu_parity "$bin/gpu_parity" --ignored --nocapture --test-threads 1
 step gpu_bench "$bin/gpu_bench"
 step kernel_bench "$bin/kernel_bench"
+
+if [ "${QUICK:-0}" != 1 ]; then
+    engine="$bin/engine"
+    model="$INFER_CACHE/llama-1b-bf16"
+    [ -f "$model/model.safetensors" ] || step make_model "$engine" make-model --arch llama \
+        --layers 16 --hidden 2048 --heads 32 --kv-heads 8 --head-dim 64 --intermediate 8192 \
+        --vocab 32768 --max-pos 4096 --dtype bf16 --out "$model"
+    step generate "$engine" generate --device cuda --model "$model" --prompt "The GPU check" \
+        --max-tokens 64 --ignore-eos
+    step generate_graphs "$engine" generate --device cuda --cuda-graphs --model "$model" \
+        --prompt "The GPU check" --max-tokens 64 --ignore-eos
+    serve_and_bench() {
+        "$engine" serve --device cuda --cuda-graphs --gpu-memory-utilization 0.85 \
+            --model "$model" --port 8765 >"$out/serve.log" 2>&1 &
+        local pid=$!
+        for _ in $(seq 120); do
+            # The port opens once the model is loaded and the KV pool allocated.
+            (echo >/dev/tcp/127.0.0.1/8765) 2>/dev/null && break
+            kill -0 $pid 2>/dev/null || { cat "$out/serve.log"; return 1; }
+            sleep 1
+        done
+        head -5 "$out/serve.log"
+        "$engine" bench --server http://localhost:8765 \
+            --scenario "$here/scenarios/chunked_prefill.toml" --no-progress --out "$out/bench-serve"
+        local rc=$?
+        kill $pid; wait $pid
+        return $rc
+    }
+    step serve_bench serve_and_bench
+    step profile "$engine" profile --device cuda --model "$model" --out "$out/profile-gpu.json"
+    seeds=()
+    for s in baseline continuous_batching paged_attention chunked_prefill prefix_caching; do
+        seeds+=("$here/scenarios/$s.toml")
+    done
+    step verify "$engine" verify "${seeds[@]}" --device cuda --model "$model" \
+        --profile "$out/profile-gpu.json" --out "$out/verify"
+    [ -f "$out/verify/fidelity.md" ] && cp "$out/verify/fidelity.md" "$out/fidelity-gpu.md"
+fi
 
 echo "log and reports in $out"
 exit $status

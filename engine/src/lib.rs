@@ -15,6 +15,7 @@ pub mod engine_core;
 pub mod generate;
 pub mod host;
 pub mod make_model;
+pub mod memory_plan;
 pub mod model;
 pub mod profile;
 pub mod sampling;

@@ -52,6 +52,32 @@ struct ProfileArgs {
     /// A smaller grid (for a quick look).
     #[arg(long)]
     quick: bool,
+    #[command(flatten)]
+    target: TargetArgs,
+}
+
+/// Where a model runs, for the commands that profile or serve it.
+#[derive(Args)]
+struct TargetArgs {
+    /// `cpu`, or `cuda[:N]` (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Replay decode steps from CUDA graphs (CUDA only).
+    #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    cuda_graphs: bool,
+}
+
+impl TargetArgs {
+    fn target(&self) -> Result<infer_engine::profile::Target> {
+        let device = Device::parse(&self.device).context("--device")?;
+        if self.cuda_graphs && device.is_cpu() {
+            bail!("--cuda-graphs needs --device cuda");
+        }
+        Ok(infer_engine::profile::Target {
+            device,
+            cuda_graphs: self.cuda_graphs,
+        })
+    }
 }
 
 #[derive(Args)]
@@ -75,6 +101,8 @@ struct VerifyArgs {
     /// drifts between runs).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    #[command(flatten)]
+    target: TargetArgs,
 }
 
 #[derive(Args)]
@@ -107,8 +135,13 @@ struct ServeArgs {
     batching_mode: BatchingArg,
     #[arg(long = "kv-cache-backend", value_enum, default_value_t = KvArg::Paged)]
     kv_cache_backend: KvArg,
-    #[arg(long = "num-gpu-blocks", default_value_t = 2048)]
-    num_gpu_blocks: usize,
+    /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.
+    #[arg(long = "num-gpu-blocks")]
+    num_gpu_blocks: Option<usize>,
+    /// Size the KV pool to this fraction of the GPU's memory, less what is already in use
+    /// (weights, the measured activation peak, other processes), as vLLM's flag does.
+    #[arg(long = "gpu-memory-utilization")]
+    gpu_memory_utilization: Option<f64>,
     #[arg(long = "block-size", default_value_t = 16)]
     block_size: usize,
     #[arg(long = "chunked-prefill", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -122,11 +155,8 @@ struct ServeArgs {
     /// Waiting requests at most; beyond it the server answers 503 with Retry-After.
     #[arg(long = "max-waiting")]
     max_waiting: Option<usize>,
-    /// `cpu`, or `cuda[:N]` (needs a build with `--features cuda`).
-    #[arg(long, default_value = "cpu")]
-    device: String,
-    #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    cuda_graphs: bool,
+    #[command(flatten)]
+    target: TargetArgs,
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     #[arg(long, default_value_t = 0)]
@@ -250,9 +280,8 @@ struct GenerateArgs {
     /// Compute dtype: the CPU computes in f32 (the default); another is refused.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
-    /// `cpu`, or `cuda[:N]` (a build with `--features cuda`).
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[command(flatten)]
+    target: TargetArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -300,7 +329,11 @@ fn run(cli: Cli) -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            let profile = rt.block_on(infer_engine::profile::profile_model(&a.model, a.quick))?;
+            let profile = rt.block_on(infer_engine::profile::profile_model(
+                &a.model,
+                a.target.target()?,
+                a.quick,
+            ))?;
             std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")?;
             let fit = infer_sim::cost::Profiled::fit(&profile, Default::default());
             for p in &profile.points {
@@ -333,6 +366,7 @@ fn run(cli: Cli) -> Result<()> {
             let opts = infer_engine::verify::VerifyOptions {
                 scenarios: a.scenarios,
                 model: a.model,
+                target: a.target.target()?,
                 profile: a.profile,
                 out: a.out.unwrap_or_else(infer_engine::verify::default_out),
                 overrides: a.set,
@@ -383,9 +417,9 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn run_serve(a: ServeArgs) -> Result<()> {
-    let device = infer_engine::Device::parse(&a.device).context("--device")?;
-    if a.cuda_graphs && device.is_cpu() {
-        eprintln!("note: --cuda-graphs has no effect on the CPU");
+    let target = a.target.target()?;
+    if a.gpu_memory_utilization.is_some() && a.num_gpu_blocks.is_some() {
+        bail!("--num-gpu-blocks and --gpu-memory-utilization both size the KV pool: give one");
     }
     let sched = SchedulerConfig {
         batching_mode: match a.batching_mode {
@@ -397,7 +431,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
             KvArg::Contiguous => KvBackend::Contiguous,
             KvArg::Paged => KvBackend::Paged,
         },
-        num_gpu_blocks: a.num_gpu_blocks,
+        num_gpu_blocks: a.num_gpu_blocks.unwrap_or(2048),
         block_size: a.block_size,
         chunked_prefill: a.chunked_prefill,
         prefill_chunk_size: a.prefill_chunk_size,
@@ -410,8 +444,9 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         sched,
         seed: a.seed,
         dtype: a.dtype.map(Into::into),
-        device,
-        cuda_graphs: a.cuda_graphs,
+        device: target.device,
+        cuda_graphs: target.cuda_graphs,
+        gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
         ..ServeConfig::new(&a.model)
     };
@@ -456,8 +491,12 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
-    let device = Device::parse(&a.device).context("--device")?;
-    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), device)?;
+    let target = a.target.target()?;
+    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), target.device)?;
+    if target.cuda_graphs {
+        lm.model
+            .enable_cuda_graphs(1, lm.config.max_position_embeddings)?;
+    }
     let prompt = if a.chat {
         if !lm.tokenizer.has_chat_template() {
             bail!("--chat: {} has no chat template", lm.dir.display());

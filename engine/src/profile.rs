@@ -17,6 +17,7 @@ use crate::bench::{self, BenchOptions};
 use crate::model::LoadedModel;
 use crate::serve::step_log::{self, StepRecord};
 use crate::serve::{spawn_local, ServeConfig};
+use crate::Device;
 
 pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint};
 
@@ -55,20 +56,49 @@ impl Shape {
     }
 }
 
-/// Profile `model` (steps and client path) into the simulator's profile format.
-pub async fn profile_model(model: &str, quick: bool) -> Result<Profile> {
+/// Where a profile runs: the device, and whether decode steps replay CUDA graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub device: Device,
+    pub cuda_graphs: bool,
+}
+
+impl Target {
+    pub const CPU: Target = Target {
+        device: Device::Cpu,
+        cuda_graphs: false,
+    };
+
+    /// The profile's device label: `cpu`, `cuda:0`, `cuda:0+graphs`.
+    pub fn label(&self) -> String {
+        if self.cuda_graphs {
+            format!("{}+graphs", self.device)
+        } else {
+            self.device.to_string()
+        }
+    }
+}
+
+/// Profile `model` (steps and client path) on `target` into the simulator's profile
+/// format.
+pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<Profile> {
     let m = model.to_string();
     let (lm, mut points) = tokio::task::spawn_blocking(move || {
-        let lm = crate::model::load_model(&m, None, crate::Device::Cpu)?;
+        let lm = crate::model::load_model(&m, None, target.device)?;
+        if target.cuda_graphs {
+            // The grid's decode batches go up to 32; contexts stay below 4,096.
+            let max_len = lm.config.max_position_embeddings.min(4096);
+            lm.model.enable_cuda_graphs(32, max_len)?;
+        }
         let points = crate::host::run_in_compute_pool("profile", || profile_steps(&lm, quick, 6))??;
         anyhow::Ok((lm, points))
     })
     .await??;
     drop(lm);
-    let client = measure_client_path(model, &mut points).await?;
+    let client = measure_client_path(model, target, &mut points).await?;
     Ok(Profile {
         model: model.to_string(),
-        device: "cpu".into(),
+        device: target.label(),
         points,
         client: Some(client),
     })
@@ -302,11 +332,15 @@ rate = 8.0
 ///   overhead (HTTP, tokenisation).
 ///
 /// The step overheads are added to every profiled point (they are part of an engine step).
-async fn measure_client_path(model: &str, points: &mut [ProfilePoint]) -> Result<ProfileClient> {
+async fn measure_client_path(
+    model: &str,
+    target: Target,
+    points: &mut [ProfilePoint],
+) -> Result<ProfileClient> {
     let offline = infer_sim::cost::Profiled::fit(
         &Profile {
             model: model.to_string(),
-            device: "cpu".into(),
+            device: target.label(),
             points: points.to_vec(),
             client: None,
         },
@@ -319,6 +353,8 @@ async fn measure_client_path(model: &str, points: &mut [ProfilePoint]) -> Result
     std::fs::write(&scenario, CALIBRATION_SCENARIO)?;
     let cfg = ServeConfig {
         step_log: Some(log.clone()),
+        device: target.device,
+        cuda_graphs: target.cuda_graphs,
         ..ServeConfig::new(model)
     };
     let (addr, server) = spawn_local(cfg).await?;

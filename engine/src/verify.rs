@@ -14,13 +14,15 @@ use infer_core::workload::{Scenario, Tokenizer};
 use infer_reports::verify::median;
 
 use crate::bench::{self, BenchOptions};
-use crate::profile::profile_model;
+use crate::profile::{profile_model, Target};
 use crate::serve::step_log::{self, StepRecord};
 use crate::serve::{spawn_local, ServeConfig};
 
 pub struct VerifyOptions {
     pub scenarios: Vec<PathBuf>,
     pub model: String,
+    /// Where the model is profiled and served.
+    pub target: Target,
     /// Reuse this profile instead of measuring one.
     pub profile: Option<PathBuf>,
     pub out: PathBuf,
@@ -94,14 +96,10 @@ pub fn step_fidelity(
 pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
     std::fs::create_dir_all(&opts.out)
         .with_context(|| format!("{}: cannot create", opts.out.display()))?;
+    // The tokenizer alone: the weights load where the model is profiled and served.
     let model = opts.model.clone();
-    let lm = tokio::task::spawn_blocking(move || {
-        crate::model::load_model(&model, None, crate::Device::Cpu)
-    })
-    .await??;
-    let tokenizer: Arc<dyn Tokenizer> =
-        Arc::new(crate::tokenizer::TextTokenizer::from_dir(&lm.dir)?);
-    drop(lm);
+    let dir = tokio::task::spawn_blocking(move || crate::builtin::resolve(&model)).await??;
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new(crate::tokenizer::TextTokenizer::from_dir(&dir)?);
     let reps = opts.repeat.max(1);
     let mut runs: Vec<Vec<VerifyResult>> = Vec::with_capacity(reps);
     for r in 0..reps {
@@ -169,7 +167,7 @@ async fn verify_once(
         None => {
             let path = out.join("profile.json");
             eprintln!("profiling {} …", opts.model);
-            let profile = profile_model(&opts.model, opts.quick_profile).await?;
+            let profile = profile_model(&opts.model, opts.target, opts.quick_profile).await?;
             std::fs::write(&path, serde_json::to_string_pretty(&profile)? + "\n")
                 .with_context(|| format!("{}: cannot write", path.display()))?;
             path
@@ -206,6 +204,8 @@ async fn verify_once(
             sched: scenario.server.scheduler_config(),
             seed: 0,
             step_log: Some(steps_path.clone()),
+            device: opts.target.device,
+            cuda_graphs: opts.target.cuda_graphs,
             ..ServeConfig::new(&opts.model)
         };
         let (addr, server) = spawn_local(cfg).await?;

@@ -88,6 +88,31 @@ impl Model {
         }
     }
 
+    /// Bytes of one KV block of `block_size` tokens (K and V, every layer).
+    pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
+        let c = self.config();
+        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype().size_in_bytes()
+    }
+
+    /// (free, total) bytes of the device's memory; `None` on the CPU.
+    pub fn device_memory(&self) -> Result<Option<(usize, usize)>> {
+        match self {
+            Model::Cpu(_) => Ok(None),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => Ok(Some(m.backend().memory()?)),
+        }
+    }
+
+    /// Bytes held for step activations (the CUDA arena, grown to the largest step so far);
+    /// `None` where activations are allocated per step (the CPU).
+    pub fn activation_bytes(&self) -> Option<usize> {
+        match self {
+            Model::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => Some(m.backend().activation_bytes()),
+        }
+    }
+
     /// Replays decode steps of up to `max_batch` sequences of at most `max_context` tokens
     /// from CUDA graphs. Only the CUDA backend has graphs.
     pub fn enable_cuda_graphs(&self, max_batch: usize, max_context: usize) -> Result<()> {

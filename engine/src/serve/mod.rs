@@ -48,6 +48,9 @@ pub struct ServeConfig {
     pub device: crate::Device,
     /// Replay decode steps from captured CUDA graphs (CUDA only).
     pub cuda_graphs: bool,
+    /// Size the KV pool to this fraction of the GPU's memory (minus what is in use),
+    /// replacing `sched.num_gpu_blocks` (CUDA only; see `memory_plan`).
+    pub gpu_memory_utilization: Option<f64>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
     /// Write a per-step trace here (see [`step_log`]).
@@ -64,6 +67,7 @@ impl ServeConfig {
             dtype: None,
             device: crate::Device::Cpu,
             cuda_graphs: false,
+            gpu_memory_utilization: None,
             max_body_bytes: 4 << 20,
             step_log: None,
         }
@@ -99,9 +103,12 @@ impl Engine {
     /// Load the model and start the engine thread.
     pub fn start(cfg: &ServeConfig) -> Result<Engine> {
         crate::host::keep_freed_memory();
-        cfg.sched
-            .validate()
-            .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
+        if cfg.gpu_memory_utilization.is_none() {
+            // Before the model loads, for a quick answer (the pool size is final).
+            cfg.sched
+                .validate()
+                .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
+        }
         let lm: LoadedModel = crate::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
         let model_name = cfg
             .served_model_name
@@ -115,7 +122,15 @@ impl Engine {
             lm.model
                 .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
         }
-        let weight_bytes = lm.config.num_parameters() * lm.model.dtype().size_in_bytes();
+        let memory = crate::memory_plan::plan(
+            &lm.model,
+            &mut sched,
+            cfg.gpu_memory_utilization,
+            cfg.cuda_graphs,
+        )?;
+        sched
+            .validate()
+            .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
         let tokenizer = Arc::new(TextTokenizer::from_dir(&lm.dir)?);
         let vocab_size = lm.config.vocab_size;
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
@@ -127,26 +142,15 @@ impl Engine {
         if let Some(path) = &cfg.step_log {
             engine.log_steps(step_log::StepLog::create(path)?);
         }
-        let capacity = sched.kv_capacity_tokens();
-        let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
         let startup_log = format!(
-            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {capacity} tokens\n\
-             memory plan on {}: weights {:.2} GiB, KV {:.2} GiB ({} blocks of {} tokens), \
-             activations per step as needed, CUDA graphs {}",
+            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}",
             cfg.model,
             engine_description(&cfg.model),
             sched,
-            cfg.device,
-            gib(weight_bytes),
-            gib(engine.kv_bytes()),
-            sched.num_gpu_blocks,
-            sched.block_size,
-            if cfg.cuda_graphs && !cfg.device.is_cpu() {
-                format!("on for decode batches up to {}", sched.max_batch_size)
-            } else {
-                "off".into()
-            },
+            sched.kv_capacity_tokens(),
+            memory.describe(),
         );
+        debug_assert_eq!(engine.kv_bytes(), memory.kv_pool);
         let (tx, rx) = mpsc::channel();
         // The loop runs on a worker of the compute pool, so the model's parallel ops start
         // on the spot (see `run_in_compute_pool`).

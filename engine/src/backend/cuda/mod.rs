@@ -150,8 +150,10 @@ impl CudaBackend {
             .configure(max_batch, max_context);
     }
 
-    /// (free, total) bytes of device memory.
+    /// (free, total) bytes of device memory, once the stream's work (and so its
+    /// asynchronous frees) has completed.
     pub fn memory(&self) -> Result<(usize, usize)> {
+        self.stream.synchronize()?;
         Ok(self.stream.context().mem_get_info()?)
     }
 
