@@ -187,5 +187,14 @@ fn main() -> Result<()> {
             "tok/s",
         );
     }
+    // The arena after the 2,048-token prefill: one layer's scratch plus the residual
+    // stream, not every layer's activations.
+    if let Some(bytes) = lm.model.activation_bytes() {
+        line(
+            "activation_arena",
+            bytes as f64 / (1u64 << 20) as f64,
+            "MiB",
+        );
+    }
     Ok(())
 }

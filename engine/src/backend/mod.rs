@@ -159,6 +159,8 @@ pub trait Backend: Sized {
     type Kv;
     /// One step's inputs, prepared once and read by every layer.
     type Step;
+    /// A point in a step's activation memory (see [`Backend::scratch_mark`]).
+    type ScratchMark: Copy;
 
     /// Takes a parameter loaded on the host (f32, or the checkpoint's bf16).
     fn weight(&self, t: Tensor, role: Role) -> Result<Self::Weight>;
@@ -208,14 +210,24 @@ pub trait Backend: Sized {
     ) -> Result<Self::Act>;
     /// RMSNorm of every `len(w)`-wide group of each row (a whole row, or each head).
     fn rms_norm(&self, x: &Self::Act, w: &Self::Weight, eps: f32) -> Result<Self::Act>;
-    /// `residual += x`, then returns the RMSNorm of the new residual.
+    /// `residual += x`, then `out` = the RMSNorm of the new residual (`out` has the
+    /// residual's shape and lives across layers, so a layer's scratch can be released).
     fn add_rms_norm(
         &self,
         residual: &mut Self::Act,
         x: &Self::Act,
         w: &Self::Weight,
         eps: f32,
-    ) -> Result<Self::Act>;
+        out: &mut Self::Act,
+    ) -> Result<()>;
+    /// Where the next activation would be allocated. Activations allocated after it are
+    /// scratch that [`Backend::release_scratch`] gives back for reuse: the transformer
+    /// releases each layer's at the layer's end, so a step holds one layer's activations
+    /// at a time, not every layer's. Backends that allocate per op need neither.
+    fn scratch_mark(&self) -> Self::ScratchMark;
+    /// Gives back everything allocated since `mark`; those activations must not be used
+    /// again (work already queued on them still runs first).
+    fn release_scratch(&self, mark: Self::ScratchMark);
     /// `residual += x`.
     fn add(&self, residual: &mut Self::Act, x: &Self::Act) -> Result<()>;
     /// Splits the columns of `x` into pieces of `widths` (a fused QKV product).

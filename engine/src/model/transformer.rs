@@ -297,6 +297,8 @@ impl<B: Backend> Transformer<B> {
         let (nq, nkv) = (heads.q * heads.dim, heads.kv * heads.dim);
         let mut h = b.rms_norm(&x, &self.layers[0].attn_in_norm, eps)?;
         for (li, layer) in self.layers.iter().enumerate() {
+            // Everything but the residual `x` and the normed input `h` is this layer's.
+            let scratch = b.scratch_mark();
             let qkv = layer.qkv.forward(b, &h)?;
             let [mut q, mut k, v]: [B::Act; 3] = b
                 .split(&qkv, &[nq, nkv, nkv])?
@@ -314,7 +316,7 @@ impl<B: Backend> Transformer<B> {
             if let Some(n) = &layer.attn_out_norm {
                 o = b.rms_norm(&o, n, eps)?;
             }
-            h = b.add_rms_norm(&mut x, &o, &layer.mlp_in_norm, eps)?;
+            b.add_rms_norm(&mut x, &o, &layer.mlp_in_norm, eps, &mut h)?;
             let gate_up = layer.gate_up.forward(b, &h)?;
             let mut m = layer.down.forward(b, &b.gated(&gate_up, c.activation)?)?;
             if let Some(n) = &layer.mlp_out_norm {
@@ -323,9 +325,10 @@ impl<B: Backend> Transformer<B> {
             // The residual add feeds the next layer's input norm (or, after the last layer,
             // the sampled rows' final norm).
             match self.layers.get(li + 1) {
-                Some(next) => h = b.add_rms_norm(&mut x, &m, &next.attn_in_norm, eps)?,
+                Some(next) => b.add_rms_norm(&mut x, &m, &next.attn_in_norm, eps, &mut h)?,
                 None => b.add(&mut x, &m)?,
             }
+            b.release_scratch(scratch);
         }
         // Only rows whose next token is sampled go through the final norm and the head.
         let Some(x) = b.sampled_rows(&x, step)? else {

@@ -116,6 +116,8 @@ impl Backend for CpuBackend {
     type Rope = CpuRope;
     type Kv = CpuKv;
     type Step = CpuStep;
+    /// Tensors free themselves when dropped: nothing to mark.
+    type ScratchMark = ();
 
     fn weight(&self, t: Tensor, role: Role) -> Result<CpuWeight> {
         let t = match role {
@@ -256,10 +258,16 @@ impl Backend for CpuBackend {
         x: &Tensor,
         w: &CpuWeight,
         eps: f32,
-    ) -> Result<Tensor> {
+        out: &mut Tensor,
+    ) -> Result<()> {
         self.add(residual, x)?;
-        self.rms_norm(residual, w, eps)
+        *out = self.rms_norm(residual, w, eps)?;
+        Ok(())
     }
+
+    fn scratch_mark(&self) {}
+
+    fn release_scratch(&self, _: ()) {}
 
     fn add(&self, residual: &mut Tensor, x: &Tensor) -> Result<()> {
         *residual = (&*residual + x)?;

@@ -202,6 +202,7 @@ impl Backend for CudaBackend {
     type Rope = CudaRope;
     type Kv = CudaKv;
     type Step = CudaStep;
+    type ScratchMark = arena::Mark;
 
     fn weight(&self, t: Tensor, role: Role) -> Result<CudaWeight> {
         let (rows, cols) = match t.dims() {
@@ -376,8 +377,18 @@ impl Backend for CudaBackend {
         x: &CudaAct,
         w: &CudaWeight,
         eps: f32,
-    ) -> Result<CudaAct> {
-        let out = self.act(x.rows, x.cols)?;
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        ensure!(
+            (out.rows, out.cols) == (residual.rows, residual.cols)
+                && (x.rows, x.cols) == (residual.rows, residual.cols),
+            "add_rms_norm: shapes differ"
+        );
+        // The kernel's output must not overlap the residual it updates.
+        ensure!(
+            out.span.ptr() != residual.span.ptr(),
+            "add_rms_norm: out is the residual"
+        );
         driver(self.kernels.fused_add_rms_norm(
             out.span,
             residual.span,
@@ -385,8 +396,15 @@ impl Backend for CudaBackend {
             w.span(),
             eps,
             w.norm,
-        ))?;
-        Ok(out)
+        ))
+    }
+
+    fn scratch_mark(&self) -> arena::Mark {
+        self.arena.lock().unwrap().mark()
+    }
+
+    fn release_scratch(&self, mark: arena::Mark) {
+        self.arena.lock().unwrap().restore(mark);
     }
 
     fn add(&self, residual: &mut CudaAct, x: &CudaAct) -> Result<()> {
