@@ -49,3 +49,25 @@ pub fn run_in_compute_pool<R: Send>(
         .map_err(std::io::Error::other)?;
     Ok(pool.install(f))
 }
+
+/// Host memory available to a new allocation (`MemAvailable`, Linux), in bytes.
+pub fn available_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_mem_available(&text)
+}
+
+fn parse_mem_available(meminfo: &str) -> Option<usize> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mem_available_is_read_in_bytes() {
+        let text = "MemTotal:       24576000 kB\nMemFree: 1 kB\nMemAvailable:   20480000 kB\n";
+        assert_eq!(super::parse_mem_available(text), Some(20480000 * 1024));
+        assert_eq!(super::parse_mem_available("MemTotal: 5 kB\n"), None);
+    }
+}

@@ -170,10 +170,35 @@ pub fn plan(
             usable = Some((f * total as f64) as usize);
         }
     }
+    // A pool sized in blocks must fit what is free now (sized by utilization, it does).
+    let per_block = model.kv_bytes_per_block(sched.block_size);
+    let kv_pool = sched.num_gpu_blocks.checked_mul(per_block);
+    let free = match model.device_memory()? {
+        Some((free, _)) => Some(free),
+        None => crate::host::available_memory(),
+    };
+    if let Some(free) = free {
+        if kv_pool.is_none_or(|bytes| bytes > free) {
+            bail!(
+                "--num-gpu-blocks {}: a KV pool of {} blocks x {} tokens needs {:.2} GiB, but \
+                 {} has {:.2} GiB free",
+                sched.num_gpu_blocks,
+                sched.num_gpu_blocks,
+                sched.block_size,
+                sched.num_gpu_blocks as f64 * per_block as f64 / GIB,
+                if device.is_cpu() {
+                    "the host"
+                } else {
+                    "the GPU"
+                },
+                free as f64 / GIB
+            );
+        }
+    }
     Ok(MemoryPlan {
         device,
         weights: model.config().num_parameters() * model.dtype().size_in_bytes(),
-        kv_pool: sched.num_gpu_blocks * model.kv_bytes_per_block(sched.block_size),
+        kv_pool: kv_pool.unwrap_or(usize::MAX),
         kv_blocks: sched.num_gpu_blocks,
         block_size: sched.block_size,
         activations,
@@ -269,6 +294,15 @@ mod tests {
         assert!(p.describe().contains("40 blocks of 16 tokens"));
         let e = plan(&lm.model, &mut sched, Some(0.9), false).unwrap_err();
         assert!(e.to_string().contains("--device cuda"), "{e}");
+        // A pool beyond the host's memory is refused before anything is allocated.
+        if crate::host::available_memory().is_some() {
+            let mut huge = SchedulerConfig {
+                num_gpu_blocks: u32::MAX as usize,
+                ..sched
+            };
+            let e = plan(&lm.model, &mut huge, None, false).unwrap_err();
+            assert!(e.to_string().contains("GiB free"), "{e}");
+        }
         Ok(())
     }
 }

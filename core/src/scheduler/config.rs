@@ -104,6 +104,30 @@ impl SchedulerConfig {
                 "needs kv_cache_backend = \"paged\" (contiguous slots cannot share blocks)".into(),
             ));
         }
+        if self.max_waiting == Some(0) {
+            return Err((
+                "max_waiting",
+                "0 would refuse every request; leave it unset for no limit".into(),
+            ));
+        }
+        // Block ids are u32, and every count derived from the pool must not overflow.
+        if self.num_gpu_blocks > u32::MAX as usize
+            || self
+                .num_gpu_blocks
+                .checked_mul(self.block_size)
+                .and_then(|t| t.checked_mul(self.max_model_len.max(1)))
+                .is_none()
+        {
+            return Err((
+                "num_gpu_blocks",
+                format!(
+                    "{} blocks of {} tokens is beyond any device (at most {} blocks)",
+                    self.num_gpu_blocks,
+                    self.block_size,
+                    u32::MAX
+                ),
+            ));
+        }
         // Like vLLM, refuse a pool that cannot hold one sequence of max_model_len tokens:
         // such a sequence, preempted, could never be scheduled again.
         if self.num_gpu_blocks * self.block_size < self.max_model_len {
@@ -120,5 +144,41 @@ impl SchedulerConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(cfg: SchedulerConfig) -> &'static str {
+        cfg.validate().expect_err("must be refused").0
+    }
+
+    #[test]
+    fn impossible_configurations_are_refused_with_their_key() {
+        let ok = SchedulerConfig::default();
+        ok.validate().unwrap();
+        let huge = SchedulerConfig {
+            num_gpu_blocks: usize::MAX,
+            block_size: 2,
+            ..ok.clone()
+        };
+        assert_eq!(key(huge), "num_gpu_blocks");
+        let too_many_ids = SchedulerConfig {
+            num_gpu_blocks: u32::MAX as usize + 1,
+            ..ok.clone()
+        };
+        assert_eq!(key(too_many_ids), "num_gpu_blocks");
+        let no_queue = SchedulerConfig {
+            max_waiting: Some(0),
+            ..ok.clone()
+        };
+        assert_eq!(key(no_queue), "max_waiting");
+        let small = SchedulerConfig {
+            num_gpu_blocks: 10,
+            ..ok
+        };
+        assert_eq!(key(small), "num_gpu_blocks");
     }
 }

@@ -206,6 +206,15 @@ impl Scenario {
         if w.num_requests == 0 {
             return Err((at("workload", "num_requests"), "must be at least 1".into()));
         }
+        if w.warmup_requests >= w.num_requests {
+            return Err((
+                at("workload", "warmup_requests"),
+                format!(
+                    "{} warm-up requests leave none of the {} requests to measure",
+                    w.warmup_requests, w.num_requests
+                ),
+            ));
+        }
         if w.output_tokens.min() == 0 {
             return Err((
                 at("workload", "output_tokens"),

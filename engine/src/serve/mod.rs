@@ -145,7 +145,7 @@ impl Engine {
         let startup_log = format!(
             "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}",
             cfg.model,
-            engine_description(&cfg.model),
+            engine_description(&cfg.model, cfg.device),
             sched,
             sched.kv_capacity_tokens(),
             memory.describe(),
@@ -214,11 +214,11 @@ impl Drop for Engine {
     }
 }
 
-fn engine_description(model: &str) -> &'static str {
+fn engine_description(model: &str, device: crate::Device) -> String {
     if model.starts_with("builtin:") {
-        "embedded model, CPU"
+        format!("embedded model, {device}")
     } else {
-        "CPU"
+        device.to_string()
     }
 }
 
