@@ -62,6 +62,19 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The most bytes of text one token stands for: the longest vocabulary entry, in UTF-8
+    /// (byte-level entries spell one byte per character, SentencePiece's `▁` three bytes
+    /// for one space, byte-fallback `<0xNN>` six for one: each at least what it decodes to).
+    pub fn max_token_bytes(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

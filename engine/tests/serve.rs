@@ -186,10 +186,8 @@ async fn bad_inputs_get_openai_errors_and_the_server_keeps_serving() {
         max_model_len: 256,
         ..SchedulerConfig::default()
     };
-    let cfg = ServeConfig {
-        max_body_bytes: 64 << 10,
-        ..config(sched)
-    };
+    let mut cfg = config(sched);
+    cfg.http.max_body_bytes = 64 << 10;
     let (addr, server) = spawn_local(cfg).await.unwrap();
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();

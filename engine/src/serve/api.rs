@@ -127,6 +127,40 @@ pub fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// Token ids of a JSON list of non-negative integers; an id beyond u32 is an error, never
+/// wrapped.
+fn u32_ids(list: &[Value], param: &str) -> Result<Vec<u32>, ApiError> {
+    list.iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(Some(param), format!("token id {v} is out of range"))
+                })
+        })
+        .collect()
+}
+
+/// `param`'s list of token ids, each inside the vocabulary.
+pub fn token_ids(value: Option<&Value>, param: &str, vocab: usize) -> Result<Vec<u32>, ApiError> {
+    let ids = match value {
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => u32_ids(a, param)?,
+        _ => {
+            return Err(ApiError::bad_request(
+                Some(param),
+                format!("{param} must be a list of token ids"),
+            ))
+        }
+    };
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad_request(
+            Some(param),
+            format!("token id {bad} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    Ok(ids)
+}
+
 /// Parse and validate a completions or chat body.
 pub fn parse_request(
     body: &Map<String, Value>,
@@ -141,7 +175,7 @@ pub fn parse_request(
                 Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
             }
             Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-                Prompt::Tokens(a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect())
+                Prompt::Tokens(u32_ids(a, "prompt")?)
             }
             Some(Value::Array(a)) if a.len() > 1 => {
                 return Err(ApiError::bad_request(
@@ -288,9 +322,7 @@ pub fn parse_request(
     }
     let stop_token_ids = match body.get("stop_token_ids") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
-            a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect()
-        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => u32_ids(a, "stop_token_ids")?,
         Some(_) => {
             return Err(ApiError::bad_request(
                 Some("stop_token_ids"),

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod engine_loop;
+pub mod http;
 pub mod metrics;
 pub mod step_log;
 
@@ -51,8 +52,8 @@ pub struct ServeConfig {
     /// Size the KV pool to this fraction of the GPU's memory (minus what is in use),
     /// replacing `sched.num_gpu_blocks` (CUDA only; see `memory_plan`).
     pub gpu_memory_utilization: Option<f64>,
-    /// Largest request body accepted (413 beyond).
-    pub max_body_bytes: usize,
+    /// Connection and request limits (413 beyond the body size, 408 past the deadlines).
+    pub http: http::HttpLimits,
     /// Write a per-step trace here (see [`step_log`]).
     pub step_log: Option<std::path::PathBuf>,
 }
@@ -68,7 +69,7 @@ impl ServeConfig {
             device: crate::Device::Cpu,
             cuda_graphs: false,
             gpu_memory_utilization: None,
-            max_body_bytes: 4 << 20,
+            http: http::HttpLimits::default(),
             step_log: None,
         }
     }
@@ -83,6 +84,11 @@ pub struct AppState {
 struct Shared {
     model_name: String,
     max_model_len: usize,
+    /// A prompt longer than this in bytes cannot fit `max_model_len` tokens: refused before
+    /// it is tokenised (see [`prompt_bytes_limit`]).
+    max_prompt_bytes: usize,
+    /// Tokenizer jobs at once (half the cores), on the blocking pool: see [`off_thread`].
+    tokenizer_permits: Arc<tokio::sync::Semaphore>,
     tokenizer: Arc<TextTokenizer>,
     vocab_size: usize,
     commands: Mutex<mpsc::Sender<Command>>,
@@ -169,6 +175,11 @@ impl Engine {
             inner: Arc::new(Shared {
                 model_name,
                 max_model_len: sched.max_model_len,
+                max_prompt_bytes: prompt_bytes_limit(&tokenizer, sched.max_model_len),
+                // Half the cores at most: the engine's step must keep its own.
+                tokenizer_permits: Arc::new(tokio::sync::Semaphore::new(
+                    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+                )),
                 tokenizer,
                 vocab_size,
                 commands: Mutex::new(tx),
@@ -184,8 +195,8 @@ impl Engine {
         })
     }
 
-    pub fn router(&self, max_body_bytes: usize) -> Router {
-        router(self.state.clone(), max_body_bytes)
+    pub fn router(&self) -> Router {
+        router(self.state.clone())
     }
 
     /// Stop the engine thread (live requests end with an error).
@@ -222,7 +233,8 @@ fn engine_description(model: &str, device: crate::Device) -> String {
     }
 }
 
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+/// The routes. Bodies arrive already read, within the limits of [`http::HttpLimits`].
+pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/v1/models", get(models))
@@ -231,34 +243,24 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        // The body is already read, within `HttpLimits::max_body_bytes`.
+        .layer(DefaultBodyLimit::disable())
         .with_state(state)
 }
 
 /// Serve until SIGINT or SIGTERM.
 pub async fn serve(cfg: ServeConfig, addr: SocketAddr) -> Result<()> {
+    http::raise_fd_limit();
     let mut engine = tokio::task::block_in_place(|| Engine::start(&cfg))?;
     eprintln!("{}", engine.startup_log);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     eprintln!("listening on http://{}", listener.local_addr()?);
-    // No Nagle: one small SSE chunk per token must leave at once, or ITL gains 40 ms stalls.
-    axum::serve(no_delay(listener), engine.router(cfg.max_body_bytes))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    http::serve(listener, engine.router(), cfg.http, shutdown_signal()).await;
     eprintln!("shutting down");
     tokio::task::block_in_place(|| engine.shutdown());
     Ok(())
-}
-
-/// Accepted connections without Nagle's algorithm: each small SSE chunk (one token) must
-/// leave at once, or delayed ACKs add ~40 ms stalls to inter-token latency.
-fn no_delay(listener: tokio::net::TcpListener) -> impl axum::serve::Listener<Addr = SocketAddr> {
-    use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    })
 }
 
 async fn shutdown_signal() {
@@ -304,25 +306,15 @@ fn body_or_error(
 }
 
 async fn tokenize(
-    State(s): State<AppState>,
+    State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let body = body_or_error(body)?;
-    let s = &s.inner;
-    let tokens = if body.contains_key("messages") {
-        let req = api::parse_request(&body, Endpoint::Chat)?;
-        prompt_tokens(s, &req.prompt)?
+    let prompt = if body.contains_key("messages") {
+        api::parse_request(&body, Endpoint::Chat)?.prompt
     } else {
         match body.get("prompt") {
-            Some(Value::String(p)) => {
-                let add = body
-                    .get("add_special_tokens")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true);
-                s.tokenizer
-                    .encode(p, add)
-                    .map_err(|e| ApiError::internal(format!("{e:#}")))?
-            }
+            Some(Value::String(p)) => Prompt::Text(p.clone()),
             _ => {
                 return Err(ApiError::bad_request(
                     Some("prompt"),
@@ -331,38 +323,39 @@ async fn tokenize(
             }
         }
     };
-    Ok(Json(
-        json!({"tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len}),
-    ))
+    let add_special = body
+        .get("add_special_tokens")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    // Tokenising and writing a long answer both happen off the HTTP threads.
+    off_thread(&state, move |s| {
+        let tokens = match prompt {
+            Prompt::Text(p) => s
+                .tokenizer
+                .encode(&p, add_special)
+                .map_err(|e| ApiError::internal(format!("{e:#}")))?,
+            other => prompt_tokens(s, &other)?,
+        };
+        let body = json!({
+            "tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len,
+        });
+        Ok(([("content-type", "application/json")], body.to_string()).into_response())
+    })
+    .await?
 }
 
 async fn detokenize(
-    State(s): State<AppState>,
+    State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body_or_error(body)?;
-    let tokens: Vec<u32> = match body.get("tokens") {
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
-            a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect()
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                Some("tokens"),
-                "tokens must be a list of token ids",
-            ))
-        }
-    };
-    if let Some(bad) = tokens.iter().find(|&&t| t as usize >= s.inner.vocab_size) {
-        return Err(ApiError::bad_request(
-            Some("tokens"),
-            format!("token id {bad} is outside the vocabulary"),
-        ));
-    }
-    let text = s
-        .inner
-        .tokenizer
-        .decode(&tokens)
-        .map_err(|e| ApiError::internal(format!("{e:#}")))?;
+    let tokens = api::token_ids(body.get("tokens"), "tokens", state.inner.vocab_size)?;
+    let text = off_thread(&state, move |s| {
+        s.tokenizer
+            .decode(&tokens)
+            .map_err(|e| ApiError::internal(format!("{e:#}")))
+    })
+    .await??;
     Ok(Json(json!({"prompt": text})))
 }
 
@@ -381,7 +374,59 @@ async fn chat_completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// The longest prompt, in bytes, that could still fit `max_model_len` tokens: every token
+/// stands for at most `max_token_bytes` bytes, with a factor 2 of slack for normalizers
+/// that shorten text (Unicode composition) before it is split.
+fn prompt_bytes_limit(tokenizer: &TextTokenizer, max_model_len: usize) -> usize {
+    tokenizer
+        .max_token_bytes()
+        .saturating_mul(max_model_len)
+        .saturating_mul(2)
+}
+
+/// Runs tokenizer work (templating, encoding, decoding) on the blocking pool, at most one
+/// job per two cores at a time, so a large prompt never holds an HTTP thread: `/health` and
+/// every stream keep being served while it is tokenised.
+async fn off_thread<T: Send + 'static>(
+    state: &AppState,
+    job: impl FnOnce(&Shared) -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    let shared = state.inner.clone();
+    let permit = shared
+        .tokenizer_permits
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::internal("the tokenizer pool is closed"))?;
+    tokio::task::spawn_blocking(move || {
+        let out = job(&shared);
+        drop(permit);
+        out
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizer job failed: {e}")))
+}
+
 fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let bytes = match prompt {
+        Prompt::Text(t) => t.len(),
+        Prompt::Tokens(_) => 0,
+        Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+    };
+    if bytes > s.max_prompt_bytes {
+        return Err(ApiError::bad_request(
+            Some(if matches!(prompt, Prompt::Chat(_)) {
+                "messages"
+            } else {
+                "prompt"
+            }),
+            format!(
+                "this model's maximum context length is {} tokens, but the prompt has {bytes} \
+                 bytes, more than {} tokens can hold",
+                s.max_model_len, s.max_model_len
+            ),
+        ));
+    }
     let tokens = match prompt {
         Prompt::Text(t) => s.tokenizer.encode(t, true),
         Prompt::Tokens(t) => {
@@ -433,7 +478,7 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
     let body = body_or_error(body)?;
-    let req: GenerationRequest = api::parse_request(&body, endpoint)?;
+    let mut req: GenerationRequest = api::parse_request(&body, endpoint)?;
     let s = &state.inner;
     if !req.model.is_empty() && req.model != s.model_name {
         return Err(ApiError::not_found(
@@ -444,7 +489,11 @@ async fn generate(
             ),
         ));
     }
-    let prompt = prompt_tokens(s, &req.prompt)?;
+    let prompt = {
+        let p = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
+        off_thread(&state, move |s| prompt_tokens(s, &p)).await??
+    };
+    let s = &state.inner;
     let n = prompt.len();
     if n >= s.max_model_len {
         return Err(ApiError::bad_request(
@@ -694,21 +743,15 @@ fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
 /// Start a server in this process on `127.0.0.1:0` (tests and `engine verify`):
 /// returns its address; it stops when the returned guard is dropped.
 pub async fn spawn_local(cfg: ServeConfig) -> Result<(SocketAddr, LocalServer)> {
-    let engine =
-        tokio::task::spawn_blocking(move || Engine::start(&cfg).map(|e| (e, cfg.max_body_bytes)))
-            .await??;
-    let (engine, max_body) = engine;
+    let limits = cfg.http;
+    let engine = tokio::task::spawn_blocking(move || Engine::start(&cfg)).await??;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let app = engine.router(max_body);
+    let app = engine.router();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(no_delay(listener), app)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .await;
-    });
+    let task = tokio::spawn(http::serve(listener, app, limits, async move {
+        let _ = stop_rx.await;
+    }));
     Ok((
         addr,
         LocalServer {

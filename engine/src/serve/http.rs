@@ -1,0 +1,173 @@
+//! The server's front door: accepting connections and reading requests, with the limits that
+//! keep one client from holding what the others need.
+//!
+//! - **Connections**: at most `max_connections` open; one over the limit is answered 503 and
+//!   closed at once, so a flood of idle sockets cannot use up the process's file
+//!   descriptors (the soft limit is raised to the hard one at start, as vLLM does).
+//! - **Headers**: a client must send a request's headers within `header_timeout` (hyper's
+//!   header read timeout); the same deadline closes keep-alive connections left idle.
+//! - **Bodies**: a request's body must arrive within `body_timeout` (408 otherwise) and be
+//!   at most `max_body_bytes` (413); it is read here, before any handler runs.
+//! - Nagle's algorithm is off: each small SSE chunk (one token) leaves at once, or delayed
+//!   ACKs add ~40 ms stalls to inter-token latency.
+//!
+//! Shutdown stops accepting, then waits for open requests to finish.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+use super::api::ApiError;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HttpLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_body_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Reads each request's body within the limits before the handlers see it.
+pub fn with_body_limits(app: Router, limits: HttpLimits) -> Router {
+    app.layer(axum::middleware::from_fn_with_state(limits, read_body))
+}
+
+async fn read_body(State(limits): State<HttpLimits>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, limits.max_body_bytes);
+    match tokio::time::timeout(limits.body_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(e)) => {
+            // The length limit is the only error a complete read can give but a broken
+            // connection; either way the request cannot be served.
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::too_large(format!(
+                    "request body too large: more than {} bytes",
+                    limits.max_body_bytes
+                ))
+                .into_response()
+            } else {
+                ApiError::bad_request(None, format!("cannot read the request body: {e}"))
+                    .into_response()
+            }
+        }
+        Err(_) => ApiError {
+            status: axum::http::StatusCode::REQUEST_TIMEOUT,
+            ..ApiError::bad_request(
+                None,
+                format!(
+                    "the request body did not arrive within {} s",
+                    limits.body_timeout.as_secs_f64()
+                ),
+            )
+        }
+        .into_response(),
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then waits for open requests.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let app = with_body_limits(app, limits);
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors or a connection reset before accept: go on.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            app.clone().oneshot(req.map(Body::new))
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Over the connection limit: a 503 and close.
+async fn refuse(mut stream: TcpStream) {
+    let body = ApiError::overloaded("too many open connections")
+        .body()
+        .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let write = stream.write_all(response.as_bytes());
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+/// Raise the open-file soft limit to the hard limit (vLLM does the same): every
+/// connection is a descriptor.
+pub fn raise_fd_limit() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain syscalls on a local struct.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+                lim.rlim_cur = lim.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+    }
+}
