@@ -157,7 +157,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 stop_token_ids: r.stop_token_ids,
             },
         };
-        let sampler = Sampler::new(r.params, &req.prompt, self.default_seed);
+        let sampler = Sampler::new(r.params, &req.prompt, request_seed(self.default_seed, id));
         let arrival_s = arrival.saturating_duration_since(self.start).as_secs_f64();
         self.sched.add_request(req, arrival_s)?;
         let want_logprobs = sampler.params().logprobs.is_some();
@@ -333,6 +333,16 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     }
 }
 
+/// The seed of a request that brings none: its own for each request (two unseeded
+/// requests do not sample alike), reproducible from the engine's seed and the request id.
+fn request_seed(engine_seed: u64, id: u64) -> u64 {
+    // SplitMix64 of the pair: neighbouring ids give unrelated seeds.
+    let mut z = engine_seed ^ id.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The model's view of a step plan.
 pub fn to_batch(plan: &StepPlan) -> ForwardBatch {
     ForwardBatch {
@@ -420,6 +430,34 @@ mod tests {
         assert_eq!(counts, HashMap::from([(2, 4), (3, 5)]));
         assert_eq!(core.stats().num_free_blocks, 64);
         assert!(core.live.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn unseeded_requests_sample_differently_and_reproducibly() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let sample = |seed: u64| -> Result<HashMap<u64, Vec<u32>>> {
+            let mut core = EngineCore::new(&lm, config(), seed)?;
+            for id in 0..2 {
+                let mut r = request(8, 12);
+                r.params = SamplingParams {
+                    temperature: 1.0,
+                    ..SamplingParams::default()
+                };
+                core.add(id, r, Instant::now()).unwrap();
+            }
+            let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+            while core.has_unfinished() {
+                for t in core.step().tokens {
+                    out.entry(t.id).or_default().push(t.token);
+                }
+            }
+            Ok(out)
+        };
+        let a = sample(0)?;
+        assert_ne!(a[&0], a[&1], "same prompt, no seed: different samples");
+        assert_eq!(sample(0)?, a, "the same engine seed reproduces them");
+        assert_ne!(sample(1)?, a);
         Ok(())
     }
 

@@ -225,3 +225,114 @@ async fn token_ids_beyond_u32_are_refused_not_wrapped() {
     assert_eq!(status, 200, "{v}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_parameters_are_refused_and_errors_name_what_was_sent() {
+    let (addr, server) = spawn_local(config()).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let refused = [
+        (
+            "/v1/completions",
+            completion(json!({"logit_bias": {"5": 100}})),
+            "logit_bias",
+        ),
+        ("/v1/completions", completion(json!({"echo": true})), "echo"),
+        (
+            "/v1/completions",
+            completion(json!({"best_of": 3})),
+            "best_of",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"suffix": "end"})),
+            "suffix",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"min_tokens": 4})),
+            "min_tokens",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"guided_json": {}})),
+            "guided_json",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_completion_tokens": 0})),
+            "max_completion_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"logprobs": true, "top_logprobs": 50})),
+            "top_logprobs",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"logprobs": 50})),
+            "logprobs",
+        ),
+    ];
+    for (path, body, param) in refused {
+        let (status, v) = post(&client, &format!("{base}{path}"), &body).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+    // Their "not used" values are accepted.
+    let accepted = [
+        completion(json!({"logit_bias": {}, "echo": false, "best_of": 1, "suffix": null})),
+        chat(json!({"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"})),
+    ];
+    for body in accepted {
+        let path = if body.get("messages").is_some() {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (status, v) = post(&client, &format!("{base}{path}"), &body).await;
+        assert_eq!(status, 200, "{body}: {v}");
+    }
+    // Unknown paths and methods answer OpenAI error JSON.
+    let r = client
+        .get(format!("{base}/v1/nothing"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 404);
+    let r = client
+        .get(format!("{base}/v1/completions"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], 405);
+    server.stop().await;
+}

@@ -127,6 +127,52 @@ pub fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// Whether a parameter's value means "not used".
+type IsUnused = fn(&Value) -> bool;
+
+/// Parameters this server does not implement, with the value that means "not used": a
+/// request that sets one to anything else is refused rather than answered as if it had not
+/// (vLLM implements them; clients rely on their effect).
+const UNSUPPORTED: &[(&str, IsUnused)] = &[
+    ("logit_bias", |v| {
+        v.as_object().is_some_and(|o| o.is_empty())
+    }),
+    ("echo", |v| v == &Value::Bool(false)),
+    ("suffix", |v| v.as_str() == Some("")),
+    ("best_of", |v| v.as_u64() == Some(1)),
+    ("response_format", |v| v["type"] == "text"),
+    ("tools", |v| v.as_array().is_some_and(Vec::is_empty)),
+    ("tool_choice", |v| v == "none"),
+    ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
+    ("function_call", |v| v == "none"),
+    ("prompt_logprobs", |v| v.as_u64() == Some(0)),
+    ("min_tokens", |v| v.as_u64() == Some(0)),
+    ("use_beam_search", |v| v == &Value::Bool(false)),
+    ("include_stop_str_in_output", |v| v == &Value::Bool(false)),
+    ("skip_special_tokens", |v| v == &Value::Bool(true)),
+    ("guided_json", |_| false),
+    ("guided_regex", |_| false),
+    ("guided_choice", |_| false),
+    ("guided_grammar", |_| false),
+    ("structured_outputs", |_| false),
+];
+
+fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
+    for (key, unused) in UNSUPPORTED {
+        match body.get(*key) {
+            None | Some(Value::Null) => {}
+            Some(v) if unused(v) => {}
+            Some(v) => {
+                return Err(ApiError::bad_request(
+                    Some(key),
+                    format!("{key} is not supported by this server (got {v})"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Token ids of a JSON list of non-negative integers; an id beyond u32 is an error, never
 /// wrapped.
 fn u32_ids(list: &[Value], param: &str) -> Result<Vec<u32>, ApiError> {
@@ -204,18 +250,17 @@ pub fn parse_request(
             ));
         }
     }
-    let max_tokens = match endpoint {
-        Endpoint::Completions => f.int("max_tokens")?,
-        Endpoint::Chat => match f.int("max_completion_tokens")? {
-            Some(v) => Some(v),
-            None => f.int("max_tokens")?,
-        },
+    refuse_unsupported(body)?;
+    // The name the client used, for errors.
+    let max_tokens_key = match endpoint {
+        Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
+        _ => "max_tokens",
     };
-    let max_tokens = match max_tokens {
+    let max_tokens = match f.int(max_tokens_key)? {
         Some(v) if v <= 0 => {
             return Err(ApiError::bad_request(
-                Some("max_tokens"),
-                format!("max_tokens must be at least 1, got {v}"),
+                Some(max_tokens_key),
+                format!("{max_tokens_key} must be at least 1, got {v}"),
             ))
         }
         Some(v) => Some(v as usize),
@@ -292,9 +337,13 @@ pub fn parse_request(
         },
     };
     if params.logprobs.is_some_and(|n| n > 20) {
+        let key = match endpoint {
+            Endpoint::Completions => "logprobs",
+            Endpoint::Chat => "top_logprobs",
+        };
         return Err(ApiError::bad_request(
-            Some("logprobs"),
-            "at most 20 logprobs per token",
+            Some(key),
+            format!("{key}: at most 20 logprobs per token"),
         ));
     }
     let stop = match body.get("stop") {

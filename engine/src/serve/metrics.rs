@@ -110,7 +110,7 @@ impl ServerMetrics {
 
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let l = format!("model_name=\"{}\"", self.model_name);
+        let l = format!("model_name=\"{}\"", escape_label(&self.model_name));
         let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(
                 s,
@@ -216,9 +216,25 @@ impl ServerMetrics {
     }
 }
 
+/// A label value as the Prometheus text format wants it: `\`, `"` and newlines escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let t = ServerMetrics::new("a\"b\\c\nd", 16, 2048).render();
+        assert!(
+            t.contains(r#"vllm:num_requests_running{model_name="a\"b\\c\nd"} 0"#),
+            "{t}"
+        );
+    }
 
     #[test]
     fn renders_vllm_names() {

@@ -243,6 +243,15 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .fallback(|uri: axum::http::Uri| async move {
+            ApiError::not_found("path", format!("no route for {uri}"))
+        })
+        .method_not_allowed_fallback(|method: axum::http::Method| async move {
+            ApiError {
+                status: StatusCode::METHOD_NOT_ALLOWED,
+                ..ApiError::bad_request(None, format!("method {method} is not allowed here"))
+            }
+        })
         // The body is already read, within `HttpLimits::max_body_bytes`.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
