@@ -164,6 +164,13 @@ struct ServeArgs {
     /// Write a CSV trace of every engine step (its shape, forward and step seconds).
     #[arg(long = "step-log")]
     step_log: Option<PathBuf>,
+    /// Seconds open requests get to finish after SIGTERM/SIGINT; then (or at a second
+    /// signal) they are ended with an error event.
+    #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
+    shutdown_timeout: f64,
+    /// Open connections at most; more are answered 503.
+    #[arg(long = "max-connections", default_value_t = 1024)]
+    max_connections: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -418,6 +425,9 @@ fn run(cli: Cli) -> Result<()> {
 
 fn run_serve(a: ServeArgs) -> Result<()> {
     let target = a.target.target()?;
+    if a.max_connections == 0 {
+        bail!("--max-connections 0 would refuse every connection");
+    }
     if a.gpu_memory_utilization.is_some() && a.num_gpu_blocks.is_some() {
         bail!("--num-gpu-blocks and --gpu-memory-utilization both size the KV pool: give one");
     }
@@ -448,6 +458,12 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         cuda_graphs: target.cuda_graphs,
         gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
+        shutdown_timeout: std::time::Duration::try_from_secs_f64(a.shutdown_timeout)
+            .map_err(|e| anyhow::anyhow!("--shutdown-timeout {}: {e}", a.shutdown_timeout))?,
+        http: infer_engine::serve::http::HttpLimits {
+            max_connections: a.max_connections,
+            ..Default::default()
+        },
         ..ServeConfig::new(&a.model)
     };
     let addr: std::net::SocketAddr = format!("{}:{}", a.host, a.port)

@@ -336,3 +336,44 @@ async fn unsupported_parameters_are_refused_and_errors_name_what_was_sent() {
     assert_eq!(v["error"]["code"], 405);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_short_requests_finish_and_ends_long_ones_at_the_deadline() {
+    let mut cfg = config();
+    cfg.sched.max_model_len = 4096;
+    cfg.shutdown_timeout = Duration::from_millis(500);
+    let (addr, server) = spawn_local(cfg).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let stream = |max_tokens: usize| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let body = json!({"prompt": "The harbour", "max_tokens": max_tokens,
+                              "ignore_eos": true, "stream": true});
+            let mut r = client
+                .post(format!("{base}/v1/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let mut text = String::new();
+            while let Some(chunk) = r.chunk().await.unwrap() {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            text
+        }
+    };
+    // Long enough to outlast the deadline; short enough to end within it.
+    let long = tokio::spawn(stream(4000));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let short = tokio::spawn(stream(3));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    server.stop().await;
+    let took = t.elapsed();
+    let (long, short) = (long.await.unwrap(), short.await.unwrap());
+    assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
+    assert!(short.contains("\"finish_reason\":\"length\""), "{short}");
+    assert!(long.contains("shutting down"), "{long}");
+    assert!(long.trim_end().ends_with("data: [DONE]"), "{long}");
+}

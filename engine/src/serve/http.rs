@@ -11,7 +11,8 @@
 //! - Nagle's algorithm is off: each small SSE chunk (one token) leaves at once, or delayed
 //!   ACKs add ~40 ms stalls to inter-token latency.
 //!
-//! Shutdown stops accepting, then waits for open requests to finish.
+//! Shutdown stops accepting, then lets open requests finish for up to the drain timeout;
+//! past it, or at a second signal, it ends them (each stream gets a final error event).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -93,12 +94,23 @@ async fn read_body(State(limits): State<HttpLimits>, req: Request, next: Next) -
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` completes, then waits for open requests.
+/// What happens to open requests at shutdown.
+pub struct Drain {
+    /// How long open requests may take to finish.
+    pub timeout: Duration,
+    /// Ends them at once when it completes first (a second signal).
+    pub force: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Ends the engine's live requests: their streams get a final error event.
+    pub end_requests: Box<dyn FnOnce() + Send>,
+}
+
+/// Serves `app` on `listener` until `shutdown` completes, then drains open requests.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,
     shutdown: impl Future<Output = ()>,
+    drain: Drain,
 ) {
     let app = with_body_limits(app, limits);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
@@ -136,7 +148,16 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let mut drained = std::pin::pin!(graceful.shutdown());
+    tokio::select! {
+        _ = &mut drained => return,
+        _ = tokio::time::sleep(drain.timeout) => {}
+        _ = drain.force => {}
+    }
+    (drain.end_requests)();
+    // The ended requests' final events go out; a client that does not read them is not
+    // waited for long.
+    let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
 }
 
 /// Over the connection limit: a 503 and close.

@@ -54,6 +54,8 @@ pub struct ServeConfig {
     pub gpu_memory_utilization: Option<f64>,
     /// Connection and request limits (413 beyond the body size, 408 past the deadlines).
     pub http: http::HttpLimits,
+    /// At shutdown, how long open requests may take to finish before they are ended.
+    pub shutdown_timeout: std::time::Duration,
     /// Write a per-step trace here (see [`step_log`]).
     pub step_log: Option<std::path::PathBuf>,
 }
@@ -70,6 +72,7 @@ impl ServeConfig {
             cuda_graphs: false,
             gpu_memory_utilization: None,
             http: http::HttpLimits::default(),
+            shutdown_timeout: std::time::Duration::from_secs(30),
             step_log: None,
         }
     }
@@ -199,6 +202,15 @@ impl Engine {
         router(self.state.clone())
     }
 
+    /// A handle that ends every live request (each gets an error event) and stops the
+    /// engine thread, callable from anywhere.
+    pub fn end_requests(&self) -> Box<dyn FnOnce() + Send> {
+        let commands = self.state.inner.commands.lock().unwrap().clone();
+        Box::new(move || {
+            let _ = commands.send(Command::Shutdown);
+        })
+    }
+
     /// Stop the engine thread (live requests end with an error).
     pub fn shutdown(&mut self) {
         let _ = self
@@ -266,7 +278,22 @@ pub async fn serve(cfg: ServeConfig, addr: SocketAddr) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     eprintln!("listening on http://{}", listener.local_addr()?);
-    http::serve(listener, engine.router(), cfg.http, shutdown_signal()).await;
+    let drain = http::Drain {
+        timeout: cfg.shutdown_timeout,
+        force: Box::pin(async {
+            shutdown_signal().await;
+            eprintln!("second signal: ending open requests now");
+        }),
+        end_requests: engine.end_requests(),
+    };
+    let first = async {
+        shutdown_signal().await;
+        eprintln!(
+            "shutting down: open requests have {:.0} s to finish (signal again to end them now)",
+            cfg.shutdown_timeout.as_secs_f64()
+        );
+    };
+    http::serve(listener, engine.router(), cfg.http, first, drain).await;
     eprintln!("shutting down");
     tokio::task::block_in_place(|| engine.shutdown());
     Ok(())
@@ -753,14 +780,26 @@ fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
 /// returns its address; it stops when the returned guard is dropped.
 pub async fn spawn_local(cfg: ServeConfig) -> Result<(SocketAddr, LocalServer)> {
     let limits = cfg.http;
+    let drain_timeout = cfg.shutdown_timeout;
     let engine = tokio::task::spawn_blocking(move || Engine::start(&cfg)).await??;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let app = engine.router();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(http::serve(listener, app, limits, async move {
-        let _ = stop_rx.await;
-    }));
+    let drain = http::Drain {
+        timeout: drain_timeout,
+        force: Box::pin(std::future::pending()),
+        end_requests: engine.end_requests(),
+    };
+    let task = tokio::spawn(http::serve(
+        listener,
+        app,
+        limits,
+        async move {
+            let _ = stop_rx.await;
+        },
+        drain,
+    ));
     Ok((
         addr,
         LocalServer {
