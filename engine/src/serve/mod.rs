@@ -443,7 +443,9 @@ async fn off_thread<T: Send + 'static>(
     .map_err(|e| ApiError::internal(format!("tokenizer job failed: {e}")))
 }
 
-fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+/// Refuses, by its length alone, a prompt that cannot fit `max_model_len` tokens: a huge
+/// prompt is answered at once, without waiting for (or occupying) the tokenizer pool.
+fn check_prompt_bytes(s: &Shared, prompt: &Prompt) -> Result<(), ApiError> {
     let bytes = match prompt {
         Prompt::Text(t) => t.len(),
         Prompt::Tokens(_) => 0,
@@ -463,6 +465,10 @@ fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
             ),
         ));
     }
+    Ok(())
+}
+
+fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
     let tokens = match prompt {
         Prompt::Text(t) => s.tokenizer.encode(t, true),
         Prompt::Tokens(t) => {
@@ -525,6 +531,7 @@ async fn generate(
             ),
         ));
     }
+    check_prompt_bytes(s, &req.prompt)?;
     let prompt = {
         let p = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
         off_thread(&state, move |s| prompt_tokens(s, &p)).await??
