@@ -220,6 +220,11 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         let tokens: Vec<u32> = sampled.iter().map(|s| s.1.token).collect();
         let now = self.now();
         let events = self.sched.complete(plan, &tokens, now);
+        // Debug builds (the tests) check the scheduler's invariants after every step.
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.sched.check_invariants() {
+            panic!("scheduler invariant broken: {e}");
+        }
         let mut sampled = sampled.into_iter();
         let mut out = Vec::with_capacity(tokens.len());
         let mut events = events.into_iter().peekable();

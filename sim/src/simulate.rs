@@ -497,6 +497,24 @@ impl Sim {
             .map(|s| 1 + ((s.request.0.wrapping_mul(2_654_435_761) ^ plan.step) % 30_000) as u32)
             .collect();
         let events = self.replicas[r].sched.complete(plan, &sampled, now);
+        // Debug builds (the tests) check the scheduler's invariants, which cost a pass over
+        // the pool: after every step for pools up to 2,048 blocks (every seed scenario),
+        // every (blocks / 256)-th step for larger ones (multi-replica runs of big GPUs).
+        #[cfg(debug_assertions)]
+        {
+            let sched = &self.replicas[r].sched;
+            let blocks = sched.kv().num_blocks();
+            let every = if blocks <= 2048 {
+                1
+            } else {
+                (blocks / 256) as u64
+            };
+            if self.stats.steps.is_multiple_of(every) {
+                if let Err(e) = sched.check_invariants() {
+                    panic!("replica {r}: scheduler invariant broken: {e}");
+                }
+            }
+        }
         let seen = now + self.client.stream_s;
         let seen_rel = self.rel(seen);
         for e in events {

@@ -10,6 +10,9 @@ pub struct ContiguousKv {
     num_slots: usize,
     /// Free slots; popped from the end, so the lowest ids are used first.
     free: Vec<BlockId>,
+    /// Per slot: whether a sequence holds it (kept apart from `free`, so that each can
+    /// check the other).
+    held: Vec<bool>,
 }
 
 impl ContiguousKv {
@@ -21,6 +24,7 @@ impl ContiguousKv {
             slot_tokens: max_model_len,
             num_slots,
             free: (0..num_slots as BlockId).rev().collect(),
+            held: vec![false; num_slots],
         }
     }
 }
@@ -48,7 +52,11 @@ impl KvManager for ContiguousKv {
         }
         if kv.blocks.is_empty() {
             match self.free.pop() {
-                Some(slot) => kv.blocks.push(slot),
+                Some(slot) => {
+                    assert!(!self.held[slot as usize], "slot {slot} handed out twice");
+                    self.held[slot as usize] = true;
+                    kv.blocks.push(slot);
+                }
                 None => return false,
             }
         }
@@ -58,12 +66,36 @@ impl KvManager for ContiguousKv {
     fn commit(&mut self, _kv: &mut SeqKv, _tokens: &[u32], _num_computed: usize) {}
 
     fn free(&mut self, kv: &mut SeqKv) {
+        for &slot in &kv.blocks {
+            assert!(self.held[slot as usize], "slot {slot} freed twice");
+            self.held[slot as usize] = false;
+        }
         self.free.append(&mut kv.blocks);
         kv.hashes.clear();
     }
 
     fn total_refs(&self) -> usize {
-        self.num_slots - self.free.len()
+        self.held.iter().filter(|&&h| h).count()
+    }
+
+    fn refs(&self, block: BlockId) -> usize {
+        usize::from(self.held[block as usize])
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let mut listed = vec![false; self.num_slots];
+        for &s in &self.free {
+            if std::mem::replace(&mut listed[s as usize], true) {
+                return Err(format!("slot {s} is free twice"));
+            }
+            if self.held[s as usize] {
+                return Err(format!("slot {s} is both free and held"));
+            }
+        }
+        if let Some(s) = (0..self.num_slots).find(|&s| !listed[s] && !self.held[s]) {
+            return Err(format!("slot {s} is neither free nor held"));
+        }
+        Ok(())
     }
 }
 
@@ -84,5 +116,13 @@ mod tests {
         kv.free(&mut seqs[3]);
         assert!(kv.allocate(&mut seqs[8], &PrefixMatch::default(), 4096));
         assert!(!kv.allocate(&mut seqs[8], &PrefixMatch::default(), 4097));
+        kv.check().unwrap();
+        assert_eq!(kv.total_refs(), 8);
+        let mut bad = kv.clone();
+        bad.free.push(seqs[0].blocks[0]);
+        assert!(bad.check().unwrap_err().contains("both free and held"));
+        let mut bad = kv.clone();
+        bad.held[seqs[1].blocks[0] as usize] = false;
+        assert!(bad.check().unwrap_err().contains("neither"));
     }
 }

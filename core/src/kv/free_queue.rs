@@ -44,13 +44,13 @@ impl FreeQueue {
         self.len == 0
     }
 
-    #[cfg(test)]
     pub fn contains(&self, block: BlockId) -> bool {
         self.member[block as usize]
     }
 
     pub fn push_back(&mut self, block: BlockId) {
-        debug_assert!(!self.member[block as usize], "block {block} queued twice");
+        // A double free would corrupt the list: an error in every build.
+        assert!(!self.member[block as usize], "block {block} queued twice");
         let b = block as usize;
         self.prev[b] = self.tail;
         self.next[b] = NONE;
@@ -64,6 +64,17 @@ impl FreeQueue {
         self.len += 1;
     }
 
+    /// Members from front to back, by walking the links (invariant checks).
+    pub fn walk(&self) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(self.len);
+        let mut b = self.head;
+        while b != NONE && out.len() <= self.member.len() {
+            out.push(b);
+            b = self.next[b as usize];
+        }
+        out
+    }
+
     pub fn pop_front(&mut self) -> Option<BlockId> {
         if self.head == NONE {
             return None;
@@ -75,7 +86,7 @@ impl FreeQueue {
 
     pub fn remove(&mut self, block: BlockId) {
         let b = block as usize;
-        debug_assert!(self.member[b], "block {block} not queued");
+        assert!(self.member[b], "block {block} not queued");
         let (p, n) = (self.prev[b], self.next[b]);
         if p == NONE {
             self.head = n;

@@ -69,6 +69,13 @@ pub trait KvManager {
     fn free(&mut self, kv: &mut SeqKv);
     /// Sum of reference counts over the pool (invariant checks).
     fn total_refs(&self) -> usize;
+    /// References to `block`: the sequences whose tables hold it (invariant checks).
+    fn refs(&self, block: BlockId) -> usize;
+    /// The manager's own invariants, each checked from its own records rather than derived
+    /// from another count: a block is free exactly when nobody references it, the free
+    /// records agree with each other, and (prefix caching) the cache index agrees with the
+    /// blocks registered in it.
+    fn check(&self) -> Result<(), String>;
     /// How many of these chained block hashes, from the first, are cached here
     /// (precise-prefix routing reads this).
     fn cached_prefix_blocks(&self, _hashes: &[u64]) -> usize {

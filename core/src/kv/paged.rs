@@ -172,7 +172,9 @@ impl KvManager for PagedKv {
         // Tail blocks first: they are the least likely to be shared, so evict them first.
         for &b in kv.blocks.iter().rev() {
             let r = &mut self.refs[b as usize];
-            debug_assert!(*r > 0, "block {b} freed with no reference");
+            // An underflow would hand a live block to another sequence: an error in every
+            // build.
+            assert!(*r > 0, "block {b} freed with no reference");
             *r -= 1;
             if *r == 0 {
                 self.free.push_back(b);
@@ -184,6 +186,53 @@ impl KvManager for PagedKv {
 
     fn total_refs(&self) -> usize {
         self.refs.iter().map(|&r| r as usize).sum()
+    }
+
+    fn refs(&self, block: BlockId) -> usize {
+        self.refs[block as usize] as usize
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let walked = self.free.walk();
+        if walked.len() != self.free.len() {
+            return Err(format!(
+                "the free queue links {} blocks but counts {}",
+                walked.len(),
+                self.free.len()
+            ));
+        }
+        let mut queued = vec![false; self.num_blocks];
+        for &b in &walked {
+            if std::mem::replace(&mut queued[b as usize], true) {
+                return Err(format!("block {b} is in the free queue twice"));
+            }
+        }
+        for (b, &q) in queued.iter().enumerate() {
+            let r = self.refs[b];
+            if (r == 0) != q || self.free.contains(b as BlockId) != q {
+                return Err(format!(
+                    "block {b}: {r} references but {}in the free queue",
+                    if q { "" } else { "not " }
+                ));
+            }
+        }
+        if self.prefix_caching {
+            for (&h, &b) in &self.cached {
+                if self.block_hash[b as usize].map(|x| x.0) != Some(h) {
+                    return Err(format!(
+                        "cache entry {h:x} points at block {b}, which is not registered under it"
+                    ));
+                }
+            }
+            let registered = self.block_hash.iter().flatten().count();
+            if registered != self.cached.len() {
+                return Err(format!(
+                    "{registered} blocks registered but {} cache entries",
+                    self.cached.len()
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
@@ -251,6 +300,35 @@ mod tests {
         assert_eq!(kv.num_free_blocks(), 16);
         // Freed blocks keep their content: still a hit.
         assert_eq!(kv.lookup_prefix(&longer).blocks.len(), 3);
+    }
+
+    #[test]
+    fn check_catches_a_referenced_free_block_and_a_broken_cache_index() {
+        let mut kv = PagedKv::new(8, 4, true);
+        let mut a = SeqKv::default();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 8));
+        kv.commit(&mut a, &seq_tokens(8, 1), 8);
+        kv.check().unwrap();
+        let mut bad = kv.clone();
+        bad.refs[a.blocks[0] as usize] = 0; // held, yet not in the free queue
+        assert!(bad.check().unwrap_err().contains("references"));
+        let mut bad = kv.clone();
+        bad.free.push_back(a.blocks[1]); // in the free queue, yet referenced
+        assert!(bad.check().is_err());
+        let mut bad = kv.clone();
+        bad.block_hash[a.blocks[0] as usize] = None; // cached entry without its block
+        assert!(bad.check().is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "freed with no reference")]
+    fn a_double_free_is_an_error_in_every_build() {
+        let mut kv = PagedKv::new(8, 4, false);
+        let mut a = SeqKv::default();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 8));
+        let mut again = a.clone();
+        kv.free(&mut a);
+        kv.free(&mut again);
     }
 
     #[test]

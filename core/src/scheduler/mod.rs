@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 pub use config::{BatchingMode, KvBackend, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
 
-use crate::kv::{ContiguousKv, KvManager, PagedKv, PrefixMatch, SeqKv};
+use crate::kv::{BlockId, ContiguousKv, KvManager, PagedKv, PrefixMatch, SeqKv};
 use crate::request::{FinishReason, Request, RequestId, RequestStats, SeqState, StopConditions};
 
 /// Why a request cannot be accepted.
@@ -526,17 +526,31 @@ impl Scheduler {
     /// Check the invariants of DESIGN.md that are visible from here (tests call this).
     pub fn check_invariants(&self) -> Result<(), String> {
         let kv = self.kv.as_ref();
-        // Each block a sequence holds is one reference: refs = held, used <= refs.
-        let held: usize = self.seqs.iter().flatten().map(|s| s.kv.blocks.len()).sum();
-        if kv.total_refs() != held {
-            return Err(format!(
-                "references {} != blocks held {}",
-                kv.total_refs(),
-                held
-            ));
+        kv.check()?;
+        // Every block's references are exactly the tables that hold it: a block one
+        // sequence holds alone has one owner, a shared prefix block one per sharer.
+        let mut owners = vec![0usize; kv.num_blocks()];
+        for s in self.seqs.iter().flatten() {
+            for &b in &s.kv.blocks {
+                owners[b as usize] += 1;
+            }
         }
-        if kv.total_refs() < kv.num_blocks() - kv.num_free_blocks() {
-            return Err("a used block has no reference".into());
+        for (b, &n) in owners.iter().enumerate() {
+            if kv.refs(b as BlockId) != n {
+                return Err(format!(
+                    "block {b}: {} references but {n} tables hold it",
+                    kv.refs(b as BlockId)
+                ));
+            }
+        }
+        // free + used = total, each counted on its own side.
+        let used = owners.iter().filter(|&&n| n > 0).count();
+        if used + kv.num_free_blocks() != kv.num_blocks() {
+            return Err(format!(
+                "{used} used + {} free != {} blocks",
+                kv.num_free_blocks(),
+                kv.num_blocks()
+            ));
         }
         if self.running.len() > self.cfg.max_batch_size {
             return Err(format!("{} running > max_batch_size", self.running.len()));

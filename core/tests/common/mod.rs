@@ -83,6 +83,7 @@ pub fn drive(
     let mut log = RunLog::default();
     let mut now = 0.0;
     let (mut next_req, mut next_abort) = (0, 0);
+    let mut idle_steps = 0;
     loop {
         while next_req < requests.len() && requests[next_req].0 <= now {
             let (t, r) = requests[next_req].clone();
@@ -107,6 +108,13 @@ pub fn drive(
         let stats = sched.stats();
         if plan.is_empty() {
             // Nothing can run (e.g. static batch finished, or waiting for blocks): advance.
+            // With nothing left to arrive or be aborted, nothing can change: a livelock.
+            idle_steps += 1;
+            assert!(
+                idle_steps < 1000 || next_req < requests.len() || next_abort < abort_at.len(),
+                "livelock: {} requests unfinished, nothing scheduled for {idle_steps} steps",
+                sched.num_unfinished()
+            );
             let next = requests
                 .get(next_req)
                 .map_or(now + 1e-3, |r| r.0.max(now + 1e-3));
@@ -114,6 +122,7 @@ pub fn drive(
             now = next;
             continue;
         }
+        idle_steps = 0;
         log.steps.push(StepLog {
             time: now,
             num_tokens: plan.num_tokens(),
