@@ -80,10 +80,11 @@ impl SimSettings {
             }
         }
         if let Some(v) = s.timeseries_interval_s {
-            if !(v > 0.0 && v.is_finite()) {
+            // Finer points than a millisecond would be rows by the billion for long runs.
+            if !(v >= 1e-3 && v.is_finite()) {
                 return Err((
                     "sim.timeseries_interval_s".into(),
-                    format!("must be positive, got {v}"),
+                    format!("must be at least 0.001 seconds, got {v}"),
                 ));
             }
         }

@@ -179,8 +179,15 @@ impl Scenario {
             key: key.to_string(),
             reason,
         };
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|e| err("", format!("invalid TOML: {}", e.message())))?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| {
+            let at = e.span().map_or(String::new(), |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(" at line {line}, column {column}")
+            });
+            err("", format!("invalid TOML{at}: {}", e.message().trim()))
+        })?;
         for o in overrides {
             let (key, value) = o
                 .split_once('=')
@@ -261,6 +268,52 @@ impl Scenario {
             return Err((
                 at("workload", "prompt_tokens"),
                 "prompts need at least 1 token".into(),
+            ));
+        }
+        // Lengths must fit the server: a heavy tail without a clip (a lognormal without
+        // `max`) or a fixed length past max_model_len is a mistake, not a workload.
+        let max_len = self.server.max_model_len;
+        let prefix = w.shared_prefix_tokens.unwrap_or(0)
+            + w.groups.map_or(0, |g| g.system_tokens)
+            + w.conversations.map_or(0, |c| c.system_tokens);
+        let (prefix_key, prefix_what) = match (w.shared_prefix_tokens, w.groups, w.conversations) {
+            (Some(_), _, _) => ("shared_prefix_tokens", "the shared prefix"),
+            (_, Some(_), _) => ("groups", "the group's system prompt"),
+            _ => ("conversations", "the system prompt"),
+        };
+        if prefix >= max_len {
+            return Err((
+                at("workload", prefix_key),
+                format!(
+                    "{prefix_what} alone is {prefix} tokens, not below server.max_model_len \
+                     {max_len}"
+                ),
+            ));
+        }
+        let longest = w.prompt_tokens.max().saturating_add(prefix);
+        if longest >= max_len {
+            return Err((
+                at("workload", "prompt_tokens"),
+                format!(
+                    "prompts reach {longest} tokens{}, not below server.max_model_len {max_len}: \
+                     bound the distribution (its `max`) below {}",
+                    if prefix > 0 {
+                        format!(" ({prefix} of them {prefix_what})")
+                    } else {
+                        String::new()
+                    },
+                    max_len - prefix
+                ),
+            ));
+        }
+        if w.output_tokens.max() > max_len {
+            return Err((
+                at("workload", "output_tokens"),
+                format!(
+                    "outputs reach {} tokens, beyond server.max_model_len {max_len}: bound the \
+                     distribution (its `max`)",
+                    w.output_tokens.max()
+                ),
             ));
         }
         self.arrival
@@ -372,5 +425,43 @@ prefill_chunk_size = 512
 
         let e = Scenario::parse("x.toml", "name = ", &[]).unwrap_err();
         assert!(e.reason.contains("invalid TOML"), "{e}");
+        assert!(e.reason.contains("line 1, column"), "{e}");
+        let e = Scenario::parse("x.toml", "name = \"t\"\n[workload\n", &[]).unwrap_err();
+        assert!(e.reason.contains("line 2, column"), "{e}");
+    }
+
+    #[test]
+    fn lengths_beyond_the_server_are_refused_with_their_key() {
+        let key = |o: &[&str]| parse(o).unwrap_err().key;
+        // A heavy tail without a clip.
+        let tail = "workload.prompt_tokens={ lognormal = { median = 300, sigma = 60 } }";
+        assert_eq!(key(&[tail]), "workload.prompt_tokens");
+        let clipped =
+            "workload.prompt_tokens={ lognormal = { median = 300, sigma = 60, max = 4000 } }";
+        parse(&[clipped]).unwrap();
+        assert_eq!(
+            key(&["workload.prompt_tokens=10000000000"]),
+            "workload.prompt_tokens"
+        );
+        assert_eq!(
+            key(&["workload.prompt_tokens=4096"]),
+            "workload.prompt_tokens"
+        );
+        assert_eq!(
+            key(&["workload.output_tokens=5000"]),
+            "workload.output_tokens"
+        );
+        assert_eq!(
+            key(&["workload.shared_prefix_tokens=10000000000"]),
+            "workload.shared_prefix_tokens"
+        );
+        // A prefix and a prompt that each fit but not together.
+        let e = parse(&["workload.shared_prefix_tokens=3900"]).unwrap_err();
+        assert_eq!(e.key, "workload.prompt_tokens");
+        assert!(e.reason.contains("3900 of them the shared prefix"), "{e}");
+        assert_eq!(
+            key(&["workload.warmup_requests=10"]),
+            "workload.warmup_requests"
+        );
     }
 }
