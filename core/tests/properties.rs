@@ -27,13 +27,14 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         1usize..12, // max_batch_size
         4usize..96, // num_gpu_blocks
         prop_oneof![Just(1usize), Just(4), Just(16)],
-        any::<bool>(), // chunked
-        1usize..300,   // chunk size (raised to max_batch_size below)
-        any::<bool>(), // prefix caching
-        32usize..400,  // max_model_len
+        any::<bool>(),                 // chunked
+        1usize..300,                   // chunk size (raised to max_batch_size below)
+        any::<bool>(),                 // prefix caching
+        32usize..400,                  // max_model_len
+        prop::option::of(0usize..200), // unchunked step budget beyond the minimum
     )
         .prop_map(
-            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml)| {
+            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget)| {
                 let mut c = SchedulerConfig {
                     batching_mode: mode,
                     kv_cache_backend: kv,
@@ -42,6 +43,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     block_size: bs,
                     chunked_prefill: chunked,
                     prefill_chunk_size: chunk.max(batch),
+                    max_num_batched_tokens: budget.map(|extra| mml.max(batch) + extra),
                     prefix_caching: prefix && kv == KvBackend::Paged,
                     max_model_len: mml,
                     max_waiting: None,
@@ -107,7 +109,11 @@ proptest! {
     #[test]
     fn invariants_hold(c in case()) {
         let (log, sched) = drive(c.cfg.clone(), c.requests.clone(), simple_cost, c.aborts.clone());
-        let budget = if c.cfg.chunked_prefill { c.cfg.prefill_chunk_size } else { usize::MAX };
+        let budget = if c.cfg.chunked_prefill {
+            c.cfg.prefill_chunk_size
+        } else {
+            c.cfg.max_num_batched_tokens.unwrap_or(usize::MAX)
+        };
         for s in &log.steps {
             prop_assert!(s.num_tokens <= budget, "step of {} tokens > budget {}", s.num_tokens, budget);
             prop_assert!(s.seqs.len() <= c.cfg.max_batch_size);

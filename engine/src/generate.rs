@@ -65,6 +65,7 @@ impl GenerateOptions {
             block_size: self.block_size,
             chunked_prefill: self.step_tokens.is_some(),
             prefill_chunk_size: self.step_tokens.unwrap_or(0).max(n),
+            max_num_batched_tokens: None,
             prefix_caching: self.prefix_caching,
             max_model_len,
             max_waiting: None,

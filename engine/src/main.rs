@@ -148,6 +148,10 @@ struct ServeArgs {
     chunked_prefill: bool,
     #[arg(long = "prefill-chunk-size", default_value_t = 512)]
     prefill_chunk_size: usize,
+    /// Without chunked prefill: tokens one step processes at most (prompts stay whole, so
+    /// at least --max-model-len). Default: no limit but the KV pool.
+    #[arg(long = "max-num-batched-tokens")]
+    max_num_batched_tokens: Option<usize>,
     #[arg(long = "prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     prefix_caching: bool,
     #[arg(long = "max-model-len", default_value_t = 4096)]
@@ -445,6 +449,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         block_size: a.block_size,
         chunked_prefill: a.chunked_prefill,
         prefill_chunk_size: a.prefill_chunk_size,
+        max_num_batched_tokens: a.max_num_batched_tokens,
         prefix_caching: a.prefix_caching,
         max_model_len: a.max_model_len,
         max_waiting: a.max_waiting,

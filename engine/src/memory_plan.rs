@@ -14,8 +14,9 @@
 //! where `used` is everything on the device at that point — weights, the activation arena,
 //! cuBLAS' workspace, the CUDA context, and other processes' memory (counted against this
 //! server, so the plan never takes memory that is not free). A step larger than the one
-//! measured (several whole prompts in one step without chunked prefill) grows the arena;
-//! if the device cannot give it, that step's requests fail and the server goes on.
+//! measured (several whole prompts in one step without chunked prefill and without
+//! `--max-num-batched-tokens`) grows the arena; if the device cannot give it, that step's
+//! requests fail and the server goes on.
 
 use anyhow::{bail, Result};
 use infer_core::SchedulerConfig;
@@ -71,14 +72,15 @@ impl MemoryPlan {
 }
 
 /// The largest step `cfg` can plan, as a batch over a scratch KV store: the step's token
-/// budget (the chunk budget, or one whole `max_model_len` prompt without chunking) split as
+/// budget (the chunk budget; without chunking `max_num_batched_tokens`, or one whole
+/// `max_model_len` prompt when that is unset) split as
 /// evenly as it goes over up to `max_batch_size` sequences of at most `max_model_len`
 /// tokens, every one sampled. Returns the batch and the blocks its tables use.
 pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
     let budget = if cfg.chunked_prefill {
         cfg.prefill_chunk_size
     } else {
-        cfg.max_model_len
+        cfg.max_num_batched_tokens.unwrap_or(cfg.max_model_len)
     };
     let seqs = cfg.max_batch_size.min(budget).max(1);
     let tokens = budget.min(seqs * cfg.max_model_len);

@@ -7,7 +7,8 @@
 //! kv_pool     = num_gpu_blocks × block_size × KV bytes per token / tp
 //! activations = T_max × activation bytes per token + max_batch_size × vocab × 4
 //!               (T_max = tokens of the largest step: the chunk budget with chunked
-//!                prefill, otherwise min(KV capacity, max_batch_size × max_model_len);
+//!                prefill, otherwise min(KV capacity, max_batch_size × max_model_len,
+//!                max_num_batched_tokens);
 //!                the second term is the fp32 logits of one sampled row per sequence)
 //! usable      = device memory − reserved (context, allocator, display)
 //! ```
@@ -85,7 +86,9 @@ pub fn plan(
     let step_tokens = if cfg.chunked_prefill {
         cfg.prefill_chunk_size
     } else {
-        capacity_tokens.min(cfg.max_batch_size * cfg.max_model_len)
+        let unbounded = capacity_tokens.min(cfg.max_batch_size * cfg.max_model_len);
+        cfg.max_num_batched_tokens
+            .map_or(unbounded, |b| b.min(unbounded))
     };
     let activations = step_tokens as f64 * model.activation_bytes_per_token() / tp
         + (cfg.max_batch_size * model.vocab) as f64 * 4.0;

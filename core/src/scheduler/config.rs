@@ -34,6 +34,11 @@ pub struct SchedulerConfig {
     /// first, then prefill chunks). Without it a prompt is prefilled whole, in one step.
     pub chunked_prefill: bool,
     pub prefill_chunk_size: usize,
+    /// Without chunked prefill: tokens a step processes at most (vLLM's
+    /// `max_num_batched_tokens`); prompts are still prefilled whole, so it must hold one of
+    /// `max_model_len`. `None`: no limit but the KV pool.
+    #[serde(default)]
+    pub max_num_batched_tokens: Option<usize>,
     pub prefix_caching: bool,
     /// Longest sequence (prompt + output) in tokens.
     pub max_model_len: usize,
@@ -52,6 +57,7 @@ impl Default for SchedulerConfig {
             block_size: 16,
             chunked_prefill: true,
             prefill_chunk_size: 512,
+            max_num_batched_tokens: None,
             prefix_caching: true,
             max_model_len: 4096,
             max_waiting: None,
@@ -103,6 +109,19 @@ impl SchedulerConfig {
                 "prefix_caching",
                 "needs kv_cache_backend = \"paged\" (contiguous slots cannot share blocks)".into(),
             ));
+        }
+        if let Some(budget) = self.max_num_batched_tokens {
+            let need = self.max_model_len.max(self.max_batch_size);
+            if budget < need {
+                return Err((
+                    "max_num_batched_tokens",
+                    format!(
+                        "{budget} cannot hold one whole prompt of max_model_len {} and a decode \
+                         for each of max_batch_size {} sequences (needs at least {need})",
+                        self.max_model_len, self.max_batch_size
+                    ),
+                ));
+            }
         }
         if self.max_waiting == Some(0) {
             return Err((
@@ -175,6 +194,11 @@ mod tests {
             ..ok.clone()
         };
         assert_eq!(key(no_queue), "max_waiting");
+        let small_budget = SchedulerConfig {
+            max_num_batched_tokens: Some(1000),
+            ..ok.clone()
+        };
+        assert_eq!(key(small_budget), "max_num_batched_tokens");
         let small = SchedulerConfig {
             num_gpu_blocks: 10,
             ..ok

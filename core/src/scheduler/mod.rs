@@ -303,10 +303,11 @@ impl Scheduler {
         self.step += 1;
         plan.reset(self.step, now, self.kv.block_size());
         plan.finished.append(&mut self.ended_outside);
-        let mut budget = if self.cfg.chunked_prefill {
+        let chunked = self.cfg.chunked_prefill;
+        let mut budget = if chunked {
             self.cfg.prefill_chunk_size
         } else {
-            usize::MAX
+            self.cfg.max_num_batched_tokens.unwrap_or(usize::MAX)
         };
 
         // 1 and 2: running sequences, decodes before prompt chunks, oldest first.
@@ -359,7 +360,11 @@ impl Scheduler {
                 PrefixMatch::default()
             };
             let hit = prefix.num_tokens(bs);
-            let n = (seq.tokens.len() - hit).min(budget);
+            let rest = seq.tokens.len() - hit;
+            if !chunked && rest > budget {
+                break; // prefilled whole or not at all; nobody overtakes the head
+            }
+            let n = rest.min(budget);
             if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {
                 break; // first come, first served: nobody overtakes the head
             }
@@ -659,6 +664,30 @@ mod tests {
         assert_eq!(plan.seqs[0].request, RequestId(3));
         let events = s.complete(plan, &[5], 0.2);
         assert_eq!(events.len(), 1);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn without_chunking_the_step_budget_admits_whole_prompts_only() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            chunked_prefill: false,
+            max_num_batched_tokens: Some(600),
+            ..cfg()
+        });
+        for id in 1..=3 {
+            s.add_request(Request::new(id, vec![id as u32; 400], 4), 0.0)
+                .unwrap();
+        }
+        // 400 + 400 > 600: one whole prompt, never a piece of the second.
+        let plan = s.schedule(0.0);
+        assert_eq!(plan.seqs.len(), 1);
+        assert_eq!(plan.num_tokens(), 400);
+        s.complete(plan, &[7], 0.1);
+        // Next: the first one's decode and the second prompt (401 tokens).
+        let plan = s.schedule(0.1);
+        assert_eq!(plan.seqs.len(), 2);
+        assert_eq!(plan.num_tokens(), 401);
+        s.complete(plan, &[7, 7], 0.2);
         s.check_invariants().unwrap();
     }
 
