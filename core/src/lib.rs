@@ -19,5 +19,5 @@ pub mod workload;
 pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
 pub use scheduler::{
     AddError, BatchingMode, Event, KvBackend, ScheduledSeq, Scheduler, SchedulerConfig,
-    SchedulerStats, StepPlan,
+    SchedulerStats, StepPlan, StepShape,
 };

@@ -13,9 +13,8 @@ use std::time::Instant;
 use anyhow::{anyhow, Result};
 use infer_core::{
     AddError, Event, FinishReason, Request, RequestId, RequestStats, Scheduler, SchedulerConfig,
-    SchedulerStats, StepPlan, StopConditions,
+    SchedulerStats, StepPlan, StepShape, StopConditions,
 };
-use infer_sim::cost::StepShape;
 
 use crate::batch::{ForwardBatch, SeqChunk};
 use crate::detokenize::OutputStream;

@@ -436,7 +436,8 @@ fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use infer_sim::cost::{CostModel, Profiled, StepShape};
+    use infer_core::StepShape;
+    use infer_sim::cost::{CostModel, Profiled};
 
     /// Both grids determine a fit: enough shapes for the terms they exercise, and the
     /// shapes' counts agree with the simulator's (a linear truth is recovered).

@@ -311,7 +311,8 @@ pub fn default_out() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use infer_sim::cost::{ClientPath, CostModel, StepShape};
+    use infer_core::StepShape;
+    use infer_sim::cost::{ClientPath, CostModel};
 
     /// 1 ms per new token.
     struct PerToken;

@@ -16,11 +16,13 @@
 
 mod config;
 mod plan;
+mod shape;
 
 use std::collections::{HashMap, VecDeque};
 
 pub use config::{BatchingMode, KvBackend, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
+pub use shape::StepShape;
 
 use crate::kv::{BlockId, ContiguousKv, KvManager, PagedKv, PrefixMatch, SeqKv};
 use crate::request::{FinishReason, Request, RequestId, RequestStats, SeqState, StopConditions};

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
-use infer_sim::cost::StepShape;
+use infer_core::StepShape;
 
 pub const HEADER: &str =
     "t_s,num_seqs,prefill_tokens,decode_seqs,context_tokens,decode_context_tokens,\
