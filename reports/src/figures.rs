@@ -3,11 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use polars::prelude::*;
-
 use crate::chart::{Figure, Panel, Series};
 use crate::load::LoadPoint;
-use crate::run::{self, Run};
+use crate::run::{self, Frame, Run};
 
 /// Empirical CDF of one requests.csv column (ms) per run: fraction of successful requests
 /// at or below each value.
@@ -127,14 +125,14 @@ pub fn replica_load(run: &Run, label: &str, name: &str) -> Figure {
         .collect();
     ids.sort_unstable();
     ids.dedup();
-    let per_replica = |f: &dyn Fn(&DataFrame) -> Vec<(f64, f64)>| -> Vec<Series> {
+    let per_replica = |f: &dyn Fn(&Frame) -> Vec<(f64, f64)>| -> Vec<Series> {
         ids.iter()
             .map(|&id| {
-                let mask: BooleanChunked = run::values(ts, "replica")
+                let mask: Vec<bool> = run::values(ts, "replica")
                     .iter()
                     .map(|&r| r as i64 == id)
                     .collect();
-                let rows = ts.filter(&mask).unwrap_or_else(|_| DataFrame::empty());
+                let rows = ts.filter(&mask);
                 Series {
                     name: format!("replica {id}"),
                     points: f(&rows),

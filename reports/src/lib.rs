@@ -11,6 +11,7 @@
 pub mod chart;
 pub mod compare;
 pub mod figures;
+pub mod frame;
 pub mod load;
 pub mod markdown;
 pub mod metric;

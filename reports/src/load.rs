@@ -1,10 +1,8 @@
 //! Figures against offered load: per stage of a staged run (inference-perf's per-QPS
 //! results), per run of a rate sweep, and per run of a concurrency sweep.
 
-use polars::prelude::*;
-
 use crate::markdown::Table;
-use crate::run::{self, Run};
+use crate::run::{self, Frame, Run};
 
 /// One load level: a stage of a staged run, or a whole run at a fixed rate.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,16 +46,16 @@ pub fn load_points(run: &Run) -> Vec<LoadPoint> {
         .iter()
         .map(|st| {
             let end = begin + st.duration_s;
-            let mask: BooleanChunked = starts.iter().map(|&t| t >= begin && t < end).collect();
+            let mask: Vec<bool> = starts.iter().map(|&t| t >= begin && t < end).collect();
             begin = end;
-            let rows = ok.filter(&mask).unwrap_or_else(|_| DataFrame::empty());
+            let rows = ok.filter(&mask);
             let tokens: f64 = run::values(&rows, "output_tokens").iter().sum();
             point(&rows, st.rate, tokens / st.duration_s)
         })
         .collect()
 }
 
-fn point(rows: &DataFrame, qps: f64, output_throughput: f64) -> LoadPoint {
+fn point(rows: &Frame, qps: f64, output_throughput: f64) -> LoadPoint {
     let s = |v: Option<f64>| v.unwrap_or(f64::NAN) / 1e3;
     LoadPoint {
         qps,

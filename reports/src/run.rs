@@ -1,13 +1,14 @@
 //! A run directory, loaded: `summary.json` as key → value, `run.json` (what produced it), and
-//! `requests.csv` / `timeseries.csv` as polars DataFrames.
+//! `requests.csv` / `timeseries.csv` as [`Frame`]s.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use infer_core::metrics::RunInfo;
 use infer_core::workload::ArrivalKind;
-use polars::prelude::*;
+
+pub use crate::frame::Frame;
+use crate::frame::Kind;
 
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -17,10 +18,10 @@ pub struct Run {
     /// The numeric entries of `summary.json` (vLLM's keys and ours).
     pub summary: BTreeMap<String, f64>,
     /// `requests.csv`, one row per request.
-    pub requests: DataFrame,
+    pub requests: Frame,
     /// `timeseries.csv`; empty when the file is absent (a client-side benchmark may not see
     /// the server's queue).
-    pub timeseries: DataFrame,
+    pub timeseries: Frame,
 }
 
 impl Run {
@@ -44,11 +45,11 @@ impl Run {
             ),
             false => None,
         };
-        let requests = read_csv(&dir.join("requests.csv"), requests_types())?;
+        let requests = Frame::read_csv(&dir.join("requests.csv"), REQUESTS)?;
         let ts_path = dir.join("timeseries.csv");
         let timeseries = match ts_path.exists() {
-            true => read_csv(&ts_path, timeseries_types())?,
-            false => DataFrame::empty(),
+            true => Frame::read_csv(&ts_path, TIMESERIES)?,
+            false => Frame::empty(),
         };
         Ok(Run {
             dir,
@@ -118,95 +119,61 @@ impl Run {
     }
 
     /// Successful requests only: failed ones have no TTFT and would skew latencies.
-    pub fn successful(&self) -> DataFrame {
-        let ok = self
-            .requests
-            .column("success")
-            .and_then(|c| c.bool().cloned());
-        match ok {
-            Ok(mask) => self
-                .requests
-                .filter(&mask)
-                .unwrap_or_else(|_| DataFrame::empty()),
-            Err(_) => self.requests.clone(),
+    pub fn successful(&self) -> Frame {
+        match self.requests.bools("success") {
+            Some(ok) => {
+                let mask: Vec<bool> = ok.iter().map(|b| *b == Some(true)).collect();
+                self.requests.filter(&mask)
+            }
+            None => self.requests.clone(),
         }
     }
 }
 
-/// The non-null values of a numeric column as f64 (empty if the column is absent).
-pub fn values(df: &DataFrame, name: &str) -> Vec<f64> {
-    let Ok(col) = df.column(name) else {
-        return Vec::new();
-    };
-    let Ok(col) = col.cast(&DataType::Float64) else {
-        return Vec::new();
-    };
-    col.f64()
-        .map(|ca| ca.iter().flatten().collect())
-        .unwrap_or_default()
+/// The present values of a numeric column (empty if the column is absent).
+pub fn values(frame: &Frame, name: &str) -> Vec<f64> {
+    frame.values(name)
 }
 
-/// A quantile (`q` in 0..=1) of a numeric column by linear interpolation between closest
-/// ranks: numpy's default and core's definition, so it agrees with summary.json.
-pub fn quantile(df: &DataFrame, name: &str, q: f64) -> Option<f64> {
-    let col = df.column(name).ok()?.cast(&DataType::Float64).ok()?;
-    col.f64().ok()?.quantile(q, QuantileMethod::Linear).ok()?
+/// A quantile (`q` in 0..=1) of a numeric column, as summary.json computes it.
+pub fn quantile(frame: &Frame, name: &str, q: f64) -> Option<f64> {
+    frame.quantile(name, q)
 }
 
-pub fn mean(df: &DataFrame, name: &str) -> Option<f64> {
-    let col = df.column(name).ok()?.cast(&DataType::Float64).ok()?;
-    col.f64().ok()?.mean()
+pub fn mean(frame: &Frame, name: &str) -> Option<f64> {
+    frame.mean(name)
 }
 
-fn read_csv(path: &Path, types: Vec<(&str, DataType)>) -> Result<DataFrame, String> {
-    // Types are fixed rather than inferred: an all-empty column (no replica in a
-    // single-server run) would otherwise come back as strings.
-    let schema: Schema = types
-        .into_iter()
-        .map(|(n, t)| Field::new(n.into(), t))
-        .collect();
-    CsvReadOptions::default()
-        .with_has_header(true)
-        .with_schema_overwrite(Some(Arc::new(schema)))
-        .try_into_reader_with_file_path(Some(path.to_path_buf()))
-        .and_then(|r| r.finish())
-        .map_err(|e| format!("{}: {e}", path.display()))
-}
+// Types are fixed rather than inferred: an all-empty column (no replica in a single-server
+// run) is still numeric.
+const REQUESTS: &[(&str, Kind)] = &[
+    ("id", Kind::Number),
+    ("start_s", Kind::Number),
+    ("ttft_ms", Kind::Number),
+    ("e2e_ms", Kind::Number),
+    ("tpot_ms", Kind::Number),
+    ("itl_mean_ms", Kind::Number),
+    ("itl_max_ms", Kind::Number),
+    ("prompt_tokens", Kind::Number),
+    ("output_tokens", Kind::Number),
+    ("cached_tokens", Kind::Number),
+    ("preemptions", Kind::Number),
+    ("queue_ms", Kind::Number),
+    ("replica", Kind::Number),
+    ("success", Kind::Bool),
+    ("error", Kind::Text),
+];
 
-fn requests_types() -> Vec<(&'static str, DataType)> {
-    use DataType::{Boolean, Float64, Int64, String};
-    vec![
-        ("id", Int64),
-        ("start_s", Float64),
-        ("ttft_ms", Float64),
-        ("e2e_ms", Float64),
-        ("tpot_ms", Float64),
-        ("itl_mean_ms", Float64),
-        ("itl_max_ms", Float64),
-        ("prompt_tokens", Int64),
-        ("output_tokens", Int64),
-        ("cached_tokens", Int64),
-        ("preemptions", Int64),
-        ("queue_ms", Float64),
-        ("replica", Int64),
-        ("success", Boolean),
-        ("error", String),
-    ]
-}
-
-fn timeseries_types() -> Vec<(&'static str, DataType)> {
-    use DataType::{Float64, Int64};
-    vec![
-        ("t_s", Float64),
-        ("replica", Int64),
-        ("waiting", Int64),
-        ("running", Int64),
-        ("kv_usage", Float64),
-        ("prefix_queries", Int64),
-        ("prefix_hits", Int64),
-        ("preemptions", Int64),
-    ]
-}
+const TIMESERIES: &[(&str, Kind)] = &[
+    ("t_s", Kind::Number),
+    ("replica", Kind::Number),
+    ("waiting", Kind::Number),
+    ("running", Kind::Number),
+    ("kv_usage", Kind::Number),
+    ("prefix_queries", Kind::Number),
+    ("prefix_hits", Kind::Number),
+    ("preemptions", Kind::Number),
+];
 
 /// Column labels for runs shown side by side: the shortest description that tells them
 /// apart (phase, model, router, or combinations), else the directory names.

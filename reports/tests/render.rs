@@ -76,7 +76,7 @@ fn workload_table_holds_the_summary_figures() {
 }
 
 #[test]
-fn polars_percentiles_agree_with_the_summary() {
+fn csv_percentiles_agree_with_the_summary() {
     // requests.csv rounds to the microsecond; summary.json is computed before rounding.
     for name in ["cp_p6", "llmd_random"] {
         let r = load(name);

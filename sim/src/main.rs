@@ -65,7 +65,7 @@ enum Command {
     /// List the hardware and models the simulator knows.
     Catalog,
     /// Write report.md (tables, phase comparisons, charts) for run directories, flagging
-    /// regressions against --baseline (needs `--features report`).
+    /// regressions against --baseline.
     #[cfg(feature = "report")]
     Report {
         #[arg(required = true, value_name = "RUN_DIR")]
