@@ -489,12 +489,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .scenario
         .file_stem()
         .map_or("bench".to_string(), |s| s.to_string_lossy().to_string());
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     let dir = a
         .out
-        .unwrap_or_else(|| PathBuf::from(format!("runs/{name}-bench-{secs}")));
+        .unwrap_or_else(|| infer_sim::output::default_run_dir(&format!("{name}-bench")));
     opts.out = Some(dir.clone());
     let r = infer_engine::bench::run_blocking(&opts)?;
     print!("{}", r.summary.render());

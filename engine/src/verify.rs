@@ -302,10 +302,7 @@ pub fn step_table(results: &[VerifyResult]) -> String {
 }
 
 pub fn default_out() -> PathBuf {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    Path::new("runs").join(format!("verify-{secs}"))
+    infer_sim::output::default_run_dir("verify")
 }
 
 #[cfg(test)]

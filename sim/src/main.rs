@@ -108,7 +108,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
             baseline,
             out,
         } => {
-            let out = out.unwrap_or_else(|| output::default_run_dir("report", ""));
+            let out = out.unwrap_or_else(|| output::default_run_dir("report"));
             let report = infer_reports::write_report(&runs, baseline.as_deref(), &out)?;
             for r in &report.regressions {
                 println!("regression: {r}");
@@ -125,7 +125,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
         } => {
             let setup = infer_sim::load(&scenario, &with_seed(set, seed))?;
             let result = infer_sim::run(&setup);
-            let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name, ""));
+            let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name));
             let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
             output::write_run(&dir, &result, &info)?;
             if quiet {
@@ -163,8 +163,9 @@ fn real_main(cli: Cli) -> Result<(), String> {
             let threads = threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             let points = sweep::run(&scenario, &text, &base, &axes, threads, !quiet);
-            let dir =
-                out.unwrap_or_else(|| output::default_run_dir(&first.scenario.name, "-sweep"));
+            let dir = out.unwrap_or_else(|| {
+                output::default_run_dir(&format!("{}-sweep", first.scenario.name))
+            });
             std::fs::create_dir_all(&dir)
                 .map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
             let path = dir.join("sweep.csv");

@@ -4,18 +4,19 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 pub use infer_core::metrics::{requests_csv, timeseries_csv};
-use infer_core::metrics::{RequestRecord, RunInfo, Stats};
+use infer_core::metrics::{RequestRecord, RunInfo, Stats, Summary, TimePoint};
 use infer_core::workload::{ArrivalKind, ArrivalSpec};
 
 use crate::setup::Setup;
 use crate::simulate::SimResult;
 
-/// `runs/<name>-<unix time>` (a suffix keeps it new if that exists already).
-pub fn default_run_dir(name: &str, suffix: &str) -> PathBuf {
+/// `runs/<name>-<unix time>`, with a `-k` suffix if that exists already: where every run
+/// directory goes by default (`sim run`, `sim sweep`, `engine bench`, `engine verify`).
+pub fn default_run_dir(name: &str) -> PathBuf {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let base = format!("runs/{name}{suffix}-{secs}");
+    let base = format!("runs/{name}-{secs}");
     let mut dir = PathBuf::from(&base);
     let mut k = 1;
     while dir.exists() {
@@ -25,22 +26,39 @@ pub fn default_run_dir(name: &str, suffix: &str) -> PathBuf {
     dir
 }
 
-/// Write the files of a run into `dir` (created if needed): summary.json, requests.csv,
-/// timeseries.csv, and run.json (what produced it).
-pub fn write_run(dir: &Path, result: &SimResult, info: &RunInfo) -> Result<(), String> {
+/// Write a run's files into `dir` (created if needed): summary.json, requests.csv,
+/// timeseries.csv, and run.json (what produced it). The one writer of run directories:
+/// simulated and measured runs read back alike.
+pub fn write_run_files(
+    dir: &Path,
+    summary: &Summary,
+    records: &[RequestRecord],
+    timeseries: &[TimePoint],
+    info: &RunInfo,
+) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
     let write = |name: &str, text: String| {
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|e| format!("{}: cannot write: {e}", p.display()))
     };
-    let json =
-        serde_json::to_string_pretty(&result.summary).map_err(|e| format!("summary.json: {e}"))?;
+    let json = serde_json::to_string_pretty(summary).map_err(|e| format!("summary.json: {e}"))?;
     write("summary.json", json + "\n")?;
-    write("requests.csv", requests_csv(&result.records))?;
-    write("timeseries.csv", timeseries_csv(&result.timeseries))?;
+    write("requests.csv", requests_csv(records))?;
+    write("timeseries.csv", timeseries_csv(timeseries))?;
     let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
     write("run.json", info + "\n")?;
     Ok(())
+}
+
+/// A simulated run's files (see [`write_run_files`]).
+pub fn write_run(dir: &Path, result: &SimResult, info: &RunInfo) -> Result<(), String> {
+    write_run_files(
+        dir,
+        &result.summary,
+        &result.records,
+        &result.timeseries,
+        info,
+    )
 }
 
 /// What `sim run` prints: the setup, warnings, vLLM's block, the extra line and, for a

@@ -14,9 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use futures_util::StreamExt;
-use infer_core::metrics::{
-    requests_csv, timeseries_csv, MetricsRecorder, RequestRecord, RunInfo, Summary, TimePoint,
-};
+use infer_core::metrics::{MetricsRecorder, RequestRecord, RunInfo, Summary, TimePoint};
 use infer_core::workload::{
     ApproxTokenizer, GeneratedRequest, Scenario, Tokenizer, WorkloadGenerator,
 };
@@ -250,22 +248,11 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     Ok(result)
 }
 
-/// Write summary.json, requests.csv, timeseries.csv and run.json into `dir`.
+/// Write the run's directory (the simulator's writer: both read back alike).
 pub fn write_run(dir: &Path, r: &BenchResult, backend: &str) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    let write = |name: &str, text: String| {
-        let p = dir.join(name);
-        std::fs::write(&p, text).with_context(|| format!("{}: cannot write", p.display()))
-    };
-    write(
-        "summary.json",
-        serde_json::to_string_pretty(&r.summary)? + "\n",
-    )?;
-    write("requests.csv", requests_csv(&r.records))?;
-    write("timeseries.csv", timeseries_csv(&r.timeseries))?;
     let info = RunInfo::new("engine", &r.scenario, backend.to_string());
-    write("run.json", serde_json::to_string_pretty(&info)? + "\n")?;
-    Ok(())
+    infer_sim::output::write_run_files(dir, &r.summary, &r.records, &r.timeseries, &info)
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 fn progress_bar(n: usize, show: bool) -> indicatif::ProgressBar {
