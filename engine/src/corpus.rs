@@ -1,17 +1,11 @@
-//! English text for training generated tokenizers: the project corpus when it has files,
-//! else a short built-in text so generation still works.
+//! English text for training generated tokenizers: the project corpus, embedded once in
+//! `infer_core::workload::corpus`.
 
-include!(concat!(env!("OUT_DIR"), "/corpus.rs"));
-
-const FALLBACK: &str = include_str!("fallback_corpus.txt");
+use infer_core::workload::corpus::CORPUS_FILES;
 
 /// The corpus texts, in a fixed order.
 pub fn texts() -> Vec<&'static str> {
-    if CORPUS_FILES.is_empty() {
-        vec![FALLBACK]
-    } else {
-        CORPUS_FILES.iter().map(|(_, t)| *t).collect()
-    }
+    CORPUS_FILES.to_vec()
 }
 
 /// A short stable hash of the corpus (FNV-1a), naming caches built from it.

@@ -4,8 +4,9 @@
 //! corpus tokens, and its text is exactly the corpus text those tokens cover. So the text a
 //! load generator sends and the ids a simulator schedules describe the same prompt.
 
-/// The corpus files (original texts, CC0; see `core/corpus/LICENSE.md`).
-const CORPUS_FILES: [&str; 10] = [
+/// The corpus files (original texts, CC0; see `core/corpus/LICENSE.md`), in name order:
+/// prompts are cut from them here, and the engine trains its generated tokenizers on them.
+pub const CORPUS_FILES: [&str; 10] = [
     include_str!("../../corpus/01-harbor-town.txt"),
     include_str!("../../corpus/02-kitchen-notes.txt"),
     include_str!("../../corpus/03-travel-diary.txt"),
