@@ -1,8 +1,10 @@
 //! infer-kernels: the GPU kernels of the engine's model runner, and a CPU reference for each.
 //!
 //! Every kernel exists twice:
-//! - [`reference`]: plain f32 loops in Rust. They are the CPU backend's implementation and the
-//!   oracle the CUDA kernels are tested against.
+//! - [`reference`]: plain f32 loops in Rust, written for clarity: the oracle the CUDA
+//!   kernels are tested against. (The engine's CPU backend is not built on them: it runs
+//!   candle plus its own in-place paged decode attention, tuned for speed and tested against
+//!   candle-transformers' models.)
 //! - `cuda` (feature `cuda`): CUDA C sources compiled at run time with NVRTC for the GPU's
 //!   compute capability, typed launch wrappers over raw device-address spans, and cuBLAS for
 //!   the linear layers (`reference::matmul_xwt` is its CPU counterpart).
