@@ -422,3 +422,47 @@ async fn overload_gets_503s_and_every_accepted_request_completes() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_carry_unique_ids_their_time_a_fingerprint_and_the_model_root() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let before = now();
+    let body = json!({"prompt": "The harbour", "max_tokens": 3});
+    let (_, a) = post(&client, &format!("{base}/v1/completions"), body.clone()).await;
+    let (_, b) = post(&client, &format!("{base}/v1/completions"), body).await;
+    let after = now();
+    assert_ne!(a["id"], b["id"]);
+    assert!(a["id"].as_str().unwrap().starts_with("cmpl-"), "{a}");
+    let created = a["created"].as_u64().unwrap();
+    assert!(
+        (before..=after).contains(&created),
+        "{created} not in {before}..={after}"
+    );
+    assert!(a["system_fingerprint"]
+        .as_str()
+        .unwrap()
+        .starts_with("fp_infer_"));
+    let models: Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let m = &models["data"][0];
+    let root = std::path::PathBuf::from(m["root"].as_str().unwrap());
+    assert!(root.join("tokenizer.json").exists(), "{m}");
+    assert_eq!(m["max_model_len"], 4096);
+    server.stop().await;
+}

@@ -98,6 +98,12 @@ struct Shared {
     metrics: Arc<Mutex<ServerMetrics>>,
     next_id: AtomicU64,
     created: u64,
+    /// The model directory (`/v1/models`' `root`: clients load the tokenizer from it).
+    root: String,
+    /// Random per server start: response ids stay unique across restarts.
+    instance: u32,
+    /// `system_fingerprint`: the engine build and the device it computes on.
+    fingerprint: String,
 }
 
 /// A running engine: the HTTP app state plus the engine thread.
@@ -141,6 +147,7 @@ impl Engine {
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
         let tokenizer = Arc::new(TextTokenizer::from_dir(&lm.dir)?);
+        let root = lm.dir.display().to_string();
         let vocab_size = lm.config.vocab_size;
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
             &model_name,
@@ -189,6 +196,13 @@ impl Engine {
                 metrics,
                 next_id: AtomicU64::new(0),
                 created,
+                root,
+                instance: rand::random(),
+                fingerprint: format!(
+                    "fp_infer_{}_{}",
+                    env!("CARGO_PKG_VERSION"),
+                    cfg.device.to_string().replace(':', "")
+                ),
             }),
         };
         Ok(Engine {
@@ -319,7 +333,7 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
     let s = &s.inner;
     Json(json!({"object": "list", "data": [{
         "id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
-        "max_model_len": s.max_model_len,
+        "root": s.root, "parent": null, "max_model_len": s.max_model_len,
     }]}))
 }
 
@@ -592,14 +606,18 @@ async fn generate(
     }
     let meta = ResponseMeta {
         id: format!(
-            "{}-{id}",
+            "{}-{:08x}{id:08x}",
             if endpoint == Endpoint::Chat {
                 "chatcmpl"
             } else {
                 "cmpl"
-            }
+            },
+            s.instance
         ),
-        created: s.created,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        fingerprint: s.fingerprint.clone(),
         model: s.model_name.clone(),
         endpoint,
         logprobs: req.params.logprobs.is_some(),
@@ -621,7 +639,9 @@ fn rejection(e: AddError) -> ApiError {
 
 struct ResponseMeta {
     id: String,
+    /// When the request arrived (Unix seconds), as OpenAI reports it per response.
     created: u64,
+    fingerprint: String,
     model: String,
     endpoint: Endpoint,
     logprobs: bool,
@@ -670,7 +690,18 @@ impl ResponseMeta {
                 json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
-        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]})
+        self.body(true, json!([choice]), None)
+    }
+
+    /// A response or chunk around `choices` (and `usage` when given).
+    fn body(&self, chunk: bool, choices: Value, usage: Option<Value>) -> Value {
+        let mut v = json!({"id": self.id, "object": self.object(chunk), "created": self.created,
+                           "model": self.model, "system_fingerprint": self.fingerprint,
+                           "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = u;
+        }
+        v
     }
 }
 
@@ -694,8 +725,8 @@ fn sse_stream(
                     if let Some(f) = finish {
                         guard.done = true;
                         if include_usage {
-                            let u = json!({"id": meta.id, "object": meta.object(true), "created": meta.created, "model": meta.model,
-                                           "choices": [], "usage": ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens)});
+                            let usage = ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens);
+                            let u = meta.body(true, json!([]), Some(usage));
                             yield Ok(SseEvent::default().data(u.to_string()));
                         }
                         break;
@@ -749,8 +780,9 @@ async fn collect(
                         json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": reason})
                     }
                 };
-                let body = json!({"id": meta.id, "object": meta.object(false), "created": meta.created, "model": meta.model,
-                                  "choices": [choice], "usage": ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens)});
+                let usage =
+                    ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens);
+                let body = meta.body(false, json!([choice]), Some(usage));
                 return Ok(Json(body).into_response());
             }
             StreamEvent::Error(msg) => {
