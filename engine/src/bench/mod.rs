@@ -92,7 +92,11 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         .clone()
         .unwrap_or_else(|| Arc::new(ApproxTokenizer::default()));
     let gen = Arc::new(WorkloadGenerator::new(scenario.workload.clone(), tokenizer));
-    let client = reqwest::Client::builder().build()?;
+    // Idle connections are dropped before servers close them (uvicorn, so vLLM, after 5 s;
+    // `engine serve` after 10 s): reusing one the server is closing would fail a request.
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(4))
+        .build()?;
     let base = opts.server.trim_end_matches('/').to_string();
     let model = match &opts.model {
         Some(m) => m.clone(),
