@@ -138,16 +138,18 @@ pub fn plan(
     cuda_graphs: bool,
 ) -> Result<MemoryPlan> {
     let device = model.device();
-    let memory = model.device_memory()?;
-    if utilization.is_some() && memory.is_none() {
+    let on_gpu = model.device_memory()?.is_some();
+    if utilization.is_some() && !on_gpu {
         bail!(
             "--gpu-memory-utilization sizes the KV pool from GPU memory: it needs --device cuda \
              (on the CPU, size the pool with --num-gpu-blocks)"
         );
     }
-    let mut activations = None;
-    let mut usable = None;
-    if memory.is_some() {
+    let per_block = model.kv_bytes_per_block(sched.block_size);
+    let (mut activations, mut usable) = (None, None);
+    // Memory free for the pool: on the GPU once the peak step has grown the arena, on the
+    // CPU what the host has available.
+    let free = if on_gpu {
         let (batch, blocks) = peak_step(sched, model.config().vocab_size);
         let mut scratch = model.new_kv_cache(blocks, sched.block_size)?;
         model.forward(&batch, &mut scratch)?;
@@ -156,7 +158,6 @@ pub fn plan(
         let (free, total) = model.device_memory()?.expect("a device with memory");
         usable = Some(total);
         if let Some(f) = utilization {
-            let per_block = model.kv_bytes_per_block(sched.block_size);
             let blocks = blocks_within(f, total, total - free, per_block)?;
             let needed = sched.max_model_len.div_ceil(sched.block_size);
             if blocks < needed {
@@ -171,14 +172,12 @@ pub fn plan(
             sched.num_gpu_blocks = blocks;
             usable = Some((f * total as f64) as usize);
         }
-    }
-    // A pool sized in blocks must fit what is free now (sized by utilization, it does).
-    let per_block = model.kv_bytes_per_block(sched.block_size);
-    let kv_pool = sched.num_gpu_blocks.checked_mul(per_block);
-    let free = match model.device_memory()? {
-        Some((free, _)) => Some(free),
-        None => crate::host::available_memory(),
+        Some(free)
+    } else {
+        crate::host::available_memory()
     };
+    // A pool sized in blocks must fit what is free (sized by utilization, it does).
+    let kv_pool = sched.num_gpu_blocks.checked_mul(per_block);
     if let Some(free) = free {
         if kv_pool.is_none_or(|bytes| bytes > free) {
             bail!(
@@ -188,11 +187,7 @@ pub fn plan(
                 sched.num_gpu_blocks,
                 sched.block_size,
                 sched.num_gpu_blocks as f64 * per_block as f64 / GIB,
-                if device.is_cpu() {
-                    "the host"
-                } else {
-                    "the GPU"
-                },
+                if on_gpu { "the GPU" } else { "the host" },
                 free as f64 / GIB
             );
         }

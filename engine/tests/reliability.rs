@@ -233,19 +233,18 @@ async fn unsupported_parameters_are_refused_and_errors_name_what_was_sent() {
     let (addr, server) = spawn_local(config()).await.unwrap();
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
-    let completion = |extra: Value| {
-        let mut body = json!({"prompt": "hi", "max_tokens": 2});
+    let with = |mut body: Value, extra: Value| {
         body.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
         body
     };
-    let chat = |extra: Value| {
-        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body
+    let completion = |extra| with(json!({"prompt": "hi", "max_tokens": 2}), extra);
+    let chat = |extra| {
+        with(
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+            extra,
+        )
     };
     let refused = [
         (

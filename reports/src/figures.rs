@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::chart::{Figure, Panel, Series};
 use crate::load::LoadPoint;
-use crate::run::{self, Frame, Run};
+use crate::run::{Frame, Run};
 
 /// Empirical CDF of one requests.csv column (ms) per run: fraction of successful requests
 /// at or below each value.
@@ -19,7 +19,7 @@ pub fn cdf_panel(runs: &[&Run], labels: &[String], column: &str, what: &str) -> 
             .zip(labels)
             .map(|(r, l)| Series {
                 name: l.clone(),
-                points: cdf(run::values(&r.successful(), column)),
+                points: cdf(r.successful().values(column)),
             })
             .collect(),
         markers: false,
@@ -51,8 +51,8 @@ pub fn itl_cdf(runs: &[&Run], labels: &[String]) -> Figure {
 
 /// A timeseries.csv column over time, combined across replicas at each sample time.
 fn over_time(run: &Run, column: &str, combine: Combine) -> Vec<(f64, f64)> {
-    let t = run::values(&run.timeseries, "t_s");
-    let v = run::values(&run.timeseries, column);
+    let t = run.timeseries.values("t_s");
+    let v = run.timeseries.values(column);
     // Sample times are the same on every replica; key them in microseconds to group.
     let mut at: BTreeMap<i64, (f64, f64, usize)> = BTreeMap::new();
     for (t, v) in t.into_iter().zip(v) {
@@ -119,16 +119,14 @@ fn series(runs: &[&Run], labels: &[String], f: impl Fn(&Run) -> Vec<(f64, f64)>)
 /// the server (running + waiting), and KV usage.
 pub fn replica_load(run: &Run, label: &str, name: &str) -> Figure {
     let ts = &run.timeseries;
-    let mut ids: Vec<i64> = run::values(ts, "replica")
-        .iter()
-        .map(|&r| r as i64)
-        .collect();
+    let mut ids: Vec<i64> = ts.values("replica").iter().map(|&r| r as i64).collect();
     ids.sort_unstable();
     ids.dedup();
     let per_replica = |f: &dyn Fn(&Frame) -> Vec<(f64, f64)>| -> Vec<Series> {
         ids.iter()
             .map(|&id| {
-                let mask: Vec<bool> = run::values(ts, "replica")
+                let mask: Vec<bool> = ts
+                    .values("replica")
                     .iter()
                     .map(|&r| r as i64 == id)
                     .collect();
@@ -141,17 +139,17 @@ pub fn replica_load(run: &Run, label: &str, name: &str) -> Figure {
             .collect()
     };
     let load = per_replica(&|df| {
-        let t = run::values(df, "t_s");
-        let w = run::values(df, "waiting");
-        let r = run::values(df, "running");
+        let t = df.values("t_s");
+        let w = df.values("waiting");
+        let r = df.values("running");
         t.into_iter()
             .zip(w.into_iter().zip(r))
             .map(|(t, (w, r))| (t, w + r))
             .collect()
     });
     let kv = per_replica(&|df| {
-        let t = run::values(df, "t_s");
-        let u = run::values(df, "kv_usage");
+        let t = df.values("t_s");
+        let u = df.values("kv_usage");
         t.into_iter().zip(u).map(|(t, u)| (t, u * 100.0)).collect()
     });
     Figure {

@@ -2,7 +2,7 @@
 //! results), per run of a rate sweep, and per run of a concurrency sweep.
 
 use crate::markdown::Table;
-use crate::run::{self, Frame, Run};
+use crate::run::{Frame, Run};
 
 /// One load level: a stage of a staged run, or a whole run at a fixed rate.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,7 +39,7 @@ pub fn load_points(run: &Run) -> Vec<LoadPoint> {
             None => Vec::new(),
         };
     }
-    let starts = run::values(&ok, "start_s");
+    let starts = ok.values("start_s");
     let mut begin = 0.0;
     info.arrival
         .stages
@@ -49,7 +49,7 @@ pub fn load_points(run: &Run) -> Vec<LoadPoint> {
             let mask: Vec<bool> = starts.iter().map(|&t| t >= begin && t < end).collect();
             begin = end;
             let rows = ok.filter(&mask);
-            let tokens: f64 = run::values(&rows, "output_tokens").iter().sum();
+            let tokens: f64 = rows.values("output_tokens").iter().sum();
             point(&rows, st.rate, tokens / st.duration_s)
         })
         .collect()
@@ -61,10 +61,10 @@ fn point(rows: &Frame, qps: f64, output_throughput: f64) -> LoadPoint {
         qps,
         requests: rows.height(),
         output_throughput,
-        ttft_p90_s: s(run::quantile(rows, "ttft_ms", 0.9)),
-        ttft_mean_s: s(run::mean(rows, "ttft_ms")),
-        e2e_p50_s: s(run::quantile(rows, "e2e_ms", 0.5)),
-        e2e_mean_s: s(run::mean(rows, "e2e_ms")),
+        ttft_p90_s: s(rows.quantile("ttft_ms", 0.9)),
+        ttft_mean_s: s(rows.mean("ttft_ms")),
+        e2e_p50_s: s(rows.quantile("e2e_ms", 0.5)),
+        e2e_mean_s: s(rows.mean("e2e_ms")),
     }
 }
 

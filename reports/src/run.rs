@@ -130,20 +130,6 @@ impl Run {
     }
 }
 
-/// The present values of a numeric column (empty if the column is absent).
-pub fn values(frame: &Frame, name: &str) -> Vec<f64> {
-    frame.values(name)
-}
-
-/// A quantile (`q` in 0..=1) of a numeric column, as summary.json computes it.
-pub fn quantile(frame: &Frame, name: &str, q: f64) -> Option<f64> {
-    frame.quantile(name, q)
-}
-
-pub fn mean(frame: &Frame, name: &str) -> Option<f64> {
-    frame.mean(name)
-}
-
 // Types are fixed rather than inferred: an all-empty column (no replica in a single-server
 // run) is still numeric.
 const REQUESTS: &[(&str, Kind)] = &[

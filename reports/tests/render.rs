@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use infer_reports::chart::PANEL_SIZE;
 use infer_reports::compare::{against_baseline, phase_comparisons};
 use infer_reports::load::{concurrency_table, load_points};
-use infer_reports::run::{labels, quantile, series_labels};
+use infer_reports::run::{labels, series_labels};
 use infer_reports::tables::workload_table;
 use infer_reports::{predicted_vs_measured, write_report, write_verify_report, Run};
 
@@ -91,7 +91,7 @@ fn csv_percentiles_agree_with_the_summary() {
             } else {
                 "e2e_ms"
             };
-            let got = quantile(&ok, col, q).unwrap();
+            let got = ok.quantile(col, q).unwrap();
             let want = r.metric(key).unwrap();
             assert!((got - want).abs() < 2e-3, "{name} {key}: {got} vs {want}");
         }

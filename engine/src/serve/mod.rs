@@ -227,13 +227,7 @@ impl Engine {
 
     /// Stop the engine thread (live requests end with an error).
     pub fn shutdown(&mut self) {
-        let _ = self
-            .state
-            .inner
-            .commands
-            .lock()
-            .unwrap()
-            .send(Command::Shutdown);
+        (self.end_requests())();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
