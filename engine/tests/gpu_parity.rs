@@ -16,8 +16,14 @@ use infer_engine::make_model::ModelSpec;
 use infer_engine::sampling::argmax;
 use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
 
-/// bf16 keeps 8 bits of mantissa; through a few layers the logits drift by a few of its ulps.
-const TOLERANCE: f32 = 3e-2;
+/// The GPU keeps activations in bf16 (8 bits of mantissa) where the CPU reference keeps f32,
+/// and these test models' large weights make sharp softmaxes that amplify rounding: on an
+/// H100 the largest logit difference (relative to the largest logit) was 1.3–4.2% per step
+/// for Llama and Qwen3 and 0.5–0.9% for Gemma 3, flat over 32 decodes.
+const TOLERANCE: f32 = 5e-2;
+/// A KV-cache or position bug grows with the context; rounding does not. The mean difference
+/// of the last 8 steps may exceed the first 8 steps' by at most this factor.
+const MAX_DRIFT: f32 = 1.5;
 const BLOCK: usize = 16;
 const DECODES: usize = 32;
 
@@ -85,6 +91,8 @@ fn top2_margin(logits: &[f32]) -> f32 {
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
+    // Failures of every architecture, reported together at the end.
+    let mut failures = Vec::new();
     for arch in [Arch::Llama, Arch::Qwen3, Arch::Gemma3] {
         let (_tmp, dir) = tiny_model(&gpu_spec(arch))?;
         let cpu = load(&dir)?;
@@ -103,26 +111,42 @@ fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
         let mut gpu_kv = gpu.model.new_kv_cache(8, BLOCK)?;
         let gpu_logits = run(&gpu, &mut gpu_kv, &prompt, &feed[..DECODES - 1])?;
         let cpu_logits = &cpu_logits[..DECODES];
-        let mut worst: f32 = 0.0;
+        // Every step's difference first, so a failing run shows the whole curve (drift that
+        // grows step by step is precision; a jump at one step is a bug).
+        let diffs: Vec<f32> = gpu_logits
+            .iter()
+            .zip(cpu_logits)
+            .map(|(g, c)| rel_diff(g, c))
+            .collect();
+        let curve: Vec<String> = diffs.iter().map(|d| format!("{d:.4}")).collect();
+        println!("gpu_parity[{}] per step: {}", arch.name(), curve.join(" "));
         let mut greedy_checked = 0;
-        for (step, (g, c)) in gpu_logits.iter().zip(cpu_logits).enumerate() {
-            let d = rel_diff(g, c);
-            worst = worst.max(d);
-            assert!(
-                d <= TOLERANCE,
-                "{arch:?} step {step}: relative difference {d}"
-            );
+        for (step, ((g, c), d)) in gpu_logits.iter().zip(cpu_logits).zip(&diffs).enumerate() {
+            if *d > TOLERANCE {
+                failures.push(format!("{arch:?} step {step}: relative difference {d}"));
+            }
             if top2_margin(c) > 2.0 * TOLERANCE {
-                assert_eq!(argmax(g), argmax(c), "{arch:?} step {step}: greedy token");
+                if argmax(g) != argmax(c) {
+                    failures.push(format!("{arch:?} step {step}: greedy token differs"));
+                }
                 greedy_checked += 1;
             }
         }
+        let mean = |d: &[f32]| d.iter().sum::<f32>() / d.len() as f32;
+        let drift = mean(&diffs[diffs.len() - 8..]) / mean(&diffs[..8]);
+        if drift > MAX_DRIFT {
+            failures.push(format!(
+                "{arch:?}: the difference grows with the context ({drift:.2}x)"
+            ));
+        }
         println!(
-            "gpu_parity[{}]: max relative difference {worst:.4} over {} steps, greedy equal on {greedy_checked}",
+            "gpu_parity[{}]: max relative difference {:.4} over {} steps, greedy equal on {greedy_checked}",
             arch.name(),
+            diffs.iter().fold(0f32, |m, &d| m.max(d)),
             gpu_logits.len()
         );
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
 }
 

@@ -26,6 +26,14 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+__device__ __forceinline__ float warp_reduce_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    return v;
+}
+
 // Sum over the whole block; every thread gets the result. blockDim.x must be a multiple of 32.
 // Call at most once per kernel (it reuses one shared buffer without a trailing barrier).
 __device__ __forceinline__ float block_sum(float v) {

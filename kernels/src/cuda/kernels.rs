@@ -231,6 +231,11 @@ impl Kernels {
         assert_eq!(kv.shape.num_kv_heads, cfg.num_kv_heads);
         assert_eq!(kv.k_cache.len(), kv.shape.len());
         assert_eq!(kv.v_cache.len(), kv.shape.len());
+        // The kernels read key rows with 16-byte loads.
+        assert!(
+            kv.k_cache.ptr() % 16 == 0 && kv.v_cache.ptr() % 16 == 0,
+            "KV pools must be 16-byte aligned"
+        );
         self.attention.get(&cfg.head_dim).unwrap_or_else(|| {
             panic!(
                 "head_dim {} not in {:?}",

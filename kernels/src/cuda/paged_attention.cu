@@ -15,11 +15,15 @@
 // whose table entry is outside [0, num_blocks) is skipped (contributes nothing); a query that
 // ends up with no key writes zeros.
 //
-// Work split: one thread block of ATTN_WARPS warps per (query head, query token). Each warp
-// takes every ATTN_WARPS-th key and keeps its own running max / sum / accumulator (online
-// softmax, so the context length is unbounded and K/V are read once); lane i owns HEAD_DIM/32
-// contiguous dimensions, so a warp reads one key row as one contiguous segment. The warps'
-// partial states are merged through shared memory at the end.
+// Work split: one thread block of ATTN_WARPS warps per (query head, query token). The warps
+// take tiles of 32 consecutive keys in turn (warp w: tiles w, w + ATTN_WARPS, ...). Within a
+// tile each lane scores its own key, reading the key's row with 16-byte loads against q held in
+// shared memory, so a warp has 32 rows in flight instead of one; the tile's softmax update is
+// two warp reductions. The value rows are then summed key by key with lanes owning HEAD_DIM/32
+// contiguous dimensions (coalesced rows). Each warp keeps its own running max / sum /
+// accumulator (online softmax: the context length is unbounded and K/V are read once); the
+// warps' partial states are merged through shared memory at the end.
+// Requires 16-byte aligned pools (checked by the host) and HEAD_DIM a multiple of 32.
 //
 // CUDA graphs: the grid depends only on (num_heads, tokens); sequence lengths, positions and
 // block tables are read from device memory, so a captured launch stays valid when they change.
@@ -55,6 +59,8 @@ __device__ void attend_one_query(
     float softcap) {
     static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of the warp size");
     constexpr int PER_LANE = HEAD_DIM / 32;
+    constexpr int VEC = 8;  // bf16 per 16-byte load
+    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     const int dim0 = lane * PER_LANE;
@@ -62,12 +68,12 @@ __device__ void attend_one_query(
     // Keys past the table row would index outside it: never visit them.
     const int last = (int)min((long long)pos, (long long)max_blocks_per_seq * block_size - 1);
 
-    // Fold the softmax scale into q once instead of into every score.
-    float q_reg[PER_LANE];
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-        q_reg[i] = bf16_to_f32(q[dim0 + i]) * scale;
+    // q with the softmax scale folded in, read by every lane (a broadcast, no bank conflicts).
+    __shared__ float q_shared[HEAD_DIM];
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        q_shared[d] = bf16_to_f32(q[d]) * scale;
     }
+    __syncthreads();
 
     float running_max = neg_infinity();
     float running_sum = 0.0f;
@@ -77,32 +83,55 @@ __device__ void attend_one_query(
         acc[i] = 0.0f;
     }
 
-    for (int j = first + warp; j <= last; j += ATTN_WARPS) {
-        const long long block = block_table[j / block_size];
-        // The same j for the whole warp, so this branch is warp-uniform (warp_sum below needs
-        // every lane).
-        if (block < 0 || block >= num_blocks) {
-            continue;
-        }
-        const long long slot = block * block_size + j % block_size;
-        const long long base = (slot * num_kv_heads + kv_head) * HEAD_DIM + dim0;
-        float score = 0.0f;
+    for (int tile = first + warp * 32; tile <= last; tile += ATTN_WARPS * 32) {
+        // This lane's key: its pool slot (-1: no key) and score.
+        const int j = tile + lane;
+        long long slot = -1;
+        float score = neg_infinity();
+        if (j <= last) {
+            const long long block = block_table[j / block_size];
+            if (block >= 0 && block < num_blocks) {
+                slot = block * block_size + j % block_size;
+                const uint4* k_row = reinterpret_cast<const uint4*>(
+                    k_cache + (slot * num_kv_heads + kv_head) * HEAD_DIM);
+                float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) {
-            score += q_reg[i] * bf16_to_f32(k_cache[base + i]);
+                for (int c = 0; c < HEAD_DIM / VEC; ++c) {
+                    const uint4 packed = k_row[c];
+                    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+                    for (int w = 0; w < 4; ++w) {
+                        dot += q_shared[c * VEC + 2 * w] * __uint_as_float(words[w] << 16);
+                        dot += q_shared[c * VEC + 2 * w + 1] * __uint_as_float(words[w] & 0xffff0000u);
+                    }
+                }
+                score = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;
+            }
         }
-        score = warp_sum(score);
-        if (softcap > 0.0f) {
-            score = softcap * tanhf(score / softcap);
+        const float tile_max = warp_reduce_max(score);
+        if (tile_max == neg_infinity()) {
+            continue;  // warp-uniform: no key in this tile
         }
-        // Rescale what was accumulated under the old maximum (exp(-inf) = 0 on the first key).
-        const float new_max = fmaxf(running_max, score);
+        // Rescale what was accumulated under the old maximum (exp(-inf) = 0 on the first tile).
+        const float new_max = fmaxf(running_max, tile_max);
         const float correction = expf(running_max - new_max);
-        const float p = expf(score - new_max);
-        running_sum = running_sum * correction + p;
+        const float p = slot >= 0 ? expf(score - new_max) : 0.0f;
+        running_sum = running_sum * correction + warp_sum(p);
 #pragma unroll
         for (int i = 0; i < PER_LANE; ++i) {
-            acc[i] = acc[i] * correction + p * bf16_to_f32(v_cache[base + i]);
+            acc[i] *= correction;
+        }
+#pragma unroll 8
+        for (int k = 0; k < 32; ++k) {
+            const long long slot_k = __shfl_sync(full, slot, k);
+            const float p_k = __shfl_sync(full, p, k);
+            if (slot_k >= 0) {  // warp-uniform
+                const bf16* v_row = v_cache + (slot_k * num_kv_heads + kv_head) * HEAD_DIM + dim0;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) {
+                    acc[i] += p_k * bf16_to_f32(v_row[i]);
+                }
+            }
         }
         running_max = new_max;
     }

@@ -2,7 +2,7 @@
 
 /// Warps per block of the attention kernels. Injected into the source as `ATTN_WARPS` so the
 /// kernel's shared-memory layout and the launch's block size come from this one constant.
-pub const ATTENTION_WARPS: u32 = 4;
+pub const ATTENTION_WARPS: u32 = 8;
 
 /// Head dimensions the attention kernels are instantiated for.
 pub const ATTENTION_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
