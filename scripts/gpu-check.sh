@@ -13,7 +13,10 @@
 #      --gpu-memory-utilization` driven by `engine bench`, `engine profile`, then
 #      `engine verify` on the five seed workloads in the Phase 8 configuration, whose
 #      fidelity table is copied to $OUT/fidelity-gpu.md.
-# QUICK=1 stops after step 4 (the engine steps take several minutes).
+#   6. the benchmark log's phase table (P4-P9) measured on the GPU with the same model.
+# QUICK=1 stops after step 4 (the engine steps take several minutes); ONLY="a b" runs only the
+# steps named (nvrtc_compile gpu_kernels gpu_parity gpu_bench kernel_bench generate
+# generate_graphs serve_bench profile verify phase_table).
 # Steps run in order and the script goes on after a failure, so one run shows everything.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -23,6 +26,9 @@ mkdir -p "$out"
 export INFER_CACHE="${INFER_CACHE:-$out/cache}"
 status=0
 step() { # name command...
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]] && [ "$1" != make_model ]; then
+        return 0
+    fi
     echo "=== $1" | tee -a "$out/check.log"
     shift
     if ! "$@" 2>&1 | tee -a "$out/check.log"; then
@@ -86,7 +92,14 @@ if [ "${QUICK:-0}" != 1 ]; then
     done
     step verify "$engine" verify "${seeds[@]}" --device cuda --model "$model" \
         --profile "$out/profile-gpu.json" --out "$out/verify"
-    [ -f "$out/verify/fidelity.md" ] && cp "$out/verify/fidelity.md" "$out/fidelity-gpu.md"
+    if [ -f "$out/verify/fidelity.md" ]; then
+        cp "$out/verify/fidelity.md" "$out/fidelity-gpu.md"
+        # Every run directory in one file (the step logs show where predictions miss).
+        tar -czf "$out/verify.tgz" -C "$out" verify && rm -rf "$out/verify"
+    fi
+    step phase_table "$bin/phase_table" --device cuda --model "$model" --out "$out/phase-table"
+    [ -d "$out/phase-table" ] && tar -czf "$out/phase-table.tgz" -C "$out" phase-table \
+        && rm -rf "$out/phase-table"
 fi
 
 echo "log and reports in $out"

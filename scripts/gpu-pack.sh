@@ -11,8 +11,9 @@ cd "$(dirname "$0")/.."
 out=gpu-pack
 rm -rf "$out" && mkdir -p "$out/bin"
 
-cargo build --release -p infer-engine --features cuda --bin engine --example gpu_bench
-cp target/release/engine target/release/examples/gpu_bench "$out/bin/"
+cargo build --release -p infer-engine --features cuda --bin engine --example gpu_bench \
+    --example phase_table
+cp target/release/engine target/release/examples/{gpu_bench,phase_table} "$out/bin/"
 cargo build --release -p infer-kernels --features cuda --example kernel_bench
 cp target/release/examples/kernel_bench "$out/bin/"
 

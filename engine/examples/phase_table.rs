@@ -1,13 +1,15 @@
-//! The benchmark log's tables, measured on this machine with the embedded model: the five
-//! seed workloads against servers in the configurations of Phases 4–8.
+//! The benchmark log's tables, measured on this machine: the five seed workloads against
+//! servers in the configurations of Phases 4–8 (and 9 on a GPU).
 //!
-//! `cargo run --release -p infer-engine --example phase_table [-- --quick] [--model M]`
+//! `cargo run --release -p infer-engine --example phase_table [-- --quick] [--model M]
+//!  [--device cuda] [--out DIR]`
 //!
 //! Each phase adds one technique, as in the log: P4 static batching + contiguous KV (8 slots
 //! of 4,096 tokens = the 32,768-token budget), P5 continuous batching, P6 paged KV (batch 24
-//! over 2,048 blocks of 16), P7 chunked prefill (512-token budget), P8 prefix caching.
+//! over 2,048 blocks of 16), P7 chunked prefill (512-token budget), P8 prefix caching, and on
+//! a GPU P9: P8 with decode steps replayed from CUDA graphs.
 //! Prints one `name: value unit` line per figure, then the tables in the log's layout, and
-//! writes every run directory under `runs/phase-table/`.
+//! writes every run directory under `DIR` (default `runs/phase-table/`).
 
 use std::path::PathBuf;
 
@@ -15,6 +17,7 @@ use infer_core::metrics::Summary;
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 use infer_engine::bench::{self, BenchOptions};
 use infer_engine::serve::{spawn_local, ServeConfig};
+use infer_engine::Device;
 
 const WORKLOADS: [&str; 5] = [
     "baseline",
@@ -50,16 +53,26 @@ fn phases() -> Vec<(&'static str, SchedulerConfig)> {
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
-    let model = args
-        .iter()
-        .position(|a| a == "--model")
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| "builtin:tiny".to_string());
-    let root = PathBuf::from("runs/phase-table");
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let device = Device::parse(flag("--device").as_deref().unwrap_or("cpu"))?;
+    let model = flag("--model").unwrap_or_else(|| "builtin:tiny".to_string());
+    let root = PathBuf::from(flag("--out").unwrap_or_else(|| "runs/phase-table".to_string()));
+    let mut runs: Vec<(&str, SchedulerConfig, bool)> =
+        phases().into_iter().map(|(p, s)| (p, s, false)).collect();
+    if device != Device::Cpu {
+        let p8 = runs.last().expect("P8").1.clone();
+        runs.push(("P9", p8, true));
+    }
     let mut results: Vec<(&str, &str, Summary)> = Vec::new();
-    for (phase, sched) in phases() {
+    for (phase, sched, cuda_graphs) in runs {
         let cfg = ServeConfig {
             sched,
+            device,
+            cuda_graphs,
             ..ServeConfig::new(&model)
         };
         let (addr, server) = spawn_local(cfg).await?;

@@ -318,7 +318,10 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             text.push_str(&live.output.finish(tokenizer).unwrap_or_default());
         }
         let (logprob, top_logprobs) = if live.want_logprobs {
-            (sampled.logprob, sampled.top_logprobs)
+            let lp = sampled
+                .logprob
+                .expect("the sampler computes logprobs when asked");
+            (lp, sampled.top_logprobs)
         } else {
             (0.0, Vec::new())
         };

@@ -77,11 +77,21 @@ impl MemoryPlan {
 /// evenly as it goes over up to `max_batch_size` sequences of at most `max_model_len`
 /// tokens, every one sampled. Returns the batch and the blocks its tables use.
 pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
-    let budget = if cfg.chunked_prefill {
+    spread_step(cfg, step_token_budget(cfg), vocab)
+}
+
+/// The most tokens one step of `cfg` can hold.
+fn step_token_budget(cfg: &SchedulerConfig) -> usize {
+    if cfg.chunked_prefill {
         cfg.prefill_chunk_size
     } else {
         cfg.max_num_batched_tokens.unwrap_or(cfg.max_model_len)
-    };
+    }
+}
+
+/// `budget` tokens spread as evenly as they go over up to `max_batch_size` sequences of at
+/// most `max_model_len` tokens, every one sampled, with the blocks their tables use.
+fn spread_step(cfg: &SchedulerConfig, budget: usize, vocab: usize) -> (ForwardBatch, usize) {
     let seqs = cfg.max_batch_size.min(budget).max(1);
     let tokens = budget.min(seqs * cfg.max_model_len);
     let mut next_block = 0u32;
@@ -150,9 +160,22 @@ pub fn plan(
     // Memory free for the pool: on the GPU once the peak step has grown the arena, on the
     // CPU what the host has available.
     let free = if on_gpu {
-        let (batch, blocks) = peak_step(sched, model.config().vocab_size);
-        let mut scratch = model.new_kv_cache(blocks, sched.block_size)?;
+        let vocab = model.config().vocab_size;
+        let (batch, blocks) = peak_step(sched, vocab);
+        // Then one step at each GEMM row bucket a step can reach, so that cuBLAS has chosen
+        // its algorithms before the first request instead of on its TTFT (see
+        // `Gemm::padded_rows`); the largest bucket may round past the peak.
+        let warm_up: Vec<(ForwardBatch, usize)> = model
+            .gemm_row_buckets(step_token_budget(sched))
+            .into_iter()
+            .map(|rows| spread_step(sched, rows, vocab))
+            .collect();
+        let scratch_blocks = warm_up.iter().map(|w| w.1).fold(blocks, usize::max);
+        let mut scratch = model.new_kv_cache(scratch_blocks, sched.block_size)?;
         model.forward(&batch, &mut scratch)?;
+        for (step, _) in &warm_up {
+            model.forward(step, &mut scratch)?;
+        }
         drop(scratch);
         activations = model.activation_bytes();
         let (free, total) = model.device_memory()?.expect("a device with memory");

@@ -56,8 +56,9 @@ impl SamplingParams {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampledToken {
     pub token: u32,
-    /// Logprob of `token` under the raw model distribution.
-    pub logprob: f32,
+    /// Logprob of `token` under the raw model distribution; computed only when the request
+    /// asked for logprobs (a log-sum-exp over the vocabulary costs more than the argmax).
+    pub logprob: Option<f32>,
     /// The `logprobs` most likely tokens, most likely first.
     pub top_logprobs: Vec<(u32, f32)>,
 }
@@ -94,15 +95,27 @@ impl Sampler {
     /// Chooses the next token from `logits` (one row, vocab long) and records it.
     pub fn sample(&mut self, logits: &[f32]) -> SampledToken {
         let p = &self.params;
-        let mut l = logits.to_vec();
-        self.apply_penalties(&mut l);
+        let penalised = (p.repetition_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0)
+            .then(|| {
+                let mut l = logits.to_vec();
+                self.apply_penalties(&mut l);
+                l
+            });
+        let l = penalised.as_deref().unwrap_or(logits);
         let token = if p.temperature <= 0.0 {
-            argmax(&l)
+            argmax(l)
         } else {
-            self.draw(&l)
+            self.draw(l)
         };
-        let (logprob, top_logprobs) =
-            raw_logprobs(logits, token, self.params.logprobs.unwrap_or(0));
+        let (logprob, top_logprobs) = match self.params.logprobs {
+            Some(top_n) => {
+                let (lp, top) = raw_logprobs(logits, token, top_n);
+                (Some(lp), top)
+            }
+            None => (None, Vec::new()),
+        };
         *self.seen.entry(token).or_insert(0) += 1;
         *self.output_counts.entry(token).or_insert(0) += 1;
         SampledToken {
@@ -327,6 +340,12 @@ mod tests {
     }
 
     #[test]
+    fn logprobs_only_when_asked() {
+        let out = Sampler::new(SamplingParams::greedy(), &[], 0).sample(&logits());
+        assert_eq!((out.logprob, out.top_logprobs.len()), (None, 0));
+    }
+
+    #[test]
     fn logprobs_are_raw_and_sorted() {
         let mut s = Sampler::new(
             SamplingParams {
@@ -339,7 +358,7 @@ mod tests {
         let out = s.sample(&logits());
         let l = logits();
         let z: f32 = l.iter().map(|x| x.exp()).sum::<f32>().ln();
-        assert!((out.logprob - (3.0 - z)).abs() < 1e-5);
+        assert!((out.logprob.unwrap() - (3.0 - z)).abs() < 1e-5);
         let ids: Vec<u32> = out.top_logprobs.iter().map(|x| x.0).collect();
         assert_eq!(ids, vec![1, 5, 2]);
         assert!((out.top_logprobs[2].1 - (2.5 - z)).abs() < 1e-5);

@@ -113,6 +113,26 @@ impl Model {
         }
     }
 
+    /// The row counts a step's GEMMs run at, for steps of 1..=`max_rows` rows: the CUDA
+    /// backend's buckets ([`infer_kernels::cuda::Gemm::padded_rows`]), in increasing order;
+    /// empty on the CPU, which has no per-shape start-up cost to pay ahead.
+    pub fn gemm_row_buckets(&self, max_rows: usize) -> Vec<usize> {
+        match self {
+            Model::Cpu(_) => {
+                let _ = max_rows;
+                Vec::new()
+            }
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) => {
+                let mut buckets: Vec<usize> = (1..=max_rows)
+                    .map(infer_kernels::cuda::Gemm::padded_rows)
+                    .collect();
+                buckets.dedup();
+                buckets
+            }
+        }
+    }
+
     /// Replays decode steps of up to `max_batch` sequences of at most `max_context` tokens
     /// from CUDA graphs. Only the CUDA backend has graphs.
     pub fn enable_cuda_graphs(&self, max_batch: usize, max_context: usize) -> Result<()> {

@@ -32,6 +32,16 @@ pub struct CudaAct {
     span: Span<u16>,
     rows: usize,
     cols: usize,
+    /// `span` and the rows after it up to [`Gemm::padded_rows`] when the arena reserved them
+    /// (GEMMs run over them; every other kernel sees `span` only), else `span`.
+    padded: Span<u16>,
+}
+
+impl CudaAct {
+    /// The first `rows` rows of `padded` when it holds them, for a GEMM over `rows` rows.
+    fn gemm_rows(&self, rows: usize) -> Option<Span<u16>> {
+        (self.padded.len() >= rows * self.cols).then(|| self.padded.slice(0, rows * self.cols))
+    }
 }
 
 /// A parameter on the device: `[rows, cols]` bf16 (vectors have one row).
@@ -166,11 +176,18 @@ impl CudaBackend {
         self.graphs.lock().unwrap().len()
     }
 
+    /// A step activation, with room for the GEMM row bucket after its rows.
     fn act(&self, rows: usize, cols: usize) -> Result<CudaAct> {
+        let padded: Span<u16> = self
+            .arena
+            .lock()
+            .unwrap()
+            .alloc(Gemm::padded_rows(rows) * cols)?;
         Ok(CudaAct {
-            span: self.arena.lock().unwrap().alloc(rows * cols)?,
+            span: padded.slice(0, rows * cols),
             rows,
             cols,
+            padded,
         })
     }
 
@@ -323,10 +340,14 @@ impl Backend for CudaBackend {
         let real = step.inputs.real_sampled;
         let out = graphs::run(self, bucket, forward)?;
         // Only the real rows go back to the host.
-        Ok(out.map(|x| CudaAct {
-            span: x.span.slice(0, real * x.cols),
-            rows: real,
-            cols: x.cols,
+        Ok(out.map(|x| {
+            let span = x.span.slice(0, real * x.cols);
+            CudaAct {
+                span,
+                rows: real,
+                cols: x.cols,
+                padded: span,
+            }
         }))
     }
 
@@ -353,8 +374,15 @@ impl Backend for CudaBackend {
             w.cols
         );
         let out = self.act(x.rows, w.rows)?;
+        // Over the row bucket where both sides have it (the padding rows hold whatever the
+        // arena had and their results are never read), else over exactly the rows.
+        let bucket = Gemm::padded_rows(x.rows);
+        let (m, xs, outs) = match (x.gemm_rows(bucket), out.gemm_rows(bucket)) {
+            (Some(xs), Some(outs)) => (bucket, xs, outs),
+            _ => (x.rows, x.span, out.span),
+        };
         self.gemm
-            .matmul_bf16(out.span, x.span, w.span(), x.rows, w.rows, w.cols)
+            .matmul_bf16(outs, xs, w.span(), m, w.rows, w.cols)
             .map_err(|e| anyhow!("{e}"))?;
         if let Some(b) = bias {
             driver(self.kernels.bias_add(out.span, b.span()))?;
