@@ -92,6 +92,11 @@ fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConf
         table: Span::of(&table),
         max_blocks_per_seq: blocks_per_seq,
     };
+    let splits = kernels.decode_splits(batch, &tables, cfg, kv.shape.block_size);
+    let scratch = stream
+        .alloc_zeros::<f32>(Kernels::decode_scratch_len(batch, cfg, splits).max(1))
+        .unwrap();
+    println!("paged_attention_decode_splits[batch={batch},ctx={CONTEXT}]: {splits}");
     let launch = || {
         kernels.paged_attention_decode(
             Span::of(&out),
@@ -100,6 +105,8 @@ fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConf
             &tables,
             Span::of(&lens),
             cfg,
+            splits,
+            Span::of(&scratch),
         )
     };
     let eager = time_ms(stream, &launch);

@@ -52,6 +52,39 @@ fn span<T>(xs: &CudaSlice<T>) -> Span<T> {
     Span::of(xs)
 }
 
+/// Decode attention with `splits` (None: the kernels' own choice), scratch allocated here.
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    out: &CudaSlice<u16>,
+    q: &CudaSlice<u16>,
+    kv: &DeviceKv,
+    tables: &DeviceBlockTables,
+    lens: &CudaSlice<i32>,
+    cfg: &AttentionConfig,
+    splits: Option<usize>,
+) {
+    let num_seqs = lens.len();
+    let splits =
+        splits.unwrap_or_else(|| kernels.decode_splits(num_seqs, tables, cfg, kv.shape.block_size));
+    let scratch = stream
+        .alloc_zeros::<f32>(Kernels::decode_scratch_len(num_seqs, cfg, splits).max(1))
+        .unwrap();
+    kernels
+        .paged_attention_decode(
+            span(out),
+            span(q),
+            kv,
+            tables,
+            span(lens),
+            cfg,
+            splits,
+            span(&scratch),
+        )
+        .unwrap();
+}
+
 fn assert_close(name: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{name}: length");
     let max_ref = want
@@ -170,43 +203,58 @@ fn configs() -> Vec<AttentionConfig> {
 fn paged_attention_decode_matches_reference() {
     let (kernels, stream) = kernels();
     for cfg in configs() {
-        let seq_lens = [1, 17, 100, 333, 0]; // the last one is graph-bucket padding
+        // The last one is graph-bucket padding; 1,500 keys take several splits.
+        let seq_lens = [1, 17, 100, 333, 1500, 0];
+        let real = seq_lens.len() - 1;
         let setup = PagedSetup::new(cfg.num_kv_heads, cfg.head_dim, &seq_lens, 7);
         let row = cfg.num_heads * cfg.head_dim;
         let q = random(seq_lens.len() * row, 3, 1.0);
 
         let (kv, tables) = setup.cpu();
-        let mut want = vec![0.0; 4 * row];
+        let mut want = vec![0.0; real * row];
         reference::paged_attention_decode(
             &mut want,
-            &q[..4 * row],
+            &q[..real * row],
             &kv,
             &tables,
-            &[1, 17, 100, 333],
+            &seq_lens[..real]
+                .iter()
+                .map(|&l| l as i32)
+                .collect::<Vec<_>>(),
             &cfg,
         );
 
         let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
         let lens = stream.clone_htod(&seq_lens.map(|l| l as i32)).unwrap();
         let q_dev = upload(&stream, &q);
-        // Garbage in the output, so the padding row must really be written with zeros.
-        let out = upload(&stream, &random(q.len(), 4, 1.0));
-        kernels
-            .paged_attention_decode(
-                span(&out),
-                span(&q_dev),
+        let auto = kernels.decode_splits(seq_lens.len(), &tables_dev, &cfg, 16);
+        assert!(auto > 1, "these shapes should split: {auto}");
+        // One split (whole contexts), the kernels' choice, and more splits than keys need.
+        for splits in [Some(1), None, Some(9)] {
+            // Garbage in the output, so the padding row must really be written with zeros.
+            let out = upload(&stream, &random(q.len(), 4, 1.0));
+            decode(
+                &kernels,
+                &stream,
+                &out,
+                &q_dev,
                 &kv_dev,
                 &tables_dev,
-                span(&lens),
+                &lens,
                 &cfg,
-            )
-            .unwrap();
-        let got = download(&stream, &out);
-        assert_close(&format!("decode {cfg:?}"), &got[..4 * row], &want);
-        assert!(
-            got[4 * row..].iter().all(|&x| x == 0.0),
-            "padding row not zeroed"
-        );
+                splits,
+            );
+            let got = download(&stream, &out);
+            assert_close(
+                &format!("decode splits {splits:?} {cfg:?}"),
+                &got[..real * row],
+                &want,
+            );
+            assert!(
+                got[real * row..].iter().all(|&x| x == 0.0),
+                "padding row not zeroed (splits {splits:?})"
+            );
+        }
     }
 }
 
@@ -414,17 +462,35 @@ fn paged_attention_skips_bad_blocks() {
     assert!(want[2 * row..3 * row].iter().all(|&x| x == 0.0));
     let (q_dev, lens) = (upload(&stream, &q), stream.clone_htod(&seq_lens).unwrap());
     let out = upload(&stream, &random(q.len(), 9, 1.0));
-    kernels
-        .paged_attention_decode(
-            span(&out),
-            span(&q_dev),
-            &kv_dev,
-            &tables_dev,
-            span(&lens),
-            &cfg,
-        )
-        .unwrap();
+    decode(
+        &kernels,
+        &stream,
+        &out,
+        &q_dev,
+        &kv_dev,
+        &tables_dev,
+        &lens,
+        &cfg,
+        Some(1),
+    );
     assert_close("decode, bad blocks", &download(&stream, &out), &want);
+    let out = upload(&stream, &random(q.len(), 9, 1.0));
+    decode(
+        &kernels,
+        &stream,
+        &out,
+        &q_dev,
+        &kv_dev,
+        &tables_dev,
+        &lens,
+        &cfg,
+        Some(3),
+    );
+    assert_close(
+        "decode, bad blocks, 3 splits",
+        &download(&stream, &out),
+        &want,
+    );
 
     // Prefill over the same tables: whole sequences 0 and 2 as chunks.
     let cu = [0, 100, 100, 116, 116];

@@ -147,12 +147,25 @@ fn rows_of(len: usize, width: usize, what: &str) -> usize {
     len / width
 }
 
+/// The attention kernels of one head dimension.
+struct AttentionFns {
+    decode: CudaFunction,
+    prefill: CudaFunction,
+    /// Combines decode splits (flash-decoding).
+    merge: CudaFunction,
+}
+
+/// Keys per decode split: one tile of 32 keys for each warp of the block.
+pub const DECODE_SPLIT_KEYS: usize = ATTENTION_WARPS as usize * 32;
+
 /// Kernels compiled for one device and bound to one stream.
 pub struct Kernels {
     stream: Arc<CudaStream>,
     pub arch: ComputeCapability,
-    /// head_dim -> (decode, prefill)
-    attention: HashMap<usize, (CudaFunction, CudaFunction)>,
+    /// head_dim -> its attention kernels.
+    attention: HashMap<usize, AttentionFns>,
+    /// Streaming multiprocessors: how many blocks fill the device (decode splits).
+    sm_count: usize,
     reshape_and_cache: CudaFunction,
     rms_norm: CudaFunction,
     fused_add_rms_norm: CudaFunction,
@@ -197,13 +210,22 @@ impl Kernels {
         let attention = sources::ATTENTION_HEAD_DIMS
             .iter()
             .map(|&d| {
-                let (decode, prefill) = sources::attention_entry_points(d).unwrap();
-                (d, (take(decode), take(prefill)))
+                let (decode, prefill, merge) = sources::attention_entry_points(d).unwrap();
+                let fns = AttentionFns {
+                    decode: take(decode),
+                    prefill: take(prefill),
+                    merge: take(merge),
+                };
+                (d, fns)
             })
             .collect();
+        let sm_count = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize;
         let kernels = Self {
             arch,
             attention,
+            sm_count,
             reshape_and_cache: take("reshape_and_cache_bf16"),
             rms_norm: take("rms_norm_bf16"),
             fused_add_rms_norm: take("fused_add_rms_norm_bf16"),
@@ -226,7 +248,7 @@ impl Kernels {
         &self.stream
     }
 
-    fn attention_fns(&self, cfg: &AttentionConfig, kv: &DeviceKv) -> &(CudaFunction, CudaFunction) {
+    fn attention_fns(&self, cfg: &AttentionConfig, kv: &DeviceKv) -> &AttentionFns {
         assert_eq!(kv.shape.head_dim, cfg.head_dim);
         assert_eq!(kv.shape.num_kv_heads, cfg.num_kv_heads);
         assert_eq!(kv.k_cache.len(), kv.shape.len());
@@ -245,9 +267,38 @@ impl Kernels {
         })
     }
 
+    /// How many splits a decode step of `num_seqs` sequences over `tables` runs in: enough to
+    /// give the device two blocks per multiprocessor when (head, sequence) pairs alone are too
+    /// few (flash-decoding), never more than the table's width has key tiles. 1: no split.
+    /// Depends only on the shapes, so a captured graph keeps its grid.
+    pub fn decode_splits(
+        &self,
+        num_seqs: usize,
+        tables: &DeviceBlockTables,
+        cfg: &AttentionConfig,
+        block_size: usize,
+    ) -> usize {
+        let blocks = (cfg.num_heads * num_seqs).max(1);
+        let wanted = (2 * self.sm_count).div_ceil(blocks);
+        let max_keys = tables.max_blocks_per_seq * block_size;
+        wanted.clamp(1, max_keys.div_ceil(DECODE_SPLIT_KEYS).max(1))
+    }
+
+    /// f32s of scratch [`Self::paged_attention_decode`] needs for `splits` (0 for one split).
+    pub fn decode_scratch_len(num_seqs: usize, cfg: &AttentionConfig, splits: usize) -> usize {
+        if splits <= 1 {
+            0
+        } else {
+            num_seqs * cfg.num_heads * splits * (cfg.head_dim + 2)
+        }
+    }
+
     /// Decode attention, see [`crate::reference::paged_attention_decode`].
     /// Writes `out`; `q`, `out`: `[num_seqs, num_heads, head_dim]`; `seq_lens`: `[num_seqs]`
     /// (≤ 0: padding, its `out` row is zeros). Block ids outside the pool are skipped.
+    /// `splits` from [`Self::decode_splits`]; `scratch` holds at least
+    /// [`Self::decode_scratch_len`] f32s (any span when `splits` is 1).
+    #[allow(clippy::too_many_arguments)]
     pub fn paged_attention_decode(
         &self,
         out: Span<u16>,
@@ -256,12 +307,16 @@ impl Kernels {
         tables: &DeviceBlockTables,
         seq_lens: Span<i32>,
         cfg: &AttentionConfig,
+        splits: usize,
+        scratch: Span<f32>,
     ) -> Result<(), DriverError> {
-        let (decode, _) = self.attention_fns(cfg, kv);
+        let fns = self.attention_fns(cfg, kv);
         let num_seqs = seq_lens.len();
         assert_eq!(q.len(), num_seqs * cfg.num_heads * cfg.head_dim);
         assert_eq!(out.len(), q.len());
         assert!(tables.table.len() >= num_seqs * tables.max_blocks_per_seq);
+        assert!((1..65_536).contains(&splits), "decode splits {splits}");
+        assert!(scratch.len() >= Self::decode_scratch_len(num_seqs, cfg, splits));
         let (max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
             int(tables.max_blocks_per_seq),
             int(kv.shape.num_blocks),
@@ -270,9 +325,11 @@ impl Kernels {
             int(kv.shape.block_size),
         );
         let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
-        let mut launch = self.stream.launch_builder(decode);
+        let split_len = int(DECODE_SPLIT_KEYS);
+        let mut launch = self.stream.launch_builder(&fns.decode);
         launch
             .arg(&out)
+            .arg(&scratch)
             .arg(&q)
             .arg(&kv.k_cache)
             .arg(&kv.v_cache)
@@ -285,10 +342,27 @@ impl Kernels {
             .arg(&block_size)
             .arg(&cfg.scale)
             .arg(&window)
-            .arg(&softcap);
-        // SAFETY: argument order and types match paged_attention_decode_bf16_d*; lengths checked,
-        // and the kernel bounds every device-side index (block ids, table row).
-        unsafe { launch.launch(grid::attention(cfg.num_heads, num_seqs)) }.map(drop)
+            .arg(&softcap)
+            .arg(&split_len);
+        let mut grid = grid::attention(cfg.num_heads, num_seqs);
+        grid.grid_dim.2 = splits as u32;
+        // SAFETY: argument order and types match paged_attention_decode_bf16_d*; lengths checked
+        // (the scratch holds every split's state), and the kernel bounds every device-side
+        // index (block ids, table row).
+        unsafe { launch.launch(grid) }?;
+        if splits > 1 {
+            let num_splits = int(splits);
+            let mut merge = self.stream.launch_builder(&fns.merge);
+            merge
+                .arg(&out)
+                .arg(&scratch)
+                .arg(&num_heads)
+                .arg(&num_splits);
+            // SAFETY: argument order and types match paged_attention_merge_bf16_d*; the scratch
+            // was written by the decode launch above with the same shapes.
+            unsafe { merge.launch(grid::attention(cfg.num_heads, num_seqs)) }?;
+        }
+        Ok(())
     }
 
     /// Prefill attention, see [`crate::reference::paged_attention_prefill`].
@@ -306,7 +380,7 @@ impl Kernels {
         start_pos: Span<i32>,
         cfg: &AttentionConfig,
     ) -> Result<(), DriverError> {
-        let (_, prefill) = self.attention_fns(cfg, kv);
+        let prefill = &self.attention_fns(cfg, kv).prefill;
         let row = cfg.num_heads * cfg.head_dim;
         let num_seqs = start_pos.len();
         assert!(num_seqs > 0, "prefill needs at least one sequence");

@@ -25,7 +25,9 @@
 // warps' partial states are merged through shared memory at the end.
 // Requires 16-byte aligned pools (checked by the host) and HEAD_DIM a multiple of 32.
 //
-// CUDA graphs: the grid depends only on (num_heads, tokens); sequence lengths, positions and
+// CUDA graphs: the grid depends only on (num_heads, tokens) and, for decode, the number of
+// splits, which the host derives from the table width (fixed for a graph bucket); sequence
+// lengths, positions and
 // block tables are read from device memory, so a captured launch stays valid when they change.
 // Entries with seq_len <= 0 (decode) or tokens past cu_seqlens_q[num_seqs] (prefill) are
 // padding of a graph bucket: their output rows are written as zeros and nothing is read.
@@ -50,6 +52,9 @@ __device__ void attend_one_query(
     const int* __restrict__ block_table,
     int pos,
     int window,
+    int split_lo,
+    int split_hi,
+    float* __restrict__ partial,
     int kv_head,
     int num_kv_heads,
     int block_size,
@@ -64,9 +69,11 @@ __device__ void attend_one_query(
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
     const int dim0 = lane * PER_LANE;
-    const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+    // This block's keys: the query's (window, causal) within [split_lo, split_hi].
+    const int first = max(split_lo, window > 0 ? max(0, pos + 1 - window) : 0);
     // Keys past the table row would index outside it: never visit them.
-    const int last = (int)min((long long)pos, (long long)max_blocks_per_seq * block_size - 1);
+    const int last = (int)min(min((long long)pos, (long long)split_hi),
+                              (long long)max_blocks_per_seq * block_size - 1);
 
     // q with the softmax scale folded in, read by every lane (a broadcast, no bank conflicts).
     __shared__ float q_shared[HEAD_DIM];
@@ -157,6 +164,14 @@ __device__ void attend_one_query(
         global_max = fmaxf(global_max, warp_max[w]);
     }
     if (global_max == neg_infinity()) {
+        if (partial != nullptr) {
+            // An empty split: max -inf, sum 0 (the merge skips it).
+            if (threadIdx.x == 0) {
+                partial[0] = global_max;
+                partial[1] = 0.0f;
+            }
+            return;
+        }
         zero_head<HEAD_DIM>(out);
         return;
     }
@@ -166,6 +181,22 @@ __device__ void attend_one_query(
     for (int w = 0; w < ATTN_WARPS; ++w) {
         weight[w] = expf(warp_max[w] - global_max);
         total += warp_sum_exp[w] * weight[w];
+    }
+    if (partial != nullptr) {
+        // A split's state for paged_attention_merge: max, sum, unnormalised accumulator.
+        if (threadIdx.x == 0) {
+            partial[0] = global_max;
+            partial[1] = total;
+        }
+        for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+            float value = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; ++w) {
+                value += warp_acc[w][d] * weight[w];
+            }
+            partial[2 + d] = value;
+        }
+        return;
     }
     for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
         float value = 0.0f;
@@ -177,25 +208,78 @@ __device__ void attend_one_query(
     }
 }
 
-// Grid (num_heads, num_seqs). seq_lens[s] counts the query's own token: it sits at seq_len - 1.
+// Grid (num_heads, num_seqs, num_splits). seq_lens[s] counts the query's own token: it sits at
+// seq_len - 1. With num_splits == 1 each block attends the whole context and writes `out`.
+// Otherwise (flash-decoding: few sequences, long contexts, too few blocks to fill the GPU)
+// split z attends keys [z * split_len, (z + 1) * split_len) and writes its softmax state to
+// partials[(seq * num_heads + head) * num_splits + z][HEAD_DIM + 2]; paged_attention_merge
+// then combines the splits into `out`.
 template <int HEAD_DIM>
 __device__ void paged_attention_decode(
-    bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    bf16* out, float* partials, const bf16* q, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
-    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
+    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap,
+    int split_len) {
     const int head = blockIdx.x;
     const int seq = blockIdx.y;
+    const int split = blockIdx.z;
     const int seq_len = seq_lens[seq];
     const long long row = ((long long)seq * num_heads + head) * HEAD_DIM;
-    if (seq_len <= 0) {
-        zero_head<HEAD_DIM>(out + row);
+    float* partial = gridDim.z == 1
+        ? nullptr
+        : partials + (((long long)seq * num_heads + head) * gridDim.z + split) * (HEAD_DIM + 2);
+    const int lo = split * split_len;
+    const int hi = gridDim.z == 1 ? 0x7fffffff : lo + split_len - 1;
+    if (seq_len <= 0 || lo > seq_len - 1) {
+        if (partial != nullptr) {
+            if (threadIdx.x == 0) {
+                partial[0] = neg_infinity();
+                partial[1] = 0.0f;
+            }
+        } else {
+            zero_head<HEAD_DIM>(out + row);
+        }
         return;
     }
     attend_one_query<HEAD_DIM>(
         out + row, q + row, k_cache, v_cache,
-        block_tables + (long long)seq * max_blocks_per_seq, seq_len - 1, window,
-        head / (num_heads / num_kv_heads), num_kv_heads, block_size, max_blocks_per_seq,
-        num_blocks, scale, softcap);
+        block_tables + (long long)seq * max_blocks_per_seq, seq_len - 1, window, lo, hi,
+        partial, head / (num_heads / num_kv_heads), num_kv_heads, block_size,
+        max_blocks_per_seq, num_blocks, scale, softcap);
+}
+
+// Grid (num_heads, num_seqs), HEAD_DIM threads at most per block: out = the splits' states
+// combined (each rescaled to the largest max); zeros when no split saw a key (padding rows).
+template <int HEAD_DIM>
+__device__ void paged_attention_merge(bf16* out, const float* partials, int num_heads,
+                                      int num_splits) {
+    const int head = blockIdx.x;
+    const int seq = blockIdx.y;
+    const float* state = partials + ((long long)seq * num_heads + head) * num_splits * (HEAD_DIM + 2);
+    bf16* o = out + ((long long)seq * num_heads + head) * HEAD_DIM;
+    float global_max = neg_infinity();
+    for (int z = 0; z < num_splits; ++z) {
+        global_max = fmaxf(global_max, state[z * (HEAD_DIM + 2)]);
+    }
+    if (global_max == neg_infinity()) {
+        zero_head<HEAD_DIM>(o);
+        return;
+    }
+    float total = 0.0f;
+    for (int z = 0; z < num_splits; ++z) {
+        const float* st = state + z * (HEAD_DIM + 2);
+        total += st[1] * expf(st[0] - global_max);  // an empty split: 0 * exp(-inf) = 0
+    }
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        float value = 0.0f;
+        for (int z = 0; z < num_splits; ++z) {
+            const float* st = state + z * (HEAD_DIM + 2);
+            if (st[0] != neg_infinity()) {
+                value += st[2 + d] * expf(st[0] - global_max);
+            }
+        }
+        o[d] = f32_to_bf16(value / total);
+    }
 }
 
 // Grid (num_heads, num_tokens). Sequence s owns query tokens cu_seqlens_q[s] .. cu_seqlens_q[s+1]
@@ -228,22 +312,27 @@ __device__ void paged_attention_prefill(
     const int pos = start_pos[seq] + token - cu_seqlens_q[seq];
     attend_one_query<HEAD_DIM>(
         out + row, q + row, k_cache, v_cache,
-        block_tables + (long long)seq * max_blocks_per_seq, pos, window,
-        head / (num_heads / num_kv_heads), num_kv_heads, block_size, max_blocks_per_seq,
-        num_blocks, scale, softcap);
+        block_tables + (long long)seq * max_blocks_per_seq, pos, window, 0, 0x7fffffff,
+        nullptr, head / (num_heads / num_kv_heads), num_kv_heads, block_size,
+        max_blocks_per_seq, num_blocks, scale, softcap);
 }
 
 // One extern "C" entry point per supported head_dim (the Rust side picks by name).
 #define DEFINE_PAGED_ATTENTION(D)                                                               \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_decode_bf16_d##D(                                                       \
-            bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
-            const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
-            int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale,       \
-            int window, float softcap) {                                                        \
-        paged_attention_decode<D>(out, q, k_cache, v_cache, block_tables, seq_lens,             \
+            bf16* out, float* partials, const bf16* q, const bf16* k_cache,                     \
+            const bf16* v_cache, const int* block_tables, const int* seq_lens,                  \
+            int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
+            int block_size, float scale, int window, float softcap, int split_len) {            \
+        paged_attention_decode<D>(out, partials, q, k_cache, v_cache, block_tables, seq_lens,   \
                                   max_blocks_per_seq, num_blocks, num_heads, num_kv_heads,      \
-                                  block_size, scale, window, softcap);                          \
+                                  block_size, scale, window, softcap, split_len);               \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
+        paged_attention_merge_bf16_d##D(bf16* out, const float* partials, int num_heads,        \
+                                        int num_splits) {                                       \
+        paged_attention_merge<D>(out, partials, num_heads, num_splits);                         \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_prefill_bf16_d##D(                                                      \

@@ -40,6 +40,10 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
         "paged_attention_prefill_bf16_d96",
         "paged_attention_prefill_bf16_d128",
         "paged_attention_prefill_bf16_d256",
+        "paged_attention_merge_bf16_d64",
+        "paged_attention_merge_bf16_d96",
+        "paged_attention_merge_bf16_d128",
+        "paged_attention_merge_bf16_d256",
     ],
 };
 
@@ -94,10 +98,13 @@ pub const ALL: [KernelSource; 7] = [
 ];
 
 /// Entry-point names of the attention kernels for one head dimension.
-pub fn attention_entry_points(head_dim: usize) -> Option<(&'static str, &'static str)> {
+pub fn attention_entry_points(
+    head_dim: usize,
+) -> Option<(&'static str, &'static str, &'static str)> {
     let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
     let names = PAGED_ATTENTION.entry_points;
-    Some((names[i], names[i + ATTENTION_HEAD_DIMS.len()]))
+    let n = ATTENTION_HEAD_DIMS.len();
+    Some((names[i], names[i + n], names[i + 2 * n]))
 }
 
 #[cfg(test)]
@@ -127,7 +134,8 @@ mod tests {
             attention_entry_points(128),
             Some((
                 "paged_attention_decode_bf16_d128",
-                "paged_attention_prefill_bf16_d128"
+                "paged_attention_prefill_bf16_d128",
+                "paged_attention_merge_bf16_d128"
             ))
         );
         assert_eq!(attention_entry_points(80), None);

@@ -518,6 +518,14 @@ impl Backend for CudaBackend {
             max_blocks_per_seq: s.max_blocks,
         };
         if s.decode_only {
+            let splits = self
+                .kernels
+                .decode_splits(s.seqs, &tables, &cfg, pools.shape.block_size);
+            let scratch: Span<f32> = self
+                .arena
+                .lock()
+                .unwrap()
+                .alloc(Kernels::decode_scratch_len(s.seqs, &cfg, splits).max(1))?;
             driver(self.kernels.paged_attention_decode(
                 out.span,
                 q.span,
@@ -525,6 +533,8 @@ impl Backend for CudaBackend {
                 &tables,
                 step.array(s.at.seq_lens, s.seqs),
                 &cfg,
+                splits,
+                scratch,
             ))?;
         } else {
             driver(self.kernels.paged_attention_prefill(
