@@ -18,6 +18,8 @@ use crate::model::LoadedModel;
 use crate::serve::step_log::{self, StepRecord};
 use crate::serve::{spawn_local, ServeConfig};
 use crate::Device;
+use infer_core::StepShape;
+use infer_sim::cost::CostModel;
 
 pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint};
 
@@ -328,8 +330,10 @@ rate = 8.0
 ///   outside the forward (scheduling, detokenising, handing chunks to the streams) and the
 ///   forward's slowdown from HTTP and client threads sharing the cores — is fitted as a
 ///   per-step plus a per-sequence cost (least squares over the middle 80% of steps);
-/// * per request: TTFT of a one-token completion minus its prefill step and the step
-///   overhead (HTTP, tokenisation).
+/// * per request and per prompt token: TTFT of one-token completions of a short and of a
+///   ~500-token prompt, minus their predicted prefill steps and step overheads; the
+///   difference between the two gives the per-token part (tokenising, hashing, copying),
+///   the short one the fixed part (HTTP).
 ///
 /// The step overheads are added to every profiled point (they are part of an engine step).
 async fn measure_client_path(
@@ -362,27 +366,50 @@ async fn measure_client_path(
     let base = format!("http://{addr}");
     let calibration = bench::run(&BenchOptions::new(&base, &scenario)).await;
     let url = format!("{base}/v1/completions");
-    let mut ttfts = Vec::new();
-    let mut prompt_tokens = 0;
-    for i in 0..9 {
-        let body = serde_json::json!({"prompt": format!("Probe {i}: a short prompt."), "max_tokens": 1, "temperature": 0});
-        let t = Instant::now();
-        let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
-        ttfts.push(t.elapsed().as_secs_f64());
-        prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
+    // One-token completions of a short and of a long prompt (distinct, so the prefix cache
+    // never hits): TTFT minus the prompt's predicted steps is the client path, and its
+    // growth with the prompt is the per-token part (tokenising, hashing, copying the text).
+    let mut probes = Vec::new();
+    for words in [0usize, 120] {
+        let mut ttfts = Vec::new();
+        let mut tokens = 0;
+        for i in 0..9 {
+            let prompt = format!(
+                "Probe {i} of {words}: a prompt.{}",
+                " more words".repeat(words)
+            );
+            let body = serde_json::json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
+            let t = Instant::now();
+            let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
+            ttfts.push(t.elapsed().as_secs_f64());
+            tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
+        }
+        ttfts.sort_by(f64::total_cmp);
+        probes.push((tokens, ttfts[ttfts.len() / 2]));
     }
     server.stop().await;
     calibration?;
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_dir_all(&tmp);
     let (per_step, per_seq) = serving_excess(&steps, &offline)?;
-    ttfts.sort_by(f64::total_cmp);
-    let ttft = ttfts[ttfts.len() / 2];
-    let prefill = points
-        .iter()
-        .filter(|p| p.decode_seqs == 0 && p.prefill_tokens > 0)
-        .min_by_key(|p| p.prefill_tokens.abs_diff(prompt_tokens))
-        .map_or(0.0, |p| p.step_s);
+    let chunk = ServeConfig::new(model).sched.prefill_chunk_size;
+    // What a probe's TTFT holds besides the client path: its prompt's steps with their
+    // serving overhead.
+    let overhead = |&(tokens, ttft): &(usize, f64)| {
+        let steps = fresh_prompt_steps(tokens, chunk);
+        let served: f64 = steps
+            .iter()
+            .map(|s| offline.step_time(s) + per_step + per_seq)
+            .sum();
+        ttft - served
+    };
+    let (short, long) = (probes[0], probes[1]);
+    let per_prompt_token_s = if long.0 > short.0 {
+        ((overhead(&long) - overhead(&short)) / (long.0 - short.0) as f64).max(0.0)
+    } else {
+        0.0
+    };
+    let request_s = (overhead(&short) - per_prompt_token_s * short.0 as f64).max(0.0);
     for p in points.iter_mut() {
         let seqs = p.decode_seqs + usize::from(p.prefill_tokens > 0);
         p.step_s += per_step + per_seq * seqs as f64;
@@ -393,11 +420,41 @@ async fn measure_client_path(
         per_seq * 1e3,
         steps.len()
     );
+    eprintln!(
+        "client path: {:.3} ms per request + {:.2} us per prompt token (probes of {} and {} tokens)",
+        request_s * 1e3,
+        per_prompt_token_s * 1e6,
+        short.0,
+        long.0
+    );
     Ok(ProfileClient {
-        request_s: (ttft - prefill - per_step - per_seq).max(0.0),
-        per_prompt_token_s: 0.0,
+        request_s,
+        per_prompt_token_s,
         stream_s: 0.0,
     })
+}
+
+/// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
+fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
+    let chunk = chunk.max(1);
+    (0..tokens)
+        .step_by(chunk)
+        .map(|start| {
+            let end = (start + chunk).min(tokens);
+            let n = end - start;
+            StepShape {
+                num_seqs: 1,
+                prefill_tokens: n,
+                prefill_seqs: 1,
+                max_prefill_chunk: n,
+                sampled: usize::from(end == tokens),
+                context_tokens: end,
+                attention_pairs: (n * start) as f64 + (n * (n + 1) / 2) as f64,
+                chunk_self_pairs: (n * n) as f64,
+                ..StepShape::default()
+            }
+        })
+        .collect()
 }
 
 /// The served steps' excess over `offline`, fitted as `per_step + per_seq × sequences` by
@@ -436,6 +493,18 @@ fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fresh prompt's chunks cover it once, with the causal pairs of one whole prompt.
+    #[test]
+    fn fresh_prompt_steps_cover_the_prompt() {
+        let steps = fresh_prompt_steps(1100, 512);
+        let lens: Vec<usize> = steps.iter().map(|s| s.prefill_tokens).collect();
+        assert_eq!(lens, vec![512, 512, 76]);
+        let pairs: f64 = steps.iter().map(|s| s.attention_pairs).sum();
+        assert_eq!(pairs, (1100 * 1101 / 2) as f64);
+        assert_eq!(steps.iter().map(|s| s.sampled).sum::<usize>(), 1);
+        assert_eq!(steps.last().unwrap().context_tokens, 1100);
+    }
     use infer_core::StepShape;
     use infer_sim::cost::{CostModel, Profiled};
 
