@@ -67,6 +67,18 @@ fn prefilled(lm: &LoadedModel, batch: usize) -> Result<(KvCache, Vec<Vec<u32>>)>
     Ok((kv, tables))
 }
 
+/// A fresh `len`-token prompt in blocks 0.., sampled.
+fn fresh_prompt(len: usize) -> ForwardBatch {
+    ForwardBatch {
+        seqs: vec![SeqChunk {
+            tokens: (0..len as u32).map(|t| 10 + t % 1000).collect(),
+            start_pos: 0,
+            block_table: (0..len.div_ceil(BLOCK) as u32).collect(),
+            sample: true,
+        }],
+    }
+}
+
 /// Seconds per decode step over `steps` steps (after the first, which may capture a graph).
 fn decode_step_s(
     lm: &LoadedModel,
@@ -184,14 +196,7 @@ fn main() -> Result<()> {
 
     for len in [512usize, 2048] {
         let mut kv = lm.model.new_kv_cache(len.div_ceil(BLOCK), BLOCK)?;
-        let b = ForwardBatch {
-            seqs: vec![SeqChunk {
-                tokens: (0..len as u32).map(|t| 10 + t % 1000).collect(),
-                start_pos: 0,
-                block_table: (0..len.div_ceil(BLOCK) as u32).collect(),
-                sample: true,
-            }],
-        };
+        let b = fresh_prompt(len);
         lm.model.forward(&b, &mut kv)?;
         let mut times = Vec::new();
         for _ in 0..5 {
@@ -210,14 +215,7 @@ fn main() -> Result<()> {
     // loading) lands on TTFT although a profile that repeats shapes never sees it.
     let mut kv = lm.model.new_kv_cache(512usize.div_ceil(BLOCK), BLOCK)?;
     let prefill_ms = |len: usize, kv: &mut KvCache| -> Result<f64> {
-        let b = ForwardBatch {
-            seqs: vec![SeqChunk {
-                tokens: (0..len as u32).map(|t| 10 + t % 1000).collect(),
-                start_pos: 0,
-                block_table: (0..len.div_ceil(BLOCK) as u32).collect(),
-                sample: true,
-            }],
-        };
+        let b = fresh_prompt(len);
         let t = Instant::now();
         lm.model.forward(&b, kv)?;
         Ok(t.elapsed().as_secs_f64() * 1e3)
