@@ -361,6 +361,7 @@ async fn measure_client_path(
         cuda_graphs: target.cuda_graphs,
         ..ServeConfig::new(model)
     };
+    let chunk = cfg.sched.prefill_chunk_size;
     let (addr, server) = spawn_local(cfg).await?;
     let client = reqwest::Client::new();
     let base = format!("http://{addr}");
@@ -392,7 +393,6 @@ async fn measure_client_path(
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_dir_all(&tmp);
     let (per_step, per_seq) = serving_excess(&steps, &offline)?;
-    let chunk = ServeConfig::new(model).sched.prefill_chunk_size;
     // What a probe's TTFT holds besides the client path: its prompt's steps with their
     // serving overhead.
     let overhead = |&(tokens, ttft): &(usize, f64)| {

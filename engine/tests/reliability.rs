@@ -30,6 +30,22 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value)
 }
 
 /// Polls `/health` every 5 ms until `done` and returns the longest answer time.
+/// A greedy streamed completion of `max_tokens` tokens (EOS ignored), its response open.
+async fn stream_completion(
+    client: &reqwest::Client,
+    base: &str,
+    max_tokens: usize,
+) -> reqwest::Response {
+    let body = json!({"prompt": "The harbour", "max_tokens": max_tokens, "ignore_eos": true,
+                      "stream": true, "temperature": 0});
+    client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn worst_health(base: String, done: tokio::sync::watch::Receiver<bool>) -> Duration {
     let client = reqwest::Client::new();
     let mut worst = Duration::ZERO;
@@ -62,14 +78,7 @@ async fn huge_prompts_are_refused_or_tokenised_without_stalling_anyone() {
     let stream = {
         let (client, base) = (client.clone(), base.clone());
         tokio::spawn(async move {
-            let body = json!({"prompt": "The harbour", "max_tokens": 200, "ignore_eos": true,
-                              "stream": true, "temperature": 0});
-            let mut r = client
-                .post(format!("{base}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let mut r = stream_completion(&client, &base, 200).await;
             let (mut last, mut worst_gap) = (Instant::now(), Duration::ZERO);
             while let Some(chunk) = r.chunk().await.unwrap() {
                 assert!(!chunk.is_empty());
@@ -349,14 +358,7 @@ async fn shutdown_lets_short_requests_finish_and_ends_long_ones_at_the_deadline(
     let stream = |max_tokens: usize| {
         let (client, base) = (client.clone(), base.clone());
         async move {
-            let body = json!({"prompt": "The harbour", "max_tokens": max_tokens,
-                              "ignore_eos": true, "stream": true});
-            let mut r = client
-                .post(format!("{base}/v1/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let mut r = stream_completion(&client, &base, max_tokens).await;
             let mut text = String::new();
             while let Some(chunk) = r.chunk().await.unwrap() {
                 text.push_str(&String::from_utf8_lossy(&chunk));

@@ -52,28 +52,29 @@ fn span<T>(xs: &CudaSlice<T>) -> Span<T> {
     Span::of(xs)
 }
 
-/// Decode attention with `splits` (None: the kernels' own choice), scratch allocated here.
+/// Decode attention with `splits` (None: the kernels' own choice) into an output that
+/// starts as garbage (so rows the kernel must zero really are written), downloaded.
 #[allow(clippy::too_many_arguments)]
 fn decode(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
-    out: &CudaSlice<u16>,
     q: &CudaSlice<u16>,
     kv: &DeviceKv,
     tables: &DeviceBlockTables,
     lens: &CudaSlice<i32>,
     cfg: &AttentionConfig,
     splits: Option<usize>,
-) {
+) -> Vec<f32> {
     let num_seqs = lens.len();
     let splits =
         splits.unwrap_or_else(|| kernels.decode_splits(num_seqs, tables, cfg, kv.shape.block_size));
     let scratch = stream
         .alloc_zeros::<f32>(Kernels::decode_scratch_len(num_seqs, cfg, splits).max(1))
         .unwrap();
+    let out = upload(stream, &random(q.len(), 4, 1.0));
     kernels
         .paged_attention_decode(
-            span(out),
+            span(&out),
             span(q),
             kv,
             tables,
@@ -83,6 +84,7 @@ fn decode(
             span(&scratch),
         )
         .unwrap();
+    download(stream, &out)
 }
 
 fn assert_close(name: &str, got: &[f32], want: &[f32]) {
@@ -231,12 +233,9 @@ fn paged_attention_decode_matches_reference() {
         assert!(auto > 1, "these shapes should split: {auto}");
         // One split (whole contexts), the kernels' choice, and more splits than keys need.
         for splits in [Some(1), None, Some(9)] {
-            // Garbage in the output, so the padding row must really be written with zeros.
-            let out = upload(&stream, &random(q.len(), 4, 1.0));
-            decode(
+            let got = decode(
                 &kernels,
                 &stream,
-                &out,
                 &q_dev,
                 &kv_dev,
                 &tables_dev,
@@ -244,7 +243,6 @@ fn paged_attention_decode_matches_reference() {
                 &cfg,
                 splits,
             );
-            let got = download(&stream, &out);
             assert_close(
                 &format!("decode splits {splits:?} {cfg:?}"),
                 &got[..real * row],
@@ -461,36 +459,19 @@ fn paged_attention_skips_bad_blocks() {
     reference::paged_attention_decode(&mut want, &q, &kv, &tables, &seq_lens, &cfg);
     assert!(want[2 * row..3 * row].iter().all(|&x| x == 0.0));
     let (q_dev, lens) = (upload(&stream, &q), stream.clone_htod(&seq_lens).unwrap());
-    let out = upload(&stream, &random(q.len(), 9, 1.0));
-    decode(
-        &kernels,
-        &stream,
-        &out,
-        &q_dev,
-        &kv_dev,
-        &tables_dev,
-        &lens,
-        &cfg,
-        Some(1),
-    );
-    assert_close("decode, bad blocks", &download(&stream, &out), &want);
-    let out = upload(&stream, &random(q.len(), 9, 1.0));
-    decode(
-        &kernels,
-        &stream,
-        &out,
-        &q_dev,
-        &kv_dev,
-        &tables_dev,
-        &lens,
-        &cfg,
-        Some(3),
-    );
-    assert_close(
-        "decode, bad blocks, 3 splits",
-        &download(&stream, &out),
-        &want,
-    );
+    for splits in [1, 3] {
+        let got = decode(
+            &kernels,
+            &stream,
+            &q_dev,
+            &kv_dev,
+            &tables_dev,
+            &lens,
+            &cfg,
+            Some(splits),
+        );
+        assert_close(&format!("decode, bad blocks, {splits} splits"), &got, &want);
+    }
 
     // Prefill over the same tables: whole sequences 0 and 2 as chunks.
     let cu = [0, 100, 100, 116, 116];
