@@ -11,7 +11,9 @@
 //! [`RequestRecord`], and ITL gaps go into a [`Samples`] pool that stays exact up to a
 //! bound and then continues as a fine log-bucketed histogram (≤ 0.05% relative error).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::fmt::Write as _;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -89,7 +91,13 @@ prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,e
 #[derive(Debug, Clone, Default)]
 pub struct Samples {
     exact: Vec<f64>,
-    buckets: BTreeMap<i32, u64>,
+    /// Histogram mode (past `EXACT_LIMIT`): counts of buckets `lo`, `lo + 1`, …, dense so
+    /// that a push is an index, not a tree insert (ITL pushes one per token).
+    bucketed: bool,
+    counts: Vec<u64>,
+    lo: i32,
+    /// Samples at or below `BUCKET_FLOOR` (counted as 0).
+    zeros: u64,
     n: u64,
     sum: f64,
     sum_sq: f64,
@@ -98,22 +106,44 @@ pub struct Samples {
 const EXACT_LIMIT: usize = 1 << 21;
 const BUCKET_GROWTH: f64 = 1.001;
 const BUCKET_FLOOR: f64 = 1e-9;
+/// The bucket of 1e12 s: larger samples (and infinities) count there.
+const BUCKET_MAX: i32 = 48_356;
 
 impl Samples {
     pub fn push(&mut self, x: f64) {
         self.n += 1;
         self.sum += x;
         self.sum_sq += x * x;
-        if self.buckets.is_empty() && self.exact.len() < EXACT_LIMIT {
+        if !self.bucketed && self.exact.len() < EXACT_LIMIT {
             self.exact.push(x);
             return;
         }
-        if !self.exact.is_empty() {
+        if !self.bucketed {
+            self.bucketed = true;
             for v in std::mem::take(&mut self.exact) {
-                *self.buckets.entry(bucket_of(v)).or_default() += 1;
+                self.count(v);
             }
         }
-        *self.buckets.entry(bucket_of(x)).or_default() += 1;
+        self.count(x);
+    }
+
+    fn count(&mut self, x: f64) {
+        let Some(b) = bucket_of(x) else {
+            self.zeros += 1;
+            return;
+        };
+        if self.counts.is_empty() {
+            self.lo = b;
+        } else if b < self.lo {
+            let grow = (self.lo - b) as usize;
+            self.counts.splice(0..0, std::iter::repeat_n(0, grow));
+            self.lo = b;
+        }
+        let i = (b - self.lo) as usize;
+        if i >= self.counts.len() {
+            self.counts.resize(i + 1, 0);
+        }
+        self.counts[i] += 1;
     }
 
     pub fn len(&self) -> usize {
@@ -152,31 +182,36 @@ impl Samples {
     }
 
     fn nth(&self, k: u64) -> f64 {
-        if self.buckets.is_empty() {
+        if !self.bucketed {
             return self.exact[k as usize];
         }
-        let mut seen = 0;
-        for (&b, &c) in &self.buckets {
+        let mut seen = self.zeros;
+        if seen > k {
+            return 0.0;
+        }
+        for (i, &c) in self.counts.iter().enumerate() {
             seen += c;
             if seen > k {
-                return value_of(b);
+                return value_of(self.lo + i as i32);
             }
         }
-        value_of(*self.buckets.keys().last().expect("non-empty"))
+        match self.counts.len() {
+            0 => 0.0,
+            len => value_of(self.lo + len as i32 - 1),
+        }
     }
 }
 
-fn bucket_of(x: f64) -> i32 {
-    if x <= BUCKET_FLOOR {
-        return i32::MIN;
+/// The histogram bucket of `x`: `None` at or below the floor (and for NaN).
+fn bucket_of(x: f64) -> Option<i32> {
+    if x.is_nan() || x <= BUCKET_FLOOR {
+        return None;
     }
-    ((x / BUCKET_FLOOR).ln() / BUCKET_GROWTH.ln()).ceil() as i32
+    let b = ((x / BUCKET_FLOOR).ln() / BUCKET_GROWTH.ln()).ceil();
+    Some(b.min(BUCKET_MAX as f64) as i32)
 }
 
 fn value_of(b: i32) -> f64 {
-    if b == i32::MIN {
-        return 0.0;
-    }
     BUCKET_FLOOR * BUCKET_GROWTH.powf(b as f64 - 0.5)
 }
 
@@ -421,11 +456,21 @@ struct Live {
 }
 
 /// Turns per-request timelines into [`RequestRecord`]s and a [`Summary`].
+/// Turns per-request timelines into [`RequestRecord`]s and folds each into the run's
+/// [`Summary`] as it ends. It keeps no finished records: the caller keeps or writes the
+/// ones `finish` and `fail` return, so a run's memory depends on the requests in flight.
 #[derive(Debug, Default)]
 pub struct MetricsRecorder {
-    live: HashMap<u64, Live>,
-    records: Vec<RequestRecord>,
+    live: FxHashMap<u64, Live>,
     itl: Samples,
+    ttft: Samples,
+    tpot: Samples,
+    e2el: Samples,
+    completed: usize,
+    failed: usize,
+    input_tokens: usize,
+    output_tokens: usize,
+    last_end: f64,
 }
 
 impl MetricsRecorder {
@@ -471,7 +516,7 @@ impl MetricsRecorder {
         }
     }
 
-    /// Request `id` completed at `t`.
+    /// Request `id` completed at `t`: its record, or `None` for a request never started.
     #[allow(clippy::too_many_arguments)]
     pub fn finish(
         &mut self,
@@ -482,12 +527,10 @@ impl MetricsRecorder {
         preemptions: u32,
         queue_time: Option<f64>,
         replica: Option<usize>,
-    ) {
-        let Some(l) = self.live.remove(&id) else {
-            return;
-        };
+    ) -> Option<RequestRecord> {
+        let l = self.live.remove(&id)?;
         let gaps = l.chunks.saturating_sub(1);
-        self.records.push(RequestRecord {
+        let record = RequestRecord {
             id,
             start: l.start,
             ttft: l.first.map(|f| f - l.start),
@@ -501,15 +544,17 @@ impl MetricsRecorder {
             itl_max: (gaps > 0).then_some(l.itl_max),
             replica,
             error: None,
-        });
+        };
+        self.fold(&record);
+        Some(record)
     }
 
     /// Request `id` failed at `t` (its ITL gaps, if any, stay in the pool as vLLM's do not;
     /// they are few and the alternative is keeping them per request).
-    pub fn fail(&mut self, id: u64, t: f64, error: String) {
+    pub fn fail(&mut self, id: u64, t: f64, error: String) -> RequestRecord {
         let l = self.live.remove(&id);
         let (start, prompt_tokens) = l.map_or((t, 0), |l| (l.start, l.prompt_tokens));
-        self.records.push(RequestRecord {
+        let record = RequestRecord {
             id,
             start,
             ttft: None,
@@ -523,41 +568,96 @@ impl MetricsRecorder {
             itl_max: None,
             replica: None,
             error: Some(error),
-        });
+        };
+        self.fold(&record);
+        record
     }
 
-    pub fn records(&self) -> &[RequestRecord] {
-        &self.records
+    fn fold(&mut self, r: &RequestRecord) {
+        self.last_end = self.last_end.max(r.start + r.e2e);
+        if !r.success() {
+            self.failed += 1;
+            return;
+        }
+        self.completed += 1;
+        self.input_tokens += r.prompt_tokens;
+        self.output_tokens += r.output_tokens;
+        if let Some(ttft) = r.ttft {
+            self.ttft.push(ttft);
+        }
+        if let Some(tpot) = r.tpot() {
+            self.tpot.push(tpot);
+        }
+        self.e2el.push(r.e2e);
     }
 
-    /// Records sorted by id (for stable files).
-    pub fn sorted_records(&self) -> Vec<RequestRecord> {
-        let mut r = self.records.clone();
-        r.sort_by_key(|r| r.id);
-        r
+    /// When the last request that ended, ended (seconds from the run's start).
+    pub fn last_end(&self) -> f64 {
+        self.last_end
     }
 
     /// The summary over a run of `duration` seconds.
     pub fn summary(&mut self, duration: f64) -> Summary {
-        let ok: Vec<&RequestRecord> = self.records.iter().filter(|r| r.success()).collect();
-        let input: usize = ok.iter().map(|r| r.prompt_tokens).sum();
-        let output: usize = ok.iter().map(|r| r.output_tokens).sum();
+        let (input, output) = (self.input_tokens, self.output_tokens);
         let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
         Summary {
-            completed: ok.len(),
-            failed: self.records.len() - ok.len(),
+            completed: self.completed,
+            failed: self.failed,
             duration,
             total_input_tokens: input,
             total_output_tokens: output,
-            request_throughput: per_s(ok.len() as f64),
+            request_throughput: per_s(self.completed as f64),
             output_throughput: per_s(output as f64),
             total_token_throughput: per_s((input + output) as f64),
-            ttft: Stats::of(ok.iter().filter_map(|r| r.ttft)),
-            tpot: Stats::of(ok.iter().filter_map(|r| r.tpot())),
+            ttft: self.ttft.stats(),
+            tpot: self.tpot.stats(),
             itl: self.itl.stats(),
-            e2el: Stats::of(ok.iter().map(|r| r.e2e)),
+            e2el: self.e2el.stats(),
             ..Summary::default()
         }
+    }
+}
+
+/// Writes `requests.csv` in id order while records arrive in finishing order: a record is
+/// held only until every earlier id has been written, so memory follows the requests that
+/// overtook a slower one, not the run. Ids are expected to be 0, 1, 2, …; `finish` writes
+/// whatever is still held, in order.
+pub struct RequestsCsvWriter<W: std::io::Write> {
+    out: W,
+    next: u64,
+    held: BTreeMap<u64, RequestRecord>,
+}
+
+impl<W: std::io::Write> RequestsCsvWriter<W> {
+    pub fn new(mut out: W) -> std::io::Result<Self> {
+        writeln!(out, "{}", RequestRecord::CSV_HEADER)?;
+        Ok(RequestsCsvWriter {
+            out,
+            next: 0,
+            held: BTreeMap::new(),
+        })
+    }
+
+    pub fn push(&mut self, r: RequestRecord) -> std::io::Result<()> {
+        self.held.insert(r.id, r);
+        while let Some(r) = self.held.remove(&self.next) {
+            writeln!(self.out, "{}", r.to_csv_row())?;
+            self.next += 1;
+        }
+        Ok(())
+    }
+
+    /// Records waiting for an earlier id.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn finish(mut self) -> std::io::Result<W> {
+        for r in std::mem::take(&mut self.held).into_values() {
+            writeln!(self.out, "{}", r.to_csv_row())?;
+        }
+        self.out.flush()?;
+        Ok(self.out)
     }
 }
 
@@ -589,6 +689,13 @@ mod tests {
             st.median
         );
         assert!(s.exact.is_empty(), "exact values are released");
+        // Zeros, huge values and infinities are counted without growing the histogram
+        // past its bound.
+        s.push(0.0);
+        s.push(1e300);
+        s.push(f64::INFINITY);
+        assert!(s.counts.len() <= (BUCKET_MAX - s.lo + 1) as usize);
+        assert_eq!(s.zeros, 1);
     }
 
     #[test]
@@ -598,9 +705,14 @@ mod tests {
         for t in [0.5, 0.6, 0.8, 1.1] {
             m.chunk(1, t);
         }
-        m.finish(1, 1.1, 4, 0, 0, Some(0.1), None);
+        let done = m.finish(1, 1.1, 4, 0, 0, Some(0.1), None).unwrap();
         m.start(2, 1.0, 50);
         m.fail(2, 1.5, "boom".into());
+        assert_eq!(
+            m.last_end(),
+            1.5,
+            "the failure, after the completion at 1.1"
+        );
         let s = m.summary(2.0);
         assert_eq!((s.completed, s.failed), (1, 1));
         assert!((s.ttft.median - 0.5).abs() < 1e-12);
@@ -610,10 +722,43 @@ mod tests {
         assert_eq!(s.output_throughput, 2.0);
         let block = s.render();
         assert!(block.contains("Successful requests:                     1"));
-        let row = m.sorted_records()[0].to_csv_row();
+        let row = done.to_csv_row();
         assert!(
             row.starts_with("1,0.000000,500.000,1100.000,200.000"),
             "{row}"
+        );
+    }
+
+    #[test]
+    fn requests_csv_writer_orders_rows_and_holds_only_overtakers() {
+        let rec = |id: u64| RequestRecord {
+            id,
+            start: id as f64,
+            ttft: Some(0.1),
+            e2e: 1.0,
+            prompt_tokens: 1,
+            output_tokens: 1,
+            cached_tokens: 0,
+            preemptions: 0,
+            queue_time: None,
+            itl_mean: None,
+            itl_max: None,
+            replica: None,
+            error: None,
+        };
+        let mut w = RequestsCsvWriter::new(Vec::new()).unwrap();
+        for id in [1, 2, 0, 4] {
+            w.push(rec(id)).unwrap();
+        }
+        assert_eq!(w.held(), 1, "0..=2 written, 4 waits for 3");
+        let text = String::from_utf8(w.finish().unwrap()).unwrap();
+        let ids: Vec<&str> = text.lines().skip(1).map(|l| &l[..1]).collect();
+        assert_eq!(ids, ["0", "1", "2", "4"]);
+        let all: Vec<RequestRecord> = [0, 1, 2, 4].map(rec).to_vec();
+        assert_eq!(
+            text,
+            requests_csv(&all),
+            "the same bytes as the whole-file writer"
         );
     }
 }

@@ -19,9 +19,8 @@ fn requests_of(s: &Scenario) -> Vec<(f64, Request)> {
     let gen = WorkloadGenerator::new(s.workload.clone(), Arc::new(ApproxTokenizer::default()));
     let times = gen.arrivals(&s.arrival).times.expect("open-loop scenario");
     times
-        .iter()
         .enumerate()
-        .map(|(i, &t)| {
+        .map(|(i, t)| {
             let r = gen.request(i);
             (t, Request::new(i as u64, r.prompt_ids, r.max_tokens))
         })

@@ -193,10 +193,13 @@ async fn verify_once(
             profile_abs.display().to_string()
         ));
         let setup = infer_sim::load(&file, &sim_overrides).map_err(|e| anyhow!("{e}"))?;
-        let predicted = infer_sim::run_with_tokenizer(&setup, tokenizer.clone());
+        let mut files = infer_sim::output::RunDirWriter::create(&dir.join("predicted"))
+            .map_err(|e| anyhow!(e))?;
+        let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files);
         let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
-        infer_sim::output::write_run(&dir.join("predicted"), &predicted, &info)
-            .map_err(|e| anyhow!("{e}"))?;
+        files
+            .finish(&predicted.summary, &info)
+            .map_err(|e| anyhow!(e))?;
 
         // Measure.
         let steps_path = dir.join("measured-steps.csv");

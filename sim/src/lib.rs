@@ -10,6 +10,7 @@
 //! * [`setup`]: scenario → catalog entries, memory plan and cost model;
 //! * [`simulate`]: the event loop;
 //! * [`output`]: run directories and console text;
+//! * [`stages`]: per-stage figures of staged arrival schedules;
 //! * [`sweep`]: grids of runs in parallel.
 
 pub mod calibration;
@@ -20,7 +21,8 @@ pub mod output;
 pub mod settings;
 pub mod setup;
 pub mod simulate;
+pub mod stages;
 pub mod sweep;
 
 pub use setup::{load, prepare, Setup};
-pub use simulate::{run, run_with_tokenizer, RunStats, SimResult};
+pub use simulate::{run, run_collect, run_with, Rows, RunSink, RunStats, SimResult};

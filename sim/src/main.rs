@@ -124,10 +124,12 @@ fn real_main(cli: Cli) -> Result<(), String> {
             quiet,
         } => {
             let setup = infer_sim::load(&scenario, &with_seed(set, seed))?;
-            let result = infer_sim::run(&setup);
             let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name));
+            let mut files = output::RunDirWriter::create(&dir)?;
+            let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
+            let result = infer_sim::run_with(&setup, tokenizer, &mut files);
             let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
-            output::write_run(&dir, &result, &info)?;
+            files.finish(&result.summary, &info)?;
             if quiet {
                 for w in &setup.warnings {
                     eprintln!("{w}");

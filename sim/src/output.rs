@@ -1,14 +1,16 @@
-//! Run directories (summary.json, requests.csv, timeseries.csv) and console text.
+//! Run directories (summary.json, requests.csv, timeseries.csv, run.json) and console text.
 
 use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 
 pub use infer_core::metrics::{requests_csv, timeseries_csv};
-use infer_core::metrics::{RequestRecord, RunInfo, Stats, Summary, TimePoint};
-use infer_core::workload::{ArrivalKind, ArrivalSpec};
+use infer_core::metrics::{RequestRecord, RequestsCsvWriter, RunInfo, Summary, TimePoint};
 
 use crate::setup::Setup;
-use crate::simulate::SimResult;
+use crate::simulate::{RunSink, SimResult};
+use crate::stages::stage_table;
 
 /// `runs/<name>-<unix time>`, with a `-k` suffix if that exists already: where every run
 /// directory goes by default (`sim run`, `sim sweep`, `engine bench`, `engine verify`).
@@ -26,9 +28,93 @@ pub fn default_run_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// Write a run's files into `dir` (created if needed): summary.json, requests.csv,
-/// timeseries.csv, and run.json (what produced it). The one writer of run directories:
-/// simulated and measured runs read back alike.
+/// A run directory written as the run goes: requests.csv (in id order) and timeseries.csv
+/// are streamed, summary.json and run.json (what produced it) written by `finish`. The one
+/// writer of run directories: simulated and measured runs read back alike.
+pub struct RunDirWriter {
+    dir: PathBuf,
+    requests: RequestsCsvWriter<BufWriter<File>>,
+    timeseries: BufWriter<File>,
+    /// The first write error; a failing disk must not stop the run, it fails `finish`.
+    error: Option<String>,
+}
+
+impl RunDirWriter {
+    /// Create `dir` (and parents) and open its streamed files.
+    pub fn create(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
+        let open = |name: &str| {
+            let p = dir.join(name);
+            File::create(&p)
+                .map(BufWriter::new)
+                .map_err(|e| format!("{}: cannot write: {e}", p.display()))
+        };
+        let requests = RequestsCsvWriter::new(open("requests.csv")?)
+            .map_err(|e| format!("{}: cannot write: {e}", dir.join("requests.csv").display()))?;
+        let mut timeseries = open("timeseries.csv")?;
+        let header = writeln!(timeseries, "{}", TimePoint::CSV_HEADER);
+        let mut w = RunDirWriter {
+            dir: dir.to_path_buf(),
+            requests,
+            timeseries,
+            error: None,
+        };
+        w.note("timeseries.csv", header);
+        Ok(w)
+    }
+
+    fn note(&mut self, file: &str, r: std::io::Result<()>) {
+        if let (Err(e), None) = (r, &self.error) {
+            self.error = Some(format!(
+                "{}: cannot write: {e}",
+                self.dir.join(file).display()
+            ));
+        }
+    }
+
+    /// Write the summary and run.json, and flush the streamed files.
+    pub fn finish(self, summary: &Summary, info: &RunInfo) -> Result<(), String> {
+        let RunDirWriter {
+            dir,
+            requests,
+            mut timeseries,
+            error,
+        } = self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        let failed = |name: &str, e: std::io::Error| {
+            format!("{}: cannot write: {e}", dir.join(name).display())
+        };
+        requests.finish().map_err(|e| failed("requests.csv", e))?;
+        timeseries
+            .flush()
+            .map_err(|e| failed("timeseries.csv", e))?;
+        let write = |name: &str, text: String| {
+            std::fs::write(dir.join(name), text).map_err(|e| failed(name, e))
+        };
+        let json =
+            serde_json::to_string_pretty(summary).map_err(|e| format!("summary.json: {e}"))?;
+        write("summary.json", json + "\n")?;
+        let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
+        write("run.json", info + "\n")
+    }
+}
+
+impl RunSink for RunDirWriter {
+    fn request(&mut self, r: RequestRecord) {
+        let written = self.requests.push(r);
+        self.note("requests.csv", written);
+    }
+
+    fn sample(&mut self, p: TimePoint) {
+        let written = writeln!(self.timeseries, "{}", p.to_csv_row());
+        self.note("timeseries.csv", written);
+    }
+}
+
+/// Write a whole run's files into `dir` at once (see [`RunDirWriter`]).
 pub fn write_run_files(
     dir: &Path,
     summary: &Summary,
@@ -36,29 +122,14 @@ pub fn write_run_files(
     timeseries: &[TimePoint],
     info: &RunInfo,
 ) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
-    let write = |name: &str, text: String| {
-        let p = dir.join(name);
-        std::fs::write(&p, text).map_err(|e| format!("{}: cannot write: {e}", p.display()))
-    };
-    let json = serde_json::to_string_pretty(summary).map_err(|e| format!("summary.json: {e}"))?;
-    write("summary.json", json + "\n")?;
-    write("requests.csv", requests_csv(records))?;
-    write("timeseries.csv", timeseries_csv(timeseries))?;
-    let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
-    write("run.json", info + "\n")?;
-    Ok(())
-}
-
-/// A simulated run's files (see [`write_run_files`]).
-pub fn write_run(dir: &Path, result: &SimResult, info: &RunInfo) -> Result<(), String> {
-    write_run_files(
-        dir,
-        &result.summary,
-        &result.records,
-        &result.timeseries,
-        info,
-    )
+    let mut w = RunDirWriter::create(dir)?;
+    for r in records {
+        w.request(r.clone());
+    }
+    for p in timeseries {
+        w.sample(*p);
+    }
+    w.finish(summary, info)
 }
 
 /// What `sim run` prints: the setup, warnings, vLLM's block, the extra line and, for a
@@ -80,67 +151,8 @@ pub fn console(setup: &Setup, result: &SimResult) -> String {
     }
     s.push_str(&result.summary.render());
     let _ = writeln!(s, "{}", result.stats.line());
-    if sc.arrival.kind == ArrivalKind::Stages {
-        s.push_str(&stage_table(&result.records, &sc.arrival));
-    }
-    s
-}
-
-/// Per-stage figures of a staged run. Requests are grouped by the stage they were sent in;
-/// `output_throughput` is their output tokens over the stage's duration (offered output
-/// load, as inference-perf's per-stage reports count it), wherever they finished.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StageRow {
-    pub stage: usize,
-    pub rate: f64,
-    pub requests: usize,
-    pub output_throughput: f64,
-    pub ttft: Stats,
-    pub tpot: Stats,
-}
-
-pub fn stage_rows(records: &[RequestRecord], arrival: &ArrivalSpec) -> Vec<StageRow> {
-    arrival
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(i, st)| {
-            let rs: Vec<&RequestRecord> = records
-                .iter()
-                .filter(|r| r.success() && arrival.stage_of(r.start) == Some(i))
-                .collect();
-            let out: usize = rs.iter().map(|r| r.output_tokens).sum();
-            StageRow {
-                stage: i,
-                rate: st.rate,
-                requests: rs.len(),
-                output_throughput: out as f64 / st.duration_s,
-                ttft: Stats::of(rs.iter().filter_map(|r| r.ttft)),
-                tpot: Stats::of(rs.iter().filter_map(|r| r.tpot())),
-            }
-        })
-        .collect()
-}
-
-pub fn stage_table(records: &[RequestRecord], arrival: &ArrivalSpec) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "{:>5} {:>6} {:>8} {:>12} {:>13} {:>13} {:>13}",
-        "stage", "QPS", "requests", "out tok/s", "TTFT p90 (s)", "TTFT mean (s)", "TPOT mean (ms)"
-    );
-    for r in stage_rows(records, arrival) {
-        let _ = writeln!(
-            s,
-            "{:>5} {:>6.1} {:>8} {:>12.1} {:>13.3} {:>13.3} {:>13.1}",
-            r.stage,
-            r.rate,
-            r.requests,
-            r.output_throughput,
-            r.ttft.p90,
-            r.ttft.mean,
-            r.tpot.mean * 1e3
-        );
+    if !result.stages.is_empty() {
+        s.push_str(&stage_table(&result.stages));
     }
     s
 }

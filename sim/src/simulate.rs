@@ -16,29 +16,68 @@
 //! all "arrive" at the start and the cap releases them. Warm-up requests run first, one at
 //! a time, and are not measured; the measured run's clock starts when they are done.
 //!
-//! Memory stays bounded: prompts live only from send to admission (the scheduler then owns
-//! the tokens), and per-request metrics are folded into one record when a request ends.
+//! Memory follows the requests in flight, not the run: arrival times are drawn and prompts
+//! generated as they are sent, prompts live only from send to admission (the scheduler
+//! then owns the tokens), and a request's metrics are folded into the summary and handed
+//! to a [`RunSink`] (a run directory, or memory) when it ends.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
 use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
 use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
-use infer_core::workload::{ApproxTokenizer, GeneratedRequest, Tokenizer, WorkloadGenerator};
+use infer_core::workload::{
+    ApproxTokenizer, ArrivalKind, ArrivalTimes, GeneratedRequest, Tokenizer, WorkloadGenerator,
+};
 use infer_core::{Event, Request, Scheduler, StepPlan, StopConditions};
 
 use crate::cost::{ClientPath, CostModel, StepShape};
 use crate::setup::Setup;
+use crate::stages::{StageRow, StageTally};
 
-/// Everything a run produces.
+/// A run's figures (its rows went to a [`RunSink`]).
 #[derive(Debug, Clone)]
 pub struct SimResult {
     pub summary: Summary,
-    /// One per measured request, sorted by id.
+    pub stats: RunStats,
+    /// One per stage of a staged arrival schedule, else empty.
+    pub stages: Vec<StageRow>,
+}
+
+/// Where a run's rows go as they are produced: one record per measured request when it
+/// ends (in finishing order), one timeseries point per replica and sample.
+pub trait RunSink {
+    fn request(&mut self, r: RequestRecord);
+    fn sample(&mut self, p: TimePoint);
+}
+
+/// Rows kept in memory (tests, small runs).
+#[derive(Debug, Clone, Default)]
+pub struct Rows {
+    /// Sorted by id once the run is over.
     pub records: Vec<RequestRecord>,
     pub timeseries: Vec<TimePoint>,
-    pub stats: RunStats,
+}
+
+impl RunSink for Rows {
+    fn request(&mut self, r: RequestRecord) {
+        self.records.push(r);
+    }
+
+    fn sample(&mut self, p: TimePoint) {
+        self.timeseries.push(p);
+    }
+}
+
+/// Rows no one asked for.
+struct Discard;
+
+impl RunSink for Discard {
+    fn request(&mut self, _: RequestRecord) {}
+    fn sample(&mut self, _: TimePoint) {}
 }
 
 /// Run-wide figures beyond the summary (the console's extra line).
@@ -175,17 +214,20 @@ impl Replica {
 
 /// The release schedule of the measured requests.
 struct Clients {
+    /// Requests to send: `num_requests`, or fewer once a staged schedule has ended.
     count: usize,
     /// Arrival offsets from the measured start; `None` = closed loop (all at once).
-    times: Option<Vec<f64>>,
+    times: Option<ArrivalTimes>,
     cap: usize,
     arrived: usize,
     next_send: usize,
     in_flight: usize,
 }
 
-struct Sim {
+struct Sim<'a> {
     gen: WorkloadGenerator,
+    sink: &'a mut dyn RunSink,
+    stages: Option<StageTally>,
     cost: Arc<dyn CostModel>,
     client: ClientPath,
     replicas: Vec<Replica>,
@@ -199,11 +241,13 @@ struct Sim {
     warmups_done: usize,
     /// Absolute time the measured run started (`None` during warm-up).
     t0: Option<f64>,
-    transit: HashMap<u64, GeneratedRequest>,
-    live: HashSet<u64>,
+    transit: FxHashMap<u64, GeneratedRequest>,
+    /// Per-event scratch, reused: replica snapshots for the router, sampled tokens.
+    snapshots: Vec<ReplicaSnapshot>,
+    sampled: Vec<u32>,
+    live: FxHashSet<u64>,
     metrics: MetricsRecorder,
     interval: f64,
-    timeseries: Vec<TimePoint>,
     stats: RunStats,
     kv_sum: f64,
     waiting_sum: f64,
@@ -216,23 +260,34 @@ struct Sim {
     setup_cluster: bool,
 }
 
-/// Simulate the scenario of `setup`, with prompts cut by the approximate tokenizer
-/// (about four characters per token) of the catalog model.
-pub fn run(setup: &Setup) -> SimResult {
-    let tokenizer = Arc::new(ApproxTokenizer {
+/// The approximate tokenizer (about four characters per token) of the catalog model.
+pub fn approx_tokenizer(setup: &Setup) -> Arc<dyn Tokenizer> {
+    Arc::new(ApproxTokenizer {
         vocab_size: setup.model.vocab.min(u32::MAX as usize) as u32,
-    });
-    run_with_tokenizer(setup, tokenizer)
+    })
 }
 
-/// Simulate with prompts cut by `tokenizer` — a real model's, when the prediction is to be
-/// compared with that model served by the engine.
-pub fn run_with_tokenizer(setup: &Setup, tokenizer: Arc<dyn Tokenizer>) -> SimResult {
+/// Simulate the scenario of `setup` for its figures only.
+pub fn run(setup: &Setup) -> SimResult {
+    run_with(setup, approx_tokenizer(setup), &mut Discard)
+}
+
+/// Simulate and keep the rows in memory, records sorted by id.
+pub fn run_collect(setup: &Setup) -> (SimResult, Rows) {
+    let mut rows = Rows::default();
+    let result = run_with(setup, approx_tokenizer(setup), &mut rows);
+    rows.records.sort_by_key(|r| r.id);
+    (result, rows)
+}
+
+/// Simulate with prompts cut by `tokenizer` (a real model's, when the prediction is to be
+/// compared with that model served by the engine), handing rows to `sink` as they come.
+pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn RunSink) -> SimResult {
     let sc = &setup.scenario;
     let cfg = sc.server.scheduler_config();
     let gen = WorkloadGenerator::new(sc.workload.clone(), tokenizer);
     let arrivals = gen.arrivals(&sc.arrival);
-    let count = arrivals.count(sc.workload.num_requests);
+    let count = sc.workload.num_requests;
     let n_replicas = sc.cluster.as_ref().map_or(1, |c| c.replicas);
     let router = sc
         .cluster
@@ -240,7 +295,7 @@ pub fn run_with_tokenizer(setup: &Setup, tokenizer: Arc<dyn Tokenizer>) -> SimRe
         .map(|c| Router::new(c.router, c.replicas, cfg.block_size, c.router_seed));
     let replicas = (0..n_replicas)
         .map(|_| Replica {
-            sched: Scheduler::new(cfg.clone()),
+            sched: Scheduler::new(cfg.clone()).without_block_tables(),
             busy: false,
             plan: None,
             history: VecDeque::new(),
@@ -266,11 +321,14 @@ pub fn run_with_tokenizer(setup: &Setup, tokenizer: Arc<dyn Tokenizer>) -> SimRe
         warmups: sc.workload.warmup_requests,
         warmups_done: 0,
         t0: None,
-        transit: HashMap::new(),
-        live: HashSet::new(),
+        transit: FxHashMap::default(),
+        snapshots: Vec::new(),
+        sampled: Vec::new(),
+        live: FxHashSet::default(),
         metrics: MetricsRecorder::new(),
         interval: setup.settings.timeseries_interval(),
-        timeseries: Vec::new(),
+        sink,
+        stages: (sc.arrival.kind == ArrivalKind::Stages).then(|| StageTally::new(&sc.arrival)),
         stats: RunStats {
             replicas: n_replicas,
             ..RunStats::default()
@@ -290,7 +348,7 @@ pub fn run_with_tokenizer(setup: &Setup, tokenizer: Arc<dyn Tokenizer>) -> SimRe
     sim.finish(arrivals.max_concurrency)
 }
 
-impl Sim {
+impl Sim<'_> {
     fn push(&mut self, time: f64, ev: Ev) {
         self.seq += 1;
         self.heap.push(Entry {
@@ -313,12 +371,9 @@ impl Sim {
         self.t0 = Some(now);
         let totals = self.counters();
         self.base = totals;
-        match &self.clients.times {
-            Some(t) if !t.is_empty() => {
-                let first = now + t[0];
-                self.push(first, Ev::Arrival);
-            }
-            Some(_) => {}
+        match self.clients.times.as_mut().map(Iterator::next) {
+            Some(Some(first)) => self.push(now + first, Ev::Arrival),
+            Some(None) => self.clients.count = 0,
             None => self.clients.arrived = self.clients.count,
         }
         self.release(now);
@@ -379,10 +434,10 @@ impl Sim {
     fn on_arrival(&mut self, now: f64) {
         self.clients.arrived += 1;
         let t0 = self.t0.expect("arrivals are measured");
-        if let Some(times) = &self.clients.times {
-            if let Some(&next) = times.get(self.clients.arrived) {
-                self.push(t0 + next, Ev::Arrival);
-            }
+        match self.clients.times.as_mut().and_then(Iterator::next) {
+            Some(next) => self.push(t0 + next, Ev::Arrival),
+            // The schedule is over: that was the last request.
+            None => self.clients.count = self.clients.arrived,
         }
         self.release(now);
     }
@@ -393,17 +448,15 @@ impl Sim {
             None => 0,
             Some(router) => {
                 let delay = self.metrics_delay;
-                let snaps: Vec<ReplicaSnapshot> = self
-                    .replicas
-                    .iter_mut()
-                    .map(|rep| {
-                        if delay > 0.0 {
-                            rep.snapshot_at(now - delay)
-                        } else {
-                            rep.snapshot()
-                        }
-                    })
-                    .collect();
+                let snaps = &mut self.snapshots;
+                snaps.clear();
+                snaps.extend(self.replicas.iter_mut().map(|rep| {
+                    if delay > 0.0 {
+                        rep.snapshot_at(now - delay)
+                    } else {
+                        rep.snapshot()
+                    }
+                }));
                 let replicas = &self.replicas;
                 let cached =
                     |r: usize, hashes: &[u64]| replicas[r].sched.kv().cached_prefix_blocks(hashes);
@@ -411,7 +464,7 @@ impl Sim {
                     prompt_ids: &req.prompt_ids,
                     prompt_text: &req.prompt,
                 };
-                router.route(&route, &snaps, &cached)
+                router.route(&route, snaps, &cached)
             }
         };
         let stop = StopConditions {
@@ -441,7 +494,8 @@ impl Sim {
                 }
                 let t = now + self.client.stream_s;
                 if self.t0.is_some() {
-                    self.metrics.fail(id, self.rel(t), e.to_string());
+                    let record = self.metrics.fail(id, self.rel(t), e.to_string());
+                    self.emit(record);
                 }
                 self.push(t, Ev::ClientDone);
             }
@@ -490,13 +544,13 @@ impl Sim {
         let plan = self.replicas[r].plan.take().expect("a step is running");
         // Any token will do: the simulator has no model. Mix request and step so that
         // generated blocks differ between requests (they never match a later prompt).
-        let sampled: Vec<u32> = plan
-            .seqs
-            .iter()
-            .filter(|s| s.samples)
-            .map(|s| 1 + ((s.request.0.wrapping_mul(2_654_435_761) ^ plan.step) % 30_000) as u32)
-            .collect();
-        let events = self.replicas[r].sched.complete(plan, &sampled, now);
+        self.sampled.clear();
+        self.sampled.extend(
+            plan.seqs.iter().filter(|s| s.samples).map(|s| {
+                1 + ((s.request.0.wrapping_mul(2_654_435_761) ^ plan.step) % 30_000) as u32
+            }),
+        );
+        let events = self.replicas[r].sched.complete(plan, &self.sampled, now);
         // Debug builds (the tests) check the scheduler's invariants, which cost a pass over
         // the pool: after every step for pools up to 2,048 blocks (every seed scenario),
         // every (blocks / 256)-th step for larger ones (multi-replica runs of big GPUs).
@@ -534,7 +588,7 @@ impl Sim {
                             self.queue_n += 1;
                         }
                         let replica = self.setup_cluster.then_some(r);
-                        self.metrics.finish(
+                        if let Some(record) = self.metrics.finish(
                             id,
                             seen_rel,
                             stats.output_tokens,
@@ -542,7 +596,9 @@ impl Sim {
                             stats.preemptions,
                             queue,
                             replica,
-                        );
+                        ) {
+                            self.emit(record);
+                        }
                     }
                     self.push(seen, Ev::ClientDone);
                 }
@@ -563,7 +619,7 @@ impl Sim {
             let s = rep.sched.stats();
             self.kv_sum += s.kv_usage;
             self.waiting_sum += s.num_waiting as f64;
-            self.timeseries.push(TimePoint {
+            self.sink.sample(TimePoint {
                 t,
                 replica: i,
                 waiting: s.num_waiting,
@@ -581,6 +637,13 @@ impl Sim {
         }
     }
 
+    fn emit(&mut self, record: RequestRecord) {
+        if let Some(s) = &mut self.stages {
+            s.add(&record);
+        }
+        self.sink.request(record);
+    }
+
     fn finish(mut self, max_concurrency: Option<usize>) -> SimResult {
         // Requests nothing will ever schedule (cannot happen with a valid configuration,
         // but a run must end with every request accounted for).
@@ -589,8 +652,10 @@ impl Sim {
         let end = self.rel(self.last_done);
         for id in stuck {
             if (id as usize) < self.clients.count {
-                self.metrics
-                    .fail(id, end, "never scheduled (simulation ended)".into());
+                let record =
+                    self.metrics
+                        .fail(id, end, "never scheduled (simulation ended)".into());
+                self.emit(record);
             }
         }
         let (q, h, p) = self.counters();
@@ -605,8 +670,7 @@ impl Sim {
         } else {
             0.0
         };
-        let records = self.metrics.sorted_records();
-        let duration = records.iter().map(|r| r.start + r.e2e).fold(0.0, f64::max);
+        let duration = self.metrics.last_end();
         let mut summary = self.metrics.summary(duration);
         summary.prefix_cache_hit_rate = self.stats.prefix_hit_rate();
         summary.num_preemptions = self.stats.preemptions;
@@ -614,9 +678,8 @@ impl Sim {
         summary.max_concurrency = max_concurrency;
         SimResult {
             summary,
-            records,
-            timeseries: self.timeseries,
             stats: self.stats,
+            stages: self.stages.map_or(Vec::new(), StageTally::rows),
         }
     }
 }

@@ -104,3 +104,410 @@ fn a_profile_file_drives_the_profiled_model() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The bad-scenario catalogue: at least 70 wrong values over every section, each refused
+/// before anything runs with the file and the key in the message (no panic, no run that
+/// eats the machine's memory).
+#[test]
+fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
+    // (scenario, override, the key the error must name)
+    let cases: &[(&str, &str, &str)] = &[
+        // [workload]
+        (
+            "baseline",
+            "workload.num_requests=0",
+            "workload.num_requests",
+        ),
+        (
+            "baseline",
+            "workload.num_requests=-5",
+            "workload.num_requests",
+        ),
+        (
+            "baseline",
+            "workload.num_requests=\"ten\"",
+            "workload.num_requests",
+        ),
+        (
+            "baseline",
+            "workload.num_requests=1.5",
+            "workload.num_requests",
+        ),
+        (
+            "baseline",
+            "workload.warmup_requests=10",
+            "workload.warmup_requests",
+        ),
+        (
+            "baseline",
+            "workload.warmup_requests=-1",
+            "workload.warmup_requests",
+        ),
+        ("baseline", "workload.seed=-1", "workload.seed"),
+        ("baseline", "workload.seed=\"x\"", "workload.seed"),
+        (
+            "baseline",
+            "workload.prompt_tokens=0",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens=-3",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens=10000000000",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens=4096",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens=\"long\"",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={uniform=[10]}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={uniform=[50,10]}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={uniform=[-1,10]}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={lognormal={median=100,sigma=60}}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={lognormal={median=-1,sigma=1,max=100}}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={normal={mean=100,std=-1,max=200}}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={normal={mean=100,std=10,min=50,max=20}}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={normal={mean=100,std=10,spread=3}}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={zipf={s=1}}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={uniform=[1,2],fixed=3}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={mix=[]}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={mix=[{fixed=10}]}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.prompt_tokens={mix=[{weight=0,fixed=10}]}",
+            "workload.prompt_tokens",
+        ),
+        (
+            "baseline",
+            "workload.output_tokens=0",
+            "workload.output_tokens",
+        ),
+        (
+            "baseline",
+            "workload.output_tokens=10000000000",
+            "workload.output_tokens",
+        ),
+        (
+            "baseline",
+            "workload.output_tokens={lognormal={median=100,sigma=2}}",
+            "workload.output_tokens",
+        ),
+        (
+            "baseline",
+            "workload.ignore_eos=\"yes\"",
+            "workload.ignore_eos",
+        ),
+        (
+            "baseline",
+            "workload.shared_prefix_tokens=10000000000",
+            "workload.shared_prefix_tokens",
+        ),
+        (
+            "baseline",
+            "workload.shared_prefix_tokens=4096",
+            "workload.shared_prefix_tokens",
+        ),
+        (
+            "baseline",
+            "workload.shared_prefix_tokens=-1",
+            "workload.shared_prefix_tokens",
+        ),
+        (
+            "baseline",
+            "workload.groups={count=0,prompts_per_group=2,system_tokens=10}",
+            "workload.groups",
+        ),
+        (
+            "baseline",
+            "workload.groups={count=2,prompts_per_group=0,system_tokens=10}",
+            "workload.groups",
+        ),
+        (
+            "baseline",
+            "workload.groups={count=2,prompts_per_group=2,system_tokens=5000}",
+            "workload.groups",
+        ),
+        (
+            "baseline",
+            "workload.conversations={count=0,min_turns=2}",
+            "workload.conversations",
+        ),
+        (
+            "baseline",
+            "workload.conversations={count=5,min_turns=4,max_turns=2}",
+            "workload.conversations",
+        ),
+        (
+            "baseline",
+            "workload.conversations={count=5,min_turns=0}",
+            "workload.conversations",
+        ),
+        ("baseline", "workload.colour=\"blue\"", "workload.colour"),
+        // [arrival]
+        ("baseline", "arrival.kind=\"teleport\"", "arrival.kind"),
+        ("baseline", "arrival.kind=\"poisson\"", "arrival.rate"),
+        ("baseline", "arrival.kind=5", "arrival.kind"),
+        ("chunked_prefill", "arrival.rate=0", "arrival.rate"),
+        ("chunked_prefill", "arrival.rate=-2", "arrival.rate"),
+        ("chunked_prefill", "arrival.rate=\"fast\"", "arrival.rate"),
+        (
+            "chunked_prefill",
+            "arrival.burstiness=0",
+            "arrival.burstiness",
+        ),
+        (
+            "chunked_prefill",
+            "arrival.burstiness=-1",
+            "arrival.burstiness",
+        ),
+        (
+            "chunked_prefill",
+            "arrival.max_concurrency=0",
+            "arrival.max_concurrency",
+        ),
+        (
+            "chunked_prefill",
+            "arrival.max_concurrency=-4",
+            "arrival.max_concurrency",
+        ),
+        (
+            "baseline",
+            "arrival.kind=\"concurrency\"",
+            "arrival.max_concurrency",
+        ),
+        ("baseline", "arrival.kind=\"stages\"", "arrival.stages"),
+        (
+            "baseline",
+            "arrival.stages=[{rate=-1,duration_s=10}]",
+            "arrival.stages",
+        ),
+        (
+            "baseline",
+            "arrival.stages=[{rate=1,duration_s=0}]",
+            "arrival.stages",
+        ),
+        ("baseline", "arrival.stages=[{rate=1}]", "arrival.stages"),
+        (
+            "baseline",
+            "arrival.stages=[{rate=1,duration_s=5,burst=2}]",
+            "arrival.stages",
+        ),
+        ("baseline", "arrival.speed=3", "arrival.speed"),
+        // [server]
+        ("baseline", "server.model=\"llama-9\"", "server.model"),
+        ("baseline", "server.hardware=\"tpu-v5\"", "server.hardware"),
+        (
+            "baseline",
+            "server.batching_mode=\"eager\"",
+            "server.batching_mode",
+        ),
+        (
+            "baseline",
+            "server.kv_cache_backend=\"magic\"",
+            "server.kv_cache_backend",
+        ),
+        (
+            "baseline",
+            "server.max_batch_size=0",
+            "server.max_batch_size",
+        ),
+        (
+            "baseline",
+            "server.max_batch_size=-1",
+            "server.max_batch_size",
+        ),
+        (
+            "baseline",
+            "server.num_gpu_blocks=0",
+            "server.num_gpu_blocks",
+        ),
+        (
+            "baseline",
+            "server.num_gpu_blocks=18446744073709551615",
+            "server.num_gpu_blocks",
+        ),
+        ("baseline", "server.block_size=0", "server.block_size"),
+        (
+            "baseline",
+            "server.prefill_chunk_size=0",
+            "server.prefill_chunk_size",
+        ),
+        ("baseline", "server.max_model_len=0", "server.max_model_len"),
+        (
+            "baseline",
+            "server.chunked_prefill=\"on\"",
+            "server.chunked_prefill",
+        ),
+        (
+            "baseline",
+            "server.prefix_caching=1",
+            "server.prefix_caching",
+        ),
+        (
+            "baseline",
+            "server.cuda_graphs=\"no\"",
+            "server.cuda_graphs",
+        ),
+        ("baseline", "server.max_waiting=0", "server.max_waiting"),
+        ("baseline", "server.tensor_magic=2", "server.tensor_magic"),
+        // [cluster]
+        (
+            "kubeai_prefix_routing",
+            "cluster.replicas=0",
+            "cluster.replicas",
+        ),
+        (
+            "kubeai_prefix_routing",
+            "cluster.replicas=-2",
+            "cluster.replicas",
+        ),
+        (
+            "kubeai_prefix_routing",
+            "cluster.router=\"psychic\"",
+            "cluster.router",
+        ),
+        (
+            "kubeai_prefix_routing",
+            "cluster.metrics_delay_s=-1",
+            "cluster.metrics_delay_s",
+        ),
+        ("kubeai_prefix_routing", "cluster.zones=3", "cluster.zones"),
+        // [sim]
+        ("baseline", "sim.cost_model=\"oracle\"", "sim.cost_model"),
+        ("baseline", "sim.cost_model=\"profiled\"", "sim.profile"),
+        (
+            "baseline",
+            "sim.timeseries_interval_s=1e-12",
+            "sim.timeseries_interval_s",
+        ),
+        (
+            "baseline",
+            "sim.timeseries_interval_s=0",
+            "sim.timeseries_interval_s",
+        ),
+        (
+            "baseline",
+            "sim.compute_efficiency=0",
+            "sim.compute_efficiency",
+        ),
+        (
+            "baseline",
+            "sim.compute_efficiency=1.5",
+            "sim.compute_efficiency",
+        ),
+        (
+            "baseline",
+            "sim.bandwidth_efficiency=-0.2",
+            "sim.bandwidth_efficiency",
+        ),
+        ("baseline", "sim.step_overhead_s=-1", "sim.step_overhead_s"),
+        (
+            "baseline",
+            "sim.per_seq_overhead_s=\"slow\"",
+            "sim.per_seq_overhead_s",
+        ),
+        (
+            "baseline",
+            "sim.client_stream_s=-0.5",
+            "sim.client_stream_s",
+        ),
+        ("baseline", "sim.warp_factor=9", "sim.warp_factor"),
+        // Override syntax.
+        ("baseline", "server.max_batch_size", "server.max_batch_size"),
+        (
+            "baseline",
+            "server..max_batch_size=2",
+            "server..max_batch_size",
+        ),
+        (
+            "baseline",
+            "server.max_batch_size=[1,",
+            "server.max_batch_size",
+        ),
+        ("baseline", "=3", "=3"),
+    ];
+    let mut refused = 0;
+    for &(name, set, key) in cases {
+        let e = err(name, &[set]);
+        let file = format!("{name}.toml");
+        assert!(e.contains(&file) && e.contains(key), "{set}: {e}");
+        refused += 1;
+    }
+    // Syntax errors in the file itself: the line and column.
+    let base = std::fs::read_to_string(common::path("baseline")).unwrap();
+    let broken = [
+        base.replace("num_requests = 10", "num_requests = "),
+        base.replace("[server]", "[server"),
+        base.replace("seed = 42", "seed = 42 42"),
+        base.replace("kind = \"sequential\"", "kind = \"sequential"),
+        base.replace("block_size = 16", "block_size = 16\nblock_size = 32"),
+    ];
+    for text in &broken {
+        let e = infer_core::workload::Scenario::parse("broken.toml", text, &[])
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("broken.toml") && e.contains("line"), "{e}");
+        refused += 1;
+    }
+    let total = cases.len() + broken.len();
+    assert!(total >= 70, "{total} cases");
+    println!("reliability: simulator bad input: {refused} of {total} scenarios refused naming file and key");
+}

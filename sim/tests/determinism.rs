@@ -5,12 +5,13 @@ mod common;
 use infer_sim::output::{requests_csv, timeseries_csv};
 
 fn files(name: &str, overrides: &[&str]) -> (String, String, String) {
-    let r = common::run(name, overrides);
+    let (r, rows) = infer_sim::run_collect(&common::setup(name, overrides));
+    assert_eq!(r.summary.failed, 0, "{name}");
     let json = serde_json::to_string_pretty(&r.summary).unwrap();
     (
         json,
-        requests_csv(&r.records),
-        timeseries_csv(&r.timeseries),
+        requests_csv(&rows.records),
+        timeseries_csv(&rows.timeseries),
     )
 }
 
@@ -41,5 +42,46 @@ fn routed_runs_replay_exactly() {
             a.1.contains(",7,true,"),
             "{router}: the replica column is filled"
         );
+    }
+}
+
+/// `sim run` streams its rows into the run directory as requests end; the files are the
+/// ones a run kept in memory would write (requests in id order), for a routed run whose
+/// requests finish far out of order too.
+#[test]
+fn streamed_run_directories_match_collected_rows() {
+    let cases: [(&str, &[&str]); 2] = [
+        ("chunked_prefill", &[]),
+        (
+            "kubeai_prefix_routing",
+            &[
+                "workload.num_requests=300",
+                "workload.conversations.count=30",
+            ],
+        ),
+    ];
+    for (name, overrides) in cases {
+        let setup = common::setup(name, overrides);
+        let (want, rows) = infer_sim::run_collect(&setup);
+        let dir = std::env::temp_dir().join(format!("infer-stream-{name}-{}", std::process::id()));
+        let mut files = infer_sim::output::RunDirWriter::create(&dir).unwrap();
+        let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
+        let got = infer_sim::run_with(&setup, tokenizer, &mut files);
+        let info = infer_core::metrics::RunInfo::new("sim", &setup.scenario, "test".into());
+        files.finish(&got.summary, &info).unwrap();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        assert_eq!(read("requests.csv"), requests_csv(&rows.records), "{name}");
+        assert_eq!(
+            read("timeseries.csv"),
+            timeseries_csv(&rows.timeseries),
+            "{name}"
+        );
+        assert_eq!(
+            read("summary.json"),
+            serde_json::to_string_pretty(&want.summary).unwrap() + "\n"
+        );
+        let ids: Vec<u64> = rows.records.iter().map(|r| r.id).collect();
+        assert_eq!(ids, (0..ids.len() as u64).collect::<Vec<_>>(), "{name}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,8 +2,6 @@
 
 mod common;
 
-use infer_sim::output::stage_rows;
-
 /// llm-d X-37 with shorter stages: cache-aware routing keeps TTFT P90 low as load rises,
 /// load-only and random routing do not (published at 10–20 QPS: 0.28 s and 1.2–1.9 s
 /// vs 78–177 s). Threshold: precise and weighted below both load and random, by 2x, in
@@ -17,8 +15,7 @@ fn prefix_aware_routers_beat_load_and_random_at_high_rates() {
         let s = common::setup("llmd_shared_prefix", &[stages, &set]);
         let r = infer_sim::run(&s);
         assert_eq!(r.summary.failed, 0);
-        let rows = stage_rows(&r.records, &s.scenario.arrival);
-        p90.push((router, rows[2].ttft.p90, rows[3].ttft.p90));
+        p90.push((router, r.stages[2].ttft.p90, r.stages[3].ttft.p90));
     }
     for &(good, g2, g3) in &p90[..2] {
         for &(bad, b2, b3) in &p90[2..] {

@@ -8,11 +8,25 @@
 //! Prefix caching (vLLM's scheme): a full, computed block is registered under the chained
 //! hash of its parent's hash and its tokens. A later prompt that starts with the same
 //! tokens finds those blocks, takes a reference on them and skips their computation.
+//! A match also compares the parent's hash and a second, independent 64-bit hash of the
+//! block's tokens, so a wrong match needs two unrelated 64-bit collisions at once (vLLM
+//! trusts one hash); the index is one table entry per block, which keeps a lookup to one
+//! memory access (a cluster simulation holds hundreds of these pools).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use super::free_queue::FreeQueue;
+use super::hash::token_check;
 use super::{blocks_for, hash_block, BlockId, KvManager, PrefixMatch, SeqKv, ROOT_HASH};
+
+/// What the prefix-cache index knows of a registered block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CachedBlock {
+    block: BlockId,
+    parent: u64,
+    /// [`token_check`] of its tokens.
+    check: u64,
+}
 
 #[derive(Debug, Clone)]
 pub struct PagedKv {
@@ -22,11 +36,9 @@ pub struct PagedKv {
     free: FreeQueue,
     prefix_caching: bool,
     /// hash → the block registered under it.
-    cached: HashMap<u64, BlockId>,
-    /// Per block: the hash it is registered under, and its parent's hash.
-    block_hash: Vec<Option<(u64, u64)>>,
-    /// Per block: its tokens while registered (rules out hash collisions).
-    block_tokens: Vec<u32>,
+    cached: FxHashMap<u64, CachedBlock>,
+    /// Per block: the hash it is registered under.
+    block_hash: Vec<Option<u64>>,
 }
 
 impl PagedKv {
@@ -38,16 +50,8 @@ impl PagedKv {
             refs: vec![0; num_blocks],
             free: FreeQueue::full(num_blocks),
             prefix_caching,
-            cached: HashMap::new(),
+            cached: FxHashMap::default(),
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
-            block_tokens: vec![
-                0;
-                if prefix_caching {
-                    num_blocks * block_size
-                } else {
-                    0
-                }
-            ],
         }
     }
 
@@ -56,22 +60,16 @@ impl PagedKv {
         self.cached.len()
     }
 
-    fn tokens_of(&self, block: BlockId) -> &[u32] {
-        let start = block as usize * self.block_size;
-        &self.block_tokens[start..start + self.block_size]
-    }
-
-    /// The cached block holding exactly `tokens` after `parent`, if any.
+    /// The cached block holding `tokens` after `parent`, if any.
     fn find(&self, parent: u64, hash: u64, tokens: &[u32]) -> Option<BlockId> {
-        let &b = self.cached.get(&hash)?;
-        let (_, p) = self.block_hash[b as usize]?;
-        (p == parent && self.tokens_of(b) == tokens).then_some(b)
+        let e = self.cached.get(&hash)?;
+        (e.parent == parent && e.check == token_check(tokens)).then_some(e.block)
     }
 
     fn take_free_block(&mut self) -> BlockId {
         let b = self.free.pop_front().expect("checked free count");
         if self.prefix_caching {
-            if let Some((h, _)) = self.block_hash[b as usize].take() {
+            if let Some(h) = self.block_hash[b as usize].take() {
                 self.cached.remove(&h);
             }
         }
@@ -159,11 +157,15 @@ impl KvManager for PagedKv {
             kv.hashes.push(h);
             let b = kv.blocks[i];
             // A block whose content is already cached elsewhere stays a private duplicate.
-            if self.block_hash[b as usize].is_none() && !self.cached.contains_key(&h) {
-                self.cached.insert(h, b);
-                self.block_hash[b as usize] = Some((h, parent));
-                let start = b as usize * self.block_size;
-                self.block_tokens[start..start + self.block_size].copy_from_slice(chunk);
+            if self.block_hash[b as usize].is_none() {
+                if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
+                    e.insert(CachedBlock {
+                        block: b,
+                        parent,
+                        check: token_check(chunk),
+                    });
+                    self.block_hash[b as usize] = Some(h);
+                }
             }
         }
     }
@@ -217,8 +219,9 @@ impl KvManager for PagedKv {
             }
         }
         if self.prefix_caching {
-            for (&h, &b) in &self.cached {
-                if self.block_hash[b as usize].map(|x| x.0) != Some(h) {
+            for (&h, e) in &self.cached {
+                let b = e.block;
+                if self.block_hash[b as usize] != Some(h) {
                     return Err(format!(
                         "cache entry {h:x} points at block {b}, which is not registered under it"
                     ));

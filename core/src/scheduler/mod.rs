@@ -18,7 +18,9 @@ mod config;
 mod plan;
 mod shape;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 
 pub use config::{BatchingMode, KvBackend, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
@@ -138,7 +140,7 @@ pub struct Scheduler {
     /// Live sequences by slot; `index` maps request ids to slots.
     seqs: Vec<Option<Sequence>>,
     free_slots: Vec<u32>,
-    index: HashMap<RequestId, u32>,
+    index: FxHashMap<RequestId, u32>,
     waiting: VecDeque<u32>,
     /// In admission order: the newest is last.
     running: Vec<u32>,
@@ -149,6 +151,8 @@ pub struct Scheduler {
     /// Scratch for the running sequences' visiting order.
     order: Vec<u32>,
     last_step_end: f64,
+    /// Copy block tables into plans (a driver with no KV memory, the simulator, needs none).
+    plan_block_tables: bool,
 }
 
 impl Scheduler {
@@ -173,16 +177,25 @@ impl Scheduler {
             kv,
             seqs: Vec::new(),
             free_slots: Vec::new(),
-            index: HashMap::new(),
+            index: FxHashMap::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             step: 0,
             ended_outside: Vec::new(),
             spare: StepPlan::default(),
             stats: SchedulerStats::default(),
+            plan_block_tables: true,
             order: Vec::new(),
             last_step_end: 0.0,
         }
+    }
+
+    /// Leave block tables out of step plans: a driver that moves no KV memory (the
+    /// simulator) does not read them, and copying them is most of a planning step's
+    /// memory traffic when contexts are long.
+    pub fn without_block_tables(mut self) -> Self {
+        self.plan_block_tables = false;
+        self
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -225,9 +238,12 @@ impl Scheduler {
         if self.index.contains_key(&req.id) {
             return Err(AddError::DuplicateId(req.id));
         }
+        // Room for the whole output up front: appending then never reallocates.
+        let mut tokens = req.prompt;
+        tokens.reserve_exact(req.stop.max_tokens.min(self.cfg.max_model_len - n));
         let seq = Sequence {
             id: req.id,
-            tokens: req.prompt,
+            tokens,
             prompt_len: n,
             num_computed: 0,
             stop: req.stop,
@@ -506,6 +522,11 @@ impl Scheduler {
         seq.scheduled_in = step;
         let start = seq.num_computed;
         let samples = start + n == seq.tokens.len();
+        let blocks: &[BlockId] = if self.plan_block_tables {
+            &seq.kv.blocks
+        } else {
+            &[]
+        };
         plan.push(
             seq.id,
             slot,
@@ -514,7 +535,7 @@ impl Scheduler {
             samples,
             seq.is_decode(),
             seq.cached_tokens.unwrap_or(0),
-            &seq.kv.blocks,
+            blocks,
         );
     }
 

@@ -95,7 +95,8 @@ impl StepPlan {
         &self.token_ids[a as usize..b as usize]
     }
 
-    /// The `i`-th scheduled sequence's block table (covers its context after this step).
+    /// The `i`-th scheduled sequence's block table (covers its context after this step;
+    /// empty from a scheduler built [`without_block_tables`](super::Scheduler::without_block_tables)).
     pub fn block_table(&self, i: usize) -> &[BlockId] {
         let (a, b) = self.seqs[i].blocks;
         &self.block_ids[a as usize..b as usize]

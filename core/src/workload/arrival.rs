@@ -1,6 +1,6 @@
 //! When requests are sent: open-loop arrival times, or closed-loop concurrency.
 
-use rand::Rng;
+use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Exp, Gamma};
 use serde::{Deserialize, Serialize};
 
@@ -48,19 +48,85 @@ pub struct ArrivalSpec {
 }
 
 /// How a run's requests are released.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Arrivals {
-    /// Send times in seconds from the start, one per request, non-decreasing;
-    /// `None` for closed-loop kinds (sent as earlier requests end).
-    pub times: Option<Vec<f64>>,
+    /// Send times, drawn as they are needed; `None` for closed-loop kinds (sent as earlier
+    /// requests end).
+    pub times: Option<ArrivalTimes>,
     /// Requests in flight at most.
     pub max_concurrency: Option<usize>,
 }
 
-impl Arrivals {
-    /// Number of requests released (a staged schedule may end before `num_requests`).
-    pub fn count(&self, num_requests: usize) -> usize {
-        self.times.as_ref().map_or(num_requests, |t| t.len())
+/// Open-loop send times in seconds from the start, non-decreasing, drawn one at a time so
+/// that a run of any length holds none of them in memory. A staged schedule may end before
+/// `num_requests`.
+#[derive(Debug, Clone)]
+pub struct ArrivalTimes {
+    gaps: Gaps,
+    rng: ChaCha8Rng,
+    /// Times still to give.
+    left: usize,
+    /// Times given so far.
+    given: usize,
+    t: f64,
+}
+
+#[derive(Debug, Clone)]
+enum Gaps {
+    Burst,
+    Uniform(f64),
+    /// The first request at 0, then sampled gaps.
+    Sampled(GapDistribution),
+    /// Poisson within each stage; `end` is the current stage's end.
+    Stages {
+        stages: Vec<Stage>,
+        stage: usize,
+        end: f64,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum GapDistribution {
+    Exp(Exp<f64>),
+    Gamma(Gamma<f64>),
+}
+
+impl Iterator for ArrivalTimes {
+    type Item = f64;
+
+    fn next(&mut self) -> Option<f64> {
+        if self.left == 0 {
+            return None;
+        }
+        let t = match &mut self.gaps {
+            Gaps::Burst => 0.0,
+            Gaps::Uniform(rate) => self.given as f64 / *rate,
+            Gaps::Sampled(d) => {
+                if self.given > 0 {
+                    self.t += match d {
+                        GapDistribution::Exp(e) => e.sample(&mut self.rng),
+                        GapDistribution::Gamma(g) => g.sample(&mut self.rng),
+                    };
+                }
+                self.t
+            }
+            Gaps::Stages { stages, stage, end } => loop {
+                let s = stages.get(*stage)?;
+                self.t += Exp::new(s.rate)
+                    .expect("validated stage rate")
+                    .sample(&mut self.rng);
+                if self.t < *end {
+                    break self.t;
+                }
+                // The next stage starts at this one's end.
+                self.t = *end;
+                *stage += 1;
+                *end += stages.get(*stage).map_or(0.0, |s| s.duration_s);
+            },
+        };
+        self.left -= 1;
+        self.given += 1;
+        Some(t)
     }
 }
 
@@ -99,35 +165,34 @@ impl ArrivalSpec {
                 "is required for kind = \"concurrency\"".into(),
             ));
         }
-        if self.kind == ArrivalKind::Stages {
-            if self.stages.is_empty() {
+        if self.kind == ArrivalKind::Stages && self.stages.is_empty() {
+            return Err((
+                "stages",
+                "kind = \"stages\" needs at least one stage".into(),
+            ));
+        }
+        // Checked whatever the kind, so a typo in a schedule not (yet) selected is caught.
+        for s in &self.stages {
+            if !(s.rate > 0.0 && s.rate.is_finite()) {
                 return Err((
                     "stages",
-                    "kind = \"stages\" needs at least one stage".into(),
+                    format!("stage rate must be positive, got {}", s.rate),
                 ));
             }
-            for s in &self.stages {
-                if !(s.rate > 0.0 && s.rate.is_finite()) {
-                    return Err((
-                        "stages",
-                        format!("stage rate must be positive, got {}", s.rate),
-                    ));
-                }
-                if !(s.duration_s > 0.0 && s.duration_s.is_finite()) {
-                    return Err((
-                        "stages",
-                        format!("stage duration_s must be positive, got {}", s.duration_s),
-                    ));
-                }
+            if !(s.duration_s > 0.0 && s.duration_s.is_finite()) {
+                return Err((
+                    "stages",
+                    format!("stage duration_s must be positive, got {}", s.duration_s),
+                ));
             }
         }
         Ok(())
     }
 
-    /// The release schedule of `num_requests` requests.
-    pub fn schedule<R: Rng + ?Sized>(&self, num_requests: usize, rng: &mut R) -> Arrivals {
+    /// The release schedule of `num_requests` requests, drawing from `rng`.
+    pub fn schedule(&self, num_requests: usize, rng: ChaCha8Rng) -> Arrivals {
         let rate = self.rate.unwrap_or(1.0);
-        let times = match self.kind {
+        let gaps = match self.kind {
             ArrivalKind::Sequential => {
                 return Arrivals {
                     times: None,
@@ -140,41 +205,30 @@ impl ArrivalSpec {
                     max_concurrency: self.max_concurrency,
                 };
             }
-            ArrivalKind::Burst => vec![0.0; num_requests],
-            ArrivalKind::Uniform => (0..num_requests).map(|i| i as f64 / rate).collect(),
-            ArrivalKind::Poisson => {
-                let exp = Exp::new(rate).expect("validated rate");
-                cumulative(num_requests, || exp.sample(rng))
-            }
+            ArrivalKind::Burst => Gaps::Burst,
+            ArrivalKind::Uniform => Gaps::Uniform(rate),
+            ArrivalKind::Poisson => Gaps::Sampled(GapDistribution::Exp(
+                Exp::new(rate).expect("validated rate"),
+            )),
             ArrivalKind::Gamma => {
                 let shape = self.burstiness.unwrap_or(1.0);
                 let gamma = Gamma::new(shape, 1.0 / (rate * shape)).expect("validated");
-                cumulative(num_requests, || gamma.sample(rng))
+                Gaps::Sampled(GapDistribution::Gamma(gamma))
             }
-            ArrivalKind::Stages => {
-                let mut times = Vec::new();
-                let mut stage_start = 0.0;
-                'stages: for s in &self.stages {
-                    let exp = Exp::new(s.rate).expect("validated stage rate");
-                    let end = stage_start + s.duration_s;
-                    let mut t = stage_start;
-                    loop {
-                        t += exp.sample(rng);
-                        if t >= end {
-                            break;
-                        }
-                        if times.len() == num_requests {
-                            break 'stages;
-                        }
-                        times.push(t);
-                    }
-                    stage_start = end;
-                }
-                times
-            }
+            ArrivalKind::Stages => Gaps::Stages {
+                end: self.stages.first().map_or(0.0, |s| s.duration_s),
+                stages: self.stages.clone(),
+                stage: 0,
+            },
         };
         Arrivals {
-            times: Some(times),
+            times: Some(ArrivalTimes {
+                gaps,
+                rng,
+                left: num_requests,
+                given: 0,
+                t: 0.0,
+            }),
             max_concurrency: self.max_concurrency,
         }
     }
@@ -197,24 +251,17 @@ impl ArrivalSpec {
     }
 }
 
-/// First request at 0, then the sampled gaps.
-fn cumulative(n: usize, mut gap: impl FnMut() -> f64) -> Vec<f64> {
-    let mut t = 0.0;
-    (0..n)
-        .map(|i| {
-            if i > 0 {
-                t += gap();
-            }
-            t
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
-    use rand_chacha::ChaCha8Rng;
+
+    fn times(spec: &ArrivalSpec, n: usize, seed: u64) -> Vec<f64> {
+        spec.schedule(n, ChaCha8Rng::seed_from_u64(seed))
+            .times
+            .unwrap()
+            .collect()
+    }
 
     fn spec(kind: ArrivalKind, rate: Option<f64>) -> ArrivalSpec {
         ArrivalSpec {
@@ -228,21 +275,17 @@ mod tests {
 
     #[test]
     fn rates_come_out_right() {
-        let mut rng = ChaCha8Rng::seed_from_u64(42);
-        let t = spec(ArrivalKind::Uniform, Some(4.0))
-            .schedule(9, &mut rng)
-            .times
-            .unwrap();
+        let t = times(&spec(ArrivalKind::Uniform, Some(4.0)), 9, 42);
         assert_eq!(t[8], 2.0);
-        let t = spec(ArrivalKind::Poisson, Some(6.0))
-            .schedule(6001, &mut rng)
-            .times
-            .unwrap();
+        assert_eq!(times(&spec(ArrivalKind::Burst, None), 3, 42), [0.0; 3]);
+        let t = times(&spec(ArrivalKind::Poisson, Some(6.0)), 6001, 42);
+        assert_eq!(t.len(), 6001);
+        assert_eq!(t[0], 0.0);
         let rate = 6000.0 / t[6000];
         assert!((rate - 6.0).abs() < 0.3, "poisson rate {rate}");
         let mut g = spec(ArrivalKind::Gamma, Some(5.0));
         g.burstiness = Some(0.5);
-        let t = g.schedule(6001, &mut rng).times.unwrap();
+        let t = times(&g, 6001, 43);
         assert!((6000.0 / t[6000] - 5.0).abs() < 0.4);
         assert!(t.windows(2).all(|w| w[0] <= w[1]));
     }
@@ -260,16 +303,18 @@ mod tests {
                 duration_s: 50.0,
             },
         ];
-        let t = s
-            .schedule(usize::MAX, &mut ChaCha8Rng::seed_from_u64(1))
-            .times
-            .unwrap();
+        let t = times(&s, usize::MAX, 1);
         let first = t.iter().filter(|&&x| x < 100.0).count();
         let second = t.len() - first;
         assert!((250..350).contains(&first), "{first}");
         assert!((900..1100).contains(&second), "{second}");
         assert!(*t.last().unwrap() < 150.0);
         assert_eq!(s.stage_of(120.0), Some(1));
+        assert_eq!(
+            times(&s, 10, 1),
+            t[..10],
+            "a cap takes the schedule's first times"
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct WorkloadGenerator {
     corpus: TokenizedCorpus,
     /// The prefix every prompt shares (`shared_prefix_tokens`).
     shared: Option<(String, Vec<u32>)>,
+    /// Where prompts are assembled: it keeps its capacity, so a prompt of many segments
+    /// costs one exact allocation, not a chain of reallocations.
+    scratch: std::sync::Mutex<(String, Vec<u32>)>,
 }
 
 // Independent random streams.
@@ -55,6 +58,7 @@ impl WorkloadGenerator {
             tokenizer,
             corpus,
             shared: None,
+            scratch: Default::default(),
         };
         if let Some(n) = g.spec.shared_prefix_tokens.filter(|&n| n > 0) {
             let mut seg = (String::new(), Vec::new());
@@ -89,12 +93,15 @@ impl WorkloadGenerator {
 
     /// Release schedule of the measured requests.
     pub fn arrivals(&self, spec: &ArrivalSpec) -> Arrivals {
-        spec.schedule(self.spec.num_requests, &mut self.rng(ARRIVALS, 0, 0))
+        spec.schedule(self.spec.num_requests, self.rng(ARRIVALS, 0, 0))
     }
 
     fn build(&self, index: usize, warmup: bool) -> GeneratedRequest {
         let w = &self.spec;
-        let mut seg = (String::new(), Vec::new());
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let seg = &mut *scratch;
+        seg.0.clear();
+        seg.1.clear();
         let (mut group, mut turn) = (None, None);
         let max_tokens;
         if let Some(g) = w.groups {
@@ -106,12 +113,12 @@ impl WorkloadGenerator {
                 &tag,
                 g.system_tokens,
                 &mut self.rng(GROUP_SYSTEM, gi, 0),
-                &mut seg,
+                seg,
             );
             let mut rng = self.rng(QUESTION, gi, qi);
             let n = w.prompt_tokens.sample(&mut rng);
             max_tokens = w.output_tokens.sample(&mut rng);
-            self.segment(&format!("\n\nQuestion {qi}: "), n, &mut rng, &mut seg);
+            self.segment(&format!("\n\nQuestion {qi}: "), n, &mut rng, seg);
             group = Some(gi);
         } else if let Some(c) = w.conversations {
             // Turn t of every conversation comes before turn t+1 of any.
@@ -123,16 +130,16 @@ impl WorkloadGenerator {
                 &tag,
                 c.system_tokens.max(1),
                 &mut self.rng(CONV_SYSTEM, ci, 0),
-                &mut seg,
+                seg,
             );
             for k in 0..=t {
                 let mut rng = self.rng(USER_TURN, ci, k);
                 let n = w.prompt_tokens.sample(&mut rng);
-                self.segment("\n\nUser: ", n, &mut rng, &mut seg);
+                self.segment("\n\nUser: ", n, &mut rng, seg);
                 if k < t {
                     let mut rng = self.rng(REPLY, ci, k);
                     let n = w.output_tokens.sample(&mut rng);
-                    self.segment("\n\nAssistant: ", n, &mut rng, &mut seg);
+                    self.segment("\n\nAssistant: ", n, &mut rng, seg);
                 }
             }
             max_tokens = w.output_tokens.sample(&mut self.rng(REPLY, ci, t));
@@ -151,13 +158,13 @@ impl WorkloadGenerator {
             } else {
                 "Request "
             };
-            self.segment(&format!("{tag}{index}: "), n, &mut rng, &mut seg);
+            self.segment(&format!("{tag}{index}: "), n, &mut rng, seg);
         }
         GeneratedRequest {
             index,
             warmup,
-            prompt: seg.0,
-            prompt_ids: seg.1,
+            prompt: seg.0.as_str().to_owned(),
+            prompt_ids: seg.1.to_vec(),
             max_tokens,
             ignore_eos: w.ignore_eos,
             group,

@@ -8,7 +8,7 @@ pub mod dist;
 pub mod generate;
 pub mod scenario;
 
-pub use arrival::{ArrivalKind, ArrivalSpec, Arrivals, Stage};
+pub use arrival::{ArrivalKind, ArrivalSpec, ArrivalTimes, Arrivals, Stage};
 pub use corpus::{ApproxTokenizer, Token, Tokenizer};
 pub use dist::LengthDist;
 pub use generate::{GeneratedRequest, WorkloadGenerator};

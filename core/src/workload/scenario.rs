@@ -195,8 +195,9 @@ impl Scenario {
             let (key, value) = o
                 .split_once('=')
                 .ok_or_else(|| err(o, "an override must look like key=value".into()))?;
+            let named = if key.trim().is_empty() { o } else { key.trim() };
             set_path(&mut table, key.trim(), parse_value(value.trim()))
-                .map_err(|reason| err(key.trim(), reason))?;
+                .map_err(|reason| err(named, reason))?;
         }
         let scenario: Scenario = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {

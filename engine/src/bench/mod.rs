@@ -110,7 +110,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
 
     // Warm-up, one at a time, not counted.
     for i in 0..scenario.workload.warmup_requests {
-        let mut scratch = MetricsRecorder::new();
+        let mut scratch = Timelines::default();
         target
             .send(
                 &gen.warmup_request(i),
@@ -122,12 +122,15 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     }
 
     let arrivals = gen.arrivals(&scenario.arrival);
-    let n = arrivals.count(scenario.workload.num_requests);
+    let times: Option<Vec<f64>> = arrivals.times.map(Iterator::collect);
+    let n = times
+        .as_ref()
+        .map_or(scenario.workload.num_requests, Vec::len);
     // Every prompt is cut before the clock starts (as vLLM's benchmark samples its requests
     // first), so that generating them does not take CPU from the server being measured.
     let requests: Arc<Vec<GeneratedRequest>> = Arc::new((0..n).map(|i| gen.request(i)).collect());
     let before = target.scrape().await;
-    let recorder = Arc::new(Mutex::new(MetricsRecorder::new()));
+    let recorder = Arc::new(Mutex::new(Timelines::default()));
     let bar = progress_bar(n, opts.progress);
     let start = Instant::now();
     let last_end = Arc::new(Mutex::new(0.0f64));
@@ -173,7 +176,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     };
 
     let mut tasks = Vec::new();
-    match arrivals.times {
+    match times {
         Some(times) => {
             let sem = arrivals
                 .max_concurrency
@@ -219,11 +222,14 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     let after = target.scrape().await;
 
     let duration = *last_end.lock().unwrap();
-    let mut recorder = Arc::try_unwrap(recorder)
+    let Timelines {
+        mut metrics,
+        mut records,
+    } = Arc::try_unwrap(recorder)
         .map_err(|_| anyhow!("requests still running"))?
         .into_inner()
         .unwrap();
-    let mut summary = recorder.summary(duration);
+    let mut summary = metrics.summary(duration);
     summary.max_concurrency = arrivals.max_concurrency;
     let server_counters = match (before, after) {
         (Some(b), Some(a)) => Some(counters(&a).delta(&counters(&b))),
@@ -238,7 +244,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         summary.num_preemptions = c.num_preemptions as u64;
     }
     summary.peak_kv_usage = timeseries.iter().map(|p| p.kv_usage).fold(0.0, f64::max);
-    let records = recorder.sorted_records();
+    records.sort_by_key(|r| r.id);
     let result = BenchResult {
         scenario,
         summary,
@@ -280,13 +286,27 @@ struct Target {
     model: String,
 }
 
+/// The timelines of a run's requests and the records of those that ended.
+#[derive(Default)]
+struct Timelines {
+    metrics: MetricsRecorder,
+    records: Vec<RequestRecord>,
+}
+
+impl Timelines {
+    fn fail(&mut self, id: u64, t: f64, error: String) {
+        let record = self.metrics.fail(id, t, error);
+        self.records.push(record);
+    }
+}
+
 enum Recorder<'a> {
-    Shared(&'a Arc<Mutex<MetricsRecorder>>),
-    Local(&'a mut MetricsRecorder),
+    Shared(&'a Arc<Mutex<Timelines>>),
+    Local(&'a mut Timelines),
 }
 
 impl Recorder<'_> {
-    fn with<T>(&mut self, f: impl FnOnce(&mut MetricsRecorder) -> T) -> T {
+    fn with<T>(&mut self, f: impl FnOnce(&mut Timelines) -> T) -> T {
         match self {
             Recorder::Shared(m) => f(&mut m.lock().unwrap()),
             Recorder::Local(m) => f(m),
@@ -305,7 +325,7 @@ impl Target {
         start: Instant,
     ) -> f64 {
         let now = || start.elapsed().as_secs_f64();
-        rec.with(|r| r.start(id, now(), req.prompt_ids.len()));
+        rec.with(|r| r.metrics.start(id, now(), req.prompt_ids.len()));
         let body = json!({
             "model": self.model,
             "prompt": req.prompt,
@@ -372,7 +392,7 @@ impl Target {
                     {
                         chunks += 1;
                         let t = now();
-                        rec.with(|r| r.chunk(id, t));
+                        rec.with(|r| r.metrics.chunk(id, t));
                     }
                     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                         usage = Some(u.clone());
@@ -399,9 +419,11 @@ impl Target {
             .unwrap_or(0) as usize;
         rec.with(|r| {
             if let Some(p) = field("prompt_tokens") {
-                r.set_prompt_tokens(id, p as usize);
+                r.metrics.set_prompt_tokens(id, p as usize);
             }
-            r.finish(id, t, output, cached, 0, None, None)
+            if let Some(record) = r.metrics.finish(id, t, output, cached, 0, None, None) {
+                r.records.push(record);
+            }
         });
         t
     }
