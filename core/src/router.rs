@@ -43,6 +43,16 @@ impl RouterKind {
         RouterKind::Weighted,
         RouterKind::Chwbl,
     ];
+
+    /// Whether the policy reads the replicas' state ([`ReplicaSnapshot`]s). Those that do
+    /// not (random, round-robin, consistent hashing) route in time independent of the
+    /// number of replicas, so a driver need not gather the snapshots.
+    pub fn reads_replica_state(self) -> bool {
+        !matches!(
+            self,
+            RouterKind::Random | RouterKind::RoundRobin | RouterKind::Chwbl
+        )
+    }
 }
 
 /// What the router sees of a replica (possibly stale).

@@ -450,13 +450,19 @@ impl Sim<'_> {
                 let delay = self.metrics_delay;
                 let snaps = &mut self.snapshots;
                 snaps.clear();
-                snaps.extend(self.replicas.iter_mut().map(|rep| {
-                    if delay > 0.0 {
-                        rep.snapshot_at(now - delay)
-                    } else {
-                        rep.snapshot()
-                    }
-                }));
+                if router.kind().reads_replica_state() {
+                    snaps.extend(self.replicas.iter_mut().map(|rep| {
+                        if delay > 0.0 {
+                            rep.snapshot_at(now - delay)
+                        } else {
+                            rep.snapshot()
+                        }
+                    }));
+                } else {
+                    // Not read: visiting every replica would make each request cost
+                    // O(replicas) cache misses.
+                    snaps.resize(self.replicas.len(), ReplicaSnapshot::default());
+                }
                 let replicas = &self.replicas;
                 let cached =
                     |r: usize, hashes: &[u64]| replicas[r].sched.kv().cached_prefix_blocks(hashes);
