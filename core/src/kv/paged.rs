@@ -8,24 +8,23 @@
 //! Prefix caching (vLLM's scheme): a full, computed block is registered under the chained
 //! hash of its parent's hash and its tokens. A later prompt that starts with the same
 //! tokens finds those blocks, takes a reference on them and skips their computation.
-//! A match also compares the parent's hash and a second, independent 64-bit hash of the
-//! block's tokens, so a wrong match needs two unrelated 64-bit collisions at once (vLLM
-//! trusts one hash); the index is one table entry per block, which keeps a lookup to one
-//! memory access (a cluster simulation holds hundreds of these pools).
+//! A match also compares a second, independent 32-bit hash of the parent's hash and the
+//! block's tokens, so a wrong match needs a 64-bit and an unrelated 32-bit collision at
+//! once (vLLM trusts one hash); the index is one 16-byte table entry per block, which
+//! keeps a lookup to one memory access (a cluster simulation holds hundreds of these pools).
 
 use rustc_hash::FxHashMap;
 
 use super::free_queue::FreeQueue;
-use super::hash::token_check;
+use super::hash::block_check;
 use super::{blocks_for, hash_block, BlockId, KvManager, PrefixMatch, SeqKv, ROOT_HASH};
 
 /// What the prefix-cache index knows of a registered block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CachedBlock {
     block: BlockId,
-    parent: u64,
-    /// [`token_check`] of its tokens.
-    check: u64,
+    /// [`block_check`] of its parent and tokens.
+    check: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -63,7 +62,7 @@ impl PagedKv {
     /// The cached block holding `tokens` after `parent`, if any.
     fn find(&self, parent: u64, hash: u64, tokens: &[u32]) -> Option<BlockId> {
         let e = self.cached.get(&hash)?;
-        (e.parent == parent && e.check == token_check(tokens)).then_some(e.block)
+        (e.check == block_check(parent, tokens)).then_some(e.block)
     }
 
     fn take_free_block(&mut self) -> BlockId {
@@ -161,8 +160,7 @@ impl KvManager for PagedKv {
                 if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
                     e.insert(CachedBlock {
                         block: b,
-                        parent,
-                        check: token_check(chunk),
+                        check: block_check(parent, chunk),
                     });
                     self.block_hash[b as usize] = Some(h);
                 }
