@@ -253,6 +253,16 @@ pub struct Summary {
     pub num_preemptions: u64,
     pub peak_kv_usage: f64,
     pub max_concurrency: Option<usize>,
+    /// With an SLO only.
+    pub goodput: Option<Goodput>,
+}
+
+/// Requests within the SLO: per second of the run (vLLM's `request_goodput`) and as a
+/// fraction of all requests sent (failed ones count as missing it).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Goodput {
+    pub request_goodput: f64,
+    pub slo_attainment: f64,
 }
 
 impl Summary {
@@ -291,6 +301,10 @@ impl Summary {
         out.push(("prefix_cache_hit_rate".into(), self.prefix_cache_hit_rate));
         out.push(("num_preemptions".into(), self.num_preemptions as f64));
         out.push(("peak_kv_usage".into(), self.peak_kv_usage));
+        if let Some(g) = self.goodput {
+            out.push(("request_goodput".into(), g.request_goodput));
+            out.push(("slo_attainment".into(), g.slo_attainment));
+        }
         out
     }
 
@@ -326,6 +340,18 @@ impl Summary {
             "Request throughput (req/s):",
             format!("{:.2}", self.request_throughput),
         );
+        if let Some(g) = self.goodput {
+            line(
+                &mut s,
+                "Request goodput (req/s):",
+                format!("{:.2}", g.request_goodput),
+            );
+            line(
+                &mut s,
+                "Requests within SLO (%):",
+                format!("{:.2}", g.slo_attainment * 100.0),
+            );
+        }
         line(
             &mut s,
             "Output token throughput (tok/s):",
@@ -455,6 +481,76 @@ struct Live {
     itl_max: f64,
 }
 
+/// Service-level objectives as `vllm bench serve --goodput` takes them (milliseconds): a
+/// completed request whose TTFT, TPOT and end-to-end latency are each at or below the
+/// objectives given counts toward goodput. A scenario's `[slo]` table, or
+/// `--goodput ttft:MS tpot:MS e2el:MS` on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slo {
+    #[serde(default)]
+    pub ttft_ms: Option<f64>,
+    #[serde(default)]
+    pub tpot_ms: Option<f64>,
+    #[serde(default)]
+    pub e2el_ms: Option<f64>,
+}
+
+impl Slo {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (key, v) in [
+            ("ttft_ms", self.ttft_ms),
+            ("tpot_ms", self.tpot_ms),
+            ("e2el_ms", self.e2el_ms),
+        ] {
+            if let Some(v) = v {
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err((key, format!("must be a positive number of ms, got {v}")));
+                }
+            }
+        }
+        if self.ttft_ms.is_none() && self.tpot_ms.is_none() && self.e2el_ms.is_none() {
+            return Err((
+                "ttft_ms",
+                "an [slo] table needs at least one of ttft_ms, tpot_ms, e2el_ms".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a request met every objective (vLLM: a request with one output token has
+    /// TPOT 0; a failed request meets none).
+    pub fn met_by(&self, r: &RequestRecord) -> bool {
+        let Some(ttft) = r.ttft.filter(|_| r.success()) else {
+            return false;
+        };
+        let within = |limit_ms: Option<f64>, v: f64| limit_ms.is_none_or(|l| v * 1e3 <= l);
+        within(self.ttft_ms, ttft)
+            && within(self.tpot_ms, r.tpot().unwrap_or(0.0))
+            && within(self.e2el_ms, r.e2e)
+    }
+
+    /// `--goodput ttft:MS tpot:MS e2el:MS` as scenario overrides (`slo.ttft_ms=MS`, …).
+    pub fn overrides(args: &[String]) -> Result<Vec<String>, String> {
+        args.iter()
+            .map(|a| {
+                let (k, v) = a
+                    .split_once(':')
+                    .ok_or_else(|| format!("--goodput {a}: expected METRIC:MS, e.g. ttft:500"))?;
+                if !matches!(k, "ttft" | "tpot" | "e2el") {
+                    return Err(format!(
+                        "--goodput {a}: the metric must be ttft, tpot or e2el (as vLLM's)"
+                    ));
+                }
+                let ms: f64 = v
+                    .parse()
+                    .map_err(|_| format!("--goodput {a}: `{v}` is not a number of ms"))?;
+                Ok(format!("slo.{k}_ms={ms:?}"))
+            })
+            .collect()
+    }
+}
+
 /// Turns per-request timelines into [`RequestRecord`]s and a [`Summary`].
 /// Turns per-request timelines into [`RequestRecord`]s and folds each into the run's
 /// [`Summary`] as it ends. It keeps no finished records: the caller keeps or writes the
@@ -471,11 +567,20 @@ pub struct MetricsRecorder {
     input_tokens: usize,
     output_tokens: usize,
     last_end: f64,
+    slo: Option<Slo>,
+    /// Requests that met the SLO.
+    good: usize,
 }
 
 impl MetricsRecorder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Count goodput against `slo` (from now on).
+    pub fn with_slo(mut self, slo: Option<Slo>) -> Self {
+        self.slo = slo;
+        self
     }
 
     /// The client sent request `id` at `t`.
@@ -575,6 +680,9 @@ impl MetricsRecorder {
 
     fn fold(&mut self, r: &RequestRecord) {
         self.last_end = self.last_end.max(r.start + r.e2e);
+        if self.slo.is_some_and(|s| s.met_by(r)) {
+            self.good += 1;
+        }
         if !r.success() {
             self.failed += 1;
             return;
@@ -613,6 +721,13 @@ impl MetricsRecorder {
             tpot: self.tpot.stats(),
             itl: self.itl.stats(),
             e2el: self.e2el.stats(),
+            goodput: self.slo.map(|_| {
+                let all = (self.completed + self.failed).max(1) as f64;
+                Goodput {
+                    request_goodput: per_s(self.good as f64),
+                    slo_attainment: self.good as f64 / all,
+                }
+            }),
             ..Summary::default()
         }
     }
@@ -727,6 +842,49 @@ mod tests {
             row.starts_with("1,0.000000,500.000,1100.000,200.000"),
             "{row}"
         );
+    }
+
+    #[test]
+    fn goodput_counts_requests_within_every_objective_as_vllm_does() {
+        let slo = Slo {
+            ttft_ms: Some(100.0),
+            tpot_ms: Some(20.0),
+            e2el_ms: None,
+        };
+        let mut m = MetricsRecorder::new().with_slo(Some(slo));
+        // (id, ttft s, e2e s, output tokens): TPOT = (e2e - ttft) / (n - 1).
+        let runs = [
+            (0, 0.100, 0.100 + 9.0 * 0.019, 10), // TTFT exactly at its limit: good
+            (1, 0.101, 0.2, 10),                 // TTFT over
+            (2, 0.05, 0.05 + 9.0 * 0.021, 10),   // TPOT over
+            (3, 0.05, 0.05, 1),                  // one token: TPOT 0, good
+        ];
+        for (id, ttft, e2e, n) in runs {
+            m.start(id, 0.0, 10);
+            m.chunk(id, ttft);
+            m.finish(id, e2e, n, 0, 0, None, None);
+        }
+        m.start(4, 0.0, 10);
+        m.fail(4, 0.01, "refused".into());
+        let s = m.summary(2.0);
+        let g = s.goodput.expect("an SLO was set");
+        assert_eq!(g.request_goodput, 1.0, "2 good requests over 2 s");
+        assert_eq!(g.slo_attainment, 0.4, "2 of 5, the failed one included");
+        assert!(s
+            .render()
+            .contains("Request goodput (req/s):                 1.00"));
+        let keys: Vec<String> = s.entries().into_iter().map(|(k, _)| k).collect();
+        assert!(keys.contains(&"request_goodput".to_string()));
+        let plain = MetricsRecorder::new().summary(1.0);
+        assert!(plain.goodput.is_none() && !plain.render().contains("goodput"));
+        assert_eq!(
+            Slo::overrides(&["ttft:500".into(), "e2el:2000.5".into()]).unwrap(),
+            ["slo.ttft_ms=500.0", "slo.e2el_ms=2000.5"]
+        );
+        for bad in ["ttft", "itl:5", "tpot:fast"] {
+            let e = Slo::overrides(&[bad.into()]).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -205,6 +205,10 @@ struct BenchArgs {
     /// Scenario overrides, `key=value` (repeatable).
     #[arg(long = "set")]
     set: Vec<String>,
+    /// Service-level objectives for goodput, as vLLM's: `ttft:MS tpot:MS e2el:MS` (any of
+    /// them; the scenario's `[slo]` table otherwise).
+    #[arg(long, num_args = 1.., value_name = "METRIC:MS")]
+    goodput: Vec<String>,
     #[arg(long = "no-progress")]
     no_progress: bool,
 }
@@ -483,6 +487,8 @@ fn run_serve(a: ServeArgs) -> Result<()> {
 fn run_bench(a: BenchArgs) -> Result<()> {
     let mut opts = BenchOptions::new(&a.server, &a.scenario);
     opts.overrides = a.set;
+    opts.overrides
+        .extend(infer_core::metrics::Slo::overrides(&a.goodput).map_err(anyhow::Error::msg)?);
     opts.model = a.model;
     opts.progress = !a.no_progress;
     let name = a

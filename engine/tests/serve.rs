@@ -64,6 +64,15 @@ async fn seed_scenarios_run_clean_and_counts_match_the_server() {
         if name == "chunked_prefill" {
             opts.overrides.push("workload.prompt_tokens={ mix = [ { weight = 0.5, uniform = [600, 900] }, { weight = 0.5, uniform = [64, 128] } ] }".into());
         }
+        // Goodput against one objective every request meets and one none can.
+        let slo = match name {
+            "baseline" => Some(("slo.e2el_ms=600000", 1.0)),
+            "paged_attention" => Some(("slo.ttft_ms=0.000001", 0.0)),
+            _ => None,
+        };
+        if let Some((set, _)) = slo {
+            opts.overrides.push(set.into());
+        }
         opts.scrape_interval = Duration::from_millis(50);
         let r = bench::run(&opts).await.unwrap();
         let s = &r.summary;
@@ -83,6 +92,15 @@ async fn seed_scenarios_run_clean_and_counts_match_the_server() {
             "{name}: prompt tokens"
         );
         assert_eq!(c.request_success, 6.0, "{name}");
+        match (slo, s.goodput) {
+            (Some((_, attained)), Some(g)) => {
+                assert_eq!(g.slo_attainment, attained, "{name}");
+                let want = attained * s.request_throughput;
+                assert!((g.request_goodput - want).abs() < 1e-9, "{name}");
+            }
+            (None, None) => {}
+            other => panic!("{name}: goodput {other:?}"),
+        }
         assert!(s.ttft.median > 0.0 && s.itl.median > 0.0, "{name}");
         if name == "prefix_caching" {
             assert!(

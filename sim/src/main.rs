@@ -1,8 +1,9 @@
 //! `sim`: predict what a serving knob does before building or deploying it.
 //!
 //! ```text
-//! sim run SCENARIO [--set key=value]… [--out DIR] [--seed N] [--quiet]
-//! sim sweep SCENARIO --vary key=v1,v2,… [--vary …] [--set …] [--out DIR] [--threads N]
+//! sim run SCENARIO [--set key=value]… [--goodput ttft:MS …] [--out DIR] [--seed N] [--quiet]
+//! sim sweep SCENARIO --vary key=v1,v2,… [--vary …] [--set …] [--goodput …] [--out DIR]
+//!     [--threads N]
 //! sim catalog
 //! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
@@ -40,6 +41,10 @@ enum Command {
         /// Workload seed (overrides workload.seed).
         #[arg(long)]
         seed: Option<u64>,
+        /// Service-level objectives for goodput, as vLLM's: `ttft:MS tpot:MS e2el:MS` (any
+        /// of them; the scenario's `[slo]` table otherwise).
+        #[arg(long, num_args = 1.., value_name = "METRIC:MS")]
+        goodput: Vec<String>,
         /// Print only the run directory.
         #[arg(long)]
         quiet: bool,
@@ -56,6 +61,8 @@ enum Command {
         out: Option<PathBuf>,
         #[arg(long)]
         seed: Option<u64>,
+        #[arg(long, num_args = 1.., value_name = "METRIC:MS")]
+        goodput: Vec<String>,
         /// Worker threads (default: the machine's cores).
         #[arg(long)]
         threads: Option<usize>,
@@ -89,11 +96,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn with_seed(mut set: Vec<String>, seed: Option<u64>) -> Vec<String> {
+/// The overrides `--set`, `--seed` and `--goodput` stand for.
+fn overrides(
+    mut set: Vec<String>,
+    seed: Option<u64>,
+    goodput: &[String],
+) -> Result<Vec<String>, String> {
     if let Some(s) = seed {
         set.push(format!("workload.seed={s}"));
     }
-    set
+    set.extend(infer_core::metrics::Slo::overrides(goodput)?);
+    Ok(set)
 }
 
 fn real_main(cli: Cli) -> Result<(), String> {
@@ -121,9 +134,10 @@ fn real_main(cli: Cli) -> Result<(), String> {
             set,
             out,
             seed,
+            goodput,
             quiet,
         } => {
-            let setup = infer_sim::load(&scenario, &with_seed(set, seed))?;
+            let setup = infer_sim::load(&scenario, &overrides(set, seed, &goodput)?)?;
             let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name));
             let mut files = output::RunDirWriter::create(&dir)?;
             let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
@@ -146,6 +160,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
             set,
             out,
             seed,
+            goodput,
             threads,
             quiet,
         } => {
@@ -155,7 +170,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
                 .iter()
                 .map(|v| sweep::parse_axis(v))
                 .collect::<Result<Vec<_>, _>>()?;
-            let base = with_seed(set, seed);
+            let base = overrides(set, seed, &goodput)?;
             // Fail fast on a scenario that is wrong at every point.
             let first = infer_sim::prepare(
                 &scenario,

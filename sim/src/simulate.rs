@@ -325,7 +325,7 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
         snapshots: Vec::new(),
         sampled: Vec::new(),
         live: FxHashSet::default(),
-        metrics: MetricsRecorder::new(),
+        metrics: MetricsRecorder::new().with_slo(sc.slo),
         interval: setup.settings.timeseries_interval(),
         sink,
         stages: (sc.arrival.kind == ArrivalKind::Stages).then(|| StageTally::new(&sc.arrival)),

@@ -132,7 +132,7 @@ pub fn run(
         .collect()
 }
 
-const COLUMNS: [&str; 12] = [
+const COLUMNS: [&str; 14] = [
     "completed",
     "duration_s",
     "req_per_s",
@@ -145,9 +145,13 @@ const COLUMNS: [&str; 12] = [
     "e2el_p50_ms",
     "peak_kv_usage",
     "prefix_hit_rate",
+    "goodput_req_per_s",
+    "slo_attainment",
 ];
 
-fn values(s: &Summary, st: &RunStats) -> [f64; 12] {
+/// The figures of [`COLUMNS`]; goodput is NaN (an empty CSV field) without an SLO.
+fn values(s: &Summary, st: &RunStats) -> [f64; 14] {
+    let g = s.goodput;
     [
         s.completed as f64,
         s.duration,
@@ -161,6 +165,8 @@ fn values(s: &Summary, st: &RunStats) -> [f64; 12] {
         s.e2el.median * 1e3,
         st.peak_kv_usage,
         st.prefix_hit_rate(),
+        g.map_or(f64::NAN, |g| g.request_goodput),
+        g.map_or(f64::NAN, |g| g.slo_attainment),
     ]
 }
 
@@ -178,7 +184,13 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
         let mut row: Vec<String> = p.assignment.iter().map(|(_, v)| csv_field(v)).collect();
         match &p.outcome {
             Ok((sum, st)) => {
-                row.extend(values(sum, st).iter().map(|v| format!("{v:.4}")));
+                row.extend(values(sum, st).iter().map(|v| {
+                    if v.is_nan() {
+                        String::new()
+                    } else {
+                        format!("{v:.4}")
+                    }
+                }));
                 row.push(String::new());
             }
             Err(e) => {

@@ -470,6 +470,12 @@ fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
             "sim.client_stream_s",
         ),
         ("baseline", "sim.warp_factor=9", "sim.warp_factor"),
+        // [slo]
+        ("baseline", "slo.ttft_ms=0", "slo.ttft_ms"),
+        ("baseline", "slo.tpot_ms=-5", "slo.tpot_ms"),
+        ("baseline", "slo.e2el_ms=\"fast\"", "slo.e2el_ms"),
+        ("baseline", "slo.itl_ms=5", "slo.itl_ms"),
+        ("baseline", "slo={}", "slo"),
         // Override syntax.
         ("baseline", "server.max_batch_size", "server.max_batch_size"),
         (

@@ -21,6 +21,9 @@ pub struct Scenario {
     pub server: ServerSpec,
     #[serde(default)]
     pub cluster: Option<ClusterSpec>,
+    /// Service-level objectives: a request within all of them counts toward goodput.
+    #[serde(default)]
+    pub slo: Option<crate::metrics::Slo>,
     /// Simulator-only settings (cost model, …), checked by the simulator.
     #[serde(default)]
     pub sim: Option<toml::Table>,
@@ -334,6 +337,9 @@ impl Scenario {
             if !(c.metrics_delay_s >= 0.0 && c.metrics_delay_s.is_finite()) {
                 return Err((at("cluster", "metrics_delay_s"), "must be >= 0".into()));
             }
+        }
+        if let Some(slo) = &self.slo {
+            slo.validate().map_err(|(k, r)| (at("slo", k), r))?;
         }
         Ok(())
     }

@@ -130,7 +130,10 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     // first), so that generating them does not take CPU from the server being measured.
     let requests: Arc<Vec<GeneratedRequest>> = Arc::new((0..n).map(|i| gen.request(i)).collect());
     let before = target.scrape().await;
-    let recorder = Arc::new(Mutex::new(Timelines::default()));
+    let recorder = Arc::new(Mutex::new(Timelines {
+        metrics: MetricsRecorder::new().with_slo(scenario.slo),
+        records: Vec::new(),
+    }));
     let bar = progress_bar(n, opts.progress);
     let start = Instant::now();
     let last_end = Arc::new(Mutex::new(0.0f64));
