@@ -209,6 +209,10 @@ struct BenchArgs {
     /// them; the scenario's `[slo]` table otherwise).
     #[arg(long, num_args = 1.., value_name = "METRIC:MS")]
     goodput: Vec<String>,
+    /// Cut prompts in the served model's own tokens: its Hugging Face directory (or its
+    /// tokenizer.json). Default: the simulator's approximate tokenizer (~4 characters a token).
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<PathBuf>,
     #[arg(long = "no-progress")]
     no_progress: bool,
 }
@@ -491,6 +495,15 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .extend(infer_core::metrics::Slo::overrides(&a.goodput).map_err(anyhow::Error::msg)?);
     opts.model = a.model;
     opts.progress = !a.no_progress;
+    if let Some(path) = &a.tokenizer {
+        let dir = if path.is_file() {
+            path.parent().unwrap_or(path).to_path_buf()
+        } else {
+            path.clone()
+        };
+        let t = infer_engine::tokenizer::TextTokenizer::from_dir(&dir)?;
+        opts.tokenizer = Some(std::sync::Arc::new(t));
+    }
     let name = a
         .scenario
         .file_stem()
@@ -510,8 +523,26 @@ fn run_bench(a: BenchArgs) -> Result<()> {
             c.num_preemptions
         );
     }
+    for line in failure_lines(&r.records) {
+        println!("{line}");
+    }
     println!("run directory: {}", dir.display());
     Ok(())
+}
+
+/// The distinct errors of failed requests, most frequent first (at most three).
+fn failure_lines(records: &[infer_core::metrics::RequestRecord]) -> Vec<String> {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for e in records.iter().filter_map(|r| r.error.as_deref()) {
+        *counts.entry(e).or_default() += 1;
+    }
+    let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
+    by_count.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    by_count
+        .iter()
+        .take(3)
+        .map(|(e, n)| format!("failed: {n} of {} requests: {e}", records.len()))
+        .collect()
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {

@@ -484,3 +484,37 @@ async fn responses_carry_unique_ids_their_time_a_fingerprint_and_the_model_root(
     assert_eq!(m["max_model_len"], 4096);
     server.stop().await;
 }
+
+/// With the served model's tokenizer (`engine bench --tokenizer DIR`), prompts arrive at the
+/// lengths they were cut to, within the server's BOS token and a boundary merge (cut with
+/// the approximate tokenizer, 128 tokens are ~110 of a real one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_cut_with_the_models_tokenizer_arrive_at_their_length() {
+    use infer_core::workload::{Tokenizer, WorkloadGenerator};
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let dir = infer_engine::builtin::resolve("builtin:tiny").unwrap();
+    let tokenizer: std::sync::Arc<dyn Tokenizer> =
+        std::sync::Arc::new(infer_engine::tokenizer::TextTokenizer::from_dir(&dir).unwrap());
+    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
+    opts.overrides = vec![
+        "workload.num_requests=8".into(),
+        "workload.warmup_requests=0".into(),
+        "workload.output_tokens=2".into(),
+    ];
+    opts.tokenizer = Some(tokenizer.clone());
+    let r = bench::run(&opts).await.unwrap();
+    let gen = WorkloadGenerator::new(r.scenario.workload.clone(), tokenizer);
+    for rec in &r.records {
+        let cut = gen.request(rec.id as usize).prompt_ids.len();
+        // The server adds its BOS token, and re-encoding the joined text may merge one pair
+        // across a segment boundary.
+        assert!(
+            rec.prompt_tokens.abs_diff(cut) <= 2,
+            "{cut} vs {}",
+            rec.prompt_tokens
+        );
+    }
+    server.stop().await;
+}

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
 use infer_core::metrics::{MetricsRecorder, RequestRecord, RunInfo, Summary, TimePoint};
 use infer_core::workload::{
@@ -107,6 +107,38 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         base,
         model,
     };
+
+    // One test request first, as vLLM's benchmark sends: a server that refuses what we
+    // send (a field it does not know, a model name) is reported once, clearly, instead of
+    // failing every request of the run.
+    // It is short (it fills no KV block, so it leaves no prefix in the server's cache that a
+    // simulation of the scenario would not have).
+    let mut probe = Timelines::default();
+    let first = GeneratedRequest {
+        index: usize::MAX,
+        warmup: true,
+        prompt: "Hello".into(),
+        prompt_ids: Vec::new(),
+        max_tokens: 2,
+        ignore_eos: scenario.workload.ignore_eos,
+        group: None,
+        turn: None,
+    };
+    target
+        .send(&first, 0, &mut Recorder::Local(&mut probe), Instant::now())
+        .await;
+    if let Some(e) = probe.records.first().and_then(|r| r.error.as_ref()) {
+        let hint = if first.ignore_eos && e.contains("ignore_eos") {
+            " (the scenario asks for ignore_eos, which this server does not take: \
+             --set workload.ignore_eos=false)"
+        } else {
+            ""
+        };
+        bail!(
+            "{}: the initial test request failed{hint}: {e}",
+            target.base
+        );
+    }
 
     // Warm-up, one at a time, not counted.
     for i in 0..scenario.workload.warmup_requests {
@@ -329,15 +361,19 @@ impl Target {
     ) -> f64 {
         let now = || start.elapsed().as_secs_f64();
         rec.with(|r| r.metrics.start(id, now(), req.prompt_ids.len()));
-        let body = json!({
+        let mut body = json!({
             "model": self.model,
             "prompt": req.prompt,
             "max_tokens": req.max_tokens,
-            "ignore_eos": req.ignore_eos,
             "temperature": 0.0,
             "stream": true,
             "stream_options": { "include_usage": true },
         });
+        // vLLM's extension: sent only when asked for, since other servers refuse fields
+        // they do not know (transformers serve: 422).
+        if req.ignore_eos {
+            body["ignore_eos"] = Value::Bool(true);
+        }
         let resp = self
             .client
             .post(format!("{}/v1/completions", self.base))
@@ -456,17 +492,24 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
 }
 
 async fn served_model(client: &reqwest::Client, base: &str) -> Result<String> {
-    let v: Value = client
-        .get(format!("{base}/v1/models"))
+    let url = format!("{base}/v1/models");
+    let r = client
+        .get(&url)
         .send()
         .await
-        .with_context(|| format!("{base}: cannot reach the server"))?
-        .json()
-        .await?;
+        .with_context(|| format!("{base}: cannot reach the server"))?;
+    let status = r.status();
+    let text = r.text().await.unwrap_or_default();
+    if !status.is_success() {
+        let shown: String = text.chars().take(200).collect();
+        bail!("{url} answered HTTP {status}: {shown}; pass --model to skip it");
+    }
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{url} did not answer JSON ({e}); pass --model to skip it"))?;
     v.pointer("/data/0/id")
         .and_then(Value::as_str)
         .map(str::to_string)
-        .ok_or_else(|| anyhow!("{base}/v1/models lists no model; pass --model"))
+        .ok_or_else(|| anyhow!("{url} lists no model; pass --model"))
 }
 
 fn counters(text: &str) -> ServerCounters {
