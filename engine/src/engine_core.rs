@@ -62,6 +62,8 @@ pub struct StepOutput {
     pub failed: Vec<(u64, RequestStats, String)>,
     /// The step's shape in the simulator's terms, when tracing.
     pub shape: Option<StepShape>,
+    /// Tokens the step processed (prompt chunks and decodes).
+    pub num_tokens: usize,
     /// Seconds in the model's forward and sampling.
     pub forward_s: f64,
 }
@@ -192,6 +194,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             };
         }
         let shape = self.trace.then(|| StepShape::of(&plan));
+        let num_tokens = plan.num_tokens();
         let t_forward = Instant::now();
         let sampled = match self.forward_and_sample(&plan) {
             Ok(s) => s,
@@ -210,6 +213,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 return StepOutput {
                     failed,
                     shape,
+                    num_tokens,
                     forward_s: t_forward.elapsed().as_secs_f64(),
                     ..StepOutput::default()
                 };
@@ -256,6 +260,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             tokens: out,
             failed: Vec::new(),
             shape,
+            num_tokens,
             forward_s,
         }
     }

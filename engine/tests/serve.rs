@@ -376,7 +376,7 @@ async fn a_client_dropping_its_stream_frees_its_blocks() {
     let aborted = metric(
         &client,
         &base,
-        "vllm:request_success_total{model_name=\"builtin:tiny\",finished_reason=\"abort\"}",
+        "vllm:request_success_total{model_name=\"builtin:tiny\",engine=\"0\",finished_reason=\"abort\"}",
     )
     .await;
     assert_eq!(aborted, 1.0);
@@ -515,6 +515,74 @@ async fn prompts_cut_with_the_models_tokenizer_arrive_at_their_length() {
             "{cut} vs {}",
             rec.prompt_tokens
         );
+    }
+    server.stop().await;
+}
+
+/// The endpoints routers in front of replicas call (SGLang's router, vllm-router): load while
+/// a request runs and after, model and server info, and a health check that generates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_facing_endpoints_report_load_and_health() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let get = |path: &str| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        async move {
+            let r = client.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, idle) = get("/get_load").await;
+    assert_eq!((status, idle["load"].as_u64()), (200, Some(0)), "{idle}");
+    let body =
+        json!({"prompt": "A long story", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut resp = client
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    resp.chunk().await.unwrap().unwrap();
+    let (_, busy) = get("/get_load").await;
+    assert_eq!(busy["load"], 1, "{busy}");
+    assert_eq!(busy["num_reqs"], 1, "{busy}");
+    drop(resp);
+    let (status, info) = get("/get_model_info").await;
+    assert_eq!(status, 200);
+    assert_eq!(info["is_generation"], true);
+    assert!(
+        info["model_path"].as_str().is_some_and(|p| !p.is_empty()),
+        "{info}"
+    );
+    let (status, info) = get("/get_server_info").await;
+    assert_eq!(status, 200);
+    assert_eq!(info["engine"], "infer");
+    assert!(info["max_model_len"].as_u64().is_some(), "{info}");
+    let (status, _) = get("/health_generate").await;
+    assert_eq!(status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get("/get_load").await.1["load"] != 0 {
+        assert!(Instant::now() < deadline, "the dropped stream still counts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // vLLM's per-request and per-step histograms saw both requests (the health check's
+    // ran to its end).
+    for (name, at_least) in [
+        ("vllm:request_params_n_count", 2.0),
+        ("vllm:request_params_max_tokens_count", 2.0),
+        ("vllm:iteration_tokens_total_count", 2.0),
+        ("vllm:request_prompt_tokens_count", 1.0),
+        ("vllm:request_generation_tokens_count", 1.0),
+        ("vllm:request_inference_time_seconds_count", 1.0),
+        ("vllm:request_prefill_time_seconds_count", 1.0),
+        ("vllm:request_decode_time_seconds_count", 1.0),
+    ] {
+        let v = metric(&client, &base, name).await;
+        assert!(v >= at_least, "{name} = {v}");
     }
     server.stop().await;
 }

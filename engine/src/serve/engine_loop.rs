@@ -58,6 +58,7 @@ pub struct Finish {
 struct Client {
     events: UnboundedSender<StreamEvent>,
     arrival: Instant,
+    first_token: Option<Instant>,
     last_token: Option<Instant>,
 }
 
@@ -148,16 +149,23 @@ impl EngineLoop {
     }
 
     fn add(&mut self, r: NewRequest) {
+        let max_tokens = r.request.max_tokens;
         if let Err(e) = self.core.add(r.id, r.request, r.arrival) {
             let _ = r.events.send(StreamEvent::Rejected(e));
             return;
         }
         let _ = r.events.send(StreamEvent::Accepted);
+        {
+            let mut m = self.metrics.lock().unwrap();
+            m.params_n.observe(1.0);
+            m.params_max_tokens.observe(max_tokens as f64);
+        }
         self.clients.insert(
             r.id,
             Client {
                 events: r.events,
                 arrival: r.arrival,
+                first_token: None,
                 last_token: None,
             },
         );
@@ -179,7 +187,11 @@ impl EngineLoop {
         }
         // Before any token leaves: a client that reads /metrics on its first token must see
         // the KV its request holds.
-        self.metrics.lock().unwrap().sched = self.core.stats();
+        {
+            let mut m = self.metrics.lock().unwrap();
+            m.sched = self.core.stats();
+            m.iteration_tokens.observe(out.num_tokens as f64);
+        }
         for t in out.tokens {
             self.deliver(t);
         }
@@ -204,6 +216,7 @@ impl EngineLoop {
             if t.first {
                 m.ttft
                     .observe(now.duration_since(client.arrival).as_secs_f64());
+                client.first_token = Some(now);
             } else if let Some(last) = client.last_token {
                 m.itl.observe(now.duration_since(last).as_secs_f64());
             }
@@ -246,8 +259,26 @@ impl EngineLoop {
         let mut m = self.metrics.lock().unwrap();
         m.finished(reason);
         m.prompt_tokens += stats.prompt_tokens as u64;
+        m.request_prompt_tokens.observe(stats.prompt_tokens as f64);
+        m.request_generation_tokens
+            .observe(stats.output_tokens as f64);
+        let now = Instant::now();
         if let Some(c) = self.clients.get(&id) {
-            m.e2e.observe(c.arrival.elapsed().as_secs_f64());
+            m.e2e.observe(now.duration_since(c.arrival).as_secs_f64());
+            if let Some(first) = c.first_token {
+                m.decode_time
+                    .observe(now.duration_since(first).as_secs_f64());
+            }
+            if let Some(t) = stats.first_scheduled_time {
+                // The driver's clock counts seconds from the core's start.
+                let scheduled = self.core.start() + std::time::Duration::from_secs_f64(t);
+                m.inference_time
+                    .observe(now.saturating_duration_since(scheduled).as_secs_f64());
+                if let Some(first) = c.first_token {
+                    m.prefill_time
+                        .observe(first.saturating_duration_since(scheduled).as_secs_f64());
+                }
+            }
         }
         if let Some(t) = stats.first_scheduled_time {
             m.queue.observe((t - stats.arrival_time).max(0.0));

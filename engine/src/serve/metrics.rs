@@ -63,6 +63,17 @@ const REQUEST_BUCKETS: &[f64] = &[
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// Tokens per step (vLLM's capture sizes up to its default batched-token budgets).
+const ITERATION_TOKEN_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// vLLM's 1-2-5 series for token counts (up to a 128k context).
+const TOKEN_COUNT_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0,
+];
+const N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+
 /// Everything `/metrics` reports; updated by the engine loop, read by the HTTP handler.
 #[derive(Debug, Clone)]
 pub struct ServerMetrics {
@@ -79,6 +90,16 @@ pub struct ServerMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     pub queue: Histogram,
+    /// Tokens per engine step.
+    pub iteration_tokens: Histogram,
+    pub request_prompt_tokens: Histogram,
+    pub request_generation_tokens: Histogram,
+    pub params_n: Histogram,
+    pub params_max_tokens: Histogram,
+    /// First scheduled → finished, first scheduled → first token, first token → finished.
+    pub inference_time: Histogram,
+    pub prefill_time: Histogram,
+    pub decode_time: Histogram,
 }
 
 impl ServerMetrics {
@@ -97,6 +118,14 @@ impl ServerMetrics {
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(REQUEST_BUCKETS),
             queue: Histogram::new(REQUEST_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_TOKEN_BUCKETS),
+            request_prompt_tokens: Histogram::new(TOKEN_COUNT_BUCKETS),
+            request_generation_tokens: Histogram::new(TOKEN_COUNT_BUCKETS),
+            params_n: Histogram::new(N_BUCKETS),
+            params_max_tokens: Histogram::new(TOKEN_COUNT_BUCKETS),
+            inference_time: Histogram::new(REQUEST_BUCKETS),
+            prefill_time: Histogram::new(REQUEST_BUCKETS),
+            decode_time: Histogram::new(REQUEST_BUCKETS),
         }
     }
 
@@ -110,7 +139,11 @@ impl ServerMetrics {
 
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let l = format!("model_name=\"{}\"", escape_label(&self.model_name));
+        // vLLM v1's labels: the model, and the engine index (one engine per server here).
+        let l = format!(
+            "model_name=\"{}\",engine=\"0\"",
+            escape_label(&self.model_name)
+        );
         let gauge = |s: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(
                 s,
@@ -212,6 +245,57 @@ impl ServerMetrics {
             "Time waiting before first scheduled.",
             &l,
         );
+        // vLLM v1 observes the same per-token intervals under this older name.
+        self.itl.render(
+            &mut s,
+            "vllm:time_per_output_token_seconds",
+            "Time per output token (the inter-token intervals).",
+            &l,
+        );
+        for (h, name, help) in [
+            (
+                &self.iteration_tokens,
+                "vllm:iteration_tokens_total",
+                "Tokens per engine step.",
+            ),
+            (
+                &self.request_prompt_tokens,
+                "vllm:request_prompt_tokens",
+                "Prompt tokens per finished request.",
+            ),
+            (
+                &self.request_generation_tokens,
+                "vllm:request_generation_tokens",
+                "Generated tokens per finished request.",
+            ),
+            (
+                &self.params_n,
+                "vllm:request_params_n",
+                "The n request parameter.",
+            ),
+            (
+                &self.params_max_tokens,
+                "vllm:request_params_max_tokens",
+                "The max_tokens request parameter.",
+            ),
+            (
+                &self.inference_time,
+                "vllm:request_inference_time_seconds",
+                "First scheduled to finished.",
+            ),
+            (
+                &self.prefill_time,
+                "vllm:request_prefill_time_seconds",
+                "First scheduled to first token.",
+            ),
+            (
+                &self.decode_time,
+                "vllm:request_decode_time_seconds",
+                "First token to finished.",
+            ),
+        ] {
+            h.render(&mut s, name, help, &l);
+        }
         s
     }
 }
@@ -231,7 +315,7 @@ mod tests {
     fn label_values_are_escaped() {
         let t = ServerMetrics::new("a\"b\\c\nd", 16, 2048).render();
         assert!(
-            t.contains(r#"vllm:num_requests_running{model_name="a\"b\\c\nd"} 0"#),
+            t.contains(r#"vllm:num_requests_running{model_name="a\"b\\c\nd",engine="0"} 0"#),
             "{t}"
         );
     }
@@ -242,16 +326,31 @@ mod tests {
         m.ttft.observe(0.03);
         m.generation_tokens = 7;
         m.finished(FinishReason::Length);
+        m.iteration_tokens.observe(24.0);
+        m.request_prompt_tokens.observe(300.0);
+        m.params_max_tokens.observe(16.0);
+        m.decode_time.observe(0.7);
         let t = m.render();
+        let l = "model_name=\"tiny\",engine=\"0\"";
         for name in [
-            "vllm:num_requests_running{model_name=\"tiny\"} 0",
-            "vllm:generation_tokens_total{model_name=\"tiny\"} 7",
-            "vllm:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1",
-            "vllm:cache_config_info{model_name=\"tiny\",block_size=\"16\",num_gpu_blocks=\"2048\"} 1",
-            "vllm:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.04\"} 1",
-            "vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 1",
+            format!("vllm:num_requests_running{{{l}}} 0"),
+            format!("vllm:generation_tokens_total{{{l}}} 7"),
+            format!("vllm:request_success_total{{{l},finished_reason=\"length\"}} 1"),
+            format!("vllm:cache_config_info{{{l},block_size=\"16\",num_gpu_blocks=\"2048\"}} 1"),
+            format!("vllm:time_to_first_token_seconds_bucket{{{l},le=\"0.04\"}} 1"),
+            format!("vllm:time_to_first_token_seconds_count{{{l}}} 1"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"16\"}} 0"),
+            format!("vllm:iteration_tokens_total_bucket{{{l},le=\"32\"}} 1"),
+            format!("vllm:request_prompt_tokens_bucket{{{l},le=\"500\"}} 1"),
+            format!("vllm:request_params_max_tokens_sum{{{l}}} 16"),
+            format!("vllm:request_decode_time_seconds_count{{{l}}} 1"),
+            format!("vllm:time_per_output_token_seconds_count{{{l}}} 0"),
+            format!("vllm:request_inference_time_seconds_count{{{l}}} 0"),
+            format!("vllm:request_prefill_time_seconds_count{{{l}}} 0"),
+            format!("vllm:request_generation_tokens_count{{{l}}} 0"),
+            format!("vllm:request_params_n_count{{{l}}} 0"),
         ] {
-            assert!(t.contains(name), "missing {name}");
+            assert!(t.contains(&name), "missing {name}");
         }
     }
 }

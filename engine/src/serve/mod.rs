@@ -263,6 +263,11 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        // What routers in front of replicas read (SGLang's router and vllm-router).
+        .route("/get_load", get(get_load))
+        .route("/get_model_info", get(get_model_info))
+        .route("/get_server_info", get(get_server_info))
+        .route("/health_generate", get(health_generate))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("path", format!("no route for {uri}"))
         })
@@ -329,6 +334,51 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
         "id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
         "root": s.root, "parent": null, "max_model_len": s.max_model_len,
     }]}))
+}
+
+/// The replica's load as SGLang's router reads it (`load`: requests running or waiting), with
+/// the parts.
+async fn get_load(State(s): State<AppState>) -> Json<Value> {
+    let m = s.inner.metrics.lock().unwrap().sched;
+    Json(json!({
+        "load": m.num_running + m.num_waiting,
+        "num_reqs": m.num_running,
+        "num_waiting_reqs": m.num_waiting,
+        "kv_cache_usage": m.kv_usage,
+    }))
+}
+
+async fn get_model_info(State(s): State<AppState>) -> Json<Value> {
+    let s = &s.inner;
+    Json(json!({
+        "model_path": s.root, "tokenizer_path": s.root, "served_model_name": s.model_name,
+        "is_generation": true, "max_model_len": s.max_model_len,
+    }))
+}
+
+async fn get_server_info(State(s): State<AppState>) -> Json<Value> {
+    let s = &s.inner;
+    let m = s.metrics.lock().unwrap();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"), "engine": "infer",
+        "model_path": s.root, "served_model_name": s.model_name,
+        "max_model_len": s.max_model_len, "block_size": m.block_size,
+        "num_gpu_blocks": m.num_gpu_blocks, "system_fingerprint": s.fingerprint,
+    }))
+}
+
+/// Healthy only if a one-token generation goes through the whole path (SGLang's check).
+async fn health_generate(State(s): State<AppState>) -> Response {
+    let body = Bytes::from_static(br#"{"prompt": "Hello", "max_tokens": 1}"#);
+    match generate(s, Ok(body), Endpoint::Completions).await {
+        Ok(r) if r.status().is_success() => StatusCode::OK.into_response(),
+        Ok(r) => (StatusCode::SERVICE_UNAVAILABLE, r.into_body()).into_response(),
+        Err(e) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            ..e
+        }
+        .into_response(),
+    }
 }
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
