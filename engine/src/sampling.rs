@@ -26,6 +26,9 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Return this many most likely tokens with their logprobs.
     pub logprobs: Option<usize>,
+    /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`, in [-100, 100]);
+    /// logprobs stay those of the model's distribution, as vLLM reports them.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +43,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -97,12 +101,13 @@ impl Sampler {
         let p = &self.params;
         let penalised = (p.repetition_penalty != 1.0
             || p.presence_penalty != 0.0
-            || p.frequency_penalty != 0.0)
-            .then(|| {
-                let mut l = logits.to_vec();
-                self.apply_penalties(&mut l);
-                l
-            });
+            || p.frequency_penalty != 0.0
+            || !p.logit_bias.is_empty())
+        .then(|| {
+            let mut l = logits.to_vec();
+            self.apply_penalties(&mut l);
+            l
+        });
         let l = penalised.as_deref().unwrap_or(logits);
         let token = if p.temperature <= 0.0 {
             argmax(l)
@@ -143,6 +148,11 @@ impl Sampler {
                 if let Some(x) = l.get_mut(t as usize) {
                     *x -= p.presence_penalty + p.frequency_penalty * n as f32;
                 }
+            }
+        }
+        for &(t, bias) in &p.logit_bias {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x += bias;
             }
         }
     }
@@ -230,6 +240,41 @@ fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logit_bias_moves_the_choice_but_not_the_reported_logprobs() {
+        let logits = [2.0, 1.0, 0.5, -1.0];
+        let mut plain = Sampler::new(
+            SamplingParams {
+                logprobs: Some(0),
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        let want = plain.sample(&logits);
+        assert_eq!(want.token, 0);
+        let mut biased = Sampler::new(
+            SamplingParams {
+                logprobs: Some(0),
+                logit_bias: vec![(0, -100.0), (3, 2.5)],
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        let got = biased.sample(&logits);
+        assert_eq!(
+            got.token, 3,
+            "-1 + 2.5 beats 1.0 once token 0 is pushed down"
+        );
+        let lp = got.logprob.unwrap();
+        let expected = -1.0 - logits.iter().map(|x: &f32| x.exp()).sum::<f32>().ln();
+        assert!(
+            (lp - expected).abs() < 1e-5,
+            "raw logprob {lp} vs {expected}"
+        );
+    }
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.5, 0.0, -1.0, 2.9, 0.5, 1.5]

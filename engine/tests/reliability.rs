@@ -258,7 +258,7 @@ async fn unsupported_parameters_are_refused_and_errors_name_what_was_sent() {
     let refused = [
         (
             "/v1/completions",
-            completion(json!({"logit_bias": {"5": 100}})),
+            completion(json!({"logit_bias": {"5": 101}})),
             "logit_bias",
         ),
         ("/v1/completions", completion(json!({"echo": true})), "echo"),
@@ -531,7 +531,6 @@ fn bad_cases() -> Vec<BadCase> {
     ));
     // Parameters this server does not implement, switched on.
     for (key, v) in [
-        ("logit_bias", json!({"5": 10})),
         ("echo", json!(true)),
         ("suffix", json!("end")),
         ("best_of", json!(3)),
@@ -556,6 +555,18 @@ fn bad_cases() -> Vec<BadCase> {
             COMPLETIONS,
             &with(key, v),
         ));
+    }
+    // Token biases: keys that are not token ids, values out of [-100, 100], ids outside
+    // the vocabulary.
+    for v in [
+        json!({"x": 1}),
+        json!({"5": 101}),
+        json!({"5": "a"}),
+        json!([1]),
+        json!({"99999999": 1}),
+    ] {
+        let what = format!("logit_bias = {v}");
+        cases.push(BadCase::post(what, COMPLETIONS, &with("logit_bias", v)));
     }
     // Models.
     cases.push(

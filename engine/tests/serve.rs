@@ -586,3 +586,47 @@ async fn router_facing_endpoints_report_load_and_health() {
     }
     server.stop().await;
 }
+
+/// `logit_bias` as OpenAI defines it: +100 on one token makes greedy decoding pick it every
+/// time; -100 on the unbiased choice makes it never appear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_is_honoured() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/completions");
+    let body = |bias: Value| {
+        json!({"prompt": "The harbour at dawn", "max_tokens": 4,
+                                    "temperature": 0, "logit_bias": bias})
+    };
+    let (status, forced) = post(&client, &url, body(json!({"42": 100}))).await;
+    assert_eq!(status, 200, "{forced}");
+    let (_, want) = post(
+        &client,
+        &format!("{base}/detokenize"),
+        json!({"tokens": [42, 42, 42, 42]}),
+    )
+    .await;
+    assert_eq!(forced["choices"][0]["text"], want["prompt"], "{forced}");
+    // Ban the first token greedy decoding picks: the first token changes.
+    let (_, plain) = post(&client, &url, body(json!({}))).await;
+    let first = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let (_, ids) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": first(&plain), "add_special_tokens": false}),
+    )
+    .await;
+    let banned = ids["tokens"][0].as_u64().unwrap();
+    let (_, other) = post(&client, &url, body(json!({ banned.to_string(): -100 }))).await;
+    let (_, other_ids) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": first(&other), "add_special_tokens": false}),
+    )
+    .await;
+    assert_ne!(other_ids["tokens"][0].as_u64(), Some(banned), "{other}");
+    server.stop().await;
+}

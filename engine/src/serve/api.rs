@@ -134,9 +134,6 @@ type IsUnused = fn(&Value) -> bool;
 /// request that sets one to anything else is refused rather than answered as if it had not
 /// (vLLM implements them; clients rely on their effect).
 const UNSUPPORTED: &[(&str, IsUnused)] = &[
-    ("logit_bias", |v| {
-        v.as_object().is_some_and(|o| o.is_empty())
-    }),
     ("echo", |v| v == &Value::Bool(false)),
     ("suffix", |v| v.as_str() == Some("")),
     ("best_of", |v| v.as_u64() == Some(1)),
@@ -329,6 +326,7 @@ pub fn parse_request(
         params.repetition_penalty = v as f32;
     }
     params.seed = f.uint("seed")?;
+    params.logit_bias = logit_bias(body.get("logit_bias"))?;
     params.logprobs = match endpoint {
         Endpoint::Completions => f.uint("logprobs")?.map(|n| n as usize),
         Endpoint::Chat => match f.bool("logprobs")? {
@@ -410,6 +408,39 @@ pub fn parse_request(
         stream,
         include_usage,
     })
+}
+
+/// OpenAI's `logit_bias`: `{"token id": bias}`, biases in [-100, 100] (the vocabulary is
+/// checked once the model is known).
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(Some("logit_bias"), m);
+    let map = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(bad(format!(
+                "logit_bias must be an object of token id to bias, not {}",
+                type_name(other)
+            )))
+        }
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let id: u32 = k
+            .parse()
+            .map_err(|_| bad(format!("logit_bias key `{k}` is not a token id")))?;
+        let bias = v
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| {
+                bad(format!(
+                    "logit_bias[{k}] must be a number in [-100, 100], got {v}"
+                ))
+            })?;
+        out.push((id, bias as f32));
+    }
+    out.sort_by_key(|&(id, _)| id);
+    Ok(out)
 }
 
 fn parse_messages(v: Option<&Value>) -> Result<Vec<crate::tokenizer::ChatMessage>, ApiError> {

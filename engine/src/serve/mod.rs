@@ -619,6 +619,20 @@ async fn generate(
         ));
     }
     check_prompt_bytes(s, &req.prompt)?;
+    if let Some(&(bad, _)) = req
+        .params
+        .logit_bias
+        .iter()
+        .find(|&&(t, _)| t as usize >= s.vocab_size)
+    {
+        return Err(ApiError::bad_request(
+            Some("logit_bias"),
+            format!(
+                "token id {bad} is outside the vocabulary of {}",
+                s.vocab_size
+            ),
+        ));
+    }
     let prompt = {
         let p = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
         off_thread(&state, move |s| prompt_tokens(s, &p)).await??
