@@ -59,12 +59,31 @@ async fn worst_health(base: String, done: tokio::sync::watch::Receiver<bool>) ->
     worst
 }
 
+/// The sum of a metric's samples whose line starts with `name` and contains `with`.
+fn metric(server: &infer_engine::serve::LocalServer, name: &str, with: &str) -> f64 {
+    server
+        .engine()
+        .metrics_text()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 async fn kv_blocks_in_use(server: &infer_engine::serve::LocalServer) -> f64 {
-    let text = server.engine().metrics_text();
-    text.lines()
-        .find(|l| l.starts_with("vllm:kv_cache_usage_perc"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .expect("kv usage gauge")
+    metric(server, "vllm:kv_cache_usage_perc", "")
+}
+
+/// After a hostile case: an ordinary request is served, and no KV block is held.
+async fn still_serves_and_holds_no_kv(server: &infer_engine::serve::LocalServer, base: &str) {
+    let (status, v) = post(
+        &reqwest::Client::new(),
+        &format!("{base}/v1/completions"),
+        &json!({"prompt": "The harbour", "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(kv_blocks_in_use(server).await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,15 +210,7 @@ async fn slow_and_half_open_clients_are_cut_off_and_extra_connections_refused() 
     assert!(answer.contains("did not arrive"), "{answer}");
 
     // Everyone else is served.
-    let client = reqwest::Client::new();
-    let (status, v) = post(
-        &client,
-        &format!("http://{addr}/v1/completions"),
-        &json!({"prompt": "The harbour", "max_tokens": 5}),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(kv_blocks_in_use(&server).await, 0.0);
+    still_serves_and_holds_no_kv(&server, &format!("http://{addr}")).await;
     server.stop().await;
 }
 
@@ -720,14 +731,7 @@ async fn every_bad_request_of_the_catalogue_gets_an_openai_error() {
         );
         passed += 1;
     }
-    let (status, v) = post(
-        &client,
-        &format!("{base}/v1/completions"),
-        &json!({"prompt": "The harbour", "max_tokens": 5}),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(kv_blocks_in_use(&server).await, 0.0);
+    still_serves_and_holds_no_kv(&server, &base).await;
     println!(
         "reliability: bad HTTP input: {passed} of {} cases answered with OpenAI errors",
         cases.len()
@@ -798,17 +802,10 @@ async fn clients_vanishing_at_random_points_leak_nothing() {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let text = server.engine().metrics_text();
-        let gauge = |name: &str| -> f64 {
-            text.lines()
-                .filter(|l| l.starts_with(name))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
         let (kv, running, waiting) = (
-            gauge("vllm:kv_cache_usage_perc"),
-            gauge("vllm:num_requests_running"),
-            gauge("vllm:num_requests_waiting"),
+            metric(&server, "vllm:kv_cache_usage_perc", ""),
+            metric(&server, "vllm:num_requests_running", ""),
+            metric(&server, "vllm:num_requests_waiting", ""),
         );
         if kv == 0.0 && running == 0.0 && waiting == 0.0 {
             break;
@@ -819,21 +816,9 @@ async fn clients_vanishing_at_random_points_leak_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (status, v) = post(
-        &client,
-        &format!("{base}/v1/completions"),
-        &json!({"prompt": "The harbour", "max_tokens": 5}),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
+    still_serves_and_holds_no_kv(&server, &base).await;
     // The disconnects did land mid-request: the engine aborted many of them.
-    let aborted: f64 = server
-        .engine()
-        .metrics_text()
-        .lines()
-        .filter(|l| l.starts_with("vllm:request_success_total") && l.contains("\"abort\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let aborted = metric(&server, "vllm:request_success_total", "\"abort\"");
     assert!(aborted >= (CASES / 4) as f64, "only {aborted} aborted");
     println!(
         "reliability: cancellation: {CASES} of {CASES} random-point disconnects ({aborted} \

@@ -31,27 +31,8 @@ fn bench_file(case: &str, name: &str, overrides: &[&str]) {
     bench(case, &file, &text, overrides);
 }
 
-/// 100,000 Poisson requests on one H100 replica of Llama-3.1-8B (about 30 in flight).
-const POISSON_100K: &str = r#"
-name = "poisson_100k"
-[workload]
-num_requests = 100000
-seed = 42
-prompt_tokens = { uniform = [128, 512] }
-output_tokens = { uniform = [64, 256] }
-ignore_eos = true
-[arrival]
-kind = "poisson"
-rate = 20.0
-[server]
-model = "llama-3.1-8b"
-hardware = "h100-80gb"
-max_batch_size = 256
-num_gpu_blocks = 20000
-prefill_chunk_size = 8192
-cuda_graphs = true
-max_model_len = 8192
-"#;
+/// Poisson requests on one H100 replica of Llama-3.1-8B (about 30 in flight); 100,000 here.
+const POISSON_100K: &str = include_str!("poisson_h100.toml");
 
 fn main() {
     for w in [

@@ -19,27 +19,9 @@ use std::time::Instant;
 use infer_core::metrics::RunInfo;
 use infer_core::workload::Scenario;
 
-/// Poisson load on one H100 replica of Llama-3.1-8B (about 30 in flight).
-const POISSON: &str = r#"
-name = "poisson_scale"
-[workload]
-num_requests = 100000
-seed = 42
-prompt_tokens = { uniform = [128, 512] }
-output_tokens = { uniform = [64, 256] }
-ignore_eos = true
-[arrival]
-kind = "poisson"
-rate = 20.0
-[server]
-model = "llama-3.1-8b"
-hardware = "h100-80gb"
-max_batch_size = 256
-num_gpu_blocks = 20000
-prefill_chunk_size = 8192
-cuda_graphs = true
-max_model_len = 8192
-"#;
+/// Poisson load on one H100 replica of Llama-3.1-8B (about 30 in flight), shared with
+/// `sim_bench`.
+const POISSON: &str = include_str!("poisson_h100.toml");
 
 fn kubeai_overrides(replicas: usize) -> Vec<String> {
     vec![
