@@ -414,16 +414,15 @@ impl Serialize for Summary {
     }
 }
 
-/// `requests.csv`: the header and one row per record.
+/// `requests.csv` of a whole run at once: the header and one row per record, in id order
+/// (through [`RequestsCsvWriter`], the one place rows are laid out).
 pub fn requests_csv(records: &[RequestRecord]) -> String {
-    let mut s = String::with_capacity(records.len() * 96 + 128);
-    s.push_str(RequestRecord::CSV_HEADER);
-    s.push('\n');
+    let mut w = RequestsCsvWriter::new(Vec::with_capacity(records.len() * 96 + 128))
+        .expect("writing to memory");
     for r in records {
-        s.push_str(&r.to_csv_row());
-        s.push('\n');
+        w.push(r.clone()).expect("writing to memory");
     }
-    s
+    String::from_utf8(w.finish().expect("writing to memory")).expect("rows are UTF-8")
 }
 
 /// `timeseries.csv`: the header and one row per point.
@@ -912,11 +911,12 @@ mod tests {
         let text = String::from_utf8(w.finish().unwrap()).unwrap();
         let ids: Vec<&str> = text.lines().skip(1).map(|l| &l[..1]).collect();
         assert_eq!(ids, ["0", "1", "2", "4"]);
-        let all: Vec<RequestRecord> = [0, 1, 2, 4].map(rec).to_vec();
+        assert_eq!(text.lines().next(), Some(RequestRecord::CSV_HEADER));
+        let shuffled: Vec<RequestRecord> = [4, 0, 2, 1].map(rec).to_vec();
         assert_eq!(
             text,
-            requests_csv(&all),
-            "the same bytes as the whole-file writer"
+            requests_csv(&shuffled),
+            "the whole-run form sorts the same way"
         );
     }
 }
