@@ -1,10 +1,12 @@
 //! Model-runner throughput on this machine, printed as `name: value unit` lines:
-//! memory bandwidth and matmul GFLOP/s (the roofline), then decode tokens/s at several
-//! batch sizes and prefill tokens/s for `builtin:tiny` and a generated ~0.5B Llama, with
-//! the fraction of the roofline each reaches.
+//! memory bandwidth and matmul GFLOP/s (the roofline), then decode tokens/s at batch 1, 8
+//! and 32 and prefill tokens/s at 512 for `builtin:tiny` and a generated ~0.5B Llama, each
+//! with weights held in f32 and in bf16, with the fraction of the roofline each reaches
+//! (at batch 1: of the measured memory-read bandwidth).
 //!
-//! `cargo run --release -p infer-engine --example runner_bench [-- --quick]`
-//! (`--quick` skips the 0.5B model, whose first run also writes ~2 GB into the cache).
+//! `cargo run --release -p infer-engine --example runner_bench [-- --quick | --kernels]`
+//! (`--quick` skips the 0.5B model, whose first run also writes ~2 GB into the cache;
+//! `--kernels` stops after the linear kernel's own figures).
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -65,6 +67,53 @@ fn best_of_plain(n: usize, mut f: impl FnMut()) -> f64 {
         best = best.min(t.elapsed().as_secs_f64());
     }
     best
+}
+
+/// The CPU backend's linear kernel alone on the 0.5B model's MLP shapes: at 1 row the bytes
+/// of weights it reads per second, at more rows its GFLOP/s. Each timed pass cycles through
+/// 256 MiB of weight copies, so that, as in a model, no weight is still in cache.
+fn linear_kernel_lines() -> [f64; 2] {
+    let mut peak = [0f64; 2];
+    use infer_engine::backend::cpu::matmul::Weights;
+    for (n, k) in [(8192, 1024), (1024, 4096)] {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
+            .collect();
+        for (label, bytes) in [("f32", 4), ("bf16", 2)] {
+            let copies = ((256 << 20) / (n * k * bytes)).max(1);
+            let weights: Vec<Weights> = (0..copies)
+                .map(|_| match bytes {
+                    4 => Weights::f32(n, k, &w),
+                    _ => Weights::bf16(
+                        n,
+                        k,
+                        &w.iter()
+                            .map(|&v| half::bf16::from_f32(v))
+                            .collect::<Vec<_>>(),
+                    ),
+                })
+                .collect();
+            for m in [1, 8, 32, 512] {
+                let x = vec![0.5f32; m * k];
+                let mut y = vec![0f32; m * n];
+                let secs = best_of_plain(3, || {
+                    for w in &weights {
+                        w.matmul_t(&x, m, &mut y);
+                    }
+                }) / copies as f64;
+                let name = format!("linear[{label},{m}x{n}x{k}]");
+                if m == 1 {
+                    line(&name, (n * k * bytes) as f64 / secs / 1e9, "GB/s");
+                } else {
+                    let gflops = 2.0 * (m * n * k) as f64 / secs / 1e9;
+                    let p = &mut peak[usize::from(bytes == 2)];
+                    *p = p.max(gflops);
+                    line(&name, gflops, "GFLOP/s");
+                }
+            }
+        }
+    }
+    peak
 }
 
 fn matmul_gflops(m: usize, k: usize, n: usize) -> Result<f64> {
@@ -159,18 +208,24 @@ fn bench_model(
 ) -> Result<()> {
     let c = &lm.config;
     let params = c.num_parameters() as f64;
-    let bytes_per_param = lm.model.dtype().size_in_bytes() as f64;
+    let table = (c.vocab_size * c.hidden_size) as f64;
+    // What a step multiplies: every weight but the embedding table, which is only gathered
+    // (the LM head — the same table when tied — is read for sampled rows only).
+    let head = if c.tie_word_embeddings { 0.0 } else { table };
+    let body = params - table - head;
+    let weight_bytes = lm.model.weight_dtype().size_in_bytes() as f64;
+    let kv_bytes_per_elem = lm.model.kv_dtype().size_in_bytes() as f64;
     line(&format!("params[{name}]"), params / 1e6, "M");
     for batch in [1, 8, 32] {
         let (tps, step) = decode_tokens_per_s(lm, batch, ctx, steps)?;
-        // Roofline of a decode step: the slower of reading every weight once plus each
-        // sequence's KV at full bandwidth, and 2 FLOPs per weight per sequence at the
-        // measured matmul peak.
+        // Roofline of a decode step: the slower of reading every multiplied weight once
+        // plus each sequence's KV at the measured read bandwidth, and 2 FLOPs per weight
+        // per sequence at the measured matmul peak.
         let kv_bytes = (batch * (ctx + steps / 2) * 2 * c.num_layers * c.num_kv_heads * c.head_dim)
             as f64
-            * bytes_per_param;
-        let memory_floor = (params * bytes_per_param + kv_bytes) / (bw_gbs * 1e9);
-        let compute_floor = batch as f64 * 2.0 * params / (peak_gflops * 1e9);
+            * kv_bytes_per_elem;
+        let memory_floor = ((body + table) * weight_bytes + kv_bytes) / (bw_gbs * 1e9);
+        let compute_floor = batch as f64 * 2.0 * (body + table) / (peak_gflops * 1e9);
         let floor = memory_floor.max(compute_floor);
         line(
             &format!("decode_tokens_per_s[{name},batch={batch},ctx={ctx}]"),
@@ -189,7 +244,6 @@ fn bench_model(
         );
     }
     let tps = prefill_tokens_per_s(lm, prefill_len)?;
-    let flops_per_token = 2.0 * params;
     line(
         &format!("prefill_tokens_per_s[{name},len={prefill_len}]"),
         tps,
@@ -197,7 +251,7 @@ fn bench_model(
     );
     line(
         &format!("prefill_roofline_fraction[{name}]"),
-        tps * flops_per_token / 1e9 / peak_gflops,
+        tps * 2.0 * body / 1e9 / peak_gflops,
         "",
     );
     Ok(())
@@ -216,8 +270,27 @@ fn main() -> Result<()> {
         "GFLOP/s",
     );
 
-    let tiny = load_model(builtin::TINY, None, infer_engine::Device::Cpu)?;
-    bench_model("builtin:tiny", &tiny, bw, peak, 128, 512, 16)?;
+    // The compute roof of each weight dtype: the faster of candle's f32 GEMM and our kernel.
+    let [f32_peak, bf16_peak] = linear_kernel_lines();
+    if std::env::args().any(|a| a == "--kernels") {
+        return Ok(());
+    }
+    let dtypes = [
+        ("f32", DType::F32, peak.max(f32_peak)),
+        ("bf16", DType::BF16, peak.max(bf16_peak)),
+    ];
+    for (label, dtype, peak) in dtypes {
+        let tiny = load_model(builtin::TINY, Some(dtype), infer_engine::Device::Cpu)?;
+        bench_model(
+            &format!("builtin:tiny,{label}"),
+            &tiny,
+            bw,
+            peak,
+            128,
+            512,
+            16,
+        )?;
+    }
 
     if !quick {
         let dir = builtin::cache_dir().join("bench-llama-0.5b-v1");
@@ -235,8 +308,14 @@ fn main() -> Result<()> {
             eprintln!("building {} (once)…", dir.display());
             make_model(&spec, &dir)?;
         }
-        let lm = load_model(dir.to_str().unwrap(), None, infer_engine::Device::Cpu)?;
-        bench_model("llama-0.5b", &lm, bw, peak, 128, 128, 4)?;
+        for (label, dtype, peak) in dtypes {
+            let lm = load_model(
+                dir.to_str().unwrap(),
+                Some(dtype),
+                infer_engine::Device::Cpu,
+            )?;
+            bench_model(&format!("llama-0.5b,{label}"), &lm, bw, peak, 128, 512, 4)?;
+        }
     }
     Ok(())
 }

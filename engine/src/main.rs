@@ -161,6 +161,8 @@ struct ServeArgs {
     max_waiting: Option<usize>,
     #[command(flatten)]
     target: TargetArgs,
+    /// Weight dtype. CPU: f32 (the default) or bf16 (half the bytes a decode step reads;
+    /// arithmetic stays f32); CUDA: bf16.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     #[arg(long, default_value_t = 0)]
@@ -296,7 +298,8 @@ struct GenerateArgs {
     stop: Vec<String>,
     #[arg(long = "ignore-eos")]
     ignore_eos: bool,
-    /// Compute dtype: the CPU computes in f32 (the default); another is refused.
+    /// Weight dtype. CPU: f32 (the default) or bf16 (half the bytes a decode step reads;
+    /// arithmetic stays f32); CUDA: bf16.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     #[command(flatten)]

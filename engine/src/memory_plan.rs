@@ -217,7 +217,7 @@ pub fn plan(
     }
     Ok(MemoryPlan {
         device,
-        weights: model.config().num_parameters() * model.dtype().size_in_bytes(),
+        weights: model.config().num_parameters() * model.weight_dtype().size_in_bytes(),
         kv_pool: kv_pool.unwrap_or(usize::MAX),
         kv_blocks: sched.num_gpu_blocks,
         block_size: sched.block_size,

@@ -48,7 +48,7 @@ impl Model {
             Device::Cpu => Ok(Model::Cpu(Transformer::load(
                 cfg,
                 w,
-                CpuBackend::new(w.dtype()),
+                CpuBackend::new(w.dtype())?,
             )?)),
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => Ok(Model::Cuda(Transformer::load(
@@ -71,10 +71,19 @@ impl Model {
         }
     }
 
-    /// The dtype weights, activations and KV are held in.
-    pub fn dtype(&self) -> DType {
+    /// The dtype linear and embedding weights are held in.
+    pub fn weight_dtype(&self) -> DType {
         match self {
-            Model::Cpu(m) => m.backend().dtype(),
+            Model::Cpu(m) => m.backend().weight_dtype(),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) => DType::BF16,
+        }
+    }
+
+    /// The dtype the KV cache (and activations) are held in.
+    pub fn kv_dtype(&self) -> DType {
+        match self {
+            Model::Cpu(m) => m.backend().kv_dtype(),
             #[cfg(feature = "cuda")]
             Model::Cuda(_) => DType::BF16,
         }
@@ -91,7 +100,11 @@ impl Model {
     /// Bytes of one KV block of `block_size` tokens (K and V, every layer).
     pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
         let c = self.config();
-        2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * self.dtype().size_in_bytes()
+        2 * c.num_layers
+            * block_size
+            * c.num_kv_heads
+            * c.head_dim
+            * self.kv_dtype().size_in_bytes()
     }
 
     /// (free, total) bytes of the device's memory; `None` on the CPU.

@@ -38,15 +38,15 @@ pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: Device) -> Resul
         anyhow::bail!("missing model config {}", config_path.display());
     }
     let config = ModelConfig::from_file(&config_path)?;
-    let compute = match device {
-        Device::Cpu => DType::F32,
-        Device::Cuda(_) => DType::BF16,
+    // The CPU holds weights in f32 (the default) or bf16 and computes in f32; CUDA is bf16.
+    let weights = match (device, dtype) {
+        (Device::Cpu, None) => DType::F32,
+        (Device::Cpu, Some(d @ (DType::F32 | DType::BF16))) => d,
+        (Device::Cuda(_), None | Some(DType::BF16)) => DType::BF16,
+        (_, Some(asked)) => bail!("--dtype {asked:?}: not supported on {device}"),
     };
-    if let Some(asked) = dtype.filter(|&d| d != compute) {
-        bail!("--dtype {asked:?}: the {device} backend computes in {compute:?}");
-    }
     let tokenizer = TextTokenizer::from_dir(dir)?;
-    let weights = WeightStore::open(dir, compute)?;
+    let weights = WeightStore::open(dir, weights)?;
     let model = Model::load(&config, &weights, device)
         .with_context(|| format!("loading model weights from {}", dir.display()))?;
 

@@ -1,12 +1,15 @@
-//! The CPU backend: candle tensors in f32 on the engine's rayon pool.
+//! The CPU backend: activations and KV in f32 (candle tensors) on the engine's rayon pool,
+//! linear weights in f32 or bf16.
 //!
-//! Matmuls go through candle's gemm with the weight layout that suits step-sized inputs
-//! ([`Proj`]); prefill chunks attend through padded batched matmuls grouped by shape, decodes
-//! read the paged store in place ([`attention`], [`decode_attention`]).
+//! Projections go through this backend's own kernel ([`matmul`]: bf16 weights are widened in
+//! registers, so a decode step reads half the bytes); prefill chunks attend through padded
+//! batched matmuls grouped by shape, decodes read the paged store in place ([`attention`],
+//! [`decode_attention`]).
 
 pub(crate) mod attention;
 pub(crate) mod decode_attention;
 pub mod kv;
+pub mod matmul;
 
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
@@ -15,49 +18,10 @@ use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
 use crate::batch::ForwardBatch;
 use attention::AttnPlan;
 pub use kv::CpuKv;
-
-/// A projection `x @ W^T`, `W` being `[out, in]` as stored in HF checkpoints.
-///
-/// How the product is laid out matters a lot to candle's CPU gemm on step-sized inputs
-/// (x with 1–128 rows). Measured on this project's 2-core machines: for small weights a
-/// contiguous `[in, out]` copy of `W^T` is fastest (256x768, batch 32: 79 us vs 317 us
-/// through a transposed view); for large ones computing `(W @ x^T)^T` is (8192x1024,
-/// batch 32: 5.5 ms vs 8.3 ms via a view, 13.9 ms via the copy).
-pub enum Proj {
-    /// `x @ wt`; `wt` is a contiguous copy of `W^T`.
-    XWt(Tensor),
-    /// `(w @ x^T)^T` with `w` as stored.
-    WXt(Tensor),
-}
-
-/// Weights up to this many elements take the contiguous `W^T` layout.
-const SMALL_WEIGHT_ELEMS: usize = 1 << 20;
-
-impl Proj {
-    fn new(w: Tensor) -> Result<Self> {
-        Ok(if w.elem_count() <= SMALL_WEIGHT_ELEMS {
-            Proj::XWt(w.t()?.contiguous()?)
-        } else {
-            Proj::WXt(w)
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(match self {
-            Proj::XWt(wt) => x.matmul(wt)?,
-            Proj::WXt(w) => w.matmul(&x.t()?)?.t()?.contiguous()?,
-        })
-    }
-
-    fn elem_count(&self) -> usize {
-        match self {
-            Proj::XWt(w) | Proj::WXt(w) => w.elem_count(),
-        }
-    }
-}
+use matmul::Weights;
 
 pub enum CpuWeight {
-    Linear(Proj),
+    Linear(Weights),
     Tensor(Tensor),
 }
 
@@ -92,19 +56,33 @@ pub struct CpuStep {
     kinds: Vec<KindStep>,
 }
 
-/// The CPU backend. `dtype` is what weights, activations and KV are held in (f32: candle's
-/// CPU backend has no bf16 matmul).
+/// The CPU backend. Activations, KV and vectors (norms, biases) are f32; linear and
+/// embedding weights are held in `weights` (f32, or bf16 to halve what a decode step reads).
 pub struct CpuBackend {
-    dtype: DType,
+    weights: DType,
 }
 
+/// What activations, KV and vector weights are held in.
+const ACT: DType = DType::F32;
+
 impl CpuBackend {
-    pub fn new(dtype: DType) -> Self {
-        Self { dtype }
+    /// `weights`: F32 or BF16.
+    pub fn new(weights: DType) -> Result<Self> {
+        ensure!(
+            matches!(weights, DType::F32 | DType::BF16),
+            "the CPU backend holds weights in f32 or bf16, not {weights:?}"
+        );
+        Ok(Self { weights })
     }
 
-    pub fn dtype(&self) -> DType {
-        self.dtype
+    /// What linear and embedding weights are held in.
+    pub fn weight_dtype(&self) -> DType {
+        self.weights
+    }
+
+    /// What KV and activations are held in.
+    pub fn kv_dtype(&self) -> DType {
+        ACT
     }
 }
 
@@ -120,21 +98,28 @@ impl Backend for CpuBackend {
     type ScratchMark = ();
 
     fn weight(&self, t: Tensor, role: Role) -> Result<CpuWeight> {
-        let t = match role {
-            // HF computes (1 + w) in f32 before scaling; do the same, then cast.
-            Role::Norm { plus_one: true } => (t.to_dtype(DType::F32)? + 1.0)?,
-            _ => t,
-        };
-        let t = t.to_device(&DEV)?.to_dtype(self.dtype)?;
+        let t = t.to_device(&DEV)?;
         Ok(match role {
-            Role::Linear => CpuWeight::Linear(Proj::new(t)?),
-            _ => CpuWeight::Tensor(t),
+            Role::Linear => {
+                let (rows, cols) = t.dims2()?;
+                let flat = t.flatten_all()?;
+                CpuWeight::Linear(match self.weights {
+                    DType::BF16 => {
+                        Weights::bf16(rows, cols, &flat.to_dtype(DType::BF16)?.to_vec1()?)
+                    }
+                    _ => Weights::f32(rows, cols, &flat.to_dtype(DType::F32)?.to_vec1()?),
+                })
+            }
+            Role::Embedding => CpuWeight::Tensor(t.to_dtype(self.weights)?),
+            // HF computes (1 + w) in f32 before scaling.
+            Role::Norm { plus_one: true } => CpuWeight::Tensor((t.to_dtype(ACT)? + 1.0)?),
+            Role::Norm { plus_one: false } | Role::Bias => CpuWeight::Tensor(t.to_dtype(ACT)?),
         })
     }
 
     fn weight_len(w: &CpuWeight) -> usize {
         match w {
-            CpuWeight::Linear(p) => p.elem_count(),
+            CpuWeight::Linear(w) => w.rows() * w.cols(),
             CpuWeight::Tensor(t) => t.elem_count(),
         }
     }
@@ -145,8 +130,8 @@ impl Backend for CpuBackend {
         let angles = super::rope_angles(inv_freq, max_positions);
         let angles = Tensor::from_vec(angles, (max_positions, half), &DEV)?;
         Ok(CpuRope {
-            cos: angles.cos()?.to_dtype(self.dtype)?,
-            sin: angles.sin()?.to_dtype(self.dtype)?,
+            cos: angles.cos()?,
+            sin: angles.sin()?,
         })
     }
 
@@ -157,7 +142,7 @@ impl Backend for CpuBackend {
             l.head_dim,
             l.num_blocks,
             l.block_size,
-            self.dtype,
+            ACT,
             &DEV,
         )
     }
@@ -218,19 +203,21 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, table: &CpuWeight, step: &CpuStep, scale: Option<f32>) -> Result<Tensor> {
-        let x = table.tensor()?.index_select(&step.tokens, 0)?;
+        let x = table
+            .tensor()?
+            .index_select(&step.tokens, 0)?
+            .to_dtype(ACT)?;
         Ok(match scale {
-            // HF multiplies by the scale cast to the model dtype.
-            Some(s) => x.broadcast_mul(&Tensor::new(s, &DEV)?.to_dtype(self.dtype)?)?,
+            Some(s) => (x * s as f64)?,
             None => x,
         })
     }
 
     fn linear(&self, x: &Tensor, w: &CpuWeight, bias: Option<&CpuWeight>) -> Result<Tensor> {
-        let CpuWeight::Linear(p) = w else {
+        let CpuWeight::Linear(w) = w else {
             anyhow::bail!("a vector weight used as a linear layer");
         };
-        let y = p.forward(x)?;
+        let y = project(x, w)?;
         Ok(match bias {
             Some(b) => y.broadcast_add(b.tensor()?)?,
             None => y,
@@ -385,35 +372,54 @@ impl Backend for CpuBackend {
     }
 }
 
+/// `x @ W^T` through [`matmul`], `x` being `[rows, in]` f32.
+fn project(x: &Tensor, w: &Weights) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    ensure!(
+        k == w.cols(),
+        "a [{m}, {k}] input to a linear layer of {} inputs",
+        w.cols()
+    );
+    let x = x.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        anyhow::bail!("a CPU linear layer given a tensor on another device");
+    };
+    let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..m * k];
+    let mut y = vec![0f32; m * w.rows()];
+    w.matmul_t(data, m, &mut y);
+    Ok(Tensor::from_vec(y, (m, w.rows()), &DEV)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn both_projection_layouts_compute_x_times_w_transposed() -> Result<()> {
+    fn linear_layers_compute_x_times_w_transposed_plus_bias_in_both_weight_dtypes() -> Result<()> {
         let x = Tensor::randn(0f32, 1.0, (5, 1024), &DEV)?;
-        let backend = CpuBackend::new(DType::F32);
-        for out in [256, 1100] {
-            let w = Tensor::randn(0f32, 1.0, (out, 1024), &DEV)?;
-            let b = Tensor::randn(0f32, 1.0, out, &DEV)?;
-            let p = backend.weight(w.clone(), Role::Linear)?;
-            assert_eq!(
-                matches!(p, CpuWeight::Linear(Proj::WXt(_))),
-                out * 1024 > SMALL_WEIGHT_ELEMS
-            );
-            let bias = backend.weight(b.clone(), Role::Bias)?;
-            let expect = x.matmul(&w.t()?)?.broadcast_add(&b)?;
-            let got = backend.linear(&x, &p, Some(&bias))?;
-            assert_eq!(got.dims(), &[5, out]);
-            let err = (got - &expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            assert!(err < 1e-3, "out {out}: max error {err}");
+        for dtype in [DType::F32, DType::BF16] {
+            let backend = CpuBackend::new(dtype)?;
+            for out in [256, 1100] {
+                let w = Tensor::randn(0f32, 1.0, (out, 1024), &DEV)?;
+                let b = Tensor::randn(0f32, 1.0, out, &DEV)?;
+                let p = backend.weight(w.clone(), Role::Linear)?;
+                let bias = backend.weight(b.clone(), Role::Bias)?;
+                // bf16 weights multiply activations rounded to bf16 (see `matmul`).
+                let held = |t: &Tensor| t.to_dtype(dtype)?.to_dtype(DType::F32);
+                let expect = held(&x)?.matmul(&held(&w)?.t()?)?.broadcast_add(&b)?;
+                let got = backend.linear(&x, &p, Some(&bias))?;
+                assert_eq!(got.dims(), &[5, out]);
+                let err = (got - &expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                assert!(err < 1e-3, "{dtype:?} out {out}: max error {err}");
+            }
         }
         Ok(())
     }
 
     #[test]
     fn per_head_norm_equals_norm_of_each_head() -> Result<()> {
-        let backend = CpuBackend::new(DType::F32);
+        let backend = CpuBackend::new(DType::F32)?;
         let x = Tensor::randn(0f32, 1.0, (3, 8), &DEV)?;
         let w = Tensor::randn(0f32, 1.0, 4, &DEV)?;
         let got = backend.rms_norm(
