@@ -258,6 +258,12 @@ fn bench_model(
 }
 
 fn main() -> Result<()> {
+    // As `engine serve` runs a model: freed memory kept, every op on a compute-pool worker.
+    infer_engine::host::keep_freed_memory();
+    infer_engine::host::run_in_compute_pool("bench", bench)?
+}
+
+fn bench() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let (bw, copy_bw) = memory_bandwidth_gbs();
     line("memory_read_bandwidth", bw, "GB/s");

@@ -5,7 +5,7 @@
 //! place. Prompt chunks — and decodes on other devices — go through batched matmuls: to
 //! keep the number of tensor ops independent of the batch size, sequences whose chunks
 //! have the same length and a similar context form one *group* computed as one padded
-//! batched attention; padded key slots are masked to -inf, so they get weight
+//! batched attention; padded key slots are masked out of the softmax, so they get weight
 //! exactly 0 and a sequence's result does not depend on what it is batched with. Contexts
 //! are bucketed by powers of two, so padding at most doubles a group's work. The plan (slots, masks,
 //! row order) depends only on the batch, so it is built once per step and reused by every
@@ -34,8 +34,8 @@ struct Group {
     ctx: usize,
     /// `[batch * ctx]` KV slots, member after member, padded to `ctx`.
     slots: Tensor,
-    /// Additive mask `[1, batch, 1, len, ctx]` (0 or -inf); `None` when nothing is masked.
-    mask: Option<Tensor>,
+    /// Which keys each query sees, `[batch, len, ctx]`; `None` when it sees them all.
+    visible: Option<Vec<bool>>,
 }
 
 enum Rows {
@@ -96,7 +96,7 @@ impl AttnPlan {
                 .unwrap_or(0);
 
             let mut slots = Vec::with_capacity(members.len() * ctx);
-            let mut mask = Vec::with_capacity(members.len() * len * ctx);
+            let mut visible = Vec::with_capacity(members.len() * len * ctx);
             let mut any_masked = false;
             for &i in &members {
                 let lo = lo[i];
@@ -113,7 +113,7 @@ impl AttnPlan {
                         let k = lo + c;
                         let ok = c < own_ctx && k <= q && window.is_none_or(|w| q - k < w);
                         any_masked |= !ok;
-                        mask.push(if ok { 0f32 } else { f32::NEG_INFINITY });
+                        visible.push(ok);
                     }
                 }
                 order.extend((row_start[i]..row_start[i] + len).map(|r| r as u32));
@@ -137,11 +137,7 @@ impl AttnPlan {
                 len,
                 ctx,
                 slots: Tensor::new(slots.as_slice(), dev)?,
-                mask: if any_masked {
-                    Some(Tensor::from_vec(mask, (1, batch_n, 1, len, ctx), dev)?)
-                } else {
-                    None
-                },
+                visible: any_masked.then_some(visible),
             });
         }
 
@@ -205,11 +201,12 @@ impl AttnPlan {
             if let Some(cap) = softcap {
                 scores = ((scores / cap)?.tanh()? * cap)?;
             }
-            let mut scores = scores.reshape((kv, b, g, l, c))?;
-            if let Some(mask) = &grp.mask {
-                scores = scores.broadcast_add(mask)?;
-            }
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((kv, b, g * l, c))?;
+            let probs = masked_softmax(&scores, grp.visible.as_deref(), b, g, l, c)?.reshape((
+                kv,
+                b,
+                g * l,
+                c,
+            ))?;
             let out = probs
                 .matmul(&v)?
                 .reshape((kv, b, g, l, d))?
@@ -235,4 +232,59 @@ impl AttnPlan {
             None => out,
         })
     }
+}
+
+/// Softmax over the last dimension of `scores` (`[kv, b, g * l, c]`, contiguous f32) where
+/// only the keys `visible` (`[b, l, c]`, shared by every head) count: hidden keys get
+/// probability exactly 0 without being exponentiated. One parallel pass, in place of
+/// adding an -inf mask and a separate softmax (two passes and two tensors the size of the
+/// scores, for a prompt chunk the largest of the step).
+fn masked_softmax(
+    scores: &Tensor,
+    visible: Option<&[bool]>,
+    b: usize,
+    g: usize,
+    l: usize,
+    c: usize,
+) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let Some(visible) = visible else {
+        return Ok(candle_nn::ops::softmax_last_dim(scores)?);
+    };
+    let scores = scores.contiguous()?;
+    let (storage, layout) = scores.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        anyhow::bail!("CPU attention given scores on another device");
+    };
+    let n = scores.elem_count();
+    let src = &cpu.as_slice::<f32>()?[layout.start_offset()..][..n];
+    let mut probs = vec![0f32; n];
+    probs
+        .par_chunks_mut(c)
+        .zip(src.par_chunks(c))
+        .enumerate()
+        .for_each(|(row, (p, s))| {
+            // Row order is (kv head, sequence, query head, query).
+            let (seq, query) = ((row / (g * l)) % b, row % l);
+            let seen = &visible[(seq * l + query) * c..][..c];
+            let max = s
+                .iter()
+                .zip(seen)
+                .filter(|(_, &v)| v)
+                .fold(f32::NEG_INFINITY, |m, (&x, _)| m.max(x));
+            let mut sum = 0f32;
+            for ((p, &x), &v) in p.iter_mut().zip(s).zip(seen) {
+                if v {
+                    *p = (x - max).exp();
+                    sum += *p;
+                }
+            }
+            if sum > 0.0 {
+                for p in p.iter_mut() {
+                    *p /= sum;
+                }
+            }
+        });
+    drop(storage);
+    Ok(Tensor::from_vec(probs, scores.shape(), scores.device())?)
 }
