@@ -161,8 +161,9 @@ struct ServeArgs {
     max_waiting: Option<usize>,
     #[command(flatten)]
     target: TargetArgs,
-    /// Weight dtype. CPU: f32 (the default) or bf16 (half the bytes a decode step reads;
-    /// arithmetic stays f32); CUDA: bf16.
+    /// Weight dtype. CPU: f32 or bf16 (half the bytes a decode step reads; products of
+    /// bf16 weights and bf16-rounded activations accumulate in f32), by default the
+    /// checkpoint's `torch_dtype` (bf16 stays bf16, others f32); CUDA: bf16.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     #[arg(long, default_value_t = 0)]
@@ -298,8 +299,9 @@ struct GenerateArgs {
     stop: Vec<String>,
     #[arg(long = "ignore-eos")]
     ignore_eos: bool,
-    /// Weight dtype. CPU: f32 (the default) or bf16 (half the bytes a decode step reads;
-    /// arithmetic stays f32); CUDA: bf16.
+    /// Weight dtype. CPU: f32 or bf16 (half the bytes a decode step reads; products of
+    /// bf16 weights and bf16-rounded activations accumulate in f32), by default the
+    /// checkpoint's `torch_dtype` (bf16 stays bf16, others f32); CUDA: bf16.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     #[command(flatten)]

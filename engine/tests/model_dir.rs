@@ -150,8 +150,8 @@ fn bf16_model_runs_close_to_f32() -> Result<()> {
     let (_tmp, dir) = tiny_model(&s)?;
     let stored = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)?;
     assert!(stored.values().all(|t| t.dtype() == DType::BF16));
-    // On the CPU bf16 weights are held in f32 by default, and activations are f32.
-    let lm = load_model_dir(&dir, None, infer_engine::Device::Cpu)?;
+    // Asked for f32, the CPU holds the bf16 weights widened; activations and KV are f32.
+    let lm = load_model_dir(&dir, Some(DType::F32), infer_engine::Device::Cpu)?;
     assert_eq!(lm.model.weight_dtype(), DType::F32);
     assert_eq!(lm.model.kv_dtype(), DType::F32);
     // Same seed in f32: the weights differ only by bf16 rounding.
@@ -160,10 +160,12 @@ fn bf16_model_runs_close_to_f32() -> Result<()> {
     assert!(a.iter().all(|x| x.is_finite()));
     let d = rel_diff(&a, &b);
     assert!(d > 0.0 && d < 0.05, "bf16 vs f32 relative difference {d}");
-    // Held in bf16 (`--dtype bf16`): the same weights, multiplied with activations rounded
-    // to bf16 as PyTorch does for a bf16 checkpoint — close to the f32 run, not identical.
-    let held16 = load_model_dir(&dir, Some(DType::BF16), infer_engine::Device::Cpu)?;
+    // By default (as `--dtype bf16`) a bf16 checkpoint stays bf16: the same weights,
+    // multiplied with activations rounded to bf16 as PyTorch does for a bf16 checkpoint —
+    // close to the f32 run, not identical.
+    let held16 = load_model_dir(&dir, None, infer_engine::Device::Cpu)?;
     assert_eq!(held16.model.weight_dtype(), DType::BF16);
+    assert_eq!(held16.model.kv_dtype(), DType::F32);
     let c = prefill_logits(&held16)?;
     let d16 = rel_diff(&a, &c);
     assert!(

@@ -38,8 +38,10 @@ pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: Device) -> Resul
         anyhow::bail!("missing model config {}", config_path.display());
     }
     let config = ModelConfig::from_file(&config_path)?;
-    // The CPU holds weights in f32 (the default) or bf16 and computes in f32; CUDA is bf16.
+    // The CPU holds weights in f32 or bf16 (by default as the checkpoint has them, like
+    // vLLM's `--dtype auto`; f16 checkpoints widen to f32); CUDA is bf16.
     let weights = match (device, dtype) {
+        (Device::Cpu, None) if config.dtype == Some(DType::BF16) => DType::BF16,
         (Device::Cpu, None) => DType::F32,
         (Device::Cpu, Some(d @ (DType::F32 | DType::BF16))) => d,
         (Device::Cuda(_), None | Some(DType::BF16)) => DType::BF16,
