@@ -59,6 +59,22 @@ fn memory_bandwidth_gbs() -> (f64, f64) {
     (bytes / read / 1e9, 2.0 * bytes / copy / 1e9)
 }
 
+/// Read bandwidth now, in GB/s: the best of 3 passes of all cores over `buf` (far larger
+/// than the caches). This machine's bandwidth drifts with its neighbours' load, so a
+/// decode is compared with the bandwidth measured next to it, not at the start of the run.
+fn read_bandwidth_gbs(buf: &[u64]) -> f64 {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads().max(1);
+    let secs = best_of_plain(3, || {
+        let sum = buf
+            .par_chunks(buf.len().div_ceil(threads))
+            .map(|part| part.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(sum);
+    });
+    std::mem::size_of_val(buf) as f64 / secs / 1e9
+}
+
 fn best_of_plain(n: usize, mut f: impl FnMut()) -> f64 {
     let mut best = f64::INFINITY;
     for _ in 0..n {
@@ -200,7 +216,7 @@ fn prefill_tokens_per_s(lm: &LoadedModel, len: usize) -> Result<f64> {
 fn bench_model(
     name: &str,
     lm: &LoadedModel,
-    bw_gbs: f64,
+    bw_buf: &[u64],
     peak_gflops: f64,
     ctx: usize,
     prefill_len: usize,
@@ -217,7 +233,11 @@ fn bench_model(
     let kv_bytes_per_elem = lm.model.kv_dtype().size_in_bytes() as f64;
     line(&format!("params[{name}]"), params / 1e6, "M");
     for batch in [1, 8, 32] {
+        // Batch 1 is timed over more steps, between two bandwidth measurements.
+        let before = read_bandwidth_gbs(bw_buf);
+        let steps = if batch == 1 { steps.max(16) } else { steps };
         let (tps, step) = decode_tokens_per_s(lm, batch, ctx, steps)?;
+        let bw_gbs = before.max(read_bandwidth_gbs(bw_buf));
         // Roofline of a decode step: the slower of reading every multiplied weight once
         // plus each sequence's KV at the measured read bandwidth, and 2 FLOPs per weight
         // per sequence at the measured matmul peak.
@@ -242,6 +262,13 @@ fn bench_model(
             floor / step,
             "",
         );
+        if batch == 1 {
+            line(
+                &format!("read_bandwidth_next_to_it[{name}]"),
+                bw_gbs,
+                "GB/s",
+            );
+        }
     }
     let tps = prefill_tokens_per_s(lm, prefill_len)?;
     line(
@@ -268,6 +295,7 @@ fn bench() -> Result<()> {
     let (bw, copy_bw) = memory_bandwidth_gbs();
     line("memory_read_bandwidth", bw, "GB/s");
     line("memory_copy_bandwidth", copy_bw, "GB/s");
+    let bw_buf: Vec<u64> = (0..64u64 << 20).collect(); // 512 MiB
     let peak = matmul_gflops(1024, 1024, 1024)?;
     line("matmul_gflops[1024x1024x1024]", peak, "GFLOP/s");
     line(
@@ -290,7 +318,7 @@ fn bench() -> Result<()> {
         bench_model(
             &format!("builtin:tiny,{label}"),
             &tiny,
-            bw,
+            &bw_buf,
             peak,
             128,
             512,
@@ -320,7 +348,15 @@ fn bench() -> Result<()> {
                 Some(dtype),
                 infer_engine::Device::Cpu,
             )?;
-            bench_model(&format!("llama-0.5b,{label}"), &lm, bw, peak, 128, 512, 4)?;
+            bench_model(
+                &format!("llama-0.5b,{label}"),
+                &lm,
+                &bw_buf,
+                peak,
+                128,
+                512,
+                4,
+            )?;
         }
     }
     Ok(())
