@@ -1,7 +1,8 @@
 //! infer-engine: the real engine. This crate holds the model runner — loading Hugging Face
 //! model directories, one transformer code path executing flattened step batches over a
-//! paged KV store (written once against the `backend` seam: candle on the CPU, cuBLAS and
-//! NVRTC kernels on CUDA with `--features cuda`), sampling and
+//! paged KV store (written once against the `backend` seam: on the CPU candle plus the
+//! backend's own f32/bf16 projection kernel, on CUDA with `--features cuda` cuBLAS and
+//! NVRTC kernels), sampling and
 //! streaming detokenisation — plus generated models for tests and `builtin:tiny`.
 //! The HTTP server, load generator and profiler drive `infer-core` on top of it.
 
