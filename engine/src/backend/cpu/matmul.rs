@@ -87,6 +87,11 @@ impl Weights {
         if m == 0 || n == 0 {
             return;
         }
+        if k == 0 {
+            // An empty sum.
+            y.fill(0.0);
+            return;
+        }
         match &self.data {
             Data::F32(w) => {
                 let tile: TileFn<f32, f32> = match kernel {
@@ -559,6 +564,7 @@ mod tests {
             (1, 13, 7),
             (5, 9, 33),
             (17, 66, 250),
+            (2, 5, 0),
         ];
         for &(m, n, k) in &shapes {
             let x = random(m * k, &mut rng);
