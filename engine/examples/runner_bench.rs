@@ -29,25 +29,15 @@ fn best_of(n: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(best)
 }
 
-/// Memory bandwidth with all cores: each thread streams its share of a 512 MiB buffer
-/// (pre-touched, far larger than the caches). Returns (read GB/s, copy GB/s counting
-/// bytes read plus written).
-fn memory_bandwidth_gbs() -> (f64, f64) {
+/// Memory bandwidth with all cores: each thread streams its share of `src` (pre-touched,
+/// far larger than the caches). Returns (read GB/s, copy GB/s counting bytes read plus
+/// written).
+fn memory_bandwidth_gbs(src: &[u64]) -> (f64, f64) {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let n = 64 << 20; // u64 words = 512 MiB
-    let src: Vec<u64> = (0..n as u64).collect();
+    let n = src.len();
     let mut dst: Vec<u64> = vec![1; n];
     let chunk = n.div_ceil(threads);
-    let read = best_of_plain(5, || {
-        std::thread::scope(|s| {
-            for part in src.chunks(chunk) {
-                // Integer adds vectorise (they are associative), so this is load-bound.
-                s.spawn(move || {
-                    std::hint::black_box(part.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
-                });
-            }
-        })
-    });
+    let read = read_bandwidth_gbs(src);
     let copy = best_of_plain(5, || {
         std::thread::scope(|s| {
             for (d, part) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
@@ -55,8 +45,7 @@ fn memory_bandwidth_gbs() -> (f64, f64) {
             }
         })
     });
-    let bytes = (n * 8) as f64;
-    (bytes / read / 1e9, 2.0 * bytes / copy / 1e9)
+    (read, 2.0 * (n * 8) as f64 / copy / 1e9)
 }
 
 /// Read bandwidth now, in GB/s: the best of 3 passes of all cores over `buf` (far larger
@@ -66,6 +55,7 @@ fn read_bandwidth_gbs(buf: &[u64]) -> f64 {
     use rayon::prelude::*;
     let threads = rayon::current_num_threads().max(1);
     let secs = best_of_plain(3, || {
+        // Integer adds vectorise (they are associative), so this is load-bound.
         let sum = buf
             .par_chunks(buf.len().div_ceil(threads))
             .map(|part| part.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
@@ -292,10 +282,10 @@ fn main() -> Result<()> {
 
 fn bench() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
-    let (bw, copy_bw) = memory_bandwidth_gbs();
+    let bw_buf: Vec<u64> = (0..64u64 << 20).collect(); // 512 MiB
+    let (bw, copy_bw) = memory_bandwidth_gbs(&bw_buf);
     line("memory_read_bandwidth", bw, "GB/s");
     line("memory_copy_bandwidth", copy_bw, "GB/s");
-    let bw_buf: Vec<u64> = (0..64u64 << 20).collect(); // 512 MiB
     let peak = matmul_gflops(1024, 1024, 1024)?;
     line("matmul_gflops[1024x1024x1024]", peak, "GFLOP/s");
     line(

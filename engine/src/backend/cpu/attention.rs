@@ -251,40 +251,35 @@ fn masked_softmax(
     let Some(visible) = visible else {
         return Ok(candle_nn::ops::softmax_last_dim(scores)?);
     };
-    let scores = scores.contiguous()?;
-    let (storage, layout) = scores.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        anyhow::bail!("CPU attention given scores on another device");
-    };
-    let n = scores.elem_count();
-    let src = &cpu.as_slice::<f32>()?[layout.start_offset()..][..n];
-    let mut probs = vec![0f32; n];
-    probs
-        .par_chunks_mut(c)
-        .zip(src.par_chunks(c))
-        .enumerate()
-        .for_each(|(row, (p, s))| {
-            // Row order is (kv head, sequence, query head, query).
-            let (seq, query) = ((row / (g * l)) % b, row % l);
-            let seen = &visible[(seq * l + query) * c..][..c];
-            let max = s
-                .iter()
-                .zip(seen)
-                .filter(|(_, &v)| v)
-                .fold(f32::NEG_INFINITY, |m, (&x, _)| m.max(x));
-            let mut sum = 0f32;
-            for ((p, &x), &v) in p.iter_mut().zip(s).zip(seen) {
-                if v {
-                    *p = (x - max).exp();
-                    sum += *p;
+    let probs = super::with_f32(scores, |src| {
+        let mut probs = vec![0f32; src.len()];
+        probs
+            .par_chunks_mut(c)
+            .zip(src.par_chunks(c))
+            .enumerate()
+            .for_each(|(row, (p, s))| {
+                // Row order is (kv head, sequence, query head, query).
+                let (seq, query) = ((row / (g * l)) % b, row % l);
+                let seen = &visible[(seq * l + query) * c..][..c];
+                let max = s
+                    .iter()
+                    .zip(seen)
+                    .filter(|(_, &v)| v)
+                    .fold(f32::NEG_INFINITY, |m, (&x, _)| m.max(x));
+                let mut sum = 0f32;
+                for ((p, &x), &v) in p.iter_mut().zip(s).zip(seen) {
+                    if v {
+                        *p = (x - max).exp();
+                        sum += *p;
+                    }
                 }
-            }
-            if sum > 0.0 {
-                for p in p.iter_mut() {
-                    *p /= sum;
+                if sum > 0.0 {
+                    for p in p.iter_mut() {
+                        *p /= sum;
+                    }
                 }
-            }
-        });
-    drop(storage);
+            });
+        probs
+    })?;
     Ok(Tensor::from_vec(probs, scores.shape(), scores.device())?)
 }

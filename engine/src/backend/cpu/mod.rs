@@ -1,10 +1,10 @@
 //! The CPU backend: activations and KV in f32 (candle tensors) on the engine's rayon pool,
 //! linear weights in f32 or bf16.
 //!
-//! Projections go through this backend's own kernel ([`matmul`]: bf16 weights are widened in
-//! registers, so a decode step reads half the bytes); prefill chunks attend through padded
-//! batched matmuls grouped by shape, decodes read the paged store in place ([`attention`],
-//! [`decode_attention`]).
+//! Projections go through this backend's own kernel ([`matmul`]: bf16 weights multiply
+//! bf16-rounded activations with native dot products, so a decode step reads half the
+//! bytes); prefill chunks attend through padded batched matmuls grouped by shape, decodes
+//! read the paged store in place ([`attention`], [`decode_attention`]).
 
 pub(crate) mod attention;
 pub(crate) mod decode_attention;
@@ -381,23 +381,33 @@ fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     use rayon::prelude::*;
     let (m, width) = gate_up.dims2()?;
     let inter = width / 2;
-    let x = gate_up.contiguous()?;
-    let (storage, layout) = x.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        anyhow::bail!("a CPU activation given a tensor on another device");
-    };
-    let src = &cpu.as_slice::<f32>()?[layout.start_offset()..][..m * width];
-    let mut out = vec![0f32; m * inter];
-    out.par_chunks_mut(inter)
-        .zip(src.par_chunks(width))
-        .for_each(|(o, row)| {
-            let (gate, up) = row.split_at(inter);
-            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
-                // candle's (and PyTorch's) silu: x / (1 + e^-x).
-                *o = g / (1.0 + (-g).exp()) * u;
-            }
-        });
+    let out = with_f32(gate_up, |src| {
+        let mut out = vec![0f32; m * inter];
+        out.par_chunks_mut(inter)
+            .zip(src.par_chunks(width))
+            .for_each(|(o, row)| {
+                let (gate, up) = row.split_at(inter);
+                for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                    // candle's (and PyTorch's) silu: x / (1 + e^-x).
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            });
+        out
+    })?;
     Ok(Tensor::from_vec(out, (m, inter), &DEV)?)
+}
+
+/// `f` of an f32 CPU tensor's elements in row-major order (a copy only if `t` is a strided
+/// view): how this backend's own kernels read candle's activations.
+pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        anyhow::bail!("a CPU kernel given a tensor on another device");
+    };
+    Ok(f(
+        &cpu.as_slice::<f32>()?[layout.start_offset()..][..t.elem_count()]
+    ))
 }
 
 /// `x @ W^T` through [`matmul`], `x` being `[rows, in]` f32.
@@ -408,14 +418,8 @@ fn project(x: &Tensor, w: &Weights) -> Result<Tensor> {
         "a [{m}, {k}] input to a linear layer of {} inputs",
         w.cols()
     );
-    let x = x.contiguous()?;
-    let (storage, layout) = x.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        anyhow::bail!("a CPU linear layer given a tensor on another device");
-    };
-    let data = &cpu.as_slice::<f32>()?[layout.start_offset()..][..m * k];
     let mut y = vec![0f32; m * w.rows()];
-    w.matmul_t(data, m, &mut y);
+    with_f32(x, |data| w.matmul_t(data, m, &mut y))?;
     Ok(Tensor::from_vec(y, (m, w.rows()), &DEV)?)
 }
 
