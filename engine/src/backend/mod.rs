@@ -173,7 +173,7 @@ pub trait Backend: Sized {
 
     /// Device-side inputs of `batch`, validated by the caller (token ids in range, block
     /// tables covering every position, block ids inside the pool). `kinds` are the model's
-    /// attention kinds, indexed by the `kind` argument of [`Backend::rope_qk`] and
+    /// attention kinds, indexed by the `kind` argument of [`Backend::rope_and_write_kv`] and
     /// [`Backend::attention`].
     fn prepare(
         &self,
@@ -232,24 +232,20 @@ pub trait Backend: Sized {
     fn add(&self, residual: &mut Self::Act, x: &Self::Act) -> Result<()>;
     /// Splits the columns of `x` into pieces of `widths` (a fused QKV product).
     fn split(&self, x: &Self::Act, widths: &[usize]) -> Result<Vec<Self::Act>>;
-    /// Rotates `q` (`[tokens, heads.q * dim]`) and `k` (`[tokens, heads.kv * dim]`) at the
-    /// step's positions with the RoPE of attention kind `kind`.
-    fn rope_qk(
+    /// Rotates `q` (`[tokens, heads.q * dim]`) in place and `k` (`[tokens, heads.kv * dim]`)
+    /// at the step's positions with the RoPE of attention kind `kind`, and writes the rotated
+    /// K and `v` of `layer` into their slots. `k` is consumed: attention reads the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_and_write_kv(
         &self,
         q: &mut Self::Act,
-        k: &mut Self::Act,
+        k: Self::Act,
+        v: &Self::Act,
+        kv: &mut Self::Kv,
+        layer: usize,
         heads: &Heads,
         step: &Self::Step,
         kind: usize,
-    ) -> Result<()>;
-    /// Writes the step's new K and V of `layer` into their slots.
-    fn write_kv(
-        &self,
-        kv: &mut Self::Kv,
-        layer: usize,
-        k: &Self::Act,
-        v: &Self::Act,
-        step: &Self::Step,
     ) -> Result<()>;
     /// Causal attention of the step's queries over their sequences' context in `kv`
     /// (the step's own K/V already written), with the window of attention kind `kind`.

@@ -308,8 +308,7 @@ impl<B: Backend> Transformer<B> {
                 q = b.rms_norm(&q, qn, eps)?;
                 k = b.rms_norm(&k, kn, eps)?;
             }
-            b.rope_qk(&mut q, &mut k, heads, step, layer.kind)?;
-            b.write_kv(kv, li, &k, &v, step)
+            b.rope_and_write_kv(&mut q, k, &v, kv, li, heads, step, layer.kind)
                 .with_context(|| format!("layer {li}"))?;
             let attn = b.attention(&q, kv, li, heads, step, layer.kind)?;
             let mut o = layer.o.forward(b, &attn)?;

@@ -2,15 +2,16 @@
 //!
 //! Per layer, K and V are `[num_kv_heads, num_blocks * block_size, head_dim]` tensors: per
 //! head, a flat array of token *slots*, slot = `block * block_size + offset`. A contiguous
-//! backend is simply `block_size = max_model_len` with one block per sequence. Writes
-//! scatter the step's new rows into their slots in place; reads gather a sequence's slots
-//! through its block table. Both are single tensor ops per layer, so they run on any
-//! candle device. Heads come first so that a gather lands directly in the
-//! `[kv_heads, sequences, positions, head_dim]` layout attention multiplies with, with no
-//! transposing copy of the gathered context.
+//! backend is simply `block_size = max_model_len` with one block per sequence. Writes fill
+//! the step's new rows into their slots in place (the caller computes each row straight
+//! into its slot: K is rotated on its way in); reads gather a sequence's slots through its
+//! block table, or read them in place (decodes). Heads come first so that a gather lands
+//! directly in the `[kv_heads, sequences, positions, head_dim]` layout attention
+//! multiplies with, with no transposing copy of the gathered context.
 
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{CpuStorage, DType, Device, Storage, Tensor};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Storage, Tensor};
 
 use super::decode_attention::{decode_attention, DecodeSet, Dims};
 
@@ -104,31 +105,34 @@ impl CpuKv {
         Ok((block as usize * self.block_size + pos % self.block_size) as u32)
     }
 
-    /// The scatter index for writing rows into `slots`: candle's scatter wants the
-    /// destination of every element, so each slot is repeated over heads and head_dim.
-    /// Built once per step and shared by all layers.
-    pub(crate) fn write_index(&self, slots: &[u32], device: &Device) -> Result<Tensor> {
-        let (h, d) = (self.num_kv_heads, self.head_dim);
-        let mut idx = Vec::with_capacity(h * slots.len() * d);
-        for _ in 0..h {
-            for &s in slots {
-                idx.extend(std::iter::repeat_n(s, d));
-            }
-        }
-        Ok(Tensor::from_vec(idx, (h, slots.len(), d), device)?)
-    }
-
-    /// Writes `k`, `v` (`[n, kv_heads, head_dim]`) in place at the slots of `index`
-    /// (from [`CpuKv::write_index`]).
-    pub(crate) fn write(&self, layer: usize, index: &Tensor, k: &Tensor, v: &Tensor) -> Result<()> {
-        let k = k.transpose(0, 1)?.contiguous()?;
-        let v = v.transpose(0, 1)?.contiguous()?;
-        self.k[layer]
-            .scatter_set(index, &k, 1)
-            .context("writing K")?;
-        self.v[layer]
-            .scatter_set(index, &v, 1)
-            .context("writing V")?;
+    /// Writes the step's new K and V of `layer` in place: for the token at `slots[t]` and
+    /// KV head `h`, `k(t, h, dst)` and `v(t, h, dst)` fill that head's `head_dim` values.
+    /// The slots come from [`CpuKv::slot`], so they are inside the pool.
+    pub(crate) fn write_with(
+        &self,
+        layer: usize,
+        slots: &[u32],
+        k: impl Fn(usize, usize, &mut [f32]) + Sync,
+        v: impl Fn(usize, usize, &mut [f32]) + Sync,
+    ) -> Result<()> {
+        let (per_head, head_dim) = (
+            self.num_blocks * self.block_size * self.head_dim,
+            self.head_dim,
+        );
+        let k = FillSlots {
+            slots,
+            per_head,
+            head_dim,
+            fill: k,
+        };
+        let v = FillSlots {
+            slots,
+            per_head,
+            head_dim,
+            fill: v,
+        };
+        self.k[layer].inplace_op1(&k).context("writing K")?;
+        self.v[layer].inplace_op1(&v).context("writing V")?;
         Ok(())
     }
 
@@ -227,6 +231,42 @@ impl CpuKv {
     }
 }
 
+/// An in-place write of the rows of some slots into one layer's K or V (see
+/// [`CpuKv::write_with`]); heads are disjoint ranges, filled in parallel.
+struct FillSlots<'a, F> {
+    slots: &'a [u32],
+    /// Elements per head: `slots_per_head * head_dim`.
+    per_head: usize,
+    head_dim: usize,
+    fill: F,
+}
+
+impl<F: Fn(usize, usize, &mut [f32]) + Sync> InplaceOp1 for FillSlots<'_, F> {
+    fn name(&self) -> &'static str {
+        "fill-kv-slots"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        use rayon::prelude::*;
+        let CpuStorage::F32(data) = storage else {
+            candle_core::bail!("the CPU KV store is f32, not {:?}", storage.dtype());
+        };
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            candle_core::bail!("the KV store is not contiguous");
+        };
+        let d = self.head_dim;
+        data[start..end]
+            .par_chunks_mut(self.per_head)
+            .enumerate()
+            .for_each(|(h, head)| {
+                for (t, &slot) in self.slots.iter().enumerate() {
+                    (self.fill)(t, h, &mut head[slot as usize * d..][..d]);
+                }
+            });
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,7 +286,17 @@ mod tests {
         assert_eq!(slots, vec![6, 7, 2, 3]);
         let rows = Tensor::arange(0f32, 24., &dev)?.reshape((4, 2, 3))?;
         let rows2 = (&rows * 2.0)?;
-        cache.write(0, &cache.write_index(&slots, &dev)?, &rows, &rows2)?;
+        let (k_in, v_in) = (
+            rows.flatten_all()?.to_vec1::<f32>()?,
+            rows2.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let row = |src: &[f32], t: usize, h: usize| src[(t * 2 + h) * 3..][..3].to_vec();
+        cache.write_with(
+            0,
+            &slots,
+            |t, h, dst| dst.copy_from_slice(&row(&k_in, t, h)),
+            |t, h, dst| dst.copy_from_slice(&row(&v_in, t, h)),
+        )?;
         let (k, v) = cache.gather(0, &Tensor::new(slots.as_slice(), &dev)?)?;
         assert_eq!(k.dims(), &[2, 4, 3]);
         let expect = rows.reshape((4, 6))?.to_vec2::<f32>()?;

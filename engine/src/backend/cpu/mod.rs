@@ -11,7 +11,7 @@ pub(crate) mod decode_attention;
 pub mod kv;
 pub mod matmul;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
@@ -34,23 +34,25 @@ impl CpuWeight {
     }
 }
 
-/// cos/sin tables `[max_positions, head_dim / 2]`.
+/// cos/sin tables, row-major `[max_positions, head_dim / 2]`.
 pub struct CpuRope {
-    cos: Tensor,
-    sin: Tensor,
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
 }
 
-/// One attention kind's share of a step: its plan and the rotations at the step's positions.
+/// One attention kind's share of a step: its plan and the rotations at the step's positions
+/// (`[tokens, head_dim / 2]`).
 struct KindStep {
     plan: AttnPlan,
-    cos: Tensor,
-    sin: Tensor,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
 }
 
 pub struct CpuStep {
     tokens: Tensor,
-    /// Scatter index of the step's new K/V rows (see [`CpuKv::write_index`]).
-    write_index: Tensor,
+    /// The KV slot of each of the step's tokens.
+    slots: Vec<u32>,
     /// Rows whose next token is sampled; `None` when none is.
     sample_rows: Option<Tensor>,
     kinds: Vec<KindStep>,
@@ -125,13 +127,11 @@ impl Backend for CpuBackend {
     }
 
     fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<CpuRope> {
-        let half = inv_freq.len();
-        // Cast after the trig: the tables are what the model was trained with.
         let angles = super::rope_angles(inv_freq, max_positions);
-        let angles = Tensor::from_vec(angles, (max_positions, half), &DEV)?;
         Ok(CpuRope {
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            half: inv_freq.len(),
+            cos: angles.iter().map(|a| a.cos()).collect(),
+            sin: angles.iter().map(|a| a.sin()).collect(),
         })
     }
 
@@ -179,20 +179,27 @@ impl Backend for CpuBackend {
                 sample_rows.push((tokens.len() - 1) as u32);
             }
         }
-        let positions = Tensor::new(positions.as_slice(), &DEV)?;
         let kinds = kinds
             .iter()
             .map(|k| {
+                let r = k.rope;
+                let at = |table: &[f32]| -> Vec<f32> {
+                    positions
+                        .iter()
+                        .flat_map(|&p| &table[p as usize * r.half..][..r.half])
+                        .copied()
+                        .collect()
+                };
                 Ok(KindStep {
                     plan: AttnPlan::new(batch, kv, k.window, &DEV)?,
-                    cos: k.rope.cos.index_select(&positions, 0)?,
-                    sin: k.rope.sin.index_select(&positions, 0)?,
+                    cos: at(&r.cos),
+                    sin: at(&r.sin),
                 })
             })
             .collect::<Result<_>>()?;
         Ok(CpuStep {
             tokens: Tensor::new(tokens.as_slice(), &DEV)?,
-            write_index: kv.write_index(&slots, &DEV)?,
+            slots,
             sample_rows: if sample_rows.is_empty() {
                 None
             } else {
@@ -247,8 +254,19 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut Tensor,
     ) -> Result<()> {
-        self.add(residual, x)?;
-        *out = self.rms_norm(residual, w, eps)?;
+        let w = w.tensor()?;
+        let (rows, width) = residual.dims2()?;
+        ensure!(
+            x.dims2()? == (rows, width) && w.elem_count() == width,
+            "add_rms_norm of [{rows}, {width}] rows with {:?} and a norm of {}",
+            x.dims(),
+            w.elem_count()
+        );
+        let (sum, normed) = with_f32(residual, |r| {
+            with_f32(x, |x| with_f32(w, |w| add_rms_norm(r, x, w, eps)))
+        })???;
+        *residual = Tensor::from_vec(sum, (rows, width), &DEV)?;
+        *out = Tensor::from_vec(normed, (rows, width), &DEV)?;
         Ok(())
     }
 
@@ -273,42 +291,51 @@ impl Backend for CpuBackend {
             .collect()
     }
 
-    fn rope_qk(
+    fn rope_and_write_kv(
         &self,
         q: &mut Tensor,
-        k: &mut Tensor,
+        k: Tensor,
+        v: &Tensor,
+        kv: &mut CpuKv,
+        layer: usize,
         heads: &Heads,
         step: &CpuStep,
         kind: usize,
     ) -> Result<()> {
+        use rayon::prelude::*;
         let ks = &step.kinds[kind];
-        let rotate = |x: &Tensor, n: usize| -> Result<Tensor> {
-            let t = x.dim(0)?;
-            let x4 = x.reshape((1, t, n, heads.dim))?;
-            let y = candle_nn::rotary_emb::rope_thd(&x4, &ks.cos, &ks.sin)?;
-            Ok(y.reshape((t, n * heads.dim))?)
-        };
-        *q = rotate(q, heads.q)?;
-        *k = rotate(k, heads.kv)?;
-        Ok(())
-    }
-
-    fn write_kv(
-        &self,
-        kv: &mut CpuKv,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-        step: &CpuStep,
-    ) -> Result<()> {
-        let shape = (k.dim(0)?, kv.num_kv_heads(), kv.head_dim());
-        kv.write(
-            layer,
-            &step.write_index,
-            &k.reshape(shape)?,
-            &v.reshape(shape)?,
-        )
-        .with_context(|| format!("layer {layer}"))
+        let (d, half) = (heads.dim, heads.dim / 2);
+        let angles = |t: usize| (&ks.cos[t * half..][..half], &ks.sin[t * half..][..half]);
+        let (tokens, q_width) = q.dims2()?;
+        let rotated_q = with_f32(q, |src| {
+            let mut out = vec![0f32; src.len()];
+            out.par_chunks_mut(q_width)
+                .zip(src.par_chunks(q_width))
+                .enumerate()
+                .for_each(|(t, (o, x))| {
+                    let (cos, sin) = angles(t);
+                    for (o, x) in o.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                        rotate_half(x, cos, sin, o);
+                    }
+                });
+            out
+        })?;
+        *q = Tensor::from_vec(rotated_q, (tokens, q_width), &DEV)?;
+        // K is rotated on its way into its slots; V is copied.
+        let kv_width = heads.kv * d;
+        with_f32(&k, |k| {
+            with_f32(v, |v| {
+                kv.write_with(
+                    layer,
+                    &step.slots,
+                    |t, h, dst| {
+                        let (cos, sin) = angles(t);
+                        rotate_half(&k[t * kv_width + h * d..][..d], cos, sin, dst);
+                    },
+                    |t, h, dst| dst.copy_from_slice(&v[t * kv_width + h * d..][..d]),
+                )
+            })
+        })??
     }
 
     fn attention(
@@ -373,6 +400,42 @@ impl Backend for CpuBackend {
     fn kv_bytes(kv: &CpuKv) -> usize {
         kv.size_bytes()
     }
+}
+
+/// One head's `x` rotated by the angles of `cos`/`sin` (`head_dim / 2` each) into `out`:
+/// the non-interleaved ("rotate half") RoPE of HF's Llama, with candle's arithmetic.
+fn rotate_half(x: &[f32], cos: &[f32], sin: &[f32], out: &mut [f32]) {
+    let half = cos.len();
+    let (x1, x2) = x.split_at(half);
+    let (o1, o2) = out.split_at_mut(half);
+    for i in 0..half {
+        o1[i] = x1[i] * cos[i] - x2[i] * sin[i];
+        o2[i] = x1[i] * sin[i] + x2[i] * cos[i];
+    }
+}
+
+/// `residual + x` and its RMSNorm times `w`, row by row in one parallel pass (in place of
+/// an add and a norm, each a pass over the rows of a tensor of its own); the norm's
+/// arithmetic is candle's (`x / sqrt(mean(x²) + eps) * w`).
+fn add_rms_norm(residual: &[f32], x: &[f32], w: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+    use rayon::prelude::*;
+    let width = w.len();
+    let mut sum = vec![0f32; residual.len()];
+    let mut normed = vec![0f32; residual.len()];
+    sum.par_chunks_mut(width)
+        .zip(normed.par_chunks_mut(width))
+        .zip(residual.par_chunks(width).zip(x.par_chunks(width)))
+        .for_each(|((s, n), (r, x))| {
+            for ((s, &r), &x) in s.iter_mut().zip(r).zip(x) {
+                *s = r + x;
+            }
+            let sum2: f32 = s.iter().map(|&v| v * v).sum();
+            let m = (sum2 / width as f32 + eps).sqrt();
+            for ((n, &s), &w) in n.iter_mut().zip(s.iter()).zip(w) {
+                *n = s / m * w;
+            }
+        });
+    (sum, normed)
 }
 
 /// `silu(gate) * up` for `[rows, gate | up]`, in one parallel pass over the rows (in place
@@ -457,6 +520,109 @@ mod tests {
         let expect = (candle_nn::ops::silu(&x.narrow(1, 0, 300)?)? * x.narrow(1, 300, 300)?)?;
         let err = (got - expect)?.abs()?.max_all()?.to_scalar::<f32>()?;
         assert!(err < 1e-6, "max error {err}");
+        Ok(())
+    }
+
+    /// Bit for bit what the unfused add and candle's norm compute.
+    #[test]
+    fn fused_add_rms_norm_equals_an_add_then_candles_norm() -> Result<()> {
+        let backend = CpuBackend::new(DType::F32)?;
+        let mut residual = Tensor::randn(0f32, 1.0, (5, 96), &DEV)?;
+        let x = Tensor::randn(0f32, 1.0, (5, 96), &DEV)?;
+        let w = Tensor::randn(0f32, 1.0, 96, &DEV)?;
+        let sum = (&residual + &x)?;
+        let expect = candle_nn::ops::rms_norm(&sum, &w, 1e-5)?;
+        let mut out = Tensor::zeros((5, 96), DType::F32, &DEV)?;
+        let norm = backend.weight(w, Role::Norm { plus_one: false })?;
+        backend.add_rms_norm(&mut residual, &x, &norm, 1e-5, &mut out)?;
+        let bits = |t: &Tensor| -> Result<Vec<u32>> {
+            Ok(t.flatten_all()?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|v| v.to_bits())
+                .collect())
+        };
+        assert_eq!(bits(&residual)?, bits(&sum)?);
+        assert_eq!(bits(&out)?, bits(&expect)?);
+        Ok(())
+    }
+
+    /// Two sequences (a 3-token prefill chunk from position 2, a decode at 7) through the
+    /// fused RoPE and KV write: q equals candle's rope, and each slot of the cache holds
+    /// candle's rotated K and the plain V, bit for bit; other slots stay zero.
+    #[test]
+    fn rope_and_kv_write_equal_candles_rope_then_a_write() -> Result<()> {
+        let backend = CpuBackend::new(DType::F32)?;
+        let heads = Heads {
+            q: 4,
+            kv: 2,
+            dim: 8,
+            scale: 1.0,
+            softcap: None,
+        };
+        let inv_freq = [1.0f32, 0.3, 0.05, 0.001];
+        let rope = backend.rope(&inv_freq, 16)?;
+        let mut kv = backend.new_kv(KvLayout {
+            num_layers: 2,
+            num_blocks: 4,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        })?;
+        let batch = ForwardBatch {
+            seqs: vec![
+                crate::batch::SeqChunk {
+                    tokens: vec![1, 2, 3],
+                    start_pos: 2,
+                    block_table: vec![3, 0],
+                    sample: true,
+                },
+                crate::batch::SeqChunk {
+                    tokens: vec![4],
+                    start_pos: 7,
+                    block_table: vec![1, 2],
+                    sample: true,
+                },
+            ],
+        };
+        let step = backend.prepare(
+            &batch,
+            &kv,
+            &[AttnKind {
+                window: None,
+                rope: &rope,
+            }],
+        )?;
+        let mut q = Tensor::randn(0f32, 1.0, (4, 32), &DEV)?;
+        let k = Tensor::randn(0f32, 1.0, (4, 16), &DEV)?;
+        let v = Tensor::randn(0f32, 1.0, (4, 16), &DEV)?;
+        // candle's rope at each token's position.
+        let positions = Tensor::new(&[2u32, 3, 4, 7], &DEV)?;
+        let angles = Tensor::from_vec(super::super::rope_angles(&inv_freq, 16), (16, 4), &DEV)?
+            .index_select(&positions, 0)?;
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
+        let candle_rope = |x: &Tensor, n: usize| -> Result<Tensor> {
+            let x4 = x.reshape((1, 4, n, 8))?;
+            Ok(candle_nn::rotary_emb::rope_thd(&x4, &cos, &sin)?.reshape((4, n * 8))?)
+        };
+        let (want_q, want_k) = (candle_rope(&q, 4)?, candle_rope(&k, 2)?);
+        backend.rope_and_write_kv(&mut q, k, &v, &mut kv, 1, &heads, &step, 0)?;
+        assert_eq!(q.to_vec2::<f32>()?, want_q.to_vec2::<f32>()?);
+        // Slots: blocks [3, 0] hold positions 2..5 of the first sequence; block 2 slot 3 the
+        // second's position 7.
+        let slots = [14u32, 15, 0, 11];
+        let (got_k, got_v) = kv.gather(1, &Tensor::new(&slots, &DEV)?)?;
+        let per_token = |t: &Tensor| -> Result<Vec<Vec<f32>>> {
+            Ok(t.transpose(0, 1)?.flatten_from(1)?.to_vec2::<f32>()?)
+        };
+        assert_eq!(per_token(&got_k)?, want_k.to_vec2::<f32>()?);
+        assert_eq!(per_token(&got_v)?, v.to_vec2::<f32>()?);
+        let (k_layer0, _) = kv.gather(0, &Tensor::new(&slots, &DEV)?)?;
+        assert!(k_layer0
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .all(|&x| x == 0.0));
         Ok(())
     }
 

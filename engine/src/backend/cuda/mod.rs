@@ -456,10 +456,13 @@ impl Backend for CudaBackend {
             .collect()
     }
 
-    fn rope_qk(
+    fn rope_and_write_kv(
         &self,
         q: &mut CudaAct,
-        k: &mut CudaAct,
+        k: CudaAct,
+        v: &CudaAct,
+        kv: &mut CudaKv,
+        layer: usize,
         heads: &Heads,
         step: &CudaStep,
         kind: usize,
@@ -474,18 +477,7 @@ impl Backend for CudaBackend {
             ks.sin,
             heads.q,
             heads.kv,
-        ))
-    }
-
-    fn write_kv(
-        &self,
-        kv: &mut CudaKv,
-        layer: usize,
-        k: &CudaAct,
-        v: &CudaAct,
-        step: &CudaStep,
-    ) -> Result<()> {
-        let s = &step.inputs;
+        ))?;
         let pools = kv.layer(layer);
         driver(self.kernels.reshape_and_cache(
             k.span,
