@@ -126,6 +126,16 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         self.trace = on;
     }
 
+    /// Record the prefix cache's events from now on (see [`Self::take_kv_events`]).
+    pub fn record_kv_events(&mut self) {
+        self.sched.record_kv_events();
+    }
+
+    /// The prefix cache's events since the last call, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<infer_core::kv::KvEvent> {
+        self.sched.take_kv_events()
+    }
+
     /// Bytes of the KV store.
     pub fn kv_bytes(&self) -> usize {
         self.kv.size_bytes()

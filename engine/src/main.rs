@@ -178,6 +178,11 @@ struct ServeArgs {
     /// Open connections at most; more are answered 503.
     #[arg(long = "max-connections", default_value_t = 1024)]
     max_connections: usize,
+    /// Publish the prefix cache's events for KV-aware routers, as vLLM's flag does:
+    /// `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}`
+    /// (ZeroMQ PUB, msgpack `BlockStored`/`BlockRemoved`; see `serve/kv_events.rs`).
+    #[arg(long = "kv-events-config")]
+    kv_events_config: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -476,6 +481,12 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         cuda_graphs: target.cuda_graphs,
         gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
+        kv_events: a
+            .kv_events_config
+            .as_deref()
+            .map(infer_engine::serve::kv_events::KvEventsConfig::parse)
+            .transpose()?
+            .flatten(),
         shutdown_timeout: std::time::Duration::try_from_secs_f64(a.shutdown_timeout)
             .map_err(|e| anyhow::anyhow!("--shutdown-timeout {}: {e}", a.shutdown_timeout))?,
         http: infer_engine::serve::http::HttpLimits {

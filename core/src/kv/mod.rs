@@ -7,11 +7,13 @@
 //!   caching (content-addressed full blocks, LRU eviction of unreferenced cached blocks).
 
 mod contiguous;
+mod events;
 mod free_queue;
 mod hash;
 mod paged;
 
 pub use contiguous::ContiguousKv;
+pub use events::KvEvent;
 pub use hash::{hash_block, ROOT_HASH};
 pub use paged::PagedKv;
 
@@ -80,6 +82,13 @@ pub trait KvManager {
     /// (precise-prefix routing reads this).
     fn cached_prefix_blocks(&self, _hashes: &[u64]) -> usize {
         0
+    }
+    /// From now on, record the prefix cache's [`KvEvent`]s (a pool without prefix caching
+    /// has none).
+    fn record_events(&mut self) {}
+    /// The events recorded since the last call, oldest first.
+    fn take_events(&mut self) -> Vec<KvEvent> {
+        Vec::new()
     }
 }
 

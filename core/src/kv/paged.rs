@@ -15,9 +15,10 @@
 
 use rustc_hash::FxHashMap;
 
+use super::events::EventLog;
 use super::free_queue::FreeQueue;
 use super::hash::block_check;
-use super::{blocks_for, hash_block, BlockId, KvManager, PrefixMatch, SeqKv, ROOT_HASH};
+use super::{blocks_for, hash_block, BlockId, KvEvent, KvManager, PrefixMatch, SeqKv, ROOT_HASH};
 
 /// What the prefix-cache index knows of a registered block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,8 @@ pub struct PagedKv {
     cached: FxHashMap<u64, CachedBlock>,
     /// Per block: the hash it is registered under.
     block_hash: Vec<Option<u64>>,
+    /// The cache's events, when a driver publishes them.
+    events: Option<EventLog>,
 }
 
 impl PagedKv {
@@ -51,6 +54,7 @@ impl PagedKv {
             prefix_caching,
             cached: FxHashMap::default(),
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
+            events: None,
         }
     }
 
@@ -70,6 +74,9 @@ impl PagedKv {
         if self.prefix_caching {
             if let Some(h) = self.block_hash[b as usize].take() {
                 self.cached.remove(&h);
+                if let Some(log) = &mut self.events {
+                    log.removed(h);
+                }
             }
         }
         self.refs[b as usize] = 1;
@@ -163,6 +170,9 @@ impl KvManager for PagedKv {
                         check: block_check(parent, chunk),
                     });
                     self.block_hash[b as usize] = Some(h);
+                    if let Some(log) = &mut self.events {
+                        log.stored(h, (i > 0).then_some(parent), chunk);
+                    }
                 }
             }
         }
@@ -186,6 +196,16 @@ impl KvManager for PagedKv {
 
     fn total_refs(&self) -> usize {
         self.refs.iter().map(|&r| r as usize).sum()
+    }
+
+    fn record_events(&mut self) {
+        if self.prefix_caching {
+            self.events.get_or_insert_with(EventLog::default);
+        }
+    }
+
+    fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map_or_else(Vec::new, EventLog::take)
     }
 
     fn refs(&self, block: BlockId) -> usize {
@@ -301,6 +321,50 @@ mod tests {
         assert_eq!(kv.num_free_blocks(), 16);
         // Freed blocks keep their content: still a hit.
         assert_eq!(kv.lookup_prefix(&longer).blocks.len(), 3);
+    }
+
+    /// A prompt's blocks are announced as one chain when computed (in two commits: the
+    /// second chain names the first's last block as parent), a duplicate of cached content
+    /// is not announced, and an evicted block is announced removed when its slot is reused.
+    #[test]
+    fn records_stored_chains_and_evictions_as_vllm_announces_them() {
+        let mut kv = PagedKv::new(4, 4, true);
+        let mut a = SeqKv::default();
+        let prompt = seq_tokens(12, 1);
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
+        kv.commit(&mut a, &prompt, 4);
+        assert!(kv.take_events().is_empty(), "not recording yet");
+        kv.record_events();
+        kv.commit(&mut a, &prompt, 12);
+        let h = a.hashes.clone();
+        assert_eq!(
+            kv.take_events(),
+            vec![KvEvent::Stored {
+                hashes: vec![h[1], h[2]],
+                parent: Some(h[0]),
+                token_ids: prompt[4..12].to_vec(),
+                block_size: 4,
+            }]
+        );
+        // The same tokens computed again in other blocks: a private duplicate, no event.
+        let mut b = SeqKv::default();
+        assert!(kv.allocate(&mut b, &PrefixMatch::default(), 4));
+        kv.commit(&mut b, &prompt, 4);
+        assert!(kv.take_events().is_empty());
+        // Freed, a's blocks stay cached until reused; taking all four evicts its three.
+        kv.free(&mut a);
+        kv.free(&mut b);
+        let mut c = SeqKv::default();
+        assert!(kv.allocate(&mut c, &PrefixMatch::default(), 16));
+        let KvEvent::Removed { hashes } = &kv.take_events()[0] else {
+            panic!("expected a removal");
+        };
+        let mut removed = hashes.clone();
+        removed.sort_unstable();
+        let mut all = h.clone();
+        all.sort_unstable();
+        assert_eq!(removed, all);
+        assert_eq!(kv.num_cached_blocks(), 0);
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub use config::{BatchingMode, KvBackend, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::StepShape;
 
-use crate::kv::{BlockId, ContiguousKv, KvManager, PagedKv, PrefixMatch, SeqKv};
+use crate::kv::{BlockId, ContiguousKv, KvEvent, KvManager, PagedKv, PrefixMatch, SeqKv};
 use crate::request::{FinishReason, Request, RequestId, RequestStats, SeqState, StopConditions};
 
 /// Why a request cannot be accepted.
@@ -205,6 +205,16 @@ impl Scheduler {
     /// The KV manager (read-only: routers and metrics look at it).
     pub fn kv(&self) -> &dyn KvManager {
         self.kv.as_ref()
+    }
+
+    /// Record the prefix cache's events from now on (see [`KvEvent`]).
+    pub fn record_kv_events(&mut self) {
+        self.kv.record_events();
+    }
+
+    /// The prefix cache's events since the last call, oldest first.
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.kv.take_events()
     }
 
     /// Queue a request. `now` is its arrival time on the driver's clock.

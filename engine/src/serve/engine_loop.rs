@@ -67,6 +67,8 @@ pub struct EngineLoop {
     clients: HashMap<u64, Client>,
     metrics: Arc<Mutex<ServerMetrics>>,
     step_log: Option<super::step_log::StepLog>,
+    /// Where each step's prefix-cache events go (`--kv-events-config`).
+    kv_events: Option<super::kv_events::EventSender>,
 }
 
 impl EngineLoop {
@@ -81,6 +83,7 @@ impl EngineLoop {
             clients: HashMap::new(),
             metrics,
             step_log: None,
+            kv_events: None,
         })
     }
 
@@ -93,6 +96,12 @@ impl EngineLoop {
     pub fn log_steps(&mut self, log: super::step_log::StepLog) {
         self.core.trace_steps(true);
         self.step_log = Some(log);
+    }
+
+    /// Send each step's prefix-cache events to `to` from now on.
+    pub fn publish_kv_events(&mut self, to: super::kv_events::EventSender) {
+        self.core.record_kv_events();
+        self.kv_events = Some(to);
     }
 
     /// Serve commands until `Shutdown` or until every sender is gone.
@@ -177,6 +186,13 @@ impl EngineLoop {
         if out.idle {
             std::thread::sleep(std::time::Duration::from_millis(1));
             return;
+        }
+        if let Some(to) = &self.kv_events {
+            let events = self.core.take_kv_events();
+            if !events.is_empty() {
+                // The publisher outlives the loop; if it is gone, events have nowhere to go.
+                let _ = to.send(events);
+            }
         }
         for (id, _, error) in &out.failed {
             // The core has already ended it; the client gets the error.

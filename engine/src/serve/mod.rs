@@ -7,6 +7,7 @@
 pub mod api;
 pub mod engine_loop;
 pub mod http;
+pub mod kv_events;
 pub mod metrics;
 pub mod step_log;
 
@@ -58,6 +59,8 @@ pub struct ServeConfig {
     pub shutdown_timeout: std::time::Duration,
     /// Write a per-step trace here (see [`step_log`]).
     pub step_log: Option<std::path::PathBuf>,
+    /// Publish the prefix cache's events, as vLLM's `--kv-events-config` does.
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl ServeConfig {
@@ -74,6 +77,7 @@ impl ServeConfig {
             http: http::HttpLimits::default(),
             shutdown_timeout: std::time::Duration::from_secs(30),
             step_log: None,
+            kv_events: None,
         }
     }
 }
@@ -104,6 +108,8 @@ struct Shared {
     instance: u32,
     /// `system_fingerprint`: the engine build and the device it computes on.
     fingerprint: String,
+    /// Where the prefix cache's events are published, if they are.
+    kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 /// A running engine: the HTTP app state plus the engine thread.
@@ -158,6 +164,9 @@ impl Engine {
         if let Some(path) = &cfg.step_log {
             engine.log_steps(step_log::StepLog::create(path)?);
         }
+        if let Some(events) = &cfg.kv_events {
+            engine.publish_kv_events(kv_events::start(events)?);
+        }
         let startup_log = format!(
             "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}",
             cfg.model,
@@ -203,6 +212,7 @@ impl Engine {
                     env!("CARGO_PKG_VERSION"),
                     cfg.device.to_string().replace(':', "")
                 ),
+                kv_events: cfg.kv_events.clone(),
             }),
         };
         Ok(Engine {
@@ -268,6 +278,7 @@ pub fn router(state: AppState) -> Router {
         .route("/get_model_info", get(get_model_info))
         .route("/get_server_info", get(get_server_info))
         .route("/health_generate", get(health_generate))
+        .route("/kv_event_sources", get(kv_event_sources))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("path", format!("no route for {uri}"))
         })
@@ -361,10 +372,26 @@ async fn get_server_info(State(s): State<AppState>) -> Json<Value> {
     let m = s.metrics.lock().unwrap();
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"), "engine": "infer",
-        "model_path": s.root, "served_model_name": s.model_name,
+        "model_path": s.root, "served_model_name": s.model_name, "model_id": s.model_name,
+        // vllm-router's KV index keys a replica's events by model id and block size (it
+        // reads `block_size` as its `kv_block_size`, and refuses a body with both).
         "max_model_len": s.max_model_len, "block_size": m.block_size,
         "num_gpu_blocks": m.num_gpu_blocks, "system_fingerprint": s.fingerprint,
     }))
+}
+
+/// Where this replica publishes its KV-cache events, as vllm-router's discovery reads it
+/// (then it subscribes): an object keyed by data-parallel rank whose entries mirror vLLM's
+/// `KVEventsConfig`, empty when events are off. A wildcard host (`tcp://*:5557`) is left for
+/// the router to replace with the host it reaches this replica at.
+async fn kv_event_sources(State(s): State<AppState>) -> Json<Value> {
+    let Some(cfg) = &s.inner.kv_events else {
+        return Json(json!({}));
+    };
+    Json(json!({"0": {
+        "endpoint": cfg.endpoint, "replay_endpoint": null, "topic": cfg.topic,
+        "publisher": "zmq", "enable_kv_cache_events": true,
+    }}))
 }
 
 /// Healthy only if a one-token generation goes through the whole path (SGLang's check).
