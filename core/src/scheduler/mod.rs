@@ -111,6 +111,9 @@ struct Sequence {
     first_scheduled_time: Option<f64>,
     cached_tokens: Option<usize>,
     preemptions: u32,
+    /// More sequences to sample from this prompt once its first token is sampled (OpenAI's
+    /// `n`): each is forked then, sharing the prompt's KV blocks (see `Scheduler::fork`).
+    forks: Vec<RequestId>,
 }
 
 impl Sequence {
@@ -141,6 +144,8 @@ pub struct Scheduler {
     seqs: Vec<Option<Sequence>>,
     free_slots: Vec<u32>,
     index: FxHashMap<RequestId, u32>,
+    /// Ids of forks not made yet (their parent's first token is to come): taken.
+    pending_forks: rustc_hash::FxHashSet<RequestId>,
     waiting: VecDeque<u32>,
     /// In admission order: the newest is last.
     running: Vec<u32>,
@@ -178,6 +183,7 @@ impl Scheduler {
             seqs: Vec::new(),
             free_slots: Vec::new(),
             index: FxHashMap::default(),
+            pending_forks: Default::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             step: 0,
@@ -219,6 +225,20 @@ impl Scheduler {
 
     /// Queue a request. `now` is its arrival time on the driver's clock.
     pub fn add_request(&mut self, req: Request, now: f64) -> Result<(), AddError> {
+        self.add_forked(req, Vec::new(), now)
+    }
+
+    /// Queue a request that samples `1 + forks.len()` sequences from its prompt (OpenAI's
+    /// `n`): the prompt is computed once, and when its first token is sampled each of
+    /// `forks` becomes a sequence of its own that shares the prompt's full KV blocks,
+    /// recomputes only the last, partial one and samples its own tokens (vLLM forks a
+    /// sequence group likewise). Each fork then ends, and reports, on its own.
+    pub fn add_forked(
+        &mut self,
+        req: Request,
+        forks: Vec<RequestId>,
+        now: f64,
+    ) -> Result<(), AddError> {
         let n = req.prompt.len();
         if n == 0 {
             return Err(AddError::EmptyPrompt);
@@ -245,8 +265,18 @@ impl Scheduler {
                 return Err(AddError::QueueFull { max_waiting: max });
             }
         }
-        if self.index.contains_key(&req.id) {
-            return Err(AddError::DuplicateId(req.id));
+        let mut ids: Vec<RequestId> = std::iter::once(req.id)
+            .chain(forks.iter().copied())
+            .collect();
+        if let Some(&id) = ids
+            .iter()
+            .find(|id| self.index.contains_key(id) || self.pending_forks.contains(id))
+        {
+            return Err(AddError::DuplicateId(id));
+        }
+        ids.sort_unstable_by_key(|id| id.0);
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(AddError::DuplicateId(w[0]));
         }
         // Room for the whole output up front: appending then never reallocates.
         let mut tokens = req.prompt;
@@ -264,7 +294,17 @@ impl Scheduler {
             first_scheduled_time: None,
             cached_tokens: None,
             preemptions: 0,
+            forks,
         };
+        self.pending_forks.extend(seq.forks.iter().copied());
+        let slot = self.insert(seq);
+        self.waiting.push_back(slot);
+        Ok(())
+    }
+
+    /// A live sequence's slot (indexed by its id).
+    fn insert(&mut self, seq: Sequence) -> u32 {
+        let id = seq.id;
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.seqs[s as usize] = Some(seq);
@@ -275,9 +315,42 @@ impl Scheduler {
                 (self.seqs.len() - 1) as u32
             }
         };
-        self.index.insert(req.id, slot);
-        self.waiting.push_back(slot);
-        Ok(())
+        self.index.insert(id, slot);
+        slot
+    }
+
+    /// Fork `ids` from sequence `slot`, whose prompt is computed and first token sampled:
+    /// each shares the prompt's full blocks — all but the one holding the last prompt
+    /// token, which a fork recomputes into a block of its own to sample its first token
+    /// (shared blocks are never written) — and waits at the head of the queue, so it is
+    /// admitted as soon as the batch has room.
+    fn fork(&mut self, slot: u32, ids: Vec<RequestId>, now: f64) {
+        let bs = self.kv.block_size();
+        for id in ids.into_iter().rev() {
+            self.pending_forks.remove(&id);
+            let parent = self.seqs[slot as usize].as_ref().expect("live");
+            let kv = self.kv.fork(&parent.kv, (parent.prompt_len - 1) / bs);
+            let shared = kv.blocks.len() * bs;
+            let mut tokens = Vec::with_capacity(parent.tokens.capacity());
+            tokens.extend_from_slice(&parent.tokens[..parent.prompt_len]);
+            let child = Sequence {
+                id,
+                tokens,
+                prompt_len: parent.prompt_len,
+                num_computed: shared,
+                stop: parent.stop.clone(),
+                state: SeqState::Waiting,
+                kv,
+                scheduled_in: u64::MAX,
+                arrival_time: parent.arrival_time,
+                first_scheduled_time: Some(now),
+                cached_tokens: Some(shared),
+                preemptions: 0,
+                forks: Vec::new(),
+            };
+            let child = self.insert(child);
+            self.waiting.push_front(child);
+        }
     }
 
     /// Cancel a request (client gone). Its KV is released now.
@@ -382,12 +455,16 @@ impl Scheduler {
             };
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
-            let prefix = if self.cfg.prefix_caching {
-                self.kv.lookup_prefix(&seq.tokens)
+            let (prefix, hit) = if !seq.kv.blocks.is_empty() {
+                // A fork: it holds its parent's prompt blocks already.
+                (PrefixMatch::default(), seq.num_computed)
+            } else if self.cfg.prefix_caching {
+                let prefix = self.kv.lookup_prefix(&seq.tokens);
+                let hit = prefix.num_tokens(bs);
+                (prefix, hit)
             } else {
-                PrefixMatch::default()
+                (PrefixMatch::default(), 0)
             };
-            let hit = prefix.num_tokens(bs);
             let rest = seq.tokens.len() - hit;
             if !chunked && rest > budget {
                 break; // prefilled whole or not at all; nobody overtakes the head
@@ -442,6 +519,12 @@ impl Scheduler {
             let Some(token) = token else { continue };
             seq.tokens.push(token);
             let first = seq.output_len() == 1;
+            if first && !seq.forks.is_empty() {
+                // Before this token can end it: the forks share its blocks.
+                let forks = std::mem::take(&mut seq.forks);
+                self.fork(s.slot, forks, now);
+            }
+            let seq = self.seqs[s.slot as usize].as_mut().expect("live");
             events.push(Event::Token {
                 request: seq.id,
                 token,
@@ -553,6 +636,10 @@ impl Scheduler {
     /// or about to be removed from running by the caller).
     fn release(&mut self, slot: u32, reason: FinishReason) -> RequestStats {
         let mut seq = self.seqs[slot as usize].take().expect("live");
+        for id in &seq.forks {
+            // Ended before its first token: its forks will not be made.
+            self.pending_forks.remove(id);
+        }
         self.kv.free(&mut seq.kv);
         seq.state = SeqState::Finished(reason);
         self.index.remove(&seq.id);
@@ -606,9 +693,17 @@ impl Scheduler {
         if self.waiting.len() + self.running.len() != self.index.len() {
             return Err("a live request is neither waiting nor running".into());
         }
+        // A waiting sequence holds no blocks, but a fork not yet admitted: exactly the
+        // context it shares with its parent, all of it computed.
         for &s in &self.waiting {
-            if !self.seq(s).kv.blocks.is_empty() {
-                return Err("a waiting sequence holds blocks".into());
+            let q = self.seq(s);
+            if q.kv.blocks.len() * kv.block_size() != q.num_computed {
+                return Err(format!(
+                    "waiting request {} holds {} blocks for {} computed tokens",
+                    q.id,
+                    q.kv.blocks.len(),
+                    q.num_computed
+                ));
             }
         }
         Ok(())
@@ -638,6 +733,67 @@ mod tests {
             num_gpu_blocks: 64,
             max_model_len: 512,
             ..SchedulerConfig::default()
+        }
+    }
+
+    /// OpenAI's `n = 3`: the prompt (40 tokens, blocks of 16) is computed once; at its
+    /// first token two forks appear that hold the prompt's two full blocks, recompute only
+    /// the last 8 prompt tokens into blocks of their own, and each samples its own tokens
+    /// to its own end — with and without prefix caching, the invariants checked each step.
+    #[test]
+    fn forks_share_the_prompts_full_blocks_and_finish_on_their_own() {
+        for prefix_caching in [false, true] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                prefix_caching,
+                ..cfg()
+            });
+            let prompt: Vec<u32> = (100..140).collect();
+            s.add_forked(
+                Request::new(1, prompt.clone(), 4),
+                vec![RequestId(2), RequestId(3)],
+                0.0,
+            )
+            .unwrap();
+            assert_eq!(
+                s.add_request(Request::new(3, vec![1; 8], 4), 0.0),
+                Err(AddError::DuplicateId(RequestId(3))),
+                "fork ids are taken"
+            );
+            let mut outputs: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+            let mut parent_blocks = Vec::new();
+            let mut step = 0u32;
+            while s.has_unfinished() {
+                step += 1;
+                assert!(step < 20, "livelock");
+                let plan = s.schedule(step as f64);
+                for (i, q) in plan.seqs.iter().enumerate() {
+                    match q.request.0 {
+                        1 if i == 0 && step == 1 => {
+                            assert_eq!(q.num_new_tokens, 40, "the prompt, once");
+                            parent_blocks = plan.block_table(i)[..2].to_vec();
+                        }
+                        2 | 3 if outputs.get(&q.request.0).is_none() => {
+                            assert_eq!((q.num_computed, q.num_new_tokens), (32, 8));
+                            assert_eq!(plan.block_table(i)[..2], parent_blocks[..]);
+                            assert_ne!(plan.block_table(i)[2], plan.block_table(0)[2]);
+                        }
+                        _ => {}
+                    }
+                }
+                let sampled: Vec<u32> = (0..plan.num_sampling() as u32)
+                    .map(|k| 7 + step * 10 + k)
+                    .collect();
+                for e in s.complete(plan, &sampled, step as f64 + 0.5) {
+                    if let Event::Token { request, token, .. } = e {
+                        outputs.entry(request.0).or_default().push(token);
+                    }
+                }
+                s.check_invariants().unwrap();
+            }
+            assert_eq!(outputs.len(), 3, "prefix caching {prefix_caching}");
+            assert!(outputs.values().all(|o| o.len() == 4));
+            assert_ne!(outputs[&1], outputs[&2], "each fork samples its own tokens");
+            assert_eq!(s.stats().num_free_blocks, 64);
         }
     }
 
