@@ -772,7 +772,7 @@ mod tests {
                             assert_eq!(q.num_new_tokens, 40, "the prompt, once");
                             parent_blocks = plan.block_table(i)[..2].to_vec();
                         }
-                        2 | 3 if outputs.get(&q.request.0).is_none() => {
+                        2 | 3 if !outputs.contains_key(&q.request.0) => {
                             assert_eq!((q.num_computed, q.num_new_tokens), (32, 8));
                             assert_eq!(plan.block_table(i)[..2], parent_blocks[..]);
                             assert_ne!(plan.block_table(i)[2], plan.block_table(0)[2]);
