@@ -33,6 +33,11 @@ pub struct EngineRequest {
     pub stop_token_ids: Vec<u32>,
     /// Generate past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Ids of more sequences to sample from the same prompt (OpenAI's `n` - 1): forked
+    /// from this one once its prompt is computed, sharing its KV (see
+    /// `Scheduler::add_forked`). Fork `i` (from 0) samples with `seed + i + 1` when the
+    /// request has a seed.
+    pub forks: Vec<u64>,
 }
 
 /// One generated token of one request.
@@ -60,6 +65,9 @@ pub struct StepOutput {
     pub tokens: Vec<TokenOutput>,
     /// Requests the step could not run: ended (KV freed), with the error.
     pub failed: Vec<(u64, RequestStats, String)>,
+    /// Requests that ended outside a step since the last one (aborted, or forks whose
+    /// parent ended before forking them).
+    pub ended: Vec<u64>,
     /// The step's shape in the simulator's terms, when tracing.
     pub shape: Option<StepShape>,
     /// Tokens the step processed (prompt chunks and decodes).
@@ -168,18 +176,28 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 stop_token_ids: r.stop_token_ids,
             },
         };
-        let sampler = Sampler::new(r.params, &req.prompt, request_seed(self.default_seed, id));
+        // One sampler per sequence; a seeded request's forks take the seeds after its own.
+        let lives: Vec<(u64, Live)> = std::iter::once(id)
+            .chain(r.forks.iter().copied())
+            .enumerate()
+            .map(|(i, sid)| {
+                let mut params = r.params.clone();
+                params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+                let sampler =
+                    Sampler::new(params, &req.prompt, request_seed(self.default_seed, sid));
+                let want_logprobs = sampler.params().logprobs.is_some();
+                let live = Live {
+                    sampler,
+                    output: OutputStream::new(&r.stop_strings),
+                    want_logprobs,
+                };
+                (sid, live)
+            })
+            .collect();
         let arrival_s = arrival.saturating_duration_since(self.start).as_secs_f64();
-        self.sched.add_request(req, arrival_s)?;
-        let want_logprobs = sampler.params().logprobs.is_some();
-        self.live.insert(
-            id,
-            Live {
-                sampler,
-                output: OutputStream::new(&r.stop_strings),
-                want_logprobs,
-            },
-        );
+        let forks = r.forks.iter().map(|&f| RequestId(f)).collect();
+        self.sched.add_forked(req, forks, arrival_s)?;
+        self.live.extend(lives);
         Ok(())
     }
 
@@ -193,13 +211,15 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     pub fn step(&mut self) -> StepOutput {
         let now = self.now();
         let plan = self.sched.schedule(now);
-        for id in &plan.finished {
-            self.live.remove(&id.0);
+        let ended: Vec<u64> = plan.finished.iter().map(|id| id.0).collect();
+        for id in &ended {
+            self.live.remove(id);
         }
         if plan.is_empty() {
             self.sched.complete(plan, &[], now);
             return StepOutput {
                 idle: true,
+                ended,
                 ..StepOutput::default()
             };
         }
@@ -222,6 +242,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     .collect();
                 return StepOutput {
                     failed,
+                    ended,
                     shape,
                     num_tokens,
                     forward_s: t_forward.elapsed().as_secs_f64(),
@@ -268,6 +289,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         StepOutput {
             idle: false,
             tokens: out,
+            ended,
             failed: Vec::new(),
             shape,
             num_tokens,
@@ -405,6 +427,7 @@ mod tests {
             stop_strings: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
+            forks: Vec::new(),
         }
     }
 

@@ -592,6 +592,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         stop_strings: a.stop,
         stop_token_ids: Vec::new(),
         ignore_eos: a.ignore_eos,
+        forks: Vec::new(),
     };
     let start = std::time::Instant::now();
     let out = generate(&lm, &[req], GenerateOptions::default(), |_, delta| {

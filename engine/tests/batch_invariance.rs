@@ -25,6 +25,7 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
             stop_strings: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
+            forks: Vec::new(),
         })
         .collect()
 }

@@ -27,6 +27,7 @@ fn request(prompt: Vec<u32>, params: SamplingParams, stop: Stop) -> GenerateRequ
         stop_strings: stop.stop,
         stop_token_ids: stop.stop_token_ids,
         ignore_eos: stop.ignore_eos,
+        forks: Vec::new(),
     }
 }
 

@@ -630,3 +630,93 @@ async fn logit_bias_is_honoured() {
     assert_ne!(other_ids["tokens"][0].as_u64(), Some(banned), "{other}");
     server.stop().await;
 }
+
+/// OpenAI's `n`: the choices of one request are forks of one prompt computation. Greedy,
+/// every choice is exactly the `n = 1` answer (a fork reads the KV its parent computed);
+/// seeded sampling gives choice 0 the `n = 1` answer of the same seed and the others their
+/// own; usage counts the prompt once and every choice's tokens; a stream carries every
+/// choice to its finish; and the KV is all given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_are_forks_of_one_prompt() {
+    let (addr, _server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let url = format!("{base}/v1/completions");
+    let client = reqwest::Client::new();
+    // 40+ tokens: the forks share two full blocks.
+    let prompt = "The harbour at dawn was quiet; the boats rocked on their moorings while \
+                  the gulls circled over the grey water and the fishermen mended their nets";
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                assert_eq!(c["index"], i);
+                c["text"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    for (temperature, seed) in [(0.0, None), (1.0, Some(11))] {
+        let body = |n: usize| {
+            json!({"prompt": prompt, "max_tokens": 12, "n": n, "temperature": temperature,
+                   "seed": seed, "ignore_eos": true})
+        };
+        let (status, one) = post(&client, &url, body(1)).await;
+        assert_eq!(status, 200, "{one}");
+        let (status, three) = post(&client, &url, body(3)).await;
+        assert_eq!(status, 200, "{three}");
+        let (one_text, three_texts) = (texts(&one), texts(&three));
+        assert_eq!(three_texts.len(), 3);
+        assert_eq!(three_texts[0], one_text[0], "choice 0 is the n = 1 answer");
+        if temperature == 0.0 {
+            assert!(
+                three_texts.iter().all(|t| t == &one_text[0]),
+                "{three_texts:?}"
+            );
+        } else {
+            assert!(three_texts[1] != three_texts[0] || three_texts[2] != three_texts[0]);
+        }
+        let u = &three["usage"];
+        assert_eq!(u["prompt_tokens"], one["usage"]["prompt_tokens"]);
+        assert_eq!(u["completion_tokens"], 36);
+    }
+    let mut streamed = json!({"prompt": prompt, "max_tokens": 5, "n": 2, "ignore_eos": true,
+                              "stream": true, "stream_options": {"include_usage": true}});
+    streamed["temperature"] = json!(0);
+    let text = client
+        .post(&url)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    for index in 0..2 {
+        let finishes = chunks
+            .iter()
+            .filter(|c| c["choices"].get(0).is_some_and(|ch| ch["index"] == index))
+            .filter(|c| c["choices"][0]["finish_reason"] == "length")
+            .count();
+        assert_eq!(finishes, 1, "choice {index} finishes once: {text}");
+    }
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 10);
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    assert_eq!(
+        metric(&client, &base, "vllm:kv_cache_usage_perc").await,
+        0.0
+    );
+    assert_eq!(
+        metric(&client, &base, "vllm:num_requests_running").await,
+        0.0
+    );
+}

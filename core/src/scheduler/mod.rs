@@ -636,9 +636,11 @@ impl Scheduler {
     /// or about to be removed from running by the caller).
     fn release(&mut self, slot: u32, reason: FinishReason) -> RequestStats {
         let mut seq = self.seqs[slot as usize].take().expect("live");
-        for id in &seq.forks {
-            // Ended before its first token: its forks will not be made.
-            self.pending_forks.remove(id);
+        for &id in &seq.forks {
+            // Ended before its first token: its forks will not be made, and the driver
+            // hears that they ended (the next plan's `finished`).
+            self.pending_forks.remove(&id);
+            self.ended_outside.push(id);
         }
         self.kv.free(&mut seq.kv);
         seq.state = SeqState::Finished(reason);

@@ -99,7 +99,12 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to sample from the prompt (OpenAI's `n`), 1 to [`MAX_N`].
+    pub n: usize,
 }
+
+/// The most choices one request may ask for.
+pub const MAX_N: usize = 64;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
@@ -239,13 +244,12 @@ pub fn parse_request(
         },
         Endpoint::Chat => Prompt::Chat(parse_messages(body.get("messages"))?),
     };
-    if let Some(n) = f.uint("n")? {
-        if n != 1 {
-            return Err(ApiError::bad_request(
-                Some("n"),
-                format!("only n = 1 is supported, got {n}"),
-            ));
-        }
+    let n = f.uint("n")?.unwrap_or(1);
+    if !(1..=MAX_N as u64).contains(&n) {
+        return Err(ApiError::bad_request(
+            Some("n"),
+            format!("n must be between 1 and {MAX_N}, got {n}"),
+        ));
     }
     refuse_unsupported(body)?;
     // The name the client used, for errors.
@@ -407,6 +411,7 @@ pub fn parse_request(
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         stream,
         include_usage,
+        n: n as usize,
     })
 }
 
@@ -615,7 +620,8 @@ mod tests {
             (r#"{"prompt":"x","max_tokens":0}"#, "max_tokens"),
             (r#"{"prompt":"x","temperature":-1}"#, "temperature"),
             (r#"{"prompt":"x","top_p":0}"#, "top_p"),
-            (r#"{"prompt":"x","n":2}"#, "n"),
+            (r#"{"prompt":"x","n":0}"#, "n"),
+            (r#"{"prompt":"x","n":65}"#, "n"),
             (r#"{"prompt":7}"#, "prompt"),
             (r#"{"prompt":"x","stop":[1]}"#, "stop"),
             (r#"{"prompt":"x","stream":"yes"}"#, "stream"),

@@ -36,6 +36,8 @@ pub enum StreamEvent {
     Accepted,
     Rejected(AddError),
     Token {
+        /// Which of the request's `n` choices this token belongs to.
+        index: usize,
         text: String,
         token: u32,
         logprob: f32,
@@ -54,9 +56,12 @@ pub struct Finish {
     pub cached_tokens: usize,
 }
 
-/// A request's client side: where its tokens go, and its timings for the metrics.
+/// A sequence's client side: where its tokens go (one channel per request, shared by its
+/// `n` choices), and its timings for the metrics.
 struct Client {
     events: UnboundedSender<StreamEvent>,
+    /// Its choice among the request's `n`.
+    index: usize,
     arrival: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
@@ -159,6 +164,9 @@ impl EngineLoop {
 
     fn add(&mut self, r: NewRequest) {
         let max_tokens = r.request.max_tokens;
+        let ids: Vec<u64> = std::iter::once(r.id)
+            .chain(r.request.forks.iter().copied())
+            .collect();
         if let Err(e) = self.core.add(r.id, r.request, r.arrival) {
             let _ = r.events.send(StreamEvent::Rejected(e));
             return;
@@ -166,23 +174,27 @@ impl EngineLoop {
         let _ = r.events.send(StreamEvent::Accepted);
         {
             let mut m = self.metrics.lock().unwrap();
-            m.params_n.observe(1.0);
+            m.params_n.observe(ids.len() as f64);
             m.params_max_tokens.observe(max_tokens as f64);
         }
-        self.clients.insert(
-            r.id,
-            Client {
-                events: r.events,
+        for (index, id) in ids.into_iter().enumerate() {
+            let client = Client {
+                events: r.events.clone(),
+                index,
                 arrival: r.arrival,
                 first_token: None,
                 last_token: None,
-            },
-        );
+            };
+            self.clients.insert(id, client);
+        }
     }
 
     fn step(&mut self) {
         let t_start = Instant::now();
         let out = self.core.step();
+        for id in &out.ended {
+            self.clients.remove(id);
+        }
         if out.idle {
             std::thread::sleep(std::time::Duration::from_millis(1));
             return;
@@ -253,6 +265,7 @@ impl EngineLoop {
         let delivered = client
             .events
             .send(StreamEvent::Token {
+                index: client.index,
                 text: t.text,
                 token: t.token,
                 logprob: t.logprob,

@@ -32,7 +32,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::engine_core::EngineRequest;
 use api::{ApiError, Endpoint, GenerationRequest, Prompt};
-use engine_loop::{Command, EngineLoop, NewRequest, StreamEvent};
+use engine_loop::{Command, EngineLoop, Finish, NewRequest, StreamEvent};
 use metrics::ServerMetrics;
 
 use crate::model::LoadedModel;
@@ -612,9 +612,10 @@ fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
     Ok(tokens)
 }
 
-/// Aborts the request when dropped before it finished (the client went away).
+/// Aborts the request (each of its `n` sequences) when dropped before it finished (the
+/// client went away).
 struct AbortOnDrop {
-    id: u64,
+    ids: std::ops::Range<u64>,
     commands: mpsc::Sender<Command>,
     done: bool,
 }
@@ -622,7 +623,9 @@ struct AbortOnDrop {
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.commands.send(Command::Abort(self.id));
+            for id in self.ids.clone() {
+                let _ = self.commands.send(Command::Abort(id));
+            }
         }
     }
 }
@@ -689,7 +692,9 @@ async fn generate(
         Some(m) => m,
         None => s.max_model_len - n,
     };
-    let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+    // One id per choice: the first is the request's, the others its forks'.
+    let id = s.next_id.fetch_add(req.n as u64, Ordering::Relaxed);
+    let ids = id..id + req.n as u64;
     let (tx, mut rx) = unbounded_channel();
     let commands = s.commands.lock().unwrap().clone();
     let new = NewRequest {
@@ -701,6 +706,7 @@ async fn generate(
             stop_strings: req.stop.clone(),
             stop_token_ids: req.stop_token_ids.clone(),
             ignore_eos: req.ignore_eos,
+            forks: ids.clone().skip(1).collect(),
         },
         arrival,
         events: tx,
@@ -709,7 +715,7 @@ async fn generate(
         .send(Command::Add(Box::new(new)))
         .map_err(|_| ApiError::internal("the engine has stopped"))?;
     let guard = AbortOnDrop {
-        id,
+        ids,
         commands,
         done: false,
     };
@@ -736,6 +742,7 @@ async fn generate(
         endpoint,
         logprobs: req.params.logprobs.is_some(),
         tokenizer: s.tokenizer.clone(),
+        n: req.n,
     };
     if req.stream {
         Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
@@ -760,6 +767,8 @@ struct ResponseMeta {
     endpoint: Endpoint,
     logprobs: bool,
     tokenizer: Arc<TextTokenizer>,
+    /// Choices the request asked for.
+    n: usize,
 }
 
 impl ResponseMeta {
@@ -776,6 +785,14 @@ impl ResponseMeta {
                "prompt_tokens_details": {"cached_tokens": cached}})
     }
 
+    /// Usage of all choices: the prompt once (the first choice's, which computed it), the
+    /// completions summed.
+    fn usage_of(finished: &[Finish]) -> Value {
+        let completion = finished.iter().map(|f| f.completion_tokens).sum();
+        let first = finished[0];
+        Self::usage(first.prompt_tokens, completion, first.cached_tokens)
+    }
+
     fn token_logprobs(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Value {
         let text = |t: u32| self.tokenizer.decode(&[t]).unwrap_or_default();
         match self.endpoint {
@@ -790,10 +807,17 @@ impl ResponseMeta {
         }
     }
 
-    fn chunk(&self, text: &str, logprobs: Value, finish: Option<&str>, first: bool) -> Value {
+    fn chunk(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Value,
+        finish: Option<&str>,
+        first: bool,
+    ) -> Value {
         let choice = match self.endpoint {
             Endpoint::Completions => {
-                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Chat => {
                 let delta = if first {
@@ -801,7 +825,7 @@ impl ResponseMeta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         };
         self.body(true, json!([choice]), None)
@@ -828,26 +852,32 @@ fn sse_stream(
     async_stream::stream! {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
-        let mut first = true;
+        // Per choice: whether its first chunk is still to come; the choices that ended.
+        let mut first = vec![true; meta.n];
+        let mut finished = Vec::with_capacity(meta.n);
         while let Some(ev) = rx.recv().await {
             match ev {
-                StreamEvent::Token { text, token, logprob, top_logprobs, finish } => {
+                StreamEvent::Token { index, text, token, logprob, top_logprobs, finish } => {
                     let lp = if meta.logprobs { meta.token_logprobs(token, logprob, &top_logprobs) } else { Value::Null };
                     let reason = finish.map(|f| f.reason.as_str());
-                    yield Ok(SseEvent::default().data(meta.chunk(&text, lp, reason, first).to_string()));
-                    first = false;
+                    let chunk = meta.chunk(index, &text, lp, reason, first[index]);
+                    yield Ok(SseEvent::default().data(chunk.to_string()));
+                    first[index] = false;
                     if let Some(f) = finish {
-                        guard.done = true;
-                        if include_usage {
-                            let usage = ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens);
-                            let u = meta.body(true, json!([]), Some(usage));
-                            yield Ok(SseEvent::default().data(u.to_string()));
+                        finished.push(f);
+                        if finished.len() == meta.n {
+                            guard.done = true;
+                            if include_usage {
+                                let usage = ResponseMeta::usage_of(&finished);
+                                let u = meta.body(true, json!([]), Some(usage));
+                                yield Ok(SseEvent::default().data(u.to_string()));
+                            }
+                            break;
                         }
-                        break;
                     }
                 }
                 StreamEvent::Error(msg) => {
-                    guard.done = true;
+                    // The other choices end with the stream (the guard aborts them).
                     yield Ok(SseEvent::default().data(ApiError::internal(msg).body().to_string()));
                     break;
                 }
@@ -858,57 +888,81 @@ fn sse_stream(
     }
 }
 
+/// One choice of a non-streaming response, as it accumulates.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<Value>,
+    finish: Option<Finish>,
+}
+
 async fn collect(
     mut rx: UnboundedReceiver<StreamEvent>,
     mut guard: AbortOnDrop,
     meta: ResponseMeta,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut lps: Vec<Value> = Vec::new();
+    let mut choices: Vec<Choice> = (0..meta.n).map(|_| Choice::default()).collect();
+    let mut open = meta.n;
     while let Some(ev) = rx.recv().await {
         match ev {
             StreamEvent::Token {
-                text: t,
+                index,
+                text,
                 token,
                 logprob,
                 top_logprobs,
                 finish,
             } => {
-                text.push_str(&t);
+                let c = &mut choices[index];
+                c.text.push_str(&text);
                 if meta.logprobs {
-                    lps.push(meta.token_logprobs(token, logprob, &top_logprobs));
+                    c.logprobs
+                        .push(meta.token_logprobs(token, logprob, &top_logprobs));
                 }
-                let Some(f) = finish else { continue };
+                if finish.is_some() {
+                    c.finish = finish;
+                    open -= 1;
+                }
+                if open > 0 {
+                    continue;
+                }
                 guard.done = true;
-                let logprobs = if meta.logprobs {
-                    merge_logprobs(meta.endpoint, &lps)
-                } else {
-                    Value::Null
-                };
-                let reason = f.reason.as_str();
-                let choice = match meta.endpoint {
-                    Endpoint::Completions => {
-                        json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason})
-                    }
-                    Endpoint::Chat => {
-                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": reason})
-                    }
-                };
-                let usage =
-                    ResponseMeta::usage(f.prompt_tokens, f.completion_tokens, f.cached_tokens);
-                let body = meta.body(false, json!([choice]), Some(usage));
-                return Ok(Json(body).into_response());
+                let finished: Vec<Finish> = choices.iter().filter_map(|c| c.finish).collect();
+                let body: Vec<Value> = choices
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| meta.choice(i, c))
+                    .collect();
+                let usage = ResponseMeta::usage_of(&finished);
+                return Ok(Json(meta.body(false, json!(body), Some(usage))).into_response());
             }
-            StreamEvent::Error(msg) => {
-                guard.done = true;
-                return Err(ApiError::internal(msg));
-            }
+            StreamEvent::Error(msg) => return Err(ApiError::internal(msg)),
             StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
         }
     }
     Err(ApiError::internal(
         "the engine stopped before the request finished",
     ))
+}
+
+impl ResponseMeta {
+    /// A finished choice of a non-streaming response.
+    fn choice(&self, index: usize, c: &Choice) -> Value {
+        let logprobs = if self.logprobs {
+            merge_logprobs(self.endpoint, &c.logprobs)
+        } else {
+            Value::Null
+        };
+        let reason = c.finish.map(|f| f.reason.as_str());
+        match self.endpoint {
+            Endpoint::Completions => {
+                json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": reason})
+            }
+            Endpoint::Chat => {
+                json!({"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs, "finish_reason": reason})
+            }
+        }
+    }
 }
 
 /// Per-token logprob objects → one object, as the non-streaming response carries them.
