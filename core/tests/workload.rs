@@ -207,3 +207,69 @@ fn scenario_errors_name_file_key_and_reason() {
         assert!(e.reason.contains(reason), "{set:?}: {msg}");
     }
 }
+
+/// A trace scenario's mistakes name the key: kind and trace go together, a trace gives the
+/// lengths, more requests than rows; the shipped fixture replays its rows in order.
+#[test]
+fn trace_scenarios_refuse_what_does_not_fit_and_replay_their_rows() {
+    use infer_core::workload::{ApproxTokenizer, Trace, WorkloadGenerator};
+    let path = format!(
+        "{}/../scenarios/trace_replay.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let parse = |set: &[&str]| {
+        let o: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+        Scenario::parse(&path, &text, &o)
+    };
+    for (set, key, reason) in [
+        (
+            &["arrival.kind=\"poisson\"", "arrival.rate=2"][..],
+            "arrival.kind",
+            "go together",
+        ),
+        (
+            &["workload.prompt_tokens=100"][..],
+            "workload.prompt_tokens",
+            "leave it out",
+        ),
+        (
+            &["workload.trace.time_scale=0"][..],
+            "workload.trace.time_scale",
+            "positive",
+        ),
+        (
+            &["workload.trace.format=\"csv\""][..],
+            "workload.trace.format",
+            "unknown variant",
+        ),
+    ] {
+        let e = parse(set).unwrap_err();
+        assert_eq!(e.key, key, "{set:?}: {e}");
+        assert!(e.reason.contains(reason), "{set:?}: {e}");
+    }
+    let too_many = parse(&["workload.num_requests=41"]).unwrap();
+    let e = Trace::of_scenario(&too_many, &path).unwrap_err();
+    assert!(e.contains("num_requests") && e.contains("40 rows"), "{e}");
+    let missing = parse(&["workload.trace.path=\"no/such.csv\""]).unwrap();
+    assert!(Trace::of_scenario(&missing, &path)
+        .unwrap_err()
+        .contains("no/such.csv"));
+
+    let sc = parse(&[]).unwrap();
+    let trace = Trace::of_scenario(&sc, &path).unwrap().unwrap();
+    let gen = WorkloadGenerator::new(
+        sc.workload.clone(),
+        std::sync::Arc::new(ApproxTokenizer::default()),
+    )
+    .with_trace(trace.clone());
+    let times: Vec<f64> = gen.arrivals(&sc.arrival).times.unwrap().collect();
+    assert_eq!(times, trace.rows.iter().map(|r| r.t_s).collect::<Vec<_>>());
+    for (i, row) in trace.rows.iter().enumerate() {
+        let r = gen.request(i);
+        assert_eq!(
+            (r.prompt_ids.len(), r.max_tokens),
+            (row.prompt_tokens, row.output_tokens)
+        );
+    }
+}

@@ -720,3 +720,65 @@ async fn n_choices_are_forks_of_one_prompt() {
         0.0
     );
 }
+
+/// Trace replay in both drivers: the shipped fixture (`scenarios/trace_replay.toml`) gives
+/// the simulator every row's arrival time and lengths exactly, and the load generator sends
+/// each row on its time with its lengths (cut in the served model's tokens; the server's
+/// count is within its BOS token and a merge at a segment boundary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_replays_the_same_arrivals_and_lengths_in_both_drivers() {
+    use infer_core::workload::Tokenizer;
+    let file = scenario("trace_replay");
+    // Its first 12 rows (the whole trace is 40).
+    let first = vec!["workload.num_requests=12".to_string()];
+    let setup = infer_sim::load(&file, &first).unwrap();
+    let trace = setup.trace.clone().expect("the scenario replays a trace");
+    assert_eq!(trace.rows.len(), 40);
+    let (_, predicted) = infer_sim::run_collect(&setup);
+    assert_eq!(predicted.records.len(), 12);
+    for (row, rec) in trace.rows.iter().zip(&predicted.records) {
+        assert!(
+            (rec.start - row.t_s).abs() < 1e-9,
+            "{} vs {}",
+            rec.start,
+            row.t_s
+        );
+        assert_eq!(
+            (rec.prompt_tokens, rec.output_tokens),
+            (row.prompt_tokens, row.output_tokens)
+        );
+    }
+
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let dir = infer_engine::builtin::resolve("builtin:tiny").unwrap();
+    let tokenizer: std::sync::Arc<dyn Tokenizer> =
+        std::sync::Arc::new(infer_engine::tokenizer::TextTokenizer::from_dir(&dir).unwrap());
+    let mut opts = BenchOptions::new(&format!("http://{addr}"), &file);
+    opts.tokenizer = Some(tokenizer);
+    opts.overrides = first;
+    let measured = bench::run(&opts).await.unwrap();
+    server.stop().await;
+    assert_eq!(measured.records.len(), 12);
+    for rec in &measured.records {
+        let row = trace.rows[rec.id as usize];
+        assert!(rec.success(), "{rec:?}");
+        assert_eq!(rec.output_tokens, row.output_tokens, "request {}", rec.id);
+        assert!(
+            rec.prompt_tokens.abs_diff(row.prompt_tokens) <= 2,
+            "request {}: {} vs {}",
+            rec.id,
+            rec.prompt_tokens,
+            row.prompt_tokens
+        );
+        // Sent on its time (this machine is shared: a generous bound).
+        assert!(
+            (rec.start - row.t_s).abs() < 0.5,
+            "request {} sent at {} for {}",
+            rec.id,
+            rec.start,
+            row.t_s
+        );
+    }
+}

@@ -23,6 +23,8 @@ pub struct Setup {
     pub cost: Arc<dyn CostModel>,
     /// Things the user should know before reading the numbers (memory over-commit, …).
     pub warnings: Vec<String>,
+    /// The trace the workload replays (`[workload] trace`), read from its file.
+    pub trace: Option<Arc<infer_core::workload::Trace>>,
 }
 
 /// Read and parse a scenario file (errors name the file).
@@ -74,7 +76,9 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
             Arc::new(fit)
         }
     };
+    let trace = infer_core::workload::Trace::of_scenario(&scenario, file)?;
     Ok(Setup {
+        trace,
         file: file.to_string(),
         scenario,
         settings,

@@ -285,7 +285,10 @@ pub fn run_collect(setup: &Setup) -> (SimResult, Rows) {
 pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn RunSink) -> SimResult {
     let sc = &setup.scenario;
     let cfg = sc.server.scheduler_config();
-    let gen = WorkloadGenerator::new(sc.workload.clone(), tokenizer);
+    let mut gen = WorkloadGenerator::new(sc.workload.clone(), tokenizer);
+    if let Some(trace) = &setup.trace {
+        gen = gen.with_trace(trace.clone());
+    }
     let arrivals = gen.arrivals(&sc.arrival);
     let count = sc.workload.num_requests;
     let n_replicas = sc.cluster.as_ref().map_or(1, |c| c.replicas);

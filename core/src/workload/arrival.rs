@@ -22,6 +22,8 @@ pub enum ArrivalKind {
     Concurrency,
     /// Piecewise Poisson rates: `stages = [{ rate, duration_s }, …]`.
     Stages,
+    /// The arrival times of the workload's trace (`[workload] trace`).
+    Trace,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -77,6 +79,8 @@ enum Gaps {
     Uniform(f64),
     /// The first request at 0, then sampled gaps.
     Sampled(GapDistribution),
+    /// Given times (a trace's).
+    Given(std::sync::Arc<[f64]>),
     /// Poisson within each stage; `end` is the current stage's end.
     Stages {
         stages: Vec<Stage>,
@@ -101,6 +105,7 @@ impl Iterator for ArrivalTimes {
         let t = match &mut self.gaps {
             Gaps::Burst => 0.0,
             Gaps::Uniform(rate) => self.given as f64 / *rate,
+            Gaps::Given(times) => *times.get(self.given)?,
             Gaps::Sampled(d) => {
                 if self.given > 0 {
                     self.t += match d {
@@ -205,7 +210,9 @@ impl ArrivalSpec {
                     max_concurrency: self.max_concurrency,
                 };
             }
-            ArrivalKind::Burst => Gaps::Burst,
+            // The generator gives a trace's times (`WorkloadGenerator::arrivals`); without
+            // them, everything at once.
+            ArrivalKind::Trace | ArrivalKind::Burst => Gaps::Burst,
             ArrivalKind::Uniform => Gaps::Uniform(rate),
             ArrivalKind::Poisson => Gaps::Sampled(GapDistribution::Exp(
                 Exp::new(rate).expect("validated rate"),
@@ -226,6 +233,20 @@ impl ArrivalSpec {
                 gaps,
                 rng,
                 left: num_requests,
+                given: 0,
+                t: 0.0,
+            }),
+            max_concurrency: self.max_concurrency,
+        }
+    }
+
+    /// The schedule of a trace's `times` (its first `num_requests`).
+    pub fn given(&self, times: std::sync::Arc<[f64]>, num_requests: usize) -> Arrivals {
+        Arrivals {
+            times: Some(ArrivalTimes {
+                left: num_requests.min(times.len()),
+                gaps: Gaps::Given(times),
+                rng: rand::SeedableRng::seed_from_u64(0),
                 given: 0,
                 t: 0.0,
             }),

@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use super::arrival::{ArrivalSpec, Arrivals};
 use super::corpus::{TokenizedCorpus, Tokenizer};
 use super::scenario::WorkloadSpec;
+use super::trace::Trace;
 
 /// One request of a workload.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +39,8 @@ pub struct WorkloadGenerator {
     /// Where prompts are assembled: it keeps its capacity, so a prompt of many segments
     /// costs one exact allocation, not a chain of reallocations.
     scratch: std::sync::Mutex<(String, Vec<u32>)>,
+    /// The trace being replayed (`[workload] trace`), with its arrival times.
+    trace: Option<(Arc<Trace>, Arc<[f64]>)>,
 }
 
 // Independent random streams.
@@ -59,6 +62,7 @@ impl WorkloadGenerator {
             corpus,
             shared: None,
             scratch: Default::default(),
+            trace: None,
         };
         if let Some(n) = g.spec.shared_prefix_tokens.filter(|&n| n > 0) {
             let mut seg = (String::new(), Vec::new());
@@ -71,6 +75,14 @@ impl WorkloadGenerator {
             g.shared = Some(seg);
         }
         g
+    }
+
+    /// Replay `trace` (read by the driver for the spec's `trace`): request `i` has row
+    /// `i`'s lengths (warm-ups reuse rows from the start) and arrives at its time.
+    pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
+        let times: Arc<[f64]> = trace.rows.iter().map(|r| r.t_s).collect();
+        self.trace = Some((trace, times));
+        self
     }
 
     pub fn spec(&self) -> &WorkloadSpec {
@@ -93,6 +105,9 @@ impl WorkloadGenerator {
 
     /// Release schedule of the measured requests.
     pub fn arrivals(&self, spec: &ArrivalSpec) -> Arrivals {
+        if let Some((_, times)) = &self.trace {
+            return spec.given(times.clone(), self.spec.num_requests);
+        }
         spec.schedule(self.spec.num_requests, self.rng(ARRIVALS, 0, 0))
     }
 
@@ -104,7 +119,17 @@ impl WorkloadGenerator {
         seg.1.clear();
         let (mut group, mut turn) = (None, None);
         let max_tokens;
-        if let Some(g) = w.groups {
+        if let Some((trace, _)) = &self.trace {
+            let row = trace.rows[index % trace.rows.len()];
+            let mut rng = self.rng(PLAIN, index, 0);
+            self.segment(
+                &format!("Request {index}: "),
+                row.prompt_tokens,
+                &mut rng,
+                seg,
+            );
+            max_tokens = row.output_tokens;
+        } else if let Some(g) = w.groups {
             // Prompts cycle through the G×P set, groups interleaved.
             let p = index % (g.count * g.prompts_per_group);
             let (gi, qi) = (p % g.count, p / g.count);

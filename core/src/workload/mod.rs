@@ -7,6 +7,7 @@ pub mod corpus;
 pub mod dist;
 pub mod generate;
 pub mod scenario;
+pub mod trace;
 
 pub use arrival::{ArrivalKind, ArrivalSpec, ArrivalTimes, Arrivals, Stage};
 pub use corpus::{ApproxTokenizer, Token, Tokenizer};
@@ -15,3 +16,4 @@ pub use generate::{GeneratedRequest, WorkloadGenerator};
 pub use scenario::{
     ClusterSpec, ConversationsSpec, GroupsSpec, Scenario, ScenarioError, ServerSpec, WorkloadSpec,
 };
+pub use trace::{Trace, TraceFormat, TraceRow, TraceSpec};

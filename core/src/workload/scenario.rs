@@ -37,9 +37,12 @@ pub struct WorkloadSpec {
     pub warmup_requests: usize,
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// Tokens of each prompt's unique part (the question, the user turn).
+    /// Tokens of each prompt's unique part (the question, the user turn). Required but with
+    /// a trace, which gives every length (unset reads as 0 tokens).
+    #[serde(default = "unset")]
     pub prompt_tokens: LengthDist,
     /// The request's `max_tokens` (and, in conversations, the length of earlier replies).
+    #[serde(default = "unset")]
     pub output_tokens: LengthDist,
     #[serde(default)]
     pub ignore_eos: bool,
@@ -50,10 +53,18 @@ pub struct WorkloadSpec {
     pub groups: Option<GroupsSpec>,
     #[serde(default)]
     pub conversations: Option<ConversationsSpec>,
+    /// Replay a recorded trace's arrivals and lengths (with `[arrival] kind = "trace"`);
+    /// drivers read the file ([`super::Trace::load`]).
+    #[serde(default)]
+    pub trace: Option<super::TraceSpec>,
 }
 
 fn default_seed() -> u64 {
     42
+}
+
+fn unset() -> LengthDist {
+    LengthDist::Fixed(0)
 }
 
 /// G groups × P prompts: each group shares a system prompt (llm-d's shared_prefix data).
@@ -229,21 +240,45 @@ impl Scenario {
                 ),
             ));
         }
-        if w.output_tokens.min() == 0 {
+        if w.trace.is_some() {
+            for (key, dist) in [
+                ("prompt_tokens", &w.prompt_tokens),
+                ("output_tokens", &w.output_tokens),
+            ] {
+                if *dist != unset() {
+                    return Err((
+                        at("workload", key),
+                        "a trace gives every request's lengths: leave it out".into(),
+                    ));
+                }
+            }
+        } else if w.output_tokens.min() == 0 {
             return Err((
                 at("workload", "output_tokens"),
-                "must be at least 1 token".into(),
+                "is required, at least 1 token".into(),
             ));
         }
         let forms = [
             w.shared_prefix_tokens.is_some(),
             w.groups.is_some(),
             w.conversations.is_some(),
+            w.trace.is_some(),
         ];
         if forms.iter().filter(|&&f| f).count() > 1 {
             return Err((
                 "workload".into(),
-                "choose at most one of shared_prefix_tokens, groups, conversations".into(),
+                "choose at most one of shared_prefix_tokens, groups, conversations, trace".into(),
+            ));
+        }
+        if let Some(t) = &w.trace {
+            t.validate()
+                .map_err(|(k, r)| (format!("workload.trace.{k}"), r))?;
+        }
+        let trace_arrivals = self.arrival.kind == super::ArrivalKind::Trace;
+        if trace_arrivals != w.trace.is_some() {
+            return Err((
+                "arrival.kind".into(),
+                "kind = \"trace\" and [workload] trace go together".into(),
             ));
         }
         if let Some(g) = w.groups {
@@ -271,6 +306,7 @@ impl Scenario {
         if w.prompt_tokens.min() == 0
             && w.shared_prefix_tokens.unwrap_or(0) == 0
             && w.groups.is_none()
+            && w.trace.is_none()
         {
             return Err((
                 at("workload", "prompt_tokens"),

@@ -91,7 +91,13 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         .tokenizer
         .clone()
         .unwrap_or_else(|| Arc::new(ApproxTokenizer::default()));
-    let gen = Arc::new(WorkloadGenerator::new(scenario.workload.clone(), tokenizer));
+    let mut gen = WorkloadGenerator::new(scenario.workload.clone(), tokenizer);
+    if let Some(trace) =
+        infer_core::workload::Trace::of_scenario(&scenario, &path).map_err(anyhow::Error::msg)?
+    {
+        gen = gen.with_trace(trace);
+    }
+    let gen = Arc::new(gen);
     // Idle connections are dropped before servers close them (uvicorn, so vLLM, after 5 s;
     // `engine serve` after 10 s): reusing one the server is closing would fail a request.
     let client = reqwest::Client::builder()

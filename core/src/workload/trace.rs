@@ -1,0 +1,277 @@
+//! Trace replay: a workload whose arrival times and lengths come from a recorded trace —
+//! the public Azure LLM inference trace's CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`)
+//! or this project's own `requests.csv` (`start_s`, `prompt_tokens`, `output_tokens`) — so
+//! the simulator and the load generator replay a user's real traffic. Prompts are corpus
+//! text of each row's length (a trace has lengths, not text); `max_tokens` is the row's
+//! output length (replay with `ignore_eos = true` to reproduce it).
+//!
+//! The scenario names the file (`[workload] trace = { path, format, time_scale }`, with
+//! `[arrival] kind = "trace"`); drivers read it with [`Trace::load`].
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// `[workload] trace = { … }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSpec {
+    /// The trace file: as given if it exists, else relative to the scenario file.
+    pub path: String,
+    pub format: TraceFormat,
+    /// Multiplies every arrival time (0.5 replays twice as fast).
+    #[serde(default = "one")]
+    pub time_scale: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceFormat {
+    /// Azure LLM inference trace: `TIMESTAMP` (`YYYY-MM-DD HH:MM:SS[.fraction]`),
+    /// `ContextTokens`, `GeneratedTokens`.
+    Azure,
+    /// A run directory's `requests.csv` (`start_s`, `prompt_tokens`, `output_tokens`).
+    Requests,
+}
+
+/// One request of a trace.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TraceRow {
+    /// Seconds from the trace's first request, scaled.
+    pub t_s: f64,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+}
+
+/// A trace's requests in arrival order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    pub rows: Vec<TraceRow>,
+}
+
+impl TraceSpec {
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(self.time_scale > 0.0 && self.time_scale.is_finite()) {
+            return Err((
+                "time_scale",
+                format!("must be a positive number, got {}", self.time_scale),
+            ));
+        }
+        if self.path.is_empty() {
+            return Err(("path", "must name the trace file".into()));
+        }
+        Ok(())
+    }
+
+    /// Where the file is: `path` as given if it exists, else next to `scenario_file`.
+    pub fn resolve(&self, scenario_file: &str) -> PathBuf {
+        let given = PathBuf::from(&self.path);
+        if given.exists() || given.is_absolute() {
+            return given;
+        }
+        Path::new(scenario_file)
+            .parent()
+            .map_or(given.clone(), |dir| dir.join(&given))
+    }
+}
+
+impl Trace {
+    /// Reads the trace a scenario names. Errors name the file, and the line and column
+    /// of a bad row.
+    pub fn load(spec: &TraceSpec, scenario_file: &str) -> Result<Trace, String> {
+        let path = spec.resolve(scenario_file);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("{}: cannot read the trace: {e}", path.display()))?;
+        Trace::parse(&text, spec.format, spec.time_scale)
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The trace `scenario` (read from `scenario_file`) replays, if any; refuses more
+    /// measured requests than the trace has rows.
+    pub fn of_scenario(
+        scenario: &super::Scenario,
+        scenario_file: &str,
+    ) -> Result<Option<std::sync::Arc<Trace>>, String> {
+        let Some(spec) = &scenario.workload.trace else {
+            return Ok(None);
+        };
+        let trace = Trace::load(spec, scenario_file)?;
+        let n = scenario.workload.num_requests;
+        if n > trace.rows.len() {
+            return Err(format!(
+                "{scenario_file}: workload.num_requests: {n} requests but the trace has {} rows",
+                trace.rows.len()
+            ));
+        }
+        Ok(Some(std::sync::Arc::new(trace)))
+    }
+
+    pub fn parse(text: &str, format: TraceFormat, time_scale: f64) -> Result<Trace, String> {
+        let mut lines = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty());
+        let (_, header) = lines.next().ok_or("the trace is empty")?;
+        let columns: Vec<&str> = header.split(',').map(str::trim).collect();
+        let find = |name: &str| {
+            columns
+                .iter()
+                .position(|c| *c == name)
+                .ok_or_else(|| format!("line 1: no `{name}` column (found {header})"))
+        };
+        let (time, prompt, output) = match format {
+            TraceFormat::Azure => (
+                find("TIMESTAMP")?,
+                find("ContextTokens")?,
+                find("GeneratedTokens")?,
+            ),
+            TraceFormat::Requests => (
+                find("start_s")?,
+                find("prompt_tokens")?,
+                find("output_tokens")?,
+            ),
+        };
+        let mut rows = Vec::new();
+        let mut first: Option<f64> = None;
+        for (i, line) in lines {
+            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            let field = |c: usize, name: &str| {
+                fields
+                    .get(c)
+                    .copied()
+                    .ok_or_else(|| format!("line {}: no `{name}` field", i + 1))
+            };
+            let count = |c: usize, name: &str| -> Result<usize, String> {
+                let v = field(c, name)?;
+                v.parse()
+                    .map_err(|_| format!("line {}: `{name}` = `{v}` is not a token count", i + 1))
+            };
+            let raw_t = field(time, "time")?;
+            let t = match format {
+                TraceFormat::Azure => timestamp_s(raw_t),
+                TraceFormat::Requests => raw_t.parse().ok().filter(|t: &f64| t.is_finite()),
+            }
+            .ok_or_else(|| format!("line {}: `{raw_t}` is not a time", i + 1))?;
+            let t0 = *first.get_or_insert(t);
+            let row = TraceRow {
+                t_s: (t - t0) * time_scale,
+                prompt_tokens: count(prompt, "prompt length")?,
+                output_tokens: count(output, "output length")?,
+            };
+            if row.prompt_tokens == 0 || row.output_tokens == 0 {
+                return Err(format!(
+                    "line {}: a request needs at least one prompt and one output token",
+                    i + 1
+                ));
+            }
+            if rows.last().is_some_and(|r: &TraceRow| row.t_s < r.t_s) {
+                return Err(format!(
+                    "line {}: arrivals must be in time order ({raw_t} is earlier than the row before)",
+                    i + 1
+                ));
+            }
+            rows.push(row);
+        }
+        if rows.is_empty() {
+            return Err("the trace has a header but no requests".into());
+        }
+        Ok(Trace { rows })
+    }
+}
+
+/// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC).
+fn timestamp_s(s: &str) -> Option<f64> {
+    let (date, time) = s.split_once([' ', 'T'])?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
+    let sec: f64 = t.next()?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec >= 61.0 {
+        return None;
+    }
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3_600 + min * 60) as f64 + sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn azure_rows_become_offsets_from_the_first_request() {
+        let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                    2023-11-16 18:15:46.6805900,374,44\n\
+                    2023-11-16 18:15:50.9951690,396,109\n\
+                    2023-11-17 00:00:00,10,1\n";
+        let t = Trace::parse(text, TraceFormat::Azure, 0.5).unwrap();
+        assert_eq!(t.rows.len(), 3);
+        assert_eq!(
+            (
+                t.rows[0].t_s,
+                t.rows[0].prompt_tokens,
+                t.rows[0].output_tokens
+            ),
+            (0.0, 374, 44)
+        );
+        assert!(
+            (t.rows[1].t_s - 4.314579 * 0.5).abs() < 1e-6,
+            "{}",
+            t.rows[1].t_s
+        );
+        let to_midnight = 86_400.0 - (18.0 * 3600.0 + 15.0 * 60.0 + 46.68059);
+        assert!(
+            (t.rows[2].t_s - to_midnight * 0.5).abs() < 1e-6,
+            "{}",
+            t.rows[2].t_s
+        );
+    }
+
+    #[test]
+    fn a_requests_csv_replays_its_own_start_times() {
+        let text = "id,start_s,ttft_s,prompt_tokens,output_tokens\n0,1.5,0.1,12,3\n1,2.0,,30,7\n";
+        let t = Trace::parse(text, TraceFormat::Requests, 1.0).unwrap();
+        assert_eq!(
+            t.rows,
+            vec![
+                TraceRow {
+                    t_s: 0.0,
+                    prompt_tokens: 12,
+                    output_tokens: 3
+                },
+                TraceRow {
+                    t_s: 0.5,
+                    prompt_tokens: 30,
+                    output_tokens: 7
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_traces_name_the_line_and_the_reason() {
+        let bad = |text: &str| Trace::parse(text, TraceFormat::Azure, 1.0).unwrap_err();
+        assert!(bad("").contains("empty"));
+        assert!(bad("A,B\n").contains("TIMESTAMP"));
+        let h = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+        assert!(bad(h).contains("no requests"));
+        assert!(bad(&format!("{h}2023-11-16 18:15:46,x,4\n")).contains("line 2"));
+        assert!(bad(&format!("{h}yesterday,3,4\n")).contains("not a time"));
+        assert!(bad(&format!("{h}2023-11-16 18:15:46,0,4\n")).contains("at least one"));
+        let order = format!("{h}2023-11-16 18:15:46,3,4\n2023-11-16 18:15:40,3,4\n");
+        assert!(bad(&order).contains("line 3") && bad(&order).contains("time order"));
+    }
+}
