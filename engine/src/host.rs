@@ -12,7 +12,9 @@
 //! worker threads reuse the same memory. The price is that resident memory stays at its
 //! high-water mark.
 
-/// Configure the allocator; idempotent, best effort (a no-op off glibc).
+/// Configure the allocator; idempotent, best effort (a no-op off glibc). A process-wide
+/// setting, so programs call it — the `engine` binary first thing in `main`, before any
+/// thread starts — and library code does not.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -190,7 +190,6 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
 /// Time the grid on `lm`: about `reps` timed runs per shape, in two rounds (each point
 /// keeps the median).
 pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<ProfilePoint>> {
-    crate::host::keep_freed_memory();
     let block_size = 16;
     let max_len = lm.config.max_position_embeddings.min(4096);
     let shapes = grid(max_len, quick);

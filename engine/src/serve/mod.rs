@@ -123,7 +123,6 @@ pub struct Engine {
 impl Engine {
     /// Load the model and start the engine thread.
     pub fn start(cfg: &ServeConfig) -> Result<Engine> {
-        crate::host::keep_freed_memory();
         if cfg.gpu_memory_utilization.is_none() {
             // Before the model loads, for a quick answer (the pool size is final).
             cfg.sched
