@@ -9,8 +9,10 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{drive, simple_cost};
-use infer_core::{BatchingMode, FinishReason, KvBackend, Request, SchedulerConfig, StopConditions};
+use common::{drive, drive_forked, simple_cost};
+use infer_core::{
+    BatchingMode, FinishReason, KvBackend, Request, RequestId, SchedulerConfig, StopConditions,
+};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -18,6 +20,11 @@ struct Case {
     cfg: SchedulerConfig,
     requests: Vec<(f64, Request)>,
     aborts: Vec<(f64, u64)>,
+}
+
+/// The first fork id of request `i` (each has room for 3).
+fn fork_id(i: u64, k: u64) -> u64 {
+    1_000 + 4 * i + k
 }
 
 fn config() -> impl Strategy<Value = SchedulerConfig> {
@@ -147,6 +154,50 @@ proptest! {
             prop_assert!(n == 1 || aborted.contains(&id), "request {} never ended", id);
         }
         // Nothing is held once everything has ended.
+        prop_assert!(!sched.has_unfinished());
+        let st = sched.stats();
+        prop_assert_eq!(st.num_free_blocks, st.num_blocks);
+        prop_assert_eq!(sched.kv().total_refs(), 0);
+    }
+
+    /// Some requests fork 1–3 more sequences (OpenAI's `n`), in every configuration: the
+    /// invariants hold every step (shared blocks counted once per holder), nothing is held at
+    /// the end, each fork ends exactly once when its parent was not aborted (a parent
+    /// aborted before its first token takes its forks with it), and none is planned twice.
+    #[test]
+    fn invariants_hold_with_forks(c in case(), n in prop::collection::vec(0u64..4, 40)) {
+        let requests: Vec<(f64, Request, Vec<RequestId>)> = c
+            .requests
+            .iter()
+            .map(|(t, r)| {
+                let forks = (0..n[r.id.0 as usize]).map(|k| RequestId(fork_id(r.id.0, k))).collect();
+                (*t, r.clone(), forks)
+            })
+            .collect();
+        let (log, sched) = drive_forked(c.cfg.clone(), requests, simple_cost, c.aborts.clone());
+        for s in &log.steps {
+            let mut ids: Vec<u64> = s.seqs.iter().map(|x| x.0).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            prop_assert_eq!(ids.len(), s.seqs.len());
+            prop_assert!(s.seqs.len() <= c.cfg.max_batch_size);
+        }
+        let mut ends: HashMap<u64, usize> = HashMap::new();
+        for (id, _, _) in log.finished() {
+            *ends.entry(id).or_default() += 1;
+        }
+        let aborted: Vec<u64> = c.aborts.iter().map(|a| a.1).collect();
+        for (_, r) in &c.requests {
+            let id = r.id.0;
+            if log.rejected.contains(&id) {
+                continue;
+            }
+            for k in 0..n[id as usize] {
+                let f = ends.get(&fork_id(id, k)).copied().unwrap_or(0);
+                prop_assert!(f <= 1, "fork {} of {} ended {} times", k, id, f);
+                prop_assert!(f == 1 || aborted.contains(&id), "fork {} of {} never ended", k, id);
+            }
+        }
         prop_assert!(!sched.has_unfinished());
         let st = sched.stats();
         prop_assert_eq!(st.num_free_blocks, st.num_blocks);

@@ -83,12 +83,6 @@ pub trait KvManager {
     fn cached_prefix_blocks(&self, _hashes: &[u64]) -> usize {
         0
     }
-    /// A new table holding the first `blocks` blocks of `parent`'s (each gains a
-    /// reference): a sequence forked from `parent` shares that much of its context. A
-    /// manager that cannot share returns an empty table (the fork recomputes).
-    fn fork(&mut self, _parent: &SeqKv, _blocks: usize) -> SeqKv {
-        SeqKv::default()
-    }
     /// From now on, record the prefix cache's [`KvEvent`]s (a pool without prefix caching
     /// has none).
     fn record_events(&mut self) {}

@@ -198,18 +198,6 @@ impl KvManager for PagedKv {
         self.refs.iter().map(|&r| r as usize).sum()
     }
 
-    fn fork(&mut self, parent: &SeqKv, blocks: usize) -> SeqKv {
-        let blocks = &parent.blocks[..blocks.min(parent.blocks.len())];
-        for &b in blocks {
-            // Held by the parent, so not in the free queue.
-            self.refs[b as usize] += 1;
-        }
-        SeqKv {
-            blocks: blocks.to_vec(),
-            hashes: parent.hashes[..blocks.len().min(parent.hashes.len())].to_vec(),
-        }
-    }
-
     fn record_events(&mut self) {
         if self.prefix_caching {
             self.events.get_or_insert_with(EventLog::default);

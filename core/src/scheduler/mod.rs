@@ -230,9 +230,12 @@ impl Scheduler {
 
     /// Queue a request that samples `1 + forks.len()` sequences from its prompt (OpenAI's
     /// `n`): the prompt is computed once, and when its first token is sampled each of
-    /// `forks` becomes a sequence of its own that shares the prompt's full KV blocks,
-    /// recomputes only the last, partial one and samples its own tokens (vLLM forks a
-    /// sequence group likewise). Each fork then ends, and reports, on its own.
+    /// `forks` becomes a sequence of its own at the head of the queue, which finds the
+    /// prompt's full blocks in the prefix cache — the parent has just registered them, and
+    /// holds them — so it computes only the last, partial block and samples its own tokens
+    /// (vLLM V1 shares a request's `n` sequences through its prefix cache likewise; without
+    /// prefix caching each fork computes the prompt again). Each fork then ends, and
+    /// reports, on its own.
     pub fn add_forked(
         &mut self,
         req: Request,
@@ -297,15 +300,16 @@ impl Scheduler {
             forks,
         };
         self.pending_forks.extend(seq.forks.iter().copied());
-        let slot = self.insert(seq);
+        let slot = self.insert(seq, true);
         self.waiting.push_back(slot);
         Ok(())
     }
 
-    /// A live sequence's slot (indexed by its id).
-    fn insert(&mut self, seq: Sequence) -> u32 {
+    /// A live sequence's slot (indexed by its id): a free one if `reuse`, else a new one.
+    fn insert(&mut self, seq: Sequence, reuse: bool) -> u32 {
         let id = seq.id;
-        let slot = match self.free_slots.pop() {
+        let free = if reuse { self.free_slots.pop() } else { None };
+        let slot = match free {
             Some(s) => {
                 self.seqs[s as usize] = Some(seq);
                 s
@@ -320,35 +324,33 @@ impl Scheduler {
     }
 
     /// Fork `ids` from sequence `slot`, whose prompt is computed and first token sampled:
-    /// each shares the prompt's full blocks — all but the one holding the last prompt
-    /// token, which a fork recomputes into a block of its own to sample its first token
-    /// (shared blocks are never written) — and waits at the head of the queue, so it is
-    /// admitted as soon as the batch has room.
+    /// each is a new sequence of the same prompt and stop conditions, at the head of the
+    /// queue so that it is admitted as soon as the batch has room (see
+    /// [`Scheduler::add_forked`]). It holds nothing until then, like any waiting request.
     fn fork(&mut self, slot: u32, ids: Vec<RequestId>, now: f64) {
-        let bs = self.kv.block_size();
         for id in ids.into_iter().rev() {
             self.pending_forks.remove(&id);
             let parent = self.seqs[slot as usize].as_ref().expect("live");
-            let kv = self.kv.fork(&parent.kv, (parent.prompt_len - 1) / bs);
-            let shared = kv.blocks.len() * bs;
             let mut tokens = Vec::with_capacity(parent.tokens.capacity());
             tokens.extend_from_slice(&parent.tokens[..parent.prompt_len]);
             let child = Sequence {
                 id,
                 tokens,
                 prompt_len: parent.prompt_len,
-                num_computed: shared,
+                num_computed: 0,
                 stop: parent.stop.clone(),
                 state: SeqState::Waiting,
-                kv,
+                kv: SeqKv::default(),
                 scheduled_in: u64::MAX,
                 arrival_time: parent.arrival_time,
                 first_scheduled_time: Some(now),
-                cached_tokens: Some(shared),
+                cached_tokens: None,
                 preemptions: 0,
                 forks: Vec::new(),
             };
-            let child = self.insert(child);
+            // Not a free slot: `complete` frees slots of requests that end in its loop and
+            // drops them from `running` only at its end, so one of them may still be listed.
+            let child = self.insert(child, false);
             self.waiting.push_front(child);
         }
     }
@@ -455,10 +457,7 @@ impl Scheduler {
             };
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
-            let (prefix, hit) = if !seq.kv.blocks.is_empty() {
-                // A fork: it holds its parent's prompt blocks already.
-                (PrefixMatch::default(), seq.num_computed)
-            } else if self.cfg.prefix_caching {
+            let (prefix, hit) = if self.cfg.prefix_caching {
                 let prefix = self.kv.lookup_prefix(&seq.tokens);
                 let hit = prefix.num_tokens(bs);
                 (prefix, hit)
@@ -695,17 +694,9 @@ impl Scheduler {
         if self.waiting.len() + self.running.len() != self.index.len() {
             return Err("a live request is neither waiting nor running".into());
         }
-        // A waiting sequence holds no blocks, but a fork not yet admitted: exactly the
-        // context it shares with its parent, all of it computed.
         for &s in &self.waiting {
-            let q = self.seq(s);
-            if q.kv.blocks.len() * kv.block_size() != q.num_computed {
-                return Err(format!(
-                    "waiting request {} holds {} blocks for {} computed tokens",
-                    q.id,
-                    q.kv.blocks.len(),
-                    q.num_computed
-                ));
+            if !self.seq(s).kv.blocks.is_empty() {
+                return Err(format!("waiting request {} holds blocks", self.seq(s).id));
             }
         }
         Ok(())
@@ -739,9 +730,10 @@ mod tests {
     }
 
     /// OpenAI's `n = 3`: the prompt (40 tokens, blocks of 16) is computed once; at its
-    /// first token two forks appear that hold the prompt's two full blocks, recompute only
-    /// the last 8 prompt tokens into blocks of their own, and each samples its own tokens
-    /// to its own end — with and without prefix caching, the invariants checked each step.
+    /// first token two forks appear at the head of the queue. With prefix caching they find
+    /// the prompt's two full blocks (the parent's own) and compute only the last 8 prompt
+    /// tokens into blocks of their own; without, they compute the prompt again. Each samples
+    /// its own tokens to its own end, the invariants checked each step.
     #[test]
     fn forks_share_the_prompts_full_blocks_and_finish_on_their_own() {
         for prefix_caching in [false, true] {
@@ -775,9 +767,13 @@ mod tests {
                             parent_blocks = plan.block_table(i)[..2].to_vec();
                         }
                         2 | 3 if !outputs.contains_key(&q.request.0) => {
-                            assert_eq!((q.num_computed, q.num_new_tokens), (32, 8));
-                            assert_eq!(plan.block_table(i)[..2], parent_blocks[..]);
-                            assert_ne!(plan.block_table(i)[2], plan.block_table(0)[2]);
+                            if prefix_caching {
+                                assert_eq!((q.num_computed, q.num_new_tokens), (32, 8));
+                                assert_eq!(plan.block_table(i)[..2], parent_blocks[..]);
+                                assert_ne!(plan.block_table(i)[2], plan.block_table(0)[2]);
+                            } else {
+                                assert_eq!((q.num_computed, q.num_new_tokens), (0, 40));
+                            }
                         }
                         _ => {}
                     }

@@ -73,7 +73,22 @@ pub fn sample(plan: &StepPlan) -> Vec<u32> {
 /// `step_cost(plan)` seconds. `abort_at` lists (time, id) cancellations.
 pub fn drive(
     cfg: SchedulerConfig,
-    mut requests: Vec<(f64, Request)>,
+    requests: Vec<(f64, Request)>,
+    step_cost: impl Fn(&StepPlan) -> f64,
+    abort_at: Vec<(f64, u64)>,
+) -> (RunLog, Scheduler) {
+    let requests = requests
+        .into_iter()
+        .map(|(t, r)| (t, r, Vec::new()))
+        .collect();
+    drive_forked(cfg, requests, step_cost, abort_at)
+}
+
+/// [`drive`] with requests that fork more sequences (OpenAI's `n`): `(arrival, request,
+/// fork ids)`.
+pub fn drive_forked(
+    cfg: SchedulerConfig,
+    mut requests: Vec<(f64, Request, Vec<RequestId>)>,
     step_cost: impl Fn(&StepPlan) -> f64,
     mut abort_at: Vec<(f64, u64)>,
 ) -> (RunLog, Scheduler) {
@@ -86,9 +101,9 @@ pub fn drive(
     let mut idle_steps = 0;
     loop {
         while next_req < requests.len() && requests[next_req].0 <= now {
-            let (t, r) = requests[next_req].clone();
+            let (t, r, forks) = requests[next_req].clone();
             let id = r.id.0;
-            if sched.add_request(r, t).is_err() {
+            if sched.add_forked(r, forks, t).is_err() {
                 log.rejected.push(id);
             }
             next_req += 1;
@@ -123,6 +138,13 @@ pub fn drive(
             continue;
         }
         idle_steps = 0;
+        // Steps that run but never finish the work (preemption ping-pong) are a livelock too.
+        assert!(
+            log.steps.len() < 20_000,
+            "livelock: {} requests unfinished after {} steps",
+            sched.num_unfinished(),
+            log.steps.len()
+        );
         log.steps.push(StepLog {
             time: now,
             num_tokens: plan.num_tokens(),
