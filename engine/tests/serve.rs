@@ -35,6 +35,26 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// A streamed response: its text and its `data:` chunks but `[DONE]`, parsed.
+async fn stream(client: &reqwest::Client, url: &str, body: &Value) -> (String, Vec<Value>) {
+    let text = client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let chunks = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    (text, chunks)
+}
+
 async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
     let r = client.post(url).json(&body).send().await.unwrap();
     let status = r.status().as_u16();
@@ -126,21 +146,7 @@ async fn streaming_and_non_streaming_agree_and_chat_uses_the_template() {
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     streamed["stream_options"] = json!({"include_usage": true});
-    let text = client
-        .post(format!("{base}/v1/completions"))
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let chunks: Vec<Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let (text, chunks) = stream(&client, &format!("{base}/v1/completions"), &streamed).await;
     assert!(text.trim_end().ends_with("data: [DONE]"));
     let joined: String = chunks
         .iter()
@@ -686,21 +692,7 @@ async fn n_choices_are_forks_of_one_prompt() {
     let mut streamed = json!({"prompt": prompt, "max_tokens": 5, "n": 2, "ignore_eos": true,
                               "stream": true, "stream_options": {"include_usage": true}});
     streamed["temperature"] = json!(0);
-    let text = client
-        .post(&url)
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let chunks: Vec<Value> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
+    let (text, chunks) = stream(&client, &url, &streamed).await;
     for index in 0..2 {
         let finishes = chunks
             .iter()
