@@ -18,6 +18,6 @@ pub mod workload;
 
 pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
 pub use scheduler::{
-    AddError, BatchingMode, Event, KvBackend, ScheduledSeq, Scheduler, SchedulerConfig,
+    AddError, AddOptions, BatchingMode, Event, KvBackend, ScheduledSeq, Scheduler, SchedulerConfig,
     SchedulerStats, StepPlan, StepShape,
 };

@@ -60,6 +60,7 @@ fn prefilled(lm: &LoadedModel, batch: usize) -> Result<(KvCache, Vec<Vec<u32>>)>
                 start_pos: 0,
                 block_table: table.clone(),
                 sample: true,
+                all_logits: false,
             }],
         };
         lm.model.forward(&b, &mut kv)?;
@@ -75,6 +76,7 @@ fn fresh_prompt(len: usize) -> ForwardBatch {
             start_pos: 0,
             block_table: (0..len.div_ceil(BLOCK) as u32).collect(),
             sample: true,
+            all_logits: false,
         }],
     }
 }
@@ -97,6 +99,7 @@ fn decode_step_s(
                     start_pos: CONTEXT,
                     block_table: t.clone(),
                     sample: true,
+                    all_logits: false,
                 })
                 .collect(),
         };

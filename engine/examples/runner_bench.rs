@@ -157,6 +157,7 @@ fn decode_tokens_per_s(
                 start_pos: 0,
                 block_table: t.clone(),
                 sample: false,
+                all_logits: false,
             }],
         };
         lm.model.forward(&b, &mut cache)?;
@@ -171,6 +172,7 @@ fn decode_tokens_per_s(
                     start_pos: ctx + s,
                     block_table: t.clone(),
                     sample: true,
+                    all_logits: false,
                 })
                 .collect(),
         };
@@ -195,6 +197,7 @@ fn prefill_tokens_per_s(lm: &LoadedModel, len: usize) -> Result<f64> {
                 start_pos: 0,
                 block_table: table.clone(),
                 sample: true,
+                all_logits: false,
             }],
         };
         lm.model.forward(&b, &mut cache)?;

@@ -14,6 +14,8 @@ pub struct SeqChunk {
     pub block_table: Vec<u32>,
     /// Whether logits are needed for the last token of this chunk (a token is sampled).
     pub sample: bool,
+    /// Logits for every token of the chunk, not only the last (prompt logprobs).
+    pub all_logits: bool,
 }
 
 impl SeqChunk {
@@ -21,9 +23,22 @@ impl SeqChunk {
     pub fn end_pos(&self) -> usize {
         self.start_pos + self.tokens.len()
     }
+
+    /// The chunk's tokens (indices into `tokens`) whose logits come back, in order.
+    pub fn logit_rows(&self) -> std::ops::Range<usize> {
+        let n = self.tokens.len();
+        if self.all_logits {
+            0..n
+        } else if self.sample {
+            n - 1..n
+        } else {
+            n..n
+        }
+    }
 }
 
-/// All sequences of one step. Logits come back in order for those with `sample == true`.
+/// All sequences of one step. Logits come back in batch order, each sequence's
+/// [`SeqChunk::logit_rows`] in position order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ForwardBatch {
     pub seqs: Vec<SeqChunk>,
@@ -34,7 +49,8 @@ impl ForwardBatch {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
     }
 
-    pub fn num_sampled(&self) -> usize {
-        self.seqs.iter().filter(|s| s.sample).count()
+    /// Rows of logits the step returns.
+    pub fn num_logit_rows(&self) -> usize {
+        self.seqs.iter().map(|s| s.logit_rows().len()).sum()
     }
 }

@@ -38,6 +38,19 @@ pub struct EngineRequest {
     /// `Scheduler::add_forked`). Fork `i` (from 0) samples with `seed + i + 1` when the
     /// request has a seed.
     pub forks: Vec<u64>,
+    /// Report the logprob of every prompt token but the first, with this many most likely
+    /// alternatives (`echo` with `logprobs`): every prompt token is then computed, none
+    /// taken from the prefix cache.
+    pub prompt_logprobs: Option<usize>,
+}
+
+/// The logprob of one prompt token given the tokens before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens at that position, most likely first.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// One generated token of one request.
@@ -55,6 +68,8 @@ pub struct TokenOutput {
     pub top_logprobs: Vec<(u32, f32)>,
     /// The request ended with this token.
     pub finish: Option<(FinishReason, RequestStats)>,
+    /// With the first token of a request that asked: prompt positions 1.. in order.
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// What one step did.
@@ -81,6 +96,9 @@ struct Live {
     sampler: Sampler,
     output: OutputStream,
     want_logprobs: bool,
+    /// (the prompt, alternatives per position, logprobs of positions 1.. as computed) when
+    /// the request asked for prompt logprobs.
+    prompt_logprobs: Option<(Vec<u32>, usize, Vec<Option<PromptLogprob>>)>,
 }
 
 /// The loop body. `M` is the model, owned (a server) or borrowed (a one-off run).
@@ -186,17 +204,28 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 let sampler =
                     Sampler::new(params, &req.prompt, request_seed(self.default_seed, sid));
                 let want_logprobs = sampler.params().logprobs.is_some();
+                let prompt_logprobs = r.prompt_logprobs.filter(|_| i == 0).map(|k| {
+                    (
+                        req.prompt.clone(),
+                        k,
+                        vec![None; req.prompt.len().saturating_sub(1)],
+                    )
+                });
                 let live = Live {
                     sampler,
                     output: OutputStream::new(&r.stop_strings),
                     want_logprobs,
+                    prompt_logprobs,
                 };
                 (sid, live)
             })
             .collect();
         let arrival_s = arrival.saturating_duration_since(self.start).as_secs_f64();
-        let forks = r.forks.iter().map(|&f| RequestId(f)).collect();
-        self.sched.add_forked(req, forks, arrival_s)?;
+        let opts = infer_core::AddOptions {
+            forks: r.forks.iter().map(|&f| RequestId(f)).collect(),
+            every_prompt_token: r.prompt_logprobs.is_some(),
+        };
+        self.sched.add_with(req, opts, arrival_s)?;
         self.live.extend(lives);
         Ok(())
     }
@@ -307,17 +336,47 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         if std::mem::take(&mut self.fail_next_forward) {
             anyhow::bail!("injected forward failure");
         }
-        let batch = to_batch(plan);
+        let mut batch = to_batch(plan);
+        // Prompt chunks of requests that report prompt logprobs return every row.
+        for (chunk, s) in batch.seqs.iter_mut().zip(&plan.seqs) {
+            if let Some(Some((prompt, ..))) =
+                self.live.get(&s.request.0).map(|l| &l.prompt_logprobs)
+            {
+                chunk.all_logits = s.num_computed + 1 < prompt.len();
+            }
+        }
         let logits = self.model.borrow().model.forward(&batch, &mut self.kv)?;
-        let mut out = Vec::with_capacity(logits.rows());
-        let sampling = plan.seqs.iter().filter(|s| s.samples);
-        for (s, row) in sampling.zip(logits.iter()) {
+        let mut out = Vec::with_capacity(plan.num_sampling());
+        let mut rows = logits.iter();
+        for (s, chunk) in plan.seqs.iter().zip(&batch.seqs) {
             let id = s.request.0;
             let live = self
                 .live
                 .get_mut(&id)
                 .ok_or_else(|| anyhow!("request {id} has no state"))?;
-            out.push((id, live.sampler.sample(row)));
+            let mut last = None;
+            for j in chunk.logit_rows() {
+                let row = rows
+                    .next()
+                    .ok_or_else(|| anyhow!("fewer logits rows than asked"))?;
+                // Row j predicts the token after position `num_computed + j`.
+                let next = s.num_computed + j + 1;
+                if let Some((prompt, k, lps)) = &mut live.prompt_logprobs {
+                    if chunk.all_logits && next < prompt.len() {
+                        let (logprob, top) = crate::sampling::raw_logprobs(row, prompt[next], *k);
+                        lps[next - 1] = Some(PromptLogprob {
+                            token: prompt[next],
+                            logprob,
+                            top,
+                        });
+                    }
+                }
+                last = Some(row);
+            }
+            if s.samples {
+                let row = last.ok_or_else(|| anyhow!("no logits for a sampled row"))?;
+                out.push((id, live.sampler.sample(row)));
+            }
         }
         Ok(out)
     }
@@ -362,6 +421,15 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         } else {
             (0.0, Vec::new())
         };
+        let prompt_logprobs = if first {
+            live.prompt_logprobs.take().map(|(_, _, lps)| {
+                lps.into_iter()
+                    .map(|lp| lp.expect("every prompt position was computed"))
+                    .collect()
+            })
+        } else {
+            None
+        };
         if finish.is_some() {
             self.live.remove(&id);
         }
@@ -373,6 +441,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             logprob,
             top_logprobs,
             finish,
+            prompt_logprobs,
         }
     }
 }
@@ -398,6 +467,7 @@ pub fn to_batch(plan: &StepPlan) -> ForwardBatch {
                     start_pos: s.num_computed,
                     block_table: plan.block_table(i).to_vec(),
                     sample: s.samples,
+                    all_logits: false,
                 }
             })
             .collect(),
@@ -428,6 +498,7 @@ mod tests {
             stop_token_ids: Vec::new(),
             ignore_eos: true,
             forks: Vec::new(),
+            prompt_logprobs: None,
         }
     }
 

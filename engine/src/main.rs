@@ -593,6 +593,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         stop_token_ids: Vec::new(),
         ignore_eos: a.ignore_eos,
         forks: Vec::new(),
+        prompt_logprobs: None,
     };
     let start = std::time::Instant::now();
     let out = generate(&lm, &[req], GenerateOptions::default(), |_, delta| {

@@ -107,6 +107,7 @@ fn spread_step(cfg: &SchedulerConfig, budget: usize, vocab: usize) -> (ForwardBa
                     start_pos: 0,
                     block_table,
                     sample: true,
+                    all_logits: false,
                 }
             })
             .collect(),
@@ -242,7 +243,7 @@ mod tests {
         let (b, blocks) = peak_step(&cfg, 1000);
         assert_eq!(b.seqs.len(), 24);
         assert_eq!(b.total_tokens(), 512);
-        assert_eq!(b.num_sampled(), 24);
+        assert_eq!(b.num_logit_rows(), 24);
         let lens: Vec<usize> = b.seqs.iter().map(|s| s.tokens.len()).collect();
         assert!(lens.iter().all(|&l| l == 21 || l == 22), "{lens:?}");
         // Disjoint tables, numbered 0..blocks, each covering its sequence.

@@ -239,6 +239,7 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
                 start_pos: start,
                 block_table: table(start + n),
                 sample: true,
+                all_logits: false,
             });
         }
         let shared = table(shape.shared); // a whole number of blocks
@@ -252,6 +253,7 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
                 start_pos: c,
                 block_table,
                 sample: true,
+                all_logits: false,
             });
         }
         batches.push(ForwardBatch { seqs });

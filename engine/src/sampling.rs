@@ -216,7 +216,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
+pub(crate) fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let log_z = max + logits.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
     let lp = |t: u32| logits[t as usize] - log_z;

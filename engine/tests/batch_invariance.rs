@@ -26,6 +26,7 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
             stop_token_ids: Vec::new(),
             ignore_eos: true,
             forks: Vec::new(),
+            prompt_logprobs: None,
         })
         .collect()
 }
@@ -127,6 +128,7 @@ fn greedy_from(
                 start_pos: start,
                 block_table: table.to_vec(),
                 sample: true,
+                all_logits: false,
             }],
         };
         let logits: Vec<f32> = lm.model.forward(&batch, cache)?.row(0).to_vec();
@@ -194,6 +196,7 @@ fn sliding_window_sees_exactly_the_last_window_positions() -> Result<()> {
                 start_pos: 11,
                 block_table: table.clone(),
                 sample: true,
+                all_logits: false,
             }],
         };
         Ok(lm.model.forward(&batch, cache)?.row(0).to_vec())
@@ -205,6 +208,7 @@ fn sliding_window_sees_exactly_the_last_window_positions() -> Result<()> {
                 start_pos: 0,
                 block_table: table.clone(),
                 sample: false,
+                all_logits: false,
             }],
         };
         lm.model.forward(&batch, cache)?;
@@ -248,6 +252,7 @@ fn interleaved_groups_in_one_step_match_each_sequence_alone() -> Result<()> {
             start_pos: *done,
             block_table: table.clone(),
             sample: true,
+            all_logits: false,
         })
         .collect();
     let prefill = |cache: &mut KvCache, i: usize| -> Result<()> {
@@ -257,6 +262,7 @@ fn interleaved_groups_in_one_step_match_each_sequence_alone() -> Result<()> {
             start_pos: 0,
             block_table: tables[i].clone(),
             sample: false,
+            all_logits: false,
         };
         lm.model
             .forward(&ForwardBatch { seqs: vec![chunk] }, cache)?;

@@ -49,6 +49,7 @@ fn chunk(tokens: &[u32], start_pos: usize, table: &[u32], sample: bool) -> Forwa
             start_pos,
             block_table: table.to_vec(),
             sample,
+            all_logits: false,
         }],
     }
 }
@@ -174,6 +175,7 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
                     start_pos: if decoding { 20 } else { 0 },
                     block_table: tables[i].clone(),
                     sample: true,
+                    all_logits: false,
                 }
             })
             .collect(),
@@ -196,6 +198,7 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
                         start_pos: 21 + j as usize,
                         block_table: tables[i].clone(),
                         sample: true,
+                        all_logits: false,
                     })
                     .collect(),
             };

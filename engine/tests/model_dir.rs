@@ -28,6 +28,7 @@ fn prefill_logits(lm: &LoadedModel) -> Result<Vec<f32>> {
             start_pos: 0,
             block_table: vec![0],
             sample: true,
+            all_logits: false,
         }],
     };
     let mut cache = lm.model.new_kv_cache(1, 16)?;

@@ -87,6 +87,7 @@ fn compare(lm: &LoadedModel, oracle: &mut dyn Oracle, decode_steps: usize) -> Re
                 start_pos: start,
                 block_table: table.clone(),
                 sample: true,
+                all_logits: false,
             }],
         };
         let ours: Vec<f32> = lm.model.forward(&batch, &mut cache)?.row(0).to_vec();

@@ -272,7 +272,7 @@ async fn unsupported_parameters_are_refused_and_errors_name_what_was_sent() {
             completion(json!({"logit_bias": {"5": 101}})),
             "logit_bias",
         ),
-        ("/v1/completions", completion(json!({"echo": true})), "echo"),
+        ("/v1/chat/completions", chat(json!({"echo": true})), "echo"),
         (
             "/v1/completions",
             completion(json!({"best_of": 3})),
@@ -542,7 +542,7 @@ fn bad_cases() -> Vec<BadCase> {
     ));
     // Parameters this server does not implement, switched on.
     for (key, v) in [
-        ("echo", json!(true)),
+        ("echo", json!("yes")), // a boolean, not a string
         ("suffix", json!("end")),
         ("best_of", json!(3)),
         ("response_format", json!({"type": "json_object"})),

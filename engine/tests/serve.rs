@@ -774,3 +774,93 @@ async fn a_trace_replays_the_same_arrivals_and_lengths_in_both_drivers() {
         );
     }
 }
+
+/// `echo` with `logprobs` and `max_tokens: 0` (how evaluation harnesses score a text): the
+/// completion is the prompt, its first token has no logprob and every other one has its
+/// logprob given the tokens before it — the same whatever follows it (a prefix of the
+/// prompt scores its tokens alike) and whether the prompt is in the prefix cache or not
+/// (such a request computes every prompt token); nothing generated is returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_returns_the_prompt_with_the_logprob_of_each_of_its_tokens() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let url = format!("http://{addr}/v1/completions");
+    let client = reqwest::Client::new();
+    let ids: Vec<u32> = (0..40).map(|i| 300 + (i * 37) % 900).collect();
+    let score = |prompt: &[u32]| json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 2, "temperature": 0});
+    let logprobs = |v: &Value| -> Vec<Option<f64>> {
+        v["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(Value::as_f64)
+            .collect()
+    };
+    let (status, whole) = post(&client, &url, score(&ids)).await;
+    assert_eq!(status, 200, "{whole}");
+    let lps = logprobs(&whole);
+    assert_eq!(lps.len(), 40, "one entry per prompt token");
+    assert_eq!(lps[0], None, "nothing comes before the first token");
+    assert!(lps[1..].iter().all(|l| l.is_some_and(|l| l < 0.0)));
+    let lp = &whole["choices"][0]["logprobs"];
+    for i in 1..40 {
+        let best = lp["top_logprobs"][i]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(Value::as_f64)
+            .fold(f64::MIN, f64::max);
+        assert!(
+            best >= lps[i].unwrap() - 1e-6,
+            "position {i}: the top is the most likely"
+        );
+    }
+    assert_eq!(whole["usage"]["completion_tokens"], 0);
+    assert_eq!(whole["usage"]["prompt_tokens"], 40);
+    assert_eq!(whole["choices"][0]["finish_reason"], "length");
+    // The same prompt again is in the prefix cache: its logprobs are computed anyway.
+    let (_, again) = post(&client, &url, score(&ids)).await;
+    assert_eq!(logprobs(&again), lps);
+    // A prefix scores its tokens as the whole prompt does.
+    let (_, prefix) = post(&client, &url, score(&ids[..17])).await;
+    for (i, (a, b)) in logprobs(&prefix).iter().zip(&lps).enumerate().skip(1) {
+        assert!(
+            (a.unwrap() - b.unwrap()).abs() < 1e-4,
+            "position {i}: {a:?} vs {b:?}"
+        );
+    }
+    // echo without logprobs repeats the text before what is generated.
+    let text = "The harbour at dawn";
+    let (_, plain) = post(
+        &client,
+        &url,
+        json!({"prompt": text, "max_tokens": 3, "echo": true, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    let (_, gen) = post(
+        &client,
+        &url,
+        json!({"prompt": text, "max_tokens": 3, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(
+        plain["choices"][0]["text"].as_str().unwrap(),
+        format!("{text}{}", gen["choices"][0]["text"].as_str().unwrap())
+    );
+    // Chat has no echo here, and max_tokens 0 needs echo.
+    let chat = format!("http://{addr}/v1/chat/completions");
+    let (status, _) = post(
+        &client,
+        &chat,
+        json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, e) = post(&client, &url, json!({"prompt": "x", "max_tokens": 0})).await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (400, Some("max_tokens"))
+    );
+    server.stop().await;
+}

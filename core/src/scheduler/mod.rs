@@ -114,6 +114,19 @@ struct Sequence {
     /// More sequences to sample from this prompt once its first token is sampled (OpenAI's
     /// `n`): each is forked then, sharing the prompt's KV blocks (see `Scheduler::fork`).
     forks: Vec<RequestId>,
+    /// Compute every prompt token, none from the prefix cache (see [`AddOptions`]).
+    every_prompt_token: bool,
+}
+
+/// How a request is queued beyond the request itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AddOptions {
+    /// Ids of more sequences to sample from the prompt (see [`Scheduler::add_forked`]).
+    pub forks: Vec<RequestId>,
+    /// Compute every prompt token — none is taken from the prefix cache — because the
+    /// driver wants the logits of every prompt position (prompt logprobs, as vLLM also
+    /// recomputes a cached prompt for them). Its blocks are still registered for others.
+    pub every_prompt_token: bool,
 }
 
 impl Sequence {
@@ -242,6 +255,22 @@ impl Scheduler {
         forks: Vec<RequestId>,
         now: f64,
     ) -> Result<(), AddError> {
+        self.add_with(
+            req,
+            AddOptions {
+                forks,
+                ..AddOptions::default()
+            },
+            now,
+        )
+    }
+
+    /// Queue a request with [`AddOptions`].
+    pub fn add_with(&mut self, req: Request, opts: AddOptions, now: f64) -> Result<(), AddError> {
+        let AddOptions {
+            forks,
+            every_prompt_token,
+        } = opts;
         let n = req.prompt.len();
         if n == 0 {
             return Err(AddError::EmptyPrompt);
@@ -298,6 +327,7 @@ impl Scheduler {
             cached_tokens: None,
             preemptions: 0,
             forks,
+            every_prompt_token,
         };
         self.pending_forks.extend(seq.forks.iter().copied());
         let slot = self.insert(seq, true);
@@ -347,6 +377,7 @@ impl Scheduler {
                 cached_tokens: None,
                 preemptions: 0,
                 forks: Vec::new(),
+                every_prompt_token: false,
             };
             // Not a free slot: `complete` frees slots of requests that end in its loop and
             // drops them from `running` only at its end, so one of them may still be listed.
@@ -457,7 +488,7 @@ impl Scheduler {
             };
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
-            let (prefix, hit) = if self.cfg.prefix_caching {
+            let (prefix, hit) = if self.cfg.prefix_caching && !seq.every_prompt_token {
                 let prefix = self.kv.lookup_prefix(&seq.tokens);
                 let hit = prefix.num_tokens(bs);
                 (prefix, hit)

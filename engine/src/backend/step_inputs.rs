@@ -109,7 +109,7 @@ impl StepInputs {
             }
             None => (real_seqs, real_tokens, natural_blocks),
         };
-        let real_sampled = batch.num_sampled();
+        let real_sampled = batch.num_logit_rows();
         let sampled = if padding.is_some() {
             seqs
         } else {
@@ -159,8 +159,9 @@ impl StepInputs {
                 data[at.slots + row] = (block * block_size + pos % block_size) as i32;
                 row += 1;
             }
-            if s.sample {
-                data[at.sample_rows + sample] = row as i32 - 1;
+            let first = row - s.tokens.len();
+            for j in s.logit_rows() {
+                data[at.sample_rows + sample] = (first + j) as i32;
                 sample += 1;
             }
         }
@@ -221,6 +222,7 @@ mod tests {
             start_pos,
             block_table: table.to_vec(),
             sample,
+            all_logits: false,
         }
     }
 

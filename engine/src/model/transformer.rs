@@ -267,8 +267,9 @@ impl<B: Backend> Transformer<B> {
         Ok(())
     }
 
-    /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of the
-    /// sequences with `sample == true`, in batch order.
+    /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of
+    /// each sequence's [`crate::batch::SeqChunk::logit_rows`] (the last token of a sampling
+    /// chunk, every token of an `all_logits` one), in batch order.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Logits> {
         let (b, c) = (&self.backend, &self.cfg);
         self.validate(batch, &B::kv_layout(kv))?;

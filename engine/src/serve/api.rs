@@ -101,6 +101,8 @@ pub struct GenerationRequest {
     pub include_usage: bool,
     /// Choices to sample from the prompt (OpenAI's `n`), 1 to [`MAX_N`].
     pub n: usize,
+    /// Repeat the prompt before the completion (completions only).
+    pub echo: bool,
 }
 
 /// The most choices one request may ask for.
@@ -139,7 +141,6 @@ type IsUnused = fn(&Value) -> bool;
 /// request that sets one to anything else is refused rather than answered as if it had not
 /// (vLLM implements them; clients rely on their effect).
 const UNSUPPORTED: &[(&str, IsUnused)] = &[
-    ("echo", |v| v == &Value::Bool(false)),
     ("suffix", |v| v.as_str() == Some("")),
     ("best_of", |v| v.as_u64() == Some(1)),
     ("response_format", |v| v["type"] == "text"),
@@ -252,16 +253,27 @@ pub fn parse_request(
         ));
     }
     refuse_unsupported(body)?;
+    // `echo`: the completion repeats the prompt (with its logprobs when `logprobs` is set:
+    // evaluation harnesses score a text this way, `max_tokens: 0`). Chat's `echo` means
+    // something else in vLLM and is not served.
+    let echo = f.bool("echo")?.unwrap_or(false);
+    if echo && endpoint == Endpoint::Chat {
+        return Err(ApiError::bad_request(
+            Some("echo"),
+            "echo is not supported by this server for chat completions",
+        ));
+    }
     // The name the client used, for errors.
     let max_tokens_key = match endpoint {
         Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
         _ => "max_tokens",
     };
     let max_tokens = match f.int(max_tokens_key)? {
+        Some(0) if echo => Some(0),
         Some(v) if v <= 0 => {
             return Err(ApiError::bad_request(
                 Some(max_tokens_key),
-                format!("{max_tokens_key} must be at least 1, got {v}"),
+                format!("{max_tokens_key} must be at least 1 (0 only with echo), got {v}"),
             ))
         }
         Some(v) => Some(v as usize),
@@ -412,6 +424,7 @@ pub fn parse_request(
         stream,
         include_usage,
         n: n as usize,
+        echo,
     })
 }
 

@@ -43,6 +43,8 @@ pub enum StreamEvent {
         logprob: f32,
         top_logprobs: Vec<(u32, f32)>,
         finish: Option<Finish>,
+        /// With a request's first token, when it asked for prompt logprobs.
+        prompt_logprobs: Option<Vec<crate::engine_core::PromptLogprob>>,
     },
     Error(String),
 }
@@ -271,6 +273,7 @@ impl EngineLoop {
                 logprob: t.logprob,
                 top_logprobs: t.top_logprobs,
                 finish: end,
+                prompt_logprobs: t.prompt_logprobs,
             })
             .is_ok();
         if end.is_some() {

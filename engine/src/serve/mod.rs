@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::engine_core::EngineRequest;
+use crate::engine_core::PromptLogprob;
 use api::{ApiError, Endpoint, GenerationRequest, Prompt};
 use engine_loop::{Command, EngineLoop, Finish, NewRequest, StreamEvent};
 use metrics::ServerMetrics;
@@ -662,6 +663,11 @@ async fn generate(
             ),
         ));
     }
+    // The prompt as sent, for `echo` (a token prompt is echoed decoded).
+    let sent_text = match &req.prompt {
+        Prompt::Text(t) if req.echo => Some(t.clone()),
+        _ => None,
+    };
     let prompt = {
         let p = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
         off_thread(&state, move |s| prompt_tokens(s, &p)).await??
@@ -691,6 +697,17 @@ async fn generate(
         Some(m) => m,
         None => s.max_model_len - n,
     };
+    // `max_tokens: 0` (with echo): one token is computed, as the step samples one, and
+    // not returned.
+    let (max_tokens, keep_generated) = if max_tokens == 0 {
+        (1, false)
+    } else {
+        (max_tokens, true)
+    };
+    let echo = req.echo.then(|| Echo {
+        text: sent_text.unwrap_or_else(|| s.tokenizer.decode(&prompt).unwrap_or_default()),
+        first_token: prompt[0],
+    });
     // One id per choice: the first is the request's, the others its forks'.
     let id = s.next_id.fetch_add(req.n as u64, Ordering::Relaxed);
     let ids = id..id + req.n as u64;
@@ -706,6 +723,7 @@ async fn generate(
             stop_token_ids: req.stop_token_ids.clone(),
             ignore_eos: req.ignore_eos,
             forks: ids.clone().skip(1).collect(),
+            prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
         },
         arrival,
         events: tx,
@@ -742,6 +760,8 @@ async fn generate(
         logprobs: req.params.logprobs.is_some(),
         tokenizer: s.tokenizer.clone(),
         n: req.n,
+        echo,
+        keep_generated,
     };
     if req.stream {
         Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
@@ -768,6 +788,17 @@ struct ResponseMeta {
     tokenizer: Arc<TextTokenizer>,
     /// Choices the request asked for.
     n: usize,
+    /// What `echo` repeats before each choice.
+    echo: Option<Echo>,
+    /// False for `max_tokens: 0`: the computed token is not returned.
+    keep_generated: bool,
+}
+
+/// The prompt an `echo` request gets back.
+struct Echo {
+    text: String,
+    /// Its first token, which has no logprob (nothing comes before it).
+    first_token: u32,
 }
 
 impl ResponseMeta {
@@ -785,9 +816,13 @@ impl ResponseMeta {
     }
 
     /// Usage of all choices: the prompt once (the first choice's, which computed it), the
-    /// completions summed.
-    fn usage_of(finished: &[Finish]) -> Value {
-        let completion = finished.iter().map(|f| f.completion_tokens).sum();
+    /// completions summed (none when the computed token is not returned).
+    fn usage_of(&self, finished: &[Finish]) -> Value {
+        let completion = if self.keep_generated {
+            finished.iter().map(|f| f.completion_tokens).sum()
+        } else {
+            0
+        };
         let first = finished[0];
         Self::usage(first.prompt_tokens, completion, first.cached_tokens)
     }
@@ -854,12 +889,34 @@ fn sse_stream(
         // Per choice: whether its first chunk is still to come; the choices that ended.
         let mut first = vec![true; meta.n];
         let mut finished = Vec::with_capacity(meta.n);
+        // The prompt's logprobs (they come with the request's first token).
+        let mut echoed: Option<Vec<PromptLogprob>> = None;
         while let Some(ev) = rx.recv().await {
             match ev {
-                StreamEvent::Token { index, text, token, logprob, top_logprobs, finish } => {
-                    let lp = if meta.logprobs { meta.token_logprobs(token, logprob, &top_logprobs) } else { Value::Null };
+                StreamEvent::Token { index, text, token, logprob, top_logprobs, finish, prompt_logprobs } => {
+                    if let Some(lps) = prompt_logprobs {
+                        echoed = Some(lps);
+                    }
+                    if first[index] {
+                        if let Some(echo) = &meta.echo {
+                            // The prompt first, as its own chunk.
+                            let lp = match (&echoed, meta.logprobs) {
+                                (Some(lps), true) => merge_logprobs(meta.endpoint, &meta.prompt_logprob_parts(echo, lps)),
+                                _ => Value::Null,
+                            };
+                            let chunk = meta.chunk(index, &echo.text, lp, None, true);
+                            yield Ok(SseEvent::default().data(chunk.to_string()));
+                        }
+                    }
+                    let (text, lp) = if !meta.keep_generated {
+                        (String::new(), Value::Null)
+                    } else if meta.logprobs {
+                        (text, meta.token_logprobs(token, logprob, &top_logprobs))
+                    } else {
+                        (text, Value::Null)
+                    };
                     let reason = finish.map(|f| f.reason.as_str());
-                    let chunk = meta.chunk(index, &text, lp, reason, first[index]);
+                    let chunk = meta.chunk(index, &text, lp, reason, first[index] && meta.echo.is_none());
                     yield Ok(SseEvent::default().data(chunk.to_string()));
                     first[index] = false;
                     if let Some(f) = finish {
@@ -867,7 +924,7 @@ fn sse_stream(
                         if finished.len() == meta.n {
                             guard.done = true;
                             if include_usage {
-                                let usage = ResponseMeta::usage_of(&finished);
+                                let usage = meta.usage_of(&finished);
                                 let u = meta.body(true, json!([]), Some(usage));
                                 yield Ok(SseEvent::default().data(u.to_string()));
                             }
@@ -902,6 +959,7 @@ async fn collect(
 ) -> Result<Response, ApiError> {
     let mut choices: Vec<Choice> = (0..meta.n).map(|_| Choice::default()).collect();
     let mut open = meta.n;
+    let mut echoed: Option<Vec<PromptLogprob>> = None;
     while let Some(ev) = rx.recv().await {
         match ev {
             StreamEvent::Token {
@@ -911,12 +969,18 @@ async fn collect(
                 logprob,
                 top_logprobs,
                 finish,
+                prompt_logprobs,
             } => {
+                if prompt_logprobs.is_some() {
+                    echoed = prompt_logprobs;
+                }
                 let c = &mut choices[index];
-                c.text.push_str(&text);
-                if meta.logprobs {
-                    c.logprobs
-                        .push(meta.token_logprobs(token, logprob, &top_logprobs));
+                if meta.keep_generated {
+                    c.text.push_str(&text);
+                    if meta.logprobs {
+                        c.logprobs
+                            .push(meta.token_logprobs(token, logprob, &top_logprobs));
+                    }
                 }
                 if finish.is_some() {
                     c.finish = finish;
@@ -927,12 +991,23 @@ async fn collect(
                 }
                 guard.done = true;
                 let finished: Vec<Finish> = choices.iter().filter_map(|c| c.finish).collect();
+                if let Some(echo) = &meta.echo {
+                    // Each choice repeats the prompt first.
+                    let parts = match (&echoed, meta.logprobs) {
+                        (Some(lps), true) => meta.prompt_logprob_parts(echo, lps),
+                        _ => Vec::new(),
+                    };
+                    for c in &mut choices {
+                        c.text.insert_str(0, &echo.text);
+                        c.logprobs.splice(0..0, parts.iter().cloned());
+                    }
+                }
                 let body: Vec<Value> = choices
                     .iter()
                     .enumerate()
                     .map(|(i, c)| meta.choice(i, c))
                     .collect();
-                let usage = ResponseMeta::usage_of(&finished);
+                let usage = meta.usage_of(&finished);
                 return Ok(Json(meta.body(false, json!(body), Some(usage))).into_response());
             }
             StreamEvent::Error(msg) => return Err(ApiError::internal(msg)),
@@ -945,6 +1020,20 @@ async fn collect(
 }
 
 impl ResponseMeta {
+    /// The logprob entries of an echoed prompt: its first token without a logprob, then
+    /// each token's given the tokens before it.
+    fn prompt_logprob_parts(&self, echo: &Echo, lps: &[PromptLogprob]) -> Vec<Value> {
+        let text = |t: u32| self.tokenizer.decode(&[t]).unwrap_or_default();
+        let first = json!({"tokens": [text(echo.first_token)], "token_logprobs": [null],
+                           "top_logprobs": [null]});
+        std::iter::once(first)
+            .chain(
+                lps.iter()
+                    .map(|p| self.token_logprobs(p.token, p.logprob, &p.top)),
+            )
+            .collect()
+    }
+
     /// A finished choice of a non-streaming response.
     fn choice(&self, index: usize, c: &Choice) -> Value {
         let logprobs = if self.logprobs {

@@ -175,9 +175,8 @@ impl Backend for CpuBackend {
                 positions.push(pos as u32);
                 slots.push(kv.slot(&s.block_table, pos)?);
             }
-            if s.sample {
-                sample_rows.push((tokens.len() - 1) as u32);
-            }
+            let first = tokens.len() - s.tokens.len();
+            sample_rows.extend(s.logit_rows().map(|j| (first + j) as u32));
         }
         let kinds = kinds
             .iter()
@@ -576,12 +575,14 @@ mod tests {
                     start_pos: 2,
                     block_table: vec![3, 0],
                     sample: true,
+                    all_logits: false,
                 },
                 crate::batch::SeqChunk {
                     tokens: vec![4],
                     start_pos: 7,
                     block_table: vec![1, 2],
                     sample: true,
+                    all_logits: false,
                 },
             ],
         };
