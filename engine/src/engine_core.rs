@@ -152,6 +152,11 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         self.trace = on;
     }
 
+    /// Empty the prefix cache (see `Scheduler::reset_prefix_cache`).
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.sched.reset_prefix_cache()
+    }
+
     /// Record the prefix cache's events from now on (see [`Self::take_kv_events`]).
     pub fn record_kv_events(&mut self) {
         self.sched.record_kv_events();

@@ -131,4 +131,15 @@ async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
     for h in &a_hashes {
         assert!(gone.contains(h), "{h} evicted: {removed:?}");
     }
+
+    // vLLM's reset endpoint empties the cache and says so on the wire.
+    let reset = reqwest::Client::new()
+        .post(format!("{base}/reset_prefix_cache"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reset.status(), 200);
+    next_of(&mut sub, "AllBlocksCleared", &mut seq).await;
+    let after = complete(&base, &prompt(500)).await;
+    assert_eq!(after["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }

@@ -20,6 +20,8 @@ pub enum KvEvent {
     },
     /// Blocks evicted: a lookup no longer finds these hashes here.
     Removed { hashes: Vec<u64> },
+    /// The whole prefix cache was emptied.
+    AllCleared,
 }
 
 /// Events as the pool records them: consecutive stores of one chain join into one event,
@@ -55,6 +57,10 @@ impl EventLog {
             return;
         }
         self.events.push(KvEvent::Removed { hashes: vec![hash] });
+    }
+
+    pub(super) fn cleared(&mut self) {
+        self.events.push(KvEvent::AllCleared);
     }
 
     pub(super) fn take(&mut self) -> Vec<KvEvent> {

@@ -83,6 +83,11 @@ pub trait KvManager {
     fn cached_prefix_blocks(&self, _hashes: &[u64]) -> usize {
         0
     }
+    /// Forget every cached block (vLLM's `reset_prefix_cache`): later prompts find nothing.
+    /// Refused (false, nothing changes) while a sequence holds a cached block.
+    fn reset_prefix_cache(&mut self) -> bool {
+        true
+    }
     /// From now on, record the prefix cache's [`KvEvent`]s (a pool without prefix caching
     /// has none).
     fn record_events(&mut self) {}

@@ -198,6 +198,22 @@ impl KvManager for PagedKv {
         self.refs.iter().map(|&r| r as usize).sum()
     }
 
+    fn reset_prefix_cache(&mut self) -> bool {
+        if self
+            .cached
+            .values()
+            .any(|c| self.refs[c.block as usize] > 0)
+        {
+            return false;
+        }
+        self.cached.clear();
+        self.block_hash.iter_mut().for_each(|h| *h = None);
+        if let Some(log) = &mut self.events {
+            log.cleared();
+        }
+        true
+    }
+
     fn record_events(&mut self) {
         if self.prefix_caching {
             self.events.get_or_insert_with(EventLog::default);
@@ -365,6 +381,27 @@ mod tests {
         all.sort_unstable();
         assert_eq!(removed, all);
         assert_eq!(kv.num_cached_blocks(), 0);
+    }
+
+    /// `reset_prefix_cache` is refused while a sequence holds a cached block; once none
+    /// does, nothing is found any more and the reset is announced.
+    #[test]
+    fn a_prefix_cache_reset_waits_for_its_blocks_to_be_free() {
+        let mut kv = PagedKv::new(8, 4, true);
+        kv.record_events();
+        let prompt = seq_tokens(12, 1);
+        let mut a = SeqKv::default();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
+        kv.commit(&mut a, &prompt, 12);
+        kv.take_events();
+        assert!(!kv.reset_prefix_cache(), "a's blocks are in use");
+        assert_eq!(kv.num_cached_blocks(), 3);
+        kv.free(&mut a);
+        assert!(kv.reset_prefix_cache());
+        assert_eq!(kv.num_cached_blocks(), 0);
+        assert!(kv.lookup_prefix(&prompt).blocks.is_empty());
+        assert_eq!(kv.take_events(), vec![KvEvent::AllCleared]);
+        kv.check().unwrap();
     }
 
     #[test]

@@ -226,6 +226,12 @@ impl Scheduler {
         self.kv.as_ref()
     }
 
+    /// Empty the prefix cache; false (and nothing changes) while a request holds a cached
+    /// block — vLLM refuses the same way.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.kv.reset_prefix_cache()
+    }
+
     /// Record the prefix cache's events from now on (see [`KvEvent`]).
     pub fn record_kv_events(&mut self) {
         self.kv.record_events();

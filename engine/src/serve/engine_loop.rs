@@ -26,6 +26,8 @@ pub enum Command {
     Add(Box<NewRequest>),
     /// The client went away: free its KV now.
     Abort(u64),
+    /// Empty the prefix cache; the answer says whether it was (not while in use).
+    ResetPrefixCache(tokio::sync::oneshot::Sender<bool>),
     Shutdown,
 }
 
@@ -105,6 +107,17 @@ impl EngineLoop {
         self.step_log = Some(log);
     }
 
+    /// Hand the prefix cache's new events to the publisher, if there is one.
+    fn flush_kv_events(&mut self) {
+        if let Some(to) = &self.kv_events {
+            let events = self.core.take_kv_events();
+            if !events.is_empty() {
+                // The publisher outlives the loop; if it is gone, events have nowhere to go.
+                let _ = to.send(events);
+            }
+        }
+    }
+
     /// Send each step's prefix-cache events to `to` from now on.
     pub fn publish_kv_events(&mut self, to: super::kv_events::EventSender) {
         self.core.record_kv_events();
@@ -159,6 +172,11 @@ impl EngineLoop {
                     self.metrics.lock().unwrap().finished(FinishReason::Abort);
                 }
             }
+            Command::ResetPrefixCache(answer) => {
+                let done = self.core.reset_prefix_cache();
+                self.flush_kv_events();
+                let _ = answer.send(done);
+            }
             Command::Shutdown => return false,
         }
         true
@@ -201,13 +219,7 @@ impl EngineLoop {
             std::thread::sleep(std::time::Duration::from_millis(1));
             return;
         }
-        if let Some(to) = &self.kv_events {
-            let events = self.core.take_kv_events();
-            if !events.is_empty() {
-                // The publisher outlives the loop; if it is gone, events have nowhere to go.
-                let _ = to.send(events);
-            }
-        }
+        self.flush_kv_events();
         for (id, _, error) in &out.failed {
             // The core has already ended it; the client gets the error.
             self.metrics.lock().unwrap().finished(FinishReason::Abort);

@@ -102,6 +102,7 @@ enum WireEvent<'a> {
         block_hashes: &'a [u64],
         medium: Option<&'a str>,
     },
+    AllBlocksCleared {},
 }
 
 impl<'a> From<&'a KvEvent> for WireEvent<'a> {
@@ -125,6 +126,7 @@ impl<'a> From<&'a KvEvent> for WireEvent<'a> {
                 block_hashes: hashes,
                 medium: None,
             },
+            KvEvent::AllCleared => WireEvent::AllBlocksCleared {},
         }
     }
 }

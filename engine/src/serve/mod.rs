@@ -279,6 +279,7 @@ pub fn router(state: AppState) -> Router {
         .route("/get_server_info", get(get_server_info))
         .route("/health_generate", get(health_generate))
         .route("/kv_event_sources", get(kv_event_sources))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("path", format!("no route for {uri}"))
         })
@@ -392,6 +393,30 @@ async fn kv_event_sources(State(s): State<AppState>) -> Json<Value> {
         "endpoint": cfg.endpoint, "replay_endpoint": null, "topic": cfg.topic,
         "publisher": "zmq", "enable_kv_cache_events": true,
     }}))
+}
+
+/// vLLM's `POST /reset_prefix_cache` (benchmarks call it between runs): 200 once the prefix
+/// cache is empty, 409 while requests hold cached blocks.
+async fn reset_prefix_cache(State(s): State<AppState>) -> Response {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sent = s
+        .inner
+        .commands
+        .lock()
+        .unwrap()
+        .send(Command::ResetPrefixCache(tx));
+    match (sent, rx.await) {
+        (Ok(()), Ok(true)) => StatusCode::OK.into_response(),
+        (Ok(()), Ok(false)) => ApiError {
+            status: StatusCode::CONFLICT,
+            ..ApiError::bad_request(
+                None,
+                "requests are using cached blocks: the prefix cache was not reset",
+            )
+        }
+        .into_response(),
+        _ => ApiError::internal("the engine has stopped").into_response(),
+    }
 }
 
 /// Healthy only if a one-token generation goes through the whole path (SGLang's check).
