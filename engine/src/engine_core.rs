@@ -34,8 +34,7 @@ pub struct EngineRequest {
     /// Generate past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
     /// Ids of more sequences to sample from the same prompt (OpenAI's `n` - 1): forked
-    /// from this one once its prompt is computed, sharing its KV (see
-    /// `Scheduler::add_forked`). Fork `i` (from 0) samples with `seed + i + 1` when the
+    /// from this one once its prompt is computed (see `Scheduler::add_forked`). Fork `i` (from 0) samples with `seed + i + 1` when the
     /// request has a seed.
     pub forks: Vec<u64>,
     /// Report the logprob of every prompt token but the first, with this many most likely

@@ -3,8 +3,11 @@
 //! subscriber reads vLLM's wire format back (the real router check is a documented command:
 //! README, "KV-aware routing").
 
+mod common;
+
 use std::time::Duration;
 
+use common::post;
 use infer_core::SchedulerConfig;
 use infer_engine::serve::kv_events::KvEventsConfig;
 use infer_engine::serve::{spawn_local, ServeConfig};
@@ -51,14 +54,10 @@ async fn next_of(
 
 async fn complete(base: &str, prompt: &[u32]) -> Value {
     let body = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
-    let resp = reqwest::Client::new()
-        .post(format!("{base}/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
+    let url = format!("{base}/v1/completions");
+    let (status, v) = post(&reqwest::Client::new(), &url, body).await;
+    assert_eq!(status, 200, "{v}");
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

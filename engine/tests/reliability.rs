@@ -3,8 +3,11 @@
 //! connections beyond the limit are refused, token ids never wrap. Every case ends with
 //! the server still serving and no KV block held.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::post;
 use infer_core::SchedulerConfig;
 use infer_engine::serve::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
@@ -21,12 +24,6 @@ fn config() -> ServeConfig {
     };
     cfg.http.max_body_bytes = 8 << 20;
     cfg
-}
-
-async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
-    let r = client.post(url).json(body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// Polls `/health` every 5 ms until `done` and returns the longest answer time.

@@ -2,8 +2,11 @@
 //! scenarios through the bench client, streaming vs non-streaming, the chat template,
 //! every bad-input case, client disconnects and overload.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::post;
 use infer_core::SchedulerConfig;
 use infer_engine::bench::{self, BenchOptions};
 use infer_engine::serve::{spawn_local, ServeConfig};
@@ -53,12 +56,6 @@ async fn stream(client: &reqwest::Client, url: &str, body: &Value) -> (String, V
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
     (text, chunks)
-}
-
-async fn post(client: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
-    let r = client.post(url).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

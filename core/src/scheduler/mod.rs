@@ -112,7 +112,7 @@ struct Sequence {
     cached_tokens: Option<usize>,
     preemptions: u32,
     /// More sequences to sample from this prompt once its first token is sampled (OpenAI's
-    /// `n`): each is forked then, sharing the prompt's KV blocks (see `Scheduler::fork`).
+    /// `n`): each is forked then (see `Scheduler::fork`).
     forks: Vec<RequestId>,
     /// Compute every prompt token, none from the prefix cache (see [`AddOptions`]).
     every_prompt_token: bool,
@@ -494,13 +494,12 @@ impl Scheduler {
             };
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
-            let (prefix, hit) = if self.cfg.prefix_caching && !seq.every_prompt_token {
-                let prefix = self.kv.lookup_prefix(&seq.tokens);
-                let hit = prefix.num_tokens(bs);
-                (prefix, hit)
+            let prefix = if self.cfg.prefix_caching && !seq.every_prompt_token {
+                self.kv.lookup_prefix(&seq.tokens)
             } else {
-                (PrefixMatch::default(), 0)
+                PrefixMatch::default()
             };
+            let hit = prefix.num_tokens(bs);
             let rest = seq.tokens.len() - hit;
             if !chunked && rest > budget {
                 break; // prefilled whole or not at all; nobody overtakes the head
@@ -556,7 +555,8 @@ impl Scheduler {
             seq.tokens.push(token);
             let first = seq.output_len() == 1;
             if first && !seq.forks.is_empty() {
-                // Before this token can end it: the forks share its blocks.
+                // Before this token can end it: the forks find its prompt blocks in the
+                // prefix cache while it still holds them.
                 let forks = std::mem::take(&mut seq.forks);
                 self.fork(s.slot, forks, now);
             }

@@ -1,4 +1,5 @@
-//! Helpers shared by the integration tests: tiny generated models and a greedy driver.
+//! Helpers shared by the integration tests: tiny generated models, a greedy driver, and a
+//! JSON POST to a server.
 #![allow(dead_code)]
 
 use anyhow::Result;
@@ -50,4 +51,15 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
     let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     diff / scale
+}
+
+/// POST `body` as JSON: the status and the JSON answer (null when the body is not JSON).
+pub async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    body: impl serde::Serialize,
+) -> (u16, serde_json::Value) {
+    let r = client.post(url).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
