@@ -937,6 +937,10 @@ pub struct RunInfo {
     pub router: Option<crate::router::RouterKind>,
     /// The cost model (sim) or the device and model path (engine).
     pub backend: String,
+    /// The scenario as run (overrides applied), as TOML: written beside run.json as
+    /// `scenario.toml`.
+    #[serde(skip)]
+    pub scenario_toml: String,
 }
 
 impl RunInfo {
@@ -952,6 +956,7 @@ impl RunInfo {
             replicas: scenario.cluster.as_ref().map_or(1, |c| c.replicas),
             router: scenario.cluster.as_ref().map(|c| c.router),
             backend,
+            scenario_toml: toml::to_string(&scenario.resolved).unwrap_or_default(),
         }
     }
 }

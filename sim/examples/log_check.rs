@@ -1,167 +1,124 @@
-//! Predicted vs published: the benchmark log's Phases 6–8 on the RTX 5080, three models,
-//! five workloads, five metrics. `cargo run --release -p infer-sim --example log_check`.
+//! Predicted vs published: the benchmark log's Phases 4–8 on the RTX 5080 (three models,
+//! five workloads, five figures each), predicted with the shipped calibration
+//! (`sim/calibrations/rtx5080-seed-server.toml`, fitted by `sim calibrate` to Phases 4–5
+//! only), and the log's headline phase effects.
 //!
-//! Only the Phase 8 baseline TTFT/ITL P50 were used for calibration; every other row is a
-//! prediction. Prints one row per figure and the median absolute error per metric.
+//! ```text
+//! cargo run --release -p infer-sim --example log_check [-- KEY=VALUE …]
+//! ```
+//! Extra `KEY=VALUE` overrides apply to every run (try a mechanism against the log, e.g.
+//! `sim.logits=all`). Prints every figure, the median |error| per metric over the held-out
+//! Phases 6–8, and each headline effect: published change, predicted change, whether the
+//! sign matches and the prediction is within a factor of two of it.
 
-const MODELS: [&str; 3] = ["llama-3.2-3b", "qwen3-4b", "gemma-3-1b"];
-const WORKLOADS: [&str; 5] = [
-    "baseline",
-    "continuous_batching",
-    "paged_attention",
-    "chunked_prefill",
-    "prefix_caching",
-];
-const METRICS: [&str; 5] = [
-    "throughput tok/s",
-    "TTFT P50 ms",
-    "TTFT P99 ms",
-    "ITL P50 ms",
-    "ITL P99 ms",
-];
+use infer_sim::calibration::CalibrationFile;
+use infer_sim::fit::{self, Fit, Row, FIT_METRICS};
 
-/// PUBLISHED[phase - 6][workload][model] = [throughput, TTFT P50, TTFT P99, ITL P50, ITL P99].
-const PUBLISHED: [[[[f64; 5]; 3]; 5]; 3] = [
-    [
-        [
-            [84.1, 40., 41., 12., 13.],
-            [62.9, 48., 51., 16., 20.],
-            [85.4, 29., 39., 12., 15.],
-        ],
-        [
-            [340.4, 133., 202., 35., 85.],
-            [258.8, 190., 3951., 47., 98.],
-            [284.5, 146., 1215., 53., 83.],
-        ],
-        [
-            [455.2, 3736., 12278., 45., 90.],
-            [317.4, 8286., 22182., 44., 92.],
-            [325.2, 4637., 16463., 67., 89.],
-        ],
-        [
-            [22.5, 39099., 285209., 1384., 1562.],
-            [16.8, 174046., 393755., 1241., 2203.],
-            [276.6, 1318., 12314., 77., 119.],
-        ],
-        [
-            [253.2, 10214., 22173., 83., 208.],
-            [29.1, 127742., 278685., 709., 1673.],
-            [309.6, 6673., 16762., 73., 100.],
-        ],
-    ],
-    [
-        [
-            [84.7, 37., 38., 12., 13.],
-            [47.2, 45., 60., 15., 37.],
-            [86.0, 28., 30., 12., 14.],
-        ],
-        [
-            [345.8, 128., 220., 34., 84.],
-            [263.7, 175., 3624., 45., 94.],
-            [289.5, 140., 1131., 51., 78.],
-        ],
-        [
-            [469.0, 3618., 11942., 44., 86.],
-            [321.5, 8110., 21844., 44., 90.],
-            [327.0, 4605., 16347., 67., 86.],
-        ],
-        [
-            [219.3, 3464., 17975., 90., 209.],
-            [148.1, 15071., 32236., 92., 207.],
-            [272.6, 1525., 12708., 78., 103.],
-        ],
-        [
-            [299.2, 8092., 18189., 70., 163.],
-            [206.2, 18157., 36053., 70., 171.],
-            [309.4, 6787., 16903., 73., 96.],
-        ],
-    ],
-    [
-        [
-            [86.4, 37., 38., 12., 13.],
-            [64.6, 45., 48., 15., 18.],
-            [86.8, 26., 31., 11., 14.],
-        ],
-        [
-            [348.7, 117., 206., 34., 80.],
-            [264.9, 175., 3490., 45., 90.],
-            [282.3, 154., 1248., 53., 79.],
-        ],
-        [
-            [476.7, 3412., 11614., 44., 84.],
-            [325.0, 7915., 21482., 44., 82.],
-            [315.7, 4735., 16841., 69., 97.],
-        ],
-        [
-            [220.7, 3327., 17770., 90., 221.],
-            [148.7, 14827., 32062., 92., 194.],
-            [276.0, 1348., 12393., 77., 102.],
-        ],
-        [
-            [331.3, 5833., 15315., 68., 87.],
-            [221.6, 16059., 32515., 70., 92.],
-            [309.4, 6314., 16671., 74., 90.],
-        ],
-    ],
+const PUBLISHED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/calibrations/rtx5080-benchmark-log.toml"
+);
+const SHIPPED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/calibrations/rtx5080-seed-server.toml"
+);
+
+/// The log's headline comparisons: (workload, earlier phase, later phase).
+const HEADLINES: [(&str, u32, u32); 4] = [
+    ("continuous_batching", 4, 5),
+    ("paged_attention", 5, 6),
+    ("chunked_prefill", 6, 7),
+    ("prefix_caching", 7, 8),
 ];
 
 fn main() {
-    let mut errors: Vec<Vec<f64>> = vec![Vec::new(); METRICS.len()];
+    let extra: Vec<String> = std::env::args().skip(1).collect();
+    let mut targets = fit::load_published(PUBLISHED).unwrap_or_else(|e| panic!("{e}"));
+    if !extra.is_empty() {
+        for t in &mut targets {
+            let mut scenario = t.setup.scenario.clone();
+            let text = toml::to_string(&scenario.resolved).expect("a scenario serialises");
+            scenario = infer_core::workload::Scenario::parse(&t.setup.file, &text, &extra)
+                .unwrap_or_else(|e| panic!("{e}"));
+            t.setup = infer_sim::prepare(&t.setup.file, scenario).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    let text = std::fs::read_to_string(SHIPPED).expect("the shipped calibration");
+    let file = CalibrationFile::parse(SHIPPED, &text).unwrap_or_else(|e| panic!("{e}"));
+    let mut fit = Fit::of_file(&file);
+    // `[sim]` mechanism overrides given on the command line win over the file's.
+    if let Some(t) = targets.first() {
+        let cal = t.setup.settings.clone();
+        if let Some(p) = cal.prefill_batching {
+            fit.mechanisms.prefill_batching = p;
+        }
+        if let Some(l) = cal.logits {
+            fit.mechanisms.logits = l;
+        }
+        if let Some(b) = cal.spill_bandwidth_gb_s {
+            fit.mechanisms.spill_bandwidth_gb_s = Some(b);
+        }
+    }
+    let rows = fit::rows(&mut targets, &fit);
+
     println!(
-        "{:<6} {:<20} {:<13} {:<17} {:>10} {:>10} {:>8}",
-        "phase", "workload", "model", "metric", "published", "predicted", "error%"
+        "{:<40} {:<18} {:>10} {:>10} {:>7}",
+        "run", "metric", "published", "predicted", "error%"
     );
-    for (pi, phase) in (6..=8).enumerate() {
-        for (wi, w) in WORKLOADS.iter().enumerate() {
-            for (mi, m) in MODELS.iter().enumerate() {
-                let s = simulate(phase, w, m);
-                let predicted = [
-                    s.output_throughput,
-                    s.ttft.median * 1e3,
-                    s.ttft.p99 * 1e3,
-                    s.itl.median * 1e3,
-                    s.itl.p99 * 1e3,
-                ];
-                for k in 0..METRICS.len() {
-                    let published = PUBLISHED[pi][wi][mi][k];
-                    let err = (predicted[k] - published) / published * 100.0;
-                    errors[k].push(err.abs());
-                    println!(
-                        "{:<6} {:<20} {:<13} {:<17} {:>10.1} {:>10.1} {:>+8.0}",
-                        phase, w, m, METRICS[k], published, predicted[k], err
-                    );
-                }
+    for r in &rows {
+        println!(
+            "{:<40} {:<18} {:>10.1} {:>10.1} {:>+7.0}",
+            r.label,
+            r.metric,
+            r.measured,
+            r.predicted,
+            r.error_pct()
+        );
+    }
+    println!("\nheld out (Phases 6-8), median |error| per metric:");
+    for (m, e) in fit::median_errors(&rows, true) {
+        println!("  {m:<18} {:>4.0} %", e.unwrap_or(f64::NAN));
+    }
+    println!("fitted (Phases 4-5), median |error| per metric:");
+    for (m, e) in fit::median_errors(&rows, false) {
+        println!("  {m:<18} {:>4.0} %", e.unwrap_or(f64::NAN));
+    }
+
+    println!(
+        "\nheadline effects: {:<34} {:<18} {:>10} {:>10}  sign  within 2x",
+        "", "metric", "published", "predicted"
+    );
+    let (mut right_sign, mut within, mut total) = (0, 0, 0);
+    for (workload, a, b) in HEADLINES {
+        for model in ["llama-3.2-3b", "qwen3-4b", "gemma-3-1b"] {
+            for metric in FIT_METRICS {
+                let find = |phase: u32| -> &Row {
+                    let label = format!("P{phase} {workload} {model}");
+                    rows.iter()
+                        .find(|r| r.label == label && r.metric == metric)
+                        .unwrap_or_else(|| panic!("no row {label} {metric}"))
+                };
+                let (before, after) = (find(a), find(b));
+                let published = after.measured / before.measured - 1.0;
+                let predicted = after.predicted / before.predicted - 1.0;
+                let sign = published.signum() == predicted.signum();
+                let ratio = predicted / published;
+                let close = sign && (0.5..=2.0).contains(&ratio);
+                total += 1;
+                right_sign += sign as usize;
+                within += close as usize;
+                println!(
+                    "P{b} vs P{a} {workload:<20} {model:<13} {metric:<18} {:>+9.0}% {:>+9.0}%  {:<4}  {}",
+                    published * 100.0,
+                    predicted * 100.0,
+                    if sign { "yes" } else { "NO" },
+                    if close { "yes" } else { "no" }
+                );
             }
         }
     }
-    println!();
-    for (k, e) in errors.iter_mut().enumerate() {
-        e.sort_by(f64::total_cmp);
-        println!(
-            "median_abs_error_pct[{}]: {:.0} %",
-            METRICS[k],
-            e[e.len() / 2]
-        );
-    }
-}
-
-fn simulate(phase: u32, workload: &str, model: &str) -> infer_core::metrics::Summary {
-    let (batch, blocks) = match (model, workload) {
-        ("qwen3-4b", "prefix_caching") => (16, 1536),
-        ("qwen3-4b", _) => (16, 1024),
-        _ => (24, 2048),
-    };
-    let o = vec![
-        format!("server.model={model}"),
-        format!("server.max_batch_size={batch}"),
-        format!("server.num_gpu_blocks={blocks}"),
-        format!("server.chunked_prefill={}", phase >= 7),
-        format!("server.prefix_caching={}", phase >= 8),
-    ];
-    let file = format!(
-        "{}/../scenarios/{workload}.toml",
-        env!("CARGO_MANIFEST_DIR")
+    println!(
+        "headline effects with the right sign: {right_sign} of {total}; within a factor of two: \
+         {within} of {total}"
     );
-    let setup = infer_sim::load(&file, &o).unwrap_or_else(|e| panic!("{e}"));
-    infer_sim::run(&setup).summary
 }

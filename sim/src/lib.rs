@@ -5,7 +5,9 @@
 //! * [`catalog`]: hardware and model numbers (published, with sources);
 //! * [`memory`]: the start-up memory plan (weights + KV pool + activations);
 //! * [`cost`]: the cost-model trait, the analytic roofline and the profiled fit;
-//! * [`calibration`]: the analytic model's coefficients and how they were fitted;
+//! * [`calibration`]: the analytic model's coefficients and the engine's mechanisms, read
+//!   from calibration files;
+//! * [`fit`]: `sim calibrate`, fitting calibration files to measured runs;
 //! * [`settings`]: the scenario's `[sim]` table;
 //! * [`setup`]: scenario → catalog entries, memory plan and cost model;
 //! * [`simulate`]: the event loop;
@@ -16,6 +18,7 @@
 pub mod calibration;
 pub mod catalog;
 pub mod cost;
+pub mod fit;
 pub mod memory;
 pub mod output;
 pub mod settings;

@@ -5,6 +5,9 @@
 //! sim sweep SCENARIO --vary key=v1,v2,… [--vary …] [--set …] [--goodput …] [--out DIR]
 //!     [--threads N]
 //! sim catalog
+//! sim calibrate [RUN_DIR…] [--published FILE]… [--hold-out RUN_DIR]… [--fit P,…]
+//!     [--prefill-batching packed|padded] [--logits sampled|all] [--search-mechanisms]
+//!     [--spill-bandwidth-gb-s X] [--engine TEXT] [--out FILE]
 //! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
 
@@ -14,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use infer_sim::{catalog, output, sweep};
+use infer_sim::{calibration, catalog, fit, output, sweep};
 
 #[derive(Parser)]
 #[command(
@@ -71,6 +74,43 @@ enum Command {
     },
     /// List the hardware and models the simulator knows.
     Catalog,
+    /// Fit a calibration file (the analytic model's coefficients per model) to measured
+    /// runs, print the fit and the held-out error, and write the file for scenarios to
+    /// reference (`[sim] calibration = "…"`).
+    Calibrate {
+        /// Run directories to fit (from `engine bench` or `engine probe`).
+        #[arg(value_name = "RUN_DIR")]
+        runs: Vec<String>,
+        /// Run directories to predict but not fit (held out).
+        #[arg(long = "hold-out", value_name = "RUN_DIR")]
+        hold_out: Vec<String>,
+        /// A table of published figures (TOML `[[run]]` entries; see
+        /// sim/calibrations/rtx5080-benchmark-log.toml).
+        #[arg(long, value_name = "FILE")]
+        published: Vec<String>,
+        /// Coefficients to fit, comma-separated (default: compute_efficiency,
+        /// step_overhead_s, per_seq_overhead_s, client_request_s).
+        #[arg(long, value_delimiter = ',', value_name = "PARAM,…")]
+        fit: Vec<String>,
+        /// How the measured engine batches prompts: packed (vLLM, infer) or padded.
+        #[arg(long, value_enum, default_value = "packed")]
+        prefill_batching: PrefillArg,
+        /// Which positions get logits: sampled (vLLM, infer) or all.
+        #[arg(long, value_enum, default_value = "sampled")]
+        logits: LogitsArg,
+        /// Try every prefill-batching and logits combination and keep the best fit.
+        #[arg(long)]
+        search_mechanisms: bool,
+        /// Host paging speed once device memory spills, GB/s (default: the host link).
+        #[arg(long, value_name = "GB_S")]
+        spill_bandwidth_gb_s: Option<f64>,
+        /// What was measured (written into the file).
+        #[arg(long, default_value = "")]
+        engine: String,
+        /// Where to write the calibration file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Write report.md (tables, phase comparisons, charts) for run directories, flagging
     /// regressions against --baseline.
     #[cfg(feature = "report")]
@@ -84,6 +124,18 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PrefillArg {
+    Packed,
+    Padded,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogitsArg {
+    Sampled,
+    All,
 }
 
 fn main() -> ExitCode {
@@ -113,6 +165,94 @@ fn real_main(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Catalog => {
             print!("{}", catalog::render());
+            Ok(())
+        }
+        Command::Calibrate {
+            runs,
+            hold_out,
+            published,
+            fit,
+            prefill_batching,
+            logits,
+            search_mechanisms,
+            spill_bandwidth_gb_s,
+            engine,
+            out,
+        } => {
+            let mut targets = Vec::new();
+            for p in &published {
+                targets.extend(fit::load_published(p)?);
+            }
+            for d in &runs {
+                targets.push(fit::load_run_dir(d, false)?);
+            }
+            for d in &hold_out {
+                targets.push(fit::load_run_dir(d, true)?);
+            }
+            let params = if fit.is_empty() {
+                fit::DEFAULT_PARAMS.to_vec()
+            } else {
+                fit.iter()
+                    .map(|p| fit::Param::parse(p))
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            if let Some(v) = spill_bandwidth_gb_s {
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err(format!("--spill-bandwidth-gb-s must be > 0, got {v}"));
+                }
+            }
+            let given = calibration::Mechanisms {
+                prefill_batching: match prefill_batching {
+                    PrefillArg::Packed => calibration::PrefillBatching::Packed,
+                    PrefillArg::Padded => calibration::PrefillBatching::Padded,
+                },
+                logits: match logits {
+                    LogitsArg::Sampled => calibration::LogitRows::Sampled,
+                    LogitsArg::All => calibration::LogitRows::All,
+                },
+                spill_bandwidth_gb_s,
+            };
+            let candidates = if search_mechanisms {
+                fit::mechanism_candidates(spill_bandwidth_gb_s)
+            } else {
+                vec![given]
+            };
+            let mut best: Option<fit::Fit> = None;
+            for m in candidates {
+                let f = fit::fit_all(&mut targets, &m, &params)?;
+                if search_mechanisms {
+                    println!(
+                        "mechanisms prefill_batching={:?} logits={:?}: fit loss {:.4}",
+                        m.prefill_batching,
+                        m.logits,
+                        f.loss()
+                    );
+                }
+                if best.as_ref().is_none_or(|b| f.loss() < b.loss()) {
+                    best = Some(f);
+                }
+            }
+            let best = best.expect("at least one candidate");
+            let rows = fit::rows(&mut targets, &best);
+            print!("{}", fit::render(&rows, &best));
+            if let Some(out) = out {
+                let command: Vec<String> = std::env::args().skip(1).collect();
+                let source = format!(
+                    "`sim {}`: {} runs fitted, {} held out",
+                    command.join(" "),
+                    targets.iter().filter(|t| !t.held_out).count(),
+                    targets.iter().filter(|t| t.held_out).count()
+                );
+                let text = format!(
+                    "# Written by `sim calibrate`; a scenario uses it with\n\
+                     # [sim] calibration = \"{}\"\n{}",
+                    out.display(),
+                    best.file(&engine, &source).to_toml()
+                );
+                std::fs::write(&out, text)
+                    .map_err(|e| format!("{}: cannot write: {e}", out.display()))?;
+                println!("calibration file: {}", out.display());
+            }
             Ok(())
         }
         #[cfg(feature = "report")]

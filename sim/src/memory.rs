@@ -36,6 +36,11 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// Bytes left for activations once weights and the KV pool are in.
+    pub fn headroom(&self) -> f64 {
+        self.usable - self.weights - self.kv_pool
+    }
+
     pub fn total(&self) -> f64 {
         self.weights + self.kv_pool + self.activations
     }
@@ -62,6 +67,29 @@ impl MemoryPlan {
                 self.describe()
             )
         })
+    }
+}
+
+/// A replica's activation peak: allocators keep what they once reserved, so once a step
+/// needed more than the headroom, every later step runs with the excess spilled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ActivationPeak {
+    headroom: f64,
+    peak: f64,
+}
+
+impl ActivationPeak {
+    pub fn new(plan: &MemoryPlan) -> Self {
+        ActivationPeak {
+            headroom: plan.headroom(),
+            peak: 0.0,
+        }
+    }
+
+    /// Record a step's activation bytes; returns the bytes spilled while it runs.
+    pub fn observe(&mut self, bytes: f64) -> f64 {
+        self.peak = self.peak.max(bytes);
+        (self.peak - self.headroom).max(0.0)
     }
 }
 
@@ -150,6 +178,24 @@ mod tests {
             let p = plan(&hw, &find_model(m).unwrap(), &cfg(24, 2048, false)).unwrap();
             assert_eq!(p.spill, 0.0, "{m}: {}", p.describe());
         }
+    }
+
+    #[test]
+    fn the_activation_peak_sticks_and_spills_only_past_the_headroom() {
+        let hw = find_hardware("rtx-5080").unwrap();
+        let p = plan(
+            &hw,
+            &find_model("llama-3.2-3b").unwrap(),
+            &cfg(24, 2048, true),
+        )
+        .unwrap();
+        let room = p.headroom();
+        assert!(room > 0.0 && (p.usable - p.weights - p.kv_pool - room).abs() < 1.0);
+        let mut peak = ActivationPeak::new(&p);
+        assert_eq!(peak.observe(room * 0.5), 0.0);
+        assert_eq!(peak.observe(room + 1e9), 1e9);
+        // A small step later still runs with the excess out: the allocator kept it.
+        assert_eq!(peak.observe(1.0), 1e9);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Run directories (summary.json, requests.csv, timeseries.csv, run.json) and console text.
+//! Run directories (summary.json, requests.csv, timeseries.csv, run.json, scenario.toml)
+//! and console text.
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -97,6 +98,11 @@ impl RunDirWriter {
         let json =
             serde_json::to_string_pretty(summary).map_err(|e| format!("summary.json: {e}"))?;
         write("summary.json", json + "\n")?;
+        if !info.scenario_toml.is_empty() {
+            let header =
+                "# The scenario of this run, overrides applied (`sim calibrate` runs it again).\n";
+            write("scenario.toml", format!("{header}{}", info.scenario_toml))?;
+        }
         let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
         write("run.json", info + "\n")
     }

@@ -13,10 +13,17 @@
 //! client_request_s = 0.003
 //! client_per_prompt_token_s = 1e-6
 //! client_stream_s = 0.001
+//! # how the engine runs (analytic):
+//! calibration = "calibrations/x.toml"  # a file written by `sim calibrate`
+//! prefill_batching = "packed"      # packed | padded
+//! logits = "sampled"               # sampled | all
+//! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! ```
 
 use infer_core::workload::Scenario;
 use serde::Deserialize;
+
+use crate::calibration::{LogitRows, PrefillBatching};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -40,6 +47,10 @@ pub struct SimSettings {
     pub client_request_s: Option<f64>,
     pub client_per_prompt_token_s: Option<f64>,
     pub client_stream_s: Option<f64>,
+    pub calibration: Option<String>,
+    pub prefill_batching: Option<PrefillBatching>,
+    pub logits: Option<LogitRows>,
+    pub spill_bandwidth_gb_s: Option<f64>,
 }
 
 pub const DEFAULT_TIMESERIES_INTERVAL_S: f64 = 0.1;
@@ -79,6 +90,14 @@ impl SimSettings {
                 }
             }
         }
+        if let Some(v) = s.spill_bandwidth_gb_s {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err((
+                    "sim.spill_bandwidth_gb_s".into(),
+                    format!("must be > 0 GB/s, got {v}"),
+                ));
+            }
+        }
         if let Some(v) = s.timeseries_interval_s {
             // Finer points than a millisecond would be rows by the billion for long runs.
             if !(v >= 1e-3 && v.is_finite()) {
@@ -106,7 +125,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 10] = [
+    const KNOWN: [&str; 14] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -117,6 +136,10 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "client_request_s",
         "client_per_prompt_token_s",
         "client_stream_s",
+        "calibration",
+        "prefill_batching",
+        "logits",
+        "spill_bandwidth_gb_s",
     ];
     for k in table.keys() {
         if !KNOWN.contains(&k.as_str()) {
@@ -128,24 +151,22 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     }
     for (k, v) in table {
         // Accept integers where seconds or fractions are expected (`step_overhead_s = 0`).
-        let one = toml::Table::from_iter([(k.clone(), coerce(k, v.clone()))]);
+        let one = toml::Table::from_iter([(k.clone(), coerce(v.clone()))]);
         if let Err(e) = SimSettings::deserialize(toml::Value::Table(one)) {
             return Err((format!("sim.{k}"), e.message().to_string()));
         }
     }
     let coerced: toml::Table = table
         .iter()
-        .map(|(k, v)| (k.clone(), coerce(k, v.clone())))
+        .map(|(k, v)| (k.clone(), coerce(v.clone())))
         .collect();
     SimSettings::deserialize(toml::Value::Table(coerced))
         .map_err(|e| ("sim".into(), e.message().to_string()))
 }
 
-fn coerce(key: &str, v: toml::Value) -> toml::Value {
+fn coerce(v: toml::Value) -> toml::Value {
     match v {
-        toml::Value::Integer(i) if key != "cost_model" && key != "profile" => {
-            toml::Value::Float(i as f64)
-        }
+        toml::Value::Integer(i) => toml::Value::Float(i as f64),
         other => other,
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use infer_core::workload::Scenario;
 
-use crate::calibration::Calibration;
+use crate::calibration::{Calibration, CalibrationFile};
 use crate::catalog::{find_hardware, find_model, HardwareSpec, ModelSpec};
 use crate::cost::{Analytic, CostModel, Profiled};
 use crate::memory::{self, MemoryPlan};
@@ -46,7 +46,18 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
         memory::plan(&hardware, &model, &cfg).map_err(|r| at("server.num_gpu_blocks", r))?;
     let mut warnings: Vec<String> = memory.warning().into_iter().collect();
 
-    let mut cal = Calibration::for_pair(&hardware, &model).map_err(|r| at("server.model", r))?;
+    let mut cal = match &settings.calibration {
+        Some(p) => {
+            let path = resolve(p, file);
+            let name = path.display().to_string();
+            std::fs::read_to_string(&path)
+                .map_err(|e| format!("{name}: cannot read: {e}"))
+                .and_then(|text| CalibrationFile::parse(&name, &text))
+                .and_then(|f| f.calibration(&name, &hardware, &model))
+                .map_err(|r| at("sim.calibration", r))?
+        }
+        None => Calibration::for_pair(&hardware, &model).map_err(|r| at("server.model", r))?,
+    };
     apply_overrides(&mut cal, &settings);
     let cost: Arc<dyn CostModel> = match settings.cost_model {
         CostModelKind::Analytic => Arc::new(Analytic::new(
@@ -54,7 +65,6 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
             model.clone(),
             cal,
             scenario.server.cuda_graphs,
-            Some(&memory),
         )),
         CostModelKind::Profiled => {
             let p = settings.profile.as_deref().expect("validated");
@@ -108,12 +118,23 @@ fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         s.client_per_prompt_token_s,
     );
     set(&mut cal.client.stream_s, s.client_stream_s);
+    let mut bw = cal.spill_bandwidth.unwrap_or(f64::NAN);
+    set(&mut bw, s.spill_bandwidth_gb_s.map(|g| g * 1e9));
+    cal.spill_bandwidth = (!bw.is_nan()).then_some(bw);
+    if let Some(p) = s.prefill_batching {
+        cal.prefill = p;
+        touched = true;
+    }
+    if let Some(l) = s.logits {
+        cal.logits = l;
+        touched = true;
+    }
     if touched {
         cal.source.push_str(", with [sim] overrides");
     }
 }
 
-/// A relative profile path: as given if it exists, else next to the scenario file.
+/// A relative profile or calibration path: as given if it exists, else next to the scenario file.
 fn resolve(p: &str, scenario_file: &str) -> std::path::PathBuf {
     let direct = Path::new(p);
     if direct.is_absolute() || direct.exists() {

@@ -32,9 +32,10 @@ use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
 use infer_core::workload::{
     ApproxTokenizer, ArrivalKind, ArrivalTimes, GeneratedRequest, Tokenizer, WorkloadGenerator,
 };
-use infer_core::{Event, Request, Scheduler, StepPlan, StopConditions};
+use infer_core::{BatchingMode, Event, Request, Scheduler, StepPlan, StopConditions};
 
 use crate::cost::{ClientPath, CostModel, StepShape};
+use crate::memory::ActivationPeak;
 use crate::setup::Setup;
 use crate::stages::{StageRow, StageTally};
 
@@ -93,6 +94,10 @@ pub struct RunStats {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub preemptions: u64,
+    /// The largest step's activations on any replica, bytes per GPU.
+    pub peak_activation_bytes: f64,
+    /// Device memory spilled to the host at the end of the run (largest replica).
+    pub spilled_bytes: f64,
 }
 
 impl RunStats {
@@ -106,9 +111,23 @@ impl RunStats {
 
     /// One line on KV use, queueing and prefix hits.
     pub fn line(&self) -> String {
+        let spill = if self.spilled_bytes > 0.0 {
+            format!(
+                " | activations peak {:.2} GiB, {:.2} GiB spilled to the host",
+                self.peak_activation_bytes / GIB,
+                self.spilled_bytes / GIB
+            )
+        } else if self.peak_activation_bytes > 0.0 {
+            format!(
+                " | activations peak {:.2} GiB",
+                self.peak_activation_bytes / GIB
+            )
+        } else {
+            String::new()
+        };
         format!(
             "KV usage peak {:.1}% mean {:.1}% | waiting peak {} mean {:.1}, queue time mean {:.1} ms | \
-             prefix cache {} of {} prompt tokens hit ({:.1}%) | preemptions {} | steps {} on {} replica(s)",
+             prefix cache {} of {} prompt tokens hit ({:.1}%) | preemptions {} | steps {} on {} replica(s){}",
             self.peak_kv_usage * 100.0,
             self.mean_kv_usage * 100.0,
             self.peak_waiting,
@@ -119,10 +138,13 @@ impl RunStats {
             self.prefix_hit_rate() * 100.0,
             self.preemptions,
             self.steps,
-            self.replicas
+            self.replicas,
+            spill
         )
     }
 }
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ev {
@@ -180,6 +202,7 @@ struct Replica {
     plan: Option<StepPlan>,
     /// (time, state) as the router sees it after `metrics_delay_s`.
     history: VecDeque<(f64, ReplicaSnapshot)>,
+    activations: ActivationPeak,
 }
 
 impl Replica {
@@ -230,6 +253,8 @@ struct Sim<'a> {
     stages: Option<StageTally>,
     cost: Arc<dyn CostModel>,
     client: ClientPath,
+    /// Static batching: an idle replica's wait before a batch starts.
+    batch_window: f64,
     replicas: Vec<Replica>,
     router: Option<Router>,
     metrics_delay: f64,
@@ -302,11 +327,13 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
             busy: false,
             plan: None,
             history: VecDeque::new(),
+            activations: ActivationPeak::new(&setup.memory),
         })
         .collect();
     let mut sim = Sim {
         cost: setup.cost.clone(),
         client: setup.cost.client_path(),
+        batch_window: setup.cost.static_batch_window(),
         replicas,
         router,
         metrics_delay: sc.cluster.as_ref().map_or(0.0, |c| c.metrics_delay_s),
@@ -494,7 +521,11 @@ impl Sim<'_> {
                 rep.record(now, delay);
                 if !rep.busy {
                     rep.busy = true;
-                    self.push(now, Ev::StepStart(r));
+                    let wait = match rep.sched.config().batching_mode {
+                        BatchingMode::Static => self.batch_window,
+                        BatchingMode::Continuous => 0.0,
+                    };
+                    self.push(now + wait, Ev::StepStart(r));
                 }
             }
             Err(e) => {
@@ -536,7 +567,12 @@ impl Sim<'_> {
             rep.busy = false;
             return;
         }
-        let dt = self.cost.step_time(&StepShape::of(&plan));
+        let shape = StepShape::of(&plan);
+        let bytes = self.cost.activation_bytes(&shape);
+        let spilled = rep.activations.observe(bytes);
+        self.stats.peak_activation_bytes = self.stats.peak_activation_bytes.max(bytes);
+        self.stats.spilled_bytes = self.stats.spilled_bytes.max(spilled);
+        let dt = self.cost.step_time(&shape) + self.cost.spill_time(spilled);
         rep.plan = Some(plan);
         rep.record(now, delay);
         if self.t0.is_some() {

@@ -84,3 +84,73 @@ fn bad_input_exits_non_zero_with_the_reason() {
         "{err}"
     );
 }
+
+#[test]
+fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
+    // A simulated run is a measured run like any other: its directory keeps the scenario,
+    // so `sim calibrate` can fit to it; the file it writes is read by a scenario naming it.
+    let run = tmp("calibrate-run");
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["run", &common::path("baseline"), "--quiet", "--out"])
+        .arg(&run)
+        .args([
+            "--set",
+            "workload.num_requests=4",
+            "--set",
+            "workload.output_tokens=16",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let scenario = std::fs::read_to_string(run.join("scenario.toml")).unwrap();
+    assert!(scenario.contains("num_requests = 4"), "{scenario}");
+    let cal = tmp("calibrate-file").with_extension("toml");
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .arg("calibrate")
+        .arg(&run)
+        .args(["--fit", "step_overhead_s", "--out"])
+        .arg(&cal)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("median |error| fit"), "{stdout}");
+    let text = std::fs::read_to_string(&cal).unwrap();
+    assert!(
+        text.contains("[models.\"llama-3.2-3b\"]") && text.contains("rtx-5080"),
+        "{text}"
+    );
+    // Unknown parameters and missing scenario files are refused by name.
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .arg("calibrate")
+        .arg(&run)
+        .args(["--fit", "speed"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown parameter `speed`"));
+    std::fs::remove_file(run.join("scenario.toml")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .arg("calibrate")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no scenario.toml"));
+    // The written file, referenced by a scenario.
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["run", &common::path("baseline"), "--out"])
+        .arg(run.join("again"))
+        .arg("--set")
+        .arg(format!("sim.calibration={}", cal.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout.contains(&cal.display().to_string()), "{stdout}");
+    std::fs::remove_dir_all(&run).unwrap();
+    std::fs::remove_file(&cal).unwrap();
+}

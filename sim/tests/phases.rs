@@ -4,19 +4,22 @@
 mod common;
 
 use common::{phase_config, run_owned, with, SEED_MODELS};
-use infer_sim::calibration::RTX5080_BASELINES;
-
 #[test]
 fn baseline_reproduces_the_calibration_rows() {
-    for t in RTX5080_BASELINES {
-        let r = run_owned("baseline", &phase_config(t.model, "baseline"));
+    // The log's Phase 5 baseline rows (TTFT P50, ITL P50), which the shipped calibration
+    // was fitted to among others. Threshold: within 10%.
+    for (model, ttft, itl) in [
+        ("llama-3.2-3b", 0.035, 0.011),
+        ("qwen3-4b", 0.043, 0.015),
+        ("gemma-3-1b", 0.025, 0.011),
+    ] {
+        let r = run_owned("baseline", &phase_config(model, "baseline"));
         let s = &r.summary;
-        let ttft_err = (s.ttft.median - t.ttft_s).abs() / t.ttft_s;
-        let itl_err = (s.itl.median - t.itl_s).abs() / t.itl_s;
+        let ttft_err = (s.ttft.median - ttft).abs() / ttft;
+        let itl_err = (s.itl.median - itl).abs() / itl;
         assert!(
-            ttft_err < 0.03 && itl_err < 0.03,
-            "{}: TTFT {} ITL {}",
-            t.model,
+            ttft_err < 0.1 && itl_err < 0.1,
+            "{model}: TTFT {} ITL {}",
             s.ttft.median,
             s.itl.median
         );
@@ -141,4 +144,26 @@ fn the_qwen3_vram_cliff_is_not_silent() {
         .chain(["server.max_batch_size=16", "server.num_gpu_blocks=1024"])
         .collect();
     assert!(common::setup("paged_attention", &tuned).warnings.is_empty());
+}
+
+#[test]
+fn the_shipped_calibration_predicts_the_held_out_phases_within_a_quarter() {
+    // The shipped RTX 5080 calibration was fitted to the log's Phases 4–5 only; over the
+    // held-out Phases 6–8 (three models, five workloads) the median |error| of every
+    // figure must stay within 25% (issue target; `log_check` prints the table).
+    use infer_sim::calibration::CalibrationFile;
+    use infer_sim::fit;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/calibrations");
+    let mut targets = fit::load_published(&format!("{dir}/rtx5080-benchmark-log.toml")).unwrap();
+    assert_eq!(targets.len(), 75);
+    let name = format!("{dir}/rtx5080-seed-server.toml");
+    let file = CalibrationFile::parse(&name, &std::fs::read_to_string(&name).unwrap()).unwrap();
+    let rows = fit::rows(&mut targets, &fit::Fit::of_file(&file));
+    for (metric, e) in fit::median_errors(&rows, true) {
+        let e = e.unwrap();
+        assert!(
+            e <= 25.0,
+            "{metric}: median |error| {e:.1}% over Phases 6-8"
+        );
+    }
 }

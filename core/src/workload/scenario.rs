@@ -27,6 +27,10 @@ pub struct Scenario {
     /// Simulator-only settings (cost model, …), checked by the simulator.
     #[serde(default)]
     pub sim: Option<toml::Table>,
+    /// The whole scenario as parsed, overrides applied: what a run directory keeps
+    /// (`scenario.toml`) so that the run can be simulated again (`sim calibrate`).
+    #[serde(skip)]
+    pub resolved: toml::Table,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -213,7 +217,8 @@ impl Scenario {
             set_path(&mut table, key.trim(), parse_value(value.trim()))
                 .map_err(|reason| err(named, reason))?;
         }
-        let scenario: Scenario = serde_path_to_error::deserialize(toml::Value::Table(table))
+        let resolved = table.clone();
+        let mut scenario: Scenario = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| {
                 let path = e.path().to_string();
                 let key = if path == "." { String::new() } else { path };
@@ -222,6 +227,7 @@ impl Scenario {
         scenario
             .validate()
             .map_err(|(key, reason)| err(&key, reason))?;
+        scenario.resolved = resolved;
         Ok(scenario)
     }
 

@@ -1,34 +1,46 @@
 //! The analytic roofline cost model.
 //!
-//! For one step on one replica (tensor-parallel degree `tp`, per-GPU numbers):
+//! For one step on one replica (tensor-parallel degree `tp`, per-GPU numbers), each forward
+//! pass of the step is priced as a roofline:
 //!
 //! ```text
-//! flops    = 2 × linear_params × new_tokens          matmuls of every layer
-//!          + 2 × vocab × hidden × sampled             output head, sampling rows only
+//! flops    = 2 × linear_params × tokens               matmuls of every layer
+//!          + 2 × vocab × hidden × logit rows          output head
 //!          + 4 × layers × heads × head_dim × pairs    QKᵀ and PV over query×key pairs
-//! compute  = flops / tp / (peak_flops(weight dtype) × compute_efficiency)
-//! bytes    = weight_bytes / tp                        every weight read once per step
-//!          + kv_bytes_per_token / tp × (context_tokens + new_tokens)   KV read + written
+//! compute  = (matmul flops / compute_efficiency + attention flops / attention_efficiency)
+//!            / tp / peak_flops(weight dtype)
+//! bytes    = weight_bytes / tp                        every weight read once per pass
+//!          + kv_bytes_per_token / tp × (context + new tokens)   KV read + written
 //! memory   = bytes / (bandwidth × bandwidth_efficiency)
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
-//!          = graph_launch_s                                   CUDA graphs, decode-only step
+//!          = graph_launch_s                                   CUDA graphs, decode-only pass
+//! pass     = max(compute, memory, launch)
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
-//! spill    = 2 × spilled_bytes / host_link   (memory plan over-committed: out and back)
-//! step     = max(compute, memory, launch) + comm + step_overhead_s
-//!          + per_seq_overhead_s × scheduled sequences + spill
+//! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
 //! ```
+//!
+//! A packed engine (vLLM, infer) runs one ragged pass over every new token, with logits
+//! for the sampling rows only. A padded engine runs the step's prompt chunks as their own
+//! pass, right-padded to the longest (tokens = prompt sequences × longest chunk, attention
+//! pairs scaled by the padding), then the decodes as a second pass; with `logits = all`
+//! its prompt pass computes the head for every position.
 //!
 //! Compute and memory overlap (the roofline), and kernel launches overlap with execution:
 //! the host runs ahead of the GPU, so launches only matter when each kernel is shorter than
 //! its launch (small models, small batches): hence a third term of the max, not a sum.
 //! The step overhead (scheduling, input preparation) and the per-sequence overhead (block
 //! tables, sampling, detokenisation) are host work on the step's critical path.
+//!
+//! Memory: a step's activations are its largest pass's tokens × activation bytes per token
+//! plus its logits (rows × vocab, in the weights' dtype). The simulator tracks each replica's peak (an
+//! allocator keeps what it once reserved) and, when weights + KV pool + that peak exceed
+//! the device, charges every later step for moving the excess out and back
+//! ([`Analytic::spill_time`]): the benchmark log's "VRAM cliff".
 
 use super::{ClientPath, CostModel, StepShape};
-use crate::calibration::Calibration;
+use crate::calibration::{Calibration, LogitRows, PrefillBatching};
 use crate::catalog::{HardwareSpec, ModelSpec};
-use crate::memory::MemoryPlan;
 
 /// Latency of one all-reduce call, independent of size.
 const ALLREDUCE_LATENCY_S: f64 = 10e-6;
@@ -39,41 +51,44 @@ pub struct Analytic {
     model: ModelSpec,
     cal: Calibration,
     cuda_graphs: bool,
-    spill_bytes: f64,
 }
 
-/// The terms of one step, for tests and calibration.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The terms of one step, for tests and calibration. `compute`, `memory` and `launch` are
+/// summed over the step's passes; `gpu` is the sum of each pass's roofline.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Terms {
     pub compute: f64,
     pub memory: f64,
     pub launch: f64,
+    pub gpu: f64,
     pub comm: f64,
     pub host: f64,
-    pub spill: f64,
 }
 
 impl Terms {
     pub fn total(&self) -> f64 {
-        self.compute.max(self.memory).max(self.launch) + self.comm + self.host + self.spill
+        self.gpu + self.comm + self.host
     }
 }
 
+/// One forward pass of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Pass {
+    tokens: f64,
+    logit_rows: f64,
+    /// KV tokens read and written: context plus new.
+    kv_tokens: f64,
+    attention_pairs: f64,
+    decode_only: bool,
+}
+
 impl Analytic {
-    pub fn new(
-        hw: HardwareSpec,
-        model: ModelSpec,
-        cal: Calibration,
-        cuda_graphs: bool,
-        memory: Option<&MemoryPlan>,
-    ) -> Self {
-        let spill_bytes = memory.map_or(0.0, |m| m.spill);
+    pub fn new(hw: HardwareSpec, model: ModelSpec, cal: Calibration, cuda_graphs: bool) -> Self {
         Analytic {
             hw,
             model,
             cal,
             cuda_graphs,
-            spill_bytes,
         }
     }
 
@@ -81,7 +96,8 @@ impl Analytic {
         &self.cal
     }
 
-    /// Matmul FLOPs of a step (everything but attention), over all GPUs.
+    /// Matmul FLOPs of a step's single packed pass (everything but attention), over all
+    /// GPUs.
     pub fn matmul_flops(model: &ModelSpec, s: &StepShape) -> f64 {
         2.0 * model.linear_params() * s.new_tokens() as f64
             + 2.0 * model.head_params() * s.sampled as f64
@@ -91,36 +107,87 @@ impl Analytic {
         4.0 * (model.layers * model.heads * model.head_dim) as f64 * s.attention_pairs
     }
 
-    pub fn terms(&self, s: &StepShape) -> Terms {
+    /// The step's forward passes (one or two).
+    fn passes(&self, s: &StepShape) -> [Option<Pass>; 2] {
+        let all_logits = self.cal.logits == LogitRows::All;
+        let packed = || {
+            let tokens = s.new_tokens() as f64;
+            Pass {
+                tokens,
+                logit_rows: if all_logits { tokens } else { s.sampled as f64 },
+                kv_tokens: (s.context_tokens + s.new_tokens()) as f64,
+                attention_pairs: s.attention_pairs,
+                decode_only: s.prefill_tokens == 0,
+            }
+        };
+        if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
+            return [Some(packed()), None];
+        }
+        let padded = (s.prefill_seqs * s.max_prefill_chunk) as f64;
+        let pad = padded / s.prefill_tokens as f64;
+        let decode_pairs = s.decode_context_tokens as f64;
+        let prompt_sampled = (s.sampled - s.decode_seqs) as f64;
+        let prompt = Pass {
+            tokens: padded,
+            logit_rows: if all_logits { padded } else { prompt_sampled },
+            kv_tokens: (s.context_tokens - s.decode_context_tokens) as f64 * pad,
+            attention_pairs: (s.attention_pairs - decode_pairs).max(0.0) * pad,
+            decode_only: false,
+        };
+        let decodes = (s.decode_seqs > 0).then(|| Pass {
+            tokens: s.decode_seqs as f64,
+            logit_rows: s.decode_seqs as f64,
+            kv_tokens: (s.decode_context_tokens + s.decode_seqs) as f64,
+            attention_pairs: decode_pairs,
+            decode_only: true,
+        });
+        [Some(prompt), decodes]
+    }
+
+    fn pass_terms(&self, p: &Pass) -> Terms {
         let (m, hw, cal) = (&self.model, &self.hw, &self.cal);
         let tp = m.tp as f64;
-        let flops = Self::matmul_flops(m, s) + Self::attention_flops(m, s);
-        let compute = flops / tp / (hw.flops(m.weight_dtype) * cal.compute_efficiency);
-        let kv = m.kv_bytes_per_token() * (s.context_tokens + s.new_tokens()) as f64;
+        let matmul = 2.0 * m.linear_params() * p.tokens + 2.0 * m.head_params() * p.logit_rows;
+        let attention = 4.0 * (m.layers * m.heads * m.head_dim) as f64 * p.attention_pairs;
+        let peak = hw.flops(m.weight_dtype);
+        let compute =
+            (matmul / cal.compute_efficiency + attention / cal.attention_efficiency) / tp / peak;
+        let kv = m.kv_bytes_per_token() * p.kv_tokens;
         let memory = (m.weight_bytes() + kv) / tp / (hw.bandwidth * cal.bandwidth_efficiency);
-        let decode_only = s.prefill_tokens == 0;
-        let launch = if self.cuda_graphs && decode_only {
+        let launch = if self.cuda_graphs && p.decode_only {
             hw.graph_launch_s
         } else {
             (m.layers * m.kernels_per_layer) as f64 * hw.kernel_launch_s
         };
-        let comm = if m.tp > 1 {
+        Terms {
+            compute,
+            memory,
+            launch,
+            gpu: compute.max(memory).max(launch),
+            ..Terms::default()
+        }
+    }
+
+    pub fn terms(&self, s: &StepShape) -> Terms {
+        let (m, hw, cal) = (&self.model, &self.hw, &self.cal);
+        let mut t = Terms::default();
+        for p in self.passes(s).iter().flatten() {
+            let p = self.pass_terms(p);
+            t.compute += p.compute;
+            t.memory += p.memory;
+            t.launch += p.launch;
+            t.gpu += p.gpu;
+        }
+        let tp = m.tp as f64;
+        t.comm = if m.tp > 1 {
             let bytes = (s.new_tokens() * m.hidden) as f64 * 2.0;
             let per_call = 2.0 * (tp - 1.0) / tp * bytes / hw.peer_link + ALLREDUCE_LATENCY_S;
             2.0 * m.layers as f64 * per_call
         } else {
             0.0
         };
-        let host = cal.step_overhead_s + cal.per_seq_overhead_s * s.num_seqs as f64;
-        let spill = 2.0 * self.spill_bytes / hw.host_link;
-        Terms {
-            compute,
-            memory,
-            launch,
-            comm,
-            host,
-            spill,
-        }
+        t.host = cal.step_overhead_s + cal.per_seq_overhead_s * s.num_seqs as f64;
+        t
     }
 }
 
@@ -129,15 +196,36 @@ impl CostModel for Analytic {
         self.terms(s).total()
     }
 
+    fn activation_bytes(&self, s: &StepShape) -> f64 {
+        let m = &self.model;
+        self.passes(s)
+            .iter()
+            .flatten()
+            .map(|p| {
+                (p.tokens * m.activation_bytes_per_token()
+                    + p.logit_rows * m.vocab as f64 * m.weight_dtype.bytes())
+                    / m.tp as f64
+            })
+            .fold(0.0, f64::max)
+    }
+
+    fn spill_time(&self, spilled_bytes: f64) -> f64 {
+        2.0 * spilled_bytes / self.cal.spill_bandwidth.unwrap_or(self.hw.host_link)
+    }
+
     fn client_path(&self) -> ClientPath {
         self.cal.client
+    }
+
+    fn static_batch_window(&self) -> f64 {
+        self.cal.static_batch_window_s
     }
 
     fn describe(&self) -> String {
         let c = &self.cal;
         format!(
             "analytic roofline: {} on {}{} (compute eff {:.3}, bandwidth eff {:.2}, step overhead \
-             {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms; {})",
+             {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
             self.model.name,
             self.hw.name,
             if self.cuda_graphs {
@@ -151,6 +239,12 @@ impl CostModel for Analytic {
             c.per_seq_overhead_s * 1e3,
             c.client.request_s * 1e3,
             c.client.stream_s * 1e3,
+            match (c.prefill, c.logits) {
+                (PrefillBatching::Packed, LogitRows::Sampled) => "",
+                (PrefillBatching::Padded, LogitRows::All) => ", padded prefill with all logits",
+                (PrefillBatching::Padded, LogitRows::Sampled) => ", padded prefill",
+                (PrefillBatching::Packed, LogitRows::All) => ", all logits",
+            },
             c.source
         )
     }
@@ -159,13 +253,13 @@ impl CostModel for Analytic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calibration::Calibration;
+    use crate::calibration::{Calibration, LogitRows, PrefillBatching};
     use crate::catalog::{find_hardware, find_model};
 
     fn model(hw: &str, m: &str, graphs: bool) -> Analytic {
         let (hw, m) = (find_hardware(hw).unwrap(), find_model(m).unwrap());
         let cal = Calibration::default_for(&hw);
-        Analytic::new(hw, m, cal, graphs, None)
+        Analytic::new(hw, m, cal, graphs)
     }
 
     fn decode(seqs: usize, ctx: usize) -> StepShape {
@@ -206,6 +300,75 @@ mod tests {
         let one = a.step_time(&decode(1, 512));
         let many = a.step_time(&decode(64, 512));
         assert!(many < one * 2.0, "{one} vs {many}");
+    }
+
+    /// A step with `n` prompt tokens (one prompt of n, or `seqs` of n / seqs) and 8 decodes.
+    fn mixed(seqs: usize, n: usize) -> StepShape {
+        let chunk = n / seqs;
+        StepShape {
+            num_seqs: seqs + 8,
+            prefill_tokens: n,
+            prefill_seqs: seqs,
+            max_prefill_chunk: chunk,
+            decode_seqs: 8,
+            sampled: seqs + 8,
+            context_tokens: n + 8 * 512,
+            decode_context_tokens: 8 * 512,
+            attention_pairs: (seqs * chunk * (chunk + 1) / 2 + 8 * 512) as f64,
+            ..StepShape::default()
+        }
+    }
+
+    #[test]
+    fn padded_prefill_runs_prompts_and_decodes_as_two_passes() {
+        let (hw, m) = (
+            find_hardware("rtx-5080").unwrap(),
+            find_model("llama-3.2-3b").unwrap(),
+        );
+        let packed = Calibration::default_for(&hw);
+        let padded = Calibration {
+            prefill: PrefillBatching::Padded,
+            ..packed.clone()
+        };
+        let (a, b) = (
+            Analytic::new(hw.clone(), m.clone(), packed.clone(), false),
+            Analytic::new(hw.clone(), m.clone(), padded.clone(), false),
+        );
+        // Two passes read the weights twice: a mixed step costs more, a pure one the same.
+        let s = mixed(1, 64);
+        assert!(
+            b.step_time(&s) > a.step_time(&s) * 1.3,
+            "{:?} {:?}",
+            a.terms(&s),
+            b.terms(&s)
+        );
+        assert_eq!(a.step_time(&decode(8, 512)), b.step_time(&decode(8, 512)));
+        // Padding: two prompts of 1000 and 24 tokens cost as two of 1000.
+        let mut uneven = mixed(2, 1024);
+        uneven.max_prefill_chunk = 1000;
+        let mut even = mixed(2, 2000);
+        even.max_prefill_chunk = 1000;
+        even.attention_pairs = uneven.attention_pairs * 2000.0 / 1024.0;
+        let (u, e) = (b.terms(&uneven), b.terms(&even));
+        assert!(
+            (u.compute - e.compute).abs() / e.compute < 0.01,
+            "{u:?} {e:?}"
+        );
+        // Logits for every position: more memory for activations, more head FLOPs.
+        let all = Analytic::new(
+            hw.clone(),
+            m.clone(),
+            Calibration {
+                logits: LogitRows::All,
+                ..padded
+            },
+            false,
+        );
+        let s = mixed(4, 4096);
+        assert!(all.activation_bytes(&s) > 3.0 * b.activation_bytes(&s));
+        assert!(all.terms(&s).compute > b.terms(&s).compute);
+        // Spill: 10 GB out and back over the 50 GB/s host link.
+        assert!((a.spill_time(10e9) - 0.4).abs() < 1e-9);
     }
 
     #[test]

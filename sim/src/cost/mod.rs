@@ -40,7 +40,21 @@ impl ClientPath {
 pub trait CostModel: Send + Sync {
     /// Seconds the step takes on one replica.
     fn step_time(&self, shape: &StepShape) -> f64;
+    /// Device memory the step's activations take, in bytes per GPU (0: not modelled).
+    fn activation_bytes(&self, _shape: &StepShape) -> f64 {
+        0.0
+    }
+    /// Extra seconds every step pays while `spilled_bytes` of device memory live on the
+    /// host (moved out and back).
+    fn spill_time(&self, _spilled_bytes: f64) -> f64 {
+        0.0
+    }
     fn client_path(&self) -> ClientPath;
+    /// Static batching only: how long an idle engine waits after a request arrives before
+    /// starting the batch (to fill it).
+    fn static_batch_window(&self) -> f64 {
+        0.0
+    }
     /// One line naming the model and its coefficients (printed with each run).
     fn describe(&self) -> String;
 }

@@ -1,0 +1,720 @@
+//! `sim calibrate`: fit a calibration file's coefficients to measured runs.
+//!
+//! Targets are measured runs: run directories (from `engine bench` against any
+//! OpenAI-compatible server, or `engine probe`; each keeps the scenario it ran as
+//! `scenario.toml` and its figures in `summary.json`), or a table of published figures (a
+//! TOML file of `[[run]]` entries naming a scenario, its overrides and the figures; see
+//! `sim/calibrations/rtx5080-benchmark-log.toml`). Targets marked held out are predicted
+//! with the fitted coefficients but never fitted to.
+//!
+//! For each model the fit minimises the mean Huber loss of the log errors of the figures
+//! (`output_throughput`, TTFT and ITL P50/P99: whichever a target has) over the fitted
+//! targets, by a pattern search in log space: every parameter is multiplied and divided
+//! by a step factor in turn, an improvement is kept, and the step halves when none is
+//! found. Each evaluation simulates every target of the model (milliseconds each), so a
+//! fit takes seconds. The engine's mechanisms (padded prefill, logits) are given, or
+//! searched over: each combination is fitted and the best kept.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::calibration::PrefillBatching;
+use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
+use crate::cost::Analytic;
+use crate::setup::{self, Setup};
+
+/// The figures a fit compares, by their summary.json names.
+pub const FIT_METRICS: [&str; 5] = [
+    "output_throughput",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+];
+
+/// One measured run to fit to (or to check against).
+pub struct Target {
+    pub label: String,
+    pub setup: Setup,
+    /// (metric, measured value), metrics of [`FIT_METRICS`] only.
+    pub measured: Vec<(String, f64)>,
+    pub held_out: bool,
+}
+
+impl Target {
+    pub fn model(&self) -> &'static str {
+        self.setup.model.name
+    }
+
+    /// The run's figures under `cal`, in the order of `measured`.
+    pub fn predict(&mut self, cal: &Calibration) -> Vec<f64> {
+        self.setup.cost = Arc::new(Analytic::new(
+            self.setup.hardware.clone(),
+            self.setup.model.clone(),
+            cal.clone(),
+            self.setup.scenario.server.cuda_graphs,
+        ));
+        let entries = crate::run(&self.setup).summary.entries();
+        self.measured
+            .iter()
+            .map(|(k, _)| {
+                entries
+                    .iter()
+                    .find(|(name, _)| name == k)
+                    .map_or(f64::NAN, |(_, v)| *v)
+            })
+            .collect()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishedFile {
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: String,
+    run: Vec<PublishedRun>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishedRun {
+    label: String,
+    /// Relative to the published file.
+    scenario: String,
+    #[serde(default)]
+    set: Vec<String>,
+    #[serde(default)]
+    held_out: bool,
+    measured: BTreeMap<String, f64>,
+}
+
+/// The targets of a published-figures file.
+pub fn load_published(path: &str) -> Result<Vec<Target>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"))?;
+    let file: PublishedFile =
+        toml::from_str(&text).map_err(|e| format!("{path}: {}", e.to_string().trim_end()))?;
+    let dir = Path::new(path).parent().unwrap_or(Path::new("."));
+    file.run
+        .into_iter()
+        .map(|r| {
+            let scenario = dir.join(&r.scenario).display().to_string();
+            let setup = setup::load(&scenario, &r.set)
+                .map_err(|e| format!("{path}: run `{}`: {e}", r.label))?;
+            let measured = measured_figures(r.measured.into_iter())
+                .map_err(|e| format!("{path}: run `{}`: {e}", r.label))?;
+            Ok(Target {
+                label: r.label,
+                setup,
+                measured,
+                held_out: r.held_out,
+            })
+        })
+        .collect()
+}
+
+/// A run directory as a target: its `scenario.toml` simulated, its `summary.json` measured.
+pub fn load_run_dir(dir: &str, held_out: bool) -> Result<Target, String> {
+    let path = Path::new(dir);
+    let scenario = path.join("scenario.toml");
+    if !scenario.exists() {
+        return Err(format!(
+            "{dir}: no scenario.toml (run directories written before it was kept cannot be \
+             simulated again; run the load again)"
+        ));
+    }
+    let setup = setup::load(&scenario.display().to_string(), &[])?;
+    let summary = path.join("summary.json");
+    let text = std::fs::read_to_string(&summary)
+        .map_err(|e| format!("{}: cannot read: {e}", summary.display()))?;
+    let json: BTreeMap<String, serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not a summary: {e}", summary.display()))?;
+    let figures = json
+        .into_iter()
+        .filter_map(|(k, v)| v.as_f64().map(|v| (k, v)));
+    let measured = measured_figures(figures).map_err(|e| format!("{}: {e}", summary.display()))?;
+    Ok(Target {
+        label: dir.trim_end_matches('/').to_string(),
+        setup,
+        measured,
+        held_out,
+    })
+}
+
+/// Keep the figures a fit compares, in [`FIT_METRICS`] order; refuse unknown names and
+/// values that are not positive.
+fn measured_figures(
+    figures: impl Iterator<Item = (String, f64)>,
+) -> Result<Vec<(String, f64)>, String> {
+    let all: BTreeMap<String, f64> = figures.collect();
+    let mut out = Vec::new();
+    for m in FIT_METRICS {
+        if let Some(&v) = all.get(m) {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(format!("`{m}` must be a positive number, got {v}"));
+            }
+            out.push((m.to_string(), v));
+        }
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "no figure to fit: expected some of {}",
+            FIT_METRICS.join(", ")
+        ));
+    }
+    Ok(out)
+}
+
+/// A coefficient the fit may move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    ComputeEfficiency,
+    AttentionEfficiency,
+    BandwidthEfficiency,
+    StepOverhead,
+    PerSeqOverhead,
+    ClientRequest,
+    ClientStream,
+    StaticBatchWindow,
+}
+
+impl Param {
+    pub const ALL: [Param; 8] = [
+        Param::ComputeEfficiency,
+        Param::AttentionEfficiency,
+        Param::BandwidthEfficiency,
+        Param::StepOverhead,
+        Param::PerSeqOverhead,
+        Param::ClientRequest,
+        Param::ClientStream,
+        Param::StaticBatchWindow,
+    ];
+
+    /// The calibration file's key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Param::ComputeEfficiency => "compute_efficiency",
+            Param::AttentionEfficiency => "attention_efficiency",
+            Param::BandwidthEfficiency => "bandwidth_efficiency",
+            Param::StepOverhead => "step_overhead_s",
+            Param::PerSeqOverhead => "per_seq_overhead_s",
+            Param::ClientRequest => "client_request_s",
+            Param::ClientStream => "client_stream_s",
+            Param::StaticBatchWindow => "static_batch_window_s",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Param, String> {
+        Param::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Param::ALL.iter().map(|p| p.name()).collect();
+                format!(
+                    "unknown parameter `{s}`; expected one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+
+    fn slot(self, c: &mut Coefficients) -> &mut f64 {
+        match self {
+            Param::ComputeEfficiency => &mut c.compute_efficiency,
+            Param::AttentionEfficiency => &mut c.attention_efficiency,
+            Param::BandwidthEfficiency => &mut c.bandwidth_efficiency,
+            Param::StepOverhead => &mut c.step_overhead_s,
+            Param::PerSeqOverhead => &mut c.per_seq_overhead_s,
+            Param::ClientRequest => &mut c.client_request_s,
+            Param::ClientStream => &mut c.client_stream_s,
+            Param::StaticBatchWindow => &mut c.static_batch_window_s,
+        }
+    }
+
+    /// (lowest, highest) value the fit may give.
+    fn bounds(self) -> (f64, f64) {
+        match self {
+            // No GEMM or attention kernel sustains more than ~80% of the dense peak.
+            Param::ComputeEfficiency | Param::AttentionEfficiency => (0.01, 0.8),
+            Param::BandwidthEfficiency => (0.01, 1.0),
+            _ => (1e-6, 1.0),
+        }
+    }
+}
+
+/// The parameters fitted when none are named.
+pub const DEFAULT_PARAMS: [Param; 6] = [
+    Param::ComputeEfficiency,
+    Param::AttentionEfficiency,
+    Param::StepOverhead,
+    Param::PerSeqOverhead,
+    Param::ClientRequest,
+    Param::StaticBatchWindow,
+];
+
+/// One model's fit.
+#[derive(Debug, Clone)]
+pub struct ModelFit {
+    pub model: String,
+    pub coefficients: Coefficients,
+    /// Mean Huber loss of the log errors over the fitted targets' figures.
+    pub loss: f64,
+    pub evaluations: usize,
+}
+
+/// Mean Huber loss of the log errors of the fitted (not held-out) `targets` under `cal`:
+/// squared up to [`HUBER_DELTA`], linear beyond, so that a figure the model cannot
+/// describe (a mechanism it lacks) does not drag every other figure off to half-fit it.
+fn loss(targets: &mut [&mut Target], cal: &Calibration) -> f64 {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for t in targets.iter_mut().filter(|t| !t.held_out) {
+        let predicted = t.predict(cal);
+        for ((_, m), p) in t.measured.iter().zip(predicted) {
+            let e = if p > 0.0 && p.is_finite() {
+                (p / m).ln()
+            } else {
+                10.0 // a run that produced no figure is as wrong as can be
+            };
+            sum += huber(e);
+            n += 1;
+        }
+    }
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
+}
+
+/// Where the loss turns from squared to linear: a log error of 0.25 (about 28%).
+const HUBER_DELTA: f64 = 0.25;
+
+fn huber(e: f64) -> f64 {
+    let a = e.abs();
+    if a <= HUBER_DELTA {
+        a * a
+    } else {
+        HUBER_DELTA * (2.0 * a - HUBER_DELTA)
+    }
+}
+
+/// Fit `params` of one model's calibration to its targets, starting from `start`.
+pub fn fit_model(
+    targets: &mut [&mut Target],
+    start: &Calibration,
+    mechanisms: &Mechanisms,
+    params: &[Param],
+) -> ModelFit {
+    let mut best = Coefficients::of(start);
+    // A multiplicative search cannot leave zero: start such coefficients at 1 ms.
+    for &p in params {
+        let v = p.slot(&mut best);
+        if *v == 0.0 {
+            *v = 1e-3;
+        }
+    }
+    let cal = |c: &Coefficients| start.with(mechanisms, c);
+    let mut best_loss = loss(targets, &cal(&best));
+    let mut evaluations = 1;
+    let mut factor: f64 = 2.0;
+    while factor > 1.002 && evaluations < 4000 {
+        let mut improved = false;
+        for &p in params {
+            for dir in [factor, 1.0 / factor] {
+                let mut c = best;
+                let (lo, hi) = p.bounds();
+                let v = p.slot(&mut c);
+                let moved = (*v * dir).clamp(lo, hi);
+                if moved == *v {
+                    continue;
+                }
+                *v = moved;
+                let l = loss(targets, &cal(&c));
+                evaluations += 1;
+                if l < best_loss {
+                    best_loss = l;
+                    best = c;
+                    improved = true;
+                    break;
+                }
+            }
+        }
+        if !improved {
+            factor = factor.sqrt();
+        }
+    }
+    // A time the measurements do not call for is zero, not whatever the search left.
+    for &p in params {
+        if p.bounds().0 < 1e-3 {
+            let mut c = best;
+            *p.slot(&mut c) = 0.0;
+            let l = loss(targets, &cal(&c));
+            evaluations += 1;
+            if l <= best_loss {
+                best_loss = l;
+                best = c;
+            }
+        }
+    }
+    ModelFit {
+        model: targets
+            .first()
+            .map_or(String::new(), |t| t.model().to_string()),
+        coefficients: best,
+        loss: best_loss,
+        evaluations,
+    }
+}
+
+/// A whole calibration: every model of `targets` fitted under `mechanisms`.
+pub struct Fit {
+    pub hardware: String,
+    pub mechanisms: Mechanisms,
+    pub models: Vec<ModelFit>,
+}
+
+impl Fit {
+    /// The sum of the models' losses (what mechanism search compares).
+    pub fn loss(&self) -> f64 {
+        self.models.iter().map(|m| m.loss).sum()
+    }
+
+    pub fn file(&self, engine: &str, source: &str) -> CalibrationFile {
+        CalibrationFile {
+            hardware: self.hardware.clone(),
+            engine: engine.to_string(),
+            source: source.to_string(),
+            mechanisms: self.mechanisms,
+            models: self
+                .models
+                .iter()
+                .map(|m| (m.model.clone(), m.coefficients.rounded()))
+                .collect(),
+        }
+    }
+
+    /// A calibration file's coefficients, as a fit (to predict with them).
+    pub fn of_file(file: &CalibrationFile) -> Fit {
+        Fit {
+            hardware: file.hardware.clone(),
+            mechanisms: file.mechanisms,
+            models: file
+                .models
+                .iter()
+                .map(|(name, c)| ModelFit {
+                    model: name.clone(),
+                    coefficients: *c,
+                    loss: f64::NAN,
+                    evaluations: 0,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Fit every model of `targets` under `mechanisms`. All targets must be on one GPU.
+pub fn fit_all(
+    targets: &mut [Target],
+    mechanisms: &Mechanisms,
+    params: &[Param],
+) -> Result<Fit, String> {
+    let hardware = match targets.first() {
+        Some(t) => t.setup.hardware.clone(),
+        None => return Err("no targets to fit".into()),
+    };
+    if let Some(t) = targets
+        .iter()
+        .find(|t| t.setup.hardware.name != hardware.name)
+    {
+        return Err(format!(
+            "`{}` runs on {}, the others on {}: one calibration file is for one GPU",
+            t.label, t.setup.hardware.name, hardware.name
+        ));
+    }
+    let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut models = Vec::new();
+    for name in names {
+        let mut mine: Vec<&mut Target> = targets.iter_mut().filter(|t| t.model() == name).collect();
+        if mine.iter().all(|t| t.held_out) {
+            return Err(format!(
+                "every target of {name} is held out: nothing to fit"
+            ));
+        }
+        // Two starts, the generic defaults and a host-bound engine (a Python server), so
+        // that a local minimum of one is not the answer when the other does better.
+        let generic = Calibration::default_for(&hardware);
+        let host_bound = Calibration {
+            step_overhead_s: 3e-3,
+            per_seq_overhead_s: 1e-3,
+            ..generic.clone()
+        };
+        let fits =
+            [generic, host_bound].map(|start| fit_model(&mut mine, &start, mechanisms, params));
+        let best = fits
+            .into_iter()
+            .min_by(|a, b| a.loss.total_cmp(&b.loss))
+            .expect("two fits");
+        models.push(best);
+    }
+    Ok(Fit {
+        hardware: hardware.name.to_string(),
+        mechanisms: *mechanisms,
+        models,
+    })
+}
+
+/// The mechanism combinations a search tries (spill bandwidth as given).
+pub fn mechanism_candidates(spill_bandwidth_gb_s: Option<f64>) -> Vec<Mechanisms> {
+    let mut out = Vec::new();
+    for prefill_batching in [PrefillBatching::Packed, PrefillBatching::Padded] {
+        for logits in [LogitRows::Sampled, LogitRows::All] {
+            out.push(Mechanisms {
+                prefill_batching,
+                logits,
+                spill_bandwidth_gb_s,
+            });
+        }
+    }
+    out
+}
+
+/// One predicted figure beside its measurement.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub label: String,
+    pub metric: String,
+    pub measured: f64,
+    pub predicted: f64,
+    pub held_out: bool,
+}
+
+impl Row {
+    /// Signed error, percent of the measurement.
+    pub fn error_pct(&self) -> f64 {
+        (self.predicted - self.measured) / self.measured * 100.0
+    }
+}
+
+/// Every target's figures predicted with the fitted calibration.
+pub fn rows(targets: &mut [Target], fit: &Fit) -> Vec<Row> {
+    let mut out = Vec::new();
+    for t in targets.iter_mut() {
+        let Some(m) = fit.models.iter().find(|m| m.model == t.model()) else {
+            continue;
+        };
+        let start = Calibration::default_for(&t.setup.hardware);
+        let cal = start.with(&fit.mechanisms, &m.coefficients);
+        let predicted = t.predict(&cal);
+        for ((metric, measured), p) in t.measured.iter().zip(predicted) {
+            out.push(Row {
+                label: t.label.clone(),
+                metric: metric.clone(),
+                measured: *measured,
+                predicted: p,
+                held_out: t.held_out,
+            });
+        }
+    }
+    out
+}
+
+/// Median |error| in percent per metric, of the rows with `held_out == held`; `None` for a
+/// metric without rows.
+pub fn median_errors(rows: &[Row], held: bool) -> Vec<(&'static str, Option<f64>)> {
+    FIT_METRICS
+        .iter()
+        .map(|&m| {
+            let mut e: Vec<f64> = rows
+                .iter()
+                .filter(|r| r.held_out == held && r.metric == m)
+                .map(|r| r.error_pct().abs())
+                .collect();
+            e.sort_by(f64::total_cmp);
+            (m, (!e.is_empty()).then(|| median(&e)))
+        })
+        .collect()
+}
+
+/// The fit as text: every figure beside its measurement, the coefficients per model and
+/// the median |error| per metric, fitted and held out.
+pub fn render(rows: &[Row], fit: &Fit) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<44} {:<18} {:>10} {:>10} {:>7}  set",
+        "run", "metric", "measured", "predicted", "error%"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<44} {:<18} {:>10.1} {:>10.1} {:>+7.0}  {}",
+            r.label,
+            r.metric,
+            r.measured,
+            r.predicted,
+            r.error_pct(),
+            if r.held_out { "held out" } else { "fit" }
+        );
+    }
+    let m = &fit.mechanisms;
+    let _ = writeln!(
+        s,
+        "\nmechanisms: prefill_batching={:?} logits={:?} spill_bandwidth_gb_s={}",
+        m.prefill_batching,
+        m.logits,
+        m.spill_bandwidth_gb_s
+            .map_or("host link".to_string(), |v| v.to_string())
+    );
+    for f in &fit.models {
+        let c = &f.coefficients;
+        let _ = writeln!(
+            s,
+            "{}: compute_efficiency {:.3}, attention_efficiency {:.3}, bandwidth_efficiency \
+             {:.3}, step_overhead {:.2} ms, per_seq_overhead {:.3} ms, client request {:.2} ms, \
+             stream {:.2} ms, static batch window {:.1} ms (loss {:.4}, {} evaluations)",
+            f.model,
+            c.compute_efficiency,
+            c.attention_efficiency,
+            c.bandwidth_efficiency,
+            c.step_overhead_s * 1e3,
+            c.per_seq_overhead_s * 1e3,
+            c.client_request_s * 1e3,
+            c.client_stream_s * 1e3,
+            c.static_batch_window_s * 1e3,
+            f.loss,
+            f.evaluations
+        );
+    }
+    for (held, name) in [(false, "fit"), (true, "held out")] {
+        let n = rows.iter().filter(|r| r.held_out == held).count();
+        if n == 0 {
+            continue;
+        }
+        let _ = write!(s, "median |error| {name} ({n} figures):");
+        for (m, e) in median_errors(rows, held) {
+            if let Some(e) = e {
+                let _ = write!(s, " {m} {e:.0}%");
+            }
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small run of the baseline scenario (few steps: the tests fit many times over).
+    fn target(label: &str, set: &[&str], held_out: bool) -> Target {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        let small = [
+            "workload.num_requests=4",
+            "workload.warmup_requests=0",
+            "workload.output_tokens=8",
+        ];
+        let set: Vec<String> = small.iter().chain(set).map(|s| s.to_string()).collect();
+        Target {
+            label: label.into(),
+            setup: setup::load(file, &set).unwrap(),
+            measured: Vec::new(),
+            held_out,
+        }
+    }
+
+    #[test]
+    fn a_fit_recovers_the_coefficients_that_made_its_targets() {
+        // Make "measurements" with known coefficients, then fit from the defaults.
+        let overrides = [
+            vec!["server.model=llama-3.2-3b"],
+            vec!["server.model=llama-3.2-3b", "workload.prompt_tokens=1024"],
+            vec![
+                "server.model=llama-3.2-3b",
+                "arrival.kind=concurrency",
+                "arrival.max_concurrency=4",
+                "workload.num_requests=8",
+            ],
+        ];
+        let mut truth =
+            Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
+        truth.compute_efficiency = 0.3;
+        truth.step_overhead_s = 4e-3;
+        truth.per_seq_overhead_s = 1e-3;
+        let mut targets: Vec<Target> = overrides
+            .iter()
+            .enumerate()
+            .map(|(i, o)| target(&format!("t{i}"), o, false))
+            .collect();
+        for t in &mut targets {
+            t.measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
+            let got = t.predict(&truth);
+            for ((_, v), g) in t.measured.iter_mut().zip(got) {
+                *v = g;
+            }
+        }
+        let params = [
+            Param::ComputeEfficiency,
+            Param::StepOverhead,
+            Param::PerSeqOverhead,
+        ];
+        let fit = fit_all(&mut targets, &Mechanisms::default(), &params).unwrap();
+        let c = fit.models[0].coefficients;
+        let close = |a: f64, b: f64| (a - b).abs() / b < 0.1;
+        assert!(close(c.compute_efficiency, 0.3), "{c:?}");
+        assert!(close(c.step_overhead_s, 4e-3), "{c:?}");
+        assert!(close(c.per_seq_overhead_s, 1e-3), "{c:?}");
+        let rows = rows(&mut targets, &fit);
+        for (m, e) in median_errors(&rows, false) {
+            assert!(e.unwrap() < 2.0, "{m}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn held_out_targets_are_never_fitted_to() {
+        let mut targets = vec![
+            target("fit", &["server.model=llama-3.2-3b"], false),
+            target("held", &["server.model=llama-3.2-3b"], true),
+        ];
+        targets[0].measured = vec![("median_itl_ms".into(), 12.0)];
+        // Absurd on purpose: if it were fitted to, the fit would move far from 12 ms.
+        targets[1].measured = vec![("median_itl_ms".into(), 500.0)];
+        let fit = fit_all(&mut targets, &Mechanisms::default(), &[Param::StepOverhead]).unwrap();
+        let rows = rows(&mut targets, &fit);
+        assert!(rows[0].error_pct().abs() < 2.0, "{rows:?}");
+        assert!(rows[1].error_pct() < -90.0, "{rows:?}");
+        let mut only_held = vec![target("held", &["server.model=llama-3.2-3b"], true)];
+        only_held[0].measured = vec![("median_itl_ms".into(), 12.0)];
+        let e = fit_all(
+            &mut only_held,
+            &Mechanisms::default(),
+            &[Param::StepOverhead],
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("held out"), "{e}");
+    }
+
+    #[test]
+    fn bad_figures_and_parameters_are_refused_by_name() {
+        let e = measured_figures([("median_ttft_ms".to_string(), -1.0)].into_iter()).unwrap_err();
+        assert!(e.contains("median_ttft_ms"), "{e}");
+        let e = measured_figures([("bogus".to_string(), 1.0)].into_iter()).unwrap_err();
+        assert!(e.contains("no figure"), "{e}");
+        let e = Param::parse("speed").unwrap_err();
+        assert!(e.contains("per_seq_overhead_s"), "{e}");
+    }
+}
