@@ -35,6 +35,9 @@ enum Command {
     Serve(ServeArgs),
     /// Drive an OpenAI-compatible server with a scenario and measure it.
     Bench(BenchArgs),
+    /// Run a fixed, short set of probe loads against any OpenAI-compatible server: run
+    /// directories for `sim calibrate`.
+    Probe(ProbeArgs),
     /// Time model steps over a grid of batch shapes: the simulator's profiled cost model.
     Profile(ProfileArgs),
     /// Predict each scenario with the simulator, measure it on the engine, compare.
@@ -225,6 +228,32 @@ struct BenchArgs {
     no_progress: bool,
 }
 
+#[derive(Args)]
+struct ProbeArgs {
+    /// Base URL of an OpenAI-compatible server.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    server: String,
+    /// A scenario whose `[server]` describes the server (model, GPU, scheduler settings);
+    /// the probes bring their own workloads.
+    #[arg(long)]
+    scenario: PathBuf,
+    /// Scenario overrides, `key=value` (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    /// The served model name (default: the first of /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// Cut prompts in the served model's own tokens (its Hugging Face directory).
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<PathBuf>,
+    /// Only these probes, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Directory for the probes' run directories (default runs/probe-<time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ArchArg {
     Llama,
@@ -354,6 +383,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => run_generate(a)?,
         Command::Serve(a) => run_serve(a)?,
         Command::Bench(a) => run_bench(a)?,
+        Command::Probe(a) => run_probe(a)?,
         Command::Profile(a) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -543,6 +573,50 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         println!("{line}");
     }
     println!("run directory: {}", dir.display());
+    Ok(())
+}
+
+fn run_probe(a: ProbeArgs) -> Result<()> {
+    let mut opts = BenchOptions::new(&a.server, &a.scenario);
+    opts.overrides = a.set;
+    opts.model = a.model;
+    if let Some(path) = &a.tokenizer {
+        let dir = if path.is_file() {
+            path.parent().unwrap_or(path).to_path_buf()
+        } else {
+            path.clone()
+        };
+        opts.tokenizer = Some(std::sync::Arc::new(
+            infer_engine::tokenizer::TextTokenizer::from_dir(&dir)?,
+        ));
+    }
+    let out = a
+        .out
+        .unwrap_or_else(|| infer_sim::output::default_run_dir("probe"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let runs = rt.block_on(infer_engine::bench::probe::run(&opts, &out, &a.only))?;
+    println!(
+        "{:<14} {:>9} {:>12} {:>11} {:>11}  run directory",
+        "probe", "requests", "output tok/s", "TTFT P50 ms", "ITL P50 ms"
+    );
+    for r in &runs {
+        let s = &r.summary;
+        println!(
+            "{:<14} {:>9} {:>12.1} {:>11.1} {:>11.1}  {}",
+            r.name,
+            format!("{}/{}", s.completed, s.completed + s.failed),
+            s.output_throughput,
+            s.ttft.median * 1e3,
+            s.itl.median * 1e3,
+            r.dir.display()
+        );
+    }
+    println!(
+        "fit them: sim calibrate {}/*/ --out calibration.toml",
+        out.display()
+    );
     Ok(())
 }
 

@@ -861,3 +861,32 @@ async fn echo_returns_the_prompt_with_the_logprob_of_each_of_its_tokens() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_write_run_directories_that_sim_calibrate_can_fit() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let opts = BenchOptions::new(&format!("http://{addr}"), scenario("baseline"));
+    let only = ["single-128".to_string(), "decode-4".to_string()];
+    let runs = bench::probe::run(&opts, out.path(), &only).await.unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in &runs {
+        assert_eq!(r.summary.failed, 0, "{}", r.name);
+        assert!(r.summary.completed >= 4, "{}", r.name);
+        // A run directory the simulator can replay: its scenario and its figures.
+        let target = infer_sim::fit::load_run_dir(&r.dir.display().to_string(), false).unwrap();
+        assert_eq!(target.setup.scenario.name, format!("probe-{}", r.name));
+        let base = std::fs::read_to_string(scenario("baseline")).unwrap();
+        let base = infer_core::workload::Scenario::parse("baseline", &base, &[]).unwrap();
+        assert_eq!(target.setup.scenario.server, base.server, "{}", r.name);
+        assert!(target.measured.iter().any(|(m, _)| m == "median_ttft_ms"));
+    }
+    let e = bench::probe::run(&opts, out.path(), &["nope".to_string()])
+        .await
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("unknown probe `nope`"), "{e}");
+    server.stop().await;
+}

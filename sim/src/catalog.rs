@@ -249,6 +249,24 @@ pub fn hardware() -> Vec<HardwareSpec> {
             kernel_launch_s: 4e-6,
             graph_launch_s: 12e-6,
         },
+        // The project's CPU machine, where `engine serve` runs on candle: 2 cores of an AMD
+        // EPYC (Zen 4) with AVX-512 BF16. Peak: 2 cores x 3.7 GHz (boost) x 64 bf16 FLOP a
+        // cycle (one 512-bit VDPBF16PS a cycle); bandwidth: the read bandwidth `runner_bench` measures
+        // beside its figures (30-57 GB/s on this shared machine). An op's dispatch takes the
+        // place of a kernel launch. Nominal numbers: `sim calibrate` fits the efficiencies.
+        HardwareSpec {
+            name: "cpu-zen4-2c",
+            description: "2 cores of an AMD EPYC (Zen 4, AVX-512 BF16), the project's CPU",
+            memory_bytes: 24.0 * GIB,
+            reserved_bytes: 2.0 * GIB,
+            bandwidth: 40.0 * GB,
+            bf16_flops: 0.47 * TFLOPS,
+            fp8_flops: None,
+            host_link: 40.0 * GB,
+            peer_link: 10.0 * GB,
+            kernel_launch_s: 5e-6,
+            graph_launch_s: 5e-6,
+        },
     ]
 }
 
@@ -381,6 +399,53 @@ pub fn find_model(name: &str) -> Result<ModelSpec, UnknownName> {
         kind: "model",
         name: name.to_string(),
         valid,
+    })
+}
+
+/// A model by catalog name, or a local Hugging Face model directory (its `config.json`:
+/// decoder-only, gated MLP, grouped-query attention; priced as bf16 weights and KV, as
+/// `engine serve --dtype bf16` runs it). A directory's model is named by its last path
+/// component, which is what calibration files key it by.
+pub fn resolve_model(name: &str) -> Result<ModelSpec, String> {
+    let dir = std::path::Path::new(name);
+    if !dir.join("config.json").is_file() {
+        return find_model(name)
+            .map_err(|e| format!("{e}; or a model directory with a config.json (none at {name})"));
+    }
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    let c: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+    let field = |key: &str| -> Result<usize, String> {
+        c.get(key)
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("{}: `{key}` missing or not a count", path.display()))
+    };
+    let (hidden, heads) = (field("hidden_size")?, field("num_attention_heads")?);
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let short = dir
+        .file_name()
+        .map_or(name.to_string(), |n| n.to_string_lossy().to_string());
+    Ok(ModelSpec {
+        name: leak(short),
+        hf_id: leak(name.to_string()),
+        layers: field("num_hidden_layers")?,
+        hidden,
+        heads,
+        kv_heads: field("num_key_value_heads").unwrap_or(heads),
+        head_dim: field("head_dim").unwrap_or(hidden / heads),
+        intermediate: field("intermediate_size")?,
+        vocab: field("vocab_size")?,
+        tied_embeddings: c
+            .get("tie_word_embeddings")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+        weight_dtype: Dtype::Bf16,
+        kv_dtype: Dtype::Bf16,
+        tp: 1,
+        kernels_per_layer: 14,
     })
 }
 

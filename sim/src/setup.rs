@@ -7,7 +7,7 @@ use std::sync::Arc;
 use infer_core::workload::Scenario;
 
 use crate::calibration::{Calibration, CalibrationFile};
-use crate::catalog::{find_hardware, find_model, HardwareSpec, ModelSpec};
+use crate::catalog::{find_hardware, resolve_model, HardwareSpec, ModelSpec};
 use crate::cost::{Analytic, CostModel, Profiled};
 use crate::memory::{self, MemoryPlan};
 use crate::settings::{CostModelKind, SimSettings};
@@ -39,8 +39,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
     let settings = SimSettings::from_scenario(&scenario).map_err(|(k, r)| at(&k, r))?;
     let hardware = find_hardware(&scenario.server.hardware)
         .map_err(|e| at("server.hardware", e.to_string()))?;
-    let model =
-        find_model(&scenario.server.model).map_err(|e| at("server.model", e.to_string()))?;
+    let model = resolve_model(&scenario.server.model).map_err(|e| at("server.model", e))?;
     let cfg = scenario.server.scheduler_config();
     let memory =
         memory::plan(&hardware, &model, &cfg).map_err(|r| at("server.num_gpu_blocks", r))?;

@@ -5,6 +5,7 @@
 //! response and measures with the core's metric definitions (vLLM's). Server errors are
 //! failed requests with their text; the client itself does not fail on them.
 
+pub mod probe;
 mod prom;
 
 use std::path::{Path, PathBuf};

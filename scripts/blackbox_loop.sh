@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The black-box predict -> verify loop on this machine, as a user would run it against a
+# server that is not theirs: probe the server (`engine probe`), fit a calibration to the
+# probes (`sim calibrate`, no profile), predict the five seed workloads with it
+# (`sim run`) and measure them (`engine bench`), then print both side by side.
+#
+#   scripts/blackbox_loop.sh [MODEL_DIR] [OUT_DIR]
+#
+# MODEL_DIR: a Hugging Face model directory (default: the 0.5B Llama that
+# `cargo run --release -p infer-engine --example runner_bench` generates). Needs the
+# release binaries (`cargo build --release -p infer-engine -p infer-sim`).
+set -euo pipefail
+MODEL=${1:-$HOME/.cache/infer/bench-llama-0.5b-v1}
+OUT=${2:-runs/blackbox-$(date +%s)}
+PORT=${PORT:-8397}
+REQUESTS=${REQUESTS:-16}
+BIN=target/release
+mkdir -p "$OUT"
+
+# The server's configuration, said once for the server and once for the simulator.
+SERVE_FLAGS=(--max-batch-size 16 --num-gpu-blocks 2048 --block-size 16 --prefill-chunk-size 512
+  --max-model-len 4096 --dtype bf16)
+SERVER_SET=(--set "server.model=$MODEL" --set server.hardware=cpu-zen4-2c
+  --set server.max_batch_size=16 --set server.num_gpu_blocks=2048 --set server.block_size=16
+  --set server.prefill_chunk_size=512 --set server.max_model_len=4096
+  --set server.chunked_prefill=true --set server.prefix_caching=true)
+
+"$BIN/engine" serve --model "$MODEL" --port "$PORT" "${SERVE_FLAGS[@]}" > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do
+  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+  sleep 1
+done
+
+URL="http://127.0.0.1:$PORT"
+"$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
+  --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
+"$BIN/sim" calibrate "$OUT"/probe/*/ --engine "engine serve on cpu-zen4-2c" \
+  --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
+
+printf '%-20s %-18s %10s %10s %7s\n' workload metric measured predicted error% > "$OUT/loop.txt"
+for w in baseline continuous_batching paged_attention chunked_prefill prefix_caching; do
+  SET=("${SERVER_SET[@]}" --set "workload.num_requests=$REQUESTS")
+  "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
+    --tokenizer "$MODEL" --no-progress --out "$OUT/measured/$w" > /dev/null
+  "$BIN/sim" run "scenarios/$w.toml" "${SET[@]}" \
+    --set "sim.calibration=$OUT/calibration.toml" --quiet --out "$OUT/predicted/$w" > /dev/null
+  python3 - "$w" "$OUT/measured/$w/summary.json" "$OUT/predicted/$w/summary.json" \
+    >> "$OUT/loop.txt" <<'EOF'
+import json, sys
+w, m, p = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+for k in ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]:
+    print(f"{w:<20} {k:<18} {m[k]:>10.1f} {p[k]:>10.1f} {(p[k] - m[k]) / m[k] * 100:>+7.0f}")
+EOF
+done
+python3 - "$OUT/loop.txt" <<'EOF' | tee -a "$OUT/loop.txt"
+import sys
+rows = [l.split() for l in open(sys.argv[1]).read().splitlines()[1:]]
+by = {}
+for r in rows:
+    by.setdefault(r[1], []).append(abs(float(r[4])))
+print("median |error| per metric:", ", ".join(
+    f"{k} {sorted(v)[len(v) // 2]:.0f}%" for k, v in by.items()))
+EOF
+cat "$OUT/loop.txt"
