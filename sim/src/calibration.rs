@@ -198,23 +198,9 @@ impl CalibrationFile {
                 self.models.keys().cloned().collect::<Vec<_>>().join(", ")
             )
         })?;
-        Ok(Calibration {
-            compute_efficiency: c.compute_efficiency,
-            attention_efficiency: c.attention_efficiency,
-            bandwidth_efficiency: c.bandwidth_efficiency,
-            step_overhead_s: c.step_overhead_s,
-            per_seq_overhead_s: c.per_seq_overhead_s,
-            client: ClientPath {
-                request_s: c.client_request_s,
-                per_prompt_token_s: c.client_per_prompt_token_s,
-                stream_s: c.client_stream_s,
-            },
-            static_batch_window_s: c.static_batch_window_s,
-            prefill: self.mechanisms.prefill_batching,
-            logits: self.mechanisms.logits,
-            spill_bandwidth: self.mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
-            source: format!("{file}: {}", self.source),
-        })
+        let mut cal = Calibration::default_for(hw).with(&self.mechanisms, c);
+        cal.source = format!("{file}: {}", self.source);
+        Ok(cal)
     }
 
     /// The file as TOML text.
