@@ -81,8 +81,9 @@ enum Command {
         /// Run directories to fit (from `engine bench` or `engine probe`).
         #[arg(value_name = "RUN_DIR")]
         runs: Vec<String>,
-        /// Run directories to predict but not fit (held out).
-        #[arg(long = "hold-out", value_name = "RUN_DIR")]
+        /// Run directories to predict but not fit (held out); takes every directory that
+        /// follows it (`--hold-out runs/x/*/`).
+        #[arg(long = "hold-out", value_name = "RUN_DIR", num_args = 1..)]
         hold_out: Vec<String>,
         /// A table of published figures (TOML `[[run]]` entries; see
         /// sim/calibrations/rtx5080-benchmark-log.toml).

@@ -124,6 +124,25 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         text.contains("[models.\"llama-3.2-3b\"]") && text.contains("rtx-5080"),
         "{text}"
     );
+    // `--hold-out` takes every directory after it, as a shell glob gives them.
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .arg("calibrate")
+        .arg(&run)
+        .args(["--fit", "step_overhead_s", "--hold-out"])
+        .arg(&run)
+        .arg(&run)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        stdout.contains("median |error| fit (5 figures)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("median |error| held out (10 figures)"),
+        "{stdout}"
+    );
     // Unknown parameters and missing scenario files are refused by name.
     let o = Command::new(env!("CARGO_BIN_EXE_sim"))
         .arg("calibrate")
