@@ -36,7 +36,7 @@ done
 URL="http://127.0.0.1:$PORT"
 "$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
   --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
-"$BIN/sim" calibrate "$OUT"/probe/*/ --engine "engine serve on cpu-zen4-2c" \
+"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --engine "engine serve on cpu-zen4-2c" \
   --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
 
 printf '%-20s %-18s %10s %10s %7s\n' workload metric measured predicted error% > "$OUT/loop.txt"

@@ -55,6 +55,9 @@ fn main() {
         if let Some(l) = cal.logits {
             fit.mechanisms.logits = l;
         }
+        if let Some(r) = cal.roofline {
+            fit.mechanisms.roofline = r;
+        }
         if let Some(b) = cal.spill_bandwidth_gb_s {
             fit.mechanisms.spill_bandwidth_gb_s = Some(b);
         }

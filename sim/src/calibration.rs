@@ -12,6 +12,7 @@
 //! [mechanisms]                 # how the engine runs; each optional
 //! prefill_batching = "padded"  # packed | padded
 //! logits = "all"               # sampled | all
+//! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
@@ -60,6 +61,8 @@ pub struct Calibration {
     pub prefill: PrefillBatching,
     /// Which positions of a prompt get logits.
     pub logits: LogitRows,
+    /// Whether a pass's compute and memory traffic overlap.
+    pub roofline: Roofline,
     /// Bytes/s at which memory spilled out of the device moves back and forth (host
     /// paging); `None`: the hardware's host link.
     pub spill_bandwidth: Option<f64>,
@@ -92,6 +95,18 @@ pub enum LogitRows {
     All,
 }
 
+/// How a forward pass's compute and memory time combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Roofline {
+    /// The larger of the two: memory streams while the tensor cores compute (a GPU).
+    #[default]
+    Overlap,
+    /// Their sum: the cores wait for memory (a CPU engine on few cores, where the same
+    /// cores that compute also move the data).
+    Serial,
+}
+
 /// A calibration file, as read and as `sim calibrate` writes it.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +128,8 @@ pub struct Mechanisms {
     pub prefill_batching: PrefillBatching,
     #[serde(default)]
     pub logits: LogitRows,
+    #[serde(default)]
+    pub roofline: Roofline,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spill_bandwidth_gb_s: Option<f64>,
 }
@@ -251,6 +268,7 @@ impl Mechanisms {
         Mechanisms {
             prefill_batching: c.prefill,
             logits: c.logits,
+            roofline: c.roofline,
             spill_bandwidth_gb_s: c.spill_bandwidth.map(|b| b / 1e9),
         }
     }
@@ -274,6 +292,7 @@ impl Calibration {
             static_batch_window_s: 0.0,
             prefill: PrefillBatching::Packed,
             logits: LogitRows::Sampled,
+            roofline: Roofline::Overlap,
             spill_bandwidth: None,
             source: "uncalibrated defaults".into(),
         }
@@ -306,6 +325,7 @@ impl Calibration {
             static_batch_window_s: c.static_batch_window_s,
             prefill: mechanisms.prefill_batching,
             logits: mechanisms.logits,
+            roofline: mechanisms.roofline,
             spill_bandwidth: mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
             source: self.source.clone(),
         }

@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::calibration::PrefillBatching;
 use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
+use crate::calibration::{PrefillBatching, Roofline};
 use crate::cost::Analytic;
 use crate::setup::{self, Setup};
 
@@ -472,11 +472,14 @@ pub fn mechanism_candidates(spill_bandwidth_gb_s: Option<f64>) -> Vec<Mechanisms
     let mut out = Vec::new();
     for prefill_batching in [PrefillBatching::Packed, PrefillBatching::Padded] {
         for logits in [LogitRows::Sampled, LogitRows::All] {
-            out.push(Mechanisms {
-                prefill_batching,
-                logits,
-                spill_bandwidth_gb_s,
-            });
+            for roofline in [Roofline::Overlap, Roofline::Serial] {
+                out.push(Mechanisms {
+                    prefill_batching,
+                    logits,
+                    roofline,
+                    spill_bandwidth_gb_s,
+                });
+            }
         }
     }
     out
@@ -564,9 +567,10 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
     let m = &fit.mechanisms;
     let _ = writeln!(
         s,
-        "\nmechanisms: prefill_batching={:?} logits={:?} spill_bandwidth_gb_s={}",
+        "\nmechanisms: prefill_batching={:?} logits={:?} roofline={:?} spill_bandwidth_gb_s={}",
         m.prefill_batching,
         m.logits,
+        m.roofline,
         m.spill_bandwidth_gb_s
             .map_or("host link".to_string(), |v| v.to_string())
     );

@@ -6,7 +6,8 @@
 //!     [--threads N]
 //! sim catalog
 //! sim calibrate [RUN_DIR…] [--published FILE]… [--hold-out RUN_DIR]… [--fit P,…]
-//!     [--prefill-batching packed|padded] [--logits sampled|all] [--search-mechanisms]
+//!     [--prefill-batching packed|padded] [--logits sampled|all] [--roofline overlap|serial]
+//!     [--search-mechanisms]
 //!     [--spill-bandwidth-gb-s X] [--engine TEXT] [--out FILE]
 //! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
@@ -99,7 +100,11 @@ enum Command {
         /// Which positions get logits: sampled (vLLM, infer) or all.
         #[arg(long, value_enum, default_value = "sampled")]
         logits: LogitsArg,
-        /// Try every prefill-batching and logits combination and keep the best fit.
+        /// Whether the engine overlaps compute with memory traffic (a GPU) or not (serial:
+        /// a CPU engine on few cores).
+        #[arg(long, value_enum, default_value = "overlap")]
+        roofline: RooflineArg,
+        /// Try every prefill-batching, logits and roofline combination; keep the best fit.
         #[arg(long)]
         search_mechanisms: bool,
         /// Host paging speed once device memory spills, GB/s (default: the host link).
@@ -131,6 +136,12 @@ enum Command {
 enum PrefillArg {
     Packed,
     Padded,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RooflineArg {
+    Overlap,
+    Serial,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -175,6 +186,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
             fit,
             prefill_batching,
             logits,
+            roofline,
             search_mechanisms,
             spill_bandwidth_gb_s,
             engine,
@@ -211,6 +223,10 @@ fn real_main(cli: Cli) -> Result<(), String> {
                     LogitsArg::Sampled => calibration::LogitRows::Sampled,
                     LogitsArg::All => calibration::LogitRows::All,
                 },
+                roofline: match roofline {
+                    RooflineArg::Overlap => calibration::Roofline::Overlap,
+                    RooflineArg::Serial => calibration::Roofline::Serial,
+                },
                 spill_bandwidth_gb_s,
             };
             let candidates = if search_mechanisms {
@@ -223,9 +239,10 @@ fn real_main(cli: Cli) -> Result<(), String> {
                 let f = fit::fit_all(&mut targets, &m, &params)?;
                 if search_mechanisms {
                     println!(
-                        "mechanisms prefill_batching={:?} logits={:?}: fit loss {:.4}",
+                        "mechanisms prefill_batching={:?} logits={:?} roofline={:?}: fit loss {:.4}",
                         m.prefill_batching,
                         m.logits,
+                        m.roofline,
                         f.loss()
                     );
                 }

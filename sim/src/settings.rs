@@ -17,13 +17,14 @@
 //! calibration = "calibrations/x.toml"  # a file written by `sim calibrate`
 //! prefill_batching = "packed"      # packed | padded
 //! logits = "sampled"               # sampled | all
+//! roofline = "overlap"             # overlap | serial
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! ```
 
 use infer_core::workload::Scenario;
 use serde::Deserialize;
 
-use crate::calibration::{LogitRows, PrefillBatching};
+use crate::calibration::{LogitRows, PrefillBatching, Roofline};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -50,6 +51,7 @@ pub struct SimSettings {
     pub calibration: Option<String>,
     pub prefill_batching: Option<PrefillBatching>,
     pub logits: Option<LogitRows>,
+    pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
 }
 
@@ -125,7 +127,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 14] = [
+    const KNOWN: [&str; 15] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -139,6 +141,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "calibration",
         "prefill_batching",
         "logits",
+        "roofline",
         "spill_bandwidth_gb_s",
     ];
     for k in table.keys() {

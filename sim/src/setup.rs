@@ -128,6 +128,10 @@ fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         cal.logits = l;
         touched = true;
     }
+    if let Some(r) = s.roofline {
+        cal.roofline = r;
+        touched = true;
+    }
     if touched {
         cal.source.push_str(", with [sim] overrides");
     }

@@ -14,7 +14,7 @@
 //! memory   = bytes / (bandwidth × bandwidth_efficiency)
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
 //!          = graph_launch_s                                   CUDA graphs, decode-only pass
-//! pass     = max(compute, memory, launch)
+//! pass     = max(compute, memory, launch)       (roofline = "serial": compute + memory)
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
 //! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
@@ -39,7 +39,7 @@
 //! ([`Analytic::spill_time`]): the benchmark log's "VRAM cliff".
 
 use super::{ClientPath, CostModel, StepShape};
-use crate::calibration::{Calibration, LogitRows, PrefillBatching};
+use crate::calibration::{Calibration, LogitRows, PrefillBatching, Roofline};
 use crate::catalog::{HardwareSpec, ModelSpec};
 
 /// Latency of one all-reduce call, independent of size.
@@ -163,7 +163,11 @@ impl Analytic {
             compute,
             memory,
             launch,
-            gpu: compute.max(memory).max(launch),
+            gpu: match cal.roofline {
+                Roofline::Overlap => compute.max(memory),
+                Roofline::Serial => compute + memory,
+            }
+            .max(launch),
             ..Terms::default()
         }
     }
@@ -253,7 +257,7 @@ impl CostModel for Analytic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calibration::{Calibration, LogitRows, PrefillBatching};
+    use crate::calibration::{Calibration, LogitRows, PrefillBatching, Roofline};
     use crate::catalog::{find_hardware, find_model};
 
     fn model(hw: &str, m: &str, graphs: bool) -> Analytic {
@@ -369,6 +373,21 @@ mod tests {
         assert!(all.terms(&s).compute > b.terms(&s).compute);
         // Spill: 10 GB out and back over the 50 GB/s host link.
         assert!((a.spill_time(10e9) - 0.4).abs() < 1e-9);
+        // A serial roofline adds compute and memory time instead of taking the larger.
+        let serial = Analytic::new(
+            hw,
+            m,
+            Calibration {
+                roofline: Roofline::Serial,
+                ..packed
+            },
+            false,
+        );
+        let s = decode(8, 512);
+        let (o, t) = (a.terms(&s), serial.terms(&s));
+        assert_eq!(o.gpu, o.compute.max(o.memory).max(o.launch));
+        assert_eq!(t.gpu, (t.compute + t.memory).max(t.launch));
+        assert!(t.gpu > o.gpu);
     }
 
     #[test]
