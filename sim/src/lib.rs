@@ -3,7 +3,8 @@
 //! differ between a prediction and a measurement is the cost model.
 //!
 //! * [`catalog`]: hardware and model numbers (published, with sources);
-//! * [`memory`]: the start-up memory plan (weights + KV pool + activations);
+//! * [`memory`]: the start-up memory plan (weights + KV pool + activations) and each
+//!   replica's activation peak;
 //! * [`cost`]: the cost-model trait, the analytic roofline and the profiled fit;
 //! * [`calibration`]: the analytic model's coefficients and the engine's mechanisms, read
 //!   from calibration files;

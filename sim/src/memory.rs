@@ -14,9 +14,12 @@
 //! ```
 //!
 //! A plan whose weights and KV pool alone exceed `usable` cannot start: an error. One that
-//! fits only without the activation peak is the benchmark log's "VRAM cliff": the excess is
-//! spilled to host memory (the Windows/WSL driver pages device allocations out rather than
-//! failing), and the cost model charges every step for moving it across the host link.
+//! fits only without the worst-case activations above gets a warning: the benchmark log's
+//! "VRAM cliff". What a run pays is decided step by step: each replica keeps its actual
+//! activation peak ([`ActivationPeak`], from the cost model's bytes per step), and once
+//! weights + KV pool + peak exceed `usable` the excess lives in host memory (the
+//! Windows/WSL driver pages device allocations out rather than failing) and every later
+//! step pays for moving it out and back (`CostModel::spill_time`).
 //! A KV pool that cannot hold one `max_model_len` sequence is refused.
 
 use infer_core::SchedulerConfig;
