@@ -19,6 +19,8 @@
 //! logits = "sampled"               # sampled | all
 //! roofline = "overlap"             # overlap | serial
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
+//! reserved_gib = 1.5               # device memory the engine never gets (default: the
+//!                                  # catalog's estimate; a desktop's display takes more)
 //! ```
 
 use infer_core::workload::Scenario;
@@ -53,6 +55,7 @@ pub struct SimSettings {
     pub logits: Option<LogitRows>,
     pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
+    pub reserved_gib: Option<f64>,
 }
 
 pub const DEFAULT_TIMESERIES_INTERVAL_S: f64 = 0.1;
@@ -100,6 +103,14 @@ impl SimSettings {
                 ));
             }
         }
+        if let Some(v) = s.reserved_gib {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err((
+                    "sim.reserved_gib".into(),
+                    format!("must be >= 0 GiB, got {v}"),
+                ));
+            }
+        }
         if let Some(v) = s.timeseries_interval_s {
             // Finer points than a millisecond would be rows by the billion for long runs.
             if !(v >= 1e-3 && v.is_finite()) {
@@ -127,7 +138,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 15] = [
+    const KNOWN: [&str; 16] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -143,6 +154,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "logits",
         "roofline",
         "spill_bandwidth_gb_s",
+        "reserved_gib",
     ];
     for k in table.keys() {
         if !KNOWN.contains(&k.as_str()) {
@@ -204,5 +216,11 @@ mod tests {
         let (k, _) =
             SimSettings::from_scenario(&scenario("cost_model = \"profiled\"")).unwrap_err();
         assert_eq!(k, "sim.profile");
+        let (k, _) = SimSettings::from_scenario(&scenario("reserved_gib = -1")).unwrap_err();
+        assert_eq!(k, "sim.reserved_gib");
+        let s = SimSettings::from_scenario(&scenario("roofline = \"serial\"\nreserved_gib = 3"))
+            .unwrap();
+        assert_eq!(s.roofline, Some(crate::calibration::Roofline::Serial));
+        assert_eq!(s.reserved_gib, Some(3.0));
     }
 }

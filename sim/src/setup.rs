@@ -37,8 +37,11 @@ pub fn load(path: &str, overrides: &[String]) -> Result<Setup, String> {
 pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
     let at = |key: &str, reason: String| format!("{file}: key `{key}`: {reason}");
     let settings = SimSettings::from_scenario(&scenario).map_err(|(k, r)| at(&k, r))?;
-    let hardware = find_hardware(&scenario.server.hardware)
+    let mut hardware = find_hardware(&scenario.server.hardware)
         .map_err(|e| at("server.hardware", e.to_string()))?;
+    if let Some(gib) = settings.reserved_gib {
+        hardware.reserved_bytes = gib * 1024.0 * 1024.0 * 1024.0;
+    }
     let model = resolve_model(&scenario.server.model).map_err(|e| at("server.model", e))?;
     let cfg = scenario.server.scheduler_config();
     let memory =
