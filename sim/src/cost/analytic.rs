@@ -228,8 +228,8 @@ impl CostModel for Analytic {
     fn describe(&self) -> String {
         let c = &self.cal;
         format!(
-            "analytic roofline: {} on {}{} (compute eff {:.3}, bandwidth eff {:.2}, step overhead \
-             {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
+            "analytic roofline: {} on {}{} (compute eff {:.3}, attention eff {:.3}, bandwidth \
+             eff {:.2}, step overhead {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
             self.model.name,
             self.hw.name,
             if self.cuda_graphs {
@@ -238,20 +238,31 @@ impl CostModel for Analytic {
                 ""
             },
             c.compute_efficiency,
+            c.attention_efficiency,
             c.bandwidth_efficiency,
             c.step_overhead_s * 1e3,
             c.per_seq_overhead_s * 1e3,
             c.client.request_s * 1e3,
             c.client.stream_s * 1e3,
-            match (c.prefill, c.logits) {
-                (PrefillBatching::Packed, LogitRows::Sampled) => "",
-                (PrefillBatching::Padded, LogitRows::All) => ", padded prefill with all logits",
-                (PrefillBatching::Padded, LogitRows::Sampled) => ", padded prefill",
-                (PrefillBatching::Packed, LogitRows::All) => ", all logits",
-            },
+            mechanisms(c),
             c.source
         )
     }
+}
+
+/// The mechanisms that differ from a packed, overlapping engine, as ", a, b" (or "").
+fn mechanisms(c: &Calibration) -> String {
+    let mut out = String::new();
+    if c.prefill == PrefillBatching::Padded {
+        out.push_str(", padded prefill");
+    }
+    if c.logits == LogitRows::All {
+        out.push_str(", all logits");
+    }
+    if c.roofline == Roofline::Serial {
+        out.push_str(", serial roofline");
+    }
+    out
 }
 
 #[cfg(test)]
