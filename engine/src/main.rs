@@ -542,13 +542,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     opts.model = a.model;
     opts.progress = !a.no_progress;
     if let Some(path) = &a.tokenizer {
-        let dir = if path.is_file() {
-            path.parent().unwrap_or(path).to_path_buf()
-        } else {
-            path.clone()
-        };
-        let t = infer_engine::tokenizer::TextTokenizer::from_dir(&dir)?;
-        opts.tokenizer = Some(std::sync::Arc::new(t));
+        opts.tokenizer = Some(prompt_tokenizer(path)?);
     }
     let name = a
         .scenario
@@ -576,19 +570,26 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--tokenizer`: a model directory, or its tokenizer.json.
+fn prompt_tokenizer(
+    path: &std::path::Path,
+) -> Result<std::sync::Arc<dyn infer_core::workload::Tokenizer>> {
+    let dir = if path.is_file() {
+        path.parent().unwrap_or(path)
+    } else {
+        path
+    };
+    Ok(std::sync::Arc::new(
+        infer_engine::tokenizer::TextTokenizer::from_dir(dir)?,
+    ))
+}
+
 fn run_probe(a: ProbeArgs) -> Result<()> {
     let mut opts = BenchOptions::new(&a.server, &a.scenario);
     opts.overrides = a.set;
     opts.model = a.model;
     if let Some(path) = &a.tokenizer {
-        let dir = if path.is_file() {
-            path.parent().unwrap_or(path).to_path_buf()
-        } else {
-            path.clone()
-        };
-        opts.tokenizer = Some(std::sync::Arc::new(
-            infer_engine::tokenizer::TextTokenizer::from_dir(&dir)?,
-        ));
+        opts.tokenizer = Some(prompt_tokenizer(path)?);
     }
     let out = a
         .out

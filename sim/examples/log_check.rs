@@ -45,23 +45,8 @@ fn main() {
     }
     let text = std::fs::read_to_string(SHIPPED).expect("the shipped calibration");
     let file = CalibrationFile::parse(SHIPPED, &text).unwrap_or_else(|e| panic!("{e}"));
-    let mut fit = Fit::of_file(&file);
-    // `[sim]` mechanism overrides given on the command line win over the file's.
-    if let Some(t) = targets.first() {
-        let cal = t.setup.settings.clone();
-        if let Some(p) = cal.prefill_batching {
-            fit.mechanisms.prefill_batching = p;
-        }
-        if let Some(l) = cal.logits {
-            fit.mechanisms.logits = l;
-        }
-        if let Some(r) = cal.roofline {
-            fit.mechanisms.roofline = r;
-        }
-        if let Some(b) = cal.spill_bandwidth_gb_s {
-            fit.mechanisms.spill_bandwidth_gb_s = Some(b);
-        }
-    }
+    // `[sim]` overrides given on the command line apply on top (`Target::predict`).
+    let fit = Fit::of_file(&file);
     let rows = fit::rows(&mut targets, &fit);
 
     println!(

@@ -71,7 +71,7 @@ pub struct Calibration {
 }
 
 /// How an engine runs a step that has both prompt work and decodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum PrefillBatching {
     /// One ragged forward pass over every new token (vLLM, SGLang, infer).
@@ -84,7 +84,7 @@ pub enum PrefillBatching {
 }
 
 /// Which positions an engine computes logits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum LogitRows {
     /// Only positions that sample a token (vLLM, infer).
@@ -96,7 +96,7 @@ pub enum LogitRows {
 }
 
 /// How a forward pass's compute and memory time combine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Roofline {
     /// The larger of the two: memory streams while the tensor cores compute (a GPU).

@@ -17,13 +17,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
 use crate::calibration::{PrefillBatching, Roofline};
-use crate::cost::Analytic;
 use crate::setup::{self, Setup};
 
 /// The figures a fit compares, by their summary.json names.
@@ -49,14 +47,10 @@ impl Target {
         self.setup.model.name
     }
 
-    /// The run's figures under `cal`, in the order of `measured`.
+    /// The run's figures under `cal` (its scenario's `[sim]` overrides on top), in the
+    /// order of `measured`.
     pub fn predict(&mut self, cal: &Calibration) -> Vec<f64> {
-        self.setup.cost = Arc::new(Analytic::new(
-            self.setup.hardware.clone(),
-            self.setup.model.clone(),
-            cal.clone(),
-            self.setup.scenario.server.cuda_graphs,
-        ));
+        self.setup.set_calibration(cal.clone());
         let entries = crate::run(&self.setup).summary.entries();
         self.measured
             .iter()

@@ -96,14 +96,14 @@ enum Command {
         fit: Vec<String>,
         /// How the measured engine batches prompts: packed (vLLM, infer) or padded.
         #[arg(long, value_enum, default_value = "packed")]
-        prefill_batching: PrefillArg,
+        prefill_batching: calibration::PrefillBatching,
         /// Which positions get logits: sampled (vLLM, infer) or all.
         #[arg(long, value_enum, default_value = "sampled")]
-        logits: LogitsArg,
+        logits: calibration::LogitRows,
         /// Whether the engine overlaps compute with memory traffic (a GPU) or not (serial:
         /// a CPU engine on few cores).
         #[arg(long, value_enum, default_value = "overlap")]
-        roofline: RooflineArg,
+        roofline: calibration::Roofline,
         /// Try every prefill-batching, logits and roofline combination; keep the best fit.
         #[arg(long)]
         search_mechanisms: bool,
@@ -130,24 +130,6 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum PrefillArg {
-    Packed,
-    Padded,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum RooflineArg {
-    Overlap,
-    Serial,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum LogitsArg {
-    Sampled,
-    All,
 }
 
 fn main() -> ExitCode {
@@ -215,18 +197,9 @@ fn real_main(cli: Cli) -> Result<(), String> {
                 }
             }
             let given = calibration::Mechanisms {
-                prefill_batching: match prefill_batching {
-                    PrefillArg::Packed => calibration::PrefillBatching::Packed,
-                    PrefillArg::Padded => calibration::PrefillBatching::Padded,
-                },
-                logits: match logits {
-                    LogitsArg::Sampled => calibration::LogitRows::Sampled,
-                    LogitsArg::All => calibration::LogitRows::All,
-                },
-                roofline: match roofline {
-                    RooflineArg::Overlap => calibration::Roofline::Overlap,
-                    RooflineArg::Serial => calibration::Roofline::Serial,
-                },
+                prefill_batching,
+                logits,
+                roofline,
                 spill_bandwidth_gb_s,
             };
             let candidates = if search_mechanisms {

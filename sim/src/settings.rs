@@ -7,12 +7,14 @@
 //! timeseries_interval_s = 0.1      # spacing of timeseries.csv points
 //! # calibration overrides (analytic), each optional:
 //! compute_efficiency = 0.4
+//! attention_efficiency = 0.1
 //! bandwidth_efficiency = 0.85
 //! step_overhead_s = 0.004
 //! per_seq_overhead_s = 0.0001
 //! client_request_s = 0.003
 //! client_per_prompt_token_s = 1e-6
 //! client_stream_s = 0.001
+//! static_batch_window_s = 0.05
 //! # how the engine runs (analytic):
 //! calibration = "calibrations/x.toml"  # a file written by `sim calibrate`
 //! prefill_batching = "packed"      # packed | padded
@@ -44,12 +46,14 @@ pub struct SimSettings {
     pub profile: Option<String>,
     pub timeseries_interval_s: Option<f64>,
     pub compute_efficiency: Option<f64>,
+    pub attention_efficiency: Option<f64>,
     pub bandwidth_efficiency: Option<f64>,
     pub step_overhead_s: Option<f64>,
     pub per_seq_overhead_s: Option<f64>,
     pub client_request_s: Option<f64>,
     pub client_per_prompt_token_s: Option<f64>,
     pub client_stream_s: Option<f64>,
+    pub static_batch_window_s: Option<f64>,
     pub calibration: Option<String>,
     pub prefill_batching: Option<PrefillBatching>,
     pub logits: Option<LogitRows>,
@@ -69,6 +73,7 @@ impl SimSettings {
         let s: SimSettings = parse_table(table)?;
         let fraction = [
             ("compute_efficiency", s.compute_efficiency),
+            ("attention_efficiency", s.attention_efficiency),
             ("bandwidth_efficiency", s.bandwidth_efficiency),
         ];
         for (key, v) in fraction {
@@ -84,6 +89,7 @@ impl SimSettings {
             ("client_request_s", s.client_request_s),
             ("client_per_prompt_token_s", s.client_per_prompt_token_s),
             ("client_stream_s", s.client_stream_s),
+            ("static_batch_window_s", s.static_batch_window_s),
         ];
         for (key, v) in non_negative {
             if let Some(v) = v {
@@ -138,17 +144,19 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 16] = [
+    const KNOWN: [&str; 18] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
         "compute_efficiency",
+        "attention_efficiency",
         "bandwidth_efficiency",
         "step_overhead_s",
         "per_seq_overhead_s",
         "client_request_s",
         "client_per_prompt_token_s",
         "client_stream_s",
+        "static_batch_window_s",
         "calibration",
         "prefill_batching",
         "logits",
@@ -216,6 +224,8 @@ mod tests {
         let (k, _) =
             SimSettings::from_scenario(&scenario("cost_model = \"profiled\"")).unwrap_err();
         assert_eq!(k, "sim.profile");
+        let (k, _) = SimSettings::from_scenario(&scenario("attention_efficiency = 2")).unwrap_err();
+        assert_eq!(k, "sim.attention_efficiency");
         let (k, _) = SimSettings::from_scenario(&scenario("reserved_gib = -1")).unwrap_err();
         assert_eq!(k, "sim.reserved_gib");
         let s = SimSettings::from_scenario(&scenario("roofline = \"serial\"\nreserved_gib = 3"))

@@ -27,6 +27,20 @@ pub struct Setup {
     pub trace: Option<Arc<infer_core::workload::Trace>>,
 }
 
+impl Setup {
+    /// Run with `cal` (the scenario's `[sim]` overrides on top) instead of the calibration
+    /// the scenario names: what `sim calibrate` tries. Analytic cost model only.
+    pub fn set_calibration(&mut self, mut cal: Calibration) {
+        apply_overrides(&mut cal, &self.settings);
+        self.cost = Arc::new(Analytic::new(
+            self.hardware.clone(),
+            self.model.clone(),
+            cal,
+            self.scenario.server.cuda_graphs,
+        ));
+    }
+}
+
 /// Read and parse a scenario file (errors name the file).
 pub fn load(path: &str, overrides: &[String]) -> Result<Setup, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"))?;
@@ -102,15 +116,16 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
     })
 }
 
-fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
-    let mut touched = false;
-    let mut set = |slot: &mut f64, v: Option<f64>| {
+/// Put the scenario's `[sim]` overrides on top of a calibration.
+pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
+    let before = cal.clone();
+    let set = |slot: &mut f64, v: Option<f64>| {
         if let Some(v) = v {
             *slot = v;
-            touched = true;
         }
     };
     set(&mut cal.compute_efficiency, s.compute_efficiency);
+    set(&mut cal.attention_efficiency, s.attention_efficiency);
     set(&mut cal.bandwidth_efficiency, s.bandwidth_efficiency);
     set(&mut cal.step_overhead_s, s.step_overhead_s);
     set(&mut cal.per_seq_overhead_s, s.per_seq_overhead_s);
@@ -120,22 +135,14 @@ fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         s.client_per_prompt_token_s,
     );
     set(&mut cal.client.stream_s, s.client_stream_s);
-    let mut bw = cal.spill_bandwidth.unwrap_or(f64::NAN);
-    set(&mut bw, s.spill_bandwidth_gb_s.map(|g| g * 1e9));
-    cal.spill_bandwidth = (!bw.is_nan()).then_some(bw);
-    if let Some(p) = s.prefill_batching {
-        cal.prefill = p;
-        touched = true;
+    set(&mut cal.static_batch_window_s, s.static_batch_window_s);
+    if let Some(g) = s.spill_bandwidth_gb_s {
+        cal.spill_bandwidth = Some(g * 1e9);
     }
-    if let Some(l) = s.logits {
-        cal.logits = l;
-        touched = true;
-    }
-    if let Some(r) = s.roofline {
-        cal.roofline = r;
-        touched = true;
-    }
-    if touched {
+    cal.prefill = s.prefill_batching.unwrap_or(cal.prefill);
+    cal.logits = s.logits.unwrap_or(cal.logits);
+    cal.roofline = s.roofline.unwrap_or(cal.roofline);
+    if *cal != before {
         cal.source.push_str(", with [sim] overrides");
     }
 }
