@@ -104,10 +104,13 @@ pub struct Samples {
 }
 
 const EXACT_LIMIT: usize = 1 << 21;
-const BUCKET_GROWTH: f64 = 1.001;
+/// Histogram buckets split each power of two into 2^10 equal parts: a sample's exponent and
+/// top ten mantissa bits are its bucket, so counting one is a shift (ITL counts one per
+/// token), and a bucket's midpoint is within 2^-11 < 0.05% of every value in it.
+const BUCKET_SHIFT: u32 = 52 - 10;
 const BUCKET_FLOOR: f64 = 1e-9;
-/// The bucket of 1e12 s: larger samples (and infinities) count there.
-const BUCKET_MAX: i32 = 48_356;
+/// Larger samples (and infinities) count in the bucket of 1e12 s.
+const BUCKET_CEIL: f64 = 1e12;
 
 impl Samples {
     pub fn push(&mut self, x: f64) {
@@ -207,12 +210,16 @@ fn bucket_of(x: f64) -> Option<i32> {
     if x.is_nan() || x <= BUCKET_FLOOR {
         return None;
     }
-    let b = ((x / BUCKET_FLOOR).ln() / BUCKET_GROWTH.ln()).ceil();
-    Some(b.min(BUCKET_MAX as f64) as i32)
+    let b =
+        (x.min(BUCKET_CEIL).to_bits() >> BUCKET_SHIFT) - (BUCKET_FLOOR.to_bits() >> BUCKET_SHIFT);
+    Some(b as i32)
 }
 
+/// The midpoint of bucket `b`.
 fn value_of(b: i32) -> f64 {
-    BUCKET_FLOOR * BUCKET_GROWTH.powf(b as f64 - 0.5)
+    let bits =
+        |b: u64| f64::from_bits((b + (BUCKET_FLOOR.to_bits() >> BUCKET_SHIFT)) << BUCKET_SHIFT);
+    (bits(b as u64) + bits(b as u64 + 1)) / 2.0
 }
 
 /// Mean, median, standard deviation and tail percentiles of one metric (seconds).
@@ -790,6 +797,25 @@ mod tests {
     }
 
     #[test]
+    fn a_bucket_midpoint_is_within_half_a_permille_of_its_values() {
+        let mut x = 2e-9;
+        while x < 1e11 {
+            let b = bucket_of(x).unwrap();
+            let error = (value_of(b) - x).abs() / x;
+            assert!(
+                error < 5e-4,
+                "{x}: bucket {b} reads {} ({error})",
+                value_of(b)
+            );
+            assert!(
+                bucket_of(x * 1.002).unwrap() > b,
+                "{x}: buckets wider than 0.2%"
+            );
+            x *= 1.000_7;
+        }
+    }
+
+    #[test]
     fn histogram_mode_stays_within_tolerance() {
         let mut s = Samples::default();
         for i in 0..(EXACT_LIMIT + 1000) {
@@ -808,7 +834,8 @@ mod tests {
         s.push(0.0);
         s.push(1e300);
         s.push(f64::INFINITY);
-        assert!(s.counts.len() <= (BUCKET_MAX - s.lo + 1) as usize);
+        let max = bucket_of(BUCKET_CEIL).unwrap();
+        assert!(s.counts.len() <= (max - s.lo + 1) as usize);
         assert_eq!(s.zeros, 1);
     }
 
