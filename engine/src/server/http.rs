@@ -7,7 +7,8 @@
 //! - **Headers**: a client must send a request's headers within `header_timeout` (hyper's
 //!   header read timeout); the same deadline closes keep-alive connections left idle.
 //! - **Bodies**: a request's body must arrive within `body_timeout` (408 otherwise) and be
-//!   at most `max_body_bytes` (413); it is read here, before any handler runs.
+//!   at most `max_body_bytes` (413, after reading on a little so that a client still
+//!   sending reads the answer rather than a reset); it is read here, before any handler runs.
 //! - Nagle's algorithm is off: each small SSE chunk (one token) leaves at once, or delayed
 //!   ACKs add ~40 ms stalls to inter-token latency.
 //!
@@ -56,29 +57,59 @@ pub fn with_body_limits(app: Router, limits: HttpLimits) -> Router {
     app.layer(axum::middleware::from_fn_with_state(limits, read_body))
 }
 
+/// Past `max_body_bytes`, how much more of a refused body is read and dropped, and for how
+/// long, before the 413 goes out. A client still sending when the server closes would get a
+/// connection reset instead of the answer (the reset discards the response unread); reading
+/// on a while is nginx's "lingering close", bounded so it costs little.
+const LINGER_BYTES: usize = 64 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(2);
+
+enum BodyError {
+    TooLarge,
+    Broken(axum::Error),
+}
+
+/// The whole body when it is at most `limit` bytes.
+async fn read_limited(body: Body, limit: usize) -> Result<bytes::Bytes, BodyError> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BodyError::Broken)?;
+        if buf.len() + chunk.len() > limit {
+            let mut dropped = buf.len() + chunk.len() - limit;
+            let linger = async {
+                while let Some(Ok(chunk)) = stream.next().await {
+                    dropped += chunk.len();
+                    if dropped > LINGER_BYTES {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(LINGER_TIME, linger).await;
+            return Err(BodyError::TooLarge);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
 async fn read_body(State(limits): State<HttpLimits>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, limits.max_body_bytes);
+    let read = read_limited(body, limits.max_body_bytes);
     match tokio::time::timeout(limits.body_timeout, read).await {
         Ok(Ok(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Err(e)) => {
-            // The length limit is the only error a complete read can give but a broken
-            // connection; either way the request cannot be served.
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                ApiError::too_large(format!(
-                    "request body too large: more than {} bytes",
-                    limits.max_body_bytes
-                ))
+        Ok(Err(BodyError::TooLarge)) => ApiError::too_large(format!(
+            "request body too large: more than {} bytes",
+            limits.max_body_bytes
+        ))
+        .into_response(),
+        Ok(Err(BodyError::Broken(e))) => {
+            ApiError::bad_request(None, format!("cannot read the request body: {e}"))
                 .into_response()
-            } else {
-                ApiError::bad_request(None, format!("cannot read the request body: {e}"))
-                    .into_response()
-            }
         }
         Err(_) => ApiError {
             status: axum::http::StatusCode::REQUEST_TIMEOUT,
