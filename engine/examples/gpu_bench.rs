@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::DType;
-use infer_engine::make_model::{make_model, ModelSpec};
-use infer_engine::{
-    builtin, load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk,
-};
+use infer_engine::tools::builtin;
+use infer_engine::tools::make_model::{make_model, ModelSpec};
+use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
 use infer_kernels::cuda::cudarc::driver::CudaContext;
 
 const BLOCK: usize = 16;

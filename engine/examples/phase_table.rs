@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use infer_core::metrics::Summary;
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
-use infer_engine::bench::{self, BenchOptions};
-use infer_engine::serve::{spawn_local, ServeConfig};
+use infer_engine::loadgen::{self, BenchOptions};
+use infer_engine::server::{spawn_local, ServeConfig};
 use infer_engine::Device;
 
 const WORKLOADS: [&str; 5] = [
@@ -83,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
                 opts.overrides.push("workload.num_requests=12".into());
             }
             opts.out = Some(root.join(phase).join(w));
-            let r = bench::run(&opts).await?;
+            let r = loadgen::run(&opts).await?;
             let s = r.summary;
             for (metric, value, unit) in figures(&s) {
                 println!(

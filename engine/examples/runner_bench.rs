@@ -10,8 +10,9 @@
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use infer_engine::make_model::{make_model, ModelSpec};
-use infer_engine::{builtin, load_model, Arch, ForwardBatch, LoadedModel, SeqChunk};
+use infer_engine::tools::builtin;
+use infer_engine::tools::make_model::{make_model, ModelSpec};
+use infer_engine::{load_model, Arch, ForwardBatch, LoadedModel, SeqChunk};
 use std::time::Instant;
 
 fn line(name: &str, value: f64, unit: &str) {
@@ -80,7 +81,7 @@ fn best_of_plain(n: usize, mut f: impl FnMut()) -> f64 {
 /// 256 MiB of weight copies, so that, as in a model, no weight is still in cache.
 fn linear_kernel_lines() -> [f64; 2] {
     let mut peak = [0f64; 2];
-    use infer_engine::backend::cpu::matmul::Weights;
+    use infer_engine::runtime::backend::cpu::matmul::Weights;
     for (n, k) in [(8192, 1024), (1024, 4096)] {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i % 97) as f32 - 48.0) / 97.0)
@@ -279,8 +280,8 @@ fn bench_model(
 
 fn main() -> Result<()> {
     // As `engine serve` runs a model: freed memory kept, every op on a compute-pool worker.
-    infer_engine::host::keep_freed_memory();
-    infer_engine::host::run_in_compute_pool("bench", bench)?
+    infer_engine::runtime::host::keep_freed_memory();
+    infer_engine::runtime::host::run_in_compute_pool("bench", bench)?
 }
 
 fn bench() -> Result<()> {

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use infer_engine::serve::{spawn_local, ServeConfig};
+use infer_engine::server::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
 
 fn line(name: &str, value: f64, unit: &str) {

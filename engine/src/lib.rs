@@ -1,29 +1,26 @@
-//! infer-engine: the real engine. This crate holds the model runner — loading Hugging Face
-//! model directories, one transformer code path executing flattened step batches over a
-//! paged KV store (written once against the `backend` seam: on the CPU candle plus the
-//! backend's own f32/bf16 projection kernel, on CUDA with `--features cuda` cuBLAS and
-//! NVRTC kernels), sampling and
-//! streaming detokenisation — plus generated models for tests and `builtin:tiny`.
-//! The HTTP server, load generator and profiler drive `infer-core` on top of it.
+//! infer-engine: the real engine, by job.
+//!
+//! - [`runtime`]: the model runner — Hugging Face model directories loaded into one
+//!   transformer code path that executes flattened step batches over a paged KV store,
+//!   written once against the [`runtime::backend`] seam (on the CPU candle plus the backend's
+//!   own f32/bf16 projection kernel and in-place decode attention; on CUDA, with `--features
+//!   cuda`, cuBLAS and the NVRTC kernels of `infer-kernels`) — plus sampling, tokenisation,
+//!   streaming detokenisation and the engine core that drives `infer-core`'s scheduler one
+//!   step at a time.
+//! - [`server`]: `engine serve` — the OpenAI-compatible HTTP server around the engine core
+//!   (engine thread, routes, SSE, request parsing, Prometheus metrics, KV-cache events).
+//! - [`loadgen`]: `engine bench` and `engine probe` — the load generator for any
+//!   OpenAI-compatible server.
+//! - [`tools`]: `engine profile`, `verify`, `make-model`, `generate` and the `builtin:tiny`
+//!   model.
 
-pub mod backend;
-pub mod batch;
-pub mod bench;
-pub mod builtin;
-mod corpus;
-pub mod detokenize;
-pub mod engine_core;
-pub mod generate;
-pub mod host;
-pub mod make_model;
-pub mod memory_plan;
-pub mod model;
-pub mod profile;
-pub mod sampling;
-pub mod serve;
-pub mod tokenizer;
-pub mod verify;
+pub mod loadgen;
+pub mod runtime;
+pub mod server;
+pub mod tools;
 
-pub use backend::{Device, Logits};
-pub use batch::{ForwardBatch, SeqChunk};
-pub use model::{load_model, load_model_dir, Arch, KvCache, LoadedModel, Model, ModelConfig};
+pub use runtime::backend::{Device, Logits};
+pub use runtime::batch::{ForwardBatch, SeqChunk};
+pub use runtime::model::{
+    load_model, load_model_dir, Arch, KvCache, LoadedModel, Model, ModelConfig,
+};

@@ -4,12 +4,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
-use infer_engine::bench::BenchOptions;
-use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
-use infer_engine::make_model::{make_model, ModelSpec};
-use infer_engine::sampling::SamplingParams;
-use infer_engine::serve::{serve, ServeConfig};
-use infer_engine::tokenizer::ChatMessage;
+use infer_engine::loadgen::BenchOptions;
+use infer_engine::runtime::sampling::SamplingParams;
+use infer_engine::server::{serve, ServeConfig};
+use infer_engine::tools::generate::{generate, GenerateOptions, GenerateRequest};
+use infer_engine::tools::make_model::{make_model, ModelSpec};
 use infer_engine::Arch;
 use infer_engine::Device;
 use std::io::Write;
@@ -71,12 +70,12 @@ struct TargetArgs {
 }
 
 impl TargetArgs {
-    fn target(&self) -> Result<infer_engine::profile::Target> {
+    fn target(&self) -> Result<infer_engine::tools::profile::Target> {
         let device = Device::parse(&self.device).context("--device")?;
         if self.cuda_graphs && device.is_cpu() {
             bail!("--cuda-graphs needs --device cuda");
         }
-        Ok(infer_engine::profile::Target {
+        Ok(infer_engine::tools::profile::Target {
             device,
             cuda_graphs: self.cuda_graphs,
         })
@@ -183,7 +182,7 @@ struct ServeArgs {
     max_connections: usize,
     /// Publish the prefix cache's events for KV-aware routers, as vLLM's flag does:
     /// `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}`
-    /// (ZeroMQ PUB, msgpack `BlockStored`/`BlockRemoved`; see `serve/kv_events.rs`).
+    /// (ZeroMQ PUB, msgpack `BlockStored`/`BlockRemoved`; see `server/kv_events.rs`).
     #[arg(long = "kv-events-config")]
     kv_events_config: Option<String>,
 }
@@ -344,7 +343,7 @@ struct GenerateArgs {
 
 fn main() -> std::process::ExitCode {
     // Before any thread starts, so that every thread shares the one arena.
-    infer_engine::host::keep_freed_memory();
+    infer_engine::runtime::host::keep_freed_memory();
     // Errors print as one causal chain ("loading …: missing file …"), never as a backtrace.
     match run(Cli::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -388,46 +387,24 @@ fn run(cli: Cli) -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            let profile = rt.block_on(infer_engine::profile::profile_model(
+            let profile = rt.block_on(infer_engine::tools::profile::profile_model(
                 &a.model,
                 a.target.target()?,
                 a.quick,
             ))?;
             std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")?;
-            let fit = infer_sim::cost::Profiled::fit(&profile, Default::default());
-            for p in &profile.points {
-                let fitted = match &fit {
-                    Ok(f) => {
-                        let t = f.predict_point(p);
-                        format!(
-                            " (fit {:.3} ms, {:+.0}%)",
-                            t * 1e3,
-                            (t / p.step_s - 1.0) * 100.0
-                        )
-                    }
-                    Err(_) => String::new(),
-                };
-                println!(
-                    "step_ms[prefill={},decode={},context={}]: {:.3} ms{fitted}",
-                    p.prefill_tokens,
-                    p.decode_seqs,
-                    p.context_tokens,
-                    p.step_s * 1e3
-                );
-            }
-            match &fit {
-                Ok(fit) => println!("{}", infer_sim::cost::CostModel::describe(fit)),
-                Err(e) => println!("the profile does not fit: {e}"),
-            }
+            print!("{}", infer_engine::tools::profile::describe(&profile));
             println!("wrote {}", a.out.display());
         }
         Command::Verify(a) => {
-            let opts = infer_engine::verify::VerifyOptions {
+            let opts = infer_engine::tools::verify::VerifyOptions {
                 scenarios: a.scenarios,
                 model: a.model,
                 target: a.target.target()?,
                 profile: a.profile,
-                out: a.out.unwrap_or_else(infer_engine::verify::default_out),
+                out: a
+                    .out
+                    .unwrap_or_else(infer_engine::tools::verify::default_out),
                 overrides: a.set,
                 quick_profile: a.quick_profile,
                 repeat: a.repeat,
@@ -435,35 +412,11 @@ fn run(cli: Cli) -> Result<()> {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            let results = rt.block_on(infer_engine::verify::verify(&opts))?;
-            let table = infer_engine::verify::fidelity_table(&results);
-            let steps = infer_engine::verify::step_table(&results);
-            let headline = match infer_engine::verify::headline(&results) {
-                Some((median, max, over)) => format!(
-                    "Over TTFT P50, ITL P50, E2E P50 and throughput: median |error| {median:.1}%, \
-                     largest {max:.1}%, {over} above 25%.\n"
-                ),
-                None => String::new(),
-            };
-            let reps = if a.repeat > 1 {
-                format!(
-                    "Medians of {} repetitions (profile, predict, measure).\n\n",
-                    a.repeat
-                )
-            } else {
-                String::new()
-            };
-            std::fs::write(
-                opts.out.join("fidelity.md"),
-                format!("{reps}{table}\n{headline}\nStep times, the cost model against the measured run's steps:\n\n{steps}"),
-            )?;
-            print!("{reps}{table}\n{headline}\n{steps}");
-            for r in &results {
-                if let Some(e) = r.verification.median_abs_error_pct {
-                    println!("median_abs_error_pct[{}]: {e:.1} %", r.scenario);
-                }
-            }
-            println!("reports under {}", opts.out.display());
+            let results = rt.block_on(infer_engine::tools::verify::verify(&opts))?;
+            print!(
+                "{}",
+                infer_engine::tools::verify::write_report(&opts, &results)?
+            );
         }
         Command::Report(a) => {
             let report = infer_reports::write_report(&a.runs, a.baseline.as_deref(), &a.out)
@@ -514,12 +467,12 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         kv_events: a
             .kv_events_config
             .as_deref()
-            .map(infer_engine::serve::kv_events::KvEventsConfig::parse)
+            .map(infer_engine::server::kv_events::KvEventsConfig::parse)
             .transpose()?
             .flatten(),
         shutdown_timeout: std::time::Duration::try_from_secs_f64(a.shutdown_timeout)
             .map_err(|e| anyhow::anyhow!("--shutdown-timeout {}: {e}", a.shutdown_timeout))?,
-        http: infer_engine::serve::http::HttpLimits {
+        http: infer_engine::server::http::HttpLimits {
             max_connections: a.max_connections,
             ..Default::default()
         },
@@ -542,7 +495,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     opts.model = a.model;
     opts.progress = !a.no_progress;
     if let Some(path) = &a.tokenizer {
-        opts.tokenizer = Some(prompt_tokenizer(path)?);
+        opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
     }
     let name = a
         .scenario
@@ -552,36 +505,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .out
         .unwrap_or_else(|| infer_sim::output::default_run_dir(&format!("{name}-bench")));
     opts.out = Some(dir.clone());
-    let r = infer_engine::bench::run_blocking(&opts)?;
-    print!("{}", r.summary.render());
-    if let Some(c) = r.server_counters {
-        println!(
-            "server counters: {} prompt tokens, {} generated, prefix cache hit rate {:.1}%, {} preemptions",
-            c.prompt_tokens,
-            c.generation_tokens,
-            r.summary.prefix_cache_hit_rate * 100.0,
-            c.num_preemptions
-        );
-    }
-    for line in failure_lines(&r.records) {
-        println!("{line}");
-    }
+    let r = infer_engine::loadgen::run_blocking(&opts)?;
+    print!("{}", r.render());
     println!("run directory: {}", dir.display());
     Ok(())
-}
-
-/// `--tokenizer`: a model directory, or its tokenizer.json.
-fn prompt_tokenizer(
-    path: &std::path::Path,
-) -> Result<std::sync::Arc<dyn infer_core::workload::Tokenizer>> {
-    let dir = if path.is_file() {
-        path.parent().unwrap_or(path)
-    } else {
-        path
-    };
-    Ok(std::sync::Arc::new(
-        infer_engine::tokenizer::TextTokenizer::from_dir(dir)?,
-    ))
 }
 
 fn run_probe(a: ProbeArgs) -> Result<()> {
@@ -589,7 +516,7 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     opts.overrides = a.set;
     opts.model = a.model;
     if let Some(path) = &a.tokenizer {
-        opts.tokenizer = Some(prompt_tokenizer(path)?);
+        opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
     }
     let out = a
         .out
@@ -597,43 +524,9 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let runs = rt.block_on(infer_engine::bench::probe::run(&opts, &out, &a.only))?;
-    println!(
-        "{:<14} {:>9} {:>12} {:>11} {:>11}  run directory",
-        "probe", "requests", "output tok/s", "TTFT P50 ms", "ITL P50 ms"
-    );
-    for r in &runs {
-        let s = &r.summary;
-        println!(
-            "{:<14} {:>9} {:>12.1} {:>11.1} {:>11.1}  {}",
-            r.name,
-            format!("{}/{}", s.completed, s.completed + s.failed),
-            s.output_throughput,
-            s.ttft.median * 1e3,
-            s.itl.median * 1e3,
-            r.dir.display()
-        );
-    }
-    println!(
-        "fit them: sim calibrate {}/*/ --out calibration.toml",
-        out.display()
-    );
+    let runs = rt.block_on(infer_engine::loadgen::probe::run(&opts, &out, &a.only))?;
+    print!("{}", infer_engine::loadgen::probe::render(&runs, &out));
     Ok(())
-}
-
-/// The distinct errors of failed requests, most frequent first (at most three).
-fn failure_lines(records: &[infer_core::metrics::RequestRecord]) -> Vec<String> {
-    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
-    for e in records.iter().filter_map(|r| r.error.as_deref()) {
-        *counts.entry(e).or_default() += 1;
-    }
-    let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
-    by_count.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
-    by_count
-        .iter()
-        .take(3)
-        .map(|(e, n)| format!("failed: {n} of {} requests: {e}", records.len()))
-        .collect()
 }
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
@@ -643,17 +536,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         lm.model
             .enable_cuda_graphs(1, lm.config.max_position_embeddings)?;
     }
-    let prompt = if a.chat {
-        if !lm.tokenizer.has_chat_template() {
-            bail!("--chat: {} has no chat template", lm.dir.display());
-        }
-        let text = lm
-            .tokenizer
-            .apply_chat_template(&[ChatMessage::new("user", &a.prompt)], true)?;
-        lm.tokenizer.encode(&text, false)?
-    } else {
-        lm.tokenizer.encode(&a.prompt, true)?
-    };
+    let prompt = infer_engine::tools::generate::prompt_tokens(&lm, &a.prompt, a.chat)?;
     let req = GenerateRequest {
         prompt,
         params: SamplingParams {

@@ -7,8 +7,8 @@ mod common;
 
 use anyhow::Result;
 use common::*;
-use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
-use infer_engine::sampling::{argmax, SamplingParams};
+use infer_engine::runtime::sampling::{argmax, SamplingParams};
+use infer_engine::tools::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::{Arch, ForwardBatch, KvCache, LoadedModel, SeqChunk};
 
 const NEW_TOKENS: usize = 8;
@@ -50,7 +50,7 @@ fn run(
 
 fn check_invariance(
     arch: Arch,
-    patch: impl Fn(&mut infer_engine::make_model::ModelSpec),
+    patch: impl Fn(&mut infer_engine::tools::make_model::ModelSpec),
 ) -> Result<()> {
     let mut s = spec(arch);
     patch(&mut s);

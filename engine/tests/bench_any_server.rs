@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use infer_engine::bench::{self, BenchOptions};
+use infer_engine::loadgen::{self, BenchOptions};
 use serde_json::{json, Value};
 
 /// Bodies the mock received.
@@ -94,7 +94,7 @@ async fn a_server_that_refuses_ignore_eos_is_benched_without_it_or_told_clearly(
         "workload.output_tokens=5".into(),
         "workload.ignore_eos=false".into(),
     ];
-    let r = bench::run(&opts).await.unwrap();
+    let r = loadgen::run(&opts).await.unwrap();
     assert_eq!((r.summary.completed, r.summary.failed), (4, 0));
     assert_eq!(r.summary.total_output_tokens, 20);
     assert!(r.server_counters.is_none(), "the mock has no /metrics");
@@ -106,7 +106,11 @@ async fn a_server_that_refuses_ignore_eos_is_benched_without_it_or_told_clearly(
 
     // The seed scenario asks for ignore_eos: one clear error before the run, with the fix.
     opts.overrides.pop();
-    let e = bench::run(&opts).await.err().expect("refused").to_string();
+    let e = loadgen::run(&opts)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         e.contains("initial test request failed")
             && e.contains("Unexpected fields: ignore_eos")
@@ -119,7 +123,11 @@ async fn a_server_that_refuses_ignore_eos_is_benched_without_it_or_told_clearly(
 async fn a_failing_models_endpoint_is_reported_with_url_and_status() {
     let (base, _) = mock(StatusCode::SERVICE_UNAVAILABLE).await;
     let opts = BenchOptions::new(&base, scenario());
-    let e = bench::run(&opts).await.err().expect("refused").to_string();
+    let e = loadgen::run(&opts)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(
         e.contains(&format!("{base}/v1/models")) && e.contains("503") && e.contains("--model"),
         "{e}"

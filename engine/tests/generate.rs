@@ -6,8 +6,8 @@ mod common;
 use anyhow::Result;
 use common::*;
 use infer_core::FinishReason;
-use infer_engine::generate::{generate, GenerateOptions, GenerateRequest};
-use infer_engine::sampling::SamplingParams;
+use infer_engine::runtime::sampling::SamplingParams;
+use infer_engine::tools::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::Arch;
 
 /// Stop conditions of a request: a length, stop strings, stop token ids, EOS.

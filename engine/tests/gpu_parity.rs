@@ -12,8 +12,8 @@ mod common;
 
 use anyhow::Result;
 use common::*;
-use infer_engine::make_model::ModelSpec;
-use infer_engine::sampling::argmax;
+use infer_engine::runtime::sampling::argmax;
+use infer_engine::tools::make_model::ModelSpec;
 use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
 
 /// The GPU keeps activations in bf16 (8 bits of mantissa) where the CPU reference keeps f32,

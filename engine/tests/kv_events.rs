@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::post;
 use infer_core::SchedulerConfig;
-use infer_engine::serve::kv_events::KvEventsConfig;
-use infer_engine::serve::{spawn_local, ServeConfig};
+use infer_engine::server::kv_events::KvEventsConfig;
+use infer_engine::server::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv};
 

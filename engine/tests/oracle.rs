@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::{gemma3, llama, qwen3};
 use common::*;
-use infer_engine::sampling::argmax;
+use infer_engine::runtime::sampling::argmax;
 use infer_engine::{Arch, ForwardBatch, LoadedModel, SeqChunk};
 use std::path::Path;
 
@@ -129,7 +129,7 @@ fn llama_matches_candle_transformers() -> Result<()> {
 #[test]
 fn llama_with_large_projections_matches_candle_transformers() -> Result<()> {
     // MLP weights above 1M elements take the CPU's `(W @ x^T)^T` projection layout.
-    let s = infer_engine::make_model::ModelSpec {
+    let s = infer_engine::tools::make_model::ModelSpec {
         hidden: 256,
         intermediate: 4608,
         vocab: 1024,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::post;
 use infer_core::SchedulerConfig;
-use infer_engine::serve::{spawn_local, ServeConfig};
+use infer_engine::server::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -57,7 +57,7 @@ async fn worst_health(base: String, done: tokio::sync::watch::Receiver<bool>) ->
 }
 
 /// The sum of a metric's samples whose line starts with `name` and contains `with`.
-fn metric(server: &infer_engine::serve::LocalServer, name: &str, with: &str) -> f64 {
+fn metric(server: &infer_engine::server::LocalServer, name: &str, with: &str) -> f64 {
     server
         .engine()
         .metrics_text()
@@ -67,12 +67,12 @@ fn metric(server: &infer_engine::serve::LocalServer, name: &str, with: &str) -> 
         .sum()
 }
 
-async fn kv_blocks_in_use(server: &infer_engine::serve::LocalServer) -> f64 {
+async fn kv_blocks_in_use(server: &infer_engine::server::LocalServer) -> f64 {
     metric(server, "vllm:kv_cache_usage_perc", "")
 }
 
 /// After a hostile case: an ordinary request is served, and no KV block is held.
-async fn still_serves_and_holds_no_kv(server: &infer_engine::serve::LocalServer, base: &str) {
+async fn still_serves_and_holds_no_kv(server: &infer_engine::server::LocalServer, base: &str) {
     let (status, v) = post(
         &reqwest::Client::new(),
         &format!("{base}/v1/completions"),

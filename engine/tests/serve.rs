@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use common::post;
 use infer_core::SchedulerConfig;
-use infer_engine::bench::{self, BenchOptions};
-use infer_engine::serve::{spawn_local, ServeConfig};
+use infer_engine::loadgen::{self, BenchOptions};
+use infer_engine::server::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
 
 fn scenario(name: &str) -> String {
@@ -91,7 +91,7 @@ async fn seed_scenarios_run_clean_and_counts_match_the_server() {
             opts.overrides.push(set.into());
         }
         opts.scrape_interval = Duration::from_millis(50);
-        let r = bench::run(&opts).await.unwrap();
+        let r = loadgen::run(&opts).await.unwrap();
         let s = &r.summary;
         assert_eq!(
             (s.completed, s.failed),
@@ -497,9 +497,10 @@ async fn prompts_cut_with_the_models_tokenizer_arrive_at_their_length() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await
         .unwrap();
-    let dir = infer_engine::builtin::resolve("builtin:tiny").unwrap();
-    let tokenizer: std::sync::Arc<dyn Tokenizer> =
-        std::sync::Arc::new(infer_engine::tokenizer::TextTokenizer::from_dir(&dir).unwrap());
+    let dir = infer_engine::tools::builtin::resolve("builtin:tiny").unwrap();
+    let tokenizer: std::sync::Arc<dyn Tokenizer> = std::sync::Arc::new(
+        infer_engine::runtime::tokenizer::TextTokenizer::from_dir(&dir).unwrap(),
+    );
     let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
     opts.overrides = vec![
         "workload.num_requests=8".into(),
@@ -507,7 +508,7 @@ async fn prompts_cut_with_the_models_tokenizer_arrive_at_their_length() {
         "workload.output_tokens=2".into(),
     ];
     opts.tokenizer = Some(tokenizer.clone());
-    let r = bench::run(&opts).await.unwrap();
+    let r = loadgen::run(&opts).await.unwrap();
     let gen = WorkloadGenerator::new(r.scenario.workload.clone(), tokenizer);
     for rec in &r.records {
         let cut = gen.request(rec.id as usize).prompt_ids.len();
@@ -741,13 +742,14 @@ async fn a_trace_replays_the_same_arrivals_and_lengths_in_both_drivers() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await
         .unwrap();
-    let dir = infer_engine::builtin::resolve("builtin:tiny").unwrap();
-    let tokenizer: std::sync::Arc<dyn Tokenizer> =
-        std::sync::Arc::new(infer_engine::tokenizer::TextTokenizer::from_dir(&dir).unwrap());
+    let dir = infer_engine::tools::builtin::resolve("builtin:tiny").unwrap();
+    let tokenizer: std::sync::Arc<dyn Tokenizer> = std::sync::Arc::new(
+        infer_engine::runtime::tokenizer::TextTokenizer::from_dir(&dir).unwrap(),
+    );
     let mut opts = BenchOptions::new(&format!("http://{addr}"), &file);
     opts.tokenizer = Some(tokenizer);
     opts.overrides = first;
-    let measured = bench::run(&opts).await.unwrap();
+    let measured = loadgen::run(&opts).await.unwrap();
     server.stop().await;
     assert_eq!(measured.records.len(), 12);
     for rec in &measured.records {
@@ -870,7 +872,7 @@ async fn probes_write_run_directories_that_sim_calibrate_can_fit() {
     let out = tempfile::tempdir().unwrap();
     let opts = BenchOptions::new(&format!("http://{addr}"), scenario("baseline"));
     let only = ["single-128".to_string(), "decode-4".to_string()];
-    let runs = bench::probe::run(&opts, out.path(), &only).await.unwrap();
+    let runs = loadgen::probe::run(&opts, out.path(), &only).await.unwrap();
     assert_eq!(runs.len(), 2);
     for r in &runs {
         assert_eq!(r.summary.failed, 0, "{}", r.name);
@@ -883,7 +885,7 @@ async fn probes_write_run_directories_that_sim_calibrate_can_fit() {
         assert_eq!(target.setup.scenario.server, base.server, "{}", r.name);
         assert!(target.measured.iter().any(|(m, _)| m == "median_ttft_ms"));
     }
-    let e = bench::probe::run(&opts, out.path(), &["nope".to_string()])
+    let e = loadgen::probe::run(&opts, out.path(), &["nope".to_string()])
         .await
         .err()
         .unwrap();

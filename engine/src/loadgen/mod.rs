@@ -76,6 +76,58 @@ pub struct BenchResult {
 }
 
 /// Run a benchmark on a fresh Tokio runtime.
+impl BenchResult {
+    /// What `engine bench` prints: the summary, the server's own counters where it has
+    /// them, and the most frequent errors of failed requests.
+    pub fn render(&self) -> String {
+        let mut s = self.summary.render();
+        if let Some(c) = &self.server_counters {
+            s.push_str(&format!(
+                "server counters: {} prompt tokens, {} generated, prefix cache hit rate {:.1}%, \
+                 {} preemptions\n",
+                c.prompt_tokens,
+                c.generation_tokens,
+                self.summary.prefix_cache_hit_rate * 100.0,
+                c.num_preemptions
+            ));
+        }
+        for line in failure_lines(&self.records) {
+            s.push_str(&line);
+            s.push('\n');
+        }
+        s
+    }
+}
+
+/// The distinct errors of failed requests, most frequent first (at most three).
+fn failure_lines(records: &[RequestRecord]) -> Vec<String> {
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for e in records.iter().filter_map(|r| r.error.as_deref()) {
+        *counts.entry(e).or_default() += 1;
+    }
+    let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
+    by_count.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
+    by_count
+        .iter()
+        .take(3)
+        .map(|(e, n)| format!("failed: {n} of {} requests: {e}", records.len()))
+        .collect()
+}
+
+/// `--tokenizer`: a model directory, or its tokenizer.json.
+pub fn prompt_tokenizer(
+    path: &std::path::Path,
+) -> Result<std::sync::Arc<dyn infer_core::workload::Tokenizer>> {
+    let dir = if path.is_file() {
+        path.parent().unwrap_or(path)
+    } else {
+        path
+    };
+    Ok(std::sync::Arc::new(
+        crate::runtime::tokenizer::TextTokenizer::from_dir(dir)?,
+    ))
+}
+
 pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -162,6 +162,31 @@ pub async fn run(opts: &BenchOptions, out: &Path, only: &[String]) -> Result<Vec
 /// Empty the server's prefix cache before a probe where the server offers it (vLLM's
 /// `POST /reset_prefix_cache`, which infer serves too): the simulator replays each probe on
 /// an empty cache. Servers without it are probed as they are.
+/// What `engine probe` prints: one line per probe, then how to fit them.
+pub fn render(runs: &[ProbeRun], out: &Path) -> String {
+    let mut s = format!(
+        "{:<14} {:>9} {:>12} {:>11} {:>11}  run directory\n",
+        "probe", "requests", "output tok/s", "TTFT P50 ms", "ITL P50 ms"
+    );
+    for r in runs {
+        let m = &r.summary;
+        s.push_str(&format!(
+            "{:<14} {:>9} {:>12.1} {:>11.1} {:>11.1}  {}\n",
+            r.name,
+            format!("{}/{}", m.completed, m.completed + m.failed),
+            m.output_throughput,
+            m.ttft.median * 1e3,
+            m.itl.median * 1e3,
+            r.dir.display()
+        ));
+    }
+    s.push_str(&format!(
+        "fit them: sim calibrate {}/*/ --out calibration.toml\n",
+        out.display()
+    ));
+    s
+}
+
 async fn reset_prefix_cache(server: &str) {
     let client = reqwest::Client::new();
     let _ = client

@@ -1,7 +1,7 @@
 //! Streaming text out of generated tokens: incremental detokenisation that never splits a
 //! UTF-8 character, and stop strings that cut the text exactly where they begin.
 
-use crate::tokenizer::TextTokenizer;
+use crate::runtime::tokenizer::TextTokenizer;
 use anyhow::Result;
 
 /// Turns a growing token list into text deltas. Decoding a token alone is wrong (BPE and

@@ -2,7 +2,7 @@
 //! core scheduler and each request's sampler and text stream; a step is
 //! `schedule` → one batched forward → sample → `complete` → text deltas and finishes.
 //!
-//! `engine serve` wraps it in a thread fed by channels (`serve::engine_loop`);
+//! `engine serve` wraps it in a thread fed by channels (`server::engine_loop`);
 //! `engine generate` and the runner tests call it directly (`generate`). There is no
 //! other way to run the model over requests, so what the tests check is what serving runs.
 
@@ -16,10 +16,10 @@ use infer_core::{
     SchedulerStats, StepPlan, StepShape, StopConditions,
 };
 
-use crate::batch::{ForwardBatch, SeqChunk};
-use crate::detokenize::OutputStream;
-use crate::model::{KvCache, LoadedModel};
-use crate::sampling::{SampledToken, Sampler, SamplingParams};
+use crate::runtime::batch::{ForwardBatch, SeqChunk};
+use crate::runtime::detokenize::OutputStream;
+use crate::runtime::model::{KvCache, LoadedModel};
+use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
 
 /// A tokenised request.
 #[derive(Debug, Clone, PartialEq)]
@@ -367,7 +367,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 let next = s.num_computed + j + 1;
                 if let Some((prompt, k, lps)) = &mut live.prompt_logprobs {
                     if chunk.all_logits && next < prompt.len() {
-                        let (logprob, top) = crate::sampling::raw_logprobs(row, prompt[next], *k);
+                        let (logprob, top) =
+                            crate::runtime::sampling::raw_logprobs(row, prompt[next], *k);
                         lps[next - 1] = Some(PromptLogprob {
                             token: prompt[next],
                             logprob,
@@ -481,8 +482,8 @@ pub fn to_batch(plan: &StepPlan) -> ForwardBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::make_model::{make_model, ModelSpec};
-    use crate::model::{load_model_dir, Arch};
+    use crate::runtime::model::{load_model_dir, Arch};
+    use crate::tools::make_model::{make_model, ModelSpec};
     use crate::Device;
 
     fn tiny() -> Result<(tempfile::TempDir, LoadedModel)> {

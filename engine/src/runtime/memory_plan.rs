@@ -21,8 +21,8 @@
 use anyhow::{bail, Result};
 use infer_core::SchedulerConfig;
 
-use crate::batch::{ForwardBatch, SeqChunk};
-use crate::model::Model;
+use crate::runtime::batch::{ForwardBatch, SeqChunk};
+use crate::runtime::model::Model;
 use crate::Device;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -198,7 +198,7 @@ pub fn plan(
         }
         Some(free)
     } else {
-        crate::host::available_memory()
+        crate::runtime::host::available_memory()
     };
     // A pool sized in blocks must fit what is free (sized by utilization, it does).
     let kv_pool = sched.num_gpu_blocks.checked_mul(per_block);
@@ -294,11 +294,11 @@ mod tests {
     fn cpu_plan_reports_the_pool_and_refuses_a_utilization() -> Result<()> {
         let tmp = tempfile::tempdir()?;
         let dir = tmp.path().join("m");
-        crate::make_model::make_model(
-            &crate::make_model::ModelSpec::new(crate::model::Arch::Qwen3),
+        crate::tools::make_model::make_model(
+            &crate::tools::make_model::ModelSpec::new(crate::runtime::model::Arch::Qwen3),
             &dir,
         )?;
-        let lm = crate::model::load_model_dir(&dir, None, Device::Cpu)?;
+        let lm = crate::runtime::model::load_model_dir(&dir, None, Device::Cpu)?;
         let mut sched = SchedulerConfig {
             num_gpu_blocks: 40,
             max_model_len: 256,
@@ -316,7 +316,7 @@ mod tests {
         let e = plan(&lm.model, &mut sched, Some(0.9), false).unwrap_err();
         assert!(e.to_string().contains("--device cuda"), "{e}");
         // A pool beyond the host's memory is refused before anything is allocated.
-        if crate::host::available_memory().is_some() {
+        if crate::runtime::host::available_memory().is_some() {
             let mut huge = SchedulerConfig {
                 num_gpu_blocks: u32::MAX as usize,
                 ..sched

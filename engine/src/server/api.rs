@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
-use crate::sampling::SamplingParams;
+use crate::runtime::sampling::SamplingParams;
 
 /// An error as OpenAI and vLLM return it: `{"error": {message, type, param, code}}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,7 +112,7 @@ pub const MAX_N: usize = 64;
 pub enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
-    Chat(Vec<crate::tokenizer::ChatMessage>),
+    Chat(Vec<crate::runtime::tokenizer::ChatMessage>),
 }
 
 /// Which endpoint a request came through.
@@ -461,7 +461,9 @@ fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
     Ok(out)
 }
 
-fn parse_messages(v: Option<&Value>) -> Result<Vec<crate::tokenizer::ChatMessage>, ApiError> {
+fn parse_messages(
+    v: Option<&Value>,
+) -> Result<Vec<crate::runtime::tokenizer::ChatMessage>, ApiError> {
     let arr = match v {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => {
@@ -517,7 +519,7 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<crate::tokenizer::ChatMessage
                     ))
                 }
             };
-            Ok(crate::tokenizer::ChatMessage::new(role, &content))
+            Ok(crate::runtime::tokenizer::ChatMessage::new(role, &content))
         })
         .collect()
 }

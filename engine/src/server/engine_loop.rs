@@ -11,8 +11,8 @@ use infer_core::{AddError, FinishReason, RequestStats, SchedulerConfig};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::ServerMetrics;
-use crate::engine_core::{EngineCore, EngineRequest, TokenOutput};
-use crate::model::LoadedModel;
+use crate::runtime::engine_core::{EngineCore, EngineRequest, TokenOutput};
+use crate::runtime::model::LoadedModel;
 
 /// A request handed to the engine loop (already tokenised and validated).
 pub struct NewRequest {
@@ -46,7 +46,7 @@ pub enum StreamEvent {
         top_logprobs: Vec<(u32, f32)>,
         finish: Option<Finish>,
         /// With a request's first token, when it asked for prompt logprobs.
-        prompt_logprobs: Option<Vec<crate::engine_core::PromptLogprob>>,
+        prompt_logprobs: Option<Vec<crate::runtime::engine_core::PromptLogprob>>,
     },
     Error(String),
 }

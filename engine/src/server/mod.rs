@@ -30,14 +30,14 @@ use infer_core::{AddError, SchedulerConfig};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use crate::engine_core::EngineRequest;
-use crate::engine_core::PromptLogprob;
+use crate::runtime::engine_core::EngineRequest;
+use crate::runtime::engine_core::PromptLogprob;
 use api::{ApiError, Endpoint, GenerationRequest, Prompt};
 use engine_loop::{Command, EngineLoop, Finish, NewRequest, StreamEvent};
 use metrics::ServerMetrics;
 
-use crate::model::LoadedModel;
-use crate::tokenizer::TextTokenizer;
+use crate::runtime::model::LoadedModel;
+use crate::runtime::tokenizer::TextTokenizer;
 
 /// Everything `engine serve` needs.
 #[derive(Debug, Clone)]
@@ -130,7 +130,7 @@ impl Engine {
                 .validate()
                 .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
         }
-        let lm: LoadedModel = crate::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
+        let lm: LoadedModel = crate::runtime::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
         let model_name = cfg
             .served_model_name
             .clone()
@@ -143,7 +143,7 @@ impl Engine {
             lm.model
                 .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
         }
-        let memory = crate::memory_plan::plan(
+        let memory = crate::runtime::memory_plan::plan(
             &lm.model,
             &mut sched,
             cfg.gpu_memory_utilization,
@@ -182,7 +182,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("engine-loop".into())
             .spawn(move || {
-                if let Err(e) = crate::host::run_in_compute_pool("engine", || engine.run(rx)) {
+                if let Err(e) =
+                    crate::runtime::host::run_in_compute_pool("engine", || engine.run(rx))
+                {
                     eprintln!("error: cannot start the engine's compute pool: {e}");
                 }
             })

@@ -2,8 +2,8 @@
 //! runs with no model files. The directory name carries the corpus fingerprint, so a
 //! changed corpus builds a new model instead of reusing a stale tokenizer.
 
-use crate::make_model::{make_model, ModelSpec};
-use crate::model::Arch;
+use crate::runtime::model::Arch;
+use crate::tools::make_model::{make_model, ModelSpec};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 
@@ -44,7 +44,10 @@ pub fn resolve(spec: &str) -> Result<PathBuf> {
     if name != "tiny" {
         bail!("unknown builtin model `{spec}` (available: {TINY})");
     }
-    let dir = cache_dir().join(format!("builtin-tiny-v1-{}", crate::corpus::fingerprint()));
+    let dir = cache_dir().join(format!(
+        "builtin-tiny-v1-{}",
+        crate::tools::corpus::fingerprint()
+    ));
     if dir.join("model.safetensors").exists() {
         return Ok(dir);
     }

@@ -8,10 +8,11 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Result};
 use infer_core::{BatchingMode, FinishReason, KvBackend, SchedulerConfig};
 
-use crate::engine_core::{EngineCore, EngineRequest};
-use crate::model::LoadedModel;
+use crate::runtime::engine_core::{EngineCore, EngineRequest};
+use crate::runtime::model::LoadedModel;
+use crate::runtime::tokenizer::ChatMessage;
 
-pub use crate::engine_core::EngineRequest as GenerateRequest;
+pub use crate::runtime::engine_core::EngineRequest as GenerateRequest;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerateOutput {
@@ -74,6 +75,21 @@ impl GenerateOptions {
 }
 
 /// Generates for all `requests` together. `on_text(i, delta)` receives streamed text.
+/// `text` as the model's prompt tokens: with the special tokens its tokenizer adds, or,
+/// with `chat`, as one user message through the model's chat template.
+pub fn prompt_tokens(lm: &LoadedModel, text: &str, chat: bool) -> Result<Vec<u32>> {
+    if !chat {
+        return lm.tokenizer.encode(text, true);
+    }
+    if !lm.tokenizer.has_chat_template() {
+        bail!("--chat: {} has no chat template", lm.dir.display());
+    }
+    let text = lm
+        .tokenizer
+        .apply_chat_template(&[ChatMessage::new("user", text)], true)?;
+    lm.tokenizer.encode(&text, false)
+}
+
 pub fn generate(
     lm: &LoadedModel,
     requests: &[GenerateRequest],

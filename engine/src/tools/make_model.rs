@@ -3,7 +3,7 @@
 //! and `builtin:tiny`. Nothing here is downloaded: the tokenizer is a byte-level BPE
 //! trained on the embedded corpus.
 
-use crate::model::Arch;
+use crate::runtime::model::Arch;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use rand::{Rng, SeedableRng};
@@ -386,7 +386,7 @@ fn train_tokenizer(fmt: &TokenFormat, vocab: usize) -> Result<String> {
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build()
         .into();
-    let texts = crate::corpus::texts();
+    let texts = crate::tools::corpus::texts();
     let lines = texts
         .iter()
         .flat_map(|t| t.lines())

@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Result};
 
-use crate::batch::{ForwardBatch, SeqChunk};
-use crate::bench::{self, BenchOptions};
-use crate::model::LoadedModel;
-use crate::serve::step_log::{self, StepRecord};
-use crate::serve::{spawn_local, ServeConfig};
+use crate::loadgen::{self, BenchOptions};
+use crate::runtime::batch::{ForwardBatch, SeqChunk};
+use crate::runtime::model::LoadedModel;
+use crate::server::step_log::{self, StepRecord};
+use crate::server::{spawn_local, ServeConfig};
 use crate::Device;
 use infer_core::StepShape;
 use infer_sim::cost::CostModel;
@@ -83,16 +83,49 @@ impl Target {
 
 /// Profile `model` (steps and client path) on `target` into the simulator's profile
 /// format.
+/// What `engine profile` prints: every profiled step beside the fitted cost model's time for
+/// it, then the fitted model (or why the profile does not fit).
+pub fn describe(profile: &Profile) -> String {
+    let fit = infer_sim::cost::Profiled::fit(profile, Default::default());
+    let mut s = String::new();
+    for p in &profile.points {
+        let fitted = match &fit {
+            Ok(f) => {
+                let t = f.predict_point(p);
+                format!(
+                    " (fit {:.3} ms, {:+.0}%)",
+                    t * 1e3,
+                    (t / p.step_s - 1.0) * 100.0
+                )
+            }
+            Err(_) => String::new(),
+        };
+        s.push_str(&format!(
+            "step_ms[prefill={},decode={},context={}]: {:.3} ms{fitted}\n",
+            p.prefill_tokens,
+            p.decode_seqs,
+            p.context_tokens,
+            p.step_s * 1e3
+        ));
+    }
+    match &fit {
+        Ok(fit) => s.push_str(&format!("{}\n", CostModel::describe(fit))),
+        Err(e) => s.push_str(&format!("the profile does not fit: {e}\n")),
+    }
+    s
+}
+
 pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<Profile> {
     let m = model.to_string();
     let (lm, mut points) = tokio::task::spawn_blocking(move || {
-        let lm = crate::model::load_model(&m, None, target.device)?;
+        let lm = crate::runtime::model::load_model(&m, None, target.device)?;
         if target.cuda_graphs {
             // The grid's decode batches go up to 32; contexts stay below 4,096.
             let max_len = lm.config.max_position_embeddings.min(4096);
             lm.model.enable_cuda_graphs(32, max_len)?;
         }
-        let points = crate::host::run_in_compute_pool("profile", || profile_steps(&lm, quick, 6))??;
+        let points =
+            crate::runtime::host::run_in_compute_pool("profile", || profile_steps(&lm, quick, 6))??;
         anyhow::Ok((lm, points))
     })
     .await??;
@@ -271,7 +304,7 @@ pub fn profile_steps(lm: &LoadedModel, quick: bool, reps: usize) -> Result<Vec<P
         let logits = lm.model.forward(batch, kv)?;
         // A real step also reads the logits back and samples (greedy, as the benchmarks do).
         for row in logits.iter() {
-            std::hint::black_box(crate::sampling::argmax(row));
+            std::hint::black_box(crate::runtime::sampling::argmax(row));
         }
         Ok(t.elapsed().as_secs_f64())
     };
@@ -366,7 +399,7 @@ async fn measure_client_path(
     let (addr, server) = spawn_local(cfg).await?;
     let client = reqwest::Client::new();
     let base = format!("http://{addr}");
-    let calibration = bench::run(&BenchOptions::new(&base, &scenario)).await;
+    let calibration = loadgen::run(&BenchOptions::new(&base, &scenario)).await;
     let url = format!("{base}/v1/completions");
     // One-token completions of a short and of a long prompt (distinct, so the prefix cache
     // never hits): TTFT minus the prompt's predicted steps is the client path, and its

@@ -13,10 +13,10 @@ use infer_core::workload::{Scenario, Tokenizer};
 
 use infer_reports::verify::median;
 
-use crate::bench::{self, BenchOptions};
-use crate::profile::{profile_model, Target};
-use crate::serve::step_log::{self, StepRecord};
-use crate::serve::{spawn_local, ServeConfig};
+use crate::loadgen::{self, BenchOptions};
+use crate::server::step_log::{self, StepRecord};
+use crate::server::{spawn_local, ServeConfig};
+use crate::tools::profile::{profile_model, Target};
 
 pub struct VerifyOptions {
     pub scenarios: Vec<PathBuf>,
@@ -98,8 +98,9 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
         .with_context(|| format!("{}: cannot create", opts.out.display()))?;
     // The tokenizer alone: the weights load where the model is profiled and served.
     let model = opts.model.clone();
-    let dir = tokio::task::spawn_blocking(move || crate::builtin::resolve(&model)).await??;
-    let tokenizer: Arc<dyn Tokenizer> = Arc::new(crate::tokenizer::TextTokenizer::from_dir(&dir)?);
+    let dir = tokio::task::spawn_blocking(move || crate::tools::builtin::resolve(&model)).await??;
+    let tokenizer: Arc<dyn Tokenizer> =
+        Arc::new(crate::runtime::tokenizer::TextTokenizer::from_dir(&dir)?);
     let reps = opts.repeat.max(1);
     let mut runs: Vec<Vec<VerifyResult>> = Vec::with_capacity(reps);
     for r in 0..reps {
@@ -216,7 +217,7 @@ async fn verify_once(
         b.overrides = opts.overrides.clone();
         b.tokenizer = Some(tokenizer.clone());
         b.out = Some(dir.join("measured"));
-        let measured = bench::run(&b).await;
+        let measured = loadgen::run(&b).await;
         server.stop().await;
         measured?;
 
@@ -238,7 +239,7 @@ async fn verify_once(
 }
 
 /// The fidelity table over several scenarios, in markdown.
-pub fn fidelity_table(results: &[VerifyResult]) -> String {
+fn fidelity_table(results: &[VerifyResult]) -> String {
     let mut s = String::from(
         "| scenario | metric | predicted | measured | error % |\n|---|---|---:|---:|---:|\n",
     );
@@ -269,7 +270,7 @@ pub const HEADLINE: [infer_reports::metric::Metric; 4] = [
 
 /// Over the headline figures of all scenarios: (median |error %|, largest |error %|, how
 /// many exceed 25%). `None` when no figure has an error.
-pub fn headline(results: &[VerifyResult]) -> Option<(f64, f64, usize)> {
+fn headline(results: &[VerifyResult]) -> Option<(f64, f64, usize)> {
     let errors: Vec<f64> = results
         .iter()
         .flat_map(|r| &r.verification.rows)
@@ -282,7 +283,7 @@ pub fn headline(results: &[VerifyResult]) -> Option<(f64, f64, usize)> {
 }
 
 /// The step-time table over several scenarios, in markdown.
-pub fn step_table(results: &[VerifyResult]) -> String {
+fn step_table(results: &[VerifyResult]) -> String {
     let mut s = String::from(
         "| scenario | steps | count | measured (s) | predicted (s) | error of the sum % | median step error % |\n\
          |---|---|---:|---:|---:|---:|---:|\n",
@@ -302,6 +303,43 @@ pub fn step_table(results: &[VerifyResult]) -> String {
         }
     }
     s
+}
+
+/// Writes `fidelity.md` (the fidelity table, its headline and the step table) under the
+/// run's output directory and returns what `engine verify` prints.
+pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<String> {
+    let table = fidelity_table(results);
+    let steps = step_table(results);
+    let headline = match headline(results) {
+        Some((median, max, over)) => format!(
+            "Over TTFT P50, ITL P50, E2E P50 and throughput: median |error| {median:.1}%, \
+             largest {max:.1}%, {over} above 25%.\n"
+        ),
+        None => String::new(),
+    };
+    let reps = if opts.repeat > 1 {
+        format!(
+            "Medians of {} repetitions (profile, predict, measure).\n\n",
+            opts.repeat
+        )
+    } else {
+        String::new()
+    };
+    std::fs::write(
+        opts.out.join("fidelity.md"),
+        format!(
+            "{reps}{table}\n{headline}\nStep times, the cost model against the measured run's \
+             steps:\n\n{steps}"
+        ),
+    )?;
+    let mut printed = format!("{reps}{table}\n{headline}\n{steps}");
+    for r in results {
+        if let Some(e) = r.verification.median_abs_error_pct {
+            printed.push_str(&format!("median_abs_error_pct[{}]: {e:.1} %\n", r.scenario));
+        }
+    }
+    printed.push_str(&format!("reports under {}\n", opts.out.display()));
+    Ok(printed)
 }
 
 pub fn default_out() -> PathBuf {

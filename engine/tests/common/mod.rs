@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use candle_core::DType;
-use infer_engine::make_model::{make_model, ModelSpec};
+use infer_engine::tools::make_model::{make_model, ModelSpec};
 use infer_engine::{load_model_dir, Arch, Device, LoadedModel};
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! The seam between the model and the hardware it runs on.
 //!
-//! The transformer (`crate::model::transformer`) is written once against [`Backend`]: a small
+//! The transformer (`crate::runtime::model::transformer`) is written once against [`Backend`]: a small
 //! set of operations on one step's activations — embedding gather, linear, RMSNorm (fused
 //! with the residual add), RoPE, KV write, paged attention, gated activation, logits. Each
 //! backend owns its tensor type, its weight layout, its KV layout and its step preparation
@@ -22,8 +22,8 @@ pub mod step_inputs;
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 
-use crate::batch::ForwardBatch;
-use crate::model::config::Activation;
+use crate::runtime::batch::ForwardBatch;
+use crate::runtime::model::config::Activation;
 
 /// Where a model runs: `cpu`, `cuda` or `cuda:N`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -10,7 +10,7 @@
 
 use anyhow::{ensure, Result};
 
-use crate::batch::ForwardBatch;
+use crate::runtime::batch::ForwardBatch;
 
 /// Decode batch sizes that get a CUDA graph of their own (vLLM's ladder up to 256); a decode
 /// step runs in the graph of the smallest bucket that holds it.
@@ -214,7 +214,7 @@ impl StepInputs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::SeqChunk;
+    use crate::runtime::batch::SeqChunk;
 
     fn seq(tokens: &[u32], start_pos: usize, table: &[u32], sample: bool) -> SeqChunk {
         SeqChunk {

@@ -7,11 +7,11 @@ use candle_core::DType;
 use super::config::ModelConfig;
 use super::transformer::Transformer;
 use super::weights::WeightStore;
-use crate::backend::cpu::{CpuBackend, CpuKv};
+use crate::runtime::backend::cpu::{CpuBackend, CpuKv};
 #[cfg(feature = "cuda")]
-use crate::backend::cuda::{CudaBackend, CudaKv};
-use crate::backend::{Backend, Device, Logits};
-use crate::batch::ForwardBatch;
+use crate::runtime::backend::cuda::{CudaBackend, CudaKv};
+use crate::runtime::backend::{Backend, Device, Logits};
+use crate::runtime::batch::ForwardBatch;
 
 // One model per process, moved once: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
@@ -208,7 +208,7 @@ impl KvCache {
         self.layout().block_size
     }
 
-    fn layout(&self) -> crate::backend::KvLayout {
+    fn layout(&self) -> crate::runtime::backend::KvLayout {
         match self {
             KvCache::Cpu(k) => CpuBackend::kv_layout(k),
             #[cfg(feature = "cuda")]

@@ -3,8 +3,8 @@
 use super::config::ModelConfig;
 use super::dispatch::Model;
 use super::weights::WeightStore;
-use crate::backend::Device;
-use crate::tokenizer::TextTokenizer;
+use crate::runtime::backend::Device;
+use crate::runtime::tokenizer::TextTokenizer;
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use serde_json::Value;
@@ -25,7 +25,7 @@ pub struct LoadedModel {
 /// `None` picks the device's; asking for another is an error. Weights stored in any of
 /// f32/bf16/f16 are converted on load.
 pub fn load_model(spec: &str, dtype: Option<DType>, device: Device) -> Result<LoadedModel> {
-    let dir = crate::builtin::resolve(spec)?;
+    let dir = crate::tools::builtin::resolve(spec)?;
     load_model_dir(&dir, dtype, device)
 }
 

@@ -1,5 +1,5 @@
 //! The model: configuration, weights, the transformer (written once against
-//! [`crate::backend::Backend`]), and directory loading.
+//! [`crate::runtime::backend::Backend`]), and directory loading.
 
 pub mod config;
 mod dispatch;

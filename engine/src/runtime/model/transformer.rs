@@ -8,8 +8,8 @@
 use super::config::ModelConfig;
 use super::rope::inv_frequencies;
 use super::weights::WeightStore;
-use crate::backend::{AttnKind, Backend, Heads, KvLayout, Logits, Role};
-use crate::batch::ForwardBatch;
+use crate::runtime::backend::{AttnKind, Backend, Heads, KvLayout, Logits, Role};
+use crate::runtime::batch::ForwardBatch;
 use anyhow::{bail, ensure, Context, Result};
 
 /// A projection and its optional bias.
@@ -268,7 +268,7 @@ impl<B: Backend> Transformer<B> {
     }
 
     /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of
-    /// each sequence's [`crate::batch::SeqChunk::logit_rows`] (the last token of a sampling
+    /// each sequence's [`crate::runtime::batch::SeqChunk::logit_rows`] (the last token of a sampling
     /// chunk, every token of an `all_logits` one), in batch order.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Logits> {
         let (b, c) = (&self.backend, &self.cfg);

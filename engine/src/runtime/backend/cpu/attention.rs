@@ -13,7 +13,7 @@
 
 use super::decode_attention::DecodeSet;
 use super::kv::CpuKv;
-use crate::batch::ForwardBatch;
+use crate::runtime::batch::ForwardBatch;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 

@@ -168,7 +168,7 @@ impl CpuKv {
     }
 
     /// Decode attention for `set` over layer `layer`, read in place (see
-    /// [`crate::model::decode_attention`]). `q`: `[decodes, heads, head_dim]` f32.
+    /// [`crate::runtime::model::decode_attention`]). `q`: `[decodes, heads, head_dim]` f32.
     pub(crate) fn decode_attention(
         &self,
         layer: usize,

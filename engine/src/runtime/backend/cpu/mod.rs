@@ -15,7 +15,7 @@ use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
 
 use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
-use crate::batch::ForwardBatch;
+use crate::runtime::batch::ForwardBatch;
 use attention::AttnPlan;
 pub use kv::CpuKv;
 use matmul::Weights;
@@ -570,14 +570,14 @@ mod tests {
         })?;
         let batch = ForwardBatch {
             seqs: vec![
-                crate::batch::SeqChunk {
+                crate::runtime::batch::SeqChunk {
                     tokens: vec![1, 2, 3],
                     start_pos: 2,
                     block_table: vec![3, 0],
                     sample: true,
                     all_logits: false,
                 },
-                crate::batch::SeqChunk {
+                crate::runtime::batch::SeqChunk {
                     tokens: vec![4],
                     start_pos: 7,
                     block_table: vec![1, 2],

@@ -22,7 +22,7 @@ use infer_kernels::reference::RmsWeight;
 
 use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
 use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
-use crate::batch::ForwardBatch;
+use crate::runtime::batch::ForwardBatch;
 use arena::Arena;
 use graphs::Graphs;
 
