@@ -136,79 +136,15 @@ pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
 }
 
 pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
-    let path = opts.scenario.display().to_string();
-    let text = std::fs::read_to_string(&opts.scenario)
-        .with_context(|| format!("{path}: cannot read scenario"))?;
-    let scenario = Scenario::parse(&path, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
-    let tokenizer = opts
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| Arc::new(ApproxTokenizer::default()));
-    let mut gen = WorkloadGenerator::new(scenario.workload.clone(), tokenizer);
-    if let Some(trace) =
-        infer_core::workload::Trace::of_scenario(&scenario, &path).map_err(anyhow::Error::msg)?
-    {
-        gen = gen.with_trace(trace);
-    }
-    let gen = Arc::new(gen);
-    // Idle connections are dropped before servers close them (uvicorn, so vLLM, after 5 s;
-    // `engine serve` after 10 s): reusing one the server is closing would fail a request.
-    let client = reqwest::Client::builder()
-        .pool_idle_timeout(std::time::Duration::from_secs(4))
-        .build()?;
-    let base = opts.server.trim_end_matches('/').to_string();
-    let model = match &opts.model {
-        Some(m) => m.clone(),
-        None => served_model(&client, &base).await?,
-    };
-    let target = Target {
-        client,
-        base,
-        model,
-    };
-
-    // One test request first, as vLLM's benchmark sends: a server that refuses what we
-    // send (a field it does not know, a model name) is reported once, clearly, instead of
-    // failing every request of the run.
-    // It is short (it fills no KV block, so it leaves no prefix in the server's cache that a
-    // simulation of the scenario would not have).
-    let mut probe = Timelines::default();
-    let first = GeneratedRequest {
-        index: usize::MAX,
-        warmup: true,
-        prompt: "Hello".into(),
-        prompt_ids: Vec::new(),
-        max_tokens: 2,
-        ignore_eos: scenario.workload.ignore_eos,
-        group: None,
-        turn: None,
-    };
-    target
-        .send(&first, 0, &mut Recorder::Local(&mut probe), Instant::now())
-        .await;
-    if let Some(e) = probe.records.first().and_then(|r| r.error.as_ref()) {
-        let hint = if first.ignore_eos && e.contains("ignore_eos") {
-            " (the scenario asks for ignore_eos, which this server does not take: \
-             --set workload.ignore_eos=false)"
-        } else {
-            ""
-        };
-        bail!(
-            "{}: the initial test request failed{hint}: {e}",
-            target.base
-        );
-    }
-
+    let (scenario, gen) = load_workload(opts)?;
+    let target = Target::connect(opts).await?;
+    target.check(scenario.workload.ignore_eos).await?;
     // Warm-up, one at a time, not counted.
     for i in 0..scenario.workload.warmup_requests {
         let mut scratch = Timelines::default();
+        let mut rec = Recorder::Local(&mut scratch);
         target
-            .send(
-                &gen.warmup_request(i),
-                u64::MAX,
-                &mut Recorder::Local(&mut scratch),
-                Instant::now(),
-            )
+            .send(&gen.warmup_request(i), u64::MAX, &mut rec, Instant::now())
             .await;
     }
 
@@ -227,8 +163,6 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     }));
     let bar = progress_bar(n, opts.progress);
     let start = Instant::now();
-    let last_end = Arc::new(Mutex::new(0.0f64));
-
     // The scraper runs until the requests are done.
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let scraper = {
@@ -236,86 +170,19 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         let interval = opts.scrape_interval;
         tokio::spawn(async move { scrape_loop(target, before, start, interval, done).await })
     };
-
-    let run_one = {
-        let (target, requests, recorder, bar, last_end) = (
-            target.clone(),
-            requests.clone(),
-            recorder.clone(),
-            bar.clone(),
-            last_end.clone(),
-        );
-        move |i: usize| {
-            let (target, requests, recorder, bar, last_end) = (
-                target.clone(),
-                requests.clone(),
-                recorder.clone(),
-                bar.clone(),
-                last_end.clone(),
-            );
-            async move {
-                let end = target
-                    .send(
-                        &requests[i],
-                        i as u64,
-                        &mut Recorder::Shared(&recorder),
-                        start,
-                    )
-                    .await;
-                let mut l = last_end.lock().unwrap();
-                *l = l.max(end);
-                bar.inc(1);
-            }
-        }
+    let load = Load {
+        target: target.clone(),
+        requests,
+        recorder: recorder.clone(),
+        bar: bar.clone(),
+        start,
     };
-
-    let mut tasks = Vec::new();
-    match times {
-        Some(times) => {
-            let sem = arrivals
-                .max_concurrency
-                .map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
-            for (i, &t) in times.iter().enumerate().take(n) {
-                tokio::time::sleep_until((start + Duration::from_secs_f64(t)).into()).await;
-                let permit = match &sem {
-                    Some(s) => Some(s.clone().acquire_owned().await?),
-                    None => None,
-                };
-                let fut = run_one(i);
-                tasks.push(tokio::spawn(async move {
-                    fut.await;
-                    drop(permit);
-                }));
-            }
-        }
-        None => {
-            // Closed loop: each client sends its next request when its previous one ends.
-            let next = Arc::new(AtomicUsize::new(0));
-            let clients = arrivals.max_concurrency.unwrap_or(1).min(n.max(1));
-            for _ in 0..clients {
-                let (next, run_one) = (next.clone(), run_one.clone());
-                tasks.push(tokio::spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, Ordering::SeqCst);
-                        if i >= n {
-                            break;
-                        }
-                        run_one(i).await;
-                    }
-                }));
-            }
-        }
-    }
-    for t in tasks {
-        t.await?;
-    }
-    drop(run_one); // releases its handle on the recorder
+    let duration = load.drive(times, arrivals.max_concurrency).await?;
     bar.finish_and_clear();
     done.store(true, Ordering::SeqCst);
     let timeseries = scraper.await?;
     let after = target.scrape().await;
 
-    let duration = *last_end.lock().unwrap();
     let Timelines {
         mut metrics,
         mut records,
@@ -350,6 +217,103 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         write_run(dir, &result, &format!("{} ({})", target.base, target.model))?;
     }
     Ok(result)
+}
+
+/// The scenario (with its overrides) and the generator of its requests, cut with the
+/// prompt tokenizer.
+fn load_workload(opts: &BenchOptions) -> Result<(Scenario, WorkloadGenerator)> {
+    let path = opts.scenario.display().to_string();
+    let text = std::fs::read_to_string(&opts.scenario)
+        .with_context(|| format!("{path}: cannot read scenario"))?;
+    let scenario = Scenario::parse(&path, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
+    let tokenizer = opts
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| Arc::new(ApproxTokenizer::default()));
+    let mut gen = WorkloadGenerator::new(scenario.workload.clone(), tokenizer);
+    if let Some(trace) =
+        infer_core::workload::Trace::of_scenario(&scenario, &path).map_err(anyhow::Error::msg)?
+    {
+        gen = gen.with_trace(trace);
+    }
+    Ok((scenario, gen))
+}
+
+/// A run's requests on their way: each one sent, recorded and counted.
+struct Load {
+    target: Target,
+    requests: Arc<Vec<GeneratedRequest>>,
+    recorder: Arc<Mutex<Timelines>>,
+    bar: indicatif::ProgressBar,
+    start: Instant,
+}
+
+impl Load {
+    /// Sends every request — at its arrival time (`times`, at most `max_concurrency` in
+    /// flight), or, without times, from `max_concurrency` closed-loop clients, each sending
+    /// its next request when its previous one ends. Returns when the last one ended
+    /// (seconds since the start).
+    async fn drive(self, times: Option<Vec<f64>>, max_concurrency: Option<usize>) -> Result<f64> {
+        let n = self.requests.len();
+        let load = Arc::new(self);
+        let last_end = Arc::new(Mutex::new(0.0f64));
+        let run_one = {
+            let (load, last_end) = (load.clone(), last_end.clone());
+            move |i: usize| {
+                let (load, last_end) = (load.clone(), last_end.clone());
+                async move {
+                    let mut rec = Recorder::Shared(&load.recorder);
+                    let end = load
+                        .target
+                        .send(&load.requests[i], i as u64, &mut rec, load.start)
+                        .await;
+                    let mut l = last_end.lock().unwrap();
+                    *l = l.max(end);
+                    load.bar.inc(1);
+                }
+            }
+        };
+        let mut tasks = Vec::new();
+        match times {
+            Some(times) => {
+                let sem = max_concurrency.map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
+                for (i, &t) in times.iter().enumerate().take(n) {
+                    let at = load.start + Duration::from_secs_f64(t);
+                    tokio::time::sleep_until(at.into()).await;
+                    let permit = match &sem {
+                        Some(s) => Some(s.clone().acquire_owned().await?),
+                        None => None,
+                    };
+                    let fut = run_one(i);
+                    tasks.push(tokio::spawn(async move {
+                        fut.await;
+                        drop(permit);
+                    }));
+                }
+            }
+            None => {
+                let next = Arc::new(AtomicUsize::new(0));
+                let clients = max_concurrency.unwrap_or(1).min(n.max(1));
+                for _ in 0..clients {
+                    let (next, run_one) = (next.clone(), run_one.clone());
+                    tasks.push(tokio::spawn(async move {
+                        loop {
+                            let i = next.fetch_add(1, Ordering::SeqCst);
+                            if i >= n {
+                                break;
+                            }
+                            run_one(i).await;
+                        }
+                    }));
+                }
+            }
+        }
+        for t in tasks {
+            t.await?;
+        }
+        let end = *last_end.lock().unwrap();
+        Ok(end)
+    }
 }
 
 /// Write the run's directory (the simulator's writer: both read back alike).
@@ -409,6 +373,55 @@ impl Recorder<'_> {
 }
 
 impl Target {
+    async fn connect(opts: &BenchOptions) -> Result<Target> {
+        // Idle connections are dropped before servers close them (uvicorn, so vLLM, after
+        // 5 s; `engine serve` after 10 s): reusing one the server is closing would fail a
+        // request.
+        let client = reqwest::Client::builder()
+            .pool_idle_timeout(std::time::Duration::from_secs(4))
+            .build()?;
+        let base = opts.server.trim_end_matches('/').to_string();
+        let model = match &opts.model {
+            Some(m) => m.clone(),
+            None => served_model(&client, &base).await?,
+        };
+        Ok(Target {
+            client,
+            base,
+            model,
+        })
+    }
+
+    /// One test request first, as vLLM's benchmark sends: a server that refuses what we
+    /// send (a field it does not know, a model name) is reported once, clearly, instead of
+    /// failing every request of the run. It is short (it fills no KV block, so it leaves no
+    /// prefix in the server's cache that a simulation of the scenario would not have).
+    async fn check(&self, ignore_eos: bool) -> Result<()> {
+        let mut probe = Timelines::default();
+        let first = GeneratedRequest {
+            index: usize::MAX,
+            warmup: true,
+            prompt: "Hello".into(),
+            prompt_ids: Vec::new(),
+            max_tokens: 2,
+            ignore_eos,
+            group: None,
+            turn: None,
+        };
+        self.send(&first, 0, &mut Recorder::Local(&mut probe), Instant::now())
+            .await;
+        if let Some(e) = probe.records.first().and_then(|r| r.error.as_ref()) {
+            let hint = if ignore_eos && e.contains("ignore_eos") {
+                " (the scenario asks for ignore_eos, which this server does not take: \
+                 --set workload.ignore_eos=false)"
+            } else {
+                ""
+            };
+            bail!("{}: the initial test request failed{hint}: {e}", self.base);
+        }
+        Ok(())
+    }
+
     /// Send one streaming completion and record its timeline. Returns when it ended
     /// (seconds since `start`).
     async fn send(

@@ -218,31 +218,7 @@ pub fn parse_request(
     let f = Fields(body);
     let model = f.string("model")?.unwrap_or_default();
     let prompt = match endpoint {
-        Endpoint::Completions => match body.get("prompt") {
-            Some(Value::String(s)) => Prompt::Text(s.clone()),
-            Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-                Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
-            }
-            Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-                Prompt::Tokens(u32_ids(a, "prompt")?)
-            }
-            Some(Value::Array(a)) if a.len() > 1 => {
-                return Err(ApiError::bad_request(
-                    Some("prompt"),
-                    "only one prompt per request is supported",
-                ))
-            }
-            Some(other) => {
-                return Err(ApiError::bad_request(
-                    Some("prompt"),
-                    format!(
-                        "prompt must be a string or a list of token ids, not {}",
-                        type_name(other)
-                    ),
-                ))
-            }
-            None => return Err(ApiError::bad_request(Some("prompt"), "prompt is required")),
-        },
+        Endpoint::Completions => parse_prompt(body.get("prompt"))?,
         Endpoint::Chat => Prompt::Chat(parse_messages(body.get("messages"))?),
     };
     let n = f.uint("n")?.unwrap_or(1);
@@ -263,41 +239,73 @@ pub fn parse_request(
             "echo is not supported by this server for chat completions",
         ));
     }
-    // The name the client used, for errors.
-    let max_tokens_key = match endpoint {
+    let (stop, stop_token_ids) = parse_stop(body)?;
+    Ok(GenerationRequest {
+        model,
+        prompt,
+        max_tokens: parse_max_tokens(&f, endpoint, echo)?,
+        params: parse_sampling(&f, endpoint)?,
+        stop,
+        stop_token_ids,
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        stream: f.bool("stream")?.unwrap_or(false),
+        include_usage: parse_include_usage(body.get("stream_options"))?,
+        n: n as usize,
+        echo,
+    })
+}
+
+/// A completion's `prompt`: one text, or one list of token ids.
+fn parse_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
+    match v {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_string()))
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            Ok(Prompt::Tokens(u32_ids(a, "prompt")?))
+        }
+        Some(Value::Array(a)) if a.len() > 1 => Err(ApiError::bad_request(
+            Some("prompt"),
+            "only one prompt per request is supported",
+        )),
+        Some(other) => Err(ApiError::bad_request(
+            Some("prompt"),
+            format!(
+                "prompt must be a string or a list of token ids, not {}",
+                type_name(other)
+            ),
+        )),
+        None => Err(ApiError::bad_request(Some("prompt"), "prompt is required")),
+    }
+}
+
+/// `max_tokens` (or chat's `max_completion_tokens`, named as the client sent it): at least 1,
+/// or 0 with `echo`; OpenAI's completions default is 16, chat generates until done.
+fn parse_max_tokens(f: &Fields, endpoint: Endpoint, echo: bool) -> Result<Option<usize>, ApiError> {
+    let key = match endpoint {
         Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
         _ => "max_tokens",
     };
-    let max_tokens = match f.int(max_tokens_key)? {
-        Some(0) if echo => Some(0),
-        Some(v) if v <= 0 => {
-            return Err(ApiError::bad_request(
-                Some(max_tokens_key),
-                format!("{max_tokens_key} must be at least 1 (0 only with echo), got {v}"),
-            ))
-        }
-        Some(v) => Some(v as usize),
-        // OpenAI's completions default is 16; chat generates until done.
-        None if endpoint == Endpoint::Completions => Some(16),
-        None => None,
-    };
+    match f.int(key)? {
+        Some(0) if echo => Ok(Some(0)),
+        Some(v) if v <= 0 => Err(ApiError::bad_request(
+            Some(key),
+            format!("{key} must be at least 1 (0 only with echo), got {v}"),
+        )),
+        Some(v) => Ok(Some(v as usize)),
+        None if endpoint == Endpoint::Completions => Ok(Some(16)),
+        None => Ok(None),
+    }
+}
+
+/// The sampling parameters, each checked against vLLM's range.
+fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiError> {
     let mut params = SamplingParams::default();
-    if let Some(t) = f.float("temperature")? {
-        if !(0.0..=2.0).contains(&t) {
-            return Err(ApiError::bad_request(
-                Some("temperature"),
-                format!("temperature must be in [0, 2], got {t}"),
-            ));
-        }
+    if let Some(t) = f.float_in("temperature", "in [0, 2]", |t| (0.0..=2.0).contains(&t))? {
         params.temperature = t as f32;
     }
-    if let Some(p) = f.float("top_p")? {
-        if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::bad_request(
-                Some("top_p"),
-                format!("top_p must be in (0, 1], got {p}"),
-            ));
-        }
+    if let Some(p) = f.float_in("top_p", "in (0, 1]", |p| p > 0.0 && p <= 1.0)? {
         params.top_p = p as f32;
     }
     if let Some(k) = f.int("top_k")? {
@@ -309,40 +317,21 @@ pub fn parse_request(
         }
         params.top_k = k.max(0) as usize;
     }
-    if let Some(m) = f.float("min_p")? {
-        if !(0.0..=1.0).contains(&m) {
-            return Err(ApiError::bad_request(
-                Some("min_p"),
-                format!("min_p must be in [0, 1], got {m}"),
-            ));
-        }
+    if let Some(m) = f.float_in("min_p", "in [0, 1]", |m| (0.0..=1.0).contains(&m))? {
         params.min_p = m as f32;
     }
-    for (key, slot) in [
-        ("presence_penalty", &mut params.presence_penalty),
-        ("frequency_penalty", &mut params.frequency_penalty),
-    ] {
-        if let Some(v) = f.float(key)? {
-            if !(-2.0..=2.0).contains(&v) {
-                return Err(ApiError::bad_request(
-                    Some(key),
-                    format!("{key} must be in [-2, 2], got {v}"),
-                ));
-            }
-            *slot = v as f32;
-        }
+    let penalty = |v: f64| (-2.0..=2.0).contains(&v);
+    if let Some(v) = f.float_in("presence_penalty", "in [-2, 2]", penalty)? {
+        params.presence_penalty = v as f32;
     }
-    if let Some(v) = f.float("repetition_penalty")? {
-        if v <= 0.0 {
-            return Err(ApiError::bad_request(
-                Some("repetition_penalty"),
-                format!("repetition_penalty must be > 0, got {v}"),
-            ));
-        }
+    if let Some(v) = f.float_in("frequency_penalty", "in [-2, 2]", penalty)? {
+        params.frequency_penalty = v as f32;
+    }
+    if let Some(v) = f.float_in("repetition_penalty", "> 0", |v| v > 0.0)? {
         params.repetition_penalty = v as f32;
     }
     params.seed = f.uint("seed")?;
-    params.logit_bias = logit_bias(body.get("logit_bias"))?;
+    params.logit_bias = logit_bias(f.get("logit_bias"))?;
     params.logprobs = match endpoint {
         Endpoint::Completions => f.uint("logprobs")?.map(|n| n as usize),
         Endpoint::Chat => match f.bool("logprobs")? {
@@ -360,6 +349,11 @@ pub fn parse_request(
             format!("{key}: at most 20 logprobs per token"),
         ));
     }
+    Ok(params)
+}
+
+/// `stop` (a string or a list of non-empty strings) and `stop_token_ids`.
+fn parse_stop(body: &Map<String, Value>) -> Result<(Vec<String>, Vec<u32>), ApiError> {
     let stop = match body.get("stop") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -393,39 +387,26 @@ pub fn parse_request(
             ))
         }
     };
-    let stream = f.bool("stream")?.unwrap_or(false);
-    let include_usage = match body.get("stream_options") {
-        None | Some(Value::Null) => false,
+    Ok((stop, stop_token_ids))
+}
+
+/// `stream_options.include_usage`.
+fn parse_include_usage(v: Option<&Value>) -> Result<bool, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(false),
         Some(Value::Object(o)) => match o.get("include_usage") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(ApiError::bad_request(
-                    Some("stream_options.include_usage"),
-                    "must be a boolean",
-                ))
-            }
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(ApiError::bad_request(
+                Some("stream_options.include_usage"),
+                "must be a boolean",
+            )),
         },
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                Some("stream_options"),
-                "stream_options must be an object",
-            ))
-        }
-    };
-    Ok(GenerationRequest {
-        model,
-        prompt,
-        max_tokens,
-        params,
-        stop,
-        stop_token_ids,
-        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
-        stream,
-        include_usage,
-        n: n as usize,
-        echo,
-    })
+        Some(_) => Err(ApiError::bad_request(
+            Some("stream_options"),
+            "stream_options must be an object",
+        )),
+    }
 }
 
 /// OpenAI's `logit_bias`: `{"token id": bias}`, biases in [-100, 100] (the vocabulary is
@@ -560,6 +541,22 @@ impl Fields<'_> {
             None => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
             Some(v) => Err(Self::wrong(key, "a number", v)),
+        }
+    }
+
+    /// A number that must satisfy `ok` ("{key} must be {what}, got …" otherwise).
+    fn float_in(
+        &self,
+        key: &str,
+        what: &str,
+        ok: impl Fn(f64) -> bool,
+    ) -> Result<Option<f64>, ApiError> {
+        match self.float(key)? {
+            Some(v) if !ok(v) => Err(ApiError::bad_request(
+                Some(key),
+                format!("{key} must be {what}, got {v}"),
+            )),
+            v => Ok(v),
         }
     }
 

@@ -1,0 +1,169 @@
+//! The endpoints around generation: the model list, tokenizer endpoints, `/metrics`, and
+//! what routers in front of replicas read (load, model and server info, KV-event sources,
+//! prefix-cache reset, a health check through the whole generation path).
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::api::{self, ApiError, Endpoint, Prompt};
+use super::completions::generate;
+use super::engine_loop::Command;
+use super::prompt::{body_or_error, off_thread, prompt_tokens};
+use super::AppState;
+
+pub(super) async fn models(State(s): State<AppState>) -> Json<Value> {
+    let s = &s.inner;
+    Json(json!({"object": "list", "data": [{
+        "id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
+        "root": s.root, "parent": null, "max_model_len": s.max_model_len,
+    }]}))
+}
+
+/// The replica's load as SGLang's router reads it (`load`: requests running or waiting), with
+/// the parts.
+pub(super) async fn get_load(State(s): State<AppState>) -> Json<Value> {
+    let m = s.inner.metrics.lock().unwrap().sched;
+    Json(json!({
+        "load": m.num_running + m.num_waiting,
+        "num_reqs": m.num_running,
+        "num_waiting_reqs": m.num_waiting,
+        "kv_cache_usage": m.kv_usage,
+    }))
+}
+
+pub(super) async fn get_model_info(State(s): State<AppState>) -> Json<Value> {
+    let s = &s.inner;
+    Json(json!({
+        "model_path": s.root, "tokenizer_path": s.root, "served_model_name": s.model_name,
+        "is_generation": true, "max_model_len": s.max_model_len,
+    }))
+}
+
+pub(super) async fn get_server_info(State(s): State<AppState>) -> Json<Value> {
+    let s = &s.inner;
+    let m = s.metrics.lock().unwrap();
+    Json(json!({
+        "version": env!("CARGO_PKG_VERSION"), "engine": "infer",
+        "model_path": s.root, "served_model_name": s.model_name, "model_id": s.model_name,
+        // vllm-router's KV index keys a replica's events by model id and block size (it
+        // reads `block_size` as its `kv_block_size`, and refuses a body with both).
+        "max_model_len": s.max_model_len, "block_size": m.block_size,
+        "num_gpu_blocks": m.num_gpu_blocks, "system_fingerprint": s.fingerprint,
+    }))
+}
+
+/// Where this replica publishes its KV-cache events, as vllm-router's discovery reads it
+/// (then it subscribes): an object keyed by data-parallel rank whose entries mirror vLLM's
+/// `KVEventsConfig`, empty when events are off. A wildcard host (`tcp://*:5557`) is left for
+/// the router to replace with the host it reaches this replica at.
+pub(super) async fn kv_event_sources(State(s): State<AppState>) -> Json<Value> {
+    let Some(cfg) = &s.inner.kv_events else {
+        return Json(json!({}));
+    };
+    Json(json!({"0": {
+        "endpoint": cfg.endpoint, "replay_endpoint": null, "topic": cfg.topic,
+        "publisher": "zmq", "enable_kv_cache_events": true,
+    }}))
+}
+
+/// vLLM's `POST /reset_prefix_cache` (benchmarks call it between runs): 200 once the prefix
+/// cache is empty, 409 while requests hold cached blocks.
+pub(super) async fn reset_prefix_cache(State(s): State<AppState>) -> Response {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sent = s
+        .inner
+        .commands
+        .lock()
+        .unwrap()
+        .send(Command::ResetPrefixCache(tx));
+    match (sent, rx.await) {
+        (Ok(()), Ok(true)) => StatusCode::OK.into_response(),
+        (Ok(()), Ok(false)) => ApiError {
+            status: StatusCode::CONFLICT,
+            ..ApiError::bad_request(
+                None,
+                "requests are using cached blocks: the prefix cache was not reset",
+            )
+        }
+        .into_response(),
+        _ => ApiError::internal("the engine has stopped").into_response(),
+    }
+}
+
+/// Healthy only if a one-token generation goes through the whole path (SGLang's check).
+pub(super) async fn health_generate(State(s): State<AppState>) -> Response {
+    let body = Bytes::from_static(br#"{"prompt": "Hello", "max_tokens": 1}"#);
+    match generate(s, Ok(body), Endpoint::Completions).await {
+        Ok(r) if r.status().is_success() => StatusCode::OK.into_response(),
+        Ok(r) => (StatusCode::SERVICE_UNAVAILABLE, r.into_body()).into_response(),
+        Err(e) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            ..e
+        }
+        .into_response(),
+    }
+}
+
+pub(super) async fn metrics_text(State(s): State<AppState>) -> Response {
+    let text = s.inner.metrics.lock().unwrap().render();
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+pub(super) async fn tokenize(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_or_error(body).await?;
+    let prompt = if body.contains_key("messages") {
+        api::parse_request(&body, Endpoint::Chat)?.prompt
+    } else {
+        match body.get("prompt") {
+            Some(Value::String(p)) => Prompt::Text(p.clone()),
+            _ => {
+                return Err(ApiError::bad_request(
+                    Some("prompt"),
+                    "prompt must be a string",
+                ))
+            }
+        }
+    };
+    let add_special = body
+        .get("add_special_tokens")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    // Tokenising and writing a long answer both happen off the HTTP threads.
+    off_thread(&state, move |s| {
+        let tokens = match prompt {
+            Prompt::Text(p) => s
+                .tokenizer
+                .encode(&p, add_special)
+                .map_err(|e| ApiError::internal(format!("{e:#}")))?,
+            other => prompt_tokens(s, &other)?,
+        };
+        let body = json!({
+            "tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len,
+        });
+        Ok(([("content-type", "application/json")], body.to_string()).into_response())
+    })
+    .await?
+}
+
+pub(super) async fn detokenize(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_or_error(body).await?;
+    let tokens = api::token_ids(body.get("tokens"), "tokens", state.inner.vocab_size)?;
+    let text = off_thread(&state, move |s| {
+        s.tokenizer
+            .decode(&tokens)
+            .map_err(|e| ApiError::internal(format!("{e:#}")))
+    })
+    .await??;
+    Ok(Json(json!({"prompt": text})))
+}
