@@ -247,42 +247,150 @@ struct Clients {
     in_flight: usize,
 }
 
+/// The pending events, earliest first.
+#[derive(Default)]
+struct EventQueue {
+    heap: BinaryHeap<Entry>,
+    /// Pushes so far: the tie-breaker that makes equal times replay in push order.
+    seq: u64,
+}
+
+impl EventQueue {
+    fn push(&mut self, time: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Entry {
+            time,
+            class: ev.class(),
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    fn pop(&mut self) -> Option<Entry> {
+        self.heap.pop()
+    }
+}
+
+/// The replicas and the router in front of them.
+struct Cluster {
+    replicas: Vec<Replica>,
+    router: Option<Router>,
+    /// How old the replica state is that the router sees.
+    metrics_delay: f64,
+    /// Static batching: an idle replica's wait before a batch starts.
+    batch_window: f64,
+    /// Scratch, reused per routed request: the replicas as the router sees them.
+    snapshots: Vec<ReplicaSnapshot>,
+    /// The scenario has a `[cluster]` (records then name their replica).
+    configured: bool,
+}
+
+impl Cluster {
+    /// The replica that takes `req` arriving at `now`.
+    fn route(&mut self, req: &GeneratedRequest, now: f64) -> usize {
+        let Some(router) = &mut self.router else {
+            return 0;
+        };
+        let delay = self.metrics_delay;
+        let snaps = &mut self.snapshots;
+        snaps.clear();
+        if router.kind().reads_replica_state() {
+            snaps.extend(self.replicas.iter_mut().map(|rep| {
+                if delay > 0.0 {
+                    rep.snapshot_at(now - delay)
+                } else {
+                    rep.snapshot()
+                }
+            }));
+        } else {
+            // Not read: visiting every replica would make each request cost
+            // O(replicas) cache misses.
+            snaps.resize(self.replicas.len(), ReplicaSnapshot::default());
+        }
+        let replicas = &self.replicas;
+        let cached = |r: usize, hashes: &[u64]| replicas[r].sched.kv().cached_prefix_blocks(hashes);
+        let route = RouteRequest {
+            prompt_ids: &req.prompt_ids,
+            prompt_text: &req.prompt,
+        };
+        router.route(&route, snaps, &cached)
+    }
+
+    /// Replica `r` no longer holds a request (the router's load count).
+    fn finished(&mut self, r: usize) {
+        if let Some(router) = &mut self.router {
+            router.finished(r);
+        }
+    }
+
+    /// (prefix queries, prefix hits, preemptions) over all replicas.
+    fn counters(&self) -> (u64, u64, u64) {
+        self.replicas.iter().fold((0, 0, 0), |acc, r| {
+            let s = r.sched.stats();
+            (
+                acc.0 + s.prefix_queries,
+                acc.1 + s.prefix_hits,
+                acc.2 + s.num_preemptions,
+            )
+        })
+    }
+}
+
+/// The run-wide figures as they accumulate.
+#[derive(Default)]
+struct Tally {
+    stats: RunStats,
+    /// Sums over the timeseries samples (one per replica and sample), for the means.
+    kv_sum: f64,
+    waiting_sum: f64,
+    samples: u64,
+    queue_sum: f64,
+    queue_n: u64,
+    /// Counters at the measured start, to subtract.
+    base: (u64, u64, u64),
+}
+
+impl Tally {
+    /// The figures at the end, given the counters then.
+    fn finish(mut self, (q, h, p): (u64, u64, u64)) -> RunStats {
+        self.stats.prefix_queries = q - self.base.0;
+        self.stats.prefix_hits = h - self.base.1;
+        self.stats.preemptions = p - self.base.2;
+        let n = (self.samples * self.stats.replicas as u64).max(1) as f64;
+        self.stats.mean_kv_usage = self.kv_sum / n;
+        self.stats.mean_waiting = self.waiting_sum / n;
+        self.stats.mean_queue_time = if self.queue_n > 0 {
+            self.queue_sum / self.queue_n as f64
+        } else {
+            0.0
+        };
+        self.stats
+    }
+}
+
 struct Sim<'a> {
     gen: WorkloadGenerator,
     sink: &'a mut dyn RunSink,
     stages: Option<StageTally>,
     cost: Arc<dyn CostModel>,
     client: ClientPath,
-    /// Static batching: an idle replica's wait before a batch starts.
-    batch_window: f64,
-    replicas: Vec<Replica>,
-    router: Option<Router>,
-    metrics_delay: f64,
+    cluster: Cluster,
     ignore_eos: bool,
-    heap: BinaryHeap<Entry>,
-    seq: u64,
+    events: EventQueue,
     clients: Clients,
+    /// Warm-up requests to run first, one at a time, and how many have ended.
     warmups: usize,
     warmups_done: usize,
     /// Absolute time the measured run started (`None` during warm-up).
     t0: Option<f64>,
     transit: FxHashMap<u64, GeneratedRequest>,
-    /// Per-event scratch, reused: replica snapshots for the router, sampled tokens.
-    snapshots: Vec<ReplicaSnapshot>,
+    /// Per-step scratch, reused: the sampled tokens.
     sampled: Vec<u32>,
     live: FxHashSet<u64>,
     metrics: MetricsRecorder,
     interval: f64,
-    stats: RunStats,
-    kv_sum: f64,
-    waiting_sum: f64,
-    samples: u64,
-    queue_sum: f64,
-    queue_n: u64,
+    tally: Tally,
     last_done: f64,
-    /// Counters at the measured start, to subtract.
-    base: (u64, u64, u64),
-    setup_cluster: bool,
 }
 
 /// The approximate tokenizer (about four characters per token) of the catalog model.
@@ -333,13 +441,16 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
     let mut sim = Sim {
         cost: setup.cost.clone(),
         client: setup.cost.client_path(),
-        batch_window: setup.cost.static_batch_window(),
-        replicas,
-        router,
-        metrics_delay: sc.cluster.as_ref().map_or(0.0, |c| c.metrics_delay_s),
+        cluster: Cluster {
+            replicas,
+            router,
+            metrics_delay: sc.cluster.as_ref().map_or(0.0, |c| c.metrics_delay_s),
+            batch_window: setup.cost.static_batch_window(),
+            snapshots: Vec::new(),
+            configured: sc.cluster.is_some(),
+        },
         ignore_eos: sc.workload.ignore_eos,
-        heap: BinaryHeap::new(),
-        seq: 0,
+        events: EventQueue::default(),
         clients: Clients {
             count,
             times: arrivals.times,
@@ -352,25 +463,20 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
         warmups_done: 0,
         t0: None,
         transit: FxHashMap::default(),
-        snapshots: Vec::new(),
         sampled: Vec::new(),
         live: FxHashSet::default(),
         metrics: MetricsRecorder::new().with_slo(sc.slo),
         interval: setup.settings.timeseries_interval(),
         sink,
         stages: (sc.arrival.kind == ArrivalKind::Stages).then(|| StageTally::new(&sc.arrival)),
-        stats: RunStats {
-            replicas: n_replicas,
-            ..RunStats::default()
+        tally: Tally {
+            stats: RunStats {
+                replicas: n_replicas,
+                ..RunStats::default()
+            },
+            ..Tally::default()
         },
-        kv_sum: 0.0,
-        waiting_sum: 0.0,
-        samples: 0,
-        queue_sum: 0.0,
-        queue_n: 0,
         last_done: 0.0,
-        base: (0, 0, 0),
-        setup_cluster: sc.cluster.is_some(),
         gen,
     };
     sim.start();
@@ -380,13 +486,7 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
 
 impl Sim<'_> {
     fn push(&mut self, time: f64, ev: Ev) {
-        self.seq += 1;
-        self.heap.push(Entry {
-            time,
-            class: ev.class(),
-            seq: self.seq,
-            ev,
-        });
+        self.events.push(time, ev);
     }
 
     fn start(&mut self) {
@@ -399,8 +499,7 @@ impl Sim<'_> {
 
     fn start_measured(&mut self, now: f64) {
         self.t0 = Some(now);
-        let totals = self.counters();
-        self.base = totals;
+        self.tally.base = self.cluster.counters();
         match self.clients.times.as_mut().map(Iterator::next) {
             Some(Some(first)) => self.push(now + first, Ev::Arrival),
             Some(None) => self.clients.count = 0,
@@ -408,18 +507,6 @@ impl Sim<'_> {
         }
         self.release(now);
         self.push(now, Ev::Sample);
-    }
-
-    /// (prefix queries, prefix hits, preemptions) over all replicas.
-    fn counters(&self) -> (u64, u64, u64) {
-        self.replicas.iter().fold((0, 0, 0), |acc, r| {
-            let s = r.sched.stats();
-            (
-                acc.0 + s.prefix_queries,
-                acc.1 + s.prefix_hits,
-                acc.2 + s.num_preemptions,
-            )
-        })
     }
 
     fn rel(&self, t: f64) -> f64 {
@@ -448,7 +535,7 @@ impl Sim<'_> {
     }
 
     fn event_loop(&mut self) {
-        while let Some(e) = self.heap.pop() {
+        while let Some(e) = self.events.pop() {
             let now = e.time;
             match e.ev {
                 Ev::Arrival => self.on_arrival(now),
@@ -474,35 +561,7 @@ impl Sim<'_> {
 
     fn on_server_in(&mut self, id: u64, now: f64) {
         let req = self.transit.remove(&id).expect("in transit");
-        let r = match &mut self.router {
-            None => 0,
-            Some(router) => {
-                let delay = self.metrics_delay;
-                let snaps = &mut self.snapshots;
-                snaps.clear();
-                if router.kind().reads_replica_state() {
-                    snaps.extend(self.replicas.iter_mut().map(|rep| {
-                        if delay > 0.0 {
-                            rep.snapshot_at(now - delay)
-                        } else {
-                            rep.snapshot()
-                        }
-                    }));
-                } else {
-                    // Not read: visiting every replica would make each request cost
-                    // O(replicas) cache misses.
-                    snaps.resize(self.replicas.len(), ReplicaSnapshot::default());
-                }
-                let replicas = &self.replicas;
-                let cached =
-                    |r: usize, hashes: &[u64]| replicas[r].sched.kv().cached_prefix_blocks(hashes);
-                let route = RouteRequest {
-                    prompt_ids: &req.prompt_ids,
-                    prompt_text: &req.prompt,
-                };
-                router.route(&route, snaps, &cached)
-            }
-        };
+        let r = self.cluster.route(&req, now);
         let stop = StopConditions {
             max_tokens: req.max_tokens,
             ignore_eos: req.ignore_eos || self.ignore_eos,
@@ -513,8 +572,8 @@ impl Sim<'_> {
             prompt: req.prompt_ids,
             stop,
         };
-        let delay = self.metrics_delay;
-        let rep = &mut self.replicas[r];
+        let delay = self.cluster.metrics_delay;
+        let rep = &mut self.cluster.replicas[r];
         match rep.sched.add_request(request, now) {
             Ok(()) => {
                 self.live.insert(id);
@@ -522,16 +581,14 @@ impl Sim<'_> {
                 if !rep.busy {
                     rep.busy = true;
                     let wait = match rep.sched.config().batching_mode {
-                        BatchingMode::Static => self.batch_window,
+                        BatchingMode::Static => self.cluster.batch_window,
                         BatchingMode::Continuous => 0.0,
                     };
                     self.push(now + wait, Ev::StepStart(r));
                 }
             }
             Err(e) => {
-                if let Some(router) = &mut self.router {
-                    router.finished(r);
-                }
+                self.cluster.finished(r);
                 let t = now + self.client.stream_s;
                 if self.t0.is_some() {
                     let record = self.metrics.fail(id, self.rel(t), e.to_string());
@@ -559,8 +616,8 @@ impl Sim<'_> {
     }
 
     fn on_step_start(&mut self, r: usize, now: f64) {
-        let delay = self.metrics_delay;
-        let rep = &mut self.replicas[r];
+        let delay = self.cluster.metrics_delay;
+        let rep = &mut self.cluster.replicas[r];
         let plan = rep.sched.schedule(now);
         if plan.is_empty() {
             rep.sched.complete(plan, &[], now);
@@ -570,23 +627,27 @@ impl Sim<'_> {
         let shape = StepShape::of(&plan);
         let bytes = self.cost.activation_bytes(&shape);
         let spilled = rep.activations.observe(bytes);
-        self.stats.peak_activation_bytes = self.stats.peak_activation_bytes.max(bytes);
-        self.stats.spilled_bytes = self.stats.spilled_bytes.max(spilled);
+        let stats = &mut self.tally.stats;
+        stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
+        stats.spilled_bytes = stats.spilled_bytes.max(spilled);
         let dt = self.cost.step_time(&shape) + self.cost.spill_time(spilled);
         rep.plan = Some(plan);
         rep.record(now, delay);
         if self.t0.is_some() {
             let s = rep.sched.stats();
-            self.stats.steps += 1;
-            self.stats.peak_kv_usage = self.stats.peak_kv_usage.max(s.kv_usage);
-            self.stats.peak_waiting = self.stats.peak_waiting.max(s.num_waiting);
+            stats.steps += 1;
+            stats.peak_kv_usage = stats.peak_kv_usage.max(s.kv_usage);
+            stats.peak_waiting = stats.peak_waiting.max(s.num_waiting);
         }
         self.push(now + dt, Ev::StepEnd(r));
     }
 
     fn on_step_end(&mut self, r: usize, now: f64) {
-        let delay = self.metrics_delay;
-        let plan = self.replicas[r].plan.take().expect("a step is running");
+        let delay = self.cluster.metrics_delay;
+        let plan = self.cluster.replicas[r]
+            .plan
+            .take()
+            .expect("a step is running");
         // Any token will do: the simulator has no model. Mix request and step so that
         // generated blocks differ between requests (they never match a later prompt).
         self.sampled.clear();
@@ -595,20 +656,22 @@ impl Sim<'_> {
                 1 + ((s.request.0.wrapping_mul(2_654_435_761) ^ plan.step) % 30_000) as u32
             }),
         );
-        let events = self.replicas[r].sched.complete(plan, &self.sampled, now);
+        let events = self.cluster.replicas[r]
+            .sched
+            .complete(plan, &self.sampled, now);
         // Debug builds (the tests) check the scheduler's invariants, which cost a pass over
         // the pool: after every step for pools up to 2,048 blocks (every seed scenario),
         // every (blocks / 256)-th step for larger ones (multi-replica runs of big GPUs).
         #[cfg(debug_assertions)]
         {
-            let sched = &self.replicas[r].sched;
+            let sched = &self.cluster.replicas[r].sched;
             let blocks = sched.kv().num_blocks();
             let every = if blocks <= 2048 {
                 1
             } else {
                 (blocks / 256) as u64
             };
-            if self.stats.steps.is_multiple_of(every) {
+            if self.tally.stats.steps.is_multiple_of(every) {
                 if let Err(e) = sched.check_invariants() {
                     panic!("replica {r}: scheduler invariant broken: {e}");
                 }
@@ -622,17 +685,15 @@ impl Sim<'_> {
                 Event::Finished { request, stats, .. } => {
                     let id = request.0;
                     self.live.remove(&id);
-                    if let Some(router) = &mut self.router {
-                        router.finished(r);
-                    }
+                    self.cluster.finished(r);
                     let queue = stats.first_scheduled_time.map(|f| f - stats.arrival_time);
                     let measured = self.t0.is_some() && (id as usize) < self.clients.count;
                     if measured {
                         if let Some(q) = queue {
-                            self.queue_sum += q;
-                            self.queue_n += 1;
+                            self.tally.queue_sum += q;
+                            self.tally.queue_n += 1;
                         }
-                        let replica = self.setup_cluster.then_some(r);
+                        let replica = self.cluster.configured.then_some(r);
                         if let Some(record) = self.metrics.finish(
                             id,
                             seen_rel,
@@ -649,7 +710,7 @@ impl Sim<'_> {
                 }
             }
         }
-        let rep = &mut self.replicas[r];
+        let rep = &mut self.cluster.replicas[r];
         rep.record(now, delay);
         if rep.sched.has_unfinished() {
             self.push(now, Ev::StepStart(r));
@@ -660,10 +721,10 @@ impl Sim<'_> {
 
     fn on_sample(&mut self, now: f64) {
         let t = self.rel(now);
-        for (i, rep) in self.replicas.iter().enumerate() {
+        for (i, rep) in self.cluster.replicas.iter().enumerate() {
             let s = rep.sched.stats();
-            self.kv_sum += s.kv_usage;
-            self.waiting_sum += s.num_waiting as f64;
+            self.tally.kv_sum += s.kv_usage;
+            self.tally.waiting_sum += s.num_waiting as f64;
             self.sink.sample(TimePoint {
                 t,
                 replica: i,
@@ -675,7 +736,7 @@ impl Sim<'_> {
                 preemptions: s.num_preemptions,
             });
         }
-        self.samples += 1;
+        self.tally.samples += 1;
         let pending = self.clients.next_send < self.clients.count || self.clients.in_flight > 0;
         if pending {
             self.push(now + self.interval, Ev::Sample);
@@ -703,27 +764,16 @@ impl Sim<'_> {
                 self.emit(record);
             }
         }
-        let (q, h, p) = self.counters();
-        self.stats.prefix_queries = q - self.base.0;
-        self.stats.prefix_hits = h - self.base.1;
-        self.stats.preemptions = p - self.base.2;
-        let n = (self.samples * self.replicas.len() as u64).max(1) as f64;
-        self.stats.mean_kv_usage = self.kv_sum / n;
-        self.stats.mean_waiting = self.waiting_sum / n;
-        self.stats.mean_queue_time = if self.queue_n > 0 {
-            self.queue_sum / self.queue_n as f64
-        } else {
-            0.0
-        };
+        let stats = self.tally.finish(self.cluster.counters());
         let duration = self.metrics.last_end();
         let mut summary = self.metrics.summary(duration);
-        summary.prefix_cache_hit_rate = self.stats.prefix_hit_rate();
-        summary.num_preemptions = self.stats.preemptions;
-        summary.peak_kv_usage = self.stats.peak_kv_usage;
+        summary.prefix_cache_hit_rate = stats.prefix_hit_rate();
+        summary.num_preemptions = stats.preemptions;
+        summary.peak_kv_usage = stats.peak_kv_usage;
         summary.max_concurrency = max_concurrency;
         SimResult {
             summary,
-            stats: self.stats,
+            stats,
             stages: self.stages.map_or(Vec::new(), StageTally::rows),
         }
     }

@@ -6,6 +6,7 @@
 //! * [`Profiled`]: a model fitted to step times measured by `engine profile`.
 
 mod analytic;
+mod least_squares;
 mod profiled;
 
 pub use analytic::Analytic;
