@@ -3,8 +3,9 @@
 //! Every kernel exists twice:
 //! - [`reference`]: plain f32 loops in Rust, written for clarity: the oracle the CUDA
 //!   kernels are tested against. (The engine's CPU backend is not built on them: it runs
-//!   candle plus its own in-place paged decode attention, tuned for speed and tested against
-//!   candle-transformers' models.)
+//!   candle plus its own in-place paged decode attention, tuned for speed, tested against
+//!   [`reference::paged_attention_decode`] and, end to end, against candle-transformers'
+//!   models.)
 //! - `cuda` (feature `cuda`): CUDA C sources compiled at run time with NVRTC for the GPU's
 //!   compute capability, typed launch wrappers over raw device-address spans, and cuBLAS for
 //!   the linear layers (`reference::matmul_xwt` is its CPU counterpart).

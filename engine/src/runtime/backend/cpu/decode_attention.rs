@@ -204,27 +204,78 @@ fn softmax_in_place(s: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape};
+    use infer_kernels::reference::{paged_attention_decode, PagedKv};
 
-    /// Attention written the plain way: scores, softmax, weighted sum, per query head.
-    fn reference(q: &[f32], keys: &[Vec<f32>], values: &[Vec<f32>], scale: f32) -> Vec<f32> {
-        let s: Vec<f32> = keys
-            .iter()
-            .map(|k| q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale)
-            .collect();
-        let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f32 = e.iter().sum();
-        let mut out = vec![0.0; q.len()];
-        for (w, v) in e.iter().zip(values) {
-            for (o, x) in out.iter_mut().zip(v) {
-                *o += w / z * x;
+    /// The kernels crate's reference (the oracle of the CUDA kernels too) on the same
+    /// values: its pool is `[slot, kv_head, head_dim]` with blocks of one slot, so each
+    /// decode's table row is its list of slots.
+    fn oracle(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        set: &DecodeSet,
+        dims: Dims,
+        scale: f32,
+        softcap: Option<f32>,
+    ) -> Vec<f32> {
+        let Dims {
+            heads,
+            kv_heads,
+            head_dim: d,
+            slots_per_head,
+        } = dims;
+        let shape = KvCacheShape {
+            num_blocks: slots_per_head,
+            block_size: 1,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+        };
+        let repack = |t: &[f32]| {
+            let mut out = vec![0.0; shape.len()];
+            for slot in 0..slots_per_head {
+                for h in 0..kv_heads {
+                    out[shape.offset(slot, h)..][..d]
+                        .copy_from_slice(&t[(h * slots_per_head + slot) * d..][..d]);
+                }
             }
+            out
+        };
+        let (k_cache, v_cache) = (repack(k), repack(v));
+        let width = (0..set.len())
+            .map(|i| set.offsets[i + 1] - set.offsets[i])
+            .max()
+            .unwrap_or(0);
+        let mut table = vec![-1i32; set.len() * width];
+        let mut seq_lens = Vec::new();
+        for i in 0..set.len() {
+            let slots = &set.slots[set.offsets[i]..set.offsets[i + 1]];
+            for (j, &slot) in slots.iter().enumerate() {
+                table[i * width + j] = slot as i32;
+            }
+            seq_lens.push(slots.len() as i32);
         }
+        let mut cfg = AttentionConfig::new(heads, kv_heads, d);
+        cfg.scale = scale;
+        if let Some(cap) = softcap {
+            cfg = cfg.with_softcap(cap);
+        }
+        let mut out = vec![0.0; q.len()];
+        let kv = PagedKv {
+            k_cache: &k_cache,
+            v_cache: &v_cache,
+            shape,
+        };
+        let tables = BlockTables {
+            table: &table,
+            max_blocks_per_seq: width,
+        };
+        paged_attention_decode(&mut out, q, &kv, &tables, &seq_lens, &cfg);
         out
     }
 
     #[test]
-    fn matches_plain_attention_through_scattered_slots() {
+    fn matches_the_reference_through_scattered_slots() {
         let (heads, kv_heads, d, slots_per_head) = (4, 2, 12, 40);
         let val = |i: usize| ((i * 37 % 101) as f32 / 50.0) - 1.0;
         let k: Vec<f32> = (0..kv_heads * slots_per_head * d).map(val).collect();
@@ -241,25 +292,15 @@ mod tests {
             head_dim: d,
             slots_per_head,
         };
-        let out = decode_attention(&q, &k, &v, &set, dims, 0.3, None);
-        let g = heads / kv_heads;
-        for i in 0..2 {
-            let slots = &set.slots[set.offsets[i]..set.offsets[i + 1]];
-            for hq in 0..heads {
-                let h = hq / g;
-                let row =
-                    |t: &[f32], s: u32| t[(h * slots_per_head + s as usize) * d..][..d].to_vec();
-                let keys: Vec<Vec<f32>> = slots.iter().map(|&s| row(&k, s)).collect();
-                let values: Vec<Vec<f32>> = slots.iter().map(|&s| row(&v, s)).collect();
-                let qi = &q[(i * heads + hq) * d..][..d];
-                let want = reference(qi, &keys, &values, 0.3);
-                let got = &out[(i * heads + hq) * d..][..d];
-                for (a, b) in got.iter().zip(&want) {
-                    assert!((a - b).abs() < 1e-5, "seq {i} head {hq}: {a} vs {b}");
-                }
+        for softcap in [None, Some(0.5)] {
+            let out = decode_attention(&q, &k, &v, &set, dims, 0.3, softcap);
+            let want = oracle(&q, &k, &v, &set, dims, 0.3, softcap);
+            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() < 1e-5, "{softcap:?} element {i}: {a} vs {b}");
             }
         }
         // bf16 storage reads the same values rounded.
+        let out = decode_attention(&q, &k, &v, &set, dims, 0.3, None);
         let kb: Vec<bf16> = k.iter().map(|&x| bf16::from_f32(x)).collect();
         let vb: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
         let outb = decode_attention(&q, &kb, &vb, &set, dims, 0.3, None);
