@@ -537,25 +537,30 @@ impl Slo {
     }
 
     /// `--goodput ttft:MS tpot:MS e2el:MS` as scenario overrides (`slo.ttft_ms=MS`, …).
-    pub fn overrides(args: &[String]) -> Result<Vec<String>, String> {
+    pub fn overrides(args: &[String]) -> Result<Vec<String>, BadSlo> {
         args.iter()
             .map(|a| {
-                let (k, v) = a
-                    .split_once(':')
-                    .ok_or_else(|| format!("--goodput {a}: expected METRIC:MS, e.g. ttft:500"))?;
+                let (k, v) = a.split_once(':').ok_or_else(|| {
+                    BadSlo(format!("--goodput {a}: expected METRIC:MS, e.g. ttft:500"))
+                })?;
                 if !matches!(k, "ttft" | "tpot" | "e2el") {
-                    return Err(format!(
+                    return Err(BadSlo(format!(
                         "--goodput {a}: the metric must be ttft, tpot or e2el (as vLLM's)"
-                    ));
+                    )));
                 }
                 let ms: f64 = v
                     .parse()
-                    .map_err(|_| format!("--goodput {a}: `{v}` is not a number of ms"))?;
+                    .map_err(|_| BadSlo(format!("--goodput {a}: `{v}` is not a number of ms")))?;
                 Ok(format!("slo.{k}_ms={ms:?}"))
             })
             .collect()
     }
 }
+
+/// A `--goodput` argument that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadSlo(pub String);
 
 /// Turns per-request timelines into [`RequestRecord`]s and a [`Summary`].
 /// Turns per-request timelines into [`RequestRecord`]s and folds each into the run's
@@ -909,7 +914,7 @@ mod tests {
         );
         for bad in ["ttft", "itl:5", "tpot:fast"] {
             let e = Slo::overrides(&[bad.into()]).unwrap_err();
-            assert!(e.contains(bad), "{e}");
+            assert!(e.0.contains(bad), "{e}");
         }
     }
 

@@ -249,11 +249,14 @@ fn trace_scenarios_refuse_what_does_not_fit_and_replay_their_rows() {
         assert!(e.reason.contains(reason), "{set:?}: {e}");
     }
     let too_many = parse(&["workload.num_requests=41"]).unwrap();
-    let e = Trace::of_scenario(&too_many, &path).unwrap_err();
+    let e = Trace::of_scenario(&too_many, &path)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("num_requests") && e.contains("40 rows"), "{e}");
     let missing = parse(&["workload.trace.path=\"no/such.csv\""]).unwrap();
     assert!(Trace::of_scenario(&missing, &path)
         .unwrap_err()
+        .to_string()
         .contains("no/such.csv"));
 
     let sc = parse(&[]).unwrap();

@@ -419,8 +419,7 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Command::Report(a) => {
-            let report = infer_reports::write_report(&a.runs, a.baseline.as_deref(), &a.out)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let report = infer_reports::write_report(&a.runs, a.baseline.as_deref(), &a.out)?;
             let _ = report;
             println!("wrote {}", a.out.join("report.md").display());
         }
@@ -491,7 +490,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     let mut opts = BenchOptions::new(&a.server, &a.scenario);
     opts.overrides = a.set;
     opts.overrides
-        .extend(infer_core::metrics::Slo::overrides(&a.goodput).map_err(anyhow::Error::msg)?);
+        .extend(infer_core::metrics::Slo::overrides(&a.goodput)?);
     opts.model = a.model;
     opts.progress = !a.no_progress;
     if let Some(path) = &a.tokenizer {

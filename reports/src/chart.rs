@@ -3,6 +3,7 @@
 //! Text is laid out with ab_glyph from the DejaVu Sans file shipped in `assets/` (Bitstream
 //! Vera license, beside it), so rendering needs no system fonts or fontconfig.
 
+use crate::error::ReportError;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
@@ -62,12 +63,15 @@ impl Figure {
     }
 
     /// Writes the PNG and the SVG into `dir`; returns their paths.
-    pub fn render(&self, dir: &Path) -> Result<[PathBuf; 2], String> {
+    pub fn render(&self, dir: &Path) -> Result<[PathBuf; 2], ReportError> {
         register_font();
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(ReportError::io(dir, "create"))?;
         let png = dir.join(format!("{}.png", self.name));
         let svg = dir.join(format!("{}.svg", self.name));
-        let err = |p: &Path, e: String| format!("{}: {e}", p.display());
+        let err = |p: &Path, reason: String| ReportError::Chart {
+            path: p.to_path_buf(),
+            reason,
+        };
         {
             let root = BitMapBackend::new(&png, self.size()).into_drawing_area();
             self.draw(&root).map_err(|e| err(&png, e))?;

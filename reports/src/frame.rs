@@ -3,6 +3,7 @@
 //! nothing more. The files are ours (`infer_core::metrics` writes them): one header line,
 //! comma-separated fields, text fields optionally double-quoted.
 
+use crate::error::ReportError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -45,6 +46,14 @@ pub struct Frame {
     columns: BTreeMap<String, Column>,
 }
 
+/// A CSV row (or the header) that does not fit the columns: its 1-based line and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {reason}")]
+pub struct BadRow {
+    pub line: usize,
+    pub reason: String,
+}
+
 impl Frame {
     pub fn empty() -> Frame {
         Frame::default()
@@ -52,13 +61,16 @@ impl Frame {
 
     /// Reads `path`; columns named in `kinds` are parsed as such (an unparsable cell is an
     /// error naming the line and column), others are kept as text.
-    pub fn read_csv(path: &Path, kinds: &[(&str, Kind)]) -> Result<Frame, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-        Frame::parse(&text, kinds).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn read_csv(path: &Path, kinds: &[(&str, Kind)]) -> Result<Frame, ReportError> {
+        let text = std::fs::read_to_string(path).map_err(ReportError::io(path, "read"))?;
+        Frame::parse(&text, kinds).map_err(|e| ReportError::Content {
+            path: path.to_path_buf(),
+            line: Some(e.line),
+            reason: e.reason,
+        })
     }
 
-    pub fn parse(text: &str, kinds: &[(&str, Kind)]) -> Result<Frame, String> {
+    pub fn parse(text: &str, kinds: &[(&str, Kind)]) -> Result<Frame, BadRow> {
         let mut lines = text.lines().enumerate().filter(|(_, l)| !l.is_empty());
         let Some((_, header)) = lines.next() else {
             return Ok(Frame::empty());
@@ -75,12 +87,10 @@ impl Frame {
         for (i, line) in lines {
             let fields = split_fields(line);
             if fields.len() != names.len() {
-                return Err(format!(
-                    "line {}: {} fields, the header has {}",
-                    i + 1,
-                    fields.len(),
-                    names.len()
-                ));
+                return Err(BadRow {
+                    line: i + 1,
+                    reason: format!("{} fields, the header has {}", fields.len(), names.len()),
+                });
             }
             for (c, f) in cells.iter_mut().zip(fields) {
                 c.push(f);
@@ -89,11 +99,9 @@ impl Frame {
         }
         let mut columns = BTreeMap::new();
         for (name, raw) in names.iter().zip(cells) {
-            let bad = |row: usize, cell: &str, what: &str| {
-                format!(
-                    "line {}: column {name}: `{cell}` is not {what}",
-                    row + 2 // the header is line 1
-                )
+            let bad = |row: usize, cell: &str, what: &str| BadRow {
+                line: row + 2, // the header is line 1
+                reason: format!("column {name}: `{cell}` is not {what}"),
             };
             let column = match kind_of(name) {
                 Kind::Number => Column::Number(
@@ -260,8 +268,10 @@ mod tests {
     #[test]
     fn bad_cells_and_ragged_rows_name_the_line() {
         let e = Frame::parse("x,ok,note\n1,maybe,\n", KINDS).unwrap_err();
-        assert!(e.contains("line 2") && e.contains("ok"), "{e}");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.reason.contains("column ok"), "{e}");
         let e = Frame::parse("x,ok,note\n1,true\n", KINDS).unwrap_err();
-        assert!(e.contains("line 2"), "{e}");
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.to_string().starts_with("line 2: 2 fields"), "{e}");
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod chart;
 pub mod compare;
+pub mod error;
 pub mod figures;
 pub mod frame;
 pub mod load;
@@ -20,6 +21,7 @@ pub mod run;
 pub mod tables;
 pub mod verify;
 
+pub use error::ReportError;
 pub use report::{write_report, Report};
 pub use run::Run;
 pub use verify::{predicted_vs_measured, write_verify_report, Verification};

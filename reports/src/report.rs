@@ -3,6 +3,7 @@
 //! every run of the baseline's scenario against it, with regressions flagged. `sim report` and `engine report` call
 //! [`write_report`].
 
+use crate::error::ReportError;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -29,7 +30,7 @@ pub fn write_report(
     dirs: &[PathBuf],
     baseline: Option<&Path>,
     out: &Path,
-) -> Result<Report, String> {
+) -> Result<Report, ReportError> {
     let mut runs = Vec::new();
     let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
     if let Some(b) = baseline {
@@ -45,11 +46,11 @@ pub fn write_report(
 }
 
 /// The report of loaded runs; `baseline` indexes `runs`.
-pub fn render(runs: &[Run], baseline: Option<usize>, out: &Path) -> Result<Report, String> {
+pub fn render(runs: &[Run], baseline: Option<usize>, out: &Path) -> Result<Report, ReportError> {
     if runs.is_empty() {
-        return Err("no runs to report".into());
+        return Err(ReportError::NoRuns);
     }
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: cannot create: {e}", out.display()))?;
+    std::fs::create_dir_all(out).map_err(ReportError::io(out, "create"))?;
     let all: Vec<&Run> = runs.iter().collect();
     let names = labels(&all);
     let charts_dir = out.join("charts");
@@ -179,7 +180,7 @@ pub fn render(runs: &[Run], baseline: Option<usize>, out: &Path) -> Result<Repor
     md += &baseline_md;
 
     let path = out.join("report.md");
-    std::fs::write(&path, md).map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+    std::fs::write(&path, md).map_err(ReportError::io(&path, "write"))?;
     Ok(Report {
         path,
         charts,

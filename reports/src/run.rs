@@ -1,6 +1,7 @@
 //! A run directory, loaded: `summary.json` as key → value, `run.json` (what produced it), and
 //! `requests.csv` / `timeseries.csv` as [`Frame`]s.
 
+use crate::error::ReportError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -25,23 +26,27 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn load(dir: impl AsRef<Path>) -> Result<Run, String> {
+    pub fn load(dir: impl AsRef<Path>) -> Result<Run, ReportError> {
         let dir = dir.as_ref().to_path_buf();
         let read = |name: &str| {
             let p = dir.join(name);
-            std::fs::read_to_string(&p).map_err(|e| format!("{}: cannot read: {e}", p.display()))
+            std::fs::read_to_string(&p).map_err(ReportError::io(p, "read"))
+        };
+        let not_json = |name: &str, e: serde_json::Error| ReportError::Content {
+            path: dir.join(name),
+            line: Some(e.line()),
+            reason: e.to_string(),
         };
         let summary: BTreeMap<String, serde_json::Value> =
             serde_json::from_str(&read("summary.json")?)
-                .map_err(|e| format!("{}/summary.json: {e}", dir.display()))?;
+                .map_err(|e| not_json("summary.json", e))?;
         let summary = summary
             .into_iter()
             .filter_map(|(k, v)| v.as_f64().map(|v| (k, v)))
             .collect();
         let info = match dir.join("run.json").exists() {
             true => Some(
-                serde_json::from_str(&read("run.json")?)
-                    .map_err(|e| format!("{}/run.json: {e}", dir.display()))?,
+                serde_json::from_str(&read("run.json")?).map_err(|e| not_json("run.json", e))?,
             ),
             false => None,
         };

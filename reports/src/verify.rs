@@ -1,6 +1,7 @@
 //! Predicted vs measured: a simulator run against an engine run of the same scenario. Both
 //! drive the same core, so the errors here measure the cost model.
 
+use crate::error::ReportError;
 use std::path::{Path, PathBuf};
 
 use crate::chart::Figure;
@@ -148,7 +149,7 @@ pub fn write_verify_report(
     predicted: &Path,
     measured: &Path,
     out: &Path,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, ReportError> {
     let (p, m) = (Run::load(predicted)?, Run::load(measured)?);
     let v = predicted_vs_measured(&p, &m);
     let mut md = format!(
@@ -169,7 +170,7 @@ pub fn write_verify_report(
         }
     }
     let path = out.join("verify.md");
-    std::fs::write(&path, md).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(&path, md).map_err(ReportError::io(&path, "write"))?;
     Ok(path)
 }
 

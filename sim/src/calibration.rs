@@ -32,6 +32,7 @@
 //! otherwise generic coefficients of a vLLM-class server. `[sim]` keys override single
 //! values on top.
 
+use crate::error::SimError;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -158,11 +159,15 @@ const SHIPPED: [(&str, &str); 1] = [(
 
 impl CalibrationFile {
     /// Parse and check a calibration file; errors name the file and the key.
-    pub fn parse(file: &str, text: &str) -> Result<CalibrationFile, String> {
+    pub fn parse(file: &str, text: &str) -> Result<CalibrationFile, SimError> {
         let f: CalibrationFile =
-            toml::from_str(text).map_err(|e| format!("{file}: {}", e.to_string().trim_end()))?;
+            toml::from_str(text).map_err(|e| SimError::content(file, e.to_string().trim_end()))?;
         for (name, c) in &f.models {
-            let at = |key: &str, why: String| format!("{file}: key `models.{name}.{key}`: {why}");
+            let at = |key: &str, reason: String| SimError::Key {
+                file: file.to_string(),
+                key: format!("models.{name}.{key}"),
+                reason,
+            };
             for (key, v) in [
                 ("compute_efficiency", c.compute_efficiency),
                 ("attention_efficiency", c.attention_efficiency),
@@ -187,9 +192,11 @@ impl CalibrationFile {
         }
         if let Some(v) = f.mechanisms.spill_bandwidth_gb_s {
             if !(v > 0.0 && v.is_finite()) {
-                return Err(format!(
-                    "{file}: key `mechanisms.spill_bandwidth_gb_s`: must be > 0 GB/s, got {v}"
-                ));
+                return Err(SimError::Key {
+                    file: file.to_string(),
+                    key: "mechanisms.spill_bandwidth_gb_s".into(),
+                    reason: format!("must be > 0 GB/s, got {v}"),
+                });
             }
         }
         Ok(f)
@@ -201,18 +208,21 @@ impl CalibrationFile {
         file: &str,
         hw: &HardwareSpec,
         model: &ModelSpec,
-    ) -> Result<Calibration, String> {
+    ) -> Result<Calibration, SimError> {
         if self.hardware != hw.name {
-            return Err(format!(
-                "{file} calibrates hardware `{}`, not `{}`",
-                self.hardware, hw.name
+            return Err(SimError::content(
+                file,
+                format!("calibrates hardware `{}`, not `{}`", self.hardware, hw.name),
             ));
         }
         let c = self.models.get(model.name).ok_or_else(|| {
-            format!(
-                "{file} has no model `{}` (it has: {})",
-                model.name,
-                self.models.keys().cloned().collect::<Vec<_>>().join(", ")
+            SimError::content(
+                file,
+                format!(
+                    "has no model `{}` (it has: {})",
+                    model.name,
+                    self.models.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
             )
         })?;
         let mut cal = Calibration::default_for(hw).with(&self.mechanisms, c);
@@ -299,7 +309,7 @@ impl Calibration {
     }
 
     /// The calibration for a pair: from the shipped file that lists it, else the defaults.
-    pub fn for_pair(hw: &HardwareSpec, model: &ModelSpec) -> Result<Calibration, String> {
+    pub fn for_pair(hw: &HardwareSpec, model: &ModelSpec) -> Result<Calibration, SimError> {
         for (name, text) in SHIPPED {
             let f = CalibrationFile::parse(name, text)?;
             if f.hardware == hw.name && f.models.contains_key(model.name) {
@@ -365,21 +375,26 @@ mod tests {
         let c = again.calibration("again.toml", &hw, &llama).unwrap();
         assert_eq!(Coefficients::of(&c), f.models["llama-3.2-3b"]);
         let bad = text.replace("compute_efficiency = ", "compute_efficiency = 1");
-        let e = CalibrationFile::parse("bad.toml", &bad).unwrap_err();
+        let e = CalibrationFile::parse("bad.toml", &bad)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("bad.toml") && e.contains("compute_efficiency"),
             "{e}"
         );
         let e = CalibrationFile::parse("x.toml", "hardware = \"rtx-5080\"\nbogus = 1\n[models]\n")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("x.toml") && e.contains("bogus"), "{e}");
         let e = f
             .calibration(name, &find_hardware("l4").unwrap(), &llama)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("rtx-5080") && e.contains("l4"), "{e}");
         let e = f
             .calibration(name, &hw, &find_model("llama-3.1-8b").unwrap())
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("llama-3.1-8b") && e.contains("qwen3-4b"), "{e}");
     }
 

@@ -5,6 +5,7 @@
 //! the Hugging Face hub. Everything derived (parameter count, FLOPs and KV bytes per token)
 //! is computed here from those fields, so a reader can check each number by hand.
 
+use crate::error::SimError;
 use std::fmt;
 
 const GB: f64 = 1e9;
@@ -406,22 +407,26 @@ pub fn find_model(name: &str) -> Result<ModelSpec, UnknownName> {
 /// decoder-only, gated MLP, grouped-query attention; priced as bf16 weights and KV, as
 /// `engine serve --dtype bf16` runs it). A directory's model is named by its last path
 /// component, which is what calibration files key it by.
-pub fn resolve_model(name: &str) -> Result<ModelSpec, String> {
+pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     let dir = std::path::Path::new(name);
     if !dir.join("config.json").is_file() {
-        return find_model(name)
-            .map_err(|e| format!("{e}; or a model directory with a config.json (none at {name})"));
+        return find_model(name).map_err(|e| {
+            SimError::Invalid(format!(
+                "{e}; or a model directory with a config.json (none at {name})"
+            ))
+        });
     }
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    let c: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-    let field = |key: &str| -> Result<usize, String> {
+    let text = std::fs::read_to_string(&path).map_err(SimError::io(&path, "read"))?;
+    let c: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| SimError::content(path.display(), format!("not JSON: {e}")))?;
+    let field = |key: &str| -> Result<usize, SimError> {
         c.get(key)
             .and_then(|v| v.as_u64())
             .map(|v| v as usize)
-            .ok_or_else(|| format!("{}: `{key}` missing or not a count", path.display()))
+            .ok_or_else(|| {
+                SimError::content(path.display(), format!("`{key}` missing or not a count"))
+            })
     };
     let (hidden, heads) = (field("hidden_size")?, field("num_attention_heads")?);
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };

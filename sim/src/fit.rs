@@ -15,6 +15,7 @@
 //! fit takes seconds. The engine's mechanisms (padded prefill, logits) are given, or
 //! searched over: each combination is fitted and the best kept.
 
+use crate::error::SimError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -87,19 +88,20 @@ struct PublishedRun {
 }
 
 /// The targets of a published-figures file.
-pub fn load_published(path: &str) -> Result<Vec<Target>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"))?;
+pub fn load_published(path: &str) -> Result<Vec<Target>, SimError> {
+    let text = std::fs::read_to_string(path).map_err(SimError::io(path, "read"))?;
     let file: PublishedFile =
-        toml::from_str(&text).map_err(|e| format!("{path}: {}", e.to_string().trim_end()))?;
+        toml::from_str(&text).map_err(|e| SimError::content(path, e.to_string().trim_end()))?;
     let dir = Path::new(path).parent().unwrap_or(Path::new("."));
     file.run
         .into_iter()
         .map(|r| {
             let scenario = dir.join(&r.scenario).display().to_string();
-            let setup = setup::load(&scenario, &r.set)
-                .map_err(|e| format!("{path}: run `{}`: {e}", r.label))?;
-            let measured = measured_figures(r.measured.into_iter())
-                .map_err(|e| format!("{path}: run `{}`: {e}", r.label))?;
+            let in_run = |e: &dyn std::fmt::Display| {
+                SimError::content(path, format!("run `{}`: {e}", r.label))
+            };
+            let setup = setup::load(&scenario, &r.set).map_err(|e| in_run(&e))?;
+            let measured = measured_figures(r.measured.into_iter()).map_err(|e| in_run(&e))?;
             Ok(Target {
                 label: r.label,
                 setup,
@@ -111,25 +113,26 @@ pub fn load_published(path: &str) -> Result<Vec<Target>, String> {
 }
 
 /// A run directory as a target: its `scenario.toml` simulated, its `summary.json` measured.
-pub fn load_run_dir(dir: &str, held_out: bool) -> Result<Target, String> {
+pub fn load_run_dir(dir: &str, held_out: bool) -> Result<Target, SimError> {
     let path = Path::new(dir);
     let scenario = path.join("scenario.toml");
     if !scenario.exists() {
-        return Err(format!(
-            "{dir}: no scenario.toml (run directories written before it was kept cannot be \
-             simulated again; run the load again)"
+        return Err(SimError::content(
+            dir,
+            "no scenario.toml (run directories written before it was kept cannot be \
+             simulated again; run the load again)",
         ));
     }
     let setup = setup::load(&scenario.display().to_string(), &[])?;
     let summary = path.join("summary.json");
-    let text = std::fs::read_to_string(&summary)
-        .map_err(|e| format!("{}: cannot read: {e}", summary.display()))?;
+    let text = std::fs::read_to_string(&summary).map_err(SimError::io(&summary, "read"))?;
     let json: BTreeMap<String, serde_json::Value> = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: not a summary: {e}", summary.display()))?;
+        .map_err(|e| SimError::content(summary.display(), format!("not a summary: {e}")))?;
     let figures = json
         .into_iter()
         .filter_map(|(k, v)| v.as_f64().map(|v| (k, v)));
-    let measured = measured_figures(figures).map_err(|e| format!("{}: {e}", summary.display()))?;
+    let measured =
+        measured_figures(figures).map_err(|e| SimError::content(summary.display(), e))?;
     Ok(Target {
         label: dir.trim_end_matches('/').to_string(),
         setup,
@@ -142,22 +145,24 @@ pub fn load_run_dir(dir: &str, held_out: bool) -> Result<Target, String> {
 /// values that are not positive.
 fn measured_figures(
     figures: impl Iterator<Item = (String, f64)>,
-) -> Result<Vec<(String, f64)>, String> {
+) -> Result<Vec<(String, f64)>, SimError> {
     let all: BTreeMap<String, f64> = figures.collect();
     let mut out = Vec::new();
     for m in FIT_METRICS {
         if let Some(&v) = all.get(m) {
             if !(v > 0.0 && v.is_finite()) {
-                return Err(format!("`{m}` must be a positive number, got {v}"));
+                return Err(SimError::Invalid(format!(
+                    "`{m}` must be a positive number, got {v}"
+                )));
             }
             out.push((m.to_string(), v));
         }
     }
     if out.is_empty() {
-        return Err(format!(
+        return Err(SimError::Invalid(format!(
             "no figure to fit: expected some of {}",
             FIT_METRICS.join(", ")
-        ));
+        )));
     }
     Ok(out)
 }
@@ -201,16 +206,16 @@ impl Param {
         }
     }
 
-    pub fn parse(s: &str) -> Result<Param, String> {
+    pub fn parse(s: &str) -> Result<Param, SimError> {
         Param::ALL
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = Param::ALL.iter().map(|p| p.name()).collect();
-                format!(
+                SimError::Invalid(format!(
                     "unknown parameter `{s}`; expected one of {}",
                     names.join(", ")
-                )
+                ))
             })
     }
 
@@ -413,19 +418,19 @@ pub fn fit_all(
     targets: &mut [Target],
     mechanisms: &Mechanisms,
     params: &[Param],
-) -> Result<Fit, String> {
+) -> Result<Fit, SimError> {
     let hardware = match targets.first() {
         Some(t) => t.setup.hardware.clone(),
-        None => return Err("no targets to fit".into()),
+        None => return Err(SimError::Invalid("no targets to fit".into())),
     };
     if let Some(t) = targets
         .iter()
         .find(|t| t.setup.hardware.name != hardware.name)
     {
-        return Err(format!(
+        return Err(SimError::Invalid(format!(
             "`{}` runs on {}, the others on {}: one calibration file is for one GPU",
             t.label, t.setup.hardware.name, hardware.name
-        ));
+        )));
     }
     let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
     names.sort_unstable();
@@ -434,9 +439,9 @@ pub fn fit_all(
     for name in names {
         let mut mine: Vec<&mut Target> = targets.iter_mut().filter(|t| t.model() == name).collect();
         if mine.iter().all(|t| t.held_out) {
-            return Err(format!(
+            return Err(SimError::Invalid(format!(
                 "every target of {name} is held out: nothing to fit"
-            ));
+            )));
         }
         // Two starts, the generic defaults and a host-bound engine (a Python server), so
         // that a local minimum of one is not the answer when the other does better.
@@ -702,17 +707,22 @@ mod tests {
             &[Param::StepOverhead],
         )
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(e.contains("held out"), "{e}");
     }
 
     #[test]
     fn bad_figures_and_parameters_are_refused_by_name() {
-        let e = measured_figures([("median_ttft_ms".to_string(), -1.0)].into_iter()).unwrap_err();
+        let e = measured_figures([("median_ttft_ms".to_string(), -1.0)].into_iter())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("median_ttft_ms"), "{e}");
-        let e = measured_figures([("bogus".to_string(), 1.0)].into_iter()).unwrap_err();
+        let e = measured_figures([("bogus".to_string(), 1.0)].into_iter())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no figure"), "{e}");
-        let e = Param::parse("speed").unwrap_err();
+        let e = Param::parse("speed").unwrap_err().to_string();
         assert!(e.contains("per_seq_overhead_s"), "{e}");
     }
 }

@@ -6,6 +6,7 @@
 //! * [`memory`]: the start-up memory plan (weights + KV pool + activations) and each
 //!   replica's activation peak;
 //! * [`cost`]: the cost-model trait, the analytic roofline and the profiled fit;
+//! * [`error`]: what can go wrong, naming the file and key to fix;
 //! * [`calibration`]: the analytic model's coefficients and the engine's mechanisms, read
 //!   from calibration files;
 //! * [`fit`]: `sim calibrate`, fitting calibration files to measured runs;
@@ -19,6 +20,7 @@
 pub mod calibration;
 pub mod catalog;
 pub mod cost;
+pub mod error;
 pub mod fit;
 pub mod memory;
 pub mod output;
@@ -28,5 +30,6 @@ pub mod simulate;
 pub mod stages;
 pub mod sweep;
 
+pub use error::SimError;
 pub use setup::{load, prepare, Setup};
 pub use simulate::{run, run_collect, run_with, Rows, RunSink, RunStats, SimResult};

@@ -13,6 +13,7 @@
 //! ```
 
 use infer_core::metrics::RunInfo;
+use infer_sim::SimError;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -136,7 +137,7 @@ fn main() -> ExitCode {
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sim: {e}");
+            eprintln!("sim: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -147,7 +148,7 @@ fn overrides(
     mut set: Vec<String>,
     seed: Option<u64>,
     goodput: &[String],
-) -> Result<Vec<String>, String> {
+) -> anyhow::Result<Vec<String>> {
     if let Some(s) = seed {
         set.push(format!("workload.seed={s}"));
     }
@@ -155,7 +156,7 @@ fn overrides(
     Ok(set)
 }
 
-fn real_main(cli: Cli) -> Result<(), String> {
+fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Catalog => {
             print!("{}", catalog::render());
@@ -193,7 +194,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
             };
             if let Some(v) = spill_bandwidth_gb_s {
                 if !(v > 0.0 && v.is_finite()) {
-                    return Err(format!("--spill-bandwidth-gb-s must be > 0, got {v}"));
+                    anyhow::bail!("--spill-bandwidth-gb-s must be > 0, got {v}");
                 }
             }
             let given = calibration::Mechanisms {
@@ -240,8 +241,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
                     out.display(),
                     best.file(&engine, &source).to_toml()
                 );
-                std::fs::write(&out, text)
-                    .map_err(|e| format!("{}: cannot write: {e}", out.display()))?;
+                std::fs::write(&out, text).map_err(SimError::io(&out, "write"))?;
                 println!("calibration file: {}", out.display());
             }
             Ok(())
@@ -295,8 +295,8 @@ fn real_main(cli: Cli) -> Result<(), String> {
             threads,
             quiet,
         } => {
-            let text = std::fs::read_to_string(&scenario)
-                .map_err(|e| format!("{scenario}: cannot read: {e}"))?;
+            let text =
+                std::fs::read_to_string(&scenario).map_err(SimError::io(&scenario, "read"))?;
             let axes = vary
                 .iter()
                 .map(|v| sweep::parse_axis(v))
@@ -305,8 +305,7 @@ fn real_main(cli: Cli) -> Result<(), String> {
             // Fail fast on a scenario that is wrong at every point.
             let first = infer_sim::prepare(
                 &scenario,
-                infer_core::workload::Scenario::parse(&scenario, &text, &base)
-                    .map_err(|e| e.to_string())?,
+                infer_core::workload::Scenario::parse(&scenario, &text, &base)?,
             )?;
             let threads = threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -314,11 +313,10 @@ fn real_main(cli: Cli) -> Result<(), String> {
             let dir = out.unwrap_or_else(|| {
                 output::default_run_dir(&format!("{}-sweep", first.scenario.name))
             });
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir).map_err(SimError::io(&dir, "create"))?;
             let path = dir.join("sweep.csv");
             std::fs::write(&path, sweep::csv(&axes, &points))
-                .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+                .map_err(SimError::io(&path, "write"))?;
             if !quiet {
                 print!("{}", sweep::table(&axes, &points));
             }

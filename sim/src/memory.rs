@@ -96,19 +96,24 @@ impl ActivationPeak {
     }
 }
 
+/// Why a configuration cannot start: what does not fit where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DoesNotFit(pub String);
+
 /// Plan memory for `cfg` serving `model` on `hw`, or say why it cannot start.
 pub fn plan(
     hw: &HardwareSpec,
     model: &ModelSpec,
     cfg: &SchedulerConfig,
-) -> Result<MemoryPlan, String> {
+) -> Result<MemoryPlan, DoesNotFit> {
     let capacity_tokens = cfg.num_gpu_blocks * cfg.block_size;
     if capacity_tokens < cfg.max_model_len {
-        return Err(format!(
+        return Err(DoesNotFit(format!(
             "the KV pool of {} blocks x {} tokens = {} tokens cannot hold one sequence of \
              max_model_len {} tokens",
             cfg.num_gpu_blocks, cfg.block_size, capacity_tokens, cfg.max_model_len
-        ));
+        )));
     }
     let tp = model.tp as f64;
     let weights = model.weight_bytes() / tp;
@@ -124,7 +129,7 @@ pub fn plan(
     let activations = step_tokens as f64 * model.activation_bytes_per_token() / tp
         + (cfg.max_batch_size * model.vocab) as f64 * 4.0;
     if weights + kv_pool > usable {
-        return Err(format!(
+        return Err(DoesNotFit(format!(
             "{} on {} does not fit: weights {:.2} GiB + KV pool {:.2} GiB ({} blocks) = {:.2} \
              GiB, but only {:.2} GiB of {:.2} GiB is usable",
             model.name,
@@ -135,7 +140,7 @@ pub fn plan(
             (weights + kv_pool) / GIB,
             usable / GIB,
             hw.memory_bytes / GIB
-        ));
+        )));
     }
     let spill = (weights + kv_pool + activations - usable).max(0.0);
     Ok(MemoryPlan {
@@ -209,13 +214,16 @@ mod tests {
             &find_model("llama-3.1-8b").unwrap(),
             &cfg(24, 8192, true),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("does not fit") && e.contains("GiB"), "{e}");
         let small = SchedulerConfig {
             num_gpu_blocks: 100,
             ..cfg(8, 100, true)
         };
-        let e = plan(&hw, &find_model("llama-3.2-3b").unwrap(), &small).unwrap_err();
+        let e = plan(&hw, &find_model("llama-3.2-3b").unwrap(), &small)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("1600 tokens") && e.contains("4096"), "{e}");
         let contiguous = SchedulerConfig {
             kv_cache_backend: KvBackend::Contiguous,

@@ -1,6 +1,7 @@
 //! Run directories (summary.json, requests.csv, timeseries.csv, run.json, scenario.toml)
 //! and console text.
 
+use crate::error::SimError;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write as _};
@@ -37,22 +38,21 @@ pub struct RunDirWriter {
     requests: RequestsCsvWriter<BufWriter<File>>,
     timeseries: BufWriter<File>,
     /// The first write error; a failing disk must not stop the run, it fails `finish`.
-    error: Option<String>,
+    error: Option<SimError>,
 }
 
 impl RunDirWriter {
     /// Create `dir` (and parents) and open its streamed files.
-    pub fn create(dir: &Path) -> Result<Self, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("{}: cannot create: {e}", dir.display()))?;
+    pub fn create(dir: &Path) -> Result<Self, SimError> {
+        std::fs::create_dir_all(dir).map_err(SimError::io(dir, "create"))?;
         let open = |name: &str| {
             let p = dir.join(name);
             File::create(&p)
                 .map(BufWriter::new)
-                .map_err(|e| format!("{}: cannot write: {e}", p.display()))
+                .map_err(SimError::io(p, "write"))
         };
         let requests = RequestsCsvWriter::new(open("requests.csv")?)
-            .map_err(|e| format!("{}: cannot write: {e}", dir.join("requests.csv").display()))?;
+            .map_err(SimError::io(dir.join("requests.csv"), "write"))?;
         let mut timeseries = open("timeseries.csv")?;
         let header = writeln!(timeseries, "{}", TimePoint::CSV_HEADER);
         let mut w = RunDirWriter {
@@ -67,15 +67,12 @@ impl RunDirWriter {
 
     fn note(&mut self, file: &str, r: std::io::Result<()>) {
         if let (Err(e), None) = (r, &self.error) {
-            self.error = Some(format!(
-                "{}: cannot write: {e}",
-                self.dir.join(file).display()
-            ));
+            self.error = Some(SimError::io(self.dir.join(file), "write")(e));
         }
     }
 
     /// Write the summary and run.json, and flush the streamed files.
-    pub fn finish(self, summary: &Summary, info: &RunInfo) -> Result<(), String> {
+    pub fn finish(self, summary: &Summary, info: &RunInfo) -> Result<(), SimError> {
         let RunDirWriter {
             dir,
             requests,
@@ -85,9 +82,7 @@ impl RunDirWriter {
         if let Some(e) = error {
             return Err(e);
         }
-        let failed = |name: &str, e: std::io::Error| {
-            format!("{}: cannot write: {e}", dir.join(name).display())
-        };
+        let failed = |name: &str, e: std::io::Error| SimError::io(dir.join(name), "write")(e);
         requests.finish().map_err(|e| failed("requests.csv", e))?;
         timeseries
             .flush()
@@ -95,15 +90,16 @@ impl RunDirWriter {
         let write = |name: &str, text: String| {
             std::fs::write(dir.join(name), text).map_err(|e| failed(name, e))
         };
-        let json =
-            serde_json::to_string_pretty(summary).map_err(|e| format!("summary.json: {e}"))?;
+        let json = serde_json::to_string_pretty(summary)
+            .map_err(|e| SimError::content(dir.join("summary.json").display(), e))?;
         write("summary.json", json + "\n")?;
         if !info.scenario_toml.is_empty() {
             let header =
                 "# The scenario of this run, overrides applied (`sim calibrate` runs it again).\n";
             write("scenario.toml", format!("{header}{}", info.scenario_toml))?;
         }
-        let info = serde_json::to_string_pretty(info).map_err(|e| format!("run.json: {e}"))?;
+        let info = serde_json::to_string_pretty(info)
+            .map_err(|e| SimError::content(dir.join("run.json").display(), e))?;
         write("run.json", info + "\n")
     }
 }
@@ -127,7 +123,7 @@ pub fn write_run_files(
     records: &[RequestRecord],
     timeseries: &[TimePoint],
     info: &RunInfo,
-) -> Result<(), String> {
+) -> Result<(), SimError> {
     let mut w = RunDirWriter::create(dir)?;
     for r in records {
         w.request(r.clone());

@@ -4,11 +4,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use infer_core::workload::Scenario;
+use infer_core::workload::{Scenario, ScenarioError};
 
 use crate::calibration::{Calibration, CalibrationFile};
 use crate::catalog::{find_hardware, resolve_model, HardwareSpec, ModelSpec};
 use crate::cost::{Analytic, CostModel, Profiled};
+use crate::error::SimError;
 use crate::memory::{self, MemoryPlan};
 use crate::settings::{CostModelKind, SimSettings};
 
@@ -42,24 +43,29 @@ impl Setup {
 }
 
 /// Read and parse a scenario file (errors name the file).
-pub fn load(path: &str, overrides: &[String]) -> Result<Setup, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: cannot read: {e}"))?;
-    let scenario = Scenario::parse(path, &text, overrides).map_err(|e| e.to_string())?;
+pub fn load(path: &str, overrides: &[String]) -> Result<Setup, SimError> {
+    let text = std::fs::read_to_string(path).map_err(SimError::io(path, "read"))?;
+    let scenario = Scenario::parse(path, &text, overrides)?;
     prepare(path, scenario)
 }
 
-pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
-    let at = |key: &str, reason: String| format!("{file}: key `{key}`: {reason}");
+pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
+    let at = |key: &str, reason: String| ScenarioError {
+        file: file.to_string(),
+        key: key.to_string(),
+        reason,
+    };
     let settings = SimSettings::from_scenario(&scenario).map_err(|(k, r)| at(&k, r))?;
     let mut hardware = find_hardware(&scenario.server.hardware)
         .map_err(|e| at("server.hardware", e.to_string()))?;
     if let Some(gib) = settings.reserved_gib {
         hardware.reserved_bytes = gib * 1024.0 * 1024.0 * 1024.0;
     }
-    let model = resolve_model(&scenario.server.model).map_err(|e| at("server.model", e))?;
+    let model =
+        resolve_model(&scenario.server.model).map_err(|e| at("server.model", e.to_string()))?;
     let cfg = scenario.server.scheduler_config();
     let memory =
-        memory::plan(&hardware, &model, &cfg).map_err(|r| at("server.num_gpu_blocks", r))?;
+        memory::plan(&hardware, &model, &cfg).map_err(|r| at("server.num_gpu_blocks", r.0))?;
     let mut warnings: Vec<String> = memory.warning().into_iter().collect();
 
     let mut cal = match &settings.calibration {
@@ -67,12 +73,13 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, String> {
             let path = resolve(p, file);
             let name = path.display().to_string();
             std::fs::read_to_string(&path)
-                .map_err(|e| format!("{name}: cannot read: {e}"))
+                .map_err(SimError::io(&path, "read"))
                 .and_then(|text| CalibrationFile::parse(&name, &text))
                 .and_then(|f| f.calibration(&name, &hardware, &model))
-                .map_err(|r| at("sim.calibration", r))?
+                .map_err(|r| at("sim.calibration", r.to_string()))?
         }
-        None => Calibration::for_pair(&hardware, &model).map_err(|r| at("server.model", r))?,
+        None => Calibration::for_pair(&hardware, &model)
+            .map_err(|r| at("server.model", r.to_string()))?,
     };
     apply_overrides(&mut cal, &settings);
     let cost: Arc<dyn CostModel> = match settings.cost_model {

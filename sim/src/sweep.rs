@@ -1,5 +1,6 @@
 //! Sweeps: the grid of `--vary key=v1,v2,…` axes, run in parallel on std threads.
 
+use crate::error::SimError;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,10 +19,10 @@ pub struct Axis {
 }
 
 /// Parse `key=v1,v2,…`; commas inside brackets, braces or quotes do not split.
-pub fn parse_axis(s: &str) -> Result<Axis, String> {
+pub fn parse_axis(s: &str) -> Result<Axis, SimError> {
     let (key, values) = s
         .split_once('=')
-        .ok_or_else(|| format!("--vary `{s}`: expected key=v1,v2,…"))?;
+        .ok_or_else(|| SimError::Invalid(format!("--vary `{s}`: expected key=v1,v2,…")))?;
     let mut out = Vec::new();
     let (mut depth, mut quoted, mut cur) = (0i32, false, String::new());
     for c in values.chars() {
@@ -39,7 +40,9 @@ pub fn parse_axis(s: &str) -> Result<Axis, String> {
     }
     out.push(cur.trim().to_string());
     if key.trim().is_empty() || out.iter().any(|v| v.is_empty()) {
-        return Err(format!("--vary `{s}`: empty key or value"));
+        return Err(SimError::Invalid(format!(
+            "--vary `{s}`: empty key or value"
+        )));
     }
     Ok(Axis {
         key: key.trim().to_string(),
@@ -66,10 +69,10 @@ pub fn grid(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
 }
 
 /// One grid point's outcome.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Point {
     pub assignment: Vec<(String, String)>,
-    pub outcome: Result<(Summary, RunStats), String>,
+    pub outcome: Result<(Summary, RunStats), SimError>,
 }
 
 /// Run every point of the grid over `threads` workers; `progress` draws a bar on stderr.
@@ -85,7 +88,7 @@ pub fn run(
     let total = points.len();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Point>>> = Mutex::new(vec![None; total]);
+    let results: Mutex<Vec<Option<Point>>> = Mutex::new((0..total).map(|_| None).collect());
     let draw = |n: usize| {
         if progress {
             let width = 30;
@@ -110,7 +113,7 @@ pub fn run(
                 let mut overrides = base.to_vec();
                 overrides.extend(assignment.iter().map(|(k, v)| format!("{k}={v}")));
                 let outcome = Scenario::parse(file, text, &overrides)
-                    .map_err(|e| e.to_string())
+                    .map_err(SimError::from)
                     .and_then(|sc| crate::setup::prepare(file, sc))
                     .map(|setup| {
                         let r = crate::simulate::run(&setup);
@@ -195,7 +198,7 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
             }
             Err(e) => {
                 row.extend(COLUMNS.iter().map(|_| String::new()));
-                row.push(csv_field(e));
+                row.push(csv_field(&e.to_string()));
             }
         }
         let _ = writeln!(s, "{}", row.join(","));

@@ -2,6 +2,7 @@
 //! however long it turns out to be. With a 32,768-token budget and max_model_len 4,096 that
 //! is 8 slots — the benchmark log's Phase 4/5 limit.
 
+use super::BrokenInvariant;
 use super::{BlockId, KvManager, PrefixMatch, SeqKv};
 
 #[derive(Debug, Clone)]
@@ -82,18 +83,20 @@ impl KvManager for ContiguousKv {
         usize::from(self.held[block as usize])
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), BrokenInvariant> {
         let mut listed = vec![false; self.num_slots];
         for &s in &self.free {
             if std::mem::replace(&mut listed[s as usize], true) {
-                return Err(format!("slot {s} is free twice"));
+                return Err(BrokenInvariant(format!("slot {s} is free twice")));
             }
             if self.held[s as usize] {
-                return Err(format!("slot {s} is both free and held"));
+                return Err(BrokenInvariant(format!("slot {s} is both free and held")));
             }
         }
         if let Some(s) = (0..self.num_slots).find(|&s| !listed[s] && !self.held[s]) {
-            return Err(format!("slot {s} is neither free nor held"));
+            return Err(BrokenInvariant(format!(
+                "slot {s} is neither free nor held"
+            )));
         }
         Ok(())
     }
@@ -120,9 +123,9 @@ mod tests {
         assert_eq!(kv.total_refs(), 8);
         let mut bad = kv.clone();
         bad.free.push(seqs[0].blocks[0]);
-        assert!(bad.check().unwrap_err().contains("both free and held"));
+        assert!(bad.check().unwrap_err().0.contains("both free and held"));
         let mut bad = kv.clone();
         bad.held[seqs[1].blocks[0] as usize] = false;
-        assert!(bad.check().unwrap_err().contains("neither"));
+        assert!(bad.check().unwrap_err().0.contains("neither"));
     }
 }

@@ -42,6 +42,11 @@ impl PrefixMatch {
     }
 }
 
+/// A broken invariant of the KV manager or the scheduler: a bug, described.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BrokenInvariant(pub String);
+
 /// The KV-memory policy the scheduler drives. All methods are deterministic.
 pub trait KvManager {
     /// Tokens per block (`max_model_len` for contiguous slots).
@@ -77,7 +82,7 @@ pub trait KvManager {
     /// from another count: a block is free exactly when nobody references it, the free
     /// records agree with each other, and (prefix caching) the cache index agrees with the
     /// blocks registered in it.
-    fn check(&self) -> Result<(), String>;
+    fn check(&self) -> Result<(), BrokenInvariant>;
     /// How many of these chained block hashes, from the first, are cached here
     /// (precise-prefix routing reads this).
     fn cached_prefix_blocks(&self, _hashes: &[u64]) -> usize {

@@ -13,6 +13,7 @@
 //! once (vLLM trusts one hash); the index is one 16-byte table entry per block, which
 //! keeps a lookup to one memory access (a cluster simulation holds hundreds of these pools).
 
+use super::BrokenInvariant;
 use rustc_hash::FxHashMap;
 
 use super::events::EventLog;
@@ -228,45 +229,47 @@ impl KvManager for PagedKv {
         self.refs[block as usize] as usize
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), BrokenInvariant> {
         let walked = self.free.walk();
         if walked.len() != self.free.len() {
-            return Err(format!(
+            return Err(BrokenInvariant(format!(
                 "the free queue links {} blocks but counts {}",
                 walked.len(),
                 self.free.len()
-            ));
+            )));
         }
         let mut queued = vec![false; self.num_blocks];
         for &b in &walked {
             if std::mem::replace(&mut queued[b as usize], true) {
-                return Err(format!("block {b} is in the free queue twice"));
+                return Err(BrokenInvariant(format!(
+                    "block {b} is in the free queue twice"
+                )));
             }
         }
         for (b, &q) in queued.iter().enumerate() {
             let r = self.refs[b];
             if (r == 0) != q || self.free.contains(b as BlockId) != q {
-                return Err(format!(
+                return Err(BrokenInvariant(format!(
                     "block {b}: {r} references but {}in the free queue",
                     if q { "" } else { "not " }
-                ));
+                )));
             }
         }
         if self.prefix_caching {
             for (&h, e) in &self.cached {
                 let b = e.block;
                 if self.block_hash[b as usize] != Some(h) {
-                    return Err(format!(
+                    return Err(BrokenInvariant(format!(
                         "cache entry {h:x} points at block {b}, which is not registered under it"
-                    ));
+                    )));
                 }
             }
             let registered = self.block_hash.iter().flatten().count();
             if registered != self.cached.len() {
-                return Err(format!(
+                return Err(BrokenInvariant(format!(
                     "{registered} blocks registered but {} cache entries",
                     self.cached.len()
-                ));
+                )));
             }
         }
         Ok(())
@@ -413,7 +416,7 @@ mod tests {
         kv.check().unwrap();
         let mut bad = kv.clone();
         bad.refs[a.blocks[0] as usize] = 0; // held, yet not in the free queue
-        assert!(bad.check().unwrap_err().contains("references"));
+        assert!(bad.check().unwrap_err().0.contains("references"));
         let mut bad = kv.clone();
         bad.free.push_back(a.blocks[1]); // in the free queue, yet referenced
         assert!(bad.check().is_err());

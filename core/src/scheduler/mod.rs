@@ -18,6 +18,7 @@ mod config;
 mod plan;
 mod shape;
 
+use crate::kv::BrokenInvariant;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -687,7 +688,7 @@ impl Scheduler {
     }
 
     /// Check the invariants of DESIGN.md that are visible from here (tests call this).
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), BrokenInvariant> {
         let kv = self.kv.as_ref();
         kv.check()?;
         // Every block's references are exactly the tables that hold it: a block one
@@ -700,40 +701,48 @@ impl Scheduler {
         }
         for (b, &n) in owners.iter().enumerate() {
             if kv.refs(b as BlockId) != n {
-                return Err(format!(
+                return Err(BrokenInvariant(format!(
                     "block {b}: {} references but {n} tables hold it",
                     kv.refs(b as BlockId)
-                ));
+                )));
             }
         }
         // free + used = total, each counted on its own side.
         let used = owners.iter().filter(|&&n| n > 0).count();
         if used + kv.num_free_blocks() != kv.num_blocks() {
-            return Err(format!(
+            return Err(BrokenInvariant(format!(
                 "{used} used + {} free != {} blocks",
                 kv.num_free_blocks(),
                 kv.num_blocks()
-            ));
+            )));
         }
         if self.running.len() > self.cfg.max_batch_size {
-            return Err(format!("{} running > max_batch_size", self.running.len()));
+            return Err(BrokenInvariant(format!(
+                "{} running > max_batch_size",
+                self.running.len()
+            )));
         }
         if self.index.is_empty() && kv.num_free_blocks() != kv.num_blocks() {
-            return Err(format!(
+            return Err(BrokenInvariant(format!(
                 "idle but {} of {} blocks are held",
                 kv.num_blocks() - kv.num_free_blocks(),
                 kv.num_blocks()
-            ));
+            )));
         }
         if self.index.is_empty() && kv.total_refs() != 0 {
-            return Err("idle but references remain".into());
+            return Err(BrokenInvariant("idle but references remain".into()));
         }
         if self.waiting.len() + self.running.len() != self.index.len() {
-            return Err("a live request is neither waiting nor running".into());
+            return Err(BrokenInvariant(
+                "a live request is neither waiting nor running".into(),
+            ));
         }
         for &s in &self.waiting {
             if !self.seq(s).kv.blocks.is_empty() {
-                return Err(format!("waiting request {} holds blocks", self.seq(s).id));
+                return Err(BrokenInvariant(format!(
+                    "waiting request {} holds blocks",
+                    self.seq(s).id
+                )));
             }
         }
         Ok(())

@@ -35,6 +35,11 @@ pub enum LengthDist {
     Mix(Vec<(f64, LengthDist)>),
 }
 
+/// Why a length distribution cannot be used (the scenario names the key).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidDist(pub String);
+
 impl LengthDist {
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> usize {
         match self {
@@ -95,13 +100,13 @@ impl LengthDist {
     }
 
     /// Parse the TOML forms above, with a reason on failure.
-    pub fn from_toml(v: &toml::Value) -> Result<Self, String> {
+    pub fn from_toml(v: &toml::Value) -> Result<Self, InvalidDist> {
         match v {
             toml::Value::Integer(n) => Ok(LengthDist::Fixed(non_negative(*n)?)),
             toml::Value::Table(t) => {
                 let forms: Vec<&String> = t.keys().filter(|k| k.as_str() != "weight").collect();
                 if forms.len() != 1 {
-                    return Err(format!(
+                    return Err(InvalidDist(format!(
                         "expected exactly one of fixed, uniform, normal, lognormal, mix; found {}",
                         if forms.is_empty() {
                             "none".to_string()
@@ -112,33 +117,37 @@ impl LengthDist {
                                 .collect::<Vec<_>>()
                                 .join(", ")
                         }
-                    ));
+                    )));
                 }
                 let key = forms[0].as_str();
                 let body = &t[key];
                 match key {
                     "fixed" => Ok(LengthDist::Fixed(int(body, "fixed")?)),
                     "uniform" => {
-                        let arr = body.as_array().filter(|a| a.len() == 2).ok_or(
-                            "uniform must be a pair [low, high] of token counts".to_string(),
-                        )?;
+                        let arr = body.as_array().filter(|a| a.len() == 2).ok_or_else(|| {
+                            InvalidDist("uniform must be a pair [low, high] of token counts".into())
+                        })?;
                         let lo = int(&arr[0], "uniform low")?;
                         let hi = int(&arr[1], "uniform high")?;
                         if lo > hi {
-                            return Err(format!("uniform low {lo} is above high {hi}"));
+                            return Err(InvalidDist(format!(
+                                "uniform low {lo} is above high {hi}"
+                            )));
                         }
                         Ok(LengthDist::Uniform { lo, hi })
                     }
                     "normal" | "lognormal" => {
-                        let t = body.as_table().ok_or(format!("{key} must be a table"))?;
+                        let t = body
+                            .as_table()
+                            .ok_or_else(|| InvalidDist(format!("{key} must be a table")))?;
                         let centre = if key == "normal" { "mean" } else { "median" };
                         let spread = if key == "normal" { "std" } else { "sigma" };
                         for k in t.keys() {
                             if ![centre, spread, "min", "max"].contains(&k.as_str()) {
-                                return Err(format!(
+                                return Err(InvalidDist(format!(
                                     "unknown key `{k}` in {key} (expected {centre}, {spread}, \
                                      min, max)"
-                                ));
+                                )));
                             }
                         }
                         let c = float(t.get(centre), centre)?;
@@ -154,10 +163,12 @@ impl LengthDist {
                             .transpose()?
                             .unwrap_or(usize::MAX);
                         if s < 0.0 || !s.is_finite() || !c.is_finite() || c <= 0.0 {
-                            return Err(format!("{key} needs {centre} > 0 and {spread} >= 0"));
+                            return Err(InvalidDist(format!(
+                                "{key} needs {centre} > 0 and {spread} >= 0"
+                            )));
                         }
                         if min > max {
-                            return Err(format!("min {min} is above max {max}"));
+                            return Err(InvalidDist(format!("min {min} is above max {max}")));
                         }
                         Ok(if key == "normal" {
                             LengthDist::Normal {
@@ -176,62 +187,69 @@ impl LengthDist {
                         })
                     }
                     "mix" => {
-                        let arr = body.as_array().ok_or("mix must be a list".to_string())?;
+                        let arr = body
+                            .as_array()
+                            .ok_or_else(|| InvalidDist("mix must be a list".into()))?;
                         if arr.is_empty() {
-                            return Err("mix is empty: give at least one component".into());
+                            return Err(InvalidDist(
+                                "mix is empty: give at least one component".into(),
+                            ));
                         }
                         let mut parts = Vec::new();
                         for (i, item) in arr.iter().enumerate() {
-                            let w = item
-                                .get("weight")
-                                .ok_or(format!("mix component {i} has no weight"))?;
+                            let w = item.get("weight").ok_or_else(|| {
+                                InvalidDist(format!("mix component {i} has no weight"))
+                            })?;
                             let w = float(Some(w), "weight")?;
                             if w <= 0.0 || !w.is_finite() {
-                                return Err(format!("mix component {i}: weight must be > 0"));
+                                return Err(InvalidDist(format!(
+                                    "mix component {i}: weight must be > 0"
+                                )));
                             }
                             let d = LengthDist::from_toml(item)
-                                .map_err(|e| format!("mix component {i}: {e}"))?;
+                                .map_err(|e| InvalidDist(format!("mix component {i}: {e}")))?;
                             parts.push((w, d));
                         }
                         Ok(LengthDist::Mix(parts))
                     }
-                    other => Err(format!(
+                    other => Err(InvalidDist(format!(
                         "unknown distribution `{other}` (expected fixed, uniform, normal, \
                          lognormal, mix)"
-                    )),
+                    ))),
                 }
             }
-            other => Err(format!(
+            other => Err(InvalidDist(format!(
                 "expected a token count or a distribution table, found {}",
                 other.type_str()
-            )),
+            ))),
         }
     }
 }
 
-fn non_negative(n: i64) -> Result<usize, String> {
-    usize::try_from(n).map_err(|_| format!("token counts cannot be negative (got {n})"))
+fn non_negative(n: i64) -> Result<usize, InvalidDist> {
+    usize::try_from(n)
+        .map_err(|_| InvalidDist(format!("token counts cannot be negative (got {n})")))
 }
 
-fn int(v: &toml::Value, what: &str) -> Result<usize, String> {
+fn int(v: &toml::Value, what: &str) -> Result<usize, InvalidDist> {
     match v {
         toml::Value::Integer(n) => non_negative(*n),
-        other => Err(format!(
+        other => Err(InvalidDist(format!(
             "{what} must be an integer, found {}",
             other.type_str()
-        )),
+        ))),
     }
 }
 
-fn float(v: Option<&toml::Value>, what: &str) -> Result<f64, String> {
+fn float(v: Option<&toml::Value>, what: &str) -> Result<f64, InvalidDist> {
     match v {
         Some(toml::Value::Integer(n)) => Ok(*n as f64),
         Some(toml::Value::Float(x)) => Ok(*x),
-        Some(other) => Err(format!(
+        Some(other) => Err(InvalidDist(format!(
             "{what} must be a number, found {}",
             other.type_str()
-        )),
-        None => Err(format!("missing `{what}`")),
+        ))),
+        None => Err(InvalidDist(format!("missing `{what}`"))),
     }
 }
 
@@ -250,7 +268,7 @@ mod tests {
 
     fn parse(s: &str) -> Result<LengthDist, String> {
         let t: toml::Table = toml::from_str(&format!("d = {s}")).unwrap();
-        LengthDist::from_toml(&t["d"])
+        LengthDist::from_toml(&t["d"]).map_err(|e| e.to_string())
     }
 
     #[test]

@@ -11,9 +11,9 @@ pub mod trace;
 
 pub use arrival::{ArrivalKind, ArrivalSpec, ArrivalTimes, Arrivals, Stage};
 pub use corpus::{ApproxTokenizer, Token, Tokenizer};
-pub use dist::LengthDist;
+pub use dist::{InvalidDist, LengthDist};
 pub use generate::{GeneratedRequest, WorkloadGenerator};
 pub use scenario::{
     ClusterSpec, ConversationsSpec, GroupsSpec, Scenario, ScenarioError, ServerSpec, WorkloadSpec,
 };
-pub use trace::{Trace, TraceFormat, TraceRow, TraceSpec};
+pub use trace::{Trace, TraceError, TraceFormat, TraceRow, TraceSpec};

@@ -79,15 +79,55 @@ impl TraceSpec {
     }
 }
 
+/// A trace that cannot be replayed: the file and line where known, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("{}: cannot read the trace: {error}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        /// Part of the message (not a `source`: printed once, not again by a chain).
+        error: std::io::Error,
+    },
+    #[error("{}{}{reason}", path.as_ref().map_or(String::new(), |p| format!("{}: ", p.display())), line.map_or(String::new(), |l| format!("line {l}: ")))]
+    Format {
+        path: Option<std::path::PathBuf>,
+        /// 1-based, counting the header.
+        line: Option<usize>,
+        reason: String,
+    },
+    #[error("{scenario_file}: workload.num_requests: {requested} requests but the trace has {rows} rows")]
+    TooShort {
+        scenario_file: String,
+        requested: usize,
+        rows: usize,
+    },
+}
+
+/// A bad row (or header) at 1-based `line`.
+fn bad(line: usize, reason: String) -> TraceError {
+    TraceError::Format {
+        path: None,
+        line: Some(line),
+        reason,
+    }
+}
+
 impl Trace {
-    /// Reads the trace a scenario names. Errors name the file, and the line and column
-    /// of a bad row.
-    pub fn load(spec: &TraceSpec, scenario_file: &str) -> Result<Trace, String> {
+    /// Reads the trace a scenario names. Errors name the file, and the line of a bad row.
+    pub fn load(spec: &TraceSpec, scenario_file: &str) -> Result<Trace, TraceError> {
         let path = spec.resolve(scenario_file);
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| format!("{}: cannot read the trace: {e}", path.display()))?;
-        Trace::parse(&text, spec.format, spec.time_scale)
-            .map_err(|e| format!("{}: {e}", path.display()))
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(error) => return Err(TraceError::Read { path, error }),
+        };
+        Trace::parse(&text, spec.format, spec.time_scale).map_err(|e| match e {
+            TraceError::Format { line, reason, .. } => TraceError::Format {
+                path: Some(path),
+                line,
+                reason,
+            },
+            other => other,
+        })
     }
 
     /// The trace `scenario` (read from `scenario_file`) replays, if any; refuses more
@@ -95,33 +135,38 @@ impl Trace {
     pub fn of_scenario(
         scenario: &super::Scenario,
         scenario_file: &str,
-    ) -> Result<Option<std::sync::Arc<Trace>>, String> {
+    ) -> Result<Option<std::sync::Arc<Trace>>, TraceError> {
         let Some(spec) = &scenario.workload.trace else {
             return Ok(None);
         };
         let trace = Trace::load(spec, scenario_file)?;
         let n = scenario.workload.num_requests;
         if n > trace.rows.len() {
-            return Err(format!(
-                "{scenario_file}: workload.num_requests: {n} requests but the trace has {} rows",
-                trace.rows.len()
-            ));
+            return Err(TraceError::TooShort {
+                scenario_file: scenario_file.to_string(),
+                requested: n,
+                rows: trace.rows.len(),
+            });
         }
         Ok(Some(std::sync::Arc::new(trace)))
     }
 
-    pub fn parse(text: &str, format: TraceFormat, time_scale: f64) -> Result<Trace, String> {
+    pub fn parse(text: &str, format: TraceFormat, time_scale: f64) -> Result<Trace, TraceError> {
         let mut lines = text
             .lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty());
-        let (_, header) = lines.next().ok_or("the trace is empty")?;
+        let (_, header) = lines.next().ok_or(TraceError::Format {
+            path: None,
+            line: None,
+            reason: "the trace is empty".into(),
+        })?;
         let columns: Vec<&str> = header.split(',').map(str::trim).collect();
         let find = |name: &str| {
             columns
                 .iter()
                 .position(|c| *c == name)
-                .ok_or_else(|| format!("line 1: no `{name}` column (found {header})"))
+                .ok_or_else(|| bad(1, format!("no `{name}` column (found {header})")))
         };
         let (time, prompt, output) = match format {
             TraceFormat::Azure => (
@@ -143,19 +188,19 @@ impl Trace {
                 fields
                     .get(c)
                     .copied()
-                    .ok_or_else(|| format!("line {}: no `{name}` field", i + 1))
+                    .ok_or_else(|| bad(i + 1, format!("no `{name}` field")))
             };
-            let count = |c: usize, name: &str| -> Result<usize, String> {
+            let count = |c: usize, name: &str| -> Result<usize, TraceError> {
                 let v = field(c, name)?;
                 v.parse()
-                    .map_err(|_| format!("line {}: `{name}` = `{v}` is not a token count", i + 1))
+                    .map_err(|_| bad(i + 1, format!("`{name}` = `{v}` is not a token count")))
             };
             let raw_t = field(time, "time")?;
             let t = match format {
                 TraceFormat::Azure => timestamp_s(raw_t),
                 TraceFormat::Requests => raw_t.parse().ok().filter(|t: &f64| t.is_finite()),
             }
-            .ok_or_else(|| format!("line {}: `{raw_t}` is not a time", i + 1))?;
+            .ok_or_else(|| bad(i + 1, format!("`{raw_t}` is not a time")))?;
             let t0 = *first.get_or_insert(t);
             let row = TraceRow {
                 t_s: (t - t0) * time_scale,
@@ -163,21 +208,27 @@ impl Trace {
                 output_tokens: count(output, "output length")?,
             };
             if row.prompt_tokens == 0 || row.output_tokens == 0 {
-                return Err(format!(
-                    "line {}: a request needs at least one prompt and one output token",
-                    i + 1
+                return Err(bad(
+                    i + 1,
+                    "a request needs at least one prompt and one output token".into(),
                 ));
             }
             if rows.last().is_some_and(|r: &TraceRow| row.t_s < r.t_s) {
-                return Err(format!(
-                    "line {}: arrivals must be in time order ({raw_t} is earlier than the row before)",
-                    i + 1
+                return Err(bad(
+                    i + 1,
+                    format!(
+                        "arrivals must be in time order ({raw_t} is earlier than the row before)"
+                    ),
                 ));
             }
             rows.push(row);
         }
         if rows.is_empty() {
-            return Err("the trace has a header but no requests".into());
+            return Err(TraceError::Format {
+                path: None,
+                line: None,
+                reason: "the trace has a header but no requests".into(),
+            });
         }
         Ok(Trace { rows })
     }
@@ -263,7 +314,11 @@ mod tests {
 
     #[test]
     fn bad_traces_name_the_line_and_the_reason() {
-        let bad = |text: &str| Trace::parse(text, TraceFormat::Azure, 1.0).unwrap_err();
+        let bad = |text: &str| {
+            Trace::parse(text, TraceFormat::Azure, 1.0)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(bad("").contains("empty"));
         assert!(bad("A,B\n").contains("TIMESTAMP"));
         let h = "TIMESTAMP,ContextTokens,GeneratedTokens\n";

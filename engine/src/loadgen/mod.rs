@@ -225,15 +225,13 @@ fn load_workload(opts: &BenchOptions) -> Result<(Scenario, WorkloadGenerator)> {
     let path = opts.scenario.display().to_string();
     let text = std::fs::read_to_string(&opts.scenario)
         .with_context(|| format!("{path}: cannot read scenario"))?;
-    let scenario = Scenario::parse(&path, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
+    let scenario = Scenario::parse(&path, &text, &opts.overrides)?;
     let tokenizer = opts
         .tokenizer
         .clone()
         .unwrap_or_else(|| Arc::new(ApproxTokenizer::default()));
     let mut gen = WorkloadGenerator::new(scenario.workload.clone(), tokenizer);
-    if let Some(trace) =
-        infer_core::workload::Trace::of_scenario(&scenario, &path).map_err(anyhow::Error::msg)?
-    {
+    if let Some(trace) = infer_core::workload::Trace::of_scenario(&scenario, &path)? {
         gen = gen.with_trace(trace);
     }
     Ok((scenario, gen))
@@ -319,8 +317,8 @@ impl Load {
 /// Write the run's directory (the simulator's writer: both read back alike).
 pub fn write_run(dir: &Path, r: &BenchResult, backend: &str) -> Result<()> {
     let info = RunInfo::new("engine", &r.scenario, backend.to_string());
-    infer_sim::output::write_run_files(dir, &r.summary, &r.records, &r.timeseries, &info)
-        .map_err(|e| anyhow::anyhow!(e))
+    infer_sim::output::write_run_files(dir, &r.summary, &r.records, &r.timeseries, &info)?;
+    Ok(())
 }
 
 fn progress_bar(n: usize, show: bool) -> indicatif::ProgressBar {

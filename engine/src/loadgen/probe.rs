@@ -129,7 +129,7 @@ pub async fn run(opts: &BenchOptions, out: &Path, only: &[String]) -> Result<Vec
     let path = opts.scenario.display().to_string();
     let text = std::fs::read_to_string(&opts.scenario)
         .with_context(|| format!("{path}: cannot read scenario"))?;
-    let base = Scenario::parse(&path, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
+    let base = Scenario::parse(&path, &text, &opts.overrides)?;
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
     let mut runs = Vec::new();
     for probe in PROBES

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use infer_core::metrics::RunInfo;
 use infer_core::workload::{Scenario, Tokenizer};
 
@@ -182,8 +182,7 @@ async fn verify_once(
         let file = scenario_path.display().to_string();
         let text = std::fs::read_to_string(scenario_path)
             .with_context(|| format!("{file}: cannot read scenario"))?;
-        let scenario =
-            Scenario::parse(&file, &text, &opts.overrides).map_err(|e| anyhow!("{e}"))?;
+        let scenario = Scenario::parse(&file, &text, &opts.overrides)?;
         let dir = out.join(&scenario.name);
 
         // Predict.
@@ -193,14 +192,11 @@ async fn verify_once(
             "sim.profile={:?}",
             profile_abs.display().to_string()
         ));
-        let setup = infer_sim::load(&file, &sim_overrides).map_err(|e| anyhow!("{e}"))?;
-        let mut files = infer_sim::output::RunDirWriter::create(&dir.join("predicted"))
-            .map_err(|e| anyhow!(e))?;
+        let setup = infer_sim::load(&file, &sim_overrides)?;
+        let mut files = infer_sim::output::RunDirWriter::create(&dir.join("predicted"))?;
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files);
         let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
-        files
-            .finish(&predicted.summary, &info)
-            .map_err(|e| anyhow!(e))?;
+        files.finish(&predicted.summary, &info)?;
 
         // Measure.
         let steps_path = dir.join("measured-steps.csv");
@@ -221,11 +217,13 @@ async fn verify_once(
         server.stop().await;
         measured?;
 
-        let report =
-            infer_reports::write_verify_report(&dir.join("predicted"), &dir.join("measured"), &dir)
-                .map_err(|e| anyhow!("{e}"))?;
-        let p = infer_reports::Run::load(dir.join("predicted")).map_err(|e| anyhow!("{e}"))?;
-        let m = infer_reports::Run::load(dir.join("measured")).map_err(|e| anyhow!("{e}"))?;
+        let report = infer_reports::write_verify_report(
+            &dir.join("predicted"),
+            &dir.join("measured"),
+            &dir,
+        )?;
+        let p = infer_reports::Run::load(dir.join("predicted"))?;
+        let m = infer_reports::Run::load(dir.join("measured"))?;
         let verification = infer_reports::predicted_vs_measured(&p, &m);
         let steps = step_fidelity(&step_log::read(&steps_path)?, setup.cost.as_ref());
         results.push(VerifyResult {

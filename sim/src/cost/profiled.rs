@@ -53,6 +53,7 @@
 //! 1 ms decode weighs as much as a 1 s prefill; no term may save time).
 
 use super::least_squares::nnls;
+use crate::error::SimError;
 use serde::{Deserialize, Serialize};
 
 use super::{ClientPath, CostModel, StepShape};
@@ -201,19 +202,22 @@ pub struct Profiled {
 
 impl Profiled {
     /// Fit `profile`; `client` is used when the profile has none.
-    pub fn fit(profile: &Profile, client: ClientPath) -> Result<Profiled, String> {
+    pub fn fit(profile: &Profile, client: ClientPath) -> Result<Profiled, SimError> {
         let pts = &profile.points;
         if let Some(p) = pts
             .iter()
             .find(|p| !(p.step_s > 0.0 && p.step_s.is_finite()))
         {
-            return Err(format!("step_s must be positive, found {}", p.step_s));
+            return Err(SimError::Invalid(format!(
+                "step_s must be positive, found {}",
+                p.step_s
+            )));
         }
         if let Some(p) = pts.iter().find(|p| p.new_tokens() == 0) {
-            return Err(format!(
+            return Err(SimError::Invalid(format!(
                 "a point with no new tokens (prefill_tokens 0, decode_seqs 0, step_s {})",
                 p.step_s
-            ));
+            )));
         }
         let knots = choose_knots(&pts.iter().map(ProfilePoint::new_tokens).collect::<Vec<_>>());
         let k = knots.len();
@@ -232,11 +236,11 @@ impl Profiled {
             .filter(|&j| rows.iter().any(|r| r[j] != 0.0))
             .count();
         if pts.len() < unknowns {
-            return Err(format!(
+            return Err(SimError::Invalid(format!(
                 "a profile needs at least {unknowns} points to fit the {unknowns} terms its \
                  shapes exercise ({k} dense knots, decode context, prefill attention), it has {}",
                 pts.len()
-            ));
+            )));
         }
         // Relative error: each row divided by its step time, target 1. Columns scaled to
         // max |value| = 1 so that the normal equations are well conditioned.
@@ -254,8 +258,9 @@ impl Profiled {
             .zip(pts)
             .map(|(r, p)| (0..features).map(|j| r[j] / p.step_s / scale[j]).collect())
             .collect();
-        let w = nnls(&a, &vec![1.0; pts.len()])
-            .ok_or("the profile's points do not determine a fit (singular)")?;
+        let w = nnls(&a, &vec![1.0; pts.len()]).ok_or_else(|| {
+            SimError::Invalid("the profile's points do not determine a fit (singular)".into())
+        })?;
         let coef: Vec<f64> = (0..features).map(|j| w[j] / scale[j]).collect();
         let client = profile.client.map_or(client, |c| ClientPath {
             request_s: c.request_s,
@@ -286,9 +291,9 @@ impl Profiled {
         Ok(fit)
     }
 
-    pub fn from_json(text: &str, client: ClientPath) -> Result<Profiled, String> {
-        let profile: Profile =
-            serde_json::from_str(text).map_err(|e| format!("invalid profile JSON: {e}"))?;
+    pub fn from_json(text: &str, client: ClientPath) -> Result<Profiled, SimError> {
+        let profile: Profile = serde_json::from_str(text)
+            .map_err(|e| SimError::Invalid(format!("invalid profile JSON: {e}")))?;
         Profiled::fit(&profile, client)
     }
 
@@ -527,7 +532,9 @@ mod tests {
         // prompt's square): two points cannot fit them.
         let mut p = profile();
         p.points = vec![point(0, 0, 1, 300), point(0, 512, 0, 0)];
-        let e = Profiled::fit(&p, ClientPath::default()).unwrap_err();
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("at least 4 points"), "{e}");
         // Terms no point exercises are not unknowns: three decodes fit.
         p.points = vec![
@@ -536,11 +543,15 @@ mod tests {
             point(0, 0, 2, 300),
         ];
         assert!(Profiled::fit(&p, ClientPath::default()).is_ok());
-        let e = Profiled::from_json("{\"model\": 1}", ClientPath::default()).unwrap_err();
+        let e = Profiled::from_json("{\"model\": 1}", ClientPath::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid profile JSON"), "{e}");
         let mut p = profile();
         p.points[0].step_s = -1.0;
-        let e = Profiled::fit(&p, ClientPath::default()).unwrap_err();
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("step_s must be positive"), "{e}");
     }
 }
