@@ -3,7 +3,8 @@
 //! is 8 slots — the benchmark log's Phase 4/5 limit.
 
 use super::BrokenInvariant;
-use super::{BlockId, KvManager, PrefixMatch, SeqKv};
+use super::{reclaim, BlockId, DroppedBlocks, KvManager, PrefixMatch, SeqKv};
+use std::sync::Arc;
 
 #[derive(Debug, Clone)]
 pub struct ContiguousKv {
@@ -14,6 +15,8 @@ pub struct ContiguousKv {
     /// Per slot: whether a sequence holds it (kept apart from `free`, so that each can
     /// check the other).
     held: Vec<bool>,
+    /// Allocations dropped still holding their slot (see [`SeqKv`]).
+    dropped: Arc<DroppedBlocks>,
 }
 
 impl ContiguousKv {
@@ -26,6 +29,7 @@ impl ContiguousKv {
             num_slots,
             free: (0..num_slots as BlockId).rev().collect(),
             held: vec![false; num_slots],
+            dropped: Arc::default(),
         }
     }
 }
@@ -75,6 +79,15 @@ impl KvManager for ContiguousKv {
         kv.hashes.clear();
     }
 
+    fn new_seq(&self) -> SeqKv {
+        SeqKv::new(&self.dropped)
+    }
+
+    fn reclaim_dropped(&mut self) {
+        let dropped = self.dropped.clone();
+        reclaim(self, &dropped);
+    }
+
     fn total_refs(&self) -> usize {
         self.held.iter().filter(|&&h| h).count()
     }
@@ -110,7 +123,7 @@ mod tests {
     fn reserves_a_whole_slot_per_sequence() {
         let mut kv = ContiguousKv::new(32_768, 4096);
         assert_eq!(kv.num_blocks(), 8);
-        let mut seqs: Vec<SeqKv> = (0..9).map(|_| SeqKv::default()).collect();
+        let mut seqs: Vec<SeqKv> = (0..9).map(|_| kv.new_seq()).collect();
         for s in seqs.iter_mut().take(8) {
             assert!(kv.allocate(s, &PrefixMatch::default(), 200));
         }
@@ -127,5 +140,11 @@ mod tests {
         let mut bad = kv.clone();
         bad.held[seqs[1].blocks[0] as usize] = false;
         assert!(bad.check().unwrap_err().0.contains("neither"));
+        // Allocations dropped without a free give their slots back at the next step.
+        drop(seqs);
+        assert_eq!(kv.num_free_blocks(), 0);
+        kv.reclaim_dropped();
+        assert_eq!(kv.num_free_blocks(), 8);
+        kv.check().unwrap();
     }
 }

@@ -12,6 +12,9 @@ mod free_queue;
 mod hash;
 mod paged;
 
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
+
 pub use contiguous::ContiguousKv;
 pub use events::KvEvent;
 pub use hash::{hash_block, ROOT_HASH};
@@ -20,13 +23,75 @@ pub use paged::PagedKv;
 /// Index of a block in the pool (or of a slot, for the contiguous backend).
 pub type BlockId = u32;
 
-/// One sequence's KV placement. Owned by the sequence, edited only by its KV manager.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One sequence's KV placement: owned by the sequence, made by [`KvManager::new_seq`] and
+/// edited only by that manager. It owns its blocks: dropped while still holding them (a
+/// `free` forgotten on some path), it hands them back to its manager, which takes them at
+/// the next step ([`KvManager::reclaim_dropped`]) — TGI's `BlockAllocation` does the same —
+/// so a missing free cannot leak the pool.
+#[derive(Debug)]
 pub struct SeqKv {
     /// The block table: block `i` holds token positions `i * block_size ..`.
     pub blocks: Vec<BlockId>,
     /// Chained hashes of this sequence's full, computed blocks, in order (prefix caching only).
     pub hashes: Vec<u64>,
+    dropped: Arc<DroppedBlocks>,
+}
+
+impl SeqKv {
+    fn new(dropped: &Arc<DroppedBlocks>) -> SeqKv {
+        SeqKv {
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            dropped: dropped.clone(),
+        }
+    }
+}
+
+impl Drop for SeqKv {
+    fn drop(&mut self) {
+        if !self.blocks.is_empty() {
+            self.dropped.push(std::mem::take(&mut self.blocks));
+        }
+    }
+}
+
+/// Block tables of allocations dropped without a free, waiting for their manager. Shared
+/// by a manager and every allocation it made; the engine's allocations may be dropped on
+/// another thread than the one stepping the manager, hence the lock (taken only on such
+/// a drop, never on a correct path).
+#[derive(Debug, Default)]
+pub struct DroppedBlocks {
+    pending: AtomicBool,
+    tables: Mutex<Vec<Vec<BlockId>>>,
+}
+
+impl DroppedBlocks {
+    fn push(&self, table: Vec<BlockId>) {
+        let mut tables = self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        tables.push(table);
+        self.pending.store(true, AtomicOrdering::Release);
+    }
+
+    /// The tables dropped since the last call (none, nearly always: one atomic load).
+    fn take(&self) -> Vec<Vec<BlockId>> {
+        if !self.pending.swap(false, AtomicOrdering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.tables.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Hands the blocks of allocations dropped without a free back to `kv` through its own
+/// `free`, as if the sequence had ended.
+fn reclaim(kv: &mut dyn KvManager, dropped: &Arc<DroppedBlocks>) {
+    for blocks in dropped.take() {
+        let mut seq = SeqKv {
+            blocks,
+            hashes: Vec::new(),
+            dropped: dropped.clone(),
+        };
+        kv.free(&mut seq);
+    }
 }
 
 /// Cached blocks that hold a prefix of a prompt, found by [`KvManager::lookup_prefix`].
@@ -74,6 +139,11 @@ pub trait KvManager {
     fn commit(&mut self, kv: &mut SeqKv, tokens: &[u32], num_computed: usize);
     /// Release everything `kv` holds.
     fn free(&mut self, kv: &mut SeqKv);
+    /// A new allocation of this manager, holding nothing.
+    fn new_seq(&self) -> SeqKv;
+    /// Frees the blocks of allocations dropped while still holding them (see [`SeqKv`]);
+    /// the scheduler calls it before each step.
+    fn reclaim_dropped(&mut self);
     /// Sum of reference counts over the pool (invariant checks).
     fn total_refs(&self) -> usize;
     /// References to `block`: the sequences whose tables hold it (invariant checks).

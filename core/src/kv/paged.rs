@@ -19,7 +19,11 @@ use rustc_hash::FxHashMap;
 use super::events::EventLog;
 use super::free_queue::FreeQueue;
 use super::hash::block_check;
-use super::{blocks_for, hash_block, BlockId, KvEvent, KvManager, PrefixMatch, SeqKv, ROOT_HASH};
+use super::{
+    blocks_for, hash_block, reclaim, BlockId, DroppedBlocks, KvEvent, KvManager, PrefixMatch,
+    SeqKv, ROOT_HASH,
+};
+use std::sync::Arc;
 
 /// What the prefix-cache index knows of a registered block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +46,8 @@ pub struct PagedKv {
     block_hash: Vec<Option<u64>>,
     /// The cache's events, when a driver publishes them.
     events: Option<EventLog>,
+    /// Allocations dropped still holding blocks (see [`SeqKv`]).
+    dropped: Arc<DroppedBlocks>,
 }
 
 impl PagedKv {
@@ -56,6 +62,7 @@ impl PagedKv {
             cached: FxHashMap::default(),
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
             events: None,
+            dropped: Arc::default(),
         }
     }
 
@@ -195,6 +202,15 @@ impl KvManager for PagedKv {
         kv.hashes.clear();
     }
 
+    fn new_seq(&self) -> SeqKv {
+        SeqKv::new(&self.dropped)
+    }
+
+    fn reclaim_dropped(&mut self) {
+        let dropped = self.dropped.clone();
+        reclaim(self, &dropped);
+    }
+
     fn total_refs(&self) -> usize {
         self.refs.iter().map(|&r| r as usize).sum()
     }
@@ -294,14 +310,14 @@ mod tests {
     #[test]
     fn allocates_block_tables_and_frees_everything() {
         let mut kv = PagedKv::new(8, 4, false);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 9));
         assert_eq!(a.blocks.len(), 3);
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
         assert_eq!(a.blocks.len(), 3);
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 13));
         assert_eq!(a.blocks.len(), 4);
-        let mut b = SeqKv::default();
+        let mut b = kv.new_seq();
         assert!(
             !kv.allocate(&mut b, &PrefixMatch::default(), 17),
             "needs 5, 4 free"
@@ -316,7 +332,7 @@ mod tests {
     fn prefix_hit_reuses_blocks_but_never_the_last_token() {
         let mut kv = PagedKv::new(16, 4, true);
         let prompt = seq_tokens(12, 1);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert_eq!(kv.lookup_prefix(&prompt).blocks.len(), 0);
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
         kv.commit(&mut a, &prompt, 12);
@@ -330,7 +346,7 @@ mod tests {
         longer.extend([99, 98]);
         let m = kv.lookup_prefix(&longer);
         assert_eq!(m.num_tokens(4), 12);
-        let mut b = SeqKv::default();
+        let mut b = kv.new_seq();
         assert!(kv.allocate(&mut b, &m, 14));
         assert_eq!(&b.blocks[..3], &a.blocks[..]);
         assert_eq!(kv.num_free_blocks(), 16 - 4);
@@ -348,7 +364,7 @@ mod tests {
     #[test]
     fn records_stored_chains_and_evictions_as_vllm_announces_them() {
         let mut kv = PagedKv::new(4, 4, true);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         let prompt = seq_tokens(12, 1);
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
         kv.commit(&mut a, &prompt, 4);
@@ -366,14 +382,14 @@ mod tests {
             }]
         );
         // The same tokens computed again in other blocks: a private duplicate, no event.
-        let mut b = SeqKv::default();
+        let mut b = kv.new_seq();
         assert!(kv.allocate(&mut b, &PrefixMatch::default(), 4));
         kv.commit(&mut b, &prompt, 4);
         assert!(kv.take_events().is_empty());
         // Freed, a's blocks stay cached until reused; taking all four evicts its three.
         kv.free(&mut a);
         kv.free(&mut b);
-        let mut c = SeqKv::default();
+        let mut c = kv.new_seq();
         assert!(kv.allocate(&mut c, &PrefixMatch::default(), 16));
         let KvEvent::Removed { hashes } = &kv.take_events()[0] else {
             panic!("expected a removal");
@@ -393,7 +409,7 @@ mod tests {
         let mut kv = PagedKv::new(8, 4, true);
         kv.record_events();
         let prompt = seq_tokens(12, 1);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
         kv.commit(&mut a, &prompt, 12);
         kv.take_events();
@@ -410,7 +426,7 @@ mod tests {
     #[test]
     fn check_catches_a_referenced_free_block_and_a_broken_cache_index() {
         let mut kv = PagedKv::new(8, 4, true);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 8));
         kv.commit(&mut a, &seq_tokens(8, 1), 8);
         kv.check().unwrap();
@@ -429,18 +445,53 @@ mod tests {
     #[should_panic(expected = "freed with no reference")]
     fn a_double_free_is_an_error_in_every_build() {
         let mut kv = PagedKv::new(8, 4, false);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 8));
-        let mut again = a.clone();
+        let mut again = kv.new_seq();
+        again.blocks = a.blocks.clone();
         kv.free(&mut a);
         kv.free(&mut again);
+    }
+
+    #[test]
+    fn an_allocation_dropped_without_a_free_gives_its_blocks_back() {
+        let mut kv = PagedKv::new(8, 4, true);
+        let tokens = seq_tokens(12, 3);
+        let mut a = kv.new_seq();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
+        kv.commit(&mut a, &tokens, 12);
+        let mut b = kv.new_seq();
+        let hit = kv.lookup_prefix(&tokens);
+        assert_eq!(hit.blocks.len(), 2, "the last token is always computed");
+        assert!(kv.allocate(&mut b, &hit, 12)); // a's first two blocks, one of its own
+        assert_eq!(kv.num_free_blocks(), 4);
+        drop(a); // the bug: no free
+        assert_eq!(
+            kv.num_free_blocks(),
+            4,
+            "taken back at the next step, not before"
+        );
+        kv.reclaim_dropped();
+        assert_eq!(
+            kv.num_free_blocks(),
+            5,
+            "a's own block is back; b holds the shared ones"
+        );
+        kv.check().unwrap();
+        drop(b);
+        kv.reclaim_dropped();
+        assert_eq!(kv.num_free_blocks(), 8);
+        assert_eq!(kv.total_refs(), 0);
+        kv.check().unwrap();
+        // The cached prefix survives as evictable blocks, as after a normal free.
+        assert_eq!(kv.lookup_prefix(&tokens).blocks.len(), 2);
     }
 
     #[test]
     fn different_prefix_does_not_hit() {
         let mut kv = PagedKv::new(16, 4, true);
         let p = seq_tokens(8, 1);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 8));
         kv.commit(&mut a, &p, 8);
         let mut q = p.clone();
@@ -454,13 +505,13 @@ mod tests {
         let mut kv = PagedKv::new(4, 4, true);
         // Fill the whole pool with cached content, then release it.
         let old = seq_tokens(16, 3);
-        let mut a = SeqKv::default();
+        let mut a = kv.new_seq();
         assert!(kv.allocate(&mut a, &PrefixMatch::default(), 16));
         kv.commit(&mut a, &old, 16);
         kv.free(&mut a);
         assert_eq!(kv.num_cached_blocks(), 4);
         // A new sequence still gets every block: cached ones are evicted, tail first.
-        let mut b = SeqKv::default();
+        let mut b = kv.new_seq();
         assert!(kv.allocate(&mut b, &PrefixMatch::default(), 4));
         assert_eq!(kv.num_cached_blocks(), 3);
         let mut probe = old.clone();

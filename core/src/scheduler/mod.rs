@@ -327,7 +327,7 @@ impl Scheduler {
             num_computed: 0,
             stop: req.stop,
             state: SeqState::Waiting,
-            kv: SeqKv::default(),
+            kv: self.kv.new_seq(),
             scheduled_in: u64::MAX,
             arrival_time: now,
             first_scheduled_time: None,
@@ -377,7 +377,7 @@ impl Scheduler {
                 num_computed: 0,
                 stop: parent.stop.clone(),
                 state: SeqState::Waiting,
-                kv: SeqKv::default(),
+                kv: self.kv.new_seq(),
                 scheduled_in: u64::MAX,
                 arrival_time: parent.arrival_time,
                 first_scheduled_time: Some(now),
@@ -440,6 +440,7 @@ impl Scheduler {
 
     /// Plan the next step. The plan must be handed back to [`Scheduler::complete`].
     pub fn schedule(&mut self, now: f64) -> StepPlan {
+        self.kv.reclaim_dropped();
         let mut plan = std::mem::take(&mut self.spare);
         self.step += 1;
         plan.reset(self.step, now, self.kv.block_size());
