@@ -9,6 +9,7 @@
 //! * [`metrics`]: TTFT / TPOT / ITL / E2E with vLLM's definitions;
 //! * [`router`]: routing policies over replicas.
 
+mod file_error;
 pub mod kv;
 pub mod metrics;
 pub mod request;
@@ -16,6 +17,7 @@ pub mod router;
 pub mod scheduler;
 pub mod workload;
 
+pub use file_error::FileError;
 pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
 pub use scheduler::{
     AddError, AddOptions, BatchingMode, Event, KvBackend, ScheduledSeq, Scheduler, SchedulerConfig,

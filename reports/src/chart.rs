@@ -4,6 +4,7 @@
 //! Vera license, beside it), so rendering needs no system fonts or fontconfig.
 
 use crate::error::ReportError;
+use infer_core::FileError;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
@@ -65,7 +66,7 @@ impl Figure {
     /// Writes the PNG and the SVG into `dir`; returns their paths.
     pub fn render(&self, dir: &Path) -> Result<[PathBuf; 2], ReportError> {
         register_font();
-        std::fs::create_dir_all(dir).map_err(ReportError::io(dir, "create"))?;
+        std::fs::create_dir_all(dir).map_err(FileError::at(dir, "create"))?;
         let png = dir.join(format!("{}.png", self.name));
         let svg = dir.join(format!("{}.svg", self.name));
         let err = |p: &Path, reason: String| ReportError::Chart {

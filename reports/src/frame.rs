@@ -4,6 +4,7 @@
 //! comma-separated fields, text fields optionally double-quoted.
 
 use crate::error::ReportError;
+use infer_core::FileError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -62,7 +63,7 @@ impl Frame {
     /// Reads `path`; columns named in `kinds` are parsed as such (an unparsable cell is an
     /// error naming the line and column), others are kept as text.
     pub fn read_csv(path: &Path, kinds: &[(&str, Kind)]) -> Result<Frame, ReportError> {
-        let text = std::fs::read_to_string(path).map_err(ReportError::io(path, "read"))?;
+        let text = std::fs::read_to_string(path).map_err(FileError::at(path, "read"))?;
         Frame::parse(&text, kinds).map_err(|e| ReportError::Content {
             path: path.to_path_buf(),
             line: Some(e.line),

@@ -4,6 +4,7 @@
 //! [`write_report`].
 
 use crate::error::ReportError;
+use infer_core::FileError;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -50,7 +51,7 @@ pub fn render(runs: &[Run], baseline: Option<usize>, out: &Path) -> Result<Repor
     if runs.is_empty() {
         return Err(ReportError::NoRuns);
     }
-    std::fs::create_dir_all(out).map_err(ReportError::io(out, "create"))?;
+    std::fs::create_dir_all(out).map_err(FileError::at(out, "create"))?;
     let all: Vec<&Run> = runs.iter().collect();
     let names = labels(&all);
     let charts_dir = out.join("charts");
@@ -180,7 +181,7 @@ pub fn render(runs: &[Run], baseline: Option<usize>, out: &Path) -> Result<Repor
     md += &baseline_md;
 
     let path = out.join("report.md");
-    std::fs::write(&path, md).map_err(ReportError::io(&path, "write"))?;
+    std::fs::write(&path, md).map_err(FileError::at(&path, "write"))?;
     Ok(Report {
         path,
         charts,

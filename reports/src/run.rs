@@ -2,6 +2,7 @@
 //! `requests.csv` / `timeseries.csv` as [`Frame`]s.
 
 use crate::error::ReportError;
+use infer_core::FileError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -30,7 +31,7 @@ impl Run {
         let dir = dir.as_ref().to_path_buf();
         let read = |name: &str| {
             let p = dir.join(name);
-            std::fs::read_to_string(&p).map_err(ReportError::io(p, "read"))
+            std::fs::read_to_string(&p).map_err(FileError::at(p, "read"))
         };
         let not_json = |name: &str, e: serde_json::Error| ReportError::Content {
             path: dir.join(name),

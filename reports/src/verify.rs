@@ -2,6 +2,7 @@
 //! drive the same core, so the errors here measure the cost model.
 
 use crate::error::ReportError;
+use infer_core::FileError;
 use std::path::{Path, PathBuf};
 
 use crate::chart::Figure;
@@ -170,7 +171,7 @@ pub fn write_verify_report(
         }
     }
     let path = out.join("verify.md");
-    std::fs::write(&path, md).map_err(ReportError::io(&path, "write"))?;
+    std::fs::write(&path, md).map_err(FileError::at(&path, "write"))?;
     Ok(path)
 }
 

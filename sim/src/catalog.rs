@@ -6,6 +6,7 @@
 //! is computed here from those fields, so a reader can check each number by hand.
 
 use crate::error::SimError;
+use infer_core::FileError;
 use std::fmt;
 
 const GB: f64 = 1e9;
@@ -417,7 +418,7 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
         });
     }
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(SimError::io(&path, "read"))?;
+    let text = std::fs::read_to_string(&path).map_err(FileError::at(&path, "read"))?;
     let c: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| SimError::content(path.display(), format!("not JSON: {e}")))?;
     let field = |key: &str| -> Result<usize, SimError> {

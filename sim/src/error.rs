@@ -1,20 +1,14 @@
 //! The simulator's errors. Each names what the user has to fix: the file, the key in it,
 //! and why.
 
-use std::path::PathBuf;
-
 use infer_core::workload::{ScenarioError, TraceError};
+use infer_core::FileError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// A file that cannot be read, created or written.
-    #[error("{}: cannot {action}: {error}", path.display())]
-    Io {
-        path: PathBuf,
-        action: &'static str,
-        /// Part of the message (not a `source`: printed once, not again by a chain).
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] FileError),
     /// A scenario whose key cannot be used (its own, or a file it names).
     #[error(transparent)]
     Scenario(#[from] ScenarioError),
@@ -39,19 +33,6 @@ pub enum SimError {
 }
 
 impl SimError {
-    /// For `map_err`: `path` could not be `action`ed ("read", "write", "create").
-    pub fn io(
-        path: impl Into<PathBuf>,
-        action: &'static str,
-    ) -> impl FnOnce(std::io::Error) -> Self {
-        let path = path.into();
-        move |error| SimError::Io {
-            path,
-            action,
-            error,
-        }
-    }
-
     pub fn content(file: impl ToString, reason: impl ToString) -> Self {
         SimError::Content {
             file: file.to_string(),

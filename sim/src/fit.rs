@@ -16,6 +16,7 @@
 //! searched over: each combination is fitted and the best kept.
 
 use crate::error::SimError;
+use infer_core::FileError;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -89,7 +90,7 @@ struct PublishedRun {
 
 /// The targets of a published-figures file.
 pub fn load_published(path: &str) -> Result<Vec<Target>, SimError> {
-    let text = std::fs::read_to_string(path).map_err(SimError::io(path, "read"))?;
+    let text = std::fs::read_to_string(path).map_err(FileError::at(path, "read"))?;
     let file: PublishedFile =
         toml::from_str(&text).map_err(|e| SimError::content(path, e.to_string().trim_end()))?;
     let dir = Path::new(path).parent().unwrap_or(Path::new("."));
@@ -125,7 +126,7 @@ pub fn load_run_dir(dir: &str, held_out: bool) -> Result<Target, SimError> {
     }
     let setup = setup::load(&scenario.display().to_string(), &[])?;
     let summary = path.join("summary.json");
-    let text = std::fs::read_to_string(&summary).map_err(SimError::io(&summary, "read"))?;
+    let text = std::fs::read_to_string(&summary).map_err(FileError::at(&summary, "read"))?;
     let json: BTreeMap<String, serde_json::Value> = serde_json::from_str(&text)
         .map_err(|e| SimError::content(summary.display(), format!("not a summary: {e}")))?;
     let figures = json

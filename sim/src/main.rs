@@ -13,7 +13,7 @@
 //! ```
 
 use infer_core::metrics::RunInfo;
-use infer_sim::SimError;
+use infer_core::FileError;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -241,7 +241,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     out.display(),
                     best.file(&engine, &source).to_toml()
                 );
-                std::fs::write(&out, text).map_err(SimError::io(&out, "write"))?;
+                std::fs::write(&out, text).map_err(FileError::at(&out, "write"))?;
                 println!("calibration file: {}", out.display());
             }
             Ok(())
@@ -296,7 +296,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             quiet,
         } => {
             let text =
-                std::fs::read_to_string(&scenario).map_err(SimError::io(&scenario, "read"))?;
+                std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
             let axes = vary
                 .iter()
                 .map(|v| sweep::parse_axis(v))
@@ -313,10 +313,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let dir = out.unwrap_or_else(|| {
                 output::default_run_dir(&format!("{}-sweep", first.scenario.name))
             });
-            std::fs::create_dir_all(&dir).map_err(SimError::io(&dir, "create"))?;
+            std::fs::create_dir_all(&dir).map_err(FileError::at(&dir, "create"))?;
             let path = dir.join("sweep.csv");
             std::fs::write(&path, sweep::csv(&axes, &points))
-                .map_err(SimError::io(&path, "write"))?;
+                .map_err(FileError::at(&path, "write"))?;
             if !quiet {
                 print!("{}", sweep::table(&axes, &points));
             }

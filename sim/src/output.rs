@@ -2,6 +2,7 @@
 //! and console text.
 
 use crate::error::SimError;
+use infer_core::FileError;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write as _};
@@ -44,15 +45,15 @@ pub struct RunDirWriter {
 impl RunDirWriter {
     /// Create `dir` (and parents) and open its streamed files.
     pub fn create(dir: &Path) -> Result<Self, SimError> {
-        std::fs::create_dir_all(dir).map_err(SimError::io(dir, "create"))?;
+        std::fs::create_dir_all(dir).map_err(FileError::at(dir, "create"))?;
         let open = |name: &str| {
             let p = dir.join(name);
             File::create(&p)
                 .map(BufWriter::new)
-                .map_err(SimError::io(p, "write"))
+                .map_err(FileError::at(p, "write"))
         };
         let requests = RequestsCsvWriter::new(open("requests.csv")?)
-            .map_err(SimError::io(dir.join("requests.csv"), "write"))?;
+            .map_err(FileError::at(dir.join("requests.csv"), "write"))?;
         let mut timeseries = open("timeseries.csv")?;
         let header = writeln!(timeseries, "{}", TimePoint::CSV_HEADER);
         let mut w = RunDirWriter {
@@ -67,7 +68,7 @@ impl RunDirWriter {
 
     fn note(&mut self, file: &str, r: std::io::Result<()>) {
         if let (Err(e), None) = (r, &self.error) {
-            self.error = Some(SimError::io(self.dir.join(file), "write")(e));
+            self.error = Some(FileError::at(self.dir.join(file), "write")(e).into());
         }
     }
 
@@ -82,7 +83,7 @@ impl RunDirWriter {
         if let Some(e) = error {
             return Err(e);
         }
-        let failed = |name: &str, e: std::io::Error| SimError::io(dir.join(name), "write")(e);
+        let failed = |name: &str, e: std::io::Error| FileError::at(dir.join(name), "write")(e);
         requests.finish().map_err(|e| failed("requests.csv", e))?;
         timeseries
             .flush()
@@ -100,7 +101,8 @@ impl RunDirWriter {
         }
         let info = serde_json::to_string_pretty(info)
             .map_err(|e| SimError::content(dir.join("run.json").display(), e))?;
-        write("run.json", info + "\n")
+        write("run.json", info + "\n")?;
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! From a scenario to what a run needs: catalog entries, the memory plan and a cost model.
 //! Every refusal here names the file and the key, as scenario errors do.
 
+use infer_core::FileError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -44,7 +45,7 @@ impl Setup {
 
 /// Read and parse a scenario file (errors name the file).
 pub fn load(path: &str, overrides: &[String]) -> Result<Setup, SimError> {
-    let text = std::fs::read_to_string(path).map_err(SimError::io(path, "read"))?;
+    let text = std::fs::read_to_string(path).map_err(FileError::at(path, "read"))?;
     let scenario = Scenario::parse(path, &text, overrides)?;
     prepare(path, scenario)
 }
@@ -73,7 +74,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             let path = resolve(p, file);
             let name = path.display().to_string();
             std::fs::read_to_string(&path)
-                .map_err(SimError::io(&path, "read"))
+                .map_err(|e| SimError::from(FileError::at(&path, "read")(e)))
                 .and_then(|text| CalibrationFile::parse(&name, &text))
                 .and_then(|f| f.calibration(&name, &hardware, &model))
                 .map_err(|r| at("sim.calibration", r.to_string()))?

@@ -46,8 +46,8 @@ fn a_kv_pool_too_small_for_one_sequence_is_rejected_with_numbers() {
 fn file_and_sim_table_errors_are_named() {
     let e = infer_sim::load("/nonexistent/x.toml", &[]).err().unwrap();
     assert!(
-        matches!(&e, infer_sim::SimError::Io { path, action: "read", .. }
-            if path.as_os_str() == "/nonexistent/x.toml"),
+        matches!(&e, infer_sim::SimError::File(f)
+            if f.path.as_os_str() == "/nonexistent/x.toml" && f.action == "read"),
         "{e}"
     );
     let e = err("baseline", &["sim.warp_factor=9"]);

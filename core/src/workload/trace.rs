@@ -82,12 +82,8 @@ impl TraceSpec {
 /// A trace that cannot be replayed: the file and line where known, and why.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    #[error("{}: cannot read the trace: {error}", path.display())]
-    Read {
-        path: std::path::PathBuf,
-        /// Part of the message (not a `source`: printed once, not again by a chain).
-        error: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] crate::FileError),
     #[error("{}{}{reason}", path.as_ref().map_or(String::new(), |p| format!("{}: ", p.display())), line.map_or(String::new(), |l| format!("line {l}: ")))]
     Format {
         path: Option<std::path::PathBuf>,
@@ -118,7 +114,7 @@ impl Trace {
         let path = spec.resolve(scenario_file);
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
-            Err(error) => return Err(TraceError::Read { path, error }),
+            Err(error) => return Err(crate::FileError::at(path, "read")(error).into()),
         };
         Trace::parse(&text, spec.format, spec.time_scale).map_err(|e| match e {
             TraceError::Format { line, reason, .. } => TraceError::Format {
