@@ -3,7 +3,7 @@
 //! is 8 slots — the benchmark log's Phase 4/5 limit.
 
 use super::BrokenInvariant;
-use super::{reclaim, BlockId, DroppedBlocks, KvManager, PrefixMatch, SeqKv};
+use super::{BlockId, DroppedBlocks, KvManager, PrefixMatch, SeqKv};
 use std::sync::Arc;
 
 #[derive(Debug, Clone)]
@@ -79,13 +79,8 @@ impl KvManager for ContiguousKv {
         kv.hashes.clear();
     }
 
-    fn new_seq(&self) -> SeqKv {
-        SeqKv::new(&self.dropped)
-    }
-
-    fn reclaim_dropped(&mut self) {
-        let dropped = self.dropped.clone();
-        reclaim(self, &dropped);
+    fn dropped_blocks(&self) -> &Arc<DroppedBlocks> {
+        &self.dropped
     }
 
     fn total_refs(&self) -> usize {

@@ -81,19 +81,6 @@ impl DroppedBlocks {
     }
 }
 
-/// Hands the blocks of allocations dropped without a free back to `kv` through its own
-/// `free`, as if the sequence had ended.
-fn reclaim(kv: &mut dyn KvManager, dropped: &Arc<DroppedBlocks>) {
-    for blocks in dropped.take() {
-        let mut seq = SeqKv {
-            blocks,
-            hashes: Vec::new(),
-            dropped: dropped.clone(),
-        };
-        kv.free(&mut seq);
-    }
-}
-
 /// Cached blocks that hold a prefix of a prompt, found by [`KvManager::lookup_prefix`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
@@ -139,11 +126,26 @@ pub trait KvManager {
     fn commit(&mut self, kv: &mut SeqKv, tokens: &[u32], num_computed: usize);
     /// Release everything `kv` holds.
     fn free(&mut self, kv: &mut SeqKv);
+    /// Where this manager's allocations put their blocks when dropped holding them.
+    fn dropped_blocks(&self) -> &Arc<DroppedBlocks>;
     /// A new allocation of this manager, holding nothing.
-    fn new_seq(&self) -> SeqKv;
-    /// Frees the blocks of allocations dropped while still holding them (see [`SeqKv`]);
-    /// the scheduler calls it before each step.
-    fn reclaim_dropped(&mut self);
+    fn new_seq(&self) -> SeqKv {
+        SeqKv::new(self.dropped_blocks())
+    }
+    /// Frees the blocks of allocations dropped while still holding them (see [`SeqKv`]),
+    /// through `free` as if their sequences had ended; the scheduler calls it before each
+    /// step.
+    fn reclaim_dropped(&mut self) {
+        let dropped = self.dropped_blocks().clone();
+        for blocks in dropped.take() {
+            let mut seq = SeqKv {
+                blocks,
+                hashes: Vec::new(),
+                dropped: dropped.clone(),
+            };
+            self.free(&mut seq);
+        }
+    }
     /// Sum of reference counts over the pool (invariant checks).
     fn total_refs(&self) -> usize;
     /// References to `block`: the sequences whose tables hold it (invariant checks).

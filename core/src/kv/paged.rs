@@ -20,8 +20,8 @@ use super::events::EventLog;
 use super::free_queue::FreeQueue;
 use super::hash::block_check;
 use super::{
-    blocks_for, hash_block, reclaim, BlockId, DroppedBlocks, KvEvent, KvManager, PrefixMatch,
-    SeqKv, ROOT_HASH,
+    blocks_for, hash_block, BlockId, DroppedBlocks, KvEvent, KvManager, PrefixMatch, SeqKv,
+    ROOT_HASH,
 };
 use std::sync::Arc;
 
@@ -202,13 +202,8 @@ impl KvManager for PagedKv {
         kv.hashes.clear();
     }
 
-    fn new_seq(&self) -> SeqKv {
-        SeqKv::new(&self.dropped)
-    }
-
-    fn reclaim_dropped(&mut self) {
-        let dropped = self.dropped.clone();
-        reclaim(self, &dropped);
+    fn dropped_blocks(&self) -> &Arc<DroppedBlocks> {
+        &self.dropped
     }
 
     fn total_refs(&self) -> usize {
