@@ -276,3 +276,114 @@ fn trace_scenarios_refuse_what_does_not_fit_and_replay_their_rows() {
         );
     }
 }
+
+#[test]
+fn sharegpt_conversations_replay_turn_by_turn_with_their_history() {
+    use infer_core::workload::{Tokenizer, Trace};
+    let path = format!(
+        "{}/../scenarios/sharegpt_replay.toml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let parse = |set: &[&str]| {
+        let o: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+        Scenario::parse(&path, &text, &o)
+    };
+    let sc = parse(&[]).unwrap();
+    let trace = Trace::of_scenario(&sc, &path).unwrap().unwrap();
+    assert_eq!((trace.chats.len(), trace.requests()), (10, 25));
+    let tok = Arc::new(ApproxTokenizer::default());
+    let gen = WorkloadGenerator::new(sc.workload.clone(), tok.clone()).with_trace(trace.clone());
+    // No times in the trace: the scenario's Poisson process sends them.
+    let times: Vec<f64> = gen.arrivals(&sc.arrival).times.unwrap().collect();
+    assert_eq!(times.len(), 25);
+    let requests: Vec<_> = (0..25).map(|i| gen.request(i)).collect();
+    let mut seen = std::collections::BTreeMap::new();
+    for r in &requests {
+        let (c, t) = r.turn.unwrap();
+        let turn = &trace.chats[c].turns[t];
+        assert!(r.prompt.ends_with(&turn.user), "{c}/{t}");
+        assert_eq!(r.prompt_ids, tok.encode(&r.prompt));
+        assert_eq!(r.max_tokens, tok.encode(&turn.reply).len());
+        if t > 0 {
+            // The history as a chat client resends it: the previous turn's prompt, its
+            // recorded reply, then this message — so the prefix cache can hit.
+            let prev: &infer_core::workload::GeneratedRequest = seen[&(c, t - 1)];
+            assert!(r.prompt.starts_with(&prev.prompt), "{c}/{t}");
+            assert!(r.prompt.contains(&trace.chats[c].turns[t - 1].reply));
+            assert!(r.prompt_ids.starts_with(&prev.prompt_ids), "{c}/{t}");
+        } else if let Some(system) = &trace.chats[c].system {
+            assert!(r.prompt.starts_with(system.as_str()));
+        }
+        seen.insert((c, t), r);
+    }
+    assert_eq!(seen.len(), 25, "every turn once");
+    let turns: Vec<usize> = requests.iter().map(|r| r.turn.unwrap().1).collect();
+    assert!(
+        turns.windows(2).all(|w| w[0] <= w[1]),
+        "turn t of every conversation before turn t + 1 of any: {turns:?}"
+    );
+
+    for (set, key, reason) in [
+        (&["arrival.kind=\"trace\""][..], "arrival.kind", "no times"),
+        (
+            &["workload.trace.time_scale=0.5"][..],
+            "workload.trace.time_scale",
+            "no times to scale",
+        ),
+    ] {
+        let e = parse(set).unwrap_err();
+        assert_eq!(e.key, key, "{set:?}: {e}");
+        assert!(e.reason.contains(reason), "{set:?}: {e}");
+    }
+    let e = Trace::of_scenario(&parse(&["workload.num_requests=26"]).unwrap(), &path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("25 conversation turns"), "{e}");
+}
+
+#[test]
+fn malformed_sharegpt_is_refused_naming_the_conversation_and_message() {
+    use infer_core::workload::{Chat, ChatTurn, Trace, TraceFormat};
+    let parse = |json: &str| Trace::parse(json, TraceFormat::Sharegpt, 1.0);
+    for (json, want) in [
+        ("{", "not a ShareGPT JSON list"),
+        (r#"[{"id": 1}]"#, "conversation 0: no `conversations` list"),
+        (
+            r#"[{"conversations": [{"from": "gpt", "value": "hi"}]}]"#,
+            "message 0 (`gpt`) is out of turn",
+        ),
+        (
+            r#"[{"conversations": [{"from": "robot", "value": "hi"}]}]"#,
+            "unknown role `robot`",
+        ),
+        (
+            r#"[{"conversations": [{"from": "human"}]}]"#,
+            "message 0 has no string `value`",
+        ),
+        (
+            r#"[{"conversations": [{"from": "human", "value": "hi"}]}]"#,
+            "no conversation has a complete turn",
+        ),
+    ] {
+        let e = parse(json).unwrap_err().to_string();
+        assert!(e.contains(want), "{json}: {e}");
+    }
+    // A system prompt is kept; a last message without its reply is dropped.
+    let t = parse(
+        r#"[{"conversations": [{"from": "system", "value": "Be brief."},
+            {"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
+            {"from": "human", "value": "c"}]}]"#,
+    )
+    .unwrap();
+    assert_eq!(
+        t.chats,
+        vec![Chat {
+            system: Some("Be brief.".into()),
+            turns: vec![ChatTurn {
+                user: "a".into(),
+                reply: "b".into()
+            }],
+        }]
+    );
+}

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use super::arrival::{ArrivalSpec, Arrivals};
 use super::corpus::{TokenizedCorpus, Tokenizer};
 use super::scenario::WorkloadSpec;
-use super::trace::Trace;
+use super::trace::{Chat, Trace};
 
 /// One request of a workload.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +39,24 @@ pub struct WorkloadGenerator {
     /// Where prompts are assembled: it keeps its capacity, so a prompt of many segments
     /// costs one exact allocation, not a chain of reallocations.
     scratch: std::sync::Mutex<(String, Vec<u32>)>,
-    /// The trace being replayed (`[workload] trace`), with its arrival times.
-    trace: Option<(Arc<Trace>, Arc<[f64]>)>,
+    /// The trace being replayed (`[workload] trace`).
+    trace: Option<Replay>,
+}
+
+/// A trace being replayed.
+enum Replay {
+    /// Rows with arrival times: request `i` is row `i`.
+    Timed {
+        trace: Arc<Trace>,
+        times: Arc<[f64]>,
+    },
+    /// Conversations: request `i` is turn `order[i]` = (conversation, turn), every
+    /// conversation's turn t before any conversation's turn t + 1 (as the generated
+    /// `conversations` workload orders them).
+    Chats {
+        trace: Arc<Trace>,
+        order: Vec<(usize, usize)>,
+    },
 }
 
 // Independent random streams.
@@ -77,11 +93,25 @@ impl WorkloadGenerator {
         g
     }
 
-    /// Replay `trace` (read by the driver for the spec's `trace`): request `i` has row
-    /// `i`'s lengths (warm-ups reuse rows from the start) and arrives at its time.
+    /// Replay `trace` (read by the driver for the spec's `trace`). A timed trace: request
+    /// `i` has row `i`'s lengths and arrives at its time. Conversations: request `i` is one
+    /// turn (see [`Replay::Chats`]). Warm-ups reuse requests from the start.
     pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
-        let times: Arc<[f64]> = trace.rows.iter().map(|r| r.t_s).collect();
-        self.trace = Some((trace, times));
+        self.trace = Some(if trace.chats.is_empty() {
+            let times: Arc<[f64]> = trace.rows.iter().map(|r| r.t_s).collect();
+            Replay::Timed { trace, times }
+        } else {
+            let longest = trace.chats.iter().map(|c| c.turns.len()).max().unwrap_or(0);
+            let order = (0..longest)
+                .flat_map(|t| {
+                    let chats = &trace.chats;
+                    (0..chats.len())
+                        .filter(move |&c| t < chats[c].turns.len())
+                        .map(move |c| (c, t))
+                })
+                .collect();
+            Replay::Chats { trace, order }
+        });
         self
     }
 
@@ -105,7 +135,7 @@ impl WorkloadGenerator {
 
     /// Release schedule of the measured requests.
     pub fn arrivals(&self, spec: &ArrivalSpec) -> Arrivals {
-        if let Some((_, times)) = &self.trace {
+        if let Some(Replay::Timed { times, .. }) = &self.trace {
             return spec.given(times.clone(), self.spec.num_requests);
         }
         spec.schedule(self.spec.num_requests, self.rng(ARRIVALS, 0, 0))
@@ -119,7 +149,14 @@ impl WorkloadGenerator {
         seg.1.clear();
         let (mut group, mut turn) = (None, None);
         let max_tokens;
-        if let Some((trace, _)) = &self.trace {
+        if let Some(Replay::Chats { trace, order }) = &self.trace {
+            let (c, t) = order[index % order.len()];
+            let chat = &trace.chats[c];
+            self.chat_prompt(chat, t, seg);
+            max_tokens = self.tokenizer.encode(&chat.turns[t].reply).len().max(1);
+            group = Some(c);
+            turn = Some((c, t));
+        } else if let Some(Replay::Timed { trace, .. }) = &self.trace {
             let row = trace.rows[index % trace.rows.len()];
             let mut rng = self.rng(PLAIN, index, 0);
             self.segment(
@@ -195,6 +232,26 @@ impl WorkloadGenerator {
             group,
             turn,
         }
+    }
+
+    /// Turn `t` of a recorded conversation as its prompt: the system prompt, the earlier
+    /// turns with their recorded replies, then turn `t`'s user message — so turn `t + 1`'s
+    /// prompt begins with turn `t`'s, as a chat client resends its history.
+    fn chat_prompt(&self, chat: &Chat, t: usize, out: &mut (String, Vec<u32>)) {
+        if let Some(system) = &chat.system {
+            out.0.push_str(system);
+            out.0.push_str("\n\n");
+        }
+        for (k, turn) in chat.turns[..=t].iter().enumerate() {
+            out.0.push_str("User: ");
+            out.0.push_str(&turn.user);
+            if k < t {
+                out.0.push_str("\n\nAssistant: ");
+                out.0.push_str(&turn.reply);
+                out.0.push_str("\n\n");
+            }
+        }
+        out.1.extend(self.tokenizer.encode(&out.0));
     }
 
     fn turns_of(&self, conversation: usize) -> usize {

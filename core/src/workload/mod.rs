@@ -16,4 +16,4 @@ pub use generate::{GeneratedRequest, WorkloadGenerator};
 pub use scenario::{
     ClusterSpec, ConversationsSpec, GroupsSpec, Scenario, ScenarioError, ServerSpec, WorkloadSpec,
 };
-pub use trace::{Trace, TraceError, TraceFormat, TraceRow, TraceSpec};
+pub use trace::{Chat, ChatTurn, Trace, TraceError, TraceFormat, TraceRow, TraceSpec};

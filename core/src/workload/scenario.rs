@@ -281,11 +281,23 @@ impl Scenario {
                 .map_err(|(k, r)| (format!("workload.trace.{k}"), r))?;
         }
         let trace_arrivals = self.arrival.kind == super::ArrivalKind::Trace;
-        if trace_arrivals != w.trace.is_some() {
-            return Err((
-                "arrival.kind".into(),
-                "kind = \"trace\" and [workload] trace go together".into(),
-            ));
+        let timed = w.trace.as_ref().is_some_and(|t| t.format.is_timed());
+        if trace_arrivals != timed {
+            let reason = if w.trace.is_some() && !timed {
+                "a sharegpt trace has no times: its arrivals come from [arrival] (poisson, \
+                 concurrency, …), not kind = \"trace\""
+            } else {
+                "kind = \"trace\" and a timed [workload] trace (azure, requests) go together"
+            };
+            return Err(("arrival.kind".into(), reason.into()));
+        }
+        if let Some(t) = w.trace.as_ref().filter(|t| !t.format.is_timed()) {
+            if t.time_scale != 1.0 {
+                return Err((
+                    "workload.trace.time_scale".into(),
+                    "a sharegpt trace has no times to scale: set [arrival]'s rate instead".into(),
+                ));
+            }
         }
         if let Some(g) = w.groups {
             if g.count == 0 || g.prompts_per_group == 0 {

@@ -1,12 +1,20 @@
-//! Trace replay: a workload whose arrival times and lengths come from a recorded trace —
-//! the public Azure LLM inference trace's CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`)
-//! or this project's own `requests.csv` (`start_s`, `prompt_tokens`, `output_tokens`) — so
-//! the simulator and the load generator replay a user's real traffic. Prompts are corpus
-//! text of each row's length (a trace has lengths, not text); `max_tokens` is the row's
-//! output length (replay with `ignore_eos = true` to reproduce it).
+//! Trace replay: a workload that comes from a recorded trace, so the simulator and the load
+//! generator replay a user's real traffic. Two kinds:
 //!
-//! The scenario names the file (`[workload] trace = { path, format, time_scale }`, with
-//! `[arrival] kind = "trace"`); drivers read it with [`Trace::load`].
+//! * **Timed** — arrival times and lengths: the public Azure LLM inference trace's CSV
+//!   (`TIMESTAMP,ContextTokens,GeneratedTokens`) or this project's own `requests.csv`
+//!   (`start_s`, `prompt_tokens`, `output_tokens`). Prompts are corpus text of each row's
+//!   length (such a trace has lengths, not text); `max_tokens` is the row's output length
+//!   (replay with `ignore_eos = true` to reproduce it). The scenario pairs it with
+//!   `[arrival] kind = "trace"`.
+//! * **Conversations** — ShareGPT's JSON layout (`[{"conversations": [{"from": "human",
+//!   "value": …}, {"from": "gpt", "value": …}, …]}, …]`): real text, no times. Turn `t` of a
+//!   conversation is one request whose prompt holds the conversation's earlier turns and
+//!   replies as recorded, then its own user message; `max_tokens` is the recorded reply's
+//!   length. Arrivals come from the scenario's `[arrival]` process.
+//!
+//! The scenario names the file (`[workload] trace = { path, format, time_scale }`); drivers
+//! read it with [`Trace::load`].
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +44,28 @@ pub enum TraceFormat {
     Azure,
     /// A run directory's `requests.csv` (`start_s`, `prompt_tokens`, `output_tokens`).
     Requests,
+    /// ShareGPT's conversations (JSON): text, no times.
+    Sharegpt,
+}
+
+impl TraceFormat {
+    /// Whether the trace gives arrival times (`[arrival] kind = "trace"` replays them).
+    pub fn is_timed(self) -> bool {
+        !matches!(self, TraceFormat::Sharegpt)
+    }
+}
+
+/// One recorded conversation: an optional system prompt, then (user, reply) turns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chat {
+    pub system: Option<String>,
+    pub turns: Vec<ChatTurn>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTurn {
+    pub user: String,
+    pub reply: String,
 }
 
 /// One request of a trace.
@@ -47,10 +77,11 @@ pub struct TraceRow {
     pub output_tokens: usize,
 }
 
-/// A trace's requests in arrival order.
+/// A trace: timed rows in arrival order, or conversations (one of the two is empty).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trace {
     pub rows: Vec<TraceRow>,
+    pub chats: Vec<Chat>,
 }
 
 impl TraceSpec {
@@ -91,11 +122,13 @@ pub enum TraceError {
         line: Option<usize>,
         reason: String,
     },
-    #[error("{scenario_file}: workload.num_requests: {requested} requests but the trace has {rows} rows")]
+    #[error("{scenario_file}: workload.num_requests: {requested} requests but the trace has {available} {unit}")]
     TooShort {
         scenario_file: String,
         requested: usize,
-        rows: usize,
+        available: usize,
+        /// "rows", or "conversation turns".
+        unit: &'static str,
     },
 }
 
@@ -137,17 +170,30 @@ impl Trace {
         };
         let trace = Trace::load(spec, scenario_file)?;
         let n = scenario.workload.num_requests;
-        if n > trace.rows.len() {
+        if n > trace.requests() {
             return Err(TraceError::TooShort {
                 scenario_file: scenario_file.to_string(),
                 requested: n,
-                rows: trace.rows.len(),
+                available: trace.requests(),
+                unit: if trace.chats.is_empty() {
+                    "rows"
+                } else {
+                    "conversation turns"
+                },
             });
         }
         Ok(Some(std::sync::Arc::new(trace)))
     }
 
+    /// How many requests it holds: its rows, or its conversations' turns.
+    pub fn requests(&self) -> usize {
+        self.rows.len() + self.chats.iter().map(|c| c.turns.len()).sum::<usize>()
+    }
+
     pub fn parse(text: &str, format: TraceFormat, time_scale: f64) -> Result<Trace, TraceError> {
+        if format == TraceFormat::Sharegpt {
+            return parse_sharegpt(text);
+        }
         let mut lines = text
             .lines()
             .enumerate()
@@ -175,6 +221,7 @@ impl Trace {
                 find("prompt_tokens")?,
                 find("output_tokens")?,
             ),
+            TraceFormat::Sharegpt => unreachable!("parsed above"),
         };
         let mut rows = Vec::new();
         let mut first: Option<f64> = None;
@@ -195,6 +242,7 @@ impl Trace {
             let t = match format {
                 TraceFormat::Azure => timestamp_s(raw_t),
                 TraceFormat::Requests => raw_t.parse().ok().filter(|t: &f64| t.is_finite()),
+                TraceFormat::Sharegpt => unreachable!("parsed above"),
             }
             .ok_or_else(|| bad(i + 1, format!("`{raw_t}` is not a time")))?;
             let t0 = *first.get_or_insert(t);
@@ -226,8 +274,77 @@ impl Trace {
                 reason: "the trace has a header but no requests".into(),
             });
         }
-        Ok(Trace { rows })
+        Ok(Trace {
+            rows,
+            chats: Vec::new(),
+        })
     }
+}
+
+/// ShareGPT's layout: a list of `{"conversations": [{"from", "value"}, …]}`. A leading
+/// `system` message is the conversation's system prompt; then user messages (`human`,
+/// `user`) and replies (`gpt`, `assistant`, `chatgpt`) alternate. A last user message
+/// without a reply is dropped (nothing says how long its answer was), and so is a
+/// conversation without one complete turn, as vLLM's ShareGPT loader drops those.
+fn parse_sharegpt(text: &str) -> Result<Trace, TraceError> {
+    let bad = |line: Option<usize>, reason: String| TraceError::Format {
+        path: None,
+        line,
+        reason,
+    };
+    let all: Vec<serde_json::Value> = serde_json::from_str(text)
+        .map_err(|e| bad(Some(e.line()), format!("not a ShareGPT JSON list: {e}")))?;
+    let mut chats = Vec::new();
+    for (i, entry) in all.iter().enumerate() {
+        let in_entry = |reason: String| bad(None, format!("conversation {i}: {reason}"));
+        let messages = entry
+            .get("conversations")
+            .and_then(|c| c.as_array())
+            .ok_or_else(|| in_entry("no `conversations` list".into()))?;
+        let mut chat = Chat {
+            system: None,
+            turns: Vec::new(),
+        };
+        let mut pending_user: Option<String> = None;
+        for (j, m) in messages.iter().enumerate() {
+            let field = |k: &str| {
+                m.get(k)
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| in_entry(format!("message {j} has no string `{k}`")))
+            };
+            let (from, value) = (field("from")?, field("value")?.to_string());
+            match (from, &pending_user) {
+                ("system", None) if j == 0 => chat.system = Some(value),
+                ("human" | "user", None) => pending_user = Some(value),
+                ("gpt" | "assistant" | "chatgpt", Some(_)) => chat.turns.push(ChatTurn {
+                    user: pending_user.take().unwrap_or_default(),
+                    reply: value,
+                }),
+                ("system" | "human" | "user" | "gpt" | "assistant" | "chatgpt", _) => {
+                    return Err(in_entry(format!(
+                        "message {j} (`{from}`) is out of turn: user messages and replies \
+                         alternate, a system prompt comes first"
+                    )))
+                }
+                (other, _) => {
+                    return Err(in_entry(format!(
+                        "message {j}: unknown role `{other}` (expected system, human/user, \
+                         gpt/assistant)"
+                    )))
+                }
+            }
+        }
+        if !chat.turns.is_empty() {
+            chats.push(chat);
+        }
+    }
+    if chats.is_empty() {
+        return Err(bad(None, "no conversation has a complete turn".into()));
+    }
+    Ok(Trace {
+        rows: Vec::new(),
+        chats,
+    })
 }
 
 /// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC).
