@@ -774,6 +774,61 @@ async fn a_trace_replays_the_same_arrivals_and_lengths_in_both_drivers() {
     }
 }
 
+/// Recorded conversations (`scenarios/sharegpt_replay.toml`) replay alike in both drivers
+/// when both cut text with the served model's tokenizer: the same requests, the same output
+/// lengths, prompts within the server's special tokens, and later turns hitting the prefix
+/// cache in the simulator and in the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_conversations_replay_alike_in_both_drivers() {
+    use infer_core::workload::Tokenizer;
+    let file = scenario("sharegpt_replay");
+    // Every first turn (10) and four second turns.
+    let first = vec!["workload.num_requests=14".to_string()];
+    let dir = infer_engine::tools::builtin::resolve("builtin:tiny").unwrap();
+    let tokenizer: std::sync::Arc<dyn Tokenizer> = std::sync::Arc::new(
+        infer_engine::runtime::tokenizer::TextTokenizer::from_dir(&dir).unwrap(),
+    );
+    let setup = infer_sim::load(&file, &first).unwrap();
+    let mut predicted = infer_sim::Rows::default();
+    let p = infer_sim::run_with(&setup, tokenizer.clone(), &mut predicted);
+    predicted.records.sort_by_key(|r| r.id);
+
+    let sched = SchedulerConfig {
+        prefix_caching: true,
+        ..SchedulerConfig::default()
+    };
+    let (addr, server) = spawn_local(config(sched)).await.unwrap();
+    let mut opts = BenchOptions::new(&format!("http://{addr}"), &file);
+    opts.tokenizer = Some(tokenizer);
+    opts.overrides = first;
+    let measured = loadgen::run(&opts).await.unwrap();
+    server.stop().await;
+    assert_eq!(predicted.records.len(), 14);
+    assert_eq!(measured.records.len(), 14);
+    for (p, m) in predicted.records.iter().zip(&measured.records) {
+        assert_eq!(p.id, m.id);
+        assert!(m.success(), "{m:?}");
+        assert_eq!(p.output_tokens, m.output_tokens, "request {}", m.id);
+        assert!(
+            p.prompt_tokens.abs_diff(m.prompt_tokens) <= 2,
+            "request {}: {} vs {}",
+            m.id,
+            p.prompt_tokens,
+            m.prompt_tokens
+        );
+    }
+    assert!(
+        p.summary.prefix_cache_hit_rate > 0.05,
+        "{}",
+        p.summary.prefix_cache_hit_rate
+    );
+    assert!(
+        measured.summary.prefix_cache_hit_rate > 0.05,
+        "{}",
+        measured.summary.prefix_cache_hit_rate
+    );
+}
+
 /// `echo` with `logprobs` and `max_tokens: 0` (how evaluation harnesses score a text): the
 /// completion is the prompt, its first token has no logprob and every other one has its
 /// logprob given the tokens before it — the same whatever follows it (a prefix of the
