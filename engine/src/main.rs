@@ -131,6 +131,19 @@ struct ServeArgs {
     port: u16,
     #[arg(long = "served-model-name")]
     served_model_name: Option<String>,
+    /// Run a scenario's `[server]` configuration (batching, KV backend and pool, block size,
+    /// chunking, prefix caching, max_model_len): the replica a `sim run` of that scenario
+    /// predicts. Its `server.model` names the simulator's model; the engine serves `--model`.
+    /// The scheduler flags below then may not be given.
+    #[arg(long, value_name = "SCENARIO", conflicts_with_all = [
+        "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
+        "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
+        "max_num_batched_tokens", "prefix_caching", "max_model_len",
+    ])]
+    scenario: Option<PathBuf>,
+    /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.
+    #[arg(long = "set", value_name = "KEY=VALUE", requires = "scenario")]
+    set: Vec<String>,
     #[arg(long = "max-batch-size", default_value_t = 24)]
     max_batch_size: usize,
     #[arg(long = "batching-mode", value_enum, default_value_t = BatchingArg::Continuous)]
@@ -225,6 +238,12 @@ struct BenchArgs {
     tokenizer: Option<PathBuf>,
     #[arg(long = "no-progress")]
     no_progress: bool,
+    /// Read the server counters (prompt and generated tokens, prefix-cache hits,
+    /// preemptions) and the timeseries from these servers' `/metrics` instead of
+    /// `--server`'s: the replicas behind a router (whose `/metrics` is one replica's, or
+    /// its own). Counters are summed over them.
+    #[arg(long = "metrics-from", num_args = 1.., value_name = "URL")]
+    metrics_from: Vec<String>,
 }
 
 #[derive(Args)]
@@ -435,24 +454,18 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     if a.gpu_memory_utilization.is_some() && a.num_gpu_blocks.is_some() {
         bail!("--num-gpu-blocks and --gpu-memory-utilization both size the KV pool: give one");
     }
-    let sched = SchedulerConfig {
-        batching_mode: match a.batching_mode {
-            BatchingArg::Static => BatchingMode::Static,
-            BatchingArg::Continuous => BatchingMode::Continuous,
-        },
-        max_batch_size: a.max_batch_size,
-        kv_cache_backend: match a.kv_cache_backend {
-            KvArg::Contiguous => KvBackend::Contiguous,
-            KvArg::Paged => KvBackend::Paged,
-        },
-        num_gpu_blocks: a.num_gpu_blocks.unwrap_or(2048),
-        block_size: a.block_size,
-        chunked_prefill: a.chunked_prefill,
-        prefill_chunk_size: a.prefill_chunk_size,
-        max_num_batched_tokens: a.max_num_batched_tokens,
-        prefix_caching: a.prefix_caching,
-        max_model_len: a.max_model_len,
-        max_waiting: a.max_waiting,
+    let sched = match &a.scenario {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(infer_core::FileError::at(path, "read"))?;
+            let scenario =
+                infer_core::workload::Scenario::parse(&path.display().to_string(), &text, &a.set)?;
+            SchedulerConfig {
+                max_waiting: a.max_waiting,
+                ..scenario.server.scheduler_config()
+            }
+        }
+        None => scheduler_flags(&a),
     };
     let cfg = ServeConfig {
         served_model_name: a.served_model_name,
@@ -486,6 +499,29 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     rt.block_on(serve(cfg, addr))
 }
 
+/// The scheduler as the flags give it.
+fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
+    SchedulerConfig {
+        batching_mode: match a.batching_mode {
+            BatchingArg::Static => BatchingMode::Static,
+            BatchingArg::Continuous => BatchingMode::Continuous,
+        },
+        max_batch_size: a.max_batch_size,
+        kv_cache_backend: match a.kv_cache_backend {
+            KvArg::Contiguous => KvBackend::Contiguous,
+            KvArg::Paged => KvBackend::Paged,
+        },
+        num_gpu_blocks: a.num_gpu_blocks.unwrap_or(2048),
+        block_size: a.block_size,
+        chunked_prefill: a.chunked_prefill,
+        prefill_chunk_size: a.prefill_chunk_size,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        prefix_caching: a.prefix_caching,
+        max_model_len: a.max_model_len,
+        max_waiting: a.max_waiting,
+    }
+}
+
 fn run_bench(a: BenchArgs) -> Result<()> {
     let mut opts = BenchOptions::new(&a.server, &a.scenario);
     opts.overrides = a.set;
@@ -493,6 +529,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .extend(infer_core::metrics::Slo::overrides(&a.goodput)?);
     opts.model = a.model;
     opts.progress = !a.no_progress;
+    opts.metrics_from = a.metrics_from;
     if let Some(path) = &a.tokenizer {
         opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
     }

@@ -774,6 +774,41 @@ async fn a_trace_replays_the_same_arrivals_and_lengths_in_both_drivers() {
     }
 }
 
+/// Behind a router, `engine bench --metrics-from` reads the replicas' own counters: summed
+/// over them, one timeseries row per replica. Here the load goes to one server and the
+/// counters come from it and an idle second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_sums_the_counters_of_every_metrics_endpoint() {
+    let (a, server_a) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let (b, server_b) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let mut opts = BenchOptions::new(&format!("http://{a}"), scenario("continuous_batching"));
+    opts.overrides = vec![
+        "workload.num_requests=4".into(),
+        "workload.output_tokens=6".into(),
+    ];
+    opts.metrics_from = vec![format!("http://{a}"), format!("http://{b}/")];
+    opts.scrape_interval = Duration::from_millis(20);
+    let r = loadgen::run(&opts).await.unwrap();
+    server_a.stop().await;
+    server_b.stop().await;
+    let c = r.server_counters.expect("both answer /metrics");
+    assert_eq!(c.generation_tokens, r.summary.total_output_tokens as f64);
+    assert_eq!(c.prompt_tokens, r.summary.total_input_tokens as f64);
+    assert_eq!(c.request_success, 4.0);
+    let replicas: std::collections::BTreeSet<usize> =
+        r.timeseries.iter().map(|p| p.replica).collect();
+    assert_eq!(replicas, [0, 1].into(), "one row per endpoint and sample");
+    assert!(r
+        .timeseries
+        .iter()
+        .filter(|p| p.replica == 1)
+        .all(|p| p.running == 0 && p.prefix_queries == 0));
+}
+
 /// Recorded conversations (`scenarios/sharegpt_replay.toml`) replay alike in both drivers
 /// when both cut text with the served model's tokenizer: the same requests, the same output
 /// lengths, prompts within the server's special tokens, and later turns hitting the prefix

@@ -35,6 +35,10 @@ pub struct BenchOptions {
     pub progress: bool,
     /// How often `/metrics` is scraped.
     pub scrape_interval: Duration,
+    /// Whose `/metrics` to read (base URLs): the replicas behind a router, whose own
+    /// `/metrics` is one replica's or its own. Empty: the server's. Counters are summed;
+    /// the timeseries has one row per endpoint (its `replica` column).
+    pub metrics_from: Vec<String>,
     /// Cuts prompts in this tokenizer's tokens (default: the approximate tokenizer the
     /// simulator uses for catalog models).
     pub tokenizer: Option<Arc<dyn Tokenizer>>,
@@ -50,6 +54,7 @@ impl BenchOptions {
             out: None,
             progress: false,
             scrape_interval: Duration::from_millis(250),
+            metrics_from: Vec::new(),
             tokenizer: None,
         }
     }
@@ -193,7 +198,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     let mut summary = metrics.summary(duration);
     summary.max_concurrency = arrivals.max_concurrency;
     let server_counters = match (before, after) {
-        (Some(b), Some(a)) => Some(counters(&a).delta(&counters(&b))),
+        (Some(b), Some(a)) => Some(total_counters(&a).delta(&total_counters(&b))),
         _ => None,
     };
     if let Some(c) = server_counters {
@@ -340,6 +345,8 @@ struct Target {
     client: reqwest::Client,
     base: String,
     model: String,
+    /// Base URLs whose `/metrics` are read (see [`BenchOptions::metrics_from`]).
+    metrics: Vec<String>,
 }
 
 /// The timelines of a run's requests and the records of those that ended.
@@ -383,10 +390,19 @@ impl Target {
             Some(m) => m.clone(),
             None => served_model(&client, &base).await?,
         };
+        let metrics = if opts.metrics_from.is_empty() {
+            vec![base.clone()]
+        } else {
+            opts.metrics_from
+                .iter()
+                .map(|u| u.trim_end_matches('/').to_string())
+                .collect()
+        };
         Ok(Target {
             client,
             base,
             model,
+            metrics,
         })
     }
 
@@ -537,17 +553,22 @@ impl Target {
         t
     }
 
-    async fn scrape(&self) -> Option<String> {
-        let resp = self
-            .client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .ok()?;
-        if !resp.status().is_success() {
-            return None;
+    /// Every metrics endpoint's text, or `None` if one does not answer.
+    async fn scrape(&self) -> Option<Vec<String>> {
+        let mut texts = Vec::with_capacity(self.metrics.len());
+        for base in &self.metrics {
+            let resp = self
+                .client
+                .get(format!("{base}/metrics"))
+                .send()
+                .await
+                .ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            texts.push(resp.text().await.ok()?);
         }
-        resp.text().await.ok()
+        Some(texts)
     }
 }
 
@@ -582,6 +603,14 @@ async fn served_model(client: &reqwest::Client, base: &str) -> Result<String> {
         .ok_or_else(|| anyhow!("{url} lists no model; pass --model"))
 }
 
+/// The counters summed over every endpoint's text.
+fn total_counters(texts: &[String]) -> ServerCounters {
+    texts
+        .iter()
+        .map(|t| counters(t))
+        .fold(ServerCounters::default(), |a, c| a.plus(&c))
+}
+
 fn counters(text: &str) -> ServerCounters {
     let v = |name| prom::value(text, name).unwrap_or(0.0);
     ServerCounters {
@@ -595,6 +624,17 @@ fn counters(text: &str) -> ServerCounters {
 }
 
 impl ServerCounters {
+    fn plus(&self, other: &ServerCounters) -> ServerCounters {
+        ServerCounters {
+            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
+            generation_tokens: self.generation_tokens + other.generation_tokens,
+            request_success: self.request_success + other.request_success,
+            prefix_cache_queries: self.prefix_cache_queries + other.prefix_cache_queries,
+            prefix_cache_hits: self.prefix_cache_hits + other.prefix_cache_hits,
+            num_preemptions: self.num_preemptions + other.num_preemptions,
+        }
+    }
+
     fn delta(&self, before: &ServerCounters) -> ServerCounters {
         ServerCounters {
             prompt_tokens: self.prompt_tokens - before.prompt_tokens,
@@ -609,28 +649,31 @@ impl ServerCounters {
 
 async fn scrape_loop(
     target: Target,
-    before: Option<String>,
+    before: Option<Vec<String>>,
     start: Instant,
     interval: Duration,
     done: Arc<std::sync::atomic::AtomicBool>,
 ) -> Vec<TimePoint> {
     let mut points = Vec::new();
     let Some(before) = before else { return points };
-    let base = counters(&before);
+    let base: Vec<ServerCounters> = before.iter().map(|t| counters(t)).collect();
     while !done.load(Ordering::SeqCst) {
-        if let Some(text) = target.scrape().await {
-            let c = counters(&text).delta(&base);
-            let g = |name| prom::value(&text, name).unwrap_or(0.0);
-            points.push(TimePoint {
-                t: start.elapsed().as_secs_f64(),
-                replica: 0,
-                waiting: g("vllm:num_requests_waiting") as usize,
-                running: g("vllm:num_requests_running") as usize,
-                kv_usage: g("vllm:kv_cache_usage_perc"),
-                prefix_queries: c.prefix_cache_queries as u64,
-                prefix_hits: c.prefix_cache_hits as u64,
-                preemptions: c.num_preemptions as u64,
-            });
+        if let Some(texts) = target.scrape().await {
+            let t = start.elapsed().as_secs_f64();
+            for (replica, (text, base)) in texts.iter().zip(&base).enumerate() {
+                let c = counters(text).delta(base);
+                let g = |name| prom::value(text, name).unwrap_or(0.0);
+                points.push(TimePoint {
+                    t,
+                    replica,
+                    waiting: g("vllm:num_requests_waiting") as usize,
+                    running: g("vllm:num_requests_running") as usize,
+                    kv_usage: g("vllm:kv_cache_usage_perc"),
+                    prefix_queries: c.prefix_cache_queries as u64,
+                    prefix_hits: c.prefix_cache_hits as u64,
+                    preemptions: c.num_preemptions as u64,
+                });
+            }
         }
         tokio::time::sleep(interval).await;
     }
