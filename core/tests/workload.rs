@@ -387,3 +387,43 @@ fn malformed_sharegpt_is_refused_naming_the_conversation_and_message() {
         }]
     );
 }
+
+#[test]
+fn prompts_leave_room_for_the_tokens_a_server_puts_first() {
+    use infer_core::workload::{Token, Tokenizer};
+    /// A tokenizer whose server puts a BOS (id 7) before every prompt.
+    struct WithBos(ApproxTokenizer);
+    impl Tokenizer for WithBos {
+        fn encode_with_offsets(&self, text: &str) -> Vec<Token> {
+            self.0.encode_with_offsets(text)
+        }
+        fn name(&self) -> String {
+            "with a BOS".into()
+        }
+        fn prompt_prefix(&self) -> Vec<u32> {
+            vec![7]
+        }
+    }
+    let text = ApproxTokenizer::default();
+    // Plain prompts, a shared prefix, groups of system prompts, conversations.
+    for name in [
+        "baseline",
+        "prefix_caching",
+        "llmd_shared_prefix",
+        "kubeai_prefix_routing",
+    ] {
+        let s = load(name, &[]);
+        let plain = generator(&s);
+        let bos = WorkloadGenerator::new(s.workload.clone(), Arc::new(WithBos(text.clone())));
+        for i in 0..6 {
+            let (a, b) = (plain.request(i), bos.request(i));
+            assert_eq!(b.prompt_ids.len(), a.prompt_ids.len(), "{name} {i}");
+            assert_eq!(b.prompt_ids[0], 7, "{name} {i}");
+            // One text token fewer (re-encoding a whole prompt may merge across the
+            // boundary of its segments: within one more).
+            let (ta, tb) = (text.encode(&a.prompt).len(), text.encode(&b.prompt).len());
+            assert!(ta.abs_diff(tb + 1) <= 1, "{name} {i}: {ta} vs {tb} + 1");
+            assert!(b.prompt.len() < a.prompt.len(), "{name} {i}");
+        }
+    }
+}

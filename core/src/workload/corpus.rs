@@ -52,6 +52,13 @@ pub trait Tokenizer: Send + Sync {
 
     /// A short name for logs and run metadata.
     fn name(&self) -> String;
+
+    /// The tokens a server puts before every prompt it tokenises (a BOS token). A prompt
+    /// of N tokens holds these and N minus their number of text tokens, so that the server
+    /// counts N.
+    fn prompt_prefix(&self) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// About four characters per token, for catalog models whose tokenizer is not at hand:

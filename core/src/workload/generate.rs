@@ -36,6 +36,9 @@ pub struct WorkloadGenerator {
     corpus: TokenizedCorpus,
     /// The prefix every prompt shares (`shared_prefix_tokens`).
     shared: Option<(String, Vec<u32>)>,
+    /// The tokens the server puts before every prompt (see [`Tokenizer::prompt_prefix`]):
+    /// each prompt's ids start with them, and its text is that much shorter.
+    prefix: Vec<u32>,
     /// Where prompts are assembled: it keeps its capacity, so a prompt of many segments
     /// costs one exact allocation, not a chain of reallocations.
     scratch: std::sync::Mutex<(String, Vec<u32>)>,
@@ -72,19 +75,22 @@ const ARRIVALS: u64 = 8;
 impl WorkloadGenerator {
     pub fn new(spec: WorkloadSpec, tokenizer: Arc<dyn Tokenizer>) -> Self {
         let corpus = TokenizedCorpus::new(tokenizer.as_ref());
+        let prefix = tokenizer.prompt_prefix();
         let mut g = WorkloadGenerator {
             spec,
             tokenizer,
             corpus,
             shared: None,
+            prefix,
             scratch: Default::default(),
             trace: None,
         };
         if let Some(n) = g.spec.shared_prefix_tokens.filter(|&n| n > 0) {
             let mut seg = (String::new(), Vec::new());
+            // The first segment of every prompt: it leaves room for the server's prefix.
             g.segment(
                 "System instructions: ",
-                n,
+                n.saturating_sub(g.prefix.len()),
                 &mut g.rng(SHARED, 0, 0),
                 &mut seg,
             );
@@ -147,6 +153,9 @@ impl WorkloadGenerator {
         let seg = &mut *scratch;
         seg.0.clear();
         seg.1.clear();
+        seg.1.extend_from_slice(&self.prefix);
+        // The first segment of the prompt is shorter by the server's prefix tokens.
+        let room = |n: usize| n.saturating_sub(self.prefix.len());
         let (mut group, mut turn) = (None, None);
         let max_tokens;
         if let Some(Replay::Chats { trace, order }) = &self.trace {
@@ -161,7 +170,7 @@ impl WorkloadGenerator {
             let mut rng = self.rng(PLAIN, index, 0);
             self.segment(
                 &format!("Request {index}: "),
-                row.prompt_tokens,
+                room(row.prompt_tokens),
                 &mut rng,
                 seg,
             );
@@ -173,7 +182,7 @@ impl WorkloadGenerator {
             let tag = format!("System prompt {gi}: ");
             self.segment(
                 &tag,
-                g.system_tokens,
+                room(g.system_tokens),
                 &mut self.rng(GROUP_SYSTEM, gi, 0),
                 seg,
             );
@@ -190,7 +199,7 @@ impl WorkloadGenerator {
             let tag = format!("Conversation {ci}. ");
             self.segment(
                 &tag,
-                c.system_tokens.max(1),
+                room(c.system_tokens.max(1)),
                 &mut self.rng(CONV_SYSTEM, ci, 0),
                 seg,
             );
@@ -215,10 +224,10 @@ impl WorkloadGenerator {
             }
             let n = w.prompt_tokens.sample(&mut rng);
             max_tokens = w.output_tokens.sample(&mut rng);
-            let tag = if self.shared.is_some() {
-                "\n\nRequest "
+            let (tag, n) = if self.shared.is_some() {
+                ("\n\nRequest ", n) // the shared prefix left the room
             } else {
-                "Request "
+                ("Request ", room(n))
             };
             self.segment(&format!("{tag}{index}: "), n, &mut rng, seg);
         }

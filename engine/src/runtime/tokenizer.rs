@@ -26,6 +26,8 @@ pub struct TextTokenizer {
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// What encoding with special tokens puts before the text (a BOS token, if any).
+    prompt_prefix: Vec<u32>,
 }
 
 impl TextTokenizer {
@@ -46,11 +48,25 @@ impl TextTokenizer {
         } else {
             Value::Null
         };
+        let prompt_prefix = {
+            let ids = |special| {
+                inner
+                    .encode("a", special)
+                    .map(|e| e.get_ids().to_vec())
+                    .unwrap_or_default()
+            };
+            let (with, without) = (ids(true), ids(false));
+            match with.len().checked_sub(without.len()) {
+                Some(k) if with[k..] == without[..] => with[..k].to_vec(),
+                _ => Vec::new(),
+            }
+        };
         Ok(Self {
             inner,
             chat_template: chat_template(&cfg),
             bos_token: special_token(cfg.get("bos_token")),
             eos_token: special_token(cfg.get("eos_token")),
+            prompt_prefix,
         })
     }
 
@@ -209,6 +225,10 @@ impl infer_core::workload::Tokenizer for TextTokenizer {
     fn name(&self) -> String {
         format!("tokenizer.json (vocab {})", self.vocab_size())
     }
+
+    fn prompt_prefix(&self) -> Vec<u32> {
+        self.prompt_prefix.clone()
+    }
 }
 
 #[cfg(test)]
@@ -225,6 +245,7 @@ mod tests {
             chat_template: Some(template.to_string()),
             bos_token: Some("<s>".into()),
             eos_token: Some("</s>".into()),
+            prompt_prefix: Vec::new(),
         }
     }
 
