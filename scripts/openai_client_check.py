@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""The openai Python client against `engine serve`: the features clients rely on, each
+asserted, so that a failure names what broke.
+
+    pip install openai
+    engine serve &                      # builtin:tiny on 127.0.0.1:8000
+    python3 scripts/openai_client_check.py [BASE_URL]
+
+Checks: `n=2` (completions, chat, chat streaming), `logit_bias` (a +100 bias makes the
+token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` and
+`max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
+reproducible, and an unsupported parameter refused with 400 naming it.
+"""
+import json
+import sys
+import urllib.request
+
+import openai
+
+base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
+client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+model = client.models.list().data[0].id
+checks = []
+
+
+def post(path, body):
+    """The server's own (non-/v1) endpoints: /tokenize, /detokenize."""
+    req = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req) as resp:
+        return json.load(resp)
+
+
+def check(name, ok, detail=""):
+    checks.append(ok)
+    print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + str(detail) if detail else ''}")
+
+
+prompt = "The harbor town sat at the mouth of a shallow river, and"
+
+# n = 2: two choices from one prompt, in order, usage counting the prompt once.
+r = client.completions.create(model=model, prompt=prompt, max_tokens=8, n=2, temperature=1.0, seed=3)
+check("completions n=2", [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 16,
+      [c.index for c in r.choices])
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello"}],
+                                   max_tokens=6, n=2, temperature=1.0, seed=3)
+check("chat n=2", sorted(c.index for c in r.choices) == [0, 1])
+seen = set()
+for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=6, n=2, stream=True, temperature=1.0, seed=3):
+    seen.update(c.index for c in chunk.choices)
+check("chat n=2 streaming", seen == {0, 1}, seen)
+
+# Seeded sampling is reproducible.
+a = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=1.0, seed=11)
+b = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=1.0, seed=11)
+check("seed reproducible", a.choices[0].text == b.choices[0].text)
+
+# logit_bias: -100 on the token greedy decoding picks makes it pick another; +100 on a token
+# makes greedy decoding pick it every time.
+greedy = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)
+likeliest = greedy.choices[0].text
+ids = post("/tokenize", {"prompt": likeliest, "add_special_tokens": False})["tokens"]
+check("the greedy token's text is one token", len(ids) == 1, ids)
+banned = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                   logit_bias={str(ids[0]): -100})
+check("logit_bias -100 forbids the likeliest token", banned.choices[0].text != likeliest,
+      (likeliest, banned.choices[0].text))
+forced = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0,
+                                   logit_bias={"42": 100})
+t42 = post("/detokenize", {"tokens": [42]})["prompt"]
+check("logit_bias +100 makes a token certain", forced.choices[0].text == t42 * 3,
+      (forced.choices[0].text, t42))
+
+# echo + logprobs + max_tokens=0: the prompt back with each token's logprob (none for the
+# first), nothing generated.
+e = client.completions.create(model=model, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+lp = e.choices[0].logprobs
+check("echo returns the prompt", e.choices[0].text == prompt)
+check("prompt logprobs: none for the first token, one for every other",
+      lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+      and len(lp.tokens) == e.usage.prompt_tokens, lp.token_logprobs[:3])
+
+# A parameter the server does not implement is refused, naming it.
+try:
+    client.completions.create(model=model, prompt=prompt, max_tokens=2, extra_body={"guided_regex": "a+"})
+    check("unsupported parameter refused", False, "accepted")
+except openai.BadRequestError as err:
+    check("unsupported parameter refused", "guided_regex" in str(err), err.status_code)
+
+print(f"{sum(checks)} of {len(checks)} checks passed")
+sys.exit(0 if all(checks) else 1)
