@@ -554,6 +554,15 @@ async fn router_facing_endpoints_report_load_and_health() {
     let (_, busy) = get("/get_load").await;
     assert_eq!(busy["load"], 1, "{busy}");
     assert_eq!(busy["num_reqs"], 1, "{busy}");
+    // SGLang's token load: the KV tokens the running request holds (a block or more).
+    let tokens = busy["aggregate"]["total_tokens"].as_u64().unwrap();
+    assert!(tokens >= 16, "{busy}");
+    assert_eq!(busy["loads"][0]["num_total_tokens"], tokens, "{busy}");
+    assert_eq!(
+        get("/v1/loads").await.1["aggregate"]["total_tokens"],
+        tokens
+    );
+    assert_eq!(idle["aggregate"]["total_tokens"], 0, "{idle}");
     drop(resp);
     let (status, info) = get("/get_model_info").await;
     assert_eq!(status, 200);
@@ -562,9 +571,11 @@ async fn router_facing_endpoints_report_load_and_health() {
         info["model_path"].as_str().is_some_and(|p| !p.is_empty()),
         "{info}"
     );
+    assert_eq!(get("/model_info").await.1, info, "SGLang's newer name");
     let (status, info) = get("/get_server_info").await;
     assert_eq!(status, 200);
     assert_eq!(info["engine"], "infer");
+    assert_eq!(get("/server_info").await.1["engine"], "infer");
     assert!(info["max_model_len"].as_u64().is_some(), "{info}");
     let (status, _) = get("/health_generate").await;
     assert_eq!(status, 200);

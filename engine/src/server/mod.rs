@@ -273,8 +273,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         // What routers in front of replicas read (SGLang's router and vllm-router).
         .route("/get_load", get(get_load))
+        .route("/v1/loads", get(get_load))
         .route("/get_model_info", get(get_model_info))
+        .route("/model_info", get(get_model_info))
         .route("/get_server_info", get(get_server_info))
+        .route("/server_info", get(get_server_info))
         .route("/health_generate", get(health_generate))
         .route("/kv_event_sources", get(kv_event_sources))
         .route("/reset_prefix_cache", post(reset_prefix_cache))

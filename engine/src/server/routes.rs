@@ -24,15 +24,25 @@ pub(super) async fn models(State(s): State<AppState>) -> Json<Value> {
     }]}))
 }
 
-/// The replica's load as SGLang's router reads it (`load`: requests running or waiting), with
-/// the parts.
+/// The replica's load as routers read it: `load` (requests running or waiting: vllm-router,
+/// older SGLang routers) and SGLang's token load (`loads[].num_total_tokens` per data-parallel
+/// rank and `aggregate.total_tokens`, which sglang-router 0.3's power-of-two compares: here
+/// the KV tokens held), at `/get_load` and SGLang's newer `/v1/loads`.
 pub(super) async fn get_load(State(s): State<AppState>) -> Json<Value> {
-    let m = s.inner.metrics.lock().unwrap().sched;
+    let metrics = s.inner.metrics.lock().unwrap();
+    let (m, block_size) = (metrics.sched, metrics.block_size);
+    drop(metrics);
+    let used_tokens = (m.num_blocks - m.num_free_blocks) * block_size;
     Json(json!({
         "load": m.num_running + m.num_waiting,
         "num_reqs": m.num_running,
         "num_waiting_reqs": m.num_waiting,
         "kv_cache_usage": m.kv_usage,
+        "loads": [{
+            "dp_rank": 0, "num_reqs": m.num_running, "num_waiting_reqs": m.num_waiting,
+            "num_used_tokens": used_tokens, "num_total_tokens": used_tokens,
+        }],
+        "aggregate": {"total_tokens": used_tokens},
     }))
 }
 
