@@ -19,22 +19,10 @@ scenario=${1:-scenarios/paged_attention.toml}
 requests=${2:-16}
 command -v transformers > /dev/null \
     || { echo "transformers not found: pip install torch \"transformers[serving]\"" >&2; exit 2; }
-out=runs/bench-transformers-$(date +%s)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 cargo build --release -q -p infer-engine -p infer-sim
-engine=$PWD/target/release/engine
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done; wait 2> /dev/null || true; }
-trap cleanup EXIT
-wait_for() { # URL: up to 120 s
-    for _ in $(seq 1200); do curl -sf "$1" > /dev/null 2>&1 && return 0; sleep 0.1; done
-    echo "no answer from $1" >&2; exit 1
-}
-
-"$engine" make-model --arch llama --layers 4 --hidden 256 --heads 8 --kv-heads 4 \
-    --intermediate 768 --vocab 2048 --max-pos 4096 --out "$out/model" > /dev/null
+source scripts/lib.sh
+out=$(run_dir bench-transformers)
+small_llama "$out/model"
 sets=(--set "workload.num_requests=$requests" --set workload.output_tokens=16
     --set workload.ignore_eos=false --set workload.warmup_requests=0)
 load=(--scenario "$scenario" --model "$out/model" --tokenizer "$out/model" --no-progress
@@ -42,7 +30,7 @@ load=(--scenario "$scenario" --model "$out/model" --tokenizer "$out/model" --no-
 
 transformers serve "$out/model" --port 8600 --device cpu > "$out/transformers.log" 2>&1 &
 pids+=($!)
-wait_for http://127.0.0.1:8600/health
+wait_for http://127.0.0.1:8600/health 120
 "$engine" bench --server http://127.0.0.1:8600 "${load[@]}" --out "$out/transformers" \
     | tee "$out/transformers.txt"
 
@@ -52,7 +40,7 @@ wait_for http://127.0.0.1:8601/health
 "$engine" bench --server http://127.0.0.1:8601 "${load[@]}" --out "$out/infer" > "$out/infer.txt"
 
 # The lengths the scenario asks for: the simulator's requests of the same workload.
-./target/release/sim run "$scenario" "${sets[@]}" --out "$out/intended" > /dev/null
+"$sim" run "$scenario" "${sets[@]}" --out "$out/intended" > /dev/null
 
 # Each request's prompt and output tokens as each server counted them (requests.csv columns).
 python3 - "$out" << 'EOF'
@@ -72,5 +60,5 @@ for k in sorted(t):
           f"{i[k]['prompt_tokens']:<6}                    {t[k]['output_tokens']:>4} / "
           f"{i[k]['output_tokens']}")
 EOF
-./target/release/sim report "$out/infer" "$out/transformers" --out "$out/report" > /dev/null
+"$sim" report "$out/infer" "$out/transformers" --out "$out/report" > /dev/null
 echo "runs: $out (report: $out/report/report.md)"

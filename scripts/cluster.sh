@@ -39,24 +39,10 @@ case "$policy" in
 esac
 command -v vllm-router > /dev/null || { echo "vllm-router not found: pip install vllm-router" >&2; exit 2; }
 
-out=runs/cluster-$(date +%s)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 cargo build --release -q -p infer-engine -p infer-sim
-engine=$PWD/target/release/engine
-sim=$PWD/target/release/sim
-
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done; wait 2> /dev/null || true; }
-trap cleanup EXIT
-
-wait_for() { # URL: up to 60 s
-    for _ in $(seq 600); do curl -sf "$1" > /dev/null 2>&1 && return 0; sleep 0.1; done
-    echo "no answer from $1" >&2; exit 1
-}
-
-"$engine" make-model --arch llama --layers 4 --hidden 256 --heads 8 --kv-heads 4 \
-    --intermediate 768 --vocab 2048 --max-pos 4096 --out "$out/model" > /dev/null
+source scripts/lib.sh
+out=$(run_dir cluster)
+small_llama "$out/model"
 echo "profiling the model on one core ..."
 taskset -c 0 "$engine" profile --model "$out/model" --quick --out "$out/profile.json" > "$out/profile.log"
 

@@ -1,0 +1,38 @@
+# Shared by the scripts that start servers (cluster.sh, bench_transformers.sh): sourced from
+# the repository root after `cargo build --release`, not run.
+
+engine=$PWD/target/release/engine
+sim=$PWD/target/release/sim
+
+# run_dir NAME: a fresh runs/NAME-<unix time>, printed as an absolute path.
+run_dir() {
+    local dir="runs/$1-$(date +%s)"
+    mkdir -p "$dir"
+    (cd "$dir" && pwd)
+}
+
+# Background processes, stopped on exit: `pids+=($!)` after starting one.
+pids=()
+stop_all() {
+    for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
+    wait 2> /dev/null || true
+}
+trap stop_all EXIT
+
+# wait_for URL [SECONDS]: until URL answers with success (default 60 s), else exit.
+wait_for() {
+    local tries=$((${2:-60} * 10))
+    for _ in $(seq "$tries"); do
+        curl -sf "$1" > /dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "no answer from $1" >&2
+    exit 1
+}
+
+# small_llama DIR: the small Llama the scripts serve (deterministic weights, a real Hugging
+# Face directory, ~7 M parameters: steps cost more than the engine's per-step overhead).
+small_llama() {
+    "$engine" make-model --arch llama --layers 4 --hidden 256 --heads 8 --kv-heads 4 \
+        --intermediate 768 --vocab 2048 --max-pos 4096 --out "$1" > /dev/null
+}
