@@ -1,7 +1,9 @@
 //! infer-core: the scheduler / KV-policy core shared by the simulator and the engine.
 //!
-//! Pure and deterministic: no I/O, no threads, no wall clock, no global RNG. Time is a
-//! number the driver passes in; randomness comes from seeds in the inputs.
+//! Pure and deterministic: no threads, no wall clock, no global RNG, and no I/O but reading
+//! the trace file a scenario names ([`workload::Trace::load`], whose failure is a
+//! [`FileError`], the error every crate reports files with). Time is a number the driver
+//! passes in; randomness comes from seeds in the inputs.
 //!
 //! * [`scheduler`]: requests → step plans → events (batching, chunking, preemption);
 //! * [`kv`]: contiguous and paged KV managers, prefix caching;
