@@ -101,7 +101,8 @@ impl WorkloadGenerator {
 
     /// Replay `trace` (read by the driver for the spec's `trace`). A timed trace: request
     /// `i` has row `i`'s lengths and arrives at its time. Conversations: request `i` is one
-    /// turn (see [`Replay::Chats`]). Warm-ups reuse requests from the start.
+    /// turn, every conversation's turn t before any conversation's turn t + 1. Warm-ups reuse
+    /// requests from the start.
     pub fn with_trace(mut self, trace: Arc<Trace>) -> Self {
         self.trace = Some(if trace.chats.is_empty() {
             let times: Arc<[f64]> = trace.rows.iter().map(|r| r.t_s).collect();
