@@ -476,6 +476,16 @@ impl TimePoint {
     }
 }
 
+/// A request's stream as its client saw it: when the first chunk came, how many came, and
+/// the sum and largest of the gaps between them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Timeline {
+    pub first: Option<f64>,
+    pub chunks: usize,
+    pub itl_sum: f64,
+    pub itl_max: f64,
+}
+
 #[derive(Debug, Clone)]
 struct Live {
     start: f64,
@@ -625,6 +635,12 @@ impl MetricsRecorder {
         l.last = t;
     }
 
+    /// An inter-token gap of a measured request, from a driver that keeps the timeline
+    /// itself (the simulator: the scheduler's token times). Pairs with [`Self::finish_timed`].
+    pub fn gap(&mut self, gap: f64) {
+        self.itl.push(gap);
+    }
+
     /// The server's own prompt token count for `id` (it tokenises the text itself).
     pub fn set_prompt_tokens(&mut self, id: u64, prompt_tokens: usize) {
         if let Some(l) = self.live.get_mut(&id) {
@@ -645,6 +661,65 @@ impl MetricsRecorder {
         replica: Option<usize>,
     ) -> Option<RequestRecord> {
         let l = self.live.remove(&id)?;
+        self.record(
+            id,
+            t,
+            &l,
+            output_tokens,
+            cached_tokens,
+            preemptions,
+            queue_time,
+            replica,
+        )
+    }
+
+    /// [`Self::finish`] for a driver that kept the timeline itself and sent its gaps with
+    /// [`Self::gap`]: the first token seen at `timeline.first`, `timeline.chunks` chunks
+    /// (tokens), their gaps summing to `timeline.itl_sum`, the largest `timeline.itl_max`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish_timed(
+        &mut self,
+        id: u64,
+        t: f64,
+        timeline: Timeline,
+        output_tokens: usize,
+        cached_tokens: usize,
+        preemptions: u32,
+        queue_time: Option<f64>,
+        replica: Option<usize>,
+    ) -> Option<RequestRecord> {
+        let l = self.live.remove(&id)?;
+        let l = Live {
+            first: timeline.first,
+            chunks: timeline.chunks,
+            itl_sum: timeline.itl_sum,
+            itl_max: timeline.itl_max,
+            ..l
+        };
+        self.record(
+            id,
+            t,
+            &l,
+            output_tokens,
+            cached_tokens,
+            preemptions,
+            queue_time,
+            replica,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        id: u64,
+        t: f64,
+        l: &Live,
+        output_tokens: usize,
+        cached_tokens: usize,
+        preemptions: u32,
+        queue_time: Option<f64>,
+        replica: Option<usize>,
+    ) -> Option<RequestRecord> {
         let gaps = l.chunks.saturating_sub(1);
         let record = RequestRecord {
             id,
@@ -842,6 +917,34 @@ mod tests {
         let max = bucket_of(BUCKET_CEIL).unwrap();
         assert!(s.counts.len() <= (max - s.lo + 1) as usize);
         assert_eq!(s.zeros, 1);
+    }
+
+    /// A driver that keeps the timeline itself (the simulator) gets the same record and
+    /// pool as one that reports every chunk.
+    #[test]
+    fn a_timeline_kept_by_the_driver_records_the_same() {
+        let mut by_chunk = MetricsRecorder::new();
+        by_chunk.start(1, 0.0, 100);
+        for t in [0.5, 0.6, 0.8, 1.1] {
+            by_chunk.chunk(1, t);
+        }
+        let a = by_chunk.finish(1, 1.1, 4, 0, 0, Some(0.1), None).unwrap();
+        let mut timed = MetricsRecorder::new();
+        timed.start(1, 0.0, 100);
+        for gap in [0.6 - 0.5, 0.8 - 0.6, 1.1 - 0.8] {
+            timed.gap(gap);
+        }
+        let timeline = Timeline {
+            first: Some(0.5),
+            chunks: 4,
+            itl_sum: (0.6 - 0.5) + (0.8 - 0.6) + (1.1 - 0.8),
+            itl_max: 1.1 - 0.8,
+        };
+        let b = timed
+            .finish_timed(1, 1.1, timeline, 4, 0, 0, Some(0.1), None)
+            .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(by_chunk.summary(2.0), timed.summary(2.0));
     }
 
     #[test]

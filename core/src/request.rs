@@ -97,4 +97,9 @@ pub struct RequestStats {
     /// When it was added, and first scheduled (driver's clock).
     pub arrival_time: f64,
     pub first_scheduled_time: Option<f64>,
+    /// When its first output token was computed (vLLM's engine-core `first_token_ts`), and
+    /// the sum and largest of the gaps between its later tokens (driver's clock).
+    pub first_token_time: Option<f64>,
+    pub itl_sum: f64,
+    pub itl_max: f64,
 }

@@ -27,7 +27,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
-use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
+use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint, Timeline};
 use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
 use infer_core::workload::{
     ApproxTokenizer, ArrivalKind, ArrivalTimes, GeneratedRequest, Tokenizer, WorkloadGenerator,
@@ -681,7 +681,17 @@ impl Sim<'_> {
         let seen_rel = self.rel(seen);
         for e in events {
             match e {
-                Event::Token { request, .. } => self.metrics.chunk(request.0, seen_rel),
+                // The gap since the request's previous token, as its client sees them: the
+                // scheduler keeps the token times, so no per-request lookup per token.
+                Event::Token {
+                    request,
+                    prev_token_time: Some(prev),
+                    ..
+                } if self.t0.is_some() && (request.0 as usize) < self.clients.count => {
+                    let gap = seen_rel - self.rel(prev + self.client.stream_s);
+                    self.metrics.gap(gap);
+                }
+                Event::Token { .. } => {}
                 Event::Finished { request, stats, .. } => {
                     let id = request.0;
                     self.live.remove(&id);
@@ -694,9 +704,18 @@ impl Sim<'_> {
                             self.tally.queue_n += 1;
                         }
                         let replica = self.cluster.configured.then_some(r);
-                        if let Some(record) = self.metrics.finish(
+                        let timeline = Timeline {
+                            first: stats
+                                .first_token_time
+                                .map(|f| self.rel(f + self.client.stream_s)),
+                            chunks: stats.output_tokens,
+                            itl_sum: stats.itl_sum,
+                            itl_max: stats.itl_max,
+                        };
+                        if let Some(record) = self.metrics.finish_timed(
                             id,
                             seen_rel,
+                            timeline,
                             stats.output_tokens,
                             stats.cached_tokens,
                             stats.preemptions,

@@ -110,6 +110,11 @@ struct Sequence {
     scheduled_in: u64,
     arrival_time: f64,
     first_scheduled_time: Option<f64>,
+    /// Its output tokens' times (see [`RequestStats`]).
+    first_token_time: Option<f64>,
+    last_token_time: f64,
+    itl_sum: f64,
+    itl_max: f64,
     cached_tokens: Option<usize>,
     preemptions: u32,
     /// More sequences to sample from this prompt once its first token is sampled (OpenAI's
@@ -147,6 +152,9 @@ impl Sequence {
             preemptions: self.preemptions,
             arrival_time: self.arrival_time,
             first_scheduled_time: self.first_scheduled_time,
+            first_token_time: self.first_token_time,
+            itl_sum: self.itl_sum,
+            itl_max: self.itl_max,
         }
     }
 }
@@ -331,6 +339,10 @@ impl Scheduler {
             scheduled_in: u64::MAX,
             arrival_time: now,
             first_scheduled_time: None,
+            first_token_time: None,
+            last_token_time: 0.0,
+            itl_sum: 0.0,
+            itl_max: 0.0,
             cached_tokens: None,
             preemptions: 0,
             forks,
@@ -381,6 +393,10 @@ impl Scheduler {
                 scheduled_in: u64::MAX,
                 arrival_time: parent.arrival_time,
                 first_scheduled_time: Some(now),
+                first_token_time: None,
+                last_token_time: 0.0,
+                itl_sum: 0.0,
+                itl_max: 0.0,
                 cached_tokens: None,
                 preemptions: 0,
                 forks: Vec::new(),
@@ -563,10 +579,21 @@ impl Scheduler {
                 self.fork(s.slot, forks, now);
             }
             let seq = self.seqs[s.slot as usize].as_mut().expect("live");
+            let prev_token_time = if first {
+                seq.first_token_time = Some(now);
+                None
+            } else {
+                let gap = now - seq.last_token_time;
+                seq.itl_sum += gap;
+                seq.itl_max = seq.itl_max.max(gap);
+                Some(seq.last_token_time)
+            };
+            seq.last_token_time = now;
             events.push(Event::Token {
                 request: seq.id,
                 token,
                 first,
+                prev_token_time,
             });
             if let Some(reason) = stop_reason(seq, token, self.cfg.max_model_len) {
                 let stats = self.release(s.slot, reason);
@@ -842,6 +869,32 @@ mod tests {
         }
     }
 
+    /// Each token event carries the time of the request's previous token, and its stats
+    /// the first token's time and the sum and largest of the gaps (the simulator's ITL).
+    #[test]
+    fn token_times_are_kept_per_request() {
+        let mut s = Scheduler::new(cfg());
+        s.add_request(Request::new(1, vec![3; 20], 4), 0.0).unwrap();
+        let mut prev = Vec::new();
+        let mut stats = None;
+        for now in [0.5, 0.6, 0.8, 1.1] {
+            let plan = s.schedule(now - 0.05);
+            for e in s.complete(plan, &[9], now) {
+                match e {
+                    Event::Token {
+                        prev_token_time, ..
+                    } => prev.push(prev_token_time),
+                    Event::Finished { stats: st, .. } => stats = Some(st),
+                }
+            }
+        }
+        assert_eq!(prev, vec![None, Some(0.5), Some(0.6), Some(0.8)]);
+        let st = stats.expect("max_tokens 4");
+        assert_eq!(st.first_token_time, Some(0.5));
+        assert!((st.itl_sum - 0.6).abs() < 1e-12, "{}", st.itl_sum);
+        assert!((st.itl_max - 0.3).abs() < 1e-12, "{}", st.itl_max);
+    }
+
     #[test]
     fn abort_frees_blocks_at_once_and_is_reported_in_the_next_plan() {
         let mut s = Scheduler::new(cfg());
@@ -861,7 +914,8 @@ mod tests {
             Event::Token {
                 request: RequestId(2),
                 token: 8,
-                first: true
+                first: true,
+                prev_token_time: None,
             }
         ));
         assert_eq!(s.stats().num_free_blocks, 64 - 3);

@@ -300,6 +300,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 request,
                 token,
                 first,
+                ..
             } = e
             else {
                 // Every finish follows its request's token, and is taken with it below.
