@@ -490,11 +490,9 @@ pub struct Timeline {
 struct Live {
     start: f64,
     prompt_tokens: usize,
-    first: Option<f64>,
+    /// When the last chunk came (the start before the first).
     last: f64,
-    chunks: usize,
-    itl_sum: f64,
-    itl_max: f64,
+    timeline: Timeline,
 }
 
 /// Service-level objectives as `vllm bench serve --goodput` takes them (milliseconds): a
@@ -609,11 +607,8 @@ impl MetricsRecorder {
         let live = Live {
             start: t,
             prompt_tokens,
-            first: None,
             last: t,
-            chunks: 0,
-            itl_sum: 0.0,
-            itl_max: 0.0,
+            timeline: Timeline::default(),
         };
         self.live.insert(id, live);
     }
@@ -623,15 +618,16 @@ impl MetricsRecorder {
         let Some(l) = self.live.get_mut(&id) else {
             return;
         };
-        if l.first.is_none() {
-            l.first = Some(t);
+        let tl = &mut l.timeline;
+        if tl.first.is_none() {
+            tl.first = Some(t);
         } else {
             let gap = t - l.last;
             self.itl.push(gap);
-            l.itl_sum += gap;
-            l.itl_max = l.itl_max.max(gap);
+            tl.itl_sum += gap;
+            tl.itl_max = tl.itl_max.max(gap);
         }
-        l.chunks += 1;
+        tl.chunks += 1;
         l.last = t;
     }
 
@@ -660,11 +656,11 @@ impl MetricsRecorder {
         queue_time: Option<f64>,
         replica: Option<usize>,
     ) -> Option<RequestRecord> {
-        let l = self.live.remove(&id)?;
-        self.record(
+        let timeline = self.live.get(&id)?.timeline;
+        self.finish_timed(
             id,
             t,
-            &l,
+            timeline,
             output_tokens,
             cached_tokens,
             preemptions,
@@ -689,50 +685,19 @@ impl MetricsRecorder {
         replica: Option<usize>,
     ) -> Option<RequestRecord> {
         let l = self.live.remove(&id)?;
-        let l = Live {
-            first: timeline.first,
-            chunks: timeline.chunks,
-            itl_sum: timeline.itl_sum,
-            itl_max: timeline.itl_max,
-            ..l
-        };
-        self.record(
-            id,
-            t,
-            &l,
-            output_tokens,
-            cached_tokens,
-            preemptions,
-            queue_time,
-            replica,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &mut self,
-        id: u64,
-        t: f64,
-        l: &Live,
-        output_tokens: usize,
-        cached_tokens: usize,
-        preemptions: u32,
-        queue_time: Option<f64>,
-        replica: Option<usize>,
-    ) -> Option<RequestRecord> {
-        let gaps = l.chunks.saturating_sub(1);
+        let gaps = timeline.chunks.saturating_sub(1);
         let record = RequestRecord {
             id,
             start: l.start,
-            ttft: l.first.map(|f| f - l.start),
+            ttft: timeline.first.map(|f| f - l.start),
             e2e: t - l.start,
             prompt_tokens: l.prompt_tokens,
             output_tokens,
             cached_tokens,
             preemptions,
             queue_time,
-            itl_mean: (gaps > 0).then(|| l.itl_sum / gaps as f64),
-            itl_max: (gaps > 0).then_some(l.itl_max),
+            itl_mean: (gaps > 0).then(|| timeline.itl_sum / gaps as f64),
+            itl_max: (gaps > 0).then_some(timeline.itl_max),
             replica,
             error: None,
         };
