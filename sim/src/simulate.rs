@@ -509,6 +509,12 @@ impl Sim<'_> {
         self.push(now, Ev::Sample);
     }
 
+    /// Whether request `id` is one of the measured run's (not a warm-up, not past the end of
+    /// a staged schedule).
+    fn measured(&self, id: u64) -> bool {
+        self.t0.is_some() && (id as usize) < self.clients.count
+    }
+
     fn rel(&self, t: f64) -> f64 {
         t - self.t0.unwrap_or(0.0)
     }
@@ -687,7 +693,7 @@ impl Sim<'_> {
                     request,
                     prev_token_time: Some(prev),
                     ..
-                } if self.t0.is_some() && (request.0 as usize) < self.clients.count => {
+                } if self.measured(request.0) => {
                     let gap = seen_rel - self.rel(prev + self.client.stream_s);
                     self.metrics.gap(gap);
                 }
@@ -697,8 +703,7 @@ impl Sim<'_> {
                     self.live.remove(&id);
                     self.cluster.finished(r);
                     let queue = stats.first_scheduled_time.map(|f| f - stats.arrival_time);
-                    let measured = self.t0.is_some() && (id as usize) < self.clients.count;
-                    if measured {
+                    if self.measured(id) {
                         if let Some(q) = queue {
                             self.tally.queue_sum += q;
                             self.tally.queue_n += 1;

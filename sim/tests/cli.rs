@@ -2,7 +2,28 @@
 
 mod common;
 
-use std::process::Command;
+use std::ffi::OsStr;
+use std::process::{Command, Output};
+
+/// `sim ARGS…`, run to its end.
+fn sim<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `sim ARGS…`, which must succeed: its standard output.
+fn sim_ok<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> String {
+    let o = sim(args);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("infer-sim-cli-{name}-{}", std::process::id()));
@@ -13,17 +34,15 @@ fn tmp(name: &str) -> std::path::PathBuf {
 #[test]
 fn run_writes_the_three_files_and_prints_vllms_block() {
     let out = tmp("run");
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args(["run", &common::path("baseline"), "--seed", "3", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let baseline = common::path("baseline");
+    let stdout = sim_ok([
+        "run".as_ref(),
+        baseline.as_ref(),
+        "--seed".as_ref(),
+        "3".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
     assert!(
         stdout.contains("Serving Benchmark Result") && stdout.contains("prefix cache"),
         "{stdout}"
@@ -43,18 +62,18 @@ fn run_writes_the_three_files_and_prints_vllms_block() {
 #[test]
 fn sweep_writes_a_row_per_point() {
     let out = tmp("sweep");
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args([
-            "sweep",
-            &common::path("l4_concurrency_sweep"),
-            "--vary",
-            "arrival.max_concurrency=1,4,16",
-        ])
-        .args(["--set", "workload.num_requests=48", "--quiet", "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let scenario = common::path("l4_concurrency_sweep");
+    sim_ok([
+        "sweep".as_ref(),
+        scenario.as_ref(),
+        "--vary".as_ref(),
+        "arrival.max_concurrency=1,4,16".as_ref(),
+        "--set".as_ref(),
+        "workload.num_requests=48".as_ref(),
+        "--quiet".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
     let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 4, "{csv}");
@@ -67,16 +86,13 @@ fn sweep_writes_a_row_per_point() {
 
 #[test]
 fn bad_input_exits_non_zero_with_the_reason() {
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args([
-            "run",
-            &common::path("baseline"),
-            "--set",
-            "server.hardware=nope",
-            "--quiet",
-        ])
-        .output()
-        .unwrap();
+    let o = sim([
+        "run",
+        &common::path("baseline"),
+        "--set",
+        "server.hardware=nope",
+        "--quiet",
+    ]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -90,34 +106,29 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
     // A simulated run is a measured run like any other: its directory keeps the scenario,
     // so `sim calibrate` can fit to it; the file it writes is read by a scenario naming it.
     let run = tmp("calibrate-run");
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args(["run", &common::path("baseline"), "--quiet", "--out"])
-        .arg(&run)
-        .args([
-            "--set",
-            "workload.num_requests=4",
-            "--set",
-            "workload.output_tokens=16",
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let baseline = common::path("baseline");
+    sim_ok([
+        "run".as_ref(),
+        baseline.as_ref(),
+        "--quiet".as_ref(),
+        "--out".as_ref(),
+        run.as_os_str(),
+        "--set".as_ref(),
+        "workload.num_requests=4".as_ref(),
+        "--set".as_ref(),
+        "workload.output_tokens=16".as_ref(),
+    ]);
     let scenario = std::fs::read_to_string(run.join("scenario.toml")).unwrap();
     assert!(scenario.contains("num_requests = 4"), "{scenario}");
     let cal = tmp("calibrate-file").with_extension("toml");
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .arg("calibrate")
-        .arg(&run)
-        .args(["--fit", "step_overhead_s", "--out"])
-        .arg(&cal)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stdout = sim_ok([
+        "calibrate".as_ref(),
+        run.as_os_str(),
+        "--fit".as_ref(),
+        "step_overhead_s".as_ref(),
+        "--out".as_ref(),
+        cal.as_os_str(),
+    ]);
     assert!(stdout.contains("median |error| fit"), "{stdout}");
     let text = std::fs::read_to_string(&cal).unwrap();
     assert!(
@@ -125,16 +136,15 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         "{text}"
     );
     // `--hold-out` takes every directory after it, as a shell glob gives them.
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .arg("calibrate")
-        .arg(&run)
-        .args(["--fit", "step_overhead_s", "--hold-out"])
-        .arg(&run)
-        .arg(&run)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = sim_ok([
+        "calibrate".as_ref(),
+        run.as_os_str(),
+        "--fit".as_ref(),
+        "step_overhead_s".as_ref(),
+        "--hold-out".as_ref(),
+        run.as_os_str(),
+        run.as_os_str(),
+    ]);
     assert!(
         stdout.contains("median |error| fit (5 figures)"),
         "{stdout}"
@@ -144,31 +154,26 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         "{stdout}"
     );
     // Unknown parameters and missing scenario files are refused by name.
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .arg("calibrate")
-        .arg(&run)
-        .args(["--fit", "speed"])
-        .output()
-        .unwrap();
+    let o = sim([
+        "calibrate".as_ref(),
+        run.as_os_str(),
+        "--fit".as_ref(),
+        "speed".as_ref(),
+    ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown parameter `speed`"));
     std::fs::remove_file(run.join("scenario.toml")).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .arg("calibrate")
-        .arg(&run)
-        .output()
-        .unwrap();
+    let o = sim(["calibrate".as_ref(), run.as_os_str()]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("no scenario.toml"));
     // The written file, referenced by a scenario.
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args(["run", &common::path("baseline"), "--out"])
-        .arg(run.join("again"))
-        .arg("--set")
-        .arg(format!("sim.calibration={}", cal.display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = sim_ok([
+        "run".to_string(),
+        baseline,
+        "--out".into(),
+        run.join("again").display().to_string(),
+        "--set".into(),
+        format!("sim.calibration={}", cal.display()),
+    ]);
     assert!(stdout.contains(&cal.display().to_string()), "{stdout}");
     std::fs::remove_dir_all(&run).unwrap();
     std::fs::remove_file(&cal).unwrap();

@@ -592,7 +592,6 @@ impl Scheduler {
             events.push(Event::Token {
                 request: seq.id,
                 token,
-                first,
                 prev_token_time,
             });
             if let Some(reason) = stop_reason(seq, token, self.cfg.max_model_len) {
@@ -914,7 +913,6 @@ mod tests {
             Event::Token {
                 request: RequestId(2),
                 token: 8,
-                first: true,
                 prev_token_time: None,
             }
         ));

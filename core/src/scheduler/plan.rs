@@ -133,13 +133,12 @@ impl StepPlan {
 /// What happened to a request in a step.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A sampled token; `first` marks the request's first output token (TTFT), and
-    /// `prev_token_time` is when its previous one was computed (`None` for the first), so a
-    /// driver gets the inter-token gap without keeping a timeline per request.
+    /// A sampled token; `prev_token_time` is when the request's previous output token was
+    /// computed — `None` for its first (TTFT) — so a driver gets the inter-token gap without
+    /// keeping a timeline per request.
     Token {
         request: RequestId,
         token: u32,
-        first: bool,
         prev_token_time: Option<f64>,
     },
     /// The request ended; its KV is already released.

@@ -43,7 +43,7 @@ impl RunLog {
         self.events.iter().find_map(|(t, e)| match e {
             Event::Token {
                 request,
-                first: true,
+                prev_token_time: None,
                 ..
             } if request.0 == id => Some(*t),
             _ => None,

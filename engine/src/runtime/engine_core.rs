@@ -299,8 +299,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             let Event::Token {
                 request,
                 token,
-                first,
-                ..
+                prev_token_time,
             } = e
             else {
                 // Every finish follows its request's token, and is taken with it below.
@@ -318,6 +317,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 },
                 _ => None,
             };
+            let first = prev_token_time.is_none();
             out.push(self.token_output(request.0, s, first, finish));
         }
         StepOutput {
