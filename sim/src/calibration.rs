@@ -10,10 +10,13 @@
 //! source = "how the numbers were found"
 //!
 //! [mechanisms]                 # how the engine runs; each optional
-//! prefill_batching = "padded"  # packed | padded
+//! prefill_batching = "padded"  # packed | padded | sequential
 //! logits = "all"               # sampled | all
+//! attention_scores = "materialized"  # fused | materialized (eager attention's score matrix)
+//! contiguous_kv = "grown"       # reserved | grown (a contiguous cache allocated as used)
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
+//! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
@@ -62,11 +65,18 @@ pub struct Calibration {
     pub prefill: PrefillBatching,
     /// Which positions of a prompt get logits.
     pub logits: LogitRows,
+    /// Whether attention keeps its score matrices in memory.
+    pub attention_scores: AttentionScores,
+    /// Whether a contiguous KV cache takes its memory up front or as it fills.
+    pub contiguous_kv: ContiguousKv,
     /// Whether a pass's compute and memory traffic overlap.
     pub roofline: Roofline,
     /// Bytes/s at which memory spilled out of the device moves back and forth (host
     /// paging); `None`: the hardware's host link.
     pub spill_bandwidth: Option<f64>,
+    /// Device memory the engine never gets, GiB; `None`: the catalog's estimate for the
+    /// hardware.
+    pub reserved_gib: Option<f64>,
     /// Where the numbers come from (printed with each run).
     pub source: String,
 }
@@ -82,6 +92,9 @@ pub enum PrefillBatching {
     /// decodes as a second pass (a Hugging Face `generate`-style server: the benchmark
     /// log's Phases 5–9 "right-padded to the longest prompt").
     Padded,
+    /// Each prompt runs as its own forward pass, one after another, then the decodes as a
+    /// pass (the benchmark log's Phase 4: batched prefill came with Phase 5).
+    Sequential,
 }
 
 /// Which positions an engine computes logits for.
@@ -94,6 +107,32 @@ pub enum LogitRows {
     /// Every position of the pass (a Hugging Face model's forward without
     /// `logits_to_keep`): extra head FLOPs and vocab logits of memory per token.
     All,
+}
+
+/// Whether an engine's attention holds the query × key score matrix in device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionScores {
+    /// Fused kernels (flash attention, paged decode kernels) stream the scores through
+    /// on-chip memory: nothing per query × key pair stays in device memory.
+    #[default]
+    Fused,
+    /// Eager attention (Hugging Face's `eager`, PyTorch's math SDPA) writes each layer's
+    /// scores for every head, query and key, masked ones included, and softmaxes them in
+    /// fp32: a prompt pass's activations grow with sequences × heads × query × key length.
+    Materialized,
+}
+
+/// How a contiguous KV cache (`kv_cache_backend = "contiguous"`) takes device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ContiguousKv {
+    /// Every slot's `max_model_len` tokens up front (a preallocated cache: infer's).
+    #[default]
+    Reserved,
+    /// Each sequence's cache grows with its tokens (Hugging Face's `DynamicCache`): the
+    /// device holds the tokens in flight, and activations get the rest.
+    Grown,
 }
 
 /// How a forward pass's compute and memory time combine.
@@ -130,9 +169,15 @@ pub struct Mechanisms {
     #[serde(default)]
     pub logits: LogitRows,
     #[serde(default)]
+    pub attention_scores: AttentionScores,
+    #[serde(default)]
+    pub contiguous_kv: ContiguousKv,
+    #[serde(default)]
     pub roofline: Roofline,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spill_bandwidth_gb_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_gib: Option<f64>,
 }
 
 /// One model's fitted coefficients (the fields of [`Calibration`] that are numbers).
@@ -196,6 +241,15 @@ impl CalibrationFile {
                     file: file.to_string(),
                     key: "mechanisms.spill_bandwidth_gb_s".into(),
                     reason: format!("must be > 0 GB/s, got {v}"),
+                });
+            }
+        }
+        if let Some(v) = f.mechanisms.reserved_gib {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(SimError::Key {
+                    file: file.to_string(),
+                    key: "mechanisms.reserved_gib".into(),
+                    reason: format!("must be >= 0 GiB, got {v}"),
                 });
             }
         }
@@ -278,8 +332,11 @@ impl Mechanisms {
         Mechanisms {
             prefill_batching: c.prefill,
             logits: c.logits,
+            attention_scores: c.attention_scores,
+            contiguous_kv: c.contiguous_kv,
             roofline: c.roofline,
             spill_bandwidth_gb_s: c.spill_bandwidth.map(|b| b / 1e9),
+            reserved_gib: c.reserved_gib,
         }
     }
 }
@@ -302,8 +359,11 @@ impl Calibration {
             static_batch_window_s: 0.0,
             prefill: PrefillBatching::Packed,
             logits: LogitRows::Sampled,
+            attention_scores: AttentionScores::Fused,
+            contiguous_kv: ContiguousKv::Reserved,
             roofline: Roofline::Overlap,
             spill_bandwidth: None,
+            reserved_gib: None,
             source: "uncalibrated defaults".into(),
         }
     }
@@ -335,8 +395,11 @@ impl Calibration {
             static_batch_window_s: c.static_batch_window_s,
             prefill: mechanisms.prefill_batching,
             logits: mechanisms.logits,
+            attention_scores: mechanisms.attention_scores,
+            contiguous_kv: mechanisms.contiguous_kv,
             roofline: mechanisms.roofline,
             spill_bandwidth: mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
+            reserved_gib: mechanisms.reserved_gib,
             source: self.source.clone(),
         }
     }

@@ -22,8 +22,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::calibration::{AttentionScores, ContiguousKv, PrefillBatching, Roofline};
 use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
-use crate::calibration::{PrefillBatching, Roofline};
 use crate::setup::{self, Setup};
 
 /// The figures a fit compares, by their summary.json names.
@@ -50,9 +50,11 @@ impl Target {
     }
 
     /// The run's figures under `cal` (its scenario's `[sim]` overrides on top), in the
-    /// order of `measured`.
+    /// order of `measured`; NaN where the configuration does not fit in memory under `cal`.
     pub fn predict(&mut self, cal: &Calibration) -> Vec<f64> {
-        self.setup.set_calibration(cal.clone());
+        if self.setup.set_calibration(cal.clone()).is_err() {
+            return vec![f64::NAN; self.measured.len()];
+        }
         let entries = crate::run(&self.setup).summary.entries();
         self.measured
             .iter()
@@ -467,18 +469,28 @@ pub fn fit_all(
     })
 }
 
-/// The mechanism combinations a search tries (spill bandwidth as given).
-pub fn mechanism_candidates(spill_bandwidth_gb_s: Option<f64>) -> Vec<Mechanisms> {
+/// The mechanism combinations a search tries (spill bandwidth and reserved memory as given).
+pub fn mechanism_candidates(
+    spill_bandwidth_gb_s: Option<f64>,
+    reserved_gib: Option<f64>,
+) -> Vec<Mechanisms> {
     let mut out = Vec::new();
     for prefill_batching in [PrefillBatching::Packed, PrefillBatching::Padded] {
         for logits in [LogitRows::Sampled, LogitRows::All] {
-            for roofline in [Roofline::Overlap, Roofline::Serial] {
-                out.push(Mechanisms {
-                    prefill_batching,
-                    logits,
-                    roofline,
-                    spill_bandwidth_gb_s,
-                });
+            for attention_scores in [AttentionScores::Fused, AttentionScores::Materialized] {
+                for contiguous_kv in [ContiguousKv::Reserved, ContiguousKv::Grown] {
+                    for roofline in [Roofline::Overlap, Roofline::Serial] {
+                        out.push(Mechanisms {
+                            prefill_batching,
+                            logits,
+                            attention_scores,
+                            contiguous_kv,
+                            roofline,
+                            spill_bandwidth_gb_s,
+                            reserved_gib,
+                        });
+                    }
+                }
             }
         }
     }
@@ -567,12 +579,17 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
     let m = &fit.mechanisms;
     let _ = writeln!(
         s,
-        "\nmechanisms: prefill_batching={:?} logits={:?} roofline={:?} spill_bandwidth_gb_s={}",
+        "\nmechanisms: prefill_batching={:?} logits={:?} attention_scores={:?} \
+         contiguous_kv={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={}",
         m.prefill_batching,
         m.logits,
+        m.attention_scores,
+        m.contiguous_kv,
         m.roofline,
         m.spill_bandwidth_gb_s
-            .map_or("host link".to_string(), |v| v.to_string())
+            .map_or("host link".to_string(), |v| v.to_string()),
+        m.reserved_gib
+            .map_or("the catalog's".to_string(), |v| v.to_string())
     );
     for f in &fit.models {
         let c = &f.coefficients;

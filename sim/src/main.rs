@@ -6,9 +6,11 @@
 //!     [--threads N]
 //! sim catalog
 //! sim calibrate [RUN_DIR…] [--published FILE]… [--hold-out RUN_DIR]… [--fit P,…]
-//!     [--prefill-batching packed|padded] [--logits sampled|all] [--roofline overlap|serial]
+//!     [--prefill-batching packed|padded] [--logits sampled|all]
+//!     [--attention-scores fused|materialized] [--contiguous-kv reserved|grown]
+//!     [--roofline overlap|serial]
 //!     [--search-mechanisms]
-//!     [--spill-bandwidth-gb-s X] [--engine TEXT] [--out FILE]
+//!     [--spill-bandwidth-gb-s X] [--reserved-gib X] [--engine TEXT] [--out FILE]
 //! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
 
@@ -101,16 +103,29 @@ enum Command {
         /// Which positions get logits: sampled (vLLM, infer) or all.
         #[arg(long, value_enum, default_value = "sampled")]
         logits: calibration::LogitRows,
+        /// Whether the engine's attention keeps score matrices in device memory: fused
+        /// (flash attention) or materialized (eager attention).
+        #[arg(long, value_enum, default_value = "fused")]
+        attention_scores: calibration::AttentionScores,
+        /// Whether a contiguous KV cache takes its memory up front (reserved) or as it
+        /// fills (grown: Hugging Face's DynamicCache).
+        #[arg(long, value_enum, default_value = "reserved")]
+        contiguous_kv: calibration::ContiguousKv,
         /// Whether the engine overlaps compute with memory traffic (a GPU) or not (serial:
         /// a CPU engine on few cores).
         #[arg(long, value_enum, default_value = "overlap")]
         roofline: calibration::Roofline,
-        /// Try every prefill-batching, logits and roofline combination; keep the best fit.
+        /// Try every prefill-batching, logits, attention-scores and roofline combination;
+        /// keep the best fit.
         #[arg(long)]
         search_mechanisms: bool,
         /// Host paging speed once device memory spills, GB/s (default: the host link).
         #[arg(long, value_name = "GB_S")]
         spill_bandwidth_gb_s: Option<f64>,
+        /// Device memory the engine never gets, GiB (default: the catalog's estimate for
+        /// the hardware; a desktop driving a display keeps more).
+        #[arg(long, value_name = "GIB")]
+        reserved_gib: Option<f64>,
         /// What was measured (written into the file).
         #[arg(long, default_value = "")]
         engine: String,
@@ -169,9 +184,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             fit,
             prefill_batching,
             logits,
+            attention_scores,
+            contiguous_kv,
             roofline,
             search_mechanisms,
             spill_bandwidth_gb_s,
+            reserved_gib,
             engine,
             out,
         } => {
@@ -197,14 +215,22 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     anyhow::bail!("--spill-bandwidth-gb-s must be > 0, got {v}");
                 }
             }
+            if let Some(v) = reserved_gib {
+                if !(v >= 0.0 && v.is_finite()) {
+                    anyhow::bail!("--reserved-gib must be >= 0, got {v}");
+                }
+            }
             let given = calibration::Mechanisms {
                 prefill_batching,
                 logits,
+                attention_scores,
+                contiguous_kv,
                 roofline,
                 spill_bandwidth_gb_s,
+                reserved_gib,
             };
             let candidates = if search_mechanisms {
-                fit::mechanism_candidates(spill_bandwidth_gb_s)
+                fit::mechanism_candidates(spill_bandwidth_gb_s, reserved_gib)
             } else {
                 vec![given]
             };
@@ -213,9 +239,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 let f = fit::fit_all(&mut targets, &m, &params)?;
                 if search_mechanisms {
                     println!(
-                        "mechanisms prefill_batching={:?} logits={:?} roofline={:?}: fit loss {:.4}",
+                        "mechanisms prefill_batching={:?} logits={:?} attention_scores={:?} \
+                         contiguous_kv={:?} roofline={:?}: fit loss {:.4}",
                         m.prefill_batching,
                         m.logits,
+                        m.attention_scores,
+                        m.contiguous_kv,
                         m.roofline,
                         f.loss()
                     );

@@ -21,9 +21,14 @@
 //! Windows/WSL driver pages device allocations out rather than failing) and every later
 //! step pays for moving it out and back (`CostModel::spill_time`).
 //! A KV pool that cannot hold one `max_model_len` sequence is refused.
+//!
+//! A contiguous cache that grows as it fills (`contiguous_kv = "grown"`, Hugging Face's
+//! `DynamicCache`) takes none of its pool up front: each step's peak then counts the KV
+//! tokens in flight beside the activations, and the allocator keeps the largest sum.
 
-use infer_core::SchedulerConfig;
+use infer_core::{KvBackend, SchedulerConfig};
 
+use crate::calibration::ContiguousKv;
 use crate::catalog::{HardwareSpec, ModelSpec};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -36,12 +41,21 @@ pub struct MemoryPlan {
     pub activations: f64,
     /// Bytes beyond `usable` at the activation peak (0 when everything fits).
     pub spill: f64,
+    /// KV bytes per token held when the cache grows as it fills (then `kv_pool` is its
+    /// largest size, not memory taken up front); 0 for a pool allocated at start.
+    pub grown_kv_per_token: f64,
 }
 
 impl MemoryPlan {
-    /// Bytes left for activations once weights and the KV pool are in.
+    /// Bytes left for activations (and a grown cache) once weights and the KV pool
+    /// allocated at start are in.
     pub fn headroom(&self) -> f64 {
-        self.usable - self.weights - self.kv_pool
+        let upfront = if self.grown_kv_per_token > 0.0 {
+            0.0
+        } else {
+            self.kv_pool
+        };
+        self.usable - self.weights - upfront
     }
 
     pub fn total(&self) -> f64 {
@@ -51,9 +65,14 @@ impl MemoryPlan {
     /// The numbers, in GiB, on one line.
     pub fn describe(&self) -> String {
         format!(
-            "weights {:.2} GiB + KV pool {:.2} GiB + activations {:.2} GiB = {:.2} GiB of {:.2} GiB usable",
+            "weights {:.2} GiB + KV pool {:.2} GiB{} + activations {:.2} GiB = {:.2} GiB of {:.2} GiB usable",
             self.weights / GIB,
             self.kv_pool / GIB,
+            if self.grown_kv_per_token > 0.0 {
+                " (grown as used)"
+            } else {
+                ""
+            },
             self.activations / GIB,
             self.total() / GIB,
             self.usable / GIB
@@ -78,6 +97,7 @@ impl MemoryPlan {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ActivationPeak {
     headroom: f64,
+    grown_kv_per_token: f64,
     peak: f64,
 }
 
@@ -85,13 +105,16 @@ impl ActivationPeak {
     pub fn new(plan: &MemoryPlan) -> Self {
         ActivationPeak {
             headroom: plan.headroom(),
+            grown_kv_per_token: plan.grown_kv_per_token,
             peak: 0.0,
         }
     }
 
-    /// Record a step's activation bytes; returns the bytes spilled while it runs.
-    pub fn observe(&mut self, bytes: f64) -> f64 {
-        self.peak = self.peak.max(bytes);
+    /// Record a step's activation bytes and the KV tokens it holds (they count only in a
+    /// grown cache); returns the bytes spilled while it runs.
+    pub fn observe(&mut self, bytes: f64, kv_tokens: usize) -> f64 {
+        let step = bytes + kv_tokens as f64 * self.grown_kv_per_token;
+        self.peak = self.peak.max(step);
         (self.peak - self.headroom).max(0.0)
     }
 }
@@ -106,6 +129,7 @@ pub fn plan(
     hw: &HardwareSpec,
     model: &ModelSpec,
     cfg: &SchedulerConfig,
+    contiguous_kv: ContiguousKv,
 ) -> Result<MemoryPlan, DoesNotFit> {
     let capacity_tokens = cfg.num_gpu_blocks * cfg.block_size;
     if capacity_tokens < cfg.max_model_len {
@@ -143,7 +167,14 @@ pub fn plan(
         )));
     }
     let spill = (weights + kv_pool + activations - usable).max(0.0);
+    let grows =
+        cfg.kv_cache_backend == KvBackend::Contiguous && contiguous_kv == ContiguousKv::Grown;
     Ok(MemoryPlan {
+        grown_kv_per_token: if grows {
+            model.kv_bytes_per_token() / tp
+        } else {
+            0.0
+        },
         usable,
         weights,
         kv_pool,
@@ -174,16 +205,22 @@ mod tests {
         let hw = find_hardware("rtx-5080").unwrap();
         let qwen = find_model("qwen3-4b").unwrap();
         for (b, n) in [(12, 768), (16, 1024), (20, 1280), (16, 1536)] {
-            let p = plan(&hw, &qwen, &cfg(b, n, false)).unwrap();
+            let p = plan(&hw, &qwen, &cfg(b, n, false), ContiguousKv::Reserved).unwrap();
             assert_eq!(p.spill, 0.0, "{b}/{n}: {}", p.describe());
         }
-        let cliff = plan(&hw, &qwen, &cfg(24, 2048, false)).unwrap();
+        let cliff = plan(&hw, &qwen, &cfg(24, 2048, false), ContiguousKv::Reserved).unwrap();
         assert!(cliff.spill > 0.0, "{}", cliff.describe());
         let w = cliff.warning().unwrap();
         assert!(w.contains("GiB") && w.contains("KV pool 4.50 GiB"), "{w}");
         // Llama-3.2-3B and Gemma3-1B run 24/2048 in the log.
         for m in ["llama-3.2-3b", "gemma-3-1b"] {
-            let p = plan(&hw, &find_model(m).unwrap(), &cfg(24, 2048, false)).unwrap();
+            let p = plan(
+                &hw,
+                &find_model(m).unwrap(),
+                &cfg(24, 2048, false),
+                ContiguousKv::Reserved,
+            )
+            .unwrap();
             assert_eq!(p.spill, 0.0, "{m}: {}", p.describe());
         }
     }
@@ -195,15 +232,16 @@ mod tests {
             &hw,
             &find_model("llama-3.2-3b").unwrap(),
             &cfg(24, 2048, true),
+            ContiguousKv::Reserved,
         )
         .unwrap();
         let room = p.headroom();
         assert!(room > 0.0 && (p.usable - p.weights - p.kv_pool - room).abs() < 1.0);
         let mut peak = ActivationPeak::new(&p);
-        assert_eq!(peak.observe(room * 0.5), 0.0);
-        assert_eq!(peak.observe(room + 1e9), 1e9);
+        assert_eq!(peak.observe(room * 0.5, 1000), 0.0);
+        assert_eq!(peak.observe(room + 1e9, 1000), 1e9);
         // A small step later still runs with the excess out: the allocator kept it.
-        assert_eq!(peak.observe(1.0), 1e9);
+        assert_eq!(peak.observe(1.0, 0), 1e9);
     }
 
     #[test]
@@ -213,6 +251,7 @@ mod tests {
             &hw,
             &find_model("llama-3.1-8b").unwrap(),
             &cfg(24, 8192, true),
+            ContiguousKv::Reserved,
         )
         .unwrap_err()
         .to_string();
@@ -221,14 +260,55 @@ mod tests {
             num_gpu_blocks: 100,
             ..cfg(8, 100, true)
         };
-        let e = plan(&hw, &find_model("llama-3.2-3b").unwrap(), &small)
-            .unwrap_err()
-            .to_string();
+        let e = plan(
+            &hw,
+            &find_model("llama-3.2-3b").unwrap(),
+            &small,
+            ContiguousKv::Reserved,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("1600 tokens") && e.contains("4096"), "{e}");
         let contiguous = SchedulerConfig {
             kv_cache_backend: KvBackend::Contiguous,
             ..cfg(8, 2048, false)
         };
-        assert!(plan(&hw, &find_model("llama-3.2-3b").unwrap(), &contiguous).is_ok());
+        let llama = find_model("llama-3.2-3b").unwrap();
+        assert!(plan(&hw, &llama, &contiguous, ContiguousKv::Reserved).is_ok());
+    }
+
+    /// A contiguous cache allocated up front leaves its pool out of the headroom; one that
+    /// grows as it fills leaves the headroom whole and counts the tokens each step holds.
+    #[test]
+    fn a_grown_contiguous_cache_counts_the_tokens_in_flight() {
+        let hw = find_hardware("rtx-5080").unwrap();
+        let qwen = find_model("qwen3-4b").unwrap();
+        let contiguous = SchedulerConfig {
+            kv_cache_backend: KvBackend::Contiguous,
+            ..cfg(8, 2048, false)
+        };
+        let reserved = plan(&hw, &qwen, &contiguous, ContiguousKv::Reserved).unwrap();
+        let grown = plan(&hw, &qwen, &contiguous, ContiguousKv::Grown).unwrap();
+        assert!((grown.headroom() - reserved.headroom() - reserved.kv_pool).abs() < 1.0);
+        assert!(
+            grown.describe().contains("grown as used"),
+            "{}",
+            grown.describe()
+        );
+        let per_token = qwen.kv_bytes_per_token();
+        let mut up_front = ActivationPeak::new(&reserved);
+        let mut as_used = ActivationPeak::new(&grown);
+        // 2,000 tokens in flight and activations that fill the reserved plan's headroom
+        // plus 1 GB: the reserved cache spills the gigabyte; the grown one has room.
+        let bytes = reserved.headroom() + 1e9;
+        assert!((up_front.observe(bytes, 2000) - 1e9).abs() < 1.0);
+        assert_eq!(as_used.observe(bytes, 2000), 0.0);
+        // Its whole pool in flight, the grown cache spills as much as the reserved one.
+        let full = contiguous.num_gpu_blocks * contiguous.block_size;
+        let spilled = as_used.observe(bytes, full);
+        assert!((spilled - 1e9).abs() < 1e3 * per_token, "{spilled}");
+        // A plan whose backend is paged ignores the mechanism.
+        let paged = plan(&hw, &qwen, &cfg(8, 2048, false), ContiguousKv::Grown).unwrap();
+        assert_eq!(paged.grown_kv_per_token, 0.0);
     }
 }

@@ -19,6 +19,8 @@
 //! calibration = "calibrations/x.toml"  # a file written by `sim calibrate`
 //! prefill_batching = "packed"      # packed | padded
 //! logits = "sampled"               # sampled | all
+//! attention_scores = "fused"       # fused | materialized
+//! contiguous_kv = "reserved"       # reserved | grown
 //! roofline = "overlap"             # overlap | serial
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
@@ -28,7 +30,7 @@
 use infer_core::workload::Scenario;
 use serde::Deserialize;
 
-use crate::calibration::{LogitRows, PrefillBatching, Roofline};
+use crate::calibration::{AttentionScores, ContiguousKv, LogitRows, PrefillBatching, Roofline};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -57,6 +59,8 @@ pub struct SimSettings {
     pub calibration: Option<String>,
     pub prefill_batching: Option<PrefillBatching>,
     pub logits: Option<LogitRows>,
+    pub attention_scores: Option<AttentionScores>,
+    pub contiguous_kv: Option<ContiguousKv>,
     pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
@@ -144,7 +148,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 18] = [
+    const KNOWN: [&str; 20] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -160,6 +164,8 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "calibration",
         "prefill_batching",
         "logits",
+        "attention_scores",
+        "contiguous_kv",
         "roofline",
         "spill_bandwidth_gb_s",
         "reserved_gib",

@@ -11,7 +11,7 @@ use crate::calibration::{Calibration, CalibrationFile};
 use crate::catalog::{find_hardware, resolve_model, HardwareSpec, ModelSpec};
 use crate::cost::{Analytic, CostModel, Profiled};
 use crate::error::SimError;
-use crate::memory::{self, MemoryPlan};
+use crate::memory::{self, DoesNotFit, MemoryPlan};
 use crate::settings::{CostModelKind, SimSettings};
 
 /// A scenario made ready to simulate.
@@ -32,15 +32,32 @@ pub struct Setup {
 impl Setup {
     /// Run with `cal` (the scenario's `[sim]` overrides on top) instead of the calibration
     /// the scenario names: what `sim calibrate` tries. Analytic cost model only.
-    pub fn set_calibration(&mut self, mut cal: Calibration) {
+    pub fn set_calibration(&mut self, mut cal: Calibration) -> Result<(), DoesNotFit> {
         apply_overrides(&mut cal, &self.settings);
+        let cfg = self.scenario.server.scheduler_config();
+        self.memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
         self.cost = Arc::new(Analytic::new(
             self.hardware.clone(),
             self.model.clone(),
             cal,
             self.scenario.server.cuda_graphs,
         ));
+        Ok(())
     }
+}
+
+/// The memory plan on `hw` with the device memory `cal` says the engine never gets.
+fn plan_memory(
+    hw: &HardwareSpec,
+    model: &ModelSpec,
+    cfg: &infer_core::SchedulerConfig,
+    cal: &Calibration,
+) -> Result<MemoryPlan, DoesNotFit> {
+    let mut hw = hw.clone();
+    if let Some(gib) = cal.reserved_gib {
+        hw.reserved_bytes = gib * 1024.0 * 1024.0 * 1024.0;
+    }
+    memory::plan(&hw, model, cfg, cal.contiguous_kv)
 }
 
 /// Read and parse a scenario file (errors name the file).
@@ -57,18 +74,11 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         reason,
     };
     let settings = SimSettings::from_scenario(&scenario).map_err(|(k, r)| at(&k, r))?;
-    let mut hardware = find_hardware(&scenario.server.hardware)
+    let hardware = find_hardware(&scenario.server.hardware)
         .map_err(|e| at("server.hardware", e.to_string()))?;
-    if let Some(gib) = settings.reserved_gib {
-        hardware.reserved_bytes = gib * 1024.0 * 1024.0 * 1024.0;
-    }
     let model =
         resolve_model(&scenario.server.model).map_err(|e| at("server.model", e.to_string()))?;
     let cfg = scenario.server.scheduler_config();
-    let memory =
-        memory::plan(&hardware, &model, &cfg).map_err(|r| at("server.num_gpu_blocks", r.0))?;
-    let mut warnings: Vec<String> = memory.warning().into_iter().collect();
-
     let mut cal = match &settings.calibration {
         Some(p) => {
             let path = resolve(p, file);
@@ -83,6 +93,9 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             .map_err(|r| at("server.model", r.to_string()))?,
     };
     apply_overrides(&mut cal, &settings);
+    let memory =
+        plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
+    let mut warnings: Vec<String> = memory.warning().into_iter().collect();
     let cost: Arc<dyn CostModel> = match settings.cost_model {
         CostModelKind::Analytic => Arc::new(Analytic::new(
             hardware.clone(),
@@ -147,8 +160,13 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     if let Some(g) = s.spill_bandwidth_gb_s {
         cal.spill_bandwidth = Some(g * 1e9);
     }
+    if let Some(g) = s.reserved_gib {
+        cal.reserved_gib = Some(g);
+    }
     cal.prefill = s.prefill_batching.unwrap_or(cal.prefill);
     cal.logits = s.logits.unwrap_or(cal.logits);
+    cal.attention_scores = s.attention_scores.unwrap_or(cal.attention_scores);
+    cal.contiguous_kv = s.contiguous_kv.unwrap_or(cal.contiguous_kv);
     cal.roofline = s.roofline.unwrap_or(cal.roofline);
     if *cal != before {
         cal.source.push_str(", with [sim] overrides");

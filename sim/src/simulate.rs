@@ -632,7 +632,7 @@ impl Sim<'_> {
         }
         let shape = StepShape::of(&plan);
         let bytes = self.cost.activation_bytes(&shape);
-        let spilled = rep.activations.observe(bytes);
+        let spilled = rep.activations.observe(bytes, shape.context_tokens);
         let stats = &mut self.tally.stats;
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);

@@ -13,6 +13,9 @@ pub struct StepShape {
     pub prefill_seqs: usize,
     /// The longest prompt chunk in the step.
     pub max_prefill_chunk: usize,
+    /// The longest context a prompt chunk attends to (its computed tokens plus the chunk):
+    /// the key length of the step's largest attention-score matrix.
+    pub max_prefill_context: usize,
     /// Sequences decoding one token.
     pub decode_seqs: usize,
     /// Sequences a token is sampled from (decodes plus prompts that complete).
@@ -50,6 +53,7 @@ impl StepShape {
                 s.prefill_tokens += n;
                 s.prefill_seqs += 1;
                 s.max_prefill_chunk = s.max_prefill_chunk.max(n);
+                s.max_prefill_context = s.max_prefill_context.max(q.context_len());
                 s.chunk_self_pairs += (n * n) as f64;
             }
             if q.samples {
@@ -88,6 +92,10 @@ mod tests {
             (100, 0, 1)
         );
         assert_eq!(shape.attention_pairs, 100.0 * 101.0 / 2.0);
+        assert_eq!(
+            (shape.max_prefill_chunk, shape.max_prefill_context),
+            (100, 100)
+        );
         let ev = s.complete(plan, &[7], 0.01);
         assert_eq!(ev.len(), 1);
         let plan = s.schedule(0.01);

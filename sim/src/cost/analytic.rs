@@ -33,14 +33,21 @@
 //! tables, sampling, detokenisation) are host work on the step's critical path.
 //!
 //! Memory: a step's activations are its largest pass's tokens × activation bytes per token
-//! plus its logits (rows × vocab, in the weights' dtype). The simulator tracks each replica's peak (an
+//! plus its logits (rows × vocab, in the weights' dtype) plus, with
+//! `attention_scores = materialized`, one layer's score matrices: heads × the pass's query ×
+//! key elements × 6 bytes (eager attention's bf16 scores alive beside their fp32 softmax;
+//! a padded prompt pass holds sequences × longest chunk × longest context). The simulator tracks each replica's peak (an
 //! allocator keeps what it once reserved) and, when weights + KV pool + that peak exceed
 //! the device, charges every later step for moving the excess out and back
 //! ([`Analytic::spill_time`]): the benchmark log's "VRAM cliff".
 
 use super::{ClientPath, CostModel, StepShape};
-use crate::calibration::{Calibration, LogitRows, PrefillBatching, Roofline};
+use crate::calibration::{AttentionScores, Calibration, LogitRows, PrefillBatching, Roofline};
 use crate::catalog::{HardwareSpec, ModelSpec};
+
+/// Device bytes per attention score while eager attention softmaxes a layer: the bf16
+/// scores and their fp32 softmax are alive together.
+const SCORE_BYTES: f64 = 6.0;
 
 /// Latency of one all-reduce call, independent of size.
 const ALLREDUCE_LATENCY_S: f64 = 10e-6;
@@ -79,7 +86,13 @@ struct Pass {
     /// KV tokens read and written: context plus new.
     kv_tokens: f64,
     attention_pairs: f64,
+    /// Query × key elements of one head's score matrix, summed over the pass's sequences
+    /// (padding included): what materialised attention holds per head.
+    score_elements: f64,
     decode_only: bool,
+    /// Passes of this size the step runs one after another (sequential prefill: one per
+    /// prompt, each the prompts' average; otherwise 1).
+    count: f64,
 }
 
 impl Analytic {
@@ -110,6 +123,8 @@ impl Analytic {
     /// The step's forward passes (one or two).
     fn passes(&self, s: &StepShape) -> [Option<Pass>; 2] {
         let all_logits = self.cal.logits == LogitRows::All;
+        let prompt_scores = (s.prefill_seqs * s.max_prefill_chunk * s.max_prefill_context) as f64;
+        let decode_scores = s.decode_context_tokens as f64;
         let packed = || {
             let tokens = s.new_tokens() as f64;
             Pass {
@@ -117,29 +132,56 @@ impl Analytic {
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64,
                 attention_pairs: s.attention_pairs,
+                score_elements: prompt_scores + decode_scores,
                 decode_only: s.prefill_tokens == 0,
+                count: 1.0,
             }
         };
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
             return [Some(packed()), None];
         }
-        let padded = (s.prefill_seqs * s.max_prefill_chunk) as f64;
-        let pad = padded / s.prefill_tokens as f64;
         let decode_pairs = s.decode_context_tokens as f64;
         let prompt_sampled = (s.sampled - s.decode_seqs) as f64;
-        let prompt = Pass {
-            tokens: padded,
-            logit_rows: if all_logits { padded } else { prompt_sampled },
-            kv_tokens: (s.context_tokens - s.decode_context_tokens) as f64 * pad,
-            attention_pairs: (s.attention_pairs - decode_pairs).max(0.0) * pad,
-            decode_only: false,
+        let prompt_kv = (s.context_tokens - s.decode_context_tokens) as f64;
+        let prompt_pairs = (s.attention_pairs - decode_pairs).max(0.0);
+        let prompt = if self.cal.prefill == PrefillBatching::Sequential {
+            // Each prompt alone, priced as the prompts' average; memory is the largest's.
+            let n = s.prefill_seqs as f64;
+            let tokens = s.prefill_tokens as f64 / n;
+            Pass {
+                tokens,
+                logit_rows: if all_logits {
+                    tokens
+                } else {
+                    prompt_sampled / n
+                },
+                kv_tokens: prompt_kv / n,
+                attention_pairs: prompt_pairs / n,
+                score_elements: (s.max_prefill_chunk * s.max_prefill_context) as f64,
+                decode_only: false,
+                count: n,
+            }
+        } else {
+            let padded = (s.prefill_seqs * s.max_prefill_chunk) as f64;
+            let pad = padded / s.prefill_tokens as f64;
+            Pass {
+                tokens: padded,
+                logit_rows: if all_logits { padded } else { prompt_sampled },
+                kv_tokens: prompt_kv * pad,
+                attention_pairs: prompt_pairs * pad,
+                score_elements: prompt_scores,
+                decode_only: false,
+                count: 1.0,
+            }
         };
         let decodes = (s.decode_seqs > 0).then(|| Pass {
             tokens: s.decode_seqs as f64,
             logit_rows: s.decode_seqs as f64,
             kv_tokens: (s.decode_context_tokens + s.decode_seqs) as f64,
             attention_pairs: decode_pairs,
+            score_elements: decode_scores,
             decode_only: true,
+            count: 1.0,
         });
         [Some(prompt), decodes]
     }
@@ -175,12 +217,12 @@ impl Analytic {
     pub fn terms(&self, s: &StepShape) -> Terms {
         let (m, hw, cal) = (&self.model, &self.hw, &self.cal);
         let mut t = Terms::default();
-        for p in self.passes(s).iter().flatten() {
-            let p = self.pass_terms(p);
-            t.compute += p.compute;
-            t.memory += p.memory;
-            t.launch += p.launch;
-            t.gpu += p.gpu;
+        for pass in self.passes(s).iter().flatten() {
+            let p = self.pass_terms(pass);
+            t.compute += p.compute * pass.count;
+            t.memory += p.memory * pass.count;
+            t.launch += p.launch * pass.count;
+            t.gpu += p.gpu * pass.count;
         }
         let tp = m.tp as f64;
         t.comm = if m.tp > 1 {
@@ -202,12 +244,29 @@ impl CostModel for Analytic {
 
     fn activation_bytes(&self, s: &StepShape) -> f64 {
         let m = &self.model;
+        let score_bytes = match self.cal.attention_scores {
+            AttentionScores::Fused => 0.0,
+            AttentionScores::Materialized => m.heads as f64 * SCORE_BYTES,
+        };
         self.passes(s)
             .iter()
             .flatten()
             .map(|p| {
-                (p.tokens * m.activation_bytes_per_token()
-                    + p.logit_rows * m.vocab as f64 * m.weight_dtype.bytes())
+                // A sequential prompt pass's peak is its largest prompt's.
+                let (tokens, logit_rows) = if p.count > 1.0 {
+                    let largest = s.max_prefill_chunk as f64;
+                    let rows = if self.cal.logits == LogitRows::All {
+                        largest
+                    } else {
+                        1.0
+                    };
+                    (largest, rows)
+                } else {
+                    (p.tokens, p.logit_rows)
+                };
+                (tokens * m.activation_bytes_per_token()
+                    + logit_rows * m.vocab as f64 * m.weight_dtype.bytes()
+                    + p.score_elements * score_bytes)
                     / m.tp as f64
             })
             .fold(0.0, f64::max)
@@ -253,11 +312,16 @@ impl CostModel for Analytic {
 /// The mechanisms that differ from a packed, overlapping engine, as ", a, b" (or "").
 fn mechanisms(c: &Calibration) -> String {
     let mut out = String::new();
-    if c.prefill == PrefillBatching::Padded {
-        out.push_str(", padded prefill");
+    match c.prefill {
+        PrefillBatching::Packed => {}
+        PrefillBatching::Padded => out.push_str(", padded prefill"),
+        PrefillBatching::Sequential => out.push_str(", one prompt per pass"),
     }
     if c.logits == LogitRows::All {
         out.push_str(", all logits");
+    }
+    if c.attention_scores == AttentionScores::Materialized {
+        out.push_str(", materialised attention scores");
     }
     if c.roofline == Roofline::Serial {
         out.push_str(", serial roofline");
@@ -268,7 +332,7 @@ fn mechanisms(c: &Calibration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calibration::{Calibration, LogitRows, PrefillBatching, Roofline};
+    use crate::calibration::{AttentionScores, Calibration, LogitRows, PrefillBatching, Roofline};
     use crate::catalog::{find_hardware, find_model};
 
     fn model(hw: &str, m: &str, graphs: bool) -> Analytic {
@@ -295,6 +359,7 @@ mod tests {
             prefill_tokens: n,
             prefill_seqs: 1,
             max_prefill_chunk: n,
+            max_prefill_context: n,
             sampled: 1,
             context_tokens: n,
             attention_pairs: (n * (n + 1) / 2) as f64,
@@ -325,6 +390,7 @@ mod tests {
             prefill_tokens: n,
             prefill_seqs: seqs,
             max_prefill_chunk: chunk,
+            max_prefill_context: chunk,
             decode_seqs: 8,
             sampled: seqs + 8,
             context_tokens: n + 8 * 512,
@@ -332,6 +398,85 @@ mod tests {
             attention_pairs: (seqs * chunk * (chunk + 1) / 2 + 8 * 512) as f64,
             ..StepShape::default()
         }
+    }
+
+    fn rtx5080_llama(cal: impl FnOnce(Calibration) -> Calibration) -> Analytic {
+        let (hw, m) = (
+            find_hardware("rtx-5080").unwrap(),
+            find_model("llama-3.2-3b").unwrap(),
+        );
+        let cal = cal(Calibration::default_for(&hw));
+        Analytic::new(hw, m, cal, false)
+    }
+
+    /// Eager attention holds each layer's scores: a padded pass of four 2,048-token prompts
+    /// holds 4 × heads × 2,048² of them (6 bytes each) beyond its other activations, fused
+    /// attention none; a 512-token chunk with 2,048 tokens of context holds a sixteenth.
+    /// Scores cost memory, not time (the time is `attention_efficiency`'s).
+    #[test]
+    fn materialised_attention_scores_grow_with_query_times_key_length() {
+        let padded = |c| Calibration {
+            prefill: PrefillBatching::Padded,
+            ..c
+        };
+        let fused = rtx5080_llama(padded);
+        let eager = rtx5080_llama(|c| Calibration {
+            attention_scores: AttentionScores::Materialized,
+            ..padded(c)
+        });
+        let heads = find_model("llama-3.2-3b").unwrap().heads as f64;
+        let whole = mixed(4, 4 * 2048);
+        let extra = eager.activation_bytes(&whole) - fused.activation_bytes(&whole);
+        let expected = 4.0 * heads * 2048.0 * 2048.0 * 6.0;
+        assert!(
+            (extra - expected).abs() / expected < 1e-9,
+            "{extra} vs {expected}"
+        );
+        assert_eq!(eager.step_time(&whole), fused.step_time(&whole));
+        let mut chunk = mixed(1, 512);
+        chunk.max_prefill_context = 2048;
+        let extra = eager.activation_bytes(&chunk) - fused.activation_bytes(&chunk);
+        assert!((extra * 16.0 - expected).abs() / expected < 1e-9, "{extra}");
+    }
+
+    /// One prompt per pass: four prompts of 1,000 tokens take four passes of one (the
+    /// weights read four times) and hold one prompt's activations; padded, one pass holds
+    /// all four.
+    #[test]
+    fn sequential_prefill_runs_one_prompt_per_pass() {
+        let prompts = |n: usize| StepShape {
+            num_seqs: n,
+            prefill_tokens: n * 1000,
+            prefill_seqs: n,
+            max_prefill_chunk: 1000,
+            max_prefill_context: 1000,
+            sampled: n,
+            context_tokens: n * 1000,
+            attention_pairs: (n * 1000 * 1001 / 2) as f64,
+            ..StepShape::default()
+        };
+        let with = |prefill| {
+            rtx5080_llama(move |c| Calibration {
+                prefill,
+                logits: LogitRows::All,
+                ..c
+            })
+        };
+        let (seq, padded) = (
+            with(PrefillBatching::Sequential),
+            with(PrefillBatching::Padded),
+        );
+        let (one, four) = (prompts(1), prompts(4));
+        let (t1, t4) = (seq.terms(&one), seq.terms(&four));
+        assert!(
+            (t4.gpu - 4.0 * t1.gpu).abs() / t4.gpu < 1e-9,
+            "{t1:?} {t4:?}"
+        );
+        assert!((t4.memory - 4.0 * t1.memory).abs() / t4.memory < 1e-9);
+        assert_eq!(seq.activation_bytes(&four), seq.activation_bytes(&one));
+        assert!(padded.activation_bytes(&four) > 3.9 * seq.activation_bytes(&four));
+        // The same single prompt costs the same however prompts are batched.
+        assert_eq!(seq.terms(&one), padded.terms(&one));
     }
 
     #[test]
