@@ -86,13 +86,22 @@ struct Pass {
     /// KV tokens read and written: context plus new.
     kv_tokens: f64,
     attention_pairs: f64,
-    /// Query × key elements of one head's score matrix, summed over the pass's sequences
-    /// (padding included): what materialised attention holds per head.
-    score_elements: f64,
+    /// What the pass holds at its peak (for `count` passes: the largest one).
+    held: Held,
     decode_only: bool,
     /// Passes of this size the step runs one after another (sequential prefill: one per
     /// prompt, each the prompts' average; otherwise 1).
     count: f64,
+}
+
+/// What a pass holds in device memory at its peak, beside weights and KV.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Held {
+    tokens: f64,
+    logit_rows: f64,
+    /// Query × key elements of one head's score matrix, summed over the pass's sequences
+    /// (padding included): what materialised attention holds per head.
+    score_elements: f64,
 }
 
 impl Analytic {
@@ -132,7 +141,11 @@ impl Analytic {
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64,
                 attention_pairs: s.attention_pairs,
-                score_elements: prompt_scores + decode_scores,
+                held: Held {
+                    tokens,
+                    logit_rows: if all_logits { tokens } else { s.sampled as f64 },
+                    score_elements: prompt_scores + decode_scores,
+                },
                 decode_only: s.prefill_tokens == 0,
                 count: 1.0,
             }
@@ -148,6 +161,7 @@ impl Analytic {
             // Each prompt alone, priced as the prompts' average; memory is the largest's.
             let n = s.prefill_seqs as f64;
             let tokens = s.prefill_tokens as f64 / n;
+            let largest = s.max_prefill_chunk as f64;
             Pass {
                 tokens,
                 logit_rows: if all_logits {
@@ -157,7 +171,11 @@ impl Analytic {
                 },
                 kv_tokens: prompt_kv / n,
                 attention_pairs: prompt_pairs / n,
-                score_elements: (s.max_prefill_chunk * s.max_prefill_context) as f64,
+                held: Held {
+                    tokens: largest,
+                    logit_rows: if all_logits { largest } else { 1.0 },
+                    score_elements: largest * s.max_prefill_context as f64,
+                },
                 decode_only: false,
                 count: n,
             }
@@ -169,7 +187,11 @@ impl Analytic {
                 logit_rows: if all_logits { padded } else { prompt_sampled },
                 kv_tokens: prompt_kv * pad,
                 attention_pairs: prompt_pairs * pad,
-                score_elements: prompt_scores,
+                held: Held {
+                    tokens: padded,
+                    logit_rows: if all_logits { padded } else { prompt_sampled },
+                    score_elements: prompt_scores,
+                },
                 decode_only: false,
                 count: 1.0,
             }
@@ -179,7 +201,11 @@ impl Analytic {
             logit_rows: s.decode_seqs as f64,
             kv_tokens: (s.decode_context_tokens + s.decode_seqs) as f64,
             attention_pairs: decode_pairs,
-            score_elements: decode_scores,
+            held: Held {
+                tokens: s.decode_seqs as f64,
+                logit_rows: s.decode_seqs as f64,
+                score_elements: decode_scores,
+            },
             decode_only: true,
             count: 1.0,
         });
@@ -252,21 +278,10 @@ impl CostModel for Analytic {
             .iter()
             .flatten()
             .map(|p| {
-                // A sequential prompt pass's peak is its largest prompt's.
-                let (tokens, logit_rows) = if p.count > 1.0 {
-                    let largest = s.max_prefill_chunk as f64;
-                    let rows = if self.cal.logits == LogitRows::All {
-                        largest
-                    } else {
-                        1.0
-                    };
-                    (largest, rows)
-                } else {
-                    (p.tokens, p.logit_rows)
-                };
-                (tokens * m.activation_bytes_per_token()
-                    + logit_rows * m.vocab as f64 * m.weight_dtype.bytes()
-                    + p.score_elements * score_bytes)
+                let h = &p.held;
+                (h.tokens * m.activation_bytes_per_token()
+                    + h.logit_rows * m.vocab as f64 * m.weight_dtype.bytes()
+                    + h.score_elements * score_bytes)
                     / m.tp as f64
             })
             .fold(0.0, f64::max)
