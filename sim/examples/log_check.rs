@@ -1,7 +1,7 @@
-//! Predicted vs published: the benchmark log's Phases 4–8 on the RTX 5080 (three models,
+//! Predicted vs published: the benchmark log's Phases 4–9 on the RTX 5080 (three models,
 //! five workloads, five figures each), predicted with the shipped calibration
 //! (`sim/calibrations/rtx5080-seed-server.toml`, fitted by `sim calibrate` to Phases 4–5
-//! only), and the log's headline phase effects.
+//! only), the log's headline phase effects, and Phase 9 (CUDA graphs) against Phase 8.
 //!
 //! ```text
 //! cargo run --release -p infer-sim --example log_check [-- KEY=VALUE …]
@@ -9,7 +9,8 @@
 //! Extra `KEY=VALUE` overrides apply to every run (try a mechanism against the log, e.g.
 //! `sim.logits=all`). Prints every figure, the median |error| per metric over the held-out
 //! Phases 6–8, and each headline effect: published change, predicted change, whether the
-//! sign matches and the prediction is within a factor of two of it.
+//! sign matches and the prediction is within a factor of two of it; then the same for Phase
+//! 9 vs 8 on every workload (the log's comparison tables: throughput and ITL P50).
 
 use infer_sim::calibration::CalibrationFile;
 use infer_sim::fit::{self, Fit, Row, FIT_METRICS};
@@ -17,6 +18,10 @@ use infer_sim::fit::{self, Fit, Row, FIT_METRICS};
 const PUBLISHED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/calibrations/rtx5080-benchmark-log.toml"
+);
+const PHASE9: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/calibrations/rtx5080-benchmark-log-phase9.toml"
 );
 const SHIPPED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -34,6 +39,8 @@ const HEADLINES: [(&str, u32, u32); 4] = [
 fn main() {
     let extra: Vec<String> = std::env::args().skip(1).collect();
     let mut targets = fit::load_published(PUBLISHED).unwrap_or_else(|e| panic!("{e}"));
+    let phase8 = targets.len();
+    targets.extend(fit::load_published(PHASE9).unwrap_or_else(|e| panic!("{e}")));
     if !extra.is_empty() {
         for t in &mut targets {
             let mut scenario = t.setup.scenario.clone();
@@ -48,6 +55,13 @@ fn main() {
     // `[sim]` overrides given on the command line apply on top (`Target::predict`).
     let fit = Fit::of_file(&file);
     let rows = fit::rows(&mut targets, &fit);
+    // Rows follow targets, one per published metric: Phases 4–8 first, then Phase 9.
+    let split = rows
+        .iter()
+        .position(|r| r.label.starts_with("P9 "))
+        .unwrap_or(rows.len());
+    assert!(phase8 > 0 && rows[split..].iter().all(|r| r.label.starts_with("P9 ")));
+    let (log, phase9) = rows.split_at(split);
 
     println!(
         "{:<40} {:<18} {:>10} {:>10} {:>7}",
@@ -64,11 +78,11 @@ fn main() {
         );
     }
     println!("\nheld out (Phases 6-8), median |error| per metric:");
-    for (m, e) in fit::median_errors(&rows, true) {
+    for (m, e) in fit::median_errors(log, true) {
         println!("  {m:<18} {:>4.0} %", e.unwrap_or(f64::NAN));
     }
     println!("fitted (Phases 4-5), median |error| per metric:");
-    for (m, e) in fit::median_errors(&rows, false) {
+    for (m, e) in fit::median_errors(log, false) {
         println!("  {m:<18} {:>4.0} %", e.unwrap_or(f64::NAN));
     }
 
@@ -82,19 +96,14 @@ fn main() {
             for metric in FIT_METRICS {
                 let find = |phase: u32| -> &Row {
                     let label = format!("P{phase} {workload} {model}");
-                    rows.iter()
+                    log.iter()
                         .find(|r| r.label == label && r.metric == metric)
                         .unwrap_or_else(|| panic!("no row {label} {metric}"))
                 };
                 let (before, after) = (find(a), find(b));
                 let published = after.measured / before.measured - 1.0;
                 let predicted = after.predicted / before.predicted - 1.0;
-                let sign = published.signum() == predicted.signum();
-                let ratio = predicted / published;
-                let close = sign && (0.5..=2.0).contains(&ratio);
-                total += 1;
-                right_sign += sign as usize;
-                within += close as usize;
+                let (sign, close) = effect(before, after, &mut right_sign, &mut within, &mut total);
                 println!(
                     "P{b} vs P{a} {workload:<20} {model:<13} {metric:<18} {:>+9.0}% {:>+9.0}%  {:<4}  {}",
                     published * 100.0,
@@ -109,4 +118,53 @@ fn main() {
         "headline effects with the right sign: {right_sign} of {total}; within a factor of two: \
          {within} of {total}"
     );
+
+    println!("\nPhase 9 (CUDA graphs, held out), median |error| per metric:");
+    for (m, e) in fit::median_errors(phase9, true) {
+        println!("  {m:<18} {:>4.0} %", e.unwrap_or(f64::NAN));
+    }
+    let (mut right_sign, mut within, mut total) = (0, 0, 0);
+    for p9 in phase9
+        .iter()
+        .filter(|r| ["output_throughput", "median_itl_ms"].contains(&r.metric.as_str()))
+    {
+        let label = p9.label.replacen("P9 ", "P8 ", 1);
+        let p8 = log
+            .iter()
+            .find(|r| r.label == label && r.metric == p9.metric)
+            .unwrap_or_else(|| panic!("no row {label} {}", p9.metric));
+        let (sign, close) = effect(p8, p9, &mut right_sign, &mut within, &mut total);
+        println!(
+            "P9 vs P8 {:<34} {:<18} {:>+9.0}% {:>+9.0}%  {:<4}  {}",
+            &p9.label[3..],
+            p9.metric,
+            (p9.measured / p8.measured - 1.0) * 100.0,
+            (p9.predicted / p8.predicted - 1.0) * 100.0,
+            if sign { "yes" } else { "NO" },
+            if close { "yes" } else { "no" }
+        );
+    }
+    println!(
+        "Phase 9 vs 8 with the right sign: {right_sign} of {total}; within a factor of two: \
+         {within} of {total}"
+    );
+}
+
+/// Whether the predicted change from `before` to `after` has the published sign, and is
+/// within a factor of two of it; counted into the tallies.
+fn effect(
+    before: &Row,
+    after: &Row,
+    right_sign: &mut usize,
+    within: &mut usize,
+    total: &mut usize,
+) -> (bool, bool) {
+    let published = after.measured / before.measured - 1.0;
+    let predicted = after.predicted / before.predicted - 1.0;
+    let sign = published.signum() == predicted.signum();
+    let close = sign && (0.5..=2.0).contains(&(predicted / published));
+    *total += 1;
+    *right_sign += sign as usize;
+    *within += close as usize;
+    (sign, close)
 }

@@ -17,6 +17,7 @@
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
+//! graph_replay_factor = 2.1    # a decode pass replayed from a CUDA graph: × its eager time
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
@@ -77,6 +78,10 @@ pub struct Calibration {
     /// Device memory the engine never gets, GiB; `None`: the catalog's estimate for the
     /// hardware.
     pub reserved_gib: Option<f64>,
+    /// With CUDA graphs, a decode pass replayed from a graph takes this many times its
+    /// eager GPU time (1: graphs only save launches, as in vLLM; the benchmark log's
+    /// Triton kernels replayed 1.8× slower at batch 1 and 2.4× at batch 8).
+    pub graph_replay_factor: f64,
     /// Where the numbers come from (printed with each run).
     pub source: String,
 }
@@ -178,6 +183,8 @@ pub struct Mechanisms {
     pub spill_bandwidth_gb_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved_gib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_replay_factor: Option<f64>,
 }
 
 /// One model's fitted coefficients (the fields of [`Calibration`] that are numbers).
@@ -250,6 +257,15 @@ impl CalibrationFile {
                     file: file.to_string(),
                     key: "mechanisms.reserved_gib".into(),
                     reason: format!("must be >= 0 GiB, got {v}"),
+                });
+            }
+        }
+        if let Some(v) = f.mechanisms.graph_replay_factor {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(SimError::Key {
+                    file: file.to_string(),
+                    key: "mechanisms.graph_replay_factor".into(),
+                    reason: format!("must be > 0, got {v}"),
                 });
             }
         }
@@ -337,6 +353,7 @@ impl Mechanisms {
             roofline: c.roofline,
             spill_bandwidth_gb_s: c.spill_bandwidth.map(|b| b / 1e9),
             reserved_gib: c.reserved_gib,
+            graph_replay_factor: (c.graph_replay_factor != 1.0).then_some(c.graph_replay_factor),
         }
     }
 }
@@ -364,6 +381,7 @@ impl Calibration {
             roofline: Roofline::Overlap,
             spill_bandwidth: None,
             reserved_gib: None,
+            graph_replay_factor: 1.0,
             source: "uncalibrated defaults".into(),
         }
     }
@@ -400,6 +418,7 @@ impl Calibration {
             roofline: mechanisms.roofline,
             spill_bandwidth: mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
             reserved_gib: mechanisms.reserved_gib,
+            graph_replay_factor: mechanisms.graph_replay_factor.unwrap_or(1.0),
             source: self.source.clone(),
         }
     }

@@ -469,11 +469,9 @@ pub fn fit_all(
     })
 }
 
-/// The mechanism combinations a search tries (spill bandwidth and reserved memory as given).
-pub fn mechanism_candidates(
-    spill_bandwidth_gb_s: Option<f64>,
-    reserved_gib: Option<f64>,
-) -> Vec<Mechanisms> {
+/// The mechanism combinations a search tries (spill bandwidth, reserved memory and graph
+/// replay as `given`).
+pub fn mechanism_candidates(given: &Mechanisms) -> Vec<Mechanisms> {
     let mut out = Vec::new();
     for prefill_batching in [PrefillBatching::Packed, PrefillBatching::Padded] {
         for logits in [LogitRows::Sampled, LogitRows::All] {
@@ -486,8 +484,7 @@ pub fn mechanism_candidates(
                             attention_scores,
                             contiguous_kv,
                             roofline,
-                            spill_bandwidth_gb_s,
-                            reserved_gib,
+                            ..*given
                         });
                     }
                 }
@@ -580,7 +577,8 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
     let _ = writeln!(
         s,
         "\nmechanisms: prefill_batching={:?} logits={:?} attention_scores={:?} \
-         contiguous_kv={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={}",
+         contiguous_kv={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} \
+         graph_replay_factor={}",
         m.prefill_batching,
         m.logits,
         m.attention_scores,
@@ -589,7 +587,8 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
         m.spill_bandwidth_gb_s
             .map_or("host link".to_string(), |v| v.to_string()),
         m.reserved_gib
-            .map_or("the catalog's".to_string(), |v| v.to_string())
+            .map_or("the catalog's".to_string(), |v| v.to_string()),
+        m.graph_replay_factor.unwrap_or(1.0)
     );
     for f in &fit.models {
         let c = &f.coefficients;

@@ -126,6 +126,10 @@ enum Command {
         /// the hardware; a desktop driving a display keeps more).
         #[arg(long, value_name = "GIB")]
         reserved_gib: Option<f64>,
+        /// With CUDA graphs, a decode pass replayed from a graph takes this many times its
+        /// eager GPU time (default 1: graphs only save kernel launches).
+        #[arg(long, value_name = "FACTOR")]
+        graph_replay_factor: Option<f64>,
         /// What was measured (written into the file).
         #[arg(long, default_value = "")]
         engine: String,
@@ -190,6 +194,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             search_mechanisms,
             spill_bandwidth_gb_s,
             reserved_gib,
+            graph_replay_factor,
             engine,
             out,
         } => {
@@ -220,6 +225,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     anyhow::bail!("--reserved-gib must be >= 0, got {v}");
                 }
             }
+            if let Some(v) = graph_replay_factor {
+                if !(v > 0.0 && v.is_finite()) {
+                    anyhow::bail!("--graph-replay-factor must be > 0, got {v}");
+                }
+            }
             let given = calibration::Mechanisms {
                 prefill_batching,
                 logits,
@@ -228,9 +238,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 roofline,
                 spill_bandwidth_gb_s,
                 reserved_gib,
+                graph_replay_factor,
             };
             let candidates = if search_mechanisms {
-                fit::mechanism_candidates(spill_bandwidth_gb_s, reserved_gib)
+                fit::mechanism_candidates(&given)
             } else {
                 vec![given]
             };

@@ -25,6 +25,7 @@
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
 //!                                  # catalog's estimate; a desktop's display takes more)
+//! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its eager GPU time
 //! ```
 
 use infer_core::workload::Scenario;
@@ -64,6 +65,7 @@ pub struct SimSettings {
     pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
+    pub graph_replay_factor: Option<f64>,
 }
 
 pub const DEFAULT_TIMESERIES_INTERVAL_S: f64 = 0.1;
@@ -121,6 +123,14 @@ impl SimSettings {
                 ));
             }
         }
+        if let Some(v) = s.graph_replay_factor {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err((
+                    "sim.graph_replay_factor".into(),
+                    format!("must be > 0, got {v}"),
+                ));
+            }
+        }
         if let Some(v) = s.timeseries_interval_s {
             // Finer points than a millisecond would be rows by the billion for long runs.
             if !(v >= 1e-3 && v.is_finite()) {
@@ -148,7 +158,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 20] = [
+    const KNOWN: [&str; 21] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -169,6 +179,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "roofline",
         "spill_bandwidth_gb_s",
         "reserved_gib",
+        "graph_replay_factor",
     ];
     for k in table.keys() {
         if !KNOWN.contains(&k.as_str()) {

@@ -163,6 +163,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     if let Some(g) = s.reserved_gib {
         cal.reserved_gib = Some(g);
     }
+    set(&mut cal.graph_replay_factor, s.graph_replay_factor);
     cal.prefill = s.prefill_batching.unwrap_or(cal.prefill);
     cal.logits = s.logits.unwrap_or(cal.logits);
     cal.attention_scores = s.attention_scores.unwrap_or(cal.attention_scores);

@@ -15,6 +15,8 @@
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
 //!          = graph_launch_s                                   CUDA graphs, decode-only pass
 //! pass     = max(compute, memory, launch)       (roofline = "serial": compute + memory)
+//!            a decode-only pass replayed from a CUDA graph: max(compute, memory) ×
+//!            graph_replay_factor, then the max with its launch
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
 //! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
@@ -222,20 +224,24 @@ impl Analytic {
             (matmul / cal.compute_efficiency + attention / cal.attention_efficiency) / tp / peak;
         let kv = m.kv_bytes_per_token() * p.kv_tokens;
         let memory = (m.weight_bytes() + kv) / tp / (hw.bandwidth * cal.bandwidth_efficiency);
-        let launch = if self.cuda_graphs && p.decode_only {
-            hw.graph_launch_s
+        let graph = self.cuda_graphs && p.decode_only;
+        let (launch, replay) = if graph {
+            (hw.graph_launch_s, cal.graph_replay_factor)
         } else {
-            (m.layers * m.kernels_per_layer) as f64 * hw.kernel_launch_s
+            (
+                (m.layers * m.kernels_per_layer) as f64 * hw.kernel_launch_s,
+                1.0,
+            )
+        };
+        let busy = match cal.roofline {
+            Roofline::Overlap => compute.max(memory),
+            Roofline::Serial => compute + memory,
         };
         Terms {
             compute,
             memory,
             launch,
-            gpu: match cal.roofline {
-                Roofline::Overlap => compute.max(memory),
-                Roofline::Serial => compute + memory,
-            }
-            .max(launch),
+            gpu: (busy * replay).max(launch),
             ..Terms::default()
         }
     }
@@ -565,6 +571,38 @@ mod tests {
     fn attention_cost_grows_with_context() {
         let a = model("l4", "llama-3.1-8b", false);
         assert!(a.step_time(&decode(32, 8000)) > a.step_time(&decode(32, 500)) * 1.2);
+    }
+
+    /// The log's Phase 9: its Triton kernels replayed from CUDA graphs ran ~2x slower than
+    /// eager. The factor scales a graph-replayed decode pass only: prompt passes stay
+    /// eager, and without graphs it changes nothing.
+    #[test]
+    fn a_graph_replay_factor_slows_graph_replayed_decodes_only() {
+        let with_factor = |graphs: bool, factor: f64| {
+            let hw = find_hardware("rtx-5080").unwrap();
+            let m = find_model("llama-3.2-3b").unwrap();
+            let mut cal = Calibration::default_for(&hw);
+            cal.graph_replay_factor = factor;
+            Analytic::new(hw, m, cal, graphs)
+        };
+        let (plain, slow) = (with_factor(true, 1.0), with_factor(true, 2.0));
+        let d = decode(8, 512);
+        let (t1, t2) = (plain.step_time(&d), slow.step_time(&d));
+        let host = plain.terms(&d).host;
+        assert!(
+            ((t2 - host) / (t1 - host) - 2.0).abs() < 1e-9,
+            "GPU time {:.3} ms -> {:.3} ms",
+            (t1 - host) * 1e3,
+            (t2 - host) * 1e3
+        );
+        let p = prefill(256);
+        assert_eq!(
+            plain.step_time(&p),
+            slow.step_time(&p),
+            "prompt passes stay eager"
+        );
+        let (e1, e2) = (with_factor(false, 1.0), with_factor(false, 2.0));
+        assert_eq!(e1.step_time(&d), e2.step_time(&d), "no graphs, no replay");
     }
 
     #[test]
