@@ -13,8 +13,13 @@
 //! usable      = device memory − reserved (context, allocator, display)
 //! ```
 //!
+//! The cost model, when it prices activations, replaces that estimate with its own bytes for
+//! the largest step the configuration and the workload allow ([`largest_step`]: the token
+//! budget filled with the workload's longest prompts), so padding, all-position logits and
+//! materialised scores count ([`MemoryPlan::with_activations`]).
+//!
 //! A plan whose weights and KV pool alone exceed `usable` cannot start: an error. One that
-//! fits only without the worst-case activations above gets a warning: the benchmark log's
+//! fits only without the largest step's activations gets a warning: the benchmark log's
 //! "VRAM cliff". What a run pays is decided step by step: each replica keeps its actual
 //! activation peak ([`ActivationPeak`], from the cost model's bytes per step), and once
 //! weights + KV pool + peak exceed `usable` the excess lives in host memory (the
@@ -26,7 +31,7 @@
 //! `DynamicCache`) takes none of its pool up front: each step's peak then counts the KV
 //! tokens in flight beside the activations, and the allocator keeps the largest sum.
 
-use infer_core::{KvBackend, SchedulerConfig};
+use infer_core::{KvBackend, SchedulerConfig, StepShape};
 
 use crate::calibration::ContiguousKv;
 use crate::catalog::{HardwareSpec, ModelSpec};
@@ -79,12 +84,23 @@ impl MemoryPlan {
         )
     }
 
+    /// The same plan with the largest step's activations put at `bytes`.
+    pub fn with_activations(self, bytes: f64) -> MemoryPlan {
+        let spill = (self.weights + self.kv_pool + bytes - self.usable).max(0.0);
+        MemoryPlan {
+            activations: bytes,
+            spill,
+            ..self
+        }
+    }
+
     /// A warning for a configuration past the cliff, if it is.
     pub fn warning(&self) -> Option<String> {
         (self.spill > 0.0).then(|| {
             format!(
-                "warning: memory over-committed by {:.2} GiB ({}); the excess spills to host \
-                 memory and every step pays for it (expect a throughput collapse)",
+                "warning: memory over-committed by {:.2} GiB at the largest step ({}); once \
+                 a step that large runs, its excess spills to host memory and every later \
+                 step pays for it (expect a throughput collapse)",
                 self.spill / GIB,
                 self.describe()
             )
@@ -143,14 +159,7 @@ pub fn plan(
     let weights = model.weight_bytes() / tp;
     let kv_pool = capacity_tokens as f64 * model.kv_bytes_per_token() / tp;
     let usable = hw.memory_bytes - hw.reserved_bytes;
-    let step_tokens = if cfg.chunked_prefill {
-        cfg.prefill_chunk_size
-    } else {
-        let unbounded = capacity_tokens.min(cfg.max_batch_size * cfg.max_model_len);
-        cfg.max_num_batched_tokens
-            .map_or(unbounded, |b| b.min(unbounded))
-    };
-    let activations = step_tokens as f64 * model.activation_bytes_per_token() / tp
+    let activations = step_tokens(cfg) as f64 * model.activation_bytes_per_token() / tp
         + (cfg.max_batch_size * model.vocab) as f64 * 4.0;
     if weights + kv_pool > usable {
         return Err(DoesNotFit(format!(
@@ -181,6 +190,52 @@ pub fn plan(
         activations,
         spill,
     })
+}
+
+/// Tokens of the largest step `cfg` lets the scheduler plan: the chunk budget with chunked
+/// prefill, otherwise min(KV capacity, max_batch_size × max_model_len,
+/// max_num_batched_tokens).
+fn step_tokens(cfg: &SchedulerConfig) -> usize {
+    if cfg.chunked_prefill {
+        return cfg.prefill_chunk_size;
+    }
+    let capacity = cfg.num_gpu_blocks * cfg.block_size;
+    let unbounded = capacity.min(cfg.max_batch_size * cfg.max_model_len);
+    cfg.max_num_batched_tokens
+        .map_or(unbounded, |b| b.min(unbounded))
+}
+
+/// The largest step `cfg` lets the scheduler plan for prompts of `shortest..=longest`
+/// tokens: as many prompts as the token budget admits at the shortest (with chunked
+/// prefill, plus the tail of one begun in the step before and the head of one that goes on
+/// in the next), each chunk as long as the longest allows — what a padded pass holds —
+/// attending to a whole longest prompt (the largest score matrix), and the rest of the
+/// batch decoding at that length as far as the KV pool holds them.
+pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) -> StepShape {
+    let len = longest.clamp(1, cfg.max_model_len);
+    let budget = step_tokens(cfg).max(1);
+    let chunk = budget.min(len);
+    let split = if cfg.chunked_prefill { 2 } else { 0 };
+    let prompts = (budget / shortest.max(1) + split).clamp(1, cfg.max_batch_size);
+    let decodes = cfg.max_batch_size - prompts;
+    let capacity = cfg.num_gpu_blocks * cfg.block_size;
+    let decode_context = (decodes * len).min(capacity.saturating_sub(prompts * len));
+    let (c, n) = (chunk as f64, len as f64);
+    StepShape {
+        num_seqs: prompts + decodes,
+        prefill_tokens: (prompts * chunk).min(budget),
+        prefill_seqs: prompts,
+        max_prefill_chunk: chunk,
+        max_prefill_context: len,
+        decode_seqs: decodes,
+        sampled: prompts + decodes,
+        context_tokens: prompts * len + decode_context,
+        decode_context_tokens: decode_context,
+        decode_shared_context_tokens: 0,
+        attention_pairs: prompts as f64 * (c * (n - c) + c * (c + 1.0) / 2.0)
+            + decode_context as f64,
+        chunk_self_pairs: prompts as f64 * c * c,
+    }
 }
 
 #[cfg(test)]
@@ -223,6 +278,30 @@ mod tests {
             .unwrap();
             assert_eq!(p.spill, 0.0, "{m}: {}", p.describe());
         }
+    }
+
+    /// Without chunking the budget admits whole prompts at the shortest length, each padded
+    /// to the longest; with chunking a 512-token budget holds the tail of one prompt, the
+    /// whole prompts that fit and the head of another, the chunk attending to a whole
+    /// longest prompt.
+    #[test]
+    fn the_largest_step_fills_the_budget_with_the_workloads_prompts() {
+        let whole = largest_step(&cfg(16, 1024, false), (128, 384));
+        assert_eq!(
+            (whole.prefill_seqs, whole.max_prefill_chunk),
+            (16, 384),
+            "batch-bound"
+        );
+        assert_eq!((whole.decode_seqs, whole.max_prefill_context), (0, 384));
+        let chunked = SchedulerConfig {
+            prefill_chunk_size: 512,
+            ..cfg(24, 2048, true)
+        };
+        let s = largest_step(&chunked, (128, 2048));
+        assert_eq!((s.prefill_seqs, s.max_prefill_chunk), (512 / 128 + 2, 512));
+        assert_eq!((s.prefill_tokens, s.max_prefill_context), (512, 2048));
+        assert_eq!(s.decode_seqs, 24 - 6);
+        assert!(s.context_tokens <= 2048 * 16, "within the KV pool");
     }
 
     #[test]

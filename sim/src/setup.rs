@@ -35,13 +35,14 @@ impl Setup {
     pub fn set_calibration(&mut self, mut cal: Calibration) -> Result<(), DoesNotFit> {
         apply_overrides(&mut cal, &self.settings);
         let cfg = self.scenario.server.scheduler_config();
-        self.memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
+        let memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
         self.cost = Arc::new(Analytic::new(
             self.hardware.clone(),
             self.model.clone(),
             cal,
             self.scenario.server.cuda_graphs,
         ));
+        self.memory = with_largest_step(memory, &*self.cost, &self.scenario);
         Ok(())
     }
 }
@@ -58,6 +59,17 @@ fn plan_memory(
         hw.reserved_bytes = gib * 1024.0 * 1024.0 * 1024.0;
     }
     memory::plan(&hw, model, cfg, cal.contiguous_kv)
+}
+
+/// `memory` with the cost model's activations for the largest step the scenario allows,
+/// where the cost model prices activations (the analytic one does).
+fn with_largest_step(memory: MemoryPlan, cost: &dyn CostModel, scenario: &Scenario) -> MemoryPlan {
+    let cfg = scenario.server.scheduler_config();
+    let step = memory::largest_step(&cfg, scenario.prompt_range());
+    match cost.activation_bytes(&step) {
+        bytes if bytes > 0.0 => memory.with_activations(bytes),
+        _ => memory,
+    }
 }
 
 /// Read and parse a scenario file (errors name the file).
@@ -95,7 +107,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     apply_overrides(&mut cal, &settings);
     let memory =
         plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
-    let mut warnings: Vec<String> = memory.warning().into_iter().collect();
+    let mut warnings: Vec<String> = Vec::new();
     let cost: Arc<dyn CostModel> = match settings.cost_model {
         CostModelKind::Analytic => Arc::new(Analytic::new(
             hardware.clone(),
@@ -123,6 +135,8 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             Arc::new(fit)
         }
     };
+    let memory = with_largest_step(memory, &*cost, &scenario);
+    warnings.splice(0..0, memory.warning());
     let trace = infer_core::workload::Trace::of_scenario(&scenario, file)?;
     Ok(Setup {
         trace,

@@ -192,6 +192,21 @@ impl std::fmt::Display for ScenarioError {
 impl std::error::Error for ScenarioError {}
 
 impl Scenario {
+    /// The shortest and the longest prompt the workload can send, in tokens: its shared
+    /// prefix or system prompt plus the smallest and the largest `prompt_tokens`. A trace's
+    /// or a conversation's (whose turns carry their history) are bounded by 1 and
+    /// `max_model_len` alone.
+    pub fn prompt_range(&self) -> (usize, usize) {
+        let w = &self.workload;
+        let bound = self.server.max_model_len.saturating_sub(1).max(1);
+        if w.trace.is_some() || w.conversations.is_some() {
+            return (1, bound);
+        }
+        let prefix = w.shared_prefix_tokens.unwrap_or(0) + w.groups.map_or(0, |g| g.system_tokens);
+        let clamp = |n: usize| (prefix + n).clamp(1, bound);
+        (clamp(w.prompt_tokens.min()), clamp(w.prompt_tokens.max()))
+    }
+
     /// Parse `text` (from `file`, named in errors), apply `overrides` (`key=value`, dotted
     /// keys, TOML values; bare words are taken as strings) and validate.
     pub fn parse(file: &str, text: &str, overrides: &[String]) -> Result<Scenario, ScenarioError> {
