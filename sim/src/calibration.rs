@@ -22,6 +22,7 @@
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
 //! attention_efficiency = 0.3
+//! decode_attention_efficiency = 0.003  # optional (default: attention_efficiency)
 //! bandwidth_efficiency = 0.85
 //! step_overhead_s = 0.003
 //! per_seq_overhead_s = 0.0013
@@ -52,6 +53,10 @@ pub struct Calibration {
     /// matmuls' where attention materialises scores or pads: long prompts cost more than
     /// their FLOPs at `compute_efficiency`).
     pub attention_efficiency: f64,
+    /// The same for a decode's attention (one query over its whole context): a paged
+    /// decode kernel walking scattered blocks can sit far below the roofline, so a long
+    /// context costs a decode more than its KV reads.
+    pub decode_attention_efficiency: f64,
     /// Fraction of the peak memory bandwidth streaming reads reach.
     pub bandwidth_efficiency: f64,
     /// Host time per step not hidden behind the GPU (scheduling, input preparation).
@@ -193,6 +198,9 @@ pub struct Mechanisms {
 pub struct Coefficients {
     pub compute_efficiency: f64,
     pub attention_efficiency: f64,
+    /// Absent: as `attention_efficiency` (files written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_attention_efficiency: Option<f64>,
     pub bandwidth_efficiency: f64,
     pub step_overhead_s: f64,
     pub per_seq_overhead_s: f64,
@@ -223,6 +231,11 @@ impl CalibrationFile {
             for (key, v) in [
                 ("compute_efficiency", c.compute_efficiency),
                 ("attention_efficiency", c.attention_efficiency),
+                (
+                    "decode_attention_efficiency",
+                    c.decode_attention_efficiency
+                        .unwrap_or(c.attention_efficiency),
+                ),
                 ("bandwidth_efficiency", c.bandwidth_efficiency),
             ] {
                 if !(v > 0.0 && v <= 1.0) {
@@ -310,6 +323,14 @@ impl Coefficients {
     /// Every value to four significant digits (what a written file needs; the fit is not
     /// better than that).
     pub fn rounded(mut self) -> Coefficients {
+        let round = |v: &mut f64| {
+            *v = format!("{:.3e}", *v)
+                .parse()
+                .expect("a number prints as one")
+        };
+        if let Some(v) = &mut self.decode_attention_efficiency {
+            round(v);
+        }
         for v in [
             &mut self.compute_efficiency,
             &mut self.attention_efficiency,
@@ -321,9 +342,7 @@ impl Coefficients {
             &mut self.client_stream_s,
             &mut self.static_batch_window_s,
         ] {
-            *v = format!("{:.3e}", *v)
-                .parse()
-                .expect("a number prints as one");
+            round(v);
         }
         self
     }
@@ -332,6 +351,9 @@ impl Coefficients {
         Coefficients {
             compute_efficiency: c.compute_efficiency,
             attention_efficiency: c.attention_efficiency,
+            // Tied (absent) unless it differs from the prompts' efficiency.
+            decode_attention_efficiency: (c.decode_attention_efficiency != c.attention_efficiency)
+                .then_some(c.decode_attention_efficiency),
             bandwidth_efficiency: c.bandwidth_efficiency,
             step_overhead_s: c.step_overhead_s,
             per_seq_overhead_s: c.per_seq_overhead_s,
@@ -365,6 +387,7 @@ impl Calibration {
         Calibration {
             compute_efficiency: 0.5,
             attention_efficiency: 0.5,
+            decode_attention_efficiency: 0.5,
             bandwidth_efficiency: 0.8,
             step_overhead_s: 1.0e-3,
             per_seq_overhead_s: 30e-6,
@@ -402,6 +425,9 @@ impl Calibration {
         Calibration {
             compute_efficiency: c.compute_efficiency,
             attention_efficiency: c.attention_efficiency,
+            decode_attention_efficiency: c
+                .decode_attention_efficiency
+                .unwrap_or(c.attention_efficiency),
             bandwidth_efficiency: c.bandwidth_efficiency,
             step_overhead_s: c.step_overhead_s,
             per_seq_overhead_s: c.per_seq_overhead_s,

@@ -175,6 +175,7 @@ fn measured_figures(
 pub enum Param {
     ComputeEfficiency,
     AttentionEfficiency,
+    DecodeAttentionEfficiency,
     BandwidthEfficiency,
     StepOverhead,
     PerSeqOverhead,
@@ -184,9 +185,10 @@ pub enum Param {
 }
 
 impl Param {
-    pub const ALL: [Param; 8] = [
+    pub const ALL: [Param; 9] = [
         Param::ComputeEfficiency,
         Param::AttentionEfficiency,
+        Param::DecodeAttentionEfficiency,
         Param::BandwidthEfficiency,
         Param::StepOverhead,
         Param::PerSeqOverhead,
@@ -200,6 +202,7 @@ impl Param {
         match self {
             Param::ComputeEfficiency => "compute_efficiency",
             Param::AttentionEfficiency => "attention_efficiency",
+            Param::DecodeAttentionEfficiency => "decode_attention_efficiency",
             Param::BandwidthEfficiency => "bandwidth_efficiency",
             Param::StepOverhead => "step_overhead_s",
             Param::PerSeqOverhead => "per_seq_overhead_s",
@@ -226,6 +229,9 @@ impl Param {
         match self {
             Param::ComputeEfficiency => &mut c.compute_efficiency,
             Param::AttentionEfficiency => &mut c.attention_efficiency,
+            Param::DecodeAttentionEfficiency => c
+                .decode_attention_efficiency
+                .get_or_insert(c.attention_efficiency),
             Param::BandwidthEfficiency => &mut c.bandwidth_efficiency,
             Param::StepOverhead => &mut c.step_overhead_s,
             Param::PerSeqOverhead => &mut c.per_seq_overhead_s,
@@ -240,6 +246,8 @@ impl Param {
         match self {
             // No GEMM or attention kernel sustains more than ~80% of the dense peak.
             Param::ComputeEfficiency | Param::AttentionEfficiency => (0.01, 0.8),
+            // A decode kernel that walks a long context block by block can be 100x off.
+            Param::DecodeAttentionEfficiency => (1e-3, 0.8),
             Param::BandwidthEfficiency => (0.01, 1.0),
             _ => (1e-6, 1.0),
         }
@@ -310,6 +318,10 @@ pub fn fit_model(
     params: &[Param],
 ) -> ModelFit {
     let mut best = Coefficients::of(start);
+    if !params.contains(&Param::DecodeAttentionEfficiency) {
+        // Not fitted: decodes' attention runs as prompts' does, wherever the fit moves it.
+        best.decode_attention_efficiency = None;
+    }
     // A multiplicative search cannot leave zero: start such coefficients at 1 ms.
     for &p in params {
         let v = p.slot(&mut best);
@@ -446,20 +458,30 @@ pub fn fit_all(
                 "every target of {name} is held out: nothing to fit"
             )));
         }
-        // Two starts, the generic defaults and a host-bound engine (a Python server), so
-        // that a local minimum of one is not the answer when the other does better.
+        // Starts: the generic defaults and a host-bound engine (a Python server), so that a
+        // local minimum of one is not the answer when the other does better; fitting decode
+        // attention, also one whose decodes are far below the roofline (from near 0.5 the
+        // search sits on a plateau: halving it changes nothing a short context shows).
         let generic = Calibration::default_for(&hardware);
-        let host_bound = Calibration {
-            step_overhead_s: 3e-3,
-            per_seq_overhead_s: 1e-3,
-            ..generic.clone()
-        };
-        let fits =
-            [generic, host_bound].map(|start| fit_model(&mut mine, &start, mechanisms, params));
-        let best = fits
-            .into_iter()
+        let mut starts = vec![
+            generic.clone(),
+            Calibration {
+                step_overhead_s: 3e-3,
+                per_seq_overhead_s: 1e-3,
+                ..generic.clone()
+            },
+        ];
+        if params.contains(&Param::DecodeAttentionEfficiency) {
+            starts.push(Calibration {
+                decode_attention_efficiency: 0.01,
+                ..generic
+            });
+        }
+        let best = starts
+            .iter()
+            .map(|start| fit_model(&mut mine, start, mechanisms, params))
             .min_by(|a, b| a.loss.total_cmp(&b.loss))
-            .expect("two fits");
+            .expect("at least one start");
         models.push(best);
     }
     Ok(Fit {
@@ -594,12 +616,14 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
         let c = &f.coefficients;
         let _ = writeln!(
             s,
-            "{}: compute_efficiency {:.3}, attention_efficiency {:.3}, bandwidth_efficiency \
-             {:.3}, step_overhead {:.2} ms, per_seq_overhead {:.3} ms, client request {:.2} ms, \
+            "{}: compute_efficiency {:.3}, attention_efficiency {:.3} (decode {:.4}), \
+             bandwidth_efficiency {:.3}, step_overhead {:.2} ms, per_seq_overhead {:.3} ms, client request {:.2} ms, \
              stream {:.2} ms, static batch window {:.1} ms (loss {:.4}, {} evaluations)",
             f.model,
             c.compute_efficiency,
             c.attention_efficiency,
+            c.decode_attention_efficiency
+                .unwrap_or(c.attention_efficiency),
             c.bandwidth_efficiency,
             c.step_overhead_s * 1e3,
             c.per_seq_overhead_s * 1e3,

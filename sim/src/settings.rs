@@ -8,6 +8,7 @@
 //! # calibration overrides (analytic), each optional:
 //! compute_efficiency = 0.4
 //! attention_efficiency = 0.1
+//! decode_attention_efficiency = 0.003
 //! bandwidth_efficiency = 0.85
 //! step_overhead_s = 0.004
 //! per_seq_overhead_s = 0.0001
@@ -50,6 +51,7 @@ pub struct SimSettings {
     pub timeseries_interval_s: Option<f64>,
     pub compute_efficiency: Option<f64>,
     pub attention_efficiency: Option<f64>,
+    pub decode_attention_efficiency: Option<f64>,
     pub bandwidth_efficiency: Option<f64>,
     pub step_overhead_s: Option<f64>,
     pub per_seq_overhead_s: Option<f64>,
@@ -80,6 +82,7 @@ impl SimSettings {
         let fraction = [
             ("compute_efficiency", s.compute_efficiency),
             ("attention_efficiency", s.attention_efficiency),
+            ("decode_attention_efficiency", s.decode_attention_efficiency),
             ("bandwidth_efficiency", s.bandwidth_efficiency),
         ];
         for (key, v) in fraction {
@@ -158,12 +161,13 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 21] = [
+    const KNOWN: [&str; 22] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
         "compute_efficiency",
         "attention_efficiency",
+        "decode_attention_efficiency",
         "bandwidth_efficiency",
         "step_overhead_s",
         "per_seq_overhead_s",

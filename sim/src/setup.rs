@@ -161,6 +161,10 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     };
     set(&mut cal.compute_efficiency, s.compute_efficiency);
     set(&mut cal.attention_efficiency, s.attention_efficiency);
+    set(
+        &mut cal.decode_attention_efficiency,
+        s.decode_attention_efficiency,
+    );
     set(&mut cal.bandwidth_efficiency, s.bandwidth_efficiency);
     set(&mut cal.step_overhead_s, s.step_overhead_s);
     set(&mut cal.per_seq_overhead_s, s.per_seq_overhead_s);

@@ -7,10 +7,13 @@
 //! flops    = 2 × linear_params × tokens               matmuls of every layer
 //!          + 2 × vocab × hidden × logit rows          output head
 //!          + 4 × layers × heads × head_dim × pairs    QKᵀ and PV over query×key pairs
-//! compute  = (matmul flops / compute_efficiency + attention flops / attention_efficiency)
+//! compute  = (matmul flops / compute_efficiency + attention flops / attention_efficiency
+//!             + decode attention flops / decode_attention_efficiency)
 //!            / tp / peak_flops(weight dtype)
 //! bytes    = weight_bytes / tp                        every weight read once per pass
 //!          + kv_bytes_per_token / tp × (context + new tokens)   KV read + written
+//!          + layers × heads × score elements × 16 / tp   attention_scores = materialized:
+//!            every score written and read on its way through the softmax
 //! memory   = bytes / (bandwidth × bandwidth_efficiency)
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
 //!          = graph_launch_s                                   CUDA graphs, decode-only pass
@@ -51,6 +54,13 @@ use crate::catalog::{HardwareSpec, ModelSpec};
 /// scores and their fp32 softmax are alive together.
 const SCORE_BYTES: f64 = 6.0;
 
+/// Device memory traffic per attention score of eager attention, bytes: QKᵀ writes the
+/// bf16 score (2), the fp32 softmax reads it and writes its result (2 + 4), the cast back
+/// reads that and writes bf16 (4 + 2), PV reads it (2). At ~512 FLOPs per score (QKᵀ and
+/// PV over a 128-wide head) that is ~32 FLOPs per byte: below the ridge point of any GPU,
+/// so materialised attention is bound by this traffic, not by its FLOPs.
+const SCORE_TRAFFIC_BYTES: f64 = 16.0;
+
 /// Latency of one all-reduce call, independent of size.
 const ALLREDUCE_LATENCY_S: f64 = 10e-6;
 
@@ -88,6 +98,9 @@ struct Pass {
     /// KV tokens read and written: context plus new.
     kv_tokens: f64,
     attention_pairs: f64,
+    /// The part of `attention_pairs` that belongs to decodes (priced at
+    /// `decode_attention_efficiency`).
+    decode_pairs: f64,
     /// What the pass holds at its peak (for `count` passes: the largest one).
     held: Held,
     decode_only: bool,
@@ -143,6 +156,7 @@ impl Analytic {
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64,
                 attention_pairs: s.attention_pairs,
+                decode_pairs: s.decode_context_tokens as f64,
                 held: Held {
                     tokens,
                     logit_rows: if all_logits { tokens } else { s.sampled as f64 },
@@ -173,6 +187,7 @@ impl Analytic {
                 },
                 kv_tokens: prompt_kv / n,
                 attention_pairs: prompt_pairs / n,
+                decode_pairs: 0.0,
                 held: Held {
                     tokens: largest,
                     logit_rows: if all_logits { largest } else { 1.0 },
@@ -189,6 +204,7 @@ impl Analytic {
                 logit_rows: if all_logits { padded } else { prompt_sampled },
                 kv_tokens: prompt_kv * pad,
                 attention_pairs: prompt_pairs * pad,
+                decode_pairs: 0.0,
                 held: Held {
                     tokens: padded,
                     logit_rows: if all_logits { padded } else { prompt_sampled },
@@ -203,6 +219,7 @@ impl Analytic {
             logit_rows: s.decode_seqs as f64,
             kv_tokens: (s.decode_context_tokens + s.decode_seqs) as f64,
             attention_pairs: decode_pairs,
+            decode_pairs,
             held: Held {
                 tokens: s.decode_seqs as f64,
                 logit_rows: s.decode_seqs as f64,
@@ -218,12 +235,24 @@ impl Analytic {
         let (m, hw, cal) = (&self.model, &self.hw, &self.cal);
         let tp = m.tp as f64;
         let matmul = 2.0 * m.linear_params() * p.tokens + 2.0 * m.head_params() * p.logit_rows;
-        let attention = 4.0 * (m.layers * m.heads * m.head_dim) as f64 * p.attention_pairs;
+        let per_pair = 4.0 * (m.layers * m.heads * m.head_dim) as f64;
+        let prompt_attention = per_pair * (p.attention_pairs - p.decode_pairs);
+        let decode_attention = per_pair * p.decode_pairs;
         let peak = hw.flops(m.weight_dtype);
-        let compute =
-            (matmul / cal.compute_efficiency + attention / cal.attention_efficiency) / tp / peak;
+        let compute = (matmul / cal.compute_efficiency
+            + prompt_attention / cal.attention_efficiency
+            + decode_attention / cal.decode_attention_efficiency)
+            / tp
+            / peak;
         let kv = m.kv_bytes_per_token() * p.kv_tokens;
-        let memory = (m.weight_bytes() + kv) / tp / (hw.bandwidth * cal.bandwidth_efficiency);
+        let scores = match cal.attention_scores {
+            AttentionScores::Fused => 0.0,
+            AttentionScores::Materialized => {
+                (m.layers * m.heads) as f64 * p.held.score_elements * SCORE_TRAFFIC_BYTES
+            }
+        };
+        let memory =
+            (m.weight_bytes() + kv + scores) / tp / (hw.bandwidth * cal.bandwidth_efficiency);
         let graph = self.cuda_graphs && p.decode_only;
         let (launch, replay) = if graph {
             (hw.graph_launch_s, cal.graph_replay_factor)
@@ -308,8 +337,8 @@ impl CostModel for Analytic {
     fn describe(&self) -> String {
         let c = &self.cal;
         format!(
-            "analytic roofline: {} on {}{} (compute eff {:.3}, attention eff {:.3}, bandwidth \
-             eff {:.2}, step overhead {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
+            "analytic roofline: {} on {}{} (compute eff {:.3}, attention eff {:.3} (decode \
+             {:.4}), bandwidth eff {:.2}, step overhead {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
             self.model.name,
             self.hw.name,
             if self.cuda_graphs {
@@ -319,6 +348,7 @@ impl CostModel for Analytic {
             },
             c.compute_efficiency,
             c.attention_efficiency,
+            c.decode_attention_efficiency,
             c.bandwidth_efficiency,
             c.step_overhead_s * 1e3,
             c.per_seq_overhead_s * 1e3,
@@ -433,7 +463,8 @@ mod tests {
     /// Eager attention holds each layer's scores: a padded pass of four 2,048-token prompts
     /// holds 4 × heads × 2,048² of them (6 bytes each) beyond its other activations, fused
     /// attention none; a 512-token chunk with 2,048 tokens of context holds a sixteenth.
-    /// Scores cost memory, not time (the time is `attention_efficiency`'s).
+    /// Their time is their traffic: 16 bytes per score, per layer and head, read and
+    /// written at the calibrated bandwidth.
     #[test]
     fn materialised_attention_scores_grow_with_query_times_key_length() {
         let padded = |c| Calibration {
@@ -453,7 +484,18 @@ mod tests {
             (extra - expected).abs() / expected < 1e-9,
             "{extra} vs {expected}"
         );
-        assert_eq!(eager.step_time(&whole), fused.step_time(&whole));
+        let m = find_model("llama-3.2-3b").unwrap();
+        let hw = find_hardware("rtx-5080").unwrap();
+        // The prompts' scores and the eight decodes' (one query over 512 keys each).
+        let scores = 4.0 * 2048.0 * 2048.0 + 8.0 * 512.0;
+        let traffic = (m.layers * m.heads) as f64 * scores * SCORE_TRAFFIC_BYTES
+            / (hw.bandwidth * Calibration::default_for(&hw).bandwidth_efficiency);
+        let slower = eager.terms(&whole).memory - fused.terms(&whole).memory;
+        assert!(
+            (slower - traffic).abs() / traffic < 1e-9,
+            "{slower} vs {traffic}"
+        );
+        assert!(eager.step_time(&whole) > fused.step_time(&whole));
         let mut chunk = mixed(1, 512);
         chunk.max_prefill_context = 2048;
         let extra = eager.activation_bytes(&chunk) - fused.activation_bytes(&chunk);
@@ -571,6 +613,35 @@ mod tests {
     fn attention_cost_grows_with_context() {
         let a = model("l4", "llama-3.1-8b", false);
         assert!(a.step_time(&decode(32, 8000)) > a.step_time(&decode(32, 500)) * 1.2);
+    }
+
+    /// A decode's attention is priced at `decode_attention_efficiency`: lowering it slows a
+    /// decode step by exactly its attention FLOPs at the new rate; a prompt-only step is
+    /// unchanged.
+    #[test]
+    fn decode_attention_has_its_own_efficiency() {
+        let at = |e: f64| {
+            rtx5080_llama(|c| Calibration {
+                decode_attention_efficiency: e,
+                ..c
+            })
+        };
+        let (fast, slow) = (at(0.5), at(0.001));
+        // 16 decodes over 2,048 tokens each: attention-bound once the kernel is slow.
+        let d = decode(16, 2048);
+        let m = find_model("llama-3.2-3b").unwrap();
+        let hw = find_hardware("rtx-5080").unwrap();
+        let flops = 4.0 * (m.layers * m.heads * m.head_dim) as f64 * d.attention_pairs;
+        let compute = |a: &Analytic| a.terms(&d).compute;
+        let expected = flops / hw.flops(m.weight_dtype) * (1.0 / 0.001 - 1.0 / 0.5);
+        let got = compute(&slow) - compute(&fast);
+        assert!(
+            (got - expected).abs() / expected < 1e-9,
+            "{got} vs {expected}"
+        );
+        assert!(slow.step_time(&d) > fast.step_time(&d));
+        let p = prefill(1024);
+        assert_eq!(slow.step_time(&p), fast.step_time(&p));
     }
 
     /// The log's Phase 9: its Triton kernels replayed from CUDA graphs ran ~2x slower than
