@@ -241,6 +241,17 @@ impl Param {
         }
     }
 
+    /// A duration in seconds (zero allowed), not a fraction of a peak.
+    fn is_time(self) -> bool {
+        !matches!(
+            self,
+            Param::ComputeEfficiency
+                | Param::AttentionEfficiency
+                | Param::DecodeAttentionEfficiency
+                | Param::BandwidthEfficiency
+        )
+    }
+
     /// (lowest, highest) value the fit may give.
     fn bounds(self) -> (f64, f64) {
         match self {
@@ -361,7 +372,7 @@ pub fn fit_model(
     }
     // A time the measurements do not call for is zero, not whatever the search left.
     for &p in params {
-        if p.bounds().0 < 1e-3 {
+        if p.is_time() {
             let mut c = best;
             *p.slot(&mut c) = 0.0;
             let l = loss(targets, &cal(&c));

@@ -160,7 +160,12 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         }
     };
     set(&mut cal.compute_efficiency, s.compute_efficiency);
+    // Decodes' attention follows the prompts' unless the calibration or `[sim]` sets it.
+    let tied = cal.decode_attention_efficiency == cal.attention_efficiency;
     set(&mut cal.attention_efficiency, s.attention_efficiency);
+    if tied {
+        cal.decode_attention_efficiency = cal.attention_efficiency;
+    }
     set(
         &mut cal.decode_attention_efficiency,
         s.decode_attention_efficiency,

@@ -241,7 +241,7 @@ fn the_logs_cuda_graph_slowdown_is_predicted_from_its_replay_profile() {
 fn the_start_up_plan_bounds_every_steps_activations() {
     // The start-up plan prices the largest step the configuration and the workload allow
     // with the cost model's own bytes (padding, all-position logits, materialised scores),
-    // so no step of the run can hold more: checked for the log's Phase 6 and 7 servers on
+    // so no step of the run can hold more: checked for the log's Phase 6, 7 and 8 servers on
     // every seed workload, and the Phase 6 chunked_prefill collapse is warned about.
     for model in ["llama-3.2-3b", "qwen3-4b"] {
         for workload in [
@@ -251,10 +251,14 @@ fn the_start_up_plan_bounds_every_steps_activations() {
             "chunked_prefill",
             "prefix_caching",
         ] {
-            for chunked in ["false", "true"] {
+            // Phase 6, 7 and 8 servers: no chunking, chunking, chunking + prefix caching.
+            for (chunked, cached) in [("false", "false"), ("true", "false"), ("true", "true")] {
                 let o = common::with(
                     &common::phase_config(model, workload),
-                    &[&format!("server.chunked_prefill={chunked}")],
+                    &[
+                        &format!("server.chunked_prefill={chunked}"),
+                        &format!("server.prefix_caching={cached}"),
+                    ],
                 );
                 let o: Vec<&str> = o.iter().map(String::as_str).collect();
                 let setup = common::setup(workload, &o);
@@ -262,7 +266,7 @@ fn the_start_up_plan_bounds_every_steps_activations() {
                 let (planned, peak) = (setup.memory.activations, r.stats.peak_activation_bytes);
                 assert!(
                     peak > 0.0 && peak <= planned,
-                    "{model} {workload} chunked={chunked}: peak {peak:.3e} B, planned {planned:.3e} B"
+                    "{model} {workload} chunked={chunked} cached={cached}: peak {peak:.3e} B, planned {planned:.3e} B"
                 );
                 if workload == "chunked_prefill" && chunked == "false" {
                     assert!(

@@ -192,9 +192,10 @@ impl std::fmt::Display for ScenarioError {
 impl std::error::Error for ScenarioError {}
 
 impl Scenario {
-    /// The shortest and the longest prompt the workload can send, in tokens: its shared
-    /// prefix or system prompt plus the smallest and the largest `prompt_tokens`. A trace's
-    /// or a conversation's (whose turns carry their history) are bounded by 1 and
+    /// The fewest tokens a prompt can bring to a step and the longest prompt the workload
+    /// can send: its shared prefix or system prompt plus the smallest and the largest
+    /// `prompt_tokens` — without the prefix for the fewest when prefix caching may serve it.
+    /// A trace's or a conversation's (whose turns carry their history) are bounded by 1 and
     /// `max_model_len` alone.
     pub fn prompt_range(&self) -> (usize, usize) {
         let w = &self.workload;
@@ -203,8 +204,15 @@ impl Scenario {
             return (1, bound);
         }
         let prefix = w.shared_prefix_tokens.unwrap_or(0) + w.groups.map_or(0, |g| g.system_tokens);
-        let clamp = |n: usize| (prefix + n).clamp(1, bound);
-        (clamp(w.prompt_tokens.min()), clamp(w.prompt_tokens.max()))
+        let cached = if self.server.prefix_caching {
+            prefix
+        } else {
+            0
+        };
+        (
+            (prefix - cached + w.prompt_tokens.min()).clamp(1, bound),
+            (prefix + w.prompt_tokens.max()).clamp(1, bound),
+        )
     }
 
     /// Parse `text` (from `file`, named in errors), apply `overrides` (`key=value`, dotted

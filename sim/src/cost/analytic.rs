@@ -18,8 +18,8 @@
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
 //!          = graph_launch_s                                   CUDA graphs, decode-only pass
 //! pass     = max(compute, memory, launch)       (roofline = "serial": compute + memory)
-//!            a decode-only pass replayed from a CUDA graph: max(compute, memory) ×
-//!            graph_replay_factor, then the max with its launch
+//!            a decode-only pass replayed from a CUDA graph: max(compute, memory) (or
+//!            their sum) × graph_replay_factor, then the max with its launch
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
 //! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
@@ -101,6 +101,10 @@ struct Pass {
     /// The part of `attention_pairs` that belongs to decodes (priced at
     /// `decode_attention_efficiency`).
     decode_pairs: f64,
+    /// Query × key elements of one head's scores the pass computes, masked ones included
+    /// (eager attention computes the whole rectangle): what materialised scores move
+    /// through memory, per layer and head.
+    score_elements: f64,
     /// What the pass holds at its peak (for `count` passes: the largest one).
     held: Held,
     decode_only: bool,
@@ -149,6 +153,10 @@ impl Analytic {
         let all_logits = self.cal.logits == LogitRows::All;
         let prompt_scores = (s.prefill_seqs * s.max_prefill_chunk * s.max_prefill_context) as f64;
         let decode_scores = s.decode_context_tokens as f64;
+        // Σ chunk × (computed + chunk) over prompts: the causal pairs plus the masked half
+        // of each chunk's square.
+        let prompt_rectangles =
+            |pairs: f64| (pairs + (s.chunk_self_pairs - s.prefill_tokens as f64) / 2.0).max(0.0);
         let packed = || {
             let tokens = s.new_tokens() as f64;
             Pass {
@@ -157,6 +165,8 @@ impl Analytic {
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64,
                 attention_pairs: s.attention_pairs,
                 decode_pairs: s.decode_context_tokens as f64,
+                score_elements: prompt_rectangles(s.attention_pairs - decode_scores)
+                    + decode_scores,
                 held: Held {
                     tokens,
                     logit_rows: if all_logits { tokens } else { s.sampled as f64 },
@@ -188,6 +198,7 @@ impl Analytic {
                 kv_tokens: prompt_kv / n,
                 attention_pairs: prompt_pairs / n,
                 decode_pairs: 0.0,
+                score_elements: prompt_rectangles(prompt_pairs) / n,
                 held: Held {
                     tokens: largest,
                     logit_rows: if all_logits { largest } else { 1.0 },
@@ -205,6 +216,7 @@ impl Analytic {
                 kv_tokens: prompt_kv * pad,
                 attention_pairs: prompt_pairs * pad,
                 decode_pairs: 0.0,
+                score_elements: prompt_scores,
                 held: Held {
                     tokens: padded,
                     logit_rows: if all_logits { padded } else { prompt_sampled },
@@ -220,6 +232,7 @@ impl Analytic {
             kv_tokens: (s.decode_context_tokens + s.decode_seqs) as f64,
             attention_pairs: decode_pairs,
             decode_pairs,
+            score_elements: decode_scores,
             held: Held {
                 tokens: s.decode_seqs as f64,
                 logit_rows: s.decode_seqs as f64,
@@ -236,7 +249,7 @@ impl Analytic {
         let tp = m.tp as f64;
         let matmul = 2.0 * m.linear_params() * p.tokens + 2.0 * m.head_params() * p.logit_rows;
         let per_pair = 4.0 * (m.layers * m.heads * m.head_dim) as f64;
-        let prompt_attention = per_pair * (p.attention_pairs - p.decode_pairs);
+        let prompt_attention = per_pair * (p.attention_pairs - p.decode_pairs).max(0.0);
         let decode_attention = per_pair * p.decode_pairs;
         let peak = hw.flops(m.weight_dtype);
         let compute = (matmul / cal.compute_efficiency
@@ -248,7 +261,7 @@ impl Analytic {
         let scores = match cal.attention_scores {
             AttentionScores::Fused => 0.0,
             AttentionScores::Materialized => {
-                (m.layers * m.heads) as f64 * p.held.score_elements * SCORE_TRAFFIC_BYTES
+                (m.layers * m.heads) as f64 * p.score_elements * SCORE_TRAFFIC_BYTES
             }
         };
         let memory =
@@ -500,6 +513,45 @@ mod tests {
         chunk.max_prefill_context = 2048;
         let extra = eager.activation_bytes(&chunk) - fused.activation_bytes(&chunk);
         assert!((extra * 16.0 - expected).abs() / expected < 1e-9, "{extra}");
+    }
+
+    /// A packed pass moves the scores it computes: for a 512-token chunk after 1,536
+    /// computed tokens, 512 × 2,048 per layer and head — the causal pairs plus the masked
+    /// half of the chunk's square — not a peak-memory bound.
+    #[test]
+    fn packed_score_traffic_is_the_chunks_whole_rectangle() {
+        let at = |scores| {
+            rtx5080_llama(|c| Calibration {
+                attention_scores: scores,
+                ..c
+            })
+        };
+        let (fused, eager) = (
+            at(AttentionScores::Fused),
+            at(AttentionScores::Materialized),
+        );
+        let (n, c) = (512.0, 1536.0);
+        let chunk = StepShape {
+            num_seqs: 1,
+            prefill_tokens: 512,
+            prefill_seqs: 1,
+            max_prefill_chunk: 512,
+            max_prefill_context: 2048,
+            sampled: 1,
+            context_tokens: 2048,
+            attention_pairs: n * c + n * (n + 1.0) / 2.0,
+            chunk_self_pairs: n * n,
+            ..StepShape::default()
+        };
+        let m = find_model("llama-3.2-3b").unwrap();
+        let hw = find_hardware("rtx-5080").unwrap();
+        let traffic = (m.layers * m.heads) as f64 * n * (c + n) * SCORE_TRAFFIC_BYTES
+            / (hw.bandwidth * Calibration::default_for(&hw).bandwidth_efficiency);
+        let slower = eager.terms(&chunk).memory - fused.terms(&chunk).memory;
+        assert!(
+            (slower - traffic).abs() / traffic < 1e-9,
+            "{slower} vs {traffic}"
+        );
     }
 
     /// One prompt per pass: four prompts of 1,000 tokens take four passes of one (the
