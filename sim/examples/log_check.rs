@@ -89,7 +89,7 @@ fn main() {
         "\nheadline effects: {:<34} {:<18} {:>10} {:>10}  sign  within 2x",
         "", "metric", "published", "predicted"
     );
-    let (mut right_sign, mut within, mut total) = (0, 0, 0);
+    let mut tally = Tally::default();
     for (workload, a, b) in HEADLINES {
         for model in ["llama-3.2-3b", "qwen3-4b", "gemma-3-1b"] {
             for metric in FIT_METRICS {
@@ -99,30 +99,21 @@ fn main() {
                         .find(|r| r.label == label && r.metric == metric)
                         .unwrap_or_else(|| panic!("no row {label} {metric}"))
                 };
-                let (before, after) = (find(a), find(b));
-                let published = after.measured / before.measured - 1.0;
-                let predicted = after.predicted / before.predicted - 1.0;
-                let (sign, close) = effect(before, after, &mut right_sign, &mut within, &mut total);
+                let e = tally.count(find(a), find(b));
                 println!(
-                    "P{b} vs P{a} {workload:<20} {model:<13} {metric:<18} {:>+9.0}% {:>+9.0}%  {:<4}  {}",
-                    published * 100.0,
-                    predicted * 100.0,
-                    if sign { "yes" } else { "NO" },
-                    if close { "yes" } else { "no" }
+                    "P{b} vs P{a} {workload:<20} {model:<13} {metric:<18} {}",
+                    e.columns()
                 );
             }
         }
     }
-    println!(
-        "headline effects with the right sign: {right_sign} of {total}; within a factor of two: \
-         {within} of {total}"
-    );
+    println!("{}", tally.line("headline effects"));
 
     println!("\nPhase 9 (CUDA graphs, held out), median |error| per metric:");
     for (m, e) in fit::median_errors(phase9, true) {
         println!("  {m:<18} {:>4.0} %", e.unwrap_or(f64::NAN));
     }
-    let (mut right_sign, mut within, mut total) = (0, 0, 0);
+    let mut tally = Tally::default();
     for p9 in phase9
         .iter()
         .filter(|r| ["output_throughput", "median_itl_ms"].contains(&r.metric.as_str()))
@@ -132,38 +123,70 @@ fn main() {
             .iter()
             .find(|r| r.label == label && r.metric == p9.metric)
             .unwrap_or_else(|| panic!("no row {label} {}", p9.metric));
-        let (sign, close) = effect(p8, p9, &mut right_sign, &mut within, &mut total);
+        let e = tally.count(p8, p9);
         println!(
-            "P9 vs P8 {:<34} {:<18} {:>+9.0}% {:>+9.0}%  {:<4}  {}",
+            "P9 vs P8 {:<34} {:<18} {}",
             &p9.label[3..],
             p9.metric,
-            (p9.measured / p8.measured - 1.0) * 100.0,
-            (p9.predicted / p8.predicted - 1.0) * 100.0,
-            if sign { "yes" } else { "NO" },
-            if close { "yes" } else { "no" }
+            e.columns()
         );
     }
-    println!(
-        "Phase 9 vs 8 with the right sign: {right_sign} of {total}; within a factor of two: \
-         {within} of {total}"
-    );
+    println!("{}", tally.line("Phase 9 vs 8"));
 }
 
-/// Whether the predicted change from `before` to `after` has the published sign, and is
-/// within a factor of two of it; counted into the tallies.
-fn effect(
-    before: &Row,
-    after: &Row,
-    right_sign: &mut usize,
-    within: &mut usize,
-    total: &mut usize,
-) -> (bool, bool) {
-    let published = after.measured / before.measured - 1.0;
-    let predicted = after.predicted / before.predicted - 1.0;
-    let sign = published.signum() == predicted.signum();
-    let close = sign && (0.5..=2.0).contains(&(predicted / published));
-    *total += 1;
-    *right_sign += sign as usize;
-    *within += close as usize;
-    (sign, close)
+/// A phase effect: the published and the predicted change from one run to another.
+struct Effect {
+    published: f64,
+    predicted: f64,
+}
+
+impl Effect {
+    fn right_sign(&self) -> bool {
+        self.published.signum() == self.predicted.signum()
+    }
+
+    /// The right sign and within a factor of two of the published change.
+    fn within_2x(&self) -> bool {
+        self.right_sign() && (0.5..=2.0).contains(&(self.predicted / self.published))
+    }
+
+    /// Published %, predicted %, sign, within 2x: the columns of an effect's line.
+    fn columns(&self) -> String {
+        format!(
+            "{:>+9.0}% {:>+9.0}%  {:<4}  {}",
+            self.published * 100.0,
+            self.predicted * 100.0,
+            if self.right_sign() { "yes" } else { "NO" },
+            if self.within_2x() { "yes" } else { "no" }
+        )
+    }
+}
+
+/// Effects counted: how many, with the right sign, within a factor of two.
+#[derive(Default)]
+struct Tally {
+    right_sign: usize,
+    within: usize,
+    total: usize,
+}
+
+impl Tally {
+    /// The effect from `before` to `after`, counted.
+    fn count(&mut self, before: &Row, after: &Row) -> Effect {
+        let e = Effect {
+            published: after.measured / before.measured - 1.0,
+            predicted: after.predicted / before.predicted - 1.0,
+        };
+        self.total += 1;
+        self.right_sign += e.right_sign() as usize;
+        self.within += e.within_2x() as usize;
+        e
+    }
+
+    fn line(&self, what: &str) -> String {
+        format!(
+            "{what} with the right sign: {} of {}; within a factor of two: {} of {}",
+            self.right_sign, self.total, self.within, self.total
+        )
+    }
 }

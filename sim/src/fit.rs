@@ -328,11 +328,9 @@ pub fn fit_model(
     mechanisms: &Mechanisms,
     params: &[Param],
 ) -> ModelFit {
+    // A start whose decode efficiency equals its prompts' leaves it tied (absent): unless
+    // fitted, it follows wherever the fit moves `attention_efficiency`.
     let mut best = Coefficients::of(start);
-    if !params.contains(&Param::DecodeAttentionEfficiency) {
-        // Not fitted: decodes' attention runs as prompts' does, wherever the fit moves it.
-        best.decode_attention_efficiency = None;
-    }
     // A multiplicative search cannot leave zero: start such coefficients at 1 ms.
     for &p in params {
         let v = p.slot(&mut best);

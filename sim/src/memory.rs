@@ -175,10 +175,9 @@ pub fn plan(
             hw.memory_bytes / GIB
         )));
     }
-    let spill = (weights + kv_pool + activations - usable).max(0.0);
     let grows =
         cfg.kv_cache_backend == KvBackend::Contiguous && contiguous_kv == ContiguousKv::Grown;
-    Ok(MemoryPlan {
+    let plan = MemoryPlan {
         grown_kv_per_token: if grows {
             model.kv_bytes_per_token() / tp
         } else {
@@ -187,9 +186,10 @@ pub fn plan(
         usable,
         weights,
         kv_pool,
-        activations,
-        spill,
-    })
+        activations: 0.0,
+        spill: 0.0,
+    };
+    Ok(plan.with_activations(activations))
 }
 
 /// Tokens of the largest step `cfg` lets the scheduler plan: the chunk budget with chunked
@@ -199,8 +199,9 @@ fn step_tokens(cfg: &SchedulerConfig) -> usize {
     if cfg.chunked_prefill {
         return cfg.prefill_chunk_size;
     }
-    let capacity = cfg.num_gpu_blocks * cfg.block_size;
-    let unbounded = capacity.min(cfg.max_batch_size * cfg.max_model_len);
+    let unbounded = cfg
+        .kv_capacity_tokens()
+        .min(cfg.max_batch_size * cfg.max_model_len);
     cfg.max_num_batched_tokens
         .map_or(unbounded, |b| b.min(unbounded))
 }
@@ -218,8 +219,8 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
     let split = if cfg.chunked_prefill { 2 } else { 0 };
     let prompts = (budget / shortest.max(1) + split).clamp(1, cfg.max_batch_size);
     let decodes = cfg.max_batch_size - prompts;
-    let capacity = cfg.num_gpu_blocks * cfg.block_size;
-    let decode_context = (decodes * len).min(capacity.saturating_sub(prompts * len));
+    let decode_context =
+        (decodes * len).min(cfg.kv_capacity_tokens().saturating_sub(prompts * len));
     let (c, n) = (chunk as f64, len as f64);
     StepShape {
         num_seqs: prompts + decodes,
