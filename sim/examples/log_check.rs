@@ -4,7 +4,7 @@
 //! only), the log's headline phase effects, and Phase 9 (CUDA graphs) against Phase 8.
 //!
 //! ```text
-//! cargo run --release -p infer-sim --example log_check [-- KEY=VALUE …]
+//! cargo run --release -p infer-sim --example log_check [-- [--calibration FILE] KEY=VALUE …]
 //! ```
 //! Extra `KEY=VALUE` overrides apply to every run (try a mechanism against the log, e.g.
 //! `sim.logits=all`). Prints every figure, the median |error| per metric over the held-out
@@ -37,7 +37,17 @@ const HEADLINES: [(&str, u32, u32); 4] = [
 ];
 
 fn main() {
-    let extra: Vec<String> = std::env::args().skip(1).collect();
+    let mut extra: Vec<String> = std::env::args().skip(1).collect();
+    // `--calibration FILE` checks another calibration file than the shipped one.
+    let calibration = match extra.iter().position(|a| a == "--calibration") {
+        Some(i) if i + 1 < extra.len() => {
+            let file = extra.remove(i + 1);
+            extra.remove(i);
+            file
+        }
+        Some(_) => panic!("--calibration needs a file"),
+        None => SHIPPED.to_string(),
+    };
     let mut targets = fit::load_published(PUBLISHED).unwrap_or_else(|e| panic!("{e}"));
     targets.extend(fit::load_published(PHASE9).unwrap_or_else(|e| panic!("{e}")));
     if !extra.is_empty() {
@@ -49,8 +59,9 @@ fn main() {
             t.setup = infer_sim::prepare(&t.setup.file, scenario).unwrap_or_else(|e| panic!("{e}"));
         }
     }
-    let text = std::fs::read_to_string(SHIPPED).expect("the shipped calibration");
-    let file = CalibrationFile::parse(SHIPPED, &text).unwrap_or_else(|e| panic!("{e}"));
+    let text =
+        std::fs::read_to_string(&calibration).unwrap_or_else(|e| panic!("{calibration}: {e}"));
+    let file = CalibrationFile::parse(&calibration, &text).unwrap_or_else(|e| panic!("{e}"));
     // `[sim]` overrides given on the command line apply on top (`Target::predict`).
     let fit = Fit::of_file(&file);
     let rows = fit::rows(&mut targets, &fit);

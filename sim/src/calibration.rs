@@ -17,7 +17,7 @@
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
-//! graph_replay_factor = 2.1    # a decode pass replayed from a CUDA graph: × its eager time
+//! graph_replay_factor = 2.1    # a CUDA-graph decode pass: × its eager time but decode attention
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
@@ -84,8 +84,9 @@ pub struct Calibration {
     /// hardware.
     pub reserved_gib: Option<f64>,
     /// With CUDA graphs, a decode pass replayed from a graph takes this many times its
-    /// eager GPU time (1: graphs only save launches, as in vLLM; the benchmark log's
-    /// Triton kernels replayed 1.8× slower at batch 1 and 2.4× at batch 8).
+    /// eager GPU time without its decode attention, never less than eager (1: graphs only
+    /// save launches, as in vLLM; the benchmark log's decode steps replayed 1.8× slower at
+    /// batch 1 and 2.4× at batch 8, its long-context workloads not at all).
     pub graph_replay_factor: f64,
     /// Where the numbers come from (printed with each run).
     pub source: String,

@@ -437,11 +437,26 @@ impl Fit {
     }
 }
 
+/// Starts for a fitted decode attention far below the roofline: from near the prompts'
+/// efficiency the search sits on a plateau (halving it changes nothing a short context
+/// shows), and the log's decodes sit at ~0.002, below a start at 0.01's plateau too.
+fn far_below_the_roofline(base: &Calibration) -> [Calibration; 2] {
+    [0.01, 0.001].map(|e| Calibration {
+        decode_attention_efficiency: e,
+        ..base.clone()
+    })
+}
+
 /// Fit every model of `targets` under `mechanisms`. All targets must be on one GPU.
+///
+/// With `start` (an earlier calibration file), each model's search starts from that file's
+/// coefficients, and what `params` does not name keeps the file's value: a second stage
+/// that refits a few coefficients of a calibration without moving the rest.
 pub fn fit_all(
     targets: &mut [Target],
     mechanisms: &Mechanisms,
     params: &[Param],
+    start: Option<&CalibrationFile>,
 ) -> Result<Fit, SimError> {
     let hardware = match targets.first() {
         Some(t) => t.setup.hardware.clone(),
@@ -469,9 +484,28 @@ pub fn fit_all(
         }
         // Starts: the generic defaults and a host-bound engine (a Python server), so that a
         // local minimum of one is not the answer when the other does better; fitting decode
-        // attention, also one whose decodes are far below the roofline (from near 0.5 the
-        // search sits on a plateau: halving it changes nothing a short context shows).
+        // attention, also ones whose decodes are far below the roofline.
         let generic = Calibration::default_for(&hardware);
+        if let Some(file) = start {
+            let coefficients = file.models.get(name).ok_or_else(|| {
+                SimError::Invalid(format!(
+                    "the start calibration has no coefficients for {name} (it has {})",
+                    file.models.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            let from = generic.with(mechanisms, coefficients);
+            let mut starts = vec![from.clone()];
+            if params.contains(&Param::DecodeAttentionEfficiency) {
+                starts.extend(far_below_the_roofline(&from));
+            }
+            let best = starts
+                .iter()
+                .map(|s| fit_model(&mut mine, s, mechanisms, params))
+                .min_by(|a, b| a.loss.total_cmp(&b.loss))
+                .expect("at least one start");
+            models.push(best);
+            continue;
+        }
         let mut starts = vec![
             generic.clone(),
             Calibration {
@@ -481,10 +515,7 @@ pub fn fit_all(
             },
         ];
         if params.contains(&Param::DecodeAttentionEfficiency) {
-            starts.push(Calibration {
-                decode_attention_efficiency: 0.01,
-                ..generic
-            });
+            starts.extend(far_below_the_roofline(&generic));
         }
         let best = starts
             .iter()
@@ -724,7 +755,7 @@ mod tests {
             Param::StepOverhead,
             Param::PerSeqOverhead,
         ];
-        let fit = fit_all(&mut targets, &Mechanisms::default(), &params).unwrap();
+        let fit = fit_all(&mut targets, &Mechanisms::default(), &params, None).unwrap();
         let c = fit.models[0].coefficients;
         let close = |a: f64, b: f64| (a - b).abs() / b < 0.1;
         assert!(close(c.compute_efficiency, 0.3), "{c:?}");
@@ -736,6 +767,70 @@ mod tests {
         }
     }
 
+    /// A second stage (`sim calibrate --start FILE --fit …`): the named coefficient moves
+    /// to what made the targets, every other one stays at the start file's value even where
+    /// that value is wrong; a start without the targets' model is refused by name.
+    #[test]
+    fn a_second_stage_fits_only_what_it_names() {
+        let hw = crate::catalog::find_hardware("rtx-5080").unwrap();
+        let mut truth = Calibration::default_for(&hw);
+        truth.per_seq_overhead_s = 2e-3;
+        truth.step_overhead_s = 5e-3;
+        let mut targets = vec![target("t", &["server.model=llama-3.2-3b"], false)];
+        targets[0].measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
+        let got = targets[0].predict(&truth);
+        for ((_, v), g) in targets[0].measured.iter_mut().zip(got) {
+            *v = g;
+        }
+        let mut started = Coefficients::of(&truth);
+        started.step_overhead_s = 1e-3; // off: the second stage fits it
+        started.per_seq_overhead_s = 3e-3; // off, and kept: it is not named
+        let mut file = Fit {
+            hardware: hw.name.to_string(),
+            mechanisms: Mechanisms::default(),
+            models: vec![ModelFit {
+                model: "llama-3.2-3b".into(),
+                coefficients: started,
+                loss: f64::NAN,
+                evaluations: 0,
+            }],
+        }
+        .file("", "");
+        let fit = fit_all(
+            &mut targets,
+            &Mechanisms::default(),
+            &[Param::StepOverhead],
+            Some(&file),
+        )
+        .unwrap();
+        let c = fit.models[0].coefficients;
+        assert_eq!(c.per_seq_overhead_s, 3e-3, "{c:?}");
+        assert_eq!(c.compute_efficiency, truth.compute_efficiency, "{c:?}");
+        assert!(
+            (c.step_overhead_s - 1e-3).abs() > 1e-3,
+            "the named coefficient moved off its start: {c:?}"
+        );
+        assert!(
+            fit.models[0].loss
+                < 0.5 * {
+                    let from = truth.with(&Mechanisms::default(), &started);
+                    let mut mine: Vec<&mut Target> = targets.iter_mut().collect();
+                    loss(&mut mine, &from)
+                }
+        );
+        file.models.clear();
+        let e = fit_all(
+            &mut targets,
+            &Mechanisms::default(),
+            &[Param::StepOverhead],
+            Some(&file),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("no coefficients for llama-3.2-3b"), "{e}");
+    }
+
     #[test]
     fn held_out_targets_are_never_fitted_to() {
         let mut targets = vec![
@@ -745,7 +840,13 @@ mod tests {
         targets[0].measured = vec![("median_itl_ms".into(), 12.0)];
         // Absurd on purpose: if it were fitted to, the fit would move far from 12 ms.
         targets[1].measured = vec![("median_itl_ms".into(), 500.0)];
-        let fit = fit_all(&mut targets, &Mechanisms::default(), &[Param::StepOverhead]).unwrap();
+        let fit = fit_all(
+            &mut targets,
+            &Mechanisms::default(),
+            &[Param::StepOverhead],
+            None,
+        )
+        .unwrap();
         let rows = rows(&mut targets, &fit);
         assert!(rows[0].error_pct().abs() < 2.0, "{rows:?}");
         assert!(rows[1].error_pct() < -90.0, "{rows:?}");
@@ -755,6 +856,7 @@ mod tests {
             &mut only_held,
             &Mechanisms::default(),
             &[Param::StepOverhead],
+            None,
         )
         .err()
         .unwrap()

@@ -10,7 +10,8 @@
 //!     [--attention-scores fused|materialized] [--contiguous-kv reserved|grown]
 //!     [--roofline overlap|serial]
 //!     [--search-mechanisms]
-//!     [--spill-bandwidth-gb-s X] [--reserved-gib X] [--engine TEXT] [--out FILE]
+//!     [--spill-bandwidth-gb-s X] [--reserved-gib X] [--graph-replay-factor X]
+//!     [--start FILE] [--engine TEXT] [--out FILE]
 //! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
 
@@ -130,6 +131,11 @@ enum Command {
         /// eager GPU time (default 1: graphs only save kernel launches).
         #[arg(long, value_name = "FACTOR")]
         graph_replay_factor: Option<f64>,
+        /// Start from this calibration file's coefficients and keep those `--fit` does not
+        /// name (a second stage: refit a few coefficients of an existing calibration). Its
+        /// mechanisms are not read: give them as flags.
+        #[arg(long, value_name = "FILE")]
+        start: Option<PathBuf>,
         /// What was measured (written into the file).
         #[arg(long, default_value = "")]
         engine: String,
@@ -195,6 +201,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             spill_bandwidth_gb_s,
             reserved_gib,
             graph_replay_factor,
+            start,
             engine,
             out,
         } => {
@@ -245,9 +252,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             } else {
                 vec![given]
             };
+            let start = match &start {
+                Some(path) => {
+                    let text =
+                        std::fs::read_to_string(path).map_err(FileError::at(path, "read"))?;
+                    Some(calibration::CalibrationFile::parse(
+                        &path.display().to_string(),
+                        &text,
+                    )?)
+                }
+                None => None,
+            };
             let mut best: Option<fit::Fit> = None;
             for m in candidates {
-                let f = fit::fit_all(&mut targets, &m, &params)?;
+                let f = fit::fit_all(&mut targets, &m, &params, start.as_ref())?;
                 if search_mechanisms {
                     println!(
                         "mechanisms prefill_batching={:?} logits={:?} attention_scores={:?} \
@@ -269,12 +287,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             print!("{}", fit::render(&rows, &best));
             if let Some(out) = out {
                 let command: Vec<String> = std::env::args().skip(1).collect();
-                let source = format!(
+                let mut source = format!(
                     "`sim {}`: {} runs fitted, {} held out",
                     command.join(" "),
                     targets.iter().filter(|t| !t.held_out).count(),
                     targets.iter().filter(|t| t.held_out).count()
                 );
+                if let Some(start) = &start {
+                    // The first stage, so that the file says how to make it from nothing.
+                    source = format!("{source}; started from {}", start.source);
+                }
                 let text = format!(
                     "# Written by `sim calibrate`; a scenario uses it with\n\
                      # [sim] calibration = \"{}\"\n{}",

@@ -26,7 +26,7 @@
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
 //!                                  # catalog's estimate; a desktop's display takes more)
-//! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its eager GPU time
+//! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its eager GPU time but decode attention
 //! ```
 
 use infer_core::workload::Scenario;
