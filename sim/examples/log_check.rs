@@ -39,13 +39,12 @@ const HEADLINES: [(&str, u32, u32); 4] = [
 fn main() {
     let mut extra: Vec<String> = std::env::args().skip(1).collect();
     // `--calibration FILE` checks another calibration file than the shipped one.
-    let calibration = match extra.iter().position(|a| a == "--calibration") {
-        Some(i) if i + 1 < extra.len() => {
-            let file = extra.remove(i + 1);
-            extra.remove(i);
-            file
-        }
-        Some(_) => panic!("--calibration needs a file"),
+    let calibration = match extra.iter().position(|a| a.starts_with("--calibration")) {
+        Some(i) => match extra.remove(i).strip_prefix("--calibration=") {
+            Some(file) => file.to_string(),
+            None if i < extra.len() => extra.remove(i),
+            None => panic!("--calibration needs a file"),
+        },
         None => SHIPPED.to_string(),
     };
     let mut targets = fit::load_published(PUBLISHED).unwrap_or_else(|e| panic!("{e}"));

@@ -17,7 +17,7 @@
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
-//! graph_replay_factor = 2.1    # a CUDA-graph decode pass: × its eager time but decode attention
+//! graph_replay_factor = 2.1    # a CUDA-graph decode pass: × its eager time w/o decode attention (>= 1)
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
@@ -193,6 +193,26 @@ pub struct Mechanisms {
     pub graph_replay_factor: Option<f64>,
 }
 
+impl Mechanisms {
+    /// Every mechanism, `key=value`, on one line.
+    pub fn describe(&self) -> String {
+        format!(
+            "prefill_batching={:?} logits={:?} attention_scores={:?} contiguous_kv={:?} \
+             roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} graph_replay_factor={}",
+            self.prefill_batching,
+            self.logits,
+            self.attention_scores,
+            self.contiguous_kv,
+            self.roofline,
+            self.spill_bandwidth_gb_s
+                .map_or("host link".to_string(), |v| v.to_string()),
+            self.reserved_gib
+                .map_or("the catalog's".to_string(), |v| v.to_string()),
+            self.graph_replay_factor.unwrap_or(1.0)
+        )
+    }
+}
+
 /// One model's fitted coefficients (the fields of [`Calibration`] that are numbers).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -274,14 +294,16 @@ impl CalibrationFile {
                 });
             }
         }
-        if let Some(v) = f.mechanisms.graph_replay_factor {
-            if !(v > 0.0 && v.is_finite()) {
-                return Err(SimError::Key {
-                    file: file.to_string(),
-                    key: "mechanisms.graph_replay_factor".into(),
-                    reason: format!("must be > 0, got {v}"),
-                });
-            }
+        if let Some(reason) = f
+            .mechanisms
+            .graph_replay_factor
+            .and_then(graph_replay_refusal)
+        {
+            return Err(SimError::Key {
+                file: file.to_string(),
+                key: "mechanisms.graph_replay_factor".into(),
+                reason,
+            });
         }
         Ok(f)
     }
@@ -451,6 +473,13 @@ impl Calibration {
     }
 }
 
+/// Why a graph replay factor is refused, if it is: below 1 it would claim a graph runs the
+/// GPU's work faster than eager (what graphs save, launches, is priced apart).
+pub fn graph_replay_refusal(v: f64) -> Option<String> {
+    (!(v >= 1.0 && v.is_finite()))
+        .then(|| format!("must be >= 1 (graphs save launches, not GPU time), got {v}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -495,6 +524,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("x.toml") && e.contains("bogus"), "{e}");
+        let slower = text.replace("graph_replay_factor = 2.1", "graph_replay_factor = 0.5");
+        assert_ne!(slower, text, "the shipped file sets a replay factor");
+        let e = CalibrationFile::parse("fast.toml", &slower)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("fast.toml") && e.contains("graph_replay_factor"),
+            "{e}"
+        );
         let e = f
             .calibration(name, &find_hardware("l4").unwrap(), &llama)
             .unwrap_err()

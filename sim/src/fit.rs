@@ -471,6 +471,24 @@ pub fn fit_all(
             t.label, t.setup.hardware.name, hardware.name
         )));
     }
+    if let Some(file) = start {
+        if file.hardware != hardware.name {
+            return Err(SimError::Invalid(format!(
+                "the start calibration is for {}, the targets run on {}",
+                file.hardware, hardware.name
+            )));
+        }
+        // Its coefficients were fitted under its mechanisms: kept under others, they would
+        // describe an engine that was never measured.
+        if file.mechanisms != *mechanisms {
+            return Err(SimError::Invalid(format!(
+                "the start calibration was fitted under other mechanisms ({}); give the same \
+                 ones ({} asked)",
+                file.mechanisms.describe(),
+                mechanisms.describe()
+            )));
+        }
+    }
     let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
     names.sort_unstable();
     names.dedup();
@@ -482,44 +500,35 @@ pub fn fit_all(
                 "every target of {name} is held out: nothing to fit"
             )));
         }
-        // Starts: the generic defaults and a host-bound engine (a Python server), so that a
-        // local minimum of one is not the answer when the other does better; fitting decode
-        // attention, also ones whose decodes are far below the roofline.
         let generic = Calibration::default_for(&hardware);
-        if let Some(file) = start {
-            let coefficients = file.models.get(name).ok_or_else(|| {
-                SimError::Invalid(format!(
-                    "the start calibration has no coefficients for {name} (it has {})",
-                    file.models.keys().cloned().collect::<Vec<_>>().join(", ")
-                ))
-            })?;
-            let from = generic.with(mechanisms, coefficients);
-            let mut starts = vec![from.clone()];
-            if params.contains(&Param::DecodeAttentionEfficiency) {
-                starts.extend(far_below_the_roofline(&from));
+        let mut starts = match start {
+            // A second stage starts where the first one ended.
+            Some(file) => {
+                let coefficients = file.models.get(name).ok_or_else(|| {
+                    SimError::Invalid(format!(
+                        "the start calibration has no coefficients for {name} (it has {})",
+                        file.models.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })?;
+                vec![generic.with(mechanisms, coefficients)]
             }
-            let best = starts
-                .iter()
-                .map(|s| fit_model(&mut mine, s, mechanisms, params))
-                .min_by(|a, b| a.loss.total_cmp(&b.loss))
-                .expect("at least one start");
-            models.push(best);
-            continue;
-        }
-        let mut starts = vec![
-            generic.clone(),
-            Calibration {
-                step_overhead_s: 3e-3,
-                per_seq_overhead_s: 1e-3,
-                ..generic.clone()
-            },
-        ];
+            // The generic defaults and a host-bound engine (a Python server), so that a local
+            // minimum of one is not the answer when the other does better.
+            None => vec![
+                generic.clone(),
+                Calibration {
+                    step_overhead_s: 3e-3,
+                    per_seq_overhead_s: 1e-3,
+                    ..generic
+                },
+            ],
+        };
         if params.contains(&Param::DecodeAttentionEfficiency) {
-            starts.extend(far_below_the_roofline(&generic));
+            starts.extend(far_below_the_roofline(&starts[0]));
         }
         let best = starts
             .iter()
-            .map(|start| fit_model(&mut mine, start, mechanisms, params))
+            .map(|s| fit_model(&mut mine, s, mechanisms, params))
             .min_by(|a, b| a.loss.total_cmp(&b.loss))
             .expect("at least one start");
         models.push(best);
@@ -635,23 +644,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             if r.held_out { "held out" } else { "fit" }
         );
     }
-    let m = &fit.mechanisms;
-    let _ = writeln!(
-        s,
-        "\nmechanisms: prefill_batching={:?} logits={:?} attention_scores={:?} \
-         contiguous_kv={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} \
-         graph_replay_factor={}",
-        m.prefill_batching,
-        m.logits,
-        m.attention_scores,
-        m.contiguous_kv,
-        m.roofline,
-        m.spill_bandwidth_gb_s
-            .map_or("host link".to_string(), |v| v.to_string()),
-        m.reserved_gib
-            .map_or("the catalog's".to_string(), |v| v.to_string()),
-        m.graph_replay_factor.unwrap_or(1.0)
-    );
+    let _ = writeln!(s, "\nmechanisms: {}", fit.mechanisms.describe());
     for f in &fit.models {
         let c = &f.coefficients;
         let _ = writeln!(
@@ -785,6 +778,9 @@ mod tests {
         let mut started = Coefficients::of(&truth);
         started.step_overhead_s = 1e-3; // off: the second stage fits it
         started.per_seq_overhead_s = 3e-3; // off, and kept: it is not named
+        started.compute_efficiency = 0.4; // off the generic default too, and kept
+        assert_ne!(started.compute_efficiency, truth.compute_efficiency);
+        assert_eq!(started.decode_attention_efficiency, None, "tied");
         let mut file = Fit {
             hardware: hw.name.to_string(),
             mechanisms: Mechanisms::default(),
@@ -805,7 +801,8 @@ mod tests {
         .unwrap();
         let c = fit.models[0].coefficients;
         assert_eq!(c.per_seq_overhead_s, 3e-3, "{c:?}");
-        assert_eq!(c.compute_efficiency, truth.compute_efficiency, "{c:?}");
+        assert_eq!(c.compute_efficiency, 0.4, "{c:?}");
+        assert_eq!(c.decode_attention_efficiency, None, "still tied: {c:?}");
         assert!(
             (c.step_overhead_s - 1e-3).abs() > 1e-3,
             "the named coefficient moved off its start: {c:?}"
@@ -818,6 +815,69 @@ mod tests {
                     loss(&mut mine, &from)
                 }
         );
+        // From a tied start (the first stage's), the decode attention is fitted on its own
+        // and comes out untied, at the slow kernel that made the figures. Eight long
+        // decodes at once, so that attention outlasts the weights' reading.
+        let mut slow = truth.clone();
+        slow.decode_attention_efficiency = 0.003;
+        let mut long = vec![target(
+            "long",
+            &[
+                "server.model=llama-3.2-3b",
+                "workload.prompt_tokens=2048",
+                "workload.num_requests=8",
+                "arrival.kind=concurrency",
+                "arrival.max_concurrency=8",
+            ],
+            false,
+        )];
+        long[0].measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
+        let got = long[0].predict(&slow);
+        for ((_, v), g) in long[0].measured.iter_mut().zip(got) {
+            *v = g;
+        }
+        let tied = Fit {
+            hardware: hw.name.to_string(),
+            mechanisms: Mechanisms::default(),
+            models: vec![ModelFit {
+                model: "llama-3.2-3b".into(),
+                coefficients: Coefficients::of(&truth),
+                loss: f64::NAN,
+                evaluations: 0,
+            }],
+        }
+        .file("", "");
+        let fit = fit_all(
+            &mut long,
+            &Mechanisms::default(),
+            &[Param::DecodeAttentionEfficiency],
+            Some(&tied),
+        )
+        .unwrap();
+        let d = fit.models[0].coefficients.decode_attention_efficiency;
+        assert!(d.is_some_and(|d| (d / 0.003 - 1.0).abs() < 0.2), "{d:?}");
+
+        let refused = |file: &CalibrationFile, mechanisms: &Mechanisms, targets: &mut [Target]| {
+            fit_all(targets, mechanisms, &[Param::StepOverhead], Some(file))
+                .err()
+                .unwrap()
+                .to_string()
+        };
+        let padded = Mechanisms {
+            prefill_batching: PrefillBatching::Padded,
+            ..Mechanisms::default()
+        };
+        let e = refused(&file, &padded, &mut targets);
+        assert!(
+            e.contains("other mechanisms") && e.contains("Padded"),
+            "{e}"
+        );
+        let elsewhere = CalibrationFile {
+            hardware: "l4".into(),
+            ..file.clone()
+        };
+        let e = refused(&elsewhere, &Mechanisms::default(), &mut targets);
+        assert!(e.contains("l4") && e.contains("rtx-5080"), "{e}");
         file.models.clear();
         let e = fit_all(
             &mut targets,

@@ -128,7 +128,8 @@ enum Command {
         #[arg(long, value_name = "GIB")]
         reserved_gib: Option<f64>,
         /// With CUDA graphs, a decode pass replayed from a graph takes this many times its
-        /// eager GPU time (default 1: graphs only save kernel launches).
+        /// eager GPU time without its decode attention's compute, never less than eager
+        /// (default 1: graphs only save kernel launches).
         #[arg(long, value_name = "FACTOR")]
         graph_replay_factor: Option<f64>,
         /// Start from this calibration file's coefficients and keep those `--fit` does not
@@ -232,10 +233,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     anyhow::bail!("--reserved-gib must be >= 0, got {v}");
                 }
             }
-            if let Some(v) = graph_replay_factor {
-                if !(v > 0.0 && v.is_finite()) {
-                    anyhow::bail!("--graph-replay-factor must be > 0, got {v}");
-                }
+            if let Some(reason) = graph_replay_factor.and_then(calibration::graph_replay_refusal) {
+                anyhow::bail!("--graph-replay-factor {reason}");
             }
             let given = calibration::Mechanisms {
                 prefill_batching,
@@ -247,6 +246,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 reserved_gib,
                 graph_replay_factor,
             };
+            if search_mechanisms && start.is_some() {
+                anyhow::bail!(
+                    "--start keeps a calibration's coefficients, fitted under its mechanisms: \
+                     it cannot be combined with --search-mechanisms"
+                );
+            }
             let candidates = if search_mechanisms {
                 fit::mechanism_candidates(&given)
             } else {
@@ -297,6 +302,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     // The first stage, so that the file says how to make it from nothing.
                     source = format!("{source}; started from {}", start.source);
                 }
+                // A second stage describes the engine its start file does, unless told.
+                let engine = match &start {
+                    Some(file) if engine.is_empty() => file.engine.clone(),
+                    _ => engine.clone(),
+                };
                 let text = format!(
                     "# Written by `sim calibrate`; a scenario uses it with\n\
                      # [sim] calibration = \"{}\"\n{}",

@@ -26,7 +26,7 @@
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
 //!                                  # catalog's estimate; a desktop's display takes more)
-//! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its eager GPU time but decode attention
+//! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its time w/o decode attention (>= 1)
 //! ```
 
 use infer_core::workload::Scenario;
@@ -126,13 +126,11 @@ impl SimSettings {
                 ));
             }
         }
-        if let Some(v) = s.graph_replay_factor {
-            if !(v > 0.0 && v.is_finite()) {
-                return Err((
-                    "sim.graph_replay_factor".into(),
-                    format!("must be > 0, got {v}"),
-                ));
-            }
+        if let Some(reason) = s
+            .graph_replay_factor
+            .and_then(crate::calibration::graph_replay_refusal)
+        {
+            return Err(("sim.graph_replay_factor".into(), reason));
         }
         if let Some(v) = s.timeseries_interval_s {
             // Finer points than a millisecond would be rows by the billion for long runs.
@@ -249,6 +247,10 @@ mod tests {
         assert_eq!(k, "sim.attention_efficiency");
         let (k, _) = SimSettings::from_scenario(&scenario("reserved_gib = -1")).unwrap_err();
         assert_eq!(k, "sim.reserved_gib");
+        let (k, r) =
+            SimSettings::from_scenario(&scenario("graph_replay_factor = 0.8")).unwrap_err();
+        assert_eq!(k, "sim.graph_replay_factor");
+        assert!(r.contains(">= 1") && r.contains("0.8"), "{r}");
         let s = SimSettings::from_scenario(&scenario("roofline = \"serial\"\nreserved_gib = 3"))
             .unwrap();
         assert_eq!(s.roofline, Some(crate::calibration::Roofline::Serial));

@@ -18,9 +18,10 @@
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
 //!          = graph_launch_s                                   CUDA graphs, decode-only pass
 //! pass     = max(compute, memory, launch)       (roofline = "serial": compute + memory)
-//!            a decode-only pass replayed from a CUDA graph: its time without the decode
-//!            attention's compute × graph_replay_factor (never less than eager), then the
-//!            max with its launch
+//!            a decode-only pass replayed from a CUDA graph: the larger of that and
+//!            graph_replay_factor × the same roofline without the decode attention's
+//!            compute (the replay slows the rest of the pass, KV reads included), then
+//!            the max with its launch
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
 //! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
@@ -253,11 +254,12 @@ impl Analytic {
         let prompt_attention = per_pair * (p.attention_pairs - p.decode_pairs).max(0.0);
         let decode_attention = per_pair * p.decode_pairs;
         let peak = hw.flops(m.weight_dtype);
-        let compute = (matmul / cal.compute_efficiency
-            + prompt_attention / cal.attention_efficiency
-            + decode_attention / cal.decode_attention_efficiency)
+        let decode_attention_s = decode_attention / cal.decode_attention_efficiency / tp / peak;
+        let other_compute = (matmul / cal.compute_efficiency
+            + prompt_attention / cal.attention_efficiency)
             / tp
             / peak;
+        let compute = other_compute + decode_attention_s;
         let kv = m.kv_bytes_per_token() * p.kv_tokens;
         let scores = match cal.attention_scores {
             AttentionScores::Fused => 0.0,
@@ -276,23 +278,16 @@ impl Analytic {
                 1.0,
             )
         };
-        let busy = match cal.roofline {
+        let roofline = |compute: f64| match cal.roofline {
             Roofline::Overlap => compute.max(memory),
             Roofline::Serial => compute + memory,
         };
-        // A graph replays slower by `replay`, but not its decode attention: the log's Phase 9
-        // slowed short-context decodes (baseline +50–82% ITL) and left long-context ones
-        // (chunked_prefill, prefix_caching: 0 ± 3% for Llama and Gemma) as they were.
-        let gpu = if graph {
-            let decode_attention_s = decode_attention / cal.decode_attention_efficiency / tp / peak;
-            let rest = match cal.roofline {
-                Roofline::Overlap => (compute - decode_attention_s).max(memory),
-                Roofline::Serial => compute - decode_attention_s + memory,
-            };
-            (rest * replay).max(busy)
-        } else {
-            busy
-        };
+        let busy = roofline(compute);
+        // A graph replays the pass `replay` times slower, but not its decode attention's
+        // compute: the log's Phase 9 slowed short-context decodes (baseline ITL +50–82%)
+        // and left long-context ones (chunked_prefill, prefix_caching: 0 ± 3% for Llama and
+        // Gemma) as they were. Never faster than eager (the factor is at least 1).
+        let gpu = busy.max(roofline(other_compute) * replay);
         Terms {
             compute,
             memory,
