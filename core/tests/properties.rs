@@ -11,7 +11,8 @@ use std::collections::HashMap;
 
 use common::{drive, drive_forked, simple_cost};
 use infer_core::{
-    BatchingMode, FinishReason, KvBackend, Request, RequestId, SchedulerConfig, StopConditions,
+    BatchingMode, FinishReason, KvAdmission, KvBackend, Request, RequestId, SchedulerConfig,
+    StopConditions,
 };
 use proptest::prelude::*;
 
@@ -39,9 +40,10 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),                 // prefix caching
         32usize..400,                  // max_model_len
         prop::option::of(0usize..200), // unchunked step budget beyond the minimum
+        prop_oneof![Just(KvAdmission::Prompt), Just(KvAdmission::WholeSequence)],
     )
         .prop_map(
-            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget)| {
+            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget, admission)| {
                 let mut c = SchedulerConfig {
                     batching_mode: mode,
                     kv_cache_backend: kv,
@@ -54,6 +56,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     prefix_caching: prefix && kv == KvBackend::Paged,
                     max_model_len: mml,
                     max_waiting: None,
+                    kv_admission: admission,
                 };
                 if blocks * bs < mml {
                     c.num_gpu_blocks = mml.div_ceil(bs) + blocks % 8;
@@ -158,6 +161,11 @@ proptest! {
         let st = sched.stats();
         prop_assert_eq!(st.num_free_blocks, st.num_blocks);
         prop_assert_eq!(sched.kv().total_refs(), 0);
+        // Whole-sequence admission keeps every admitted sequence's blocks in the pool:
+        // decodes never preempt (cached prefix blocks revived from the free list aside).
+        if c.cfg.kv_admission == KvAdmission::WholeSequence && !c.cfg.prefix_caching {
+            prop_assert_eq!(st.num_preemptions, 0);
+        }
     }
 
     /// Some requests fork 1–3 more sequences (OpenAI's `n`), in every configuration: the

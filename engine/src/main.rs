@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
+use infer_core::{BatchingMode, KvAdmission, KvBackend, SchedulerConfig};
 use infer_engine::loadgen::BenchOptions;
 use infer_engine::runtime::sampling::SamplingParams;
 use infer_engine::server::{serve, ServeConfig};
@@ -150,6 +150,10 @@ struct ServeArgs {
     batching_mode: BatchingArg,
     #[arg(long = "kv-cache-backend", value_enum, default_value_t = KvArg::Paged)]
     kv_cache_backend: KvArg,
+    /// What admission asks of the KV pool: the prompt's blocks (vLLM; decodes preempt when
+    /// it runs dry) or the whole sequence's, max_tokens included (TGI; never preempts).
+    #[arg(long = "kv-admission", value_enum, default_value_t = KvAdmissionArg::Prompt)]
+    kv_admission: KvAdmissionArg,
     /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.
     #[arg(long = "num-gpu-blocks")]
     num_gpu_blocks: Option<usize>,
@@ -210,6 +214,12 @@ enum BatchingArg {
 enum KvArg {
     Contiguous,
     Paged,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KvAdmissionArg {
+    Prompt,
+    WholeSequence,
 }
 
 #[derive(Args)]
@@ -519,6 +529,10 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         prefix_caching: a.prefix_caching,
         max_model_len: a.max_model_len,
         max_waiting: a.max_waiting,
+        kv_admission: match a.kv_admission {
+            KvAdmissionArg::Prompt => KvAdmission::Prompt,
+            KvAdmissionArg::WholeSequence => KvAdmission::WholeSequence,
+        },
     }
 }
 

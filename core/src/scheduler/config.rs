@@ -20,6 +20,21 @@ pub enum KvBackend {
     Paged,
 }
 
+/// How much KV a waiting sequence must find free to be admitted (paged cache; a contiguous
+/// slot holds a whole sequence anyway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvAdmission {
+    /// Its prompt's blocks (vLLM): decodes grow into the pool and, when it runs dry,
+    /// preempt the newest running sequence, which recomputes later.
+    #[default]
+    Prompt,
+    /// Blocks for its prompt and all its `max_tokens`, beside what the running sequences
+    /// still have reserved (TGI's token budget): decodes never run the pool dry, at the
+    /// price of admitting fewer at once.
+    WholeSequence,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
     pub batching_mode: BatchingMode,
@@ -44,6 +59,9 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Waiting requests at most; `add_request` refuses more (the server answers 503).
     pub max_waiting: Option<usize>,
+    /// What admission asks of the KV pool.
+    #[serde(default)]
+    pub kv_admission: KvAdmission,
 }
 
 impl Default for SchedulerConfig {
@@ -61,6 +79,7 @@ impl Default for SchedulerConfig {
             prefix_caching: true,
             max_model_len: 4096,
             max_waiting: None,
+            kv_admission: KvAdmission::Prompt,
         }
     }
 }

@@ -23,11 +23,13 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-pub use config::{BatchingMode, KvBackend, SchedulerConfig};
+pub use config::{BatchingMode, KvAdmission, KvBackend, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::StepShape;
 
-use crate::kv::{BlockId, ContiguousKv, KvEvent, KvManager, PagedKv, PrefixMatch, SeqKv};
+use crate::kv::{
+    blocks_for, BlockId, ContiguousKv, KvEvent, KvManager, PagedKv, PrefixMatch, SeqKv,
+};
 use crate::request::{FinishReason, Request, RequestId, RequestStats, SeqState, StopConditions};
 
 /// Why a request cannot be accepted.
@@ -138,6 +140,11 @@ pub struct AddOptions {
 impl Sequence {
     fn output_len(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// The longest it can grow: its prompt and every token `max_tokens` allows.
+    fn max_len(&self, max_model_len: usize) -> usize {
+        (self.prompt_len + self.stop.max_tokens).min(max_model_len)
     }
 
     fn is_decode(&self) -> bool {
@@ -297,9 +304,13 @@ impl Scheduler {
             });
         }
         let capacity = self.kv.capacity_tokens();
-        let needed = match self.cfg.kv_cache_backend {
-            KvBackend::Paged => n + 1,
-            KvBackend::Contiguous => self.cfg.max_model_len,
+        let needed = match (self.cfg.kv_cache_backend, self.cfg.kv_admission) {
+            // Admitted only once its whole sequence fits: it must fit an empty pool.
+            (KvBackend::Paged, KvAdmission::WholeSequence) => {
+                (n + req.stop.max_tokens).min(self.cfg.max_model_len)
+            }
+            (KvBackend::Paged, KvAdmission::Prompt) => n + 1,
+            (KvBackend::Contiguous, _) => self.cfg.max_model_len,
         };
         if needed > capacity {
             return Err(AddError::ExceedsKvCapacity {
@@ -506,6 +517,21 @@ impl Scheduler {
                 BatchingMode::Continuous => true,
                 BatchingMode::Static => self.running.is_empty(),
             };
+        let reserve_whole = self.cfg.kv_admission == KvAdmission::WholeSequence
+            && self.cfg.kv_cache_backend == KvBackend::Paged;
+        // Blocks the running sequences may still take (whole-sequence admission only).
+        let mut reserved = if reserve_whole {
+            self.running
+                .iter()
+                .map(|&r| {
+                    let seq = self.seq(r);
+                    blocks_for(seq.max_len(self.cfg.max_model_len), self.kv.block_size())
+                        .saturating_sub(seq.kv.blocks.len())
+                })
+                .sum()
+        } else {
+            0
+        };
         while may_admit && budget > 0 && self.running.len() < self.cfg.max_batch_size {
             let Some(&slot) = self.waiting.front() else {
                 break;
@@ -523,6 +549,14 @@ impl Scheduler {
                 break; // prefilled whole or not at all; nobody overtakes the head
             }
             let n = rest.min(budget);
+            if reserve_whole {
+                // Its whole sequence's new blocks, beside what the running still have coming.
+                let needed = blocks_for(seq.max_len(self.cfg.max_model_len), bs) - hit / bs;
+                if self.kv.num_free_blocks() < reserved + needed {
+                    break; // first come, first served: nobody overtakes the head
+                }
+                reserved += needed - blocks_for(hit + n, bs).saturating_sub(hit / bs);
+            }
             if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {
                 break; // first come, first served: nobody overtakes the head
             }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::arrival::ArrivalSpec;
 use super::dist::LengthDist;
 use crate::router::RouterKind;
-use crate::scheduler::{BatchingMode, KvBackend, SchedulerConfig};
+use crate::scheduler::{BatchingMode, KvAdmission, KvBackend, SchedulerConfig};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +113,8 @@ pub struct ServerSpec {
     pub cuda_graphs: bool,
     pub max_model_len: usize,
     pub max_waiting: Option<usize>,
+    /// `prompt` (vLLM) or `whole_sequence` (reserve `max_tokens` too; see [`KvAdmission`]).
+    pub kv_admission: KvAdmission,
 }
 
 impl Default for ServerSpec {
@@ -133,6 +135,7 @@ impl Default for ServerSpec {
             cuda_graphs: false,
             max_model_len: s.max_model_len,
             max_waiting: s.max_waiting,
+            kv_admission: s.kv_admission,
         }
     }
 }
@@ -151,6 +154,7 @@ impl ServerSpec {
             prefix_caching: self.prefix_caching,
             max_model_len: self.max_model_len,
             max_waiting: self.max_waiting,
+            kv_admission: self.kv_admission,
         }
     }
 }

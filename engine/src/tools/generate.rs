@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
-use infer_core::{BatchingMode, FinishReason, KvBackend, SchedulerConfig};
+use infer_core::{BatchingMode, FinishReason, KvAdmission, KvBackend, SchedulerConfig};
 
 use crate::runtime::engine_core::{EngineCore, EngineRequest};
 use crate::runtime::model::LoadedModel;
@@ -70,6 +70,7 @@ impl GenerateOptions {
             prefix_caching: self.prefix_caching,
             max_model_len,
             max_waiting: None,
+            kv_admission: KvAdmission::Prompt,
         }
     }
 }
