@@ -162,8 +162,8 @@ proptest! {
         prop_assert_eq!(st.num_free_blocks, st.num_blocks);
         prop_assert_eq!(sched.kv().total_refs(), 0);
         // Whole-sequence admission keeps every admitted sequence's blocks in the pool:
-        // decodes never preempt (cached prefix blocks revived from the free list aside).
-        if c.cfg.kv_admission == KvAdmission::WholeSequence && !c.cfg.prefix_caching {
+        // decodes never preempt.
+        if c.cfg.kv_admission == KvAdmission::WholeSequence {
             prop_assert_eq!(st.num_preemptions, 0);
         }
     }
@@ -210,6 +210,9 @@ proptest! {
         let st = sched.stats();
         prop_assert_eq!(st.num_free_blocks, st.num_blocks);
         prop_assert_eq!(sched.kv().total_refs(), 0);
+        if c.cfg.kv_admission == KvAdmission::WholeSequence {
+            prop_assert_eq!(st.num_preemptions, 0, "forks are admitted like the rest");
+        }
     }
 
     #[test]

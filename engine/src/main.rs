@@ -138,7 +138,7 @@ struct ServeArgs {
     #[arg(long, value_name = "SCENARIO", conflicts_with_all = [
         "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
         "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
-        "max_num_batched_tokens", "prefix_caching", "max_model_len",
+        "max_num_batched_tokens", "prefix_caching", "max_model_len", "kv_admission",
     ])]
     scenario: Option<PathBuf>,
     /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.

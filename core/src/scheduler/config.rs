@@ -31,7 +31,8 @@ pub enum KvAdmission {
     Prompt,
     /// Blocks for its prompt and all its `max_tokens`, beside what the running sequences
     /// still have reserved (TGI's token budget): decodes never run the pool dry, at the
-    /// price of admitting fewer at once.
+    /// price of admitting fewer at once — a request without `max_tokens` (the server gives
+    /// it `max_model_len` less its prompt) reserves a whole `max_model_len`.
     WholeSequence,
 }
 

@@ -142,9 +142,14 @@ impl Sequence {
         self.tokens.len() - self.prompt_len
     }
 
-    /// The longest it can grow: its prompt and every token `max_tokens` allows.
-    fn max_len(&self, max_model_len: usize) -> usize {
-        (self.prompt_len + self.stop.max_tokens).min(max_model_len)
+    /// The most KV positions it can hold: its prompt and every output token `max_tokens`
+    /// allows but the last, which is sampled and never computed.
+    fn max_kv_len(&self, max_model_len: usize) -> usize {
+        let len = self
+            .prompt_len
+            .saturating_add(self.stop.max_tokens.max(1))
+            .min(max_model_len);
+        len - 1
     }
 
     fn is_decode(&self) -> bool {
@@ -304,13 +309,11 @@ impl Scheduler {
             });
         }
         let capacity = self.kv.capacity_tokens();
-        let needed = match (self.cfg.kv_cache_backend, self.cfg.kv_admission) {
-            // Admitted only once its whole sequence fits: it must fit an empty pool.
-            (KvBackend::Paged, KvAdmission::WholeSequence) => {
-                (n + req.stop.max_tokens).min(self.cfg.max_model_len)
-            }
-            (KvBackend::Paged, KvAdmission::Prompt) => n + 1,
-            (KvBackend::Contiguous, _) => self.cfg.max_model_len,
+        // (A whole sequence, for whole-sequence admission, is at most max_model_len, which
+        // `validate` makes the pool hold.)
+        let needed = match self.cfg.kv_cache_backend {
+            KvBackend::Paged => n + 1,
+            KvBackend::Contiguous => self.cfg.max_model_len,
         };
         if needed > capacity {
             return Err(AddError::ExceedsKvCapacity {
@@ -525,7 +528,7 @@ impl Scheduler {
                 .iter()
                 .map(|&r| {
                     let seq = self.seq(r);
-                    blocks_for(seq.max_len(self.cfg.max_model_len), self.kv.block_size())
+                    blocks_for(seq.max_kv_len(self.cfg.max_model_len), self.kv.block_size())
                         .saturating_sub(seq.kv.blocks.len())
                 })
                 .sum()
@@ -550,9 +553,15 @@ impl Scheduler {
             }
             let n = rest.min(budget);
             if reserve_whole {
-                // Its whole sequence's new blocks, beside what the running still have coming.
-                let needed = blocks_for(seq.max_len(self.cfg.max_model_len), bs) - hit / bs;
-                if self.kv.num_free_blocks() < reserved + needed {
+                // Its whole sequence's new blocks, beside what the running still have coming;
+                // cached prefix blocks nobody holds sit in the free count and leave it too.
+                let needed = blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs;
+                let revived = prefix
+                    .blocks
+                    .iter()
+                    .filter(|&&b| self.kv.refs(b) == 0)
+                    .count();
+                if self.kv.num_free_blocks() < reserved + needed + revived {
                     break; // first come, first served: nobody overtakes the head
                 }
                 reserved += needed - blocks_for(hit + n, bs).saturating_sub(hit / bs);
