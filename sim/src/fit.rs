@@ -713,6 +713,30 @@ mod tests {
         }
     }
 
+    /// Measurements with known coefficients: `t`'s figures as `cal` predicts them.
+    fn measure_under(t: &mut Target, cal: &Calibration) {
+        t.measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
+        let got = t.predict(cal);
+        for ((_, v), g) in t.measured.iter_mut().zip(got) {
+            *v = g;
+        }
+    }
+
+    /// A calibration file holding `c` for Llama on the RTX 5080, default mechanisms.
+    fn llama_file(c: Coefficients) -> CalibrationFile {
+        Fit {
+            hardware: "rtx-5080".into(),
+            mechanisms: Mechanisms::default(),
+            models: vec![ModelFit {
+                model: "llama-3.2-3b".into(),
+                coefficients: c,
+                loss: f64::NAN,
+                evaluations: 0,
+            }],
+        }
+        .file("", "")
+    }
+
     #[test]
     fn a_fit_recovers_the_coefficients_that_made_its_targets() {
         // Make "measurements" with known coefficients, then fit from the defaults.
@@ -737,11 +761,7 @@ mod tests {
             .map(|(i, o)| target(&format!("t{i}"), o, false))
             .collect();
         for t in &mut targets {
-            t.measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
-            let got = t.predict(&truth);
-            for ((_, v), g) in t.measured.iter_mut().zip(got) {
-                *v = g;
-            }
+            measure_under(t, &truth);
         }
         let params = [
             Param::ComputeEfficiency,
@@ -770,28 +790,14 @@ mod tests {
         truth.per_seq_overhead_s = 2e-3;
         truth.step_overhead_s = 5e-3;
         let mut targets = vec![target("t", &["server.model=llama-3.2-3b"], false)];
-        targets[0].measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
-        let got = targets[0].predict(&truth);
-        for ((_, v), g) in targets[0].measured.iter_mut().zip(got) {
-            *v = g;
-        }
+        measure_under(&mut targets[0], &truth);
         let mut started = Coefficients::of(&truth);
         started.step_overhead_s = 1e-3; // off: the second stage fits it
         started.per_seq_overhead_s = 3e-3; // off, and kept: it is not named
         started.compute_efficiency = 0.4; // off the generic default too, and kept
         assert_ne!(started.compute_efficiency, truth.compute_efficiency);
         assert_eq!(started.decode_attention_efficiency, None, "tied");
-        let mut file = Fit {
-            hardware: hw.name.to_string(),
-            mechanisms: Mechanisms::default(),
-            models: vec![ModelFit {
-                model: "llama-3.2-3b".into(),
-                coefficients: started,
-                loss: f64::NAN,
-                evaluations: 0,
-            }],
-        }
-        .file("", "");
+        let mut file = llama_file(started);
         let fit = fit_all(
             &mut targets,
             &Mechanisms::default(),
@@ -831,22 +837,8 @@ mod tests {
             ],
             false,
         )];
-        long[0].measured = FIT_METRICS.iter().map(|m| (m.to_string(), 1.0)).collect();
-        let got = long[0].predict(&slow);
-        for ((_, v), g) in long[0].measured.iter_mut().zip(got) {
-            *v = g;
-        }
-        let tied = Fit {
-            hardware: hw.name.to_string(),
-            mechanisms: Mechanisms::default(),
-            models: vec![ModelFit {
-                model: "llama-3.2-3b".into(),
-                coefficients: Coefficients::of(&truth),
-                loss: f64::NAN,
-                evaluations: 0,
-            }],
-        }
-        .file("", "");
+        measure_under(&mut long[0], &slow);
+        let tied = llama_file(Coefficients::of(&truth));
         let fit = fit_all(
             &mut long,
             &Mechanisms::default(),
