@@ -9,7 +9,7 @@
 //! | `single-{128,512,1024}` | one request at a time, 16 output tokens | TTFT vs prompt length: compute and attention efficiency, client path |
 //! | `decode-{1,4,16}` | 1, 4, 16 closed-loop clients, 64-token prompts, 64 output tokens | ITL vs batch: memory time, step and per-sequence overhead |
 //! | `decode-long` | 4 clients, 1,024-token prompts, 64 output tokens | ITL at long context: attention over the KV cache |
-//! | `interference` | 4 clients, a quarter of the prompts 1,024 tokens | prefills stalling decodes: how the engine batches them |
+//! | `interference` | 4 clients, 32 prompts, one in seven 1,024 tokens | prefills stalling decodes: how the engine batches them |
 //! | `shared-prefix` | 2 clients, a 512-token prefix shared by every prompt | the prefix cache |
 //!
 //! A probe's scenario is the base scenario's `[server]` and `[sim]` (which must describe the
@@ -68,11 +68,15 @@ pub const PROBES: [Probe; 9] = [
         workload: "num_requests = 9\nwarmup_requests = 1\nprompt_tokens = 1024\noutput_tokens = 64",
         arrival: "kind = \"concurrency\"\nmax_concurrency = 4",
     },
+    // Few long prompts among many short ones, so that the median TTFT is a short prompt's,
+    // firmly: with a quarter long (seventeen requests, seven of them long as drawn) it sat
+    // between the short prompts that waited behind a long one and those that did not, and
+    // moved from 2.1 to 4.5 s between two measurements of the same server.
     Probe {
         name: "interference",
-        workload: "num_requests = 17\nwarmup_requests = 1\noutput_tokens = 32\n\
-                   prompt_tokens = { mix = [ { weight = 0.75, uniform = [32, 64] }, \
-                   { weight = 0.25, fixed = 1024 } ] }",
+        workload: "num_requests = 33\nwarmup_requests = 1\noutput_tokens = 32\n\
+                   prompt_tokens = { mix = [ { weight = 0.85, uniform = [32, 64] }, \
+                   { weight = 0.15, fixed = 1024 } ] }",
         arrival: "kind = \"concurrency\"\nmax_concurrency = 4",
     },
     Probe {
@@ -220,5 +224,26 @@ mod tests {
             })
             .collect();
         assert_eq!(seeds.len(), PROBES.len(), "every probe has its own prompts");
+    }
+
+    /// The interference probe's median TTFT must be a short prompt's: its long prompts, as
+    /// its seed draws them, are well under half the measured requests (a median between
+    /// the short prompts that waited behind a long one and those that did not moved 2x
+    /// between two measurements of one server).
+    #[test]
+    fn the_interference_probe_draws_few_long_prompts() {
+        use infer_core::workload::corpus::ApproxTokenizer;
+        use infer_core::workload::generate::WorkloadGenerator;
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        let base = Scenario::parse(file, &std::fs::read_to_string(file).unwrap(), &[]).unwrap();
+        let probe = PROBES.iter().find(|p| p.name == "interference").unwrap();
+        let s = Scenario::parse(probe.name, &scenario_text(&base, probe).unwrap(), &[]).unwrap();
+        let n = s.workload.num_requests;
+        let gen =
+            WorkloadGenerator::new(s.workload, std::sync::Arc::new(ApproxTokenizer::default()));
+        let long = (0..n)
+            .filter(|&i| gen.request(i).prompt_ids.len() >= 1000)
+            .count();
+        assert!((1..=n / 5).contains(&long), "{long} long prompts of {n}");
     }
 }
