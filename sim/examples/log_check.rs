@@ -97,11 +97,19 @@ fn main() {
     }
 
     println!("\nthe log's repeat spread (90th percentile of |change| where it reports none):");
-    for metric in FIT_METRICS {
-        println!(
-            "  {metric:<18} {:>4.1} %",
-            repeat_spread(log, metric) * 100.0
-        );
+    let spreads: Vec<(&str, f64)> = FIT_METRICS
+        .iter()
+        .map(|&m| (m, repeat_spread(log, m)))
+        .collect();
+    let spread = |metric: &str| {
+        spreads
+            .iter()
+            .find(|(m, _)| *m == metric)
+            .map(|&(_, s)| s)
+            .unwrap_or_else(|| panic!("no spread for {metric}"))
+    };
+    for (metric, s) in &spreads {
+        println!("  {metric:<18} {:>4.1} %", s * 100.0);
     }
     println!(
         "\nheadline effects: {:<34} {:<18} {:>10} {:>10}  sign  within 2x  or spread",
@@ -117,7 +125,7 @@ fn main() {
                         .find(|r| r.label == label && r.metric == metric)
                         .unwrap_or_else(|| panic!("no row {label} {metric}"))
                 };
-                let e = tally.count(find(a), find(b), repeat_spread(log, metric));
+                let e = tally.count(find(a), find(b), spread(metric));
                 println!(
                     "P{b} vs P{a} {workload:<20} {model:<13} {metric:<18} {}",
                     e.columns()
@@ -141,7 +149,7 @@ fn main() {
             .iter()
             .find(|r| r.label == label && r.metric == p9.metric)
             .unwrap_or_else(|| panic!("no row {label} {}", p9.metric));
-        let e = tally.count(p8, p9, repeat_spread(log, &p9.metric));
+        let e = tally.count(p8, p9, spread(&p9.metric));
         println!(
             "P9 vs P8 {:<34} {:<18} {}",
             &p9.label[3..],

@@ -871,15 +871,7 @@ mod tests {
         let e = refused(&elsewhere, &Mechanisms::default(), &mut targets);
         assert!(e.contains("l4") && e.contains("rtx-5080"), "{e}");
         file.models.clear();
-        let e = fit_all(
-            &mut targets,
-            &Mechanisms::default(),
-            &[Param::StepOverhead],
-            Some(&file),
-        )
-        .err()
-        .unwrap()
-        .to_string();
+        let e = refused(&file, &Mechanisms::default(), &mut targets);
         assert!(e.contains("no coefficients for llama-3.2-3b"), "{e}");
     }
 

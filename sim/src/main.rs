@@ -134,7 +134,7 @@ enum Command {
         graph_replay_factor: Option<f64>,
         /// Start from this calibration file's coefficients and keep those `--fit` does not
         /// name (a second stage: refit a few coefficients of an existing calibration). Its
-        /// mechanisms are not read: give them as flags.
+        /// hardware and mechanisms must be the ones the flags give.
         #[arg(long, value_name = "FILE")]
         start: Option<PathBuf>,
         /// What was measured (written into the file).
@@ -272,16 +272,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             for m in candidates {
                 let f = fit::fit_all(&mut targets, &m, &params, start.as_ref())?;
                 if search_mechanisms {
-                    println!(
-                        "mechanisms prefill_batching={:?} logits={:?} attention_scores={:?} \
-                         contiguous_kv={:?} roofline={:?}: fit loss {:.4}",
-                        m.prefill_batching,
-                        m.logits,
-                        m.attention_scores,
-                        m.contiguous_kv,
-                        m.roofline,
-                        f.loss()
-                    );
+                    println!("mechanisms {}: fit loss {:.4}", m.describe(), f.loss());
                 }
                 if best.as_ref().is_none_or(|b| f.loss() < b.loss()) {
                     best = Some(f);

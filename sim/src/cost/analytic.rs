@@ -711,13 +711,19 @@ mod tests {
     /// nothing.
     #[test]
     fn a_graph_replay_factor_slows_graph_replayed_decodes_only() {
-        let with_factor = |graphs: bool, factor: f64| {
+        // Llama on the RTX 5080 at a replay factor, its decode attention at the default
+        // efficiency or at `decode`.
+        let replayed = |graphs: bool, factor: f64, decode: Option<f64>| {
             let hw = find_hardware("rtx-5080").unwrap();
             let m = find_model("llama-3.2-3b").unwrap();
             let mut cal = Calibration::default_for(&hw);
             cal.graph_replay_factor = factor;
+            if let Some(e) = decode {
+                cal.decode_attention_efficiency = e;
+            }
             Analytic::new(hw, m, cal, graphs)
         };
+        let with_factor = |graphs: bool, factor: f64| replayed(graphs, factor, None);
         let (plain, slow) = (with_factor(true, 1.0), with_factor(true, 2.0));
         let d = decode(8, 512);
         let (t1, t2) = (plain.step_time(&d), slow.step_time(&d));
@@ -739,14 +745,7 @@ mod tests {
 
         // The decode attention is not replayed slower: a long-context decode whose slow
         // attention kernel outlasts twice the rest of the pass takes its eager time.
-        let slow_attention = |factor: f64| {
-            let hw = find_hardware("rtx-5080").unwrap();
-            let m = find_model("llama-3.2-3b").unwrap();
-            let mut cal = Calibration::default_for(&hw);
-            cal.graph_replay_factor = factor;
-            cal.decode_attention_efficiency = 0.002;
-            Analytic::new(hw, m, cal, true)
-        };
+        let slow_attention = |factor: f64| replayed(true, factor, Some(0.002));
         let long = decode(24, 2048);
         let t = slow_attention(1.0).terms(&long);
         assert!(t.compute > 2.0 * t.memory, "attention-bound: {t:?}");
