@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The black-box predict -> verify loop on this machine, as a user would run it against a
 # server that is not theirs: probe the server (`engine probe`), fit a calibration to the
-# probes (`sim calibrate`, no profile), predict the five seed workloads with it
-# (`sim run`) and measure them (`engine bench`), then print both side by side.
+# probes (`sim calibrate`, no profile: the mechanisms and the main coefficients, then the
+# decode attention and the step jitter as a second stage), predict the five seed workloads
+# with it (`sim run`) and measure them (`engine bench`), then print both side by side.
+# The server's step log ($OUT/steps.csv) is kept for a step-by-step check
+# (`cargo run --release -p infer-engine --example step_check`).
 #
 #   scripts/blackbox_loop.sh [MODEL_DIR] [OUT_DIR]
 #
@@ -25,7 +28,8 @@ SERVER_SET=(--set "server.model=$MODEL" --set server.hardware=cpu-zen4-2c
   --set server.prefill_chunk_size=512 --set server.max_model_len=4096
   --set server.chunked_prefill=true --set server.prefix_caching=true)
 
-"$BIN/engine" serve --model "$MODEL" --port "$PORT" "${SERVE_FLAGS[@]}" > "$OUT/serve.log" 2>&1 &
+"$BIN/engine" serve --model "$MODEL" --port "$PORT" "${SERVE_FLAGS[@]}" --step-log "$OUT/steps.csv" \
+  > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 1 120); do
@@ -36,8 +40,17 @@ done
 URL="http://127.0.0.1:$PORT"
 "$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
   --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
-"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --engine "engine serve on cpu-zen4-2c" \
-  --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
+# The prompt batching is given — a fact about the server's kind, as its model is: infer, like
+# vLLM, SGLang and TGI, packs prompts with the decodes — and the other mechanisms searched
+# (searched too, noisy probes picked padded prompts in two measurements of five).
+"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --prefill-batching packed \
+  --engine "engine serve on cpu-zen4-2c" --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
+# Second stage, under the mechanisms just chosen: the decode attention (fitted with one
+# attention efficiency, long-context decode steps were priced too fast) and the random
+# pause per step that puts ITL P99 above the P50.
+"$BIN/sim" calibrate "$OUT"/probe/*/ --start "$OUT/calibration.toml" \
+  --fit decode_attention_efficiency,step_jitter_s,step_overhead_s \
+  --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
 
 printf '%-20s %-18s %10s %10s %7s\n' workload metric measured predicted error% > "$OUT/loop.txt"
 for w in baseline continuous_batching paged_attention chunked_prefill prefix_caching; do

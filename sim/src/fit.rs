@@ -182,10 +182,11 @@ pub enum Param {
     ClientRequest,
     ClientStream,
     StaticBatchWindow,
+    StepJitter,
 }
 
 impl Param {
-    pub const ALL: [Param; 9] = [
+    pub const ALL: [Param; 10] = [
         Param::ComputeEfficiency,
         Param::AttentionEfficiency,
         Param::DecodeAttentionEfficiency,
@@ -195,6 +196,7 @@ impl Param {
         Param::ClientRequest,
         Param::ClientStream,
         Param::StaticBatchWindow,
+        Param::StepJitter,
     ];
 
     /// The calibration file's key.
@@ -209,6 +211,7 @@ impl Param {
             Param::ClientRequest => "client_request_s",
             Param::ClientStream => "client_stream_s",
             Param::StaticBatchWindow => "static_batch_window_s",
+            Param::StepJitter => "step_jitter_s",
         }
     }
 
@@ -238,6 +241,7 @@ impl Param {
             Param::ClientRequest => &mut c.client_request_s,
             Param::ClientStream => &mut c.client_stream_s,
             Param::StaticBatchWindow => &mut c.static_batch_window_s,
+            Param::StepJitter => &mut c.step_jitter_s,
         }
     }
 
@@ -540,15 +544,54 @@ pub fn fit_all(
     })
 }
 
-/// The mechanism combinations a search tries (spill bandwidth, reserved memory and graph
-/// replay as `given`).
-pub fn mechanism_candidates(given: &Mechanisms) -> Vec<Mechanisms> {
+/// Which of the searched mechanisms are given, and so held at `given`'s value.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Held {
+    pub prefill_batching: bool,
+    pub logits: bool,
+    pub attention_scores: bool,
+    pub contiguous_kv: bool,
+    pub roofline: bool,
+}
+
+/// The mechanism combinations a search tries: every value of each mechanism not `held`
+/// (spill bandwidth, reserved memory and graph replay, and what is held, as `given`).
+pub fn mechanism_candidates(given: &Mechanisms, held: Held) -> Vec<Mechanisms> {
+    fn each<T: Copy>(held: bool, given: T, all: &[T]) -> Vec<T> {
+        if held {
+            vec![given]
+        } else {
+            all.to_vec()
+        }
+    }
+    let g = given;
+    let prefills = each(
+        held.prefill_batching,
+        g.prefill_batching,
+        &[PrefillBatching::Packed, PrefillBatching::Padded],
+    );
+    let logit_rows = each(held.logits, g.logits, &[LogitRows::Sampled, LogitRows::All]);
+    let scores = each(
+        held.attention_scores,
+        g.attention_scores,
+        &[AttentionScores::Fused, AttentionScores::Materialized],
+    );
+    let kvs = each(
+        held.contiguous_kv,
+        g.contiguous_kv,
+        &[ContiguousKv::Reserved, ContiguousKv::Grown],
+    );
+    let rooflines = each(
+        held.roofline,
+        g.roofline,
+        &[Roofline::Overlap, Roofline::Serial],
+    );
     let mut out = Vec::new();
-    for prefill_batching in [PrefillBatching::Packed, PrefillBatching::Padded] {
-        for logits in [LogitRows::Sampled, LogitRows::All] {
-            for attention_scores in [AttentionScores::Fused, AttentionScores::Materialized] {
-                for contiguous_kv in [ContiguousKv::Reserved, ContiguousKv::Grown] {
-                    for roofline in [Roofline::Overlap, Roofline::Serial] {
+    for &prefill_batching in &prefills {
+        for &logits in &logit_rows {
+            for &attention_scores in &scores {
+                for &contiguous_kv in &kvs {
+                    for &roofline in &rooflines {
                         out.push(Mechanisms {
                             prefill_batching,
                             logits,
@@ -651,7 +694,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             s,
             "{}: compute_efficiency {:.3}, attention_efficiency {:.3} (decode {:.4}), \
              bandwidth_efficiency {:.3}, step_overhead {:.2} ms, per_seq_overhead {:.3} ms, client request {:.2} ms, \
-             stream {:.2} ms, static batch window {:.1} ms (loss {:.4}, {} evaluations)",
+             stream {:.2} ms, static batch window {:.1} ms{} (loss {:.4}, {} evaluations)",
             f.model,
             c.compute_efficiency,
             c.attention_efficiency,
@@ -663,6 +706,11 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             c.client_request_s * 1e3,
             c.client_stream_s * 1e3,
             c.static_batch_window_s * 1e3,
+            if c.step_jitter_s > 0.0 {
+                format!(", step jitter {:.2} ms", c.step_jitter_s * 1e3)
+            } else {
+                String::new()
+            },
             f.loss,
             f.evaluations
         );
@@ -873,6 +921,40 @@ mod tests {
         file.models.clear();
         let e = refused(&file, &Mechanisms::default(), &mut targets);
         assert!(e.contains("no coefficients for llama-3.2-3b"), "{e}");
+    }
+
+    #[test]
+    fn a_search_tries_every_mechanism_not_given_and_holds_those_given() {
+        let given = Mechanisms {
+            prefill_batching: PrefillBatching::Packed,
+            roofline: Roofline::Serial,
+            reserved_gib: Some(1.5),
+            ..Mechanisms::default()
+        };
+        let all = mechanism_candidates(&given, Held::default());
+        assert_eq!(all.len(), 32);
+        assert!(all
+            .iter()
+            .any(|m| m.prefill_batching == PrefillBatching::Padded));
+        let held = Held {
+            prefill_batching: true,
+            roofline: true,
+            ..Held::default()
+        };
+        let some = mechanism_candidates(&given, held);
+        assert_eq!(some.len(), 8);
+        assert!(some
+            .iter()
+            .all(|m| m.prefill_batching == PrefillBatching::Packed
+                && m.roofline == Roofline::Serial
+                && m.reserved_gib == Some(1.5)));
+        let distinct: std::collections::BTreeSet<String> =
+            some.iter().map(Mechanisms::describe).collect();
+        assert_eq!(
+            distinct.len(),
+            8,
+            "every combination of the other three, once"
+        );
     }
 
     #[test]

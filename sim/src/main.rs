@@ -95,29 +95,34 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         published: Vec<String>,
         /// Coefficients to fit, comma-separated (default: compute_efficiency,
-        /// step_overhead_s, per_seq_overhead_s, client_request_s).
+        /// attention_efficiency, step_overhead_s, per_seq_overhead_s, client_request_s,
+        /// static_batch_window_s).  With `--start`, name the few a second stage refits.
+        /// Also: decode_attention_efficiency, bandwidth_efficiency, client_stream_s,
+        /// step_jitter_s.
         #[arg(long, value_delimiter = ',', value_name = "PARAM,…")]
         fit: Vec<String>,
-        /// How the measured engine batches prompts: packed (vLLM, infer) or padded.
-        #[arg(long, value_enum, default_value = "packed")]
-        prefill_batching: calibration::PrefillBatching,
-        /// Which positions get logits: sampled (vLLM, infer) or all.
-        #[arg(long, value_enum, default_value = "sampled")]
-        logits: calibration::LogitRows,
+        /// How the measured engine batches prompts: packed (vLLM, infer; the default),
+        /// padded or sequential (one prompt per pass).
+        #[arg(long, value_enum)]
+        prefill_batching: Option<calibration::PrefillBatching>,
+        /// Which positions get logits: sampled (vLLM, infer; the default) or all.
+        #[arg(long, value_enum)]
+        logits: Option<calibration::LogitRows>,
         /// Whether the engine's attention keeps score matrices in device memory: fused
-        /// (flash attention) or materialized (eager attention).
-        #[arg(long, value_enum, default_value = "fused")]
-        attention_scores: calibration::AttentionScores,
-        /// Whether a contiguous KV cache takes its memory up front (reserved) or as it
-        /// fills (grown: Hugging Face's DynamicCache).
-        #[arg(long, value_enum, default_value = "reserved")]
-        contiguous_kv: calibration::ContiguousKv,
-        /// Whether the engine overlaps compute with memory traffic (a GPU) or not (serial:
-        /// a CPU engine on few cores).
-        #[arg(long, value_enum, default_value = "overlap")]
-        roofline: calibration::Roofline,
-        /// Try every prefill-batching, logits, attention-scores and roofline combination;
-        /// keep the best fit.
+        /// (flash attention; the default) or materialized (eager attention).
+        #[arg(long, value_enum)]
+        attention_scores: Option<calibration::AttentionScores>,
+        /// Whether a contiguous KV cache takes its memory up front (reserved; the default)
+        /// or as it fills (grown: Hugging Face's DynamicCache).
+        #[arg(long, value_enum)]
+        contiguous_kv: Option<calibration::ContiguousKv>,
+        /// Whether the engine overlaps compute with memory traffic (a GPU; the default) or
+        /// not (serial: a CPU engine on few cores).
+        #[arg(long, value_enum)]
+        roofline: Option<calibration::Roofline>,
+        /// Try every combination of prefill batching (packed, padded), logits, attention
+        /// scores, contiguous KV and roofline — those the flags do not give — and keep the
+        /// best fit.
         #[arg(long)]
         search_mechanisms: bool,
         /// Host paging speed once device memory spills, GB/s (default: the host link).
@@ -134,7 +139,8 @@ enum Command {
         graph_replay_factor: Option<f64>,
         /// Start from this calibration file's coefficients and keep those `--fit` does not
         /// name (a second stage: refit a few coefficients of an existing calibration). Its
-        /// hardware and mechanisms must be the ones the flags give.
+        /// mechanisms are the fit's: every mechanism flag left out takes the file's value
+        /// (not the default each flag names), and one that names another is refused.
         #[arg(long, value_name = "FILE")]
         start: Option<PathBuf>,
         /// What was measured (written into the file).
@@ -236,27 +242,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             if let Some(reason) = graph_replay_factor.and_then(calibration::graph_replay_refusal) {
                 anyhow::bail!("--graph-replay-factor {reason}");
             }
-            let given = calibration::Mechanisms {
-                prefill_batching,
-                logits,
-                attention_scores,
-                contiguous_kv,
-                roofline,
-                spill_bandwidth_gb_s,
-                reserved_gib,
-                graph_replay_factor,
-            };
             if search_mechanisms && start.is_some() {
                 anyhow::bail!(
                     "--start keeps a calibration's coefficients, fitted under its mechanisms: \
                      it cannot be combined with --search-mechanisms"
                 );
             }
-            let candidates = if search_mechanisms {
-                fit::mechanism_candidates(&given)
-            } else {
-                vec![given]
-            };
             let start = match &start {
                 Some(path) => {
                     let text =
@@ -267,6 +258,31 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     )?)
                 }
                 None => None,
+            };
+            // What the flags leave out: the start file's mechanisms, else the defaults.
+            let base = start.as_ref().map(|f| f.mechanisms).unwrap_or_default();
+            let given = calibration::Mechanisms {
+                prefill_batching: prefill_batching.unwrap_or(base.prefill_batching),
+                logits: logits.unwrap_or(base.logits),
+                attention_scores: attention_scores.unwrap_or(base.attention_scores),
+                contiguous_kv: contiguous_kv.unwrap_or(base.contiguous_kv),
+                roofline: roofline.unwrap_or(base.roofline),
+                spill_bandwidth_gb_s: spill_bandwidth_gb_s.or(base.spill_bandwidth_gb_s),
+                reserved_gib: reserved_gib.or(base.reserved_gib),
+                graph_replay_factor: graph_replay_factor.or(base.graph_replay_factor),
+            };
+            let candidates = if search_mechanisms {
+                // The mechanisms the flags give are facts about the server; search the rest.
+                let held = fit::Held {
+                    prefill_batching: prefill_batching.is_some(),
+                    logits: logits.is_some(),
+                    attention_scores: attention_scores.is_some(),
+                    contiguous_kv: contiguous_kv.is_some(),
+                    roofline: roofline.is_some(),
+                };
+                fit::mechanism_candidates(&given, held)
+            } else {
+                vec![given]
             };
             let mut best: Option<fit::Fit> = None;
             for m in candidates {

@@ -12,6 +12,7 @@
 //! bandwidth_efficiency = 0.85
 //! step_overhead_s = 0.004
 //! per_seq_overhead_s = 0.0001
+//! step_jitter_s = 0.002            # mean random host pause per step
 //! client_request_s = 0.003
 //! client_per_prompt_token_s = 1e-6
 //! client_stream_s = 0.001
@@ -55,6 +56,7 @@ pub struct SimSettings {
     pub bandwidth_efficiency: Option<f64>,
     pub step_overhead_s: Option<f64>,
     pub per_seq_overhead_s: Option<f64>,
+    pub step_jitter_s: Option<f64>,
     pub client_request_s: Option<f64>,
     pub client_per_prompt_token_s: Option<f64>,
     pub client_stream_s: Option<f64>,
@@ -95,6 +97,7 @@ impl SimSettings {
         let non_negative = [
             ("step_overhead_s", s.step_overhead_s),
             ("per_seq_overhead_s", s.per_seq_overhead_s),
+            ("step_jitter_s", s.step_jitter_s),
             ("client_request_s", s.client_request_s),
             ("client_per_prompt_token_s", s.client_per_prompt_token_s),
             ("client_stream_s", s.client_stream_s),
@@ -159,7 +162,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 22] = [
+    const KNOWN: [&str; 23] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -169,6 +172,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "bandwidth_efficiency",
         "step_overhead_s",
         "per_seq_overhead_s",
+        "step_jitter_s",
         "client_request_s",
         "client_per_prompt_token_s",
         "client_stream_s",

@@ -124,8 +124,9 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
                     format!("{}: cannot read: {e}", path.display()),
                 )
             })?;
-            let fit = Profiled::from_json(&text, cal.client)
+            let mut fit = Profiled::from_json(&text, cal.client)
                 .map_err(|r| at("sim.profile", format!("{}: {r}", path.display())))?;
+            fit.step_jitter_s = cal.step_jitter_s;
             if fit.rms_rel_error > 0.25 {
                 warnings.push(format!(
                     "warning: the profile fit is loose (rms error {:.0}%)",
@@ -173,6 +174,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     set(&mut cal.bandwidth_efficiency, s.bandwidth_efficiency);
     set(&mut cal.step_overhead_s, s.step_overhead_s);
     set(&mut cal.per_seq_overhead_s, s.per_seq_overhead_s);
+    set(&mut cal.step_jitter_s, s.step_jitter_s);
     set(&mut cal.client.request_s, s.client_request_s);
     set(
         &mut cal.client.per_prompt_token_s,

@@ -10,7 +10,8 @@
 //! * class 2: a timeseries sample.
 //!
 //! A replica repeats `schedule(now)` → cost model → `complete(plan, sampled, now + dt)` while
-//! it has work, and idles otherwise. Clients: open-loop arrivals (optionally capped at
+//! it has work, and idles otherwise. Where the cost model has a step jitter, `dt` adds a
+//! pause drawn from one stream seeded by the workload's seed, in event order. Clients: open-loop arrivals (optionally capped at
 //! `max_concurrency` in flight, arrivals beyond the cap waiting in order) and closed-loop
 //! ones (sequential = 1 client, `concurrency` = N) are one mechanism: closed-loop requests
 //! all "arrive" at the start and the cap releases them. Warm-up requests run first, one at
@@ -24,6 +25,8 @@
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::Arc;
 
@@ -391,6 +394,34 @@ struct Sim<'a> {
     interval: f64,
     tally: Tally,
     last_done: f64,
+    jitter: StepJitter,
+}
+
+/// The random host pause each step pays: exponential with the cost model's mean.
+struct StepJitter {
+    mean_s: f64,
+    rng: ChaCha8Rng,
+}
+
+impl StepJitter {
+    fn new(mean_s: f64, seed: u64) -> StepJitter {
+        // Its own stream: arrivals and prompts draw the same with and without jitter.
+        const STREAM: u64 = 0x57e9_7177_e500_0001;
+        StepJitter {
+            mean_s,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ STREAM),
+        }
+    }
+
+    /// Seconds of pause for the next step; draws nothing when the mean is zero, so a run
+    /// without jitter is exactly what it was before jitter existed.
+    fn draw(&mut self) -> f64 {
+        if self.mean_s == 0.0 {
+            return 0.0;
+        }
+        let u: f64 = self.rng.gen();
+        -self.mean_s * (1.0 - u).ln()
+    }
 }
 
 /// The approximate tokenizer (about four characters per token) of the catalog model.
@@ -477,6 +508,7 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
             ..Tally::default()
         },
         last_done: 0.0,
+        jitter: StepJitter::new(setup.cost.step_jitter(), sc.workload.seed),
         gen,
     };
     sim.start();
@@ -636,7 +668,7 @@ impl Sim<'_> {
         let stats = &mut self.tally.stats;
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);
-        let dt = self.cost.step_time(&shape) + self.cost.spill_time(spilled);
+        let dt = self.cost.step_time(&shape) + self.cost.spill_time(spilled) + self.jitter.draw();
         rep.plan = Some(plan);
         rep.record(now, delay);
         if self.t0.is_some() {

@@ -178,3 +178,88 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
     std::fs::remove_dir_all(&run).unwrap();
     std::fs::remove_file(&cal).unwrap();
 }
+
+#[test]
+fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
+    let run = tmp("second-stage-run");
+    let baseline = common::path("baseline");
+    sim_ok([
+        "run".as_ref(),
+        baseline.as_ref(),
+        "--quiet".as_ref(),
+        "--out".as_ref(),
+        run.as_os_str(),
+        "--set".as_ref(),
+        "workload.num_requests=4".as_ref(),
+        "--set".as_ref(),
+        "workload.output_tokens=16".as_ref(),
+    ]);
+    let first = tmp("second-stage-first").with_extension("toml");
+    let second = tmp("second-stage-second").with_extension("toml");
+    let calibrate = |extra: &[&str], out: &std::path::Path| {
+        let mut args: Vec<std::ffi::OsString> = vec!["calibrate".into(), run.clone().into()];
+        args.extend(extra.iter().map(|a| a.into()));
+        args.extend(["--out".into(), out.as_os_str().to_owned()]);
+        sim(args)
+    };
+    let o = calibrate(
+        &[
+            "--fit",
+            "step_overhead_s",
+            "--roofline",
+            "serial",
+            "--logits",
+            "all",
+            "--reserved-gib",
+            "1.5",
+        ],
+        &first,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let start = first.display().to_string();
+    // No mechanism flags: the start file's, kept in the file written.
+    let o = calibrate(
+        &["--start", &start, "--fit", "step_jitter_s,step_overhead_s"],
+        &second,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&second).unwrap();
+    assert!(
+        text.contains("roofline = \"serial\"")
+            && text.contains("logits = \"all\"")
+            && text.contains("reserved_gib = 1.5"),
+        "{text}"
+    );
+    // A flag naming the start file's own mechanism is no conflict.
+    let o = calibrate(
+        &[
+            "--start",
+            &start,
+            "--fit",
+            "step_overhead_s",
+            "--roofline",
+            "serial",
+        ],
+        &second,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A flag naming another mechanism than the start file's is refused.
+    let o = calibrate(
+        &[
+            "--start",
+            &start,
+            "--fit",
+            "step_overhead_s",
+            "--roofline",
+            "overlap",
+        ],
+        &second,
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("fitted under other mechanisms"), "{err}");
+    std::fs::remove_dir_all(&run).unwrap();
+    for f in [first, second] {
+        std::fs::remove_file(f).unwrap();
+    }
+}

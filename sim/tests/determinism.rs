@@ -32,9 +32,20 @@ fn routed_runs_replay_exactly() {
         "workload.conversations.count=40",
         "arrival.max_concurrency=80",
     ];
-    for router in ["chwbl", "random", "least-queue"] {
+    // The last: replicas drawing their step pauses from one stream, in event order.
+    for (router, jitter) in [
+        ("chwbl", "0"),
+        ("random", "0"),
+        ("least-queue", "0"),
+        ("chwbl", "0.002"),
+    ] {
         let set = format!("cluster.router={router}");
-        let o: Vec<&str> = small.iter().copied().chain([set.as_str()]).collect();
+        let jitter = format!("sim.step_jitter_s={jitter}");
+        let o: Vec<&str> = small
+            .iter()
+            .copied()
+            .chain([set.as_str(), jitter.as_str()])
+            .collect();
         let a = files("kubeai_prefix_routing", &o);
         let b = files("kubeai_prefix_routing", &o);
         assert_eq!(a, b, "{router}");

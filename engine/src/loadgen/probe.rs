@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `single-{128,512,1024}` | one request at a time, 16 output tokens | TTFT vs prompt length: compute and attention efficiency, client path |
 //! | `decode-{1,4,16}` | 1, 4, 16 closed-loop clients, 64-token prompts, 64 output tokens | ITL vs batch: memory time, step and per-sequence overhead |
-//! | `decode-long` | 4 clients, 1,024-token prompts, 64 output tokens | ITL at long context: attention over the KV cache |
+//! | `decode-long` | 8 clients at once, 1,024-token prompts, 128 output tokens | ITL of many decodes at long context: the decode attention over the KV cache |
 //! | `interference` | 4 clients, 32 prompts, one in seven 1,024 tokens | prefills stalling decodes: how the engine batches them |
 //! | `shared-prefix` | 2 clients, a 512-token prefix shared by every prompt | the prefix cache |
 //!
@@ -63,10 +63,16 @@ pub const PROBES: [Probe; 9] = [
         workload: "num_requests = 33\nwarmup_requests = 1\nprompt_tokens = 64\noutput_tokens = 64",
         arrival: "kind = \"concurrency\"\nmax_concurrency = 16",
     },
+    // Eight at once and twice the output of the short decodes, so that the median gap is a
+    // step of eight decodes at 1,024+ tokens of context each — what the seed workloads'
+    // chunked_prefill and prefix_caching run. With four clients and 64 tokens, each
+    // prompt's prefill outlasted the others' decodes: its median gap was a step of four
+    // decodes at most, and no probe measured many decodes at long context.
     Probe {
         name: "decode-long",
-        workload: "num_requests = 9\nwarmup_requests = 1\nprompt_tokens = 1024\noutput_tokens = 64",
-        arrival: "kind = \"concurrency\"\nmax_concurrency = 4",
+        workload:
+            "num_requests = 9\nwarmup_requests = 1\nprompt_tokens = 1024\noutput_tokens = 128",
+        arrival: "kind = \"concurrency\"\nmax_concurrency = 8",
     },
     // Few long prompts among many short ones, so that the median TTFT is a short prompt's,
     // firmly: with a quarter long (seventeen requests, seven of them long as drawn) it sat
@@ -245,5 +251,41 @@ mod tests {
             .filter(|&i| gen.request(i).prompt_ids.len() >= 1000)
             .count();
         assert!((1..=n / 5).contains(&long), "{long} long prompts of {n}");
+    }
+
+    /// The decode-long probe exists to measure the decode attention where it matters: its
+    /// median ITL, simulated, must be a step of eight decodes at 1,024+ tokens of context.
+    #[test]
+    fn the_decode_long_probes_median_gap_is_a_step_of_eight_long_decodes() {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        let base = Scenario::parse(file, &std::fs::read_to_string(file).unwrap(), &[]).unwrap();
+        let probe = PROBES.iter().find(|p| p.name == "decode-long").unwrap();
+        let path =
+            std::env::temp_dir().join(format!("probe-decode-long-{}.toml", std::process::id()));
+        std::fs::write(&path, scenario_text(&base, probe).unwrap()).unwrap();
+        let setup = infer_sim::load(path.to_str().unwrap(), &[]).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let itl = infer_sim::run(&setup).summary.itl.median;
+        let step = |decodes: usize| {
+            let context = decodes * (1024 + 64);
+            setup.cost.step_time(&infer_core::StepShape {
+                num_seqs: decodes,
+                decode_seqs: decodes,
+                sampled: decodes,
+                context_tokens: context,
+                decode_context_tokens: context,
+                attention_pairs: context as f64,
+                ..Default::default()
+            })
+        };
+        let (eight, four) = (step(8), step(4));
+        assert!(
+            four < 0.85 * eight,
+            "the shapes differ: {four} vs {eight} s"
+        );
+        assert!(
+            (itl / eight - 1.0).abs() < 0.1,
+            "ITL P50 {itl} s; a step of eight long decodes {eight} s, of four {four} s"
+        );
     }
 }

@@ -76,7 +76,11 @@ pub fn step_fidelity(
             if of_kind.is_empty() {
                 return None;
             }
-            let predicted: Vec<f64> = of_kind.iter().map(|r| cost.step_time(&r.shape)).collect();
+            // A measured step includes its random pause: predict its mean too.
+            let predicted: Vec<f64> = of_kind
+                .iter()
+                .map(|r| cost.step_time(&r.shape) + cost.step_jitter())
+                .collect();
             let errors = of_kind
                 .iter()
                 .zip(&predicted)

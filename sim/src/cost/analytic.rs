@@ -25,6 +25,7 @@
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
 //! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
+//!            (+ the simulator's random pause of mean step_jitter_s, drawn per step)
 //! ```
 //!
 //! A packed engine (vLLM, infer) runs one ragged pass over every new token, with logits
@@ -348,6 +349,10 @@ impl CostModel for Analytic {
         2.0 * spilled_bytes / self.cal.spill_bandwidth.unwrap_or(self.hw.host_link)
     }
 
+    fn step_jitter(&self) -> f64 {
+        self.cal.step_jitter_s
+    }
+
     fn client_path(&self) -> ClientPath {
         self.cal.client
     }
@@ -382,9 +387,12 @@ impl CostModel for Analytic {
     }
 }
 
-/// The mechanisms that differ from a packed, overlapping engine, as ", a, b" (or "").
+/// The mechanisms that differ from a packed, overlapping, steady engine, as ", a, b" (or "").
 fn mechanisms(c: &Calibration) -> String {
     let mut out = String::new();
+    if c.step_jitter_s > 0.0 {
+        out.push_str(&format!(", step jitter {:.2} ms", c.step_jitter_s * 1e3));
+    }
     match c.prefill {
         PrefillBatching::Packed => {}
         PrefillBatching::Padded => out.push_str(", padded prefill"),

@@ -50,6 +50,11 @@ pub trait CostModel: Send + Sync {
     fn spill_time(&self, _spilled_bytes: f64) -> f64 {
         0.0
     }
+    /// Mean seconds of the random host pause each step pays on top of `step_time`
+    /// (exponentially distributed; 0: none, and nothing is drawn).
+    fn step_jitter(&self) -> f64 {
+        0.0
+    }
     fn client_path(&self) -> ClientPath;
     /// Static batching only: how long an idle engine waits after a request arrives before
     /// starting the batch (to fill it).

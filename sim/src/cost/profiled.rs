@@ -196,6 +196,9 @@ pub struct Profiled {
     /// Seconds per pair of a chunk with itself.
     per_self_pair: f64,
     client: ClientPath,
+    /// Mean random pause per step (`[sim] step_jitter_s`; a profile's steps are its
+    /// measurements' typical times, so none by default).
+    pub step_jitter_s: f64,
     /// Root-mean-square relative error of the fit over the profile's points.
     pub rms_rel_error: f64,
 }
@@ -281,6 +284,7 @@ impl Profiled {
             per_cross_pair: coef[k + 2],
             per_self_pair: coef[k + 3],
             client,
+            step_jitter_s: 0.0,
             rms_rel_error: 0.0,
         };
         let sq: f64 = pts
@@ -337,6 +341,10 @@ impl CostModel for Profiled {
         let shared = s.decode_shared_context_tokens.min(s.decode_context_tokens);
         let ctx = ((s.decode_context_tokens - shared) as f64, shared as f64);
         self.predict(s.new_tokens(), ctx, pairs)
+    }
+
+    fn step_jitter(&self) -> f64 {
+        self.step_jitter_s
     }
 
     fn client_path(&self) -> ClientPath {
