@@ -101,11 +101,10 @@ fn bad_input_exits_non_zero_with_the_reason() {
     );
 }
 
-#[test]
-fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
-    // A simulated run is a measured run like any other: its directory keeps the scenario,
-    // so `sim calibrate` can fit to it; the file it writes is read by a scenario naming it.
-    let run = tmp("calibrate-run");
+/// A short baseline run simulated into a fresh directory named `name`: a run directory to
+/// calibrate from.
+fn simulated_run(name: &str) -> std::path::PathBuf {
+    let run = tmp(name);
     let baseline = common::path("baseline");
     sim_ok([
         "run".as_ref(),
@@ -118,6 +117,15 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         "--set".as_ref(),
         "workload.output_tokens=16".as_ref(),
     ]);
+    run
+}
+
+#[test]
+fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
+    // A simulated run is a measured run like any other: its directory keeps the scenario,
+    // so `sim calibrate` can fit to it; the file it writes is read by a scenario naming it.
+    let run = simulated_run("calibrate-run");
+    let baseline = common::path("baseline");
     let scenario = std::fs::read_to_string(run.join("scenario.toml")).unwrap();
     assert!(scenario.contains("num_requests = 4"), "{scenario}");
     let cal = tmp("calibrate-file").with_extension("toml");
@@ -181,19 +189,7 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
 
 #[test]
 fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
-    let run = tmp("second-stage-run");
-    let baseline = common::path("baseline");
-    sim_ok([
-        "run".as_ref(),
-        baseline.as_ref(),
-        "--quiet".as_ref(),
-        "--out".as_ref(),
-        run.as_os_str(),
-        "--set".as_ref(),
-        "workload.num_requests=4".as_ref(),
-        "--set".as_ref(),
-        "workload.output_tokens=16".as_ref(),
-    ]);
+    let run = simulated_run("second-stage-run");
     let first = tmp("second-stage-first").with_extension("toml");
     let second = tmp("second-stage-second").with_extension("toml");
     let calibrate = |extra: &[&str], out: &std::path::Path| {
