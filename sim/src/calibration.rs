@@ -247,6 +247,15 @@ fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
 
+/// ", step jitter X ms" where a calibration has one, else "" (for the printed lines).
+pub fn jitter_note(step_jitter_s: f64) -> String {
+    if step_jitter_s > 0.0 {
+        format!(", step jitter {:.2} ms", step_jitter_s * 1e3)
+    } else {
+        String::new()
+    }
+}
+
 /// The calibration files shipped in the binary: (name, text).
 const SHIPPED: [(&str, &str); 1] = [(
     "sim/calibrations/rtx5080-seed-server.toml",

@@ -564,26 +564,29 @@ pub fn mechanism_candidates(given: &Mechanisms, held: Held) -> Vec<Mechanisms> {
             all.to_vec()
         }
     }
-    let g = given;
     let prefills = each(
         held.prefill_batching,
-        g.prefill_batching,
+        given.prefill_batching,
         &[PrefillBatching::Packed, PrefillBatching::Padded],
     );
-    let logit_rows = each(held.logits, g.logits, &[LogitRows::Sampled, LogitRows::All]);
+    let logit_rows = each(
+        held.logits,
+        given.logits,
+        &[LogitRows::Sampled, LogitRows::All],
+    );
     let scores = each(
         held.attention_scores,
-        g.attention_scores,
+        given.attention_scores,
         &[AttentionScores::Fused, AttentionScores::Materialized],
     );
     let kvs = each(
         held.contiguous_kv,
-        g.contiguous_kv,
+        given.contiguous_kv,
         &[ContiguousKv::Reserved, ContiguousKv::Grown],
     );
     let rooflines = each(
         held.roofline,
-        g.roofline,
+        given.roofline,
         &[Roofline::Overlap, Roofline::Serial],
     );
     let mut out = Vec::new();
@@ -706,11 +709,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             c.client_request_s * 1e3,
             c.client_stream_s * 1e3,
             c.static_batch_window_s * 1e3,
-            if c.step_jitter_s > 0.0 {
-                format!(", step jitter {:.2} ms", c.step_jitter_s * 1e3)
-            } else {
-                String::new()
-            },
+            crate::calibration::jitter_note(c.step_jitter_s),
             f.loss,
             f.evaluations
         );

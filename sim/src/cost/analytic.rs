@@ -387,12 +387,10 @@ impl CostModel for Analytic {
     }
 }
 
-/// The mechanisms that differ from a packed, overlapping, steady engine, as ", a, b" (or "").
+/// The jitter and the mechanisms that differ from a packed, overlapping engine, as ", a, b"
+/// (or "").
 fn mechanisms(c: &Calibration) -> String {
-    let mut out = String::new();
-    if c.step_jitter_s > 0.0 {
-        out.push_str(&format!(", step jitter {:.2} ms", c.step_jitter_s * 1e3));
-    }
+    let mut out = crate::calibration::jitter_note(c.step_jitter_s);
     match c.prefill {
         PrefillBatching::Packed => {}
         PrefillBatching::Padded => out.push_str(", padded prefill"),
