@@ -1,6 +1,6 @@
 //! Property tests for the invariants of DESIGN.md, over random request mixes, pool sizes,
-//! chunk sizes, both backends and batching modes, prefix caching on and off, with aborts and
-//! preemption: every request finishes or is aborted exactly once; block references never go
+//! chunk sizes, both backends and batching modes, prefix caching on and off, both admission
+//! and both preemption policies, with aborts and preemption: every request finishes or is aborted exactly once; block references never go
 //! negative and free + used = total (checked every step by `check_invariants`); after all
 //! requests end no block is held; a step never exceeds the token budget or the batch limit;
 //! the same inputs give the same plans.
@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use common::{drive, drive_forked, simple_cost};
 use infer_core::{
-    BatchingMode, FinishReason, KvAdmission, KvBackend, Request, RequestId, SchedulerConfig,
-    StopConditions,
+    BatchingMode, FinishReason, KvAdmission, KvBackend, KvPreemption, Request, RequestId,
+    SchedulerConfig, StopConditions,
 };
 use proptest::prelude::*;
 
@@ -41,9 +41,10 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         32usize..400,                  // max_model_len
         prop::option::of(0usize..200), // unchunked step budget beyond the minimum
         prop_oneof![Just(KvAdmission::Prompt), Just(KvAdmission::WholeSequence)],
+        prop_oneof![Just(KvPreemption::Recompute), Just(KvPreemption::Wait)],
     )
         .prop_map(
-            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget, admission)| {
+            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget, admission, dry)| {
                 let mut c = SchedulerConfig {
                     batching_mode: mode,
                     kv_cache_backend: kv,
@@ -57,6 +58,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     max_model_len: mml,
                     max_waiting: None,
                     kv_admission: admission,
+                    kv_preemption: dry,
                 };
                 if blocks * bs < mml {
                     c.num_gpu_blocks = mml.div_ceil(bs) + blocks % 8;
@@ -223,7 +225,7 @@ proptest! {
     }
 }
 
-/// The generated cases reach the interesting regimes: preemption, prefix hits, aborts of
+/// The generated cases reach the interesting regimes: preemption, waits for a block, prefix hits, aborts of
 /// live requests, and both stop reasons. (Guards the strategies above from drifting into
 /// cases too easy to break anything.)
 #[test]
@@ -232,6 +234,7 @@ fn cases_cover_preemption_prefix_hits_and_aborts() {
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
     let (mut preemptions, mut hits, mut aborted_live, mut stops, mut lengths) = (0, 0, 0, 0, 0);
+    let mut waits = 0;
     for _ in 0..300 {
         let c = case().new_tree(&mut runner).unwrap().current();
         let (log, sched) = drive(
@@ -242,6 +245,7 @@ fn cases_cover_preemption_prefix_hits_and_aborts() {
         );
         let st = sched.stats();
         preemptions += st.num_preemptions;
+        waits += st.num_kv_waits;
         hits += st.prefix_hits;
         let finished: Vec<u64> = log.finished().iter().map(|f| f.0).collect();
         aborted_live += c
@@ -261,8 +265,9 @@ fn cases_cover_preemption_prefix_hits_and_aborts() {
             .filter(|f| f.1 == FinishReason::Length)
             .count();
     }
-    eprintln!("coverage: {preemptions} preemptions, {hits} hit tokens, {aborted_live} live aborts, {stops} stop, {lengths} length");
+    eprintln!("coverage: {preemptions} preemptions, {waits} waits for a block, {hits} hit tokens, {aborted_live} live aborts, {stops} stop, {lengths} length");
     assert!(preemptions > 50, "preemptions {preemptions}");
+    assert!(waits > 50, "waits for a block {waits}");
     assert!(hits > 1000, "prefix hit tokens {hits}");
     assert!(aborted_live > 20, "aborted live requests {aborted_live}");
     assert!(stops > 20 && lengths > 100, "stop {stops} length {lengths}");

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use infer_core::{BatchingMode, KvAdmission, KvBackend, SchedulerConfig};
+use infer_core::{BatchingMode, KvAdmission, KvBackend, KvPreemption, SchedulerConfig};
 use infer_engine::loadgen::BenchOptions;
 use infer_engine::runtime::sampling::SamplingParams;
 use infer_engine::server::{serve, ServeConfig};
@@ -139,6 +139,7 @@ struct ServeArgs {
         "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
         "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
         "max_num_batched_tokens", "prefix_caching", "max_model_len", "kv_admission",
+        "kv_preemption",
     ])]
     scenario: Option<PathBuf>,
     /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.
@@ -154,6 +155,11 @@ struct ServeArgs {
     /// it runs dry) or the whole sequence's, max_tokens included (TGI; never preempts).
     #[arg(long = "kv-admission", value_enum, default_value_t = KvAdmissionArg::Prompt)]
     kv_admission: KvAdmissionArg,
+    /// What a sequence that finds no free block for its next tokens does: `recompute`
+    /// preempts the newest running sequence, which recomputes later (vLLM); `wait` keeps its
+    /// blocks and skips steps until finished sequences free some.
+    #[arg(long = "kv-preemption", value_enum, default_value_t = KvPreemptionArg::Recompute)]
+    kv_preemption: KvPreemptionArg,
     /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.
     #[arg(long = "num-gpu-blocks")]
     num_gpu_blocks: Option<usize>,
@@ -220,6 +226,12 @@ enum KvArg {
 enum KvAdmissionArg {
     Prompt,
     WholeSequence,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KvPreemptionArg {
+    Recompute,
+    Wait,
 }
 
 #[derive(Args)]
@@ -532,6 +544,10 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         kv_admission: match a.kv_admission {
             KvAdmissionArg::Prompt => KvAdmission::Prompt,
             KvAdmissionArg::WholeSequence => KvAdmission::WholeSequence,
+        },
+        kv_preemption: match a.kv_preemption {
+            KvPreemptionArg::Recompute => KvPreemption::Recompute,
+            KvPreemptionArg::Wait => KvPreemption::Wait,
         },
     }
 }

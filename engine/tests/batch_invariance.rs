@@ -1,12 +1,15 @@
 //! Greedy output must not depend on how a sequence is executed: alone or batched with
 //! others, paged with any block size or contiguous (one big block), prefilled whole or in
 //! chunks mixed with other sequences' decodes, or resumed from KV blocks that already hold
-//! its prefix. Also checks the exact extent of the sliding window.
+//! its prefix, or after being preempted or kept waiting for KV blocks. Also checks the exact
+//! extent of the sliding window.
 
 mod common;
 
 use anyhow::Result;
 use common::*;
+use infer_core::{KvPreemption, SchedulerConfig};
+use infer_engine::runtime::engine_core::EngineCore;
 use infer_engine::runtime::sampling::{argmax, SamplingParams};
 use infer_engine::tools::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::{Arch, ForwardBatch, KvCache, LoadedModel, SeqChunk};
@@ -84,6 +87,58 @@ fn check_invariance(
             alone,
             "{} block_size {block_size} step budget {chunk:?}",
             arch.name()
+        );
+    }
+    Ok(())
+}
+
+/// A pool of 16 blocks of 4 tokens holds the five requests' prompts (5–33 tokens, 8 new
+/// each: 30 blocks at their longest) but not their decodes: with `Recompute` sequences are
+/// preempted and prefilled again, with `Wait` they sit out steps holding their blocks. Either
+/// way each generates what it generates alone.
+#[test]
+fn preempted_or_waiting_sequences_generate_what_they_generate_alone() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;
+    let lm = load(&dir)?;
+    let reqs = requests(&lm);
+    let alone: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|r| Ok(run(&lm, std::slice::from_ref(r), 4, None)?.remove(0)))
+        .collect::<Result<_>>()?;
+    for policy in [KvPreemption::Recompute, KvPreemption::Wait] {
+        let cfg = SchedulerConfig {
+            num_gpu_blocks: 16,
+            block_size: 4,
+            max_model_len: 64,
+            prefix_caching: false,
+            kv_preemption: policy,
+            ..SchedulerConfig::default()
+        };
+        let mut core = EngineCore::new(&lm, cfg, 0)?;
+        let arrival = std::time::Instant::now();
+        for (i, r) in reqs.iter().enumerate() {
+            core.add(i as u64, r.clone(), arrival)?;
+        }
+        let mut out = vec![Vec::new(); reqs.len()];
+        let mut steps = 0;
+        while core.has_unfinished() {
+            steps += 1;
+            assert!(steps < 500, "{policy:?}: no progress");
+            let step = core.step();
+            assert!(step.failed.is_empty(), "{policy:?}: {:?}", step.failed);
+            for t in step.tokens {
+                out[t.id as usize].push(t.token);
+            }
+        }
+        assert_eq!(out, alone, "{policy:?}");
+        let st = core.stats();
+        match policy {
+            KvPreemption::Recompute => assert!(st.num_preemptions > 0, "{st:?}"),
+            KvPreemption::Wait => assert!(st.num_kv_waits > 0, "{st:?}"),
+        }
+        assert_eq!(
+            st.num_free_blocks, st.num_blocks,
+            "{policy:?}: no block held"
         );
     }
     Ok(())

@@ -97,6 +97,8 @@ pub struct RunStats {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub preemptions: u64,
+    /// Steps sequences skipped waiting for a free block (`server.kv_preemption = "wait"`).
+    pub kv_waits: u64,
     /// The largest step's activations on any replica, bytes per GPU.
     pub peak_activation_bytes: f64,
     /// Device memory spilled to the host at the end of the run (largest replica).
@@ -130,7 +132,7 @@ impl RunStats {
         };
         format!(
             "KV usage peak {:.1}% mean {:.1}% | waiting peak {} mean {:.1}, queue time mean {:.1} ms | \
-             prefix cache {} of {} prompt tokens hit ({:.1}%) | preemptions {} | steps {} on {} replica(s){}",
+             prefix cache {} of {} prompt tokens hit ({:.1}%) | preemptions {}{} | steps {} on {} replica(s){}",
             self.peak_kv_usage * 100.0,
             self.mean_kv_usage * 100.0,
             self.peak_waiting,
@@ -140,6 +142,11 @@ impl RunStats {
             self.prefix_queries,
             self.prefix_hit_rate() * 100.0,
             self.preemptions,
+            if self.kv_waits > 0 {
+                format!(", waits for a block {}", self.kv_waits)
+            } else {
+                String::new()
+            },
             self.steps,
             self.replicas,
             spill
@@ -326,14 +333,15 @@ impl Cluster {
         }
     }
 
-    /// (prefix queries, prefix hits, preemptions) over all replicas.
-    fn counters(&self) -> (u64, u64, u64) {
-        self.replicas.iter().fold((0, 0, 0), |acc, r| {
+    /// (prefix queries, prefix hits, preemptions, waits for a block) over all replicas.
+    fn counters(&self) -> (u64, u64, u64, u64) {
+        self.replicas.iter().fold((0, 0, 0, 0), |acc, r| {
             let s = r.sched.stats();
             (
                 acc.0 + s.prefix_queries,
                 acc.1 + s.prefix_hits,
                 acc.2 + s.num_preemptions,
+                acc.3 + s.num_kv_waits,
             )
         })
     }
@@ -350,15 +358,16 @@ struct Tally {
     queue_sum: f64,
     queue_n: u64,
     /// Counters at the measured start, to subtract.
-    base: (u64, u64, u64),
+    base: (u64, u64, u64, u64),
 }
 
 impl Tally {
     /// The figures at the end, given the counters then.
-    fn finish(mut self, (q, h, p): (u64, u64, u64)) -> RunStats {
+    fn finish(mut self, (q, h, p, w): (u64, u64, u64, u64)) -> RunStats {
         self.stats.prefix_queries = q - self.base.0;
         self.stats.prefix_hits = h - self.base.1;
         self.stats.preemptions = p - self.base.2;
+        self.stats.kv_waits = w - self.base.3;
         let n = (self.samples * self.stats.replicas as u64).max(1) as f64;
         self.stats.mean_kv_usage = self.kv_sum / n;
         self.stats.mean_waiting = self.waiting_sum / n;

@@ -291,3 +291,33 @@ fn the_start_up_plan_bounds_every_steps_activations() {
         }
     }
 }
+
+#[test]
+fn a_pool_that_runs_dry_preempts_or_waits_as_the_scenario_says() {
+    // Qwen3's Phase 7 on chunked_prefill: 1,024 blocks for 16 sequences of ~1.2k tokens run
+    // dry. `recompute` preempts; `wait` keeps the sequences that cannot grow waiting, so it
+    // preempts only when every one waits — far less often — and every request still ends.
+    let base = with(
+        &phase_config("qwen3-4b", "chunked_prefill"),
+        &["server.prefix_caching=false"],
+    );
+    let recompute = common::run_owned("chunked_prefill", &base);
+    let wait = common::run_owned(
+        "chunked_prefill",
+        &with(&base, &["server.kv_preemption=wait"]),
+    );
+    assert!(
+        recompute.stats.preemptions > 20,
+        "{}",
+        recompute.stats.line()
+    );
+    assert_eq!(recompute.stats.kv_waits, 0);
+    assert!(wait.stats.kv_waits > 0, "{}", wait.stats.line());
+    assert!(
+        wait.stats.preemptions * 4 < recompute.stats.preemptions,
+        "wait {} vs recompute {}",
+        wait.stats.line(),
+        recompute.stats.line()
+    );
+    assert_eq!(wait.summary.completed, recompute.summary.completed);
+}

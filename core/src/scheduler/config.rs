@@ -36,6 +36,20 @@ pub enum KvAdmission {
     WholeSequence,
 }
 
+/// What a running sequence does when the paged pool has no free block for its next tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvPreemption {
+    /// Preempt the newest running sequence not yet scheduled this step, until the blocks are
+    /// found: its KV is freed and, readmitted, it recomputes its prompt and output (vLLM).
+    #[default]
+    Recompute,
+    /// The sequence waits: it keeps its blocks and skips steps until finished sequences free
+    /// some, and nothing new is admitted meanwhile. Only when no running sequence can step
+    /// at all is the newest preempted (recompute), so that the others go on.
+    Wait,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
     pub batching_mode: BatchingMode,
@@ -63,6 +77,9 @@ pub struct SchedulerConfig {
     /// What admission asks of the KV pool.
     #[serde(default)]
     pub kv_admission: KvAdmission,
+    /// What a decode does when the pool runs dry (paged cache with prompt admission).
+    #[serde(default)]
+    pub kv_preemption: KvPreemption,
 }
 
 impl Default for SchedulerConfig {
@@ -81,6 +98,7 @@ impl Default for SchedulerConfig {
             max_model_len: 4096,
             max_waiting: None,
             kv_admission: KvAdmission::Prompt,
+            kv_preemption: KvPreemption::Recompute,
         }
     }
 }

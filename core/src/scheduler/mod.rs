@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-pub use config::{BatchingMode, KvAdmission, KvBackend, SchedulerConfig};
+pub use config::{BatchingMode, KvAdmission, KvBackend, KvPreemption, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::StepShape;
 
@@ -95,6 +95,9 @@ pub struct SchedulerStats {
     pub prefix_queries: u64,
     pub prefix_hits: u64,
     pub num_preemptions: u64,
+    /// Steps a running sequence skipped waiting for a free block ([`KvPreemption::Wait`]),
+    /// summed over sequences.
+    pub num_kv_waits: u64,
     pub num_finished: u64,
 }
 
@@ -497,25 +500,45 @@ impl Scheduler {
                 .copied()
                 .filter(|&s| !self.seq(s).is_decode()),
         );
-        for &slot in &order {
-            if budget == 0 {
-                break;
+        let mut waits = false;
+        loop {
+            for &slot in &order {
+                if budget == 0 {
+                    break;
+                }
+                let seq = self.seq(slot);
+                if seq.state != SeqState::Running {
+                    continue; // preempted earlier in this step
+                }
+                let n = (seq.tokens.len() - seq.num_computed).min(budget);
+                match self.grow(slot, n, &mut plan) {
+                    Growth::Grown => {
+                        self.push_to_plan(slot, n, &mut plan);
+                        budget -= n;
+                    }
+                    Growth::Waits => {
+                        waits = true;
+                        self.stats.num_kv_waits += 1;
+                    }
+                    Growth::Preempted => {}
+                }
             }
-            let seq = self.seq(slot);
-            if seq.state != SeqState::Running {
-                continue; // preempted earlier in this step
+            // Every running sequence waits for blocks that only a finishing one would free:
+            // the newest gives its blocks up (recompute) so that the others go on.
+            if waits && plan.is_empty() {
+                let newest = self.running.pop().expect("a waiting sequence runs");
+                self.preempt(newest, &mut plan);
+                waits = false;
+                continue;
             }
-            let n = (seq.tokens.len() - seq.num_computed).min(budget);
-            if self.grow_or_preempt(slot, n, &mut plan) {
-                self.push_to_plan(slot, n, &mut plan);
-                budget -= n;
-            }
+            break;
         }
         self.order = order;
 
-        // 3: admit waiting sequences — not in a step that had to preempt (memory is
-        // short; the preempted would only be readmitted to be preempted again).
+        // 3: admit waiting sequences — not in a step that had to preempt or make a sequence
+        // wait (memory is short; the admitted would only take the blocks the running need).
         let may_admit = plan.preempted.is_empty()
+            && !waits
             && match self.cfg.batching_mode {
                 BatchingMode::Continuous => true,
                 BatchingMode::Static => self.running.is_empty(),
@@ -682,14 +705,18 @@ impl Scheduler {
         self.seqs[slot as usize].as_ref().expect("live sequence")
     }
 
-    /// Make room for `n` more tokens of running sequence `slot`, preempting the newest
-    /// unscheduled running sequences as needed. False if `slot` itself was preempted.
-    fn grow_or_preempt(&mut self, slot: u32, n: usize, plan: &mut StepPlan) -> bool {
+    /// Make room for `n` more tokens of running sequence `slot`: with
+    /// [`KvPreemption::Recompute`], preempting the newest unscheduled running sequences as
+    /// needed (`slot` itself, perhaps); with [`KvPreemption::Wait`], `slot` waits.
+    fn grow(&mut self, slot: u32, n: usize, plan: &mut StepPlan) -> Growth {
         loop {
             let seq = self.seqs[slot as usize].as_mut().expect("live");
             let want = seq.num_computed + n;
             if self.kv.allocate(&mut seq.kv, &PrefixMatch::default(), want) {
-                return true;
+                return Growth::Grown;
+            }
+            if self.cfg.kv_preemption == KvPreemption::Wait {
+                return Growth::Waits;
             }
             let step = self.step;
             let victim = self
@@ -700,7 +727,7 @@ impl Scheduler {
             let victim_slot = self.running.remove(victim);
             self.preempt(victim_slot, plan);
             if victim_slot == slot {
-                return false;
+                return Growth::Preempted;
             }
         }
     }
@@ -820,6 +847,16 @@ impl Scheduler {
 }
 
 /// Whether `seq`, which has just sampled `token`, is done.
+/// What [`Scheduler::grow`] did for a running sequence.
+enum Growth {
+    /// Its blocks are there: it steps.
+    Grown,
+    /// No block was free and it waits, holding its blocks ([`KvPreemption::Wait`]).
+    Waits,
+    /// It was preempted itself to make room for older ones ([`KvPreemption::Recompute`]).
+    Preempted,
+}
+
 fn stop_reason(seq: &Sequence, token: u32, max_model_len: usize) -> Option<FinishReason> {
     let stop = &seq.stop;
     if stop.stop_token_ids.contains(&token)
@@ -909,6 +946,128 @@ mod tests {
             assert_ne!(outputs[&1], outputs[&2], "each fork samples its own tokens");
             assert_eq!(s.stats().num_free_blocks, 64);
         }
+    }
+
+    /// A decode that finds no free block: A (28-token prompt, 4 tokens out) never needs
+    /// more than its 8 blocks; B (30 tokens) needs a 9th at its 4th decode, with none free.
+    /// `Recompute` preempts B, which later prefills its prompt and output again; `Wait`
+    /// leaves B holding its 8 blocks while A steps and finishes, then B decodes on from
+    /// where it was.
+    #[test]
+    fn a_decode_without_a_free_block_is_preempted_or_waits_as_configured() {
+        for policy in [KvPreemption::Recompute, KvPreemption::Wait] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                num_gpu_blocks: 16,
+                block_size: 4,
+                max_model_len: 64,
+                prefix_caching: false,
+                kv_preemption: policy,
+                ..cfg()
+            });
+            s.add_request(Request::new(1, vec![3; 28], 4), 0.0).unwrap();
+            s.add_request(Request::new(2, vec![4; 30], 8), 0.0).unwrap();
+            let mut b_recomputed = false;
+            let mut b_preemptions = None;
+            for step in 1..30 {
+                if !s.has_unfinished() {
+                    break;
+                }
+                let plan = s.schedule(step as f64);
+                let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+                if step == 4 {
+                    assert_eq!(ids, vec![1], "{policy:?}: B cannot grow");
+                    match policy {
+                        KvPreemption::Recompute => {
+                            assert_eq!(plan.preempted, vec![RequestId(2)]);
+                            assert_eq!(s.stats().num_free_blocks, 8, "B's blocks are freed");
+                        }
+                        KvPreemption::Wait => {
+                            assert!(plan.preempted.is_empty());
+                            assert_eq!(s.stats().num_free_blocks, 0, "B keeps its blocks");
+                            assert_eq!(s.stats().num_kv_waits, 1);
+                        }
+                    }
+                }
+                if let Some(i) = ids.iter().position(|&id| id == 2) {
+                    b_recomputed |= step > 1 && plan.seqs[i].num_computed == 0;
+                }
+                let sampled = vec![9; plan.num_sampling()];
+                for e in s.complete(plan, &sampled, step as f64 + 0.5) {
+                    if let Event::Finished { request, stats, .. } = e {
+                        if request == RequestId(2) {
+                            assert_eq!(stats.output_tokens, 8);
+                            b_preemptions = Some(stats.preemptions);
+                        }
+                    }
+                }
+                s.check_invariants().unwrap();
+            }
+            let recompute = policy == KvPreemption::Recompute;
+            assert_eq!(b_preemptions, Some(recompute as u32), "{policy:?}");
+            assert_eq!(b_recomputed, recompute, "{policy:?}");
+            assert_eq!(s.stats().num_free_blocks, 16);
+        }
+    }
+
+    /// `Wait` with every running sequence waiting (both 32-token prompts fill the 16-block
+    /// pool, and both need a 9th block for their first decode): no step could ever run, so
+    /// the newest is preempted and the oldest steps in the same plan.
+    #[test]
+    fn when_every_sequence_waits_the_newest_is_preempted() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_gpu_blocks: 16,
+            block_size: 4,
+            max_model_len: 64,
+            prefix_caching: false,
+            kv_preemption: KvPreemption::Wait,
+            ..cfg()
+        });
+        s.add_request(Request::new(1, vec![3; 32], 4), 0.0).unwrap();
+        s.add_request(Request::new(2, vec![4; 32], 4), 0.0).unwrap();
+        let plan = s.schedule(0.0);
+        assert_eq!(plan.seqs.len(), 2);
+        s.complete(plan, &[9, 9], 0.5);
+        let plan = s.schedule(1.0);
+        assert_eq!(plan.preempted, vec![RequestId(2)]);
+        let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+        assert_eq!(ids, vec![1]);
+        assert_eq!(s.stats().num_kv_waits, 2, "both waited before one gave way");
+        s.check_invariants().unwrap();
+    }
+
+    /// `Wait` admits nothing in a step where a sequence waits: B's prompt (40 tokens,
+    /// chunks of 16, blocks of 4) is in; A's second chunk needs 4 more blocks with 3 free,
+    /// so A waits — and C, which one block would hold, stays in the queue rather than take
+    /// a block A needs.
+    #[test]
+    fn nothing_is_admitted_while_a_sequence_waits_for_blocks() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_gpu_blocks: 16,
+            block_size: 4,
+            max_model_len: 64,
+            chunked_prefill: true,
+            prefill_chunk_size: 16,
+            max_batch_size: 4,
+            prefix_caching: false,
+            kv_preemption: KvPreemption::Wait,
+            ..cfg()
+        });
+        s.add_request(Request::new(1, vec![3; 40], 20), 0.0)
+            .unwrap();
+        s.add_request(Request::new(2, vec![4; 40], 20), 0.0)
+            .unwrap();
+        s.add_request(Request::new(3, vec![5; 4], 1), 0.0).unwrap();
+        for step in 1..=3 {
+            let plan = s.schedule(step as f64);
+            let sampled = vec![9; plan.num_sampling()];
+            s.complete(plan, &sampled, step as f64 + 0.5);
+        }
+        let plan = s.schedule(4.0);
+        let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+        assert_eq!(ids, vec![1], "A waits and C is not admitted");
+        assert_eq!(s.stats().num_free_blocks, 3);
+        assert_eq!((s.stats().num_kv_waits, s.stats().num_waiting), (1, 1));
+        s.check_invariants().unwrap();
     }
 
     /// Each token event carries the time of the request's previous token, and its stats

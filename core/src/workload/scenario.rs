@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::arrival::ArrivalSpec;
 use super::dist::LengthDist;
 use crate::router::RouterKind;
-use crate::scheduler::{BatchingMode, KvAdmission, KvBackend, SchedulerConfig};
+use crate::scheduler::{BatchingMode, KvAdmission, KvBackend, KvPreemption, SchedulerConfig};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -115,6 +115,8 @@ pub struct ServerSpec {
     pub max_waiting: Option<usize>,
     /// `prompt` (vLLM) or `whole_sequence` (reserve `max_tokens` too; see [`KvAdmission`]).
     pub kv_admission: KvAdmission,
+    /// `recompute` (vLLM) or `wait` (see [`KvPreemption`]).
+    pub kv_preemption: KvPreemption,
 }
 
 impl Default for ServerSpec {
@@ -136,6 +138,7 @@ impl Default for ServerSpec {
             max_model_len: s.max_model_len,
             max_waiting: s.max_waiting,
             kv_admission: s.kv_admission,
+            kv_preemption: s.kv_preemption,
         }
     }
 }
@@ -155,6 +158,7 @@ impl ServerSpec {
             max_model_len: self.max_model_len,
             max_waiting: self.max_waiting,
             kv_admission: self.kv_admission,
+            kv_preemption: self.kv_preemption,
         }
     }
 }

@@ -6,7 +6,9 @@
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Result};
-use infer_core::{BatchingMode, FinishReason, KvAdmission, KvBackend, SchedulerConfig};
+use infer_core::{
+    BatchingMode, FinishReason, KvAdmission, KvBackend, KvPreemption, SchedulerConfig,
+};
 
 use crate::runtime::engine_core::{EngineCore, EngineRequest};
 use crate::runtime::model::LoadedModel;
@@ -71,6 +73,7 @@ impl GenerateOptions {
             max_model_len,
             max_waiting: None,
             kv_admission: KvAdmission::Prompt,
+            kv_preemption: KvPreemption::Recompute,
         }
     }
 }
