@@ -208,6 +208,10 @@ struct ServeArgs {
     /// (ZeroMQ PUB, msgpack `BlockStored`/`BlockRemoved`; see `server/kv_events.rs`).
     #[arg(long = "kv-events-config")]
     kv_events_config: Option<String>,
+    /// Requests under /v1 must send `Authorization: Bearer KEY` with this key (repeatable:
+    /// any of them), as vLLM's flag; health, metrics and the router endpoints stay open.
+    #[arg(long = "api-key", value_name = "KEY")]
+    api_key: Vec<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -239,6 +243,15 @@ struct BenchArgs {
     /// Base URL of an OpenAI-compatible server.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     server: String,
+    /// Sent as `Authorization: Bearer KEY` with every request, for a server started with
+    /// an API key (vLLM's benchmark reads the same variable).
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "OPENAI_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
     #[arg(long)]
     scenario: PathBuf,
     /// The served model name (default: the first of /v1/models).
@@ -273,6 +286,15 @@ struct ProbeArgs {
     /// Base URL of an OpenAI-compatible server.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     server: String,
+    /// Sent as `Authorization: Bearer KEY` with every request, for a server started with
+    /// an API key (vLLM's benchmark reads the same variable).
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "OPENAI_API_KEY",
+        hide_env_values = true
+    )]
+    api_key: Option<String>,
     /// A scenario whose `[server]` describes the server (model, GPU, scheduler settings);
     /// the probes bring their own workloads.
     #[arg(long)]
@@ -498,6 +520,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         cuda_graphs: target.cuda_graphs,
         gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
+        api_keys: a.api_key,
         kv_events: a
             .kv_events_config
             .as_deref()
@@ -558,6 +581,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     opts.overrides
         .extend(infer_core::metrics::Slo::overrides(&a.goodput)?);
     opts.model = a.model;
+    opts.api_key = a.api_key;
     opts.progress = !a.no_progress;
     opts.metrics_from = a.metrics_from;
     if let Some(path) = &a.tokenizer {
@@ -581,6 +605,7 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     let mut opts = BenchOptions::new(&a.server, &a.scenario);
     opts.overrides = a.set;
     opts.model = a.model;
+    opts.api_key = a.api_key;
     if let Some(path) = &a.tokenizer {
         opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
     }

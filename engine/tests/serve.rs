@@ -987,3 +987,78 @@ async fn probes_write_run_directories_that_sim_calibrate_can_fit() {
     assert!(e.to_string().contains("unknown probe `nope`"), "{e}");
     server.stop().await;
 }
+
+/// `--api-key` as vLLM's: `/v1` wants one of the keys as a bearer token (401 with an
+/// OpenAI-style error otherwise), health, metrics and the router endpoints stay open, and
+/// `engine bench` sends the key it is given — or says why the server refused it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_guards_v1_and_bench_sends_it() {
+    let cfg = ServeConfig {
+        api_keys: vec!["sk-one".into(), "sk-two".into()],
+        ..config(SchedulerConfig::default())
+    };
+    let (addr, server) = spawn_local(cfg).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let body = json!({"prompt": "hello", "max_tokens": 2});
+    let url = format!("{base}/v1/completions");
+    for auth in [
+        None,
+        Some("Bearer sk-three"),
+        Some("sk-one"),
+        Some("Bearer "),
+    ] {
+        let mut req = client.post(&url).json(&body);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401, "{auth:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], 401, "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("API key"));
+    }
+    for key in ["sk-one", "sk-two"] {
+        let r = client
+            .post(&url)
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{key}");
+    }
+    let models = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 401);
+    for open in ["/health", "/metrics", "/get_load"] {
+        let r = client.get(format!("{base}{open}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{open} needs no key");
+    }
+
+    let mut opts = BenchOptions::new(&base, scenario("baseline"));
+    opts.overrides = vec![
+        "workload.num_requests=2".into(),
+        "workload.warmup_requests=0".into(),
+        "workload.output_tokens=4".into(),
+    ];
+    let refused = loadgen::run(&opts).await.err().expect("no key: refused");
+    assert!(format!("{refused:#}").contains("--api-key"), "{refused:#}");
+    opts.api_key = Some("sk-two".into());
+    let r = loadgen::run(&opts).await.unwrap();
+    assert_eq!((r.summary.completed, r.summary.failed), (2, 0));
+    server.stop().await;
+
+    let empty = ServeConfig {
+        api_keys: vec![String::new()],
+        ..config(SchedulerConfig::default())
+    };
+    let e = spawn_local(empty)
+        .await
+        .err()
+        .expect("an empty key is refused");
+    assert!(format!("{e:#}").contains("--api-key"), "{e:#}");
+}

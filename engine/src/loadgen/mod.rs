@@ -42,6 +42,9 @@ pub struct BenchOptions {
     /// Cuts prompts in this tokenizer's tokens (default: the approximate tokenizer the
     /// simulator uses for catalog models).
     pub tokenizer: Option<Arc<dyn Tokenizer>>,
+    /// Sent as `Authorization: Bearer KEY` with every request (a server started with
+    /// `--api-key`: vLLM, `engine serve`, an OpenAI-style gateway).
+    pub api_key: Option<String>,
 }
 
 impl BenchOptions {
@@ -56,7 +59,26 @@ impl BenchOptions {
             scrape_interval: Duration::from_millis(250),
             metrics_from: Vec::new(),
             tokenizer: None,
+            api_key: None,
         }
+    }
+
+    /// The HTTP client every request of a run goes through: with the API key, if any, in a
+    /// header of each request. Idle connections are dropped before servers close them
+    /// (uvicorn, so vLLM, after 5 s; `engine serve` after 10 s): reusing one the server is
+    /// closing would fail a request.
+    pub fn http_client(&self) -> Result<reqwest::Client> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = &self.api_key {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| anyhow!("the API key holds characters a header cannot carry"))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        Ok(reqwest::Client::builder()
+            .pool_idle_timeout(std::time::Duration::from_secs(4))
+            .default_headers(headers)
+            .build()?)
     }
 }
 
@@ -379,12 +401,7 @@ impl Recorder<'_> {
 
 impl Target {
     async fn connect(opts: &BenchOptions) -> Result<Target> {
-        // Idle connections are dropped before servers close them (uvicorn, so vLLM, after
-        // 5 s; `engine serve` after 10 s): reusing one the server is closing would fail a
-        // request.
-        let client = reqwest::Client::builder()
-            .pool_idle_timeout(std::time::Duration::from_secs(4))
-            .build()?;
+        let client = opts.http_client()?;
         let base = opts.server.trim_end_matches('/').to_string();
         let model = match &opts.model {
             Some(m) => m.clone(),
@@ -591,6 +608,9 @@ async fn served_model(client: &reqwest::Client, base: &str) -> Result<String> {
         .with_context(|| format!("{base}: cannot reach the server"))?;
     let status = r.status();
     let text = r.text().await.unwrap_or_default();
+    if status == reqwest::StatusCode::UNAUTHORIZED {
+        bail!("{url} answered HTTP {status}: the server wants an API key; pass --api-key or set OPENAI_API_KEY");
+    }
     if !status.is_success() {
         let shown: String = text.chars().take(200).collect();
         bail!("{url} answered HTTP {status}: {shown}; pass --model to skip it");

@@ -150,7 +150,7 @@ pub async fn run(opts: &BenchOptions, out: &Path, only: &[String]) -> Result<Vec
         std::fs::write(&file, scenario_text(&base, probe)?)
             .with_context(|| format!("{}: cannot write", file.display()))?;
         let dir = out.join(probe.name);
-        reset_prefix_cache(&opts.server).await;
+        reset_prefix_cache(opts).await?;
         let probe_opts = BenchOptions {
             scenario: file,
             overrides: Vec::new(),
@@ -197,13 +197,14 @@ pub fn render(runs: &[ProbeRun], out: &Path) -> String {
     s
 }
 
-async fn reset_prefix_cache(server: &str) {
-    let client = reqwest::Client::new();
-    let _ = client
-        .post(format!("{server}/reset_prefix_cache"))
+async fn reset_prefix_cache(opts: &BenchOptions) -> Result<()> {
+    let _ = opts
+        .http_client()?
+        .post(format!("{}/reset_prefix_cache", opts.server))
         .timeout(std::time::Duration::from_secs(10))
         .send()
         .await;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! JSON body. A dropped client (stream or not) sends an abort, so its KV is freed at once.
 
 pub mod api;
+mod auth;
 mod completions;
 pub mod engine_loop;
 pub mod http;
@@ -56,6 +57,8 @@ pub struct ServeConfig {
     pub step_log: Option<std::path::PathBuf>,
     /// Publish the prefix cache's events, as vLLM's `--kv-events-config` does.
     pub kv_events: Option<kv_events::KvEventsConfig>,
+    /// Keys of which a request under `/v1` must present one (see [`auth`]); none: open.
+    pub api_keys: Vec<String>,
 }
 
 impl ServeConfig {
@@ -73,6 +76,7 @@ impl ServeConfig {
             shutdown_timeout: std::time::Duration::from_secs(30),
             step_log: None,
             kv_events: None,
+            api_keys: Vec::new(),
         }
     }
 }
@@ -105,6 +109,8 @@ struct Shared {
     fingerprint: String,
     /// Where the prefix cache's events are published, if they are.
     kv_events: Option<kv_events::KvEventsConfig>,
+    /// `--api-key`: what `/v1` requests must present.
+    api_keys: Option<auth::ApiKeys>,
 }
 
 /// A running engine: the HTTP app state plus the engine thread.
@@ -118,6 +124,7 @@ pub struct Engine {
 impl Engine {
     /// Load the model and start the engine thread.
     pub fn start(cfg: &ServeConfig) -> Result<Engine> {
+        let api_keys = auth::ApiKeys::new(&cfg.api_keys)?;
         if cfg.gpu_memory_utilization.is_none() {
             // Before the model loads, for a quick answer (the pool size is final).
             cfg.sched
@@ -209,6 +216,7 @@ impl Engine {
                     cfg.device.to_string().replace(':', "")
                 ),
                 kv_events: cfg.kv_events.clone(),
+                api_keys,
             }),
         };
         Ok(Engine {
@@ -263,7 +271,7 @@ fn engine_description(model: &str, device: crate::Device) -> String {
 pub fn router(state: AppState) -> Router {
     use completions::{chat_completions, completions};
     use routes::*;
-    Router::new()
+    let app = Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics_text))
@@ -291,8 +299,15 @@ pub fn router(state: AppState) -> Router {
             }
         })
         // The body is already read, within `HttpLimits::max_body_bytes`.
-        .layer(DefaultBodyLimit::disable())
-        .with_state(state)
+        .layer(DefaultBodyLimit::disable());
+    let app = match &state.inner.api_keys {
+        Some(keys) => app.layer(axum::middleware::from_fn_with_state(
+            keys.clone(),
+            auth::require_api_key,
+        )),
+        None => app,
+    };
+    app.with_state(state)
 }
 
 /// Serve until SIGINT or SIGTERM.
