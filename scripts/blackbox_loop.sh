@@ -3,7 +3,8 @@
 # server that is not theirs: probe the server (`engine probe`), fit a calibration to the
 # probes (`sim calibrate`, no profile: the mechanisms and the main coefficients, then the
 # step jitter as a second stage), predict the five seed workloads
-# with it (`sim run`) and measure them (`engine bench`), then print both side by side.
+# with it (`sim run`) and measure them (`engine bench`, REPEATS times: default 2), then print
+# both side by side with the repeats' spread (`scripts/blackbox_compare.py`).
 # The server's step log ($OUT/steps.csv) is kept for a step-by-step check
 # (`cargo run --release -p infer-engine --example step_check`).
 #
@@ -52,28 +53,21 @@ URL="http://127.0.0.1:$PORT"
   --fit step_jitter_s,step_overhead_s \
   --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
 
-printf '%-20s %-18s %10s %10s %7s\n' workload metric measured predicted error% > "$OUT/loop.txt"
-for w in baseline continuous_batching paged_attention chunked_prefill prefix_caching; do
-  SET=("${SERVER_SET[@]}" --set "workload.num_requests=$REQUESTS")
-  "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
-    --tokenizer "$MODEL" --no-progress --out "$OUT/measured/$w" > /dev/null
+# Each workload is measured REPEATS times, round-robin (so that the repeats sample the
+# machine's state minutes apart), and predicted once; the prediction is compared with the
+# repeats' mean, and the repeats with each other: the measurement's own spread.
+REPEATS=${REPEATS:-2}
+WORKLOADS=(baseline continuous_batching paged_attention chunked_prefill prefix_caching)
+SET=("${SERVER_SET[@]}" --set "workload.num_requests=$REQUESTS")
+for r in $(seq 1 "$REPEATS"); do
+  dir=measured; [ "$r" -gt 1 ] && dir=measured-$r
+  for w in "${WORKLOADS[@]}"; do
+    "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
+      --tokenizer "$MODEL" --no-progress --out "$OUT/$dir/$w" > /dev/null
+  done
+done
+for w in "${WORKLOADS[@]}"; do
   "$BIN/sim" run "scenarios/$w.toml" "${SET[@]}" \
     --set "sim.calibration=$OUT/calibration.toml" --quiet --out "$OUT/predicted/$w" > /dev/null
-  python3 - "$w" "$OUT/measured/$w/summary.json" "$OUT/predicted/$w/summary.json" \
-    >> "$OUT/loop.txt" <<'EOF'
-import json, sys
-w, m, p = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
-for k in ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]:
-    print(f"{w:<20} {k:<18} {m[k]:>10.1f} {p[k]:>10.1f} {(p[k] - m[k]) / m[k] * 100:>+7.0f}")
-EOF
 done
-python3 - "$OUT/loop.txt" <<'EOF' | tee -a "$OUT/loop.txt"
-import sys
-rows = [l.split() for l in open(sys.argv[1]).read().splitlines()[1:]]
-by = {}
-for r in rows:
-    by.setdefault(r[1], []).append(abs(float(r[4])))
-print("median |error| per metric:", ", ".join(
-    f"{k} {sorted(v)[len(v) // 2]:.0f}%" for k, v in by.items()))
-EOF
-cat "$OUT/loop.txt"
+python3 scripts/blackbox_compare.py "$OUT" "$REPEATS" "${WORKLOADS[@]}" | tee "$OUT/loop.txt"

@@ -1,0 +1,50 @@
+"""The black-box loop's last step: each workload's prediction (OUT/predicted/W) against the
+mean of its measured repeats (OUT/measured/W, OUT/measured-2/W, ...), and the repeats'
+spread, (max - min) / mean: how far the measurement itself moves on this machine.
+
+    python3 scripts/blackbox_compare.py OUT REPEATS WORKLOAD...
+"""
+import json
+import sys
+
+METRICS = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
+
+
+def median(values):
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def main(out, repeats, workloads):
+    dirs = ["measured"] + [f"measured-{r}" for r in range(2, repeats + 1)]
+
+    def load(d, w):
+        with open(f"{out}/{d}/{w}/summary.json") as f:
+            return json.load(f)
+
+    print(f"{'workload':<20} {'metric':<18} {'measured':>10} {'repeats':>22} "
+          f"{'predicted':>10} {'error%':>7} {'spread%':>8}")
+    errors, spreads = {}, {}
+    for w in workloads:
+        p = load("predicted", w)
+        runs = [load(d, w) for d in dirs]
+        for k in METRICS:
+            m = [r[k] for r in runs]
+            mean = sum(m) / len(m)
+            err = (p[k] - mean) / mean * 100
+            spread = (max(m) - min(m)) / mean * 100
+            errors.setdefault(k, []).append(abs(err))
+            spreads.setdefault(k, []).append(spread)
+            shown = "/".join(f"{v:.1f}" for v in m)
+            print(f"{w:<20} {k:<18} {mean:>10.1f} {shown:>22} {p[k]:>10.1f} "
+                  f"{err:>+7.0f} {spread:>8.0f}")
+    print("median |error| against the repeats' mean:",
+          ", ".join(f"{k} {median(v):.0f}%" for k, v in errors.items()))
+    if repeats > 1:
+        print("median spread of the repeats:",
+              ", ".join(f"{k} {median(v):.0f}%" for k, v in spreads.items()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
