@@ -32,6 +32,9 @@ def main(out, repeats, workloads):
         for k in METRICS:
             m = [r[k] for r in runs]
             mean = sum(m) / len(m)
+            if mean == 0:  # every request failed: nothing to compare
+                print(f"{w:<20} {k:<18} measured 0 in every repeat")
+                continue
             err = (p[k] - mean) / mean * 100
             spread = (max(m) - min(m)) / mean * 100
             errors.setdefault(k, []).append(abs(err))

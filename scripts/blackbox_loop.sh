@@ -54,8 +54,10 @@ URL="http://127.0.0.1:$PORT"
   --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
 
 # Each workload is measured REPEATS times, round-robin (so that the repeats sample the
-# machine's state minutes apart), and predicted once; the prediction is compared with the
-# repeats' mean, and the repeats with each other: the measurement's own spread.
+# machine's state minutes apart), each from an empty prefix cache as its simulation starts
+# (the workloads share seed 42: without the reset a workload or repeat finds prompts of the
+# one before cached), and predicted once; the prediction is compared with the repeats' mean,
+# and the repeats with each other: the measurement's own spread.
 REPEATS=${REPEATS:-2}
 WORKLOADS=(baseline continuous_batching paged_attention chunked_prefill prefix_caching)
 SET=("${SERVER_SET[@]}" --set "workload.num_requests=$REQUESTS")
@@ -63,7 +65,7 @@ for r in $(seq 1 "$REPEATS"); do
   dir=measured; [ "$r" -gt 1 ] && dir=measured-$r
   for w in "${WORKLOADS[@]}"; do
     "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
-      --tokenizer "$MODEL" --no-progress --out "$OUT/$dir/$w" > /dev/null
+      --tokenizer "$MODEL" --reset-prefix-cache --no-progress --out "$OUT/$dir/$w" > /dev/null
   done
 done
 for w in "${WORKLOADS[@]}"; do

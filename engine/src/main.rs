@@ -243,8 +243,8 @@ struct BenchArgs {
     /// Base URL of an OpenAI-compatible server.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     server: String,
-    /// Sent as `Authorization: Bearer KEY` with every request, for a server started with
-    /// an API key (vLLM's benchmark reads the same variable).
+    /// Sent as `Authorization: Bearer KEY` with the server's /v1 requests, for a server
+    /// started with an API key (vLLM's benchmark reads the same variable).
     #[arg(
         long = "api-key",
         value_name = "KEY",
@@ -252,6 +252,10 @@ struct BenchArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
+    /// Empty the server's prefix cache before the run (vLLM's `POST /reset_prefix_cache`),
+    /// so that it starts, as its simulation does, with nothing cached by earlier runs.
+    #[arg(long = "reset-prefix-cache")]
+    reset_prefix_cache: bool,
     #[arg(long)]
     scenario: PathBuf,
     /// The served model name (default: the first of /v1/models).
@@ -286,8 +290,8 @@ struct ProbeArgs {
     /// Base URL of an OpenAI-compatible server.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     server: String,
-    /// Sent as `Authorization: Bearer KEY` with every request, for a server started with
-    /// an API key (vLLM's benchmark reads the same variable).
+    /// Sent as `Authorization: Bearer KEY` with the server's /v1 requests, for a server
+    /// started with an API key (vLLM's benchmark reads the same variable).
     #[arg(
         long = "api-key",
         value_name = "KEY",
@@ -582,6 +586,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .extend(infer_core::metrics::Slo::overrides(&a.goodput)?);
     opts.model = a.model;
     opts.api_key = a.api_key;
+    opts.reset_prefix_cache = a.reset_prefix_cache;
     opts.progress = !a.no_progress;
     opts.metrics_from = a.metrics_from;
     if let Some(path) = &a.tokenizer {

@@ -1018,15 +1018,15 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         assert_eq!(v["error"]["code"], 401, "{v}");
         assert!(v["error"]["message"].as_str().unwrap().contains("API key"));
     }
-    for key in ["sk-one", "sk-two"] {
+    for auth in ["Bearer sk-one", "Bearer sk-two", "bearer sk-one"] {
         let r = client
             .post(&url)
-            .bearer_auth(key)
+            .header("authorization", auth)
             .json(&body)
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 200, "{key}");
+        assert_eq!(r.status(), 200, "{auth}");
     }
     let models = client
         .get(format!("{base}/v1/models"))
@@ -1034,10 +1034,14 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         .await
         .unwrap();
     assert_eq!(models.status(), 401);
-    for open in ["/health", "/metrics", "/get_load"] {
+    for open in ["/health", "/metrics", "/get_load", "/v1/loads"] {
         let r = client.get(format!("{base}{open}")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{open} needs no key");
     }
+    // Refused before the body is read: a body over the 4 MiB limit gets 401, not 413.
+    let big = vec![b'x'; 5 << 20];
+    let r = client.post(&url).body(big).send().await.unwrap();
+    assert_eq!(r.status(), 401);
 
     let mut opts = BenchOptions::new(&base, scenario("baseline"));
     opts.overrides = vec![
@@ -1046,7 +1050,28 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         "workload.output_tokens=4".into(),
     ];
     let refused = loadgen::run(&opts).await.err().expect("no key: refused");
-    assert!(format!("{refused:#}").contains("--api-key"), "{refused:#}");
+    assert!(
+        format!("{refused:#}").contains("wants an API key"),
+        "{refused:#}"
+    );
+    opts.api_key = Some("sk-wrong".into());
+    let refused = loadgen::run(&opts)
+        .await
+        .err()
+        .expect("a wrong key: refused");
+    assert!(
+        format!("{refused:#}").contains("refused the API key"),
+        "{refused:#}"
+    );
+    opts.model = Some("builtin:tiny".into()); // the test request meets the 401 instead
+    let refused = loadgen::run(&opts)
+        .await
+        .err()
+        .expect("a wrong key: refused");
+    assert!(
+        format!("{refused:#}").contains("refused the API key"),
+        "{refused:#}"
+    );
     opts.api_key = Some("sk-two".into());
     let r = loadgen::run(&opts).await.unwrap();
     assert_eq!((r.summary.completed, r.summary.failed), (2, 0));
@@ -1061,4 +1086,32 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         .err()
         .expect("an empty key is refused");
     assert!(format!("{e:#}").contains("--api-key"), "{e:#}");
+}
+
+/// `engine bench --reset-prefix-cache` starts a run from an empty prefix cache: the same
+/// prompts benched again find their blocks cached, unless the cache is emptied first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_can_empty_the_prefix_cache_first() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
+    opts.overrides = vec![
+        "workload.num_requests=3".into(),
+        "workload.warmup_requests=0".into(),
+        "workload.output_tokens=2".into(),
+    ];
+    let hits = |r: &loadgen::BenchResult| r.server_counters.unwrap().prefix_cache_hits;
+    let cold = loadgen::run(&opts).await.unwrap();
+    let warm = loadgen::run(&opts).await.unwrap();
+    opts.reset_prefix_cache = true;
+    let reset = loadgen::run(&opts).await.unwrap();
+    server.stop().await;
+    assert!(
+        hits(&warm) > hits(&cold),
+        "{} vs {}",
+        hits(&warm),
+        hits(&cold)
+    );
+    assert_eq!(hits(&reset), hits(&cold));
 }

@@ -77,7 +77,8 @@ pub struct SchedulerConfig {
     /// What admission asks of the KV pool.
     #[serde(default)]
     pub kv_admission: KvAdmission,
-    /// What a decode does when the pool runs dry (paged cache with prompt admission).
+    /// What a running sequence (a decode or a prompt chunk) does when the pool runs dry
+    /// (a paged cache with prompt admission).
     #[serde(default)]
     pub kv_preemption: KvPreemption,
 }

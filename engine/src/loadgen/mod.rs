@@ -42,9 +42,12 @@ pub struct BenchOptions {
     /// Cuts prompts in this tokenizer's tokens (default: the approximate tokenizer the
     /// simulator uses for catalog models).
     pub tokenizer: Option<Arc<dyn Tokenizer>>,
-    /// Sent as `Authorization: Bearer KEY` with every request (a server started with
-    /// `--api-key`: vLLM, `engine serve`, an OpenAI-style gateway).
+    /// Sent as `Authorization: Bearer KEY` with the server's `/v1` requests (a server
+    /// started with `--api-key`: vLLM, `engine serve`, an OpenAI-style gateway).
     pub api_key: Option<String>,
+    /// Empty the server's prefix cache first (vLLM's `POST /reset_prefix_cache`), so that
+    /// the run starts as its simulation does: with nothing cached from earlier runs.
+    pub reset_prefix_cache: bool,
 }
 
 impl BenchOptions {
@@ -60,25 +63,53 @@ impl BenchOptions {
             metrics_from: Vec::new(),
             tokenizer: None,
             api_key: None,
+            reset_prefix_cache: false,
         }
     }
 
-    /// The HTTP client every request of a run goes through: with the API key, if any, in a
-    /// header of each request. Idle connections are dropped before servers close them
-    /// (uvicorn, so vLLM, after 5 s; `engine serve` after 10 s): reusing one the server is
-    /// closing would fail a request.
+    /// The HTTP client every request of a run goes through. Idle connections are dropped
+    /// before servers close them (uvicorn, so vLLM, after 5 s; `engine serve` after 10 s):
+    /// reusing one the server is closing would fail a request.
     pub fn http_client(&self) -> Result<reqwest::Client> {
-        let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(key) = &self.api_key {
-            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|_| anyhow!("the API key holds characters a header cannot carry"))?;
-            value.set_sensitive(true);
-            headers.insert(reqwest::header::AUTHORIZATION, value);
-        }
         Ok(reqwest::Client::builder()
             .pool_idle_timeout(std::time::Duration::from_secs(4))
-            .default_headers(headers)
             .build()?)
+    }
+
+    /// The `Authorization` header of the API key, sent with the server's `/v1` requests only
+    /// (never to `/metrics`, nor to the `--metrics-from` hosts).
+    fn bearer(&self) -> Result<Option<reqwest::header::HeaderValue>> {
+        let Some(key) = &self.api_key else {
+            return Ok(None);
+        };
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| anyhow!("the API key holds characters a header cannot carry"))?;
+        value.set_sensitive(true);
+        Ok(Some(value))
+    }
+}
+
+/// `POST /reset_prefix_cache`: vLLM's, which `engine serve` serves too (409 while requests
+/// hold cached blocks); other servers answer 404. Its status, or why the server could not be
+/// reached.
+pub async fn reset_prefix_cache(opts: &BenchOptions) -> Result<reqwest::StatusCode> {
+    let url = format!("{}/reset_prefix_cache", opts.server.trim_end_matches('/'));
+    let r = opts
+        .http_client()?
+        .post(&url)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .with_context(|| format!("{url}: cannot reach the server"))?;
+    Ok(r.status())
+}
+
+/// What to say when the server answers 401.
+fn unauthorized_hint(key_sent: bool) -> &'static str {
+    if key_sent {
+        "the server refused the API key given (--api-key or OPENAI_API_KEY)"
+    } else {
+        "the server wants an API key: pass --api-key or set OPENAI_API_KEY"
     }
 }
 
@@ -165,6 +196,17 @@ pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
 pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     let (scenario, gen) = load_workload(opts)?;
     let target = Target::connect(opts).await?;
+    if opts.reset_prefix_cache {
+        let status = reset_prefix_cache(opts).await?;
+        if !status.is_success() {
+            bail!(
+                "{}/reset_prefix_cache answered HTTP {status}: the prefix cache could not be \
+                 emptied (409: requests still hold cached blocks; 404: the server has no such \
+                 endpoint — leave out --reset-prefix-cache)",
+                target.base
+            );
+        }
+    }
     target.check(scenario.workload.ignore_eos).await?;
     // Warm-up, one at a time, not counted.
     for i in 0..scenario.workload.warmup_requests {
@@ -365,6 +407,8 @@ fn progress_bar(n: usize, show: bool) -> indicatif::ProgressBar {
 #[derive(Clone)]
 struct Target {
     client: reqwest::Client,
+    /// `Authorization` for the server's `/v1` requests (see [`BenchOptions::bearer`]).
+    auth: Option<reqwest::header::HeaderValue>,
     base: String,
     model: String,
     /// Base URLs whose `/metrics` are read (see [`BenchOptions::metrics_from`]).
@@ -402,10 +446,11 @@ impl Recorder<'_> {
 impl Target {
     async fn connect(opts: &BenchOptions) -> Result<Target> {
         let client = opts.http_client()?;
+        let auth = opts.bearer()?;
         let base = opts.server.trim_end_matches('/').to_string();
         let model = match &opts.model {
             Some(m) => m.clone(),
-            None => served_model(&client, &base).await?,
+            None => served_model(&client, &base, auth.as_ref()).await?,
         };
         let metrics = if opts.metrics_from.is_empty() {
             vec![base.clone()]
@@ -417,6 +462,7 @@ impl Target {
         };
         Ok(Target {
             client,
+            auth,
             base,
             model,
             metrics,
@@ -445,8 +491,11 @@ impl Target {
             let hint = if ignore_eos && e.contains("ignore_eos") {
                 " (the scenario asks for ignore_eos, which this server does not take: \
                  --set workload.ignore_eos=false)"
+                    .to_string()
+            } else if e.starts_with("HTTP 401") {
+                format!(" ({})", unauthorized_hint(self.auth.is_some()))
             } else {
-                ""
+                String::new()
             };
             bail!("{}: the initial test request failed{hint}: {e}", self.base);
         }
@@ -477,12 +526,11 @@ impl Target {
         if req.ignore_eos {
             body["ignore_eos"] = Value::Bool(true);
         }
-        let resp = self
-            .client
-            .post(format!("{}/v1/completions", self.base))
-            .json(&body)
-            .send()
-            .await;
+        let mut post = self.client.post(format!("{}/v1/completions", self.base));
+        if let Some(auth) = &self.auth {
+            post = post.header(reqwest::header::AUTHORIZATION, auth.clone());
+        }
+        let resp = post.json(&body).send().await;
         let resp = match resp {
             Ok(r) => r,
             Err(e) => {
@@ -599,17 +647,27 @@ fn find_event_end(buf: &[u8]) -> Option<usize> {
     }
 }
 
-async fn served_model(client: &reqwest::Client, base: &str) -> Result<String> {
+async fn served_model(
+    client: &reqwest::Client,
+    base: &str,
+    auth: Option<&reqwest::header::HeaderValue>,
+) -> Result<String> {
     let url = format!("{base}/v1/models");
-    let r = client
-        .get(&url)
+    let mut get = client.get(&url);
+    if let Some(auth) = auth {
+        get = get.header(reqwest::header::AUTHORIZATION, auth.clone());
+    }
+    let r = get
         .send()
         .await
         .with_context(|| format!("{base}: cannot reach the server"))?;
     let status = r.status();
     let text = r.text().await.unwrap_or_default();
     if status == reqwest::StatusCode::UNAUTHORIZED {
-        bail!("{url} answered HTTP {status}: the server wants an API key; pass --api-key or set OPENAI_API_KEY");
+        bail!(
+            "{url} answered HTTP {status}: {}",
+            unauthorized_hint(auth.is_some())
+        );
     }
     if !status.is_success() {
         let shown: String = text.chars().take(200).collect();

@@ -150,11 +150,14 @@ pub async fn run(opts: &BenchOptions, out: &Path, only: &[String]) -> Result<Vec
         std::fs::write(&file, scenario_text(&base, probe)?)
             .with_context(|| format!("{}: cannot write", file.display()))?;
         let dir = out.join(probe.name);
-        reset_prefix_cache(opts).await?;
+        // The simulator replays each probe on an empty cache: empty the server's where it
+        // offers vLLM's endpoint; servers without it are probed as they are.
+        let _ = super::reset_prefix_cache(opts).await;
         let probe_opts = BenchOptions {
             scenario: file,
             overrides: Vec::new(),
             out: Some(dir.clone()),
+            reset_prefix_cache: false,
             ..opts.clone()
         };
         let r = super::run(&probe_opts)
@@ -169,9 +172,6 @@ pub async fn run(opts: &BenchOptions, out: &Path, only: &[String]) -> Result<Vec
     Ok(runs)
 }
 
-/// Empty the server's prefix cache before a probe where the server offers it (vLLM's
-/// `POST /reset_prefix_cache`, which infer serves too): the simulator replays each probe on
-/// an empty cache. Servers without it are probed as they are.
 /// What `engine probe` prints: one line per probe, then how to fit them.
 pub fn render(runs: &[ProbeRun], out: &Path) -> String {
     let mut s = format!(
@@ -195,16 +195,6 @@ pub fn render(runs: &[ProbeRun], out: &Path) -> String {
         out.display()
     ));
     s
-}
-
-async fn reset_prefix_cache(opts: &BenchOptions) -> Result<()> {
-    let _ = opts
-        .http_client()?
-        .post(format!("{}/reset_prefix_cache", opts.server))
-        .timeout(std::time::Duration::from_secs(10))
-        .send()
-        .await;
-    Ok(())
 }
 
 #[cfg(test)]

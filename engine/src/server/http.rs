@@ -135,7 +135,8 @@ pub struct Drain {
     pub end_requests: Box<dyn FnOnce() + Send>,
 }
 
-/// Serves `app` on `listener` until `shutdown` completes, then drains open requests.
+/// Serves `app` (its bodies read by [`with_body_limits`]) on `listener` until `shutdown`
+/// completes, then drains open requests.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -143,7 +144,6 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Drain,
 ) {
-    let app = with_body_limits(app, limits);
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);

@@ -226,8 +226,10 @@ impl Engine {
         })
     }
 
-    pub fn router(&self) -> Router {
-        router(self.state.clone())
+    /// The routes as served: bodies read within `limits`, and, outermost, the API keys.
+    pub fn app(&self, limits: http::HttpLimits) -> Router {
+        let app = http::with_body_limits(router(self.state.clone()), limits);
+        auth::guard(app, self.state.inner.api_keys.as_ref())
     }
 
     /// A handle that ends every live request (each gets an error event) and stops the
@@ -271,7 +273,7 @@ fn engine_description(model: &str, device: crate::Device) -> String {
 pub fn router(state: AppState) -> Router {
     use completions::{chat_completions, completions};
     use routes::*;
-    let app = Router::new()
+    Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics_text))
@@ -299,15 +301,8 @@ pub fn router(state: AppState) -> Router {
             }
         })
         // The body is already read, within `HttpLimits::max_body_bytes`.
-        .layer(DefaultBodyLimit::disable());
-    let app = match &state.inner.api_keys {
-        Some(keys) => app.layer(axum::middleware::from_fn_with_state(
-            keys.clone(),
-            auth::require_api_key,
-        )),
-        None => app,
-    };
-    app.with_state(state)
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
 }
 
 /// Serve until SIGINT or SIGTERM.
@@ -334,7 +329,7 @@ pub async fn serve(cfg: ServeConfig, addr: SocketAddr) -> Result<()> {
             cfg.shutdown_timeout.as_secs_f64()
         );
     };
-    http::serve(listener, engine.router(), cfg.http, first, drain).await;
+    http::serve(listener, engine.app(cfg.http), cfg.http, first, drain).await;
     eprintln!("shutting down");
     tokio::task::block_in_place(|| engine.shutdown());
     Ok(())
@@ -364,7 +359,7 @@ pub async fn spawn_local(cfg: ServeConfig) -> Result<(SocketAddr, LocalServer)> 
     let engine = tokio::task::spawn_blocking(move || Engine::start(&cfg)).await??;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let app = engine.router();
+    let app = engine.app(limits);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = http::Drain {
         timeout: drain_timeout,
