@@ -238,8 +238,9 @@ enum KvPreemptionArg {
     Wait,
 }
 
+/// The server `bench` and `probe` load.
 #[derive(Args)]
-struct BenchArgs {
+struct ServerTarget {
     /// Base URL of an OpenAI-compatible server.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     server: String,
@@ -252,6 +253,12 @@ struct BenchArgs {
         hide_env_values = true
     )]
     api_key: Option<String>,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    target: ServerTarget,
     /// Empty the server's prefix cache before the run (vLLM's `POST /reset_prefix_cache`),
     /// so that it starts, as its simulation does, with nothing cached by earlier runs.
     #[arg(long = "reset-prefix-cache")]
@@ -287,18 +294,8 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct ProbeArgs {
-    /// Base URL of an OpenAI-compatible server.
-    #[arg(long, default_value = "http://127.0.0.1:8000")]
-    server: String,
-    /// Sent as `Authorization: Bearer KEY` with the server's /v1 requests, for a server
-    /// started with an API key (vLLM's benchmark reads the same variable).
-    #[arg(
-        long = "api-key",
-        value_name = "KEY",
-        env = "OPENAI_API_KEY",
-        hide_env_values = true
-    )]
-    api_key: Option<String>,
+    #[command(flatten)]
+    target: ServerTarget,
     /// A scenario whose `[server]` describes the server (model, GPU, scheduler settings);
     /// the probes bring their own workloads.
     #[arg(long)]
@@ -580,12 +577,12 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
 }
 
 fn run_bench(a: BenchArgs) -> Result<()> {
-    let mut opts = BenchOptions::new(&a.server, &a.scenario);
+    let mut opts = BenchOptions::new(&a.target.server, &a.scenario);
     opts.overrides = a.set;
     opts.overrides
         .extend(infer_core::metrics::Slo::overrides(&a.goodput)?);
     opts.model = a.model;
-    opts.api_key = a.api_key;
+    opts.api_key = a.target.api_key;
     opts.reset_prefix_cache = a.reset_prefix_cache;
     opts.progress = !a.no_progress;
     opts.metrics_from = a.metrics_from;
@@ -607,10 +604,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
 }
 
 fn run_probe(a: ProbeArgs) -> Result<()> {
-    let mut opts = BenchOptions::new(&a.server, &a.scenario);
+    let mut opts = BenchOptions::new(&a.target.server, &a.scenario);
     opts.overrides = a.set;
     opts.model = a.model;
-    opts.api_key = a.api_key;
+    opts.api_key = a.target.api_key;
     if let Some(path) = &a.tokenizer {
         opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
     }

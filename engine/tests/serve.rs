@@ -1049,29 +1049,21 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         "workload.warmup_requests=0".into(),
         "workload.output_tokens=4".into(),
     ];
-    let refused = loadgen::run(&opts).await.err().expect("no key: refused");
-    assert!(
-        format!("{refused:#}").contains("wants an API key"),
-        "{refused:#}"
-    );
-    opts.api_key = Some("sk-wrong".into());
-    let refused = loadgen::run(&opts)
-        .await
-        .err()
-        .expect("a wrong key: refused");
-    assert!(
-        format!("{refused:#}").contains("refused the API key"),
-        "{refused:#}"
-    );
-    opts.model = Some("builtin:tiny".into()); // the test request meets the 401 instead
-    let refused = loadgen::run(&opts)
-        .await
-        .err()
-        .expect("a wrong key: refused");
-    assert!(
-        format!("{refused:#}").contains("refused the API key"),
-        "{refused:#}"
-    );
+    // Refused, and why: `/v1/models` answers 401, or with `--model` the test request does.
+    for (key, model, why) in [
+        (None, None, "wants an API key"),
+        (Some("sk-wrong"), None, "refused the API key"),
+        (
+            Some("sk-wrong"),
+            Some("builtin:tiny"),
+            "refused the API key",
+        ),
+    ] {
+        opts.api_key = key.map(str::to_string);
+        opts.model = model.map(str::to_string);
+        let e = loadgen::run(&opts).await.err().expect("refused");
+        assert!(format!("{e:#}").contains(why), "{key:?} {model:?}: {e:#}");
+    }
     opts.api_key = Some("sk-two".into());
     let r = loadgen::run(&opts).await.unwrap();
     assert_eq!((r.summary.completed, r.summary.failed), (2, 0));
