@@ -1,7 +1,8 @@
 //! Property tests for the invariants of DESIGN.md, over random request mixes, pool sizes,
 //! chunk sizes, both backends and batching modes, prefix caching on and off, both admission
-//! and both preemption policies, with aborts and preemption: every request finishes or is aborted exactly once; block references never go
-//! negative and free + used = total (checked every step by `check_invariants`); after all
+//! and both preemption policies, with aborts and preemption: every request finishes or is
+//! aborted exactly once; block references never go negative and free + used = total
+//! (checked every step by `check_invariants`); after all
 //! requests end no block is held; a step never exceeds the token budget or the batch limit;
 //! the same inputs give the same plans.
 

@@ -502,9 +502,8 @@ impl Scheduler {
                 .copied()
                 .filter(|&s| !self.seq(s).is_decode()),
         );
-        let mut waits = false;
-        loop {
-            // Sequences that sit this pass out for want of a block (the last pass's count).
+        // Sequences that sit the step out for want of a block.
+        let waiting = loop {
             let mut waiting = 0;
             for &slot in &order {
                 if budget == 0 {
@@ -520,30 +519,26 @@ impl Scheduler {
                         self.push_to_plan(slot, n, &mut plan);
                         budget -= n;
                     }
-                    Growth::Waits => {
-                        waits = true;
-                        waiting += 1;
-                    }
+                    Growth::Waits => waiting += 1,
                     Growth::Preempted => {}
                 }
             }
             // Every running sequence waits for blocks that only a finishing one would free:
-            // the newest gives its blocks up (recompute) so that the others go on.
-            if waits && plan.is_empty() {
+            // the newest gives its blocks up (recompute) and the others try again.
+            if waiting > 0 && plan.is_empty() {
                 let newest = self.running.pop().expect("a waiting sequence runs");
                 self.preempt(newest, &mut plan);
-                waits = false;
                 continue;
             }
-            self.stats.num_kv_waits += waiting;
-            break;
-        }
+            break waiting;
+        };
+        self.stats.num_kv_waits += waiting as u64;
         self.order = order;
 
         // 3: admit waiting sequences — not in a step that had to preempt or make a sequence
         // wait (memory is short; the admitted would only take the blocks the running need).
         let may_admit = plan.preempted.is_empty()
-            && !waits
+            && waiting == 0
             && match self.cfg.batching_mode {
                 BatchingMode::Continuous => true,
                 BatchingMode::Static => self.running.is_empty(),
@@ -955,10 +950,9 @@ mod tests {
 
     /// A decode that finds no free block: A (28-token prompt, 4 tokens out) never needs
     /// more than its 8 blocks; B (30 tokens) needs a 9th in step 4, its third decode, with
-    /// none free.
-    /// `Recompute` preempts B, which later prefills its prompt and output again; `Wait`
-    /// leaves B holding its 8 blocks while A steps and finishes, then B decodes on from
-    /// where it was.
+    /// none free. `Recompute` preempts B, which later prefills its prompt and output again;
+    /// `Wait` leaves B holding its 8 blocks while A steps and finishes, then B decodes on
+    /// from where it was.
     #[test]
     fn a_decode_without_a_free_block_is_preempted_or_waits_as_configured() {
         for policy in [KvPreemption::Recompute, KvPreemption::Wait] {

@@ -104,6 +104,17 @@ pub async fn reset_prefix_cache(opts: &BenchOptions) -> Result<reqwest::StatusCo
     Ok(r.status())
 }
 
+/// `request` with the API key's header, if there is one.
+fn authorized(
+    request: reqwest::RequestBuilder,
+    auth: Option<&reqwest::header::HeaderValue>,
+) -> reqwest::RequestBuilder {
+    match auth {
+        Some(auth) => request.header(reqwest::header::AUTHORIZATION, auth.clone()),
+        None => request,
+    }
+}
+
 /// What to say when the server answers 401.
 fn unauthorized_hint(key_sent: bool) -> &'static str {
     if key_sent {
@@ -526,11 +537,11 @@ impl Target {
         if req.ignore_eos {
             body["ignore_eos"] = Value::Bool(true);
         }
-        let mut post = self.client.post(format!("{}/v1/completions", self.base));
-        if let Some(auth) = &self.auth {
-            post = post.header(reqwest::header::AUTHORIZATION, auth.clone());
-        }
-        let resp = post.json(&body).send().await;
+        let post = self.client.post(format!("{}/v1/completions", self.base));
+        let resp = authorized(post, self.auth.as_ref())
+            .json(&body)
+            .send()
+            .await;
         let resp = match resp {
             Ok(r) => r,
             Err(e) => {
@@ -653,11 +664,7 @@ async fn served_model(
     auth: Option<&reqwest::header::HeaderValue>,
 ) -> Result<String> {
     let url = format!("{base}/v1/models");
-    let mut get = client.get(&url);
-    if let Some(auth) = auth {
-        get = get.header(reqwest::header::AUTHORIZATION, auth.clone());
-    }
-    let r = get
+    let r = authorized(client.get(&url), auth)
         .send()
         .await
         .with_context(|| format!("{base}: cannot reach the server"))?;
