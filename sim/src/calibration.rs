@@ -30,6 +30,8 @@
 //! client_per_prompt_token_s = 1e-6
 //! client_stream_s = 0.001
 //! static_batch_window_s = 0    # optional: static batching's fill window
+//! static_step_overhead_s = 0.002     # optional: static batching's host costs (default:
+//! static_per_seq_overhead_s = 0.001  #   step_overhead_s and per_seq_overhead_s)
 //! step_jitter_s = 0.001        # optional: mean host pause per step (default 0)
 //! ```
 //!
@@ -45,6 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{HardwareSpec, ModelSpec};
 use crate::cost::ClientPath;
+use infer_core::BatchingMode;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
@@ -75,6 +78,15 @@ pub struct Calibration {
     /// Static batching only: how long the engine, idle, waits after a request arrives for
     /// more to fill the batch before starting it.
     pub static_batch_window_s: f64,
+    /// Static batching's host time per step and per sequence, where they differ from
+    /// continuous batching's (`None`: the same). A static engine builds its batch once and
+    /// loops over it; a continuous one rebuilds it every step (admission, each sequence's
+    /// inputs and cache gathered again). The benchmark log's server decodes a single
+    /// stream 0.4–1.0 ms per step slower with Phase 5's continuous scheduler than with
+    /// Phase 4's static one (Latency P50 − TTFT P50 over 255 gaps), and a batch of 8
+    /// 4–6 ms slower (ITL P50, continuous_batching and paged_attention).
+    pub static_step_overhead_s: Option<f64>,
+    pub static_per_seq_overhead_s: Option<f64>,
     /// How the engine batches prompt work with decodes.
     pub prefill: PrefillBatching,
     /// Which positions of a prompt get logits.
@@ -238,6 +250,11 @@ pub struct Coefficients {
     pub client_stream_s: f64,
     #[serde(default)]
     pub static_batch_window_s: f64,
+    /// Absent: as `step_overhead_s` and `per_seq_overhead_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_step_overhead_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_per_seq_overhead_s: Option<f64>,
     /// Absent: 0 (files written before it existed).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub step_jitter_s: f64,
@@ -294,6 +311,14 @@ impl CalibrationFile {
                 ("client_per_prompt_token_s", c.client_per_prompt_token_s),
                 ("client_stream_s", c.client_stream_s),
                 ("static_batch_window_s", c.static_batch_window_s),
+                (
+                    "static_step_overhead_s",
+                    c.static_step_overhead_s.unwrap_or(c.step_overhead_s),
+                ),
+                (
+                    "static_per_seq_overhead_s",
+                    c.static_per_seq_overhead_s.unwrap_or(c.per_seq_overhead_s),
+                ),
                 ("step_jitter_s", c.step_jitter_s),
             ] {
                 if !(v >= 0.0 && v.is_finite()) {
@@ -376,7 +401,14 @@ impl Coefficients {
                 .parse()
                 .expect("a number prints as one")
         };
-        if let Some(v) = &mut self.decode_attention_efficiency {
+        for v in [
+            &mut self.decode_attention_efficiency,
+            &mut self.static_step_overhead_s,
+            &mut self.static_per_seq_overhead_s,
+        ]
+        .into_iter()
+        .flatten()
+        {
             round(v);
         }
         for v in [
@@ -410,6 +442,8 @@ impl Coefficients {
             client_per_prompt_token_s: c.client.per_prompt_token_s,
             client_stream_s: c.client.stream_s,
             static_batch_window_s: c.static_batch_window_s,
+            static_step_overhead_s: c.static_step_overhead_s,
+            static_per_seq_overhead_s: c.static_per_seq_overhead_s,
             step_jitter_s: c.step_jitter_s,
         }
     }
@@ -448,6 +482,8 @@ impl Calibration {
                 stream_s: 0.3e-3,
             },
             static_batch_window_s: 0.0,
+            static_step_overhead_s: None,
+            static_per_seq_overhead_s: None,
             prefill: PrefillBatching::Packed,
             logits: LogitRows::Sampled,
             attention_scores: AttentionScores::Fused,
@@ -471,6 +507,18 @@ impl Calibration {
         Ok(Calibration::default_for(hw))
     }
 
+    /// The calibration an engine batching by `mode` prices its steps with: under static
+    /// batching, its own host costs where the calibration has them.
+    pub fn for_batching(mut self, mode: BatchingMode) -> Calibration {
+        if mode == BatchingMode::Static {
+            self.step_overhead_s = self.static_step_overhead_s.unwrap_or(self.step_overhead_s);
+            self.per_seq_overhead_s = self
+                .static_per_seq_overhead_s
+                .unwrap_or(self.per_seq_overhead_s);
+        }
+        self
+    }
+
     /// The same calibration with `mechanisms` and `c` put in.
     pub fn with(&self, mechanisms: &Mechanisms, c: &Coefficients) -> Calibration {
         Calibration {
@@ -489,6 +537,8 @@ impl Calibration {
                 stream_s: c.client_stream_s,
             },
             static_batch_window_s: c.static_batch_window_s,
+            static_step_overhead_s: c.static_step_overhead_s,
+            static_per_seq_overhead_s: c.static_per_seq_overhead_s,
             prefill: mechanisms.prefill_batching,
             logits: mechanisms.logits,
             attention_scores: mechanisms.attention_scores,
@@ -524,6 +574,15 @@ mod tests {
             assert!((0.1..0.9).contains(&c.compute_efficiency), "{m}: {c:?}");
             assert!((0.5e-3..10e-3).contains(&c.step_overhead_s), "{m}: {c:?}");
             assert!((0.1e-3..5e-3).contains(&c.per_seq_overhead_s), "{m}: {c:?}");
+            let (step, per_seq) = (c.static_step_overhead_s, c.static_per_seq_overhead_s);
+            assert!(
+                step.is_some_and(|s| (0.5e-3..10e-3).contains(&s)),
+                "{m}: {c:?}"
+            );
+            assert!(
+                per_seq.is_some_and(|s| (0.1e-3..5e-3).contains(&s)),
+                "{m}: {c:?}"
+            );
         }
         // A pair no file lists gets the generic defaults.
         let h100 = find_hardware("h100-80gb").unwrap();
@@ -547,6 +606,22 @@ mod tests {
             .to_string();
         assert!(
             e.contains("bad.toml") && e.contains("compute_efficiency"),
+            "{e}"
+        );
+        let negative = text.replacen(
+            "static_per_seq_overhead_s = ",
+            "static_per_seq_overhead_s = -",
+            1,
+        );
+        assert_ne!(
+            negative, text,
+            "the shipped file sets static batching's host costs"
+        );
+        let e = CalibrationFile::parse("neg.toml", &negative)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("neg.toml") && e.contains("static_per_seq_overhead_s"),
             "{e}"
         );
         let e = CalibrationFile::parse("x.toml", "hardware = \"rtx-5080\"\nbogus = 1\n[models]\n")

@@ -182,11 +182,13 @@ pub enum Param {
     ClientRequest,
     ClientStream,
     StaticBatchWindow,
+    StaticStepOverhead,
+    StaticPerSeqOverhead,
     StepJitter,
 }
 
 impl Param {
-    pub const ALL: [Param; 10] = [
+    pub const ALL: [Param; 12] = [
         Param::ComputeEfficiency,
         Param::AttentionEfficiency,
         Param::DecodeAttentionEfficiency,
@@ -196,6 +198,8 @@ impl Param {
         Param::ClientRequest,
         Param::ClientStream,
         Param::StaticBatchWindow,
+        Param::StaticStepOverhead,
+        Param::StaticPerSeqOverhead,
         Param::StepJitter,
     ];
 
@@ -211,6 +215,8 @@ impl Param {
             Param::ClientRequest => "client_request_s",
             Param::ClientStream => "client_stream_s",
             Param::StaticBatchWindow => "static_batch_window_s",
+            Param::StaticStepOverhead => "static_step_overhead_s",
+            Param::StaticPerSeqOverhead => "static_per_seq_overhead_s",
             Param::StepJitter => "step_jitter_s",
         }
     }
@@ -241,6 +247,12 @@ impl Param {
             Param::ClientRequest => &mut c.client_request_s,
             Param::ClientStream => &mut c.client_stream_s,
             Param::StaticBatchWindow => &mut c.static_batch_window_s,
+            // Absent, static batching's host costs are continuous batching's: a search
+            // starts there.
+            Param::StaticStepOverhead => c.static_step_overhead_s.get_or_insert(c.step_overhead_s),
+            Param::StaticPerSeqOverhead => c
+                .static_per_seq_overhead_s
+                .get_or_insert(c.per_seq_overhead_s),
             Param::StepJitter => &mut c.step_jitter_s,
         }
     }
@@ -278,6 +290,19 @@ pub const DEFAULT_PARAMS: [Param; 6] = [
     Param::ClientRequest,
     Param::StaticBatchWindow,
 ];
+
+/// The parameters fitted to `targets` when none are named: [`DEFAULT_PARAMS`], and static
+/// batching's own host costs where some fitted target runs static batching (without one,
+/// the fit would set them to whatever costs nothing: zero).
+pub fn default_params(targets: &[Target]) -> Vec<Param> {
+    let mut params = DEFAULT_PARAMS.to_vec();
+    if targets.iter().any(|t| {
+        !t.held_out && t.setup.scenario.server.batching_mode == infer_core::BatchingMode::Static
+    }) {
+        params.extend([Param::StaticStepOverhead, Param::StaticPerSeqOverhead]);
+    }
+    params
+}
 
 /// One model's fit.
 #[derive(Debug, Clone)]
@@ -651,6 +676,18 @@ pub fn rows(targets: &mut [Target], fit: &Fit) -> Vec<Row> {
     out
 }
 
+/// ", static batching's host X ms + Y ms per sequence" where a calibration has its own.
+fn static_host_note(c: &Coefficients) -> String {
+    if c.static_step_overhead_s.is_none() && c.static_per_seq_overhead_s.is_none() {
+        return String::new();
+    }
+    format!(
+        ", static batching's host {:.2} ms + {:.3} ms per sequence",
+        c.static_step_overhead_s.unwrap_or(c.step_overhead_s) * 1e3,
+        c.static_per_seq_overhead_s.unwrap_or(c.per_seq_overhead_s) * 1e3
+    )
+}
+
 /// Median |error| in percent per metric, of the rows with `held_out == held`; `None` for a
 /// metric without rows.
 pub fn median_errors(rows: &[Row], held: bool) -> Vec<(&'static str, Option<f64>)> {
@@ -697,7 +734,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             s,
             "{}: compute_efficiency {:.3}, attention_efficiency {:.3} (decode {:.4}), \
              bandwidth_efficiency {:.3}, step_overhead {:.2} ms, per_seq_overhead {:.3} ms, client request {:.2} ms, \
-             stream {:.2} ms, static batch window {:.1} ms{} (loss {:.4}, {} evaluations)",
+             stream {:.2} ms, static batch window {:.1} ms{}{} (loss {:.4}, {} evaluations)",
             f.model,
             c.compute_efficiency,
             c.attention_efficiency,
@@ -709,6 +746,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             c.client_request_s * 1e3,
             c.client_stream_s * 1e3,
             c.static_batch_window_s * 1e3,
+            static_host_note(c),
             crate::calibration::jitter_note(c.step_jitter_s),
             f.loss,
             f.evaluations
@@ -987,6 +1025,68 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(e.contains("held out"), "{e}");
+    }
+
+    /// Static batching's own host costs: fitted by default only where a fitted run batches
+    /// statically, and then recovered beside continuous batching's from runs of both.
+    #[test]
+    fn static_batchings_host_costs_are_fitted_apart_where_runs_show_them() {
+        let single = ["server.model=llama-3.2-3b"];
+        let four = [
+            "server.model=llama-3.2-3b",
+            "arrival.kind=concurrency",
+            "arrival.max_concurrency=4",
+            "workload.num_requests=8",
+        ];
+        let statically = |set: &[&'static str]| {
+            let mut v = set.to_vec();
+            v.push("server.batching_mode=static");
+            v
+        };
+        let mut targets = vec![
+            target("cont-1", &single, false),
+            target("cont-4", &four, false),
+        ];
+        assert_eq!(default_params(&targets), DEFAULT_PARAMS.to_vec());
+        targets.push(target("static-1", &statically(&single), true));
+        assert_eq!(
+            default_params(&targets),
+            DEFAULT_PARAMS.to_vec(),
+            "a held-out static run is not fitted to"
+        );
+        targets.push(target("static-4", &statically(&four), false));
+        let params = default_params(&targets);
+        assert!(params.contains(&Param::StaticStepOverhead), "{params:?}");
+        assert!(params.contains(&Param::StaticPerSeqOverhead), "{params:?}");
+
+        let mut truth =
+            Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
+        truth.step_overhead_s = 4e-3;
+        truth.per_seq_overhead_s = 1e-3;
+        truth.static_step_overhead_s = Some(2e-3);
+        truth.static_per_seq_overhead_s = Some(0.4e-3);
+        for t in &mut targets {
+            t.held_out = false;
+            measure_under(t, &truth);
+        }
+        let fit = fit_all(
+            &mut targets,
+            &Mechanisms::default(),
+            &[
+                Param::StepOverhead,
+                Param::PerSeqOverhead,
+                Param::StaticStepOverhead,
+                Param::StaticPerSeqOverhead,
+            ],
+            None,
+        )
+        .unwrap();
+        let c = fit.models[0].coefficients;
+        let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() / b < 0.1);
+        assert!(close(Some(c.step_overhead_s), 4e-3), "{c:?}");
+        assert!(close(Some(c.per_seq_overhead_s), 1e-3), "{c:?}");
+        assert!(close(c.static_step_overhead_s, 2e-3), "{c:?}");
+        assert!(close(c.static_per_seq_overhead_s, 0.4e-3), "{c:?}");
     }
 
     #[test]

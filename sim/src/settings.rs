@@ -17,6 +17,8 @@
 //! client_per_prompt_token_s = 1e-6
 //! client_stream_s = 0.001
 //! static_batch_window_s = 0.05
+//! static_step_overhead_s = 0.003   # static batching's own host costs (step_overhead_s and
+//! static_per_seq_overhead_s = 1e-3 # per_seq_overhead_s set those of any batching)
 //! # how the engine runs (analytic):
 //! calibration = "calibrations/x.toml"  # a file written by `sim calibrate`
 //! prefill_batching = "packed"      # packed | padded
@@ -61,6 +63,8 @@ pub struct SimSettings {
     pub client_per_prompt_token_s: Option<f64>,
     pub client_stream_s: Option<f64>,
     pub static_batch_window_s: Option<f64>,
+    pub static_step_overhead_s: Option<f64>,
+    pub static_per_seq_overhead_s: Option<f64>,
     pub calibration: Option<String>,
     pub prefill_batching: Option<PrefillBatching>,
     pub logits: Option<LogitRows>,
@@ -102,6 +106,8 @@ impl SimSettings {
             ("client_per_prompt_token_s", s.client_per_prompt_token_s),
             ("client_stream_s", s.client_stream_s),
             ("static_batch_window_s", s.static_batch_window_s),
+            ("static_step_overhead_s", s.static_step_overhead_s),
+            ("static_per_seq_overhead_s", s.static_per_seq_overhead_s),
         ];
         for (key, v) in non_negative {
             if let Some(v) = v {
@@ -162,7 +168,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 23] = [
+    const KNOWN: [&str; 25] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -177,6 +183,8 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "client_per_prompt_token_s",
         "client_stream_s",
         "static_batch_window_s",
+        "static_step_overhead_s",
+        "static_per_seq_overhead_s",
         "calibration",
         "prefill_batching",
         "logits",
@@ -249,6 +257,10 @@ mod tests {
         assert_eq!(k, "sim.profile");
         let (k, _) = SimSettings::from_scenario(&scenario("attention_efficiency = 2")).unwrap_err();
         assert_eq!(k, "sim.attention_efficiency");
+        let (k, r) =
+            SimSettings::from_scenario(&scenario("static_step_overhead_s = -1")).unwrap_err();
+        assert_eq!(k, "sim.static_step_overhead_s");
+        assert!(r.contains(">= 0"), "{r}");
         let (k, _) = SimSettings::from_scenario(&scenario("reserved_gib = -1")).unwrap_err();
         assert_eq!(k, "sim.reserved_gib");
         let (k, r) =

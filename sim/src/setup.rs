@@ -35,6 +35,7 @@ impl Setup {
     pub fn set_calibration(&mut self, mut cal: Calibration) -> Result<(), DoesNotFit> {
         apply_overrides(&mut cal, &self.settings);
         let cfg = self.scenario.server.scheduler_config();
+        let cal = cal.for_batching(cfg.batching_mode);
         let memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
         self.cost = Arc::new(Analytic::new(
             self.hardware.clone(),
@@ -105,6 +106,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             .map_err(|r| at("server.model", r.to_string()))?,
     };
     apply_overrides(&mut cal, &settings);
+    let cal = cal.for_batching(cfg.batching_mode);
     let memory =
         plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
     let mut warnings: Vec<String> = Vec::new();
@@ -172,8 +174,22 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         s.decode_attention_efficiency,
     );
     set(&mut cal.bandwidth_efficiency, s.bandwidth_efficiency);
-    set(&mut cal.step_overhead_s, s.step_overhead_s);
-    set(&mut cal.per_seq_overhead_s, s.per_seq_overhead_s);
+    // `step_overhead_s` and `per_seq_overhead_s` set the host costs of whatever batching
+    // the scenario runs; `static_…` ones set static batching's alone.
+    if let Some(v) = s.step_overhead_s {
+        cal.step_overhead_s = v;
+        cal.static_step_overhead_s = None;
+    }
+    if let Some(v) = s.per_seq_overhead_s {
+        cal.per_seq_overhead_s = v;
+        cal.static_per_seq_overhead_s = None;
+    }
+    if s.static_step_overhead_s.is_some() {
+        cal.static_step_overhead_s = s.static_step_overhead_s;
+    }
+    if s.static_per_seq_overhead_s.is_some() {
+        cal.static_per_seq_overhead_s = s.static_per_seq_overhead_s;
+    }
     set(&mut cal.step_jitter_s, s.step_jitter_s);
     set(&mut cal.client.request_s, s.client_request_s);
     set(
@@ -208,4 +224,90 @@ fn resolve(p: &str, scenario_file: &str) -> std::path::PathBuf {
     Path::new(scenario_file)
         .parent()
         .map_or(direct.to_path_buf(), |d| d.join(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use infer_core::BatchingMode;
+
+    fn settings(set: &[&str]) -> SimSettings {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/baseline.toml"
+        ))
+        .unwrap();
+        let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+        let s = Scenario::parse("baseline.toml", &text, &set).unwrap();
+        SimSettings::from_scenario(&s).unwrap()
+    }
+
+    /// Static batching prices its steps with its own host costs where a calibration has
+    /// them; `[sim] step_overhead_s` sets the host cost of whatever batching runs, and
+    /// `[sim] static_…` static batching's alone.
+    #[test]
+    fn static_batching_has_its_own_host_costs_and_overrides_reach_the_right_ones() {
+        let hw = find_hardware("rtx-5080").unwrap();
+        let mut cal = Calibration::default_for(&hw);
+        cal.step_overhead_s = 4e-3;
+        cal.per_seq_overhead_s = 1e-3;
+        cal.static_step_overhead_s = Some(2e-3);
+        cal.static_per_seq_overhead_s = Some(0.5e-3);
+        let resolved = |cal: &Calibration, mode| {
+            let c = cal.clone().for_batching(mode);
+            (c.step_overhead_s, c.per_seq_overhead_s)
+        };
+        assert_eq!(resolved(&cal, BatchingMode::Continuous), (4e-3, 1e-3));
+        assert_eq!(resolved(&cal, BatchingMode::Static), (2e-3, 0.5e-3));
+
+        let mut one = cal.clone();
+        apply_overrides(&mut one, &settings(&["sim.step_overhead_s=0.003"]));
+        assert_eq!(resolved(&one, BatchingMode::Static), (3e-3, 0.5e-3));
+        assert_eq!(resolved(&one, BatchingMode::Continuous), (3e-3, 1e-3));
+
+        let mut own = cal.clone();
+        apply_overrides(
+            &mut own,
+            &settings(&[
+                "sim.static_step_overhead_s=0.001",
+                "sim.static_per_seq_overhead_s=0.0002",
+            ]),
+        );
+        assert_eq!(resolved(&own, BatchingMode::Static), (1e-3, 0.2e-3));
+        assert_eq!(resolved(&own, BatchingMode::Continuous), (4e-3, 1e-3));
+
+        // Through a whole setup: the shipped calibration's static costs price a static
+        // run's steps, not a continuous one's.
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        let step = |set: &[&str]| {
+            let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+            let setup = load(file, &set).unwrap();
+            // One decode at 512 tokens of context.
+            let shape = infer_core::StepShape {
+                num_seqs: 1,
+                decode_seqs: 1,
+                sampled: 1,
+                context_tokens: 512,
+                decode_context_tokens: 512,
+                ..Default::default()
+            };
+            setup.cost.step_time(&shape)
+        };
+        let model = "server.model=llama-3.2-3b";
+        let shipped = Calibration::for_pair(&hw, &resolve_model("llama-3.2-3b").unwrap()).unwrap();
+        let gap = shipped.static_step_overhead_s.unwrap()
+            + shipped.static_per_seq_overhead_s.unwrap()
+            - shipped.step_overhead_s
+            - shipped.per_seq_overhead_s;
+        assert!(
+            gap.abs() > 1e-5,
+            "the shipped file sets its own: {shipped:?}"
+        );
+        let continuous = step(&[model]);
+        let statically = step(&[model, "server.batching_mode=static"]);
+        assert!(
+            (statically - continuous - gap).abs() < 1e-9,
+            "{statically} - {continuous} != {gap}"
+        );
+    }
 }
