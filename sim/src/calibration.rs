@@ -78,14 +78,14 @@ pub struct Calibration {
     /// Static batching only: how long the engine, idle, waits after a request arrives for
     /// more to fill the batch before starting it.
     pub static_batch_window_s: f64,
-    /// Static batching's host time per step and per sequence, where they differ from
-    /// continuous batching's (`None`: the same). A static engine builds its batch once and
-    /// loops over it; a continuous one rebuilds it every step (admission, each sequence's
-    /// inputs and cache gathered again). The benchmark log's server decodes a single
-    /// stream 0.4–1.0 ms per step slower with Phase 5's continuous scheduler than with
-    /// Phase 4's static one (Latency P50 − TTFT P50 over 255 gaps), and a batch of 8
-    /// 4–6 ms slower (ITL P50, continuous_batching and paged_attention).
+    /// Static batching's host time per step, where it differs from continuous batching's
+    /// (`None`: `step_overhead_s`). A static engine builds its batch once and loops over
+    /// it; a continuous one rebuilds it every step (admission, each sequence's inputs and
+    /// cache gathered again). The benchmark log's server decodes a batch of 8 4–6 ms per
+    /// token slower with Phase 5's continuous scheduler than with Phase 4's static one
+    /// (ITL P50, continuous_batching and paged_attention).
     pub static_step_overhead_s: Option<f64>,
+    /// Static batching's host time per scheduled sequence (`None`: `per_seq_overhead_s`).
     pub static_per_seq_overhead_s: Option<f64>,
     /// How the engine batches prompt work with decodes.
     pub prefill: PrefillBatching,
@@ -250,9 +250,10 @@ pub struct Coefficients {
     pub client_stream_s: f64,
     #[serde(default)]
     pub static_batch_window_s: f64,
-    /// Absent: as `step_overhead_s` and `per_seq_overhead_s`.
+    /// Absent: as `step_overhead_s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub static_step_overhead_s: Option<f64>,
+    /// Absent: as `per_seq_overhead_s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub static_per_seq_overhead_s: Option<f64>,
     /// Absent: 0 (files written before it existed).
@@ -311,14 +312,8 @@ impl CalibrationFile {
                 ("client_per_prompt_token_s", c.client_per_prompt_token_s),
                 ("client_stream_s", c.client_stream_s),
                 ("static_batch_window_s", c.static_batch_window_s),
-                (
-                    "static_step_overhead_s",
-                    c.static_step_overhead_s.unwrap_or(c.step_overhead_s),
-                ),
-                (
-                    "static_per_seq_overhead_s",
-                    c.static_per_seq_overhead_s.unwrap_or(c.per_seq_overhead_s),
-                ),
+                ("static_step_overhead_s", c.static_host().0),
+                ("static_per_seq_overhead_s", c.static_host().1),
                 ("step_jitter_s", c.step_jitter_s),
             ] {
                 if !(v >= 0.0 && v.is_finite()) {
@@ -393,6 +388,16 @@ impl CalibrationFile {
 }
 
 impl Coefficients {
+    /// Static batching's host time per step and per sequence: its own where the file sets
+    /// them, else continuous batching's.
+    pub fn static_host(&self) -> (f64, f64) {
+        (
+            self.static_step_overhead_s.unwrap_or(self.step_overhead_s),
+            self.static_per_seq_overhead_s
+                .unwrap_or(self.per_seq_overhead_s),
+        )
+    }
+
     /// Every value to four significant digits (what a written file needs; the fit is not
     /// better than that).
     pub fn rounded(mut self) -> Coefficients {

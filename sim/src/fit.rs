@@ -281,27 +281,35 @@ impl Param {
     }
 }
 
-/// The parameters fitted when none are named.
-pub const DEFAULT_PARAMS: [Param; 6] = [
+/// The parameters fitted when none are named (static batching's own host costs only
+/// for a model whose fitted runs batch both ways: [`params_for`]).
+pub const DEFAULT_PARAMS: [Param; 8] = [
     Param::ComputeEfficiency,
     Param::AttentionEfficiency,
     Param::StepOverhead,
     Param::PerSeqOverhead,
     Param::ClientRequest,
     Param::StaticBatchWindow,
+    Param::StaticStepOverhead,
+    Param::StaticPerSeqOverhead,
 ];
 
-/// The parameters fitted to `targets` when none are named: [`DEFAULT_PARAMS`], and static
-/// batching's own host costs where some fitted target runs static batching (without one,
-/// the fit would set them to whatever costs nothing: zero).
-pub fn default_params(targets: &[Target]) -> Vec<Param> {
-    let mut params = DEFAULT_PARAMS.to_vec();
-    if targets.iter().any(|t| {
-        !t.held_out && t.setup.scenario.server.batching_mode == infer_core::BatchingMode::Static
-    }) {
-        params.extend([Param::StaticStepOverhead, Param::StaticPerSeqOverhead]);
-    }
+/// `params` as one model's fitted runs can determine them: static batching's own host
+/// costs only where the runs batch both ways. Without a static run nothing measures them
+/// (the fit would set them to what costs nothing, zero); without a continuous one the
+/// shared host costs are static batching's, fitted as such.
+fn params_for(params: &[Param], targets: &[&mut Target]) -> Vec<Param> {
+    let runs = |mode| {
+        targets
+            .iter()
+            .any(|t| !t.held_out && t.setup.scenario.server.batching_mode == mode)
+    };
+    let both = runs(infer_core::BatchingMode::Static) && runs(infer_core::BatchingMode::Continuous);
     params
+        .iter()
+        .copied()
+        .filter(|p| both || !matches!(p, Param::StaticStepOverhead | Param::StaticPerSeqOverhead))
+        .collect()
 }
 
 /// One model's fit.
@@ -524,6 +532,7 @@ pub fn fit_all(
     let mut models = Vec::new();
     for name in names {
         let mut mine: Vec<&mut Target> = targets.iter_mut().filter(|t| t.model() == name).collect();
+        let params = &params_for(params, &mine);
         if mine.iter().all(|t| t.held_out) {
             return Err(SimError::Invalid(format!(
                 "every target of {name} is held out: nothing to fit"
@@ -681,10 +690,11 @@ fn static_host_note(c: &Coefficients) -> String {
     if c.static_step_overhead_s.is_none() && c.static_per_seq_overhead_s.is_none() {
         return String::new();
     }
+    let (step, per_seq) = c.static_host();
     format!(
         ", static batching's host {:.2} ms + {:.3} ms per sequence",
-        c.static_step_overhead_s.unwrap_or(c.step_overhead_s) * 1e3,
-        c.static_per_seq_overhead_s.unwrap_or(c.per_seq_overhead_s) * 1e3
+        step * 1e3,
+        per_seq * 1e3
     )
 }
 
@@ -1027,37 +1037,44 @@ mod tests {
         assert!(e.contains("held out"), "{e}");
     }
 
-    /// Static batching's own host costs: fitted by default only where a fitted run batches
-    /// statically, and then recovered beside continuous batching's from runs of both.
+    /// Static batching's own host costs: fitted only for a model whose fitted runs batch
+    /// both ways, and then recovered beside continuous batching's; a model without static
+    /// runs keeps none (not the zero that nothing measured would give).
     #[test]
     fn static_batchings_host_costs_are_fitted_apart_where_runs_show_them() {
-        let single = ["server.model=llama-3.2-3b"];
+        let with_model = |model: &'static str, set: &[&'static str], statically: bool| {
+            let mut v = vec![model];
+            v.extend_from_slice(set);
+            if statically {
+                v.push("server.batching_mode=static");
+            }
+            v
+        };
         let four = [
-            "server.model=llama-3.2-3b",
             "arrival.kind=concurrency",
             "arrival.max_concurrency=4",
             "workload.num_requests=8",
         ];
-        let statically = |set: &[&'static str]| {
-            let mut v = set.to_vec();
-            v.push("server.batching_mode=static");
-            v
-        };
+        let (llama, gemma) = ("server.model=llama-3.2-3b", "server.model=gemma-3-1b");
         let mut targets = vec![
-            target("cont-1", &single, false),
-            target("cont-4", &four, false),
+            target("cont-1", &with_model(llama, &[], false), false),
+            target("cont-4", &with_model(llama, &four, false), false),
         ];
-        assert_eq!(default_params(&targets), DEFAULT_PARAMS.to_vec());
-        targets.push(target("static-1", &statically(&single), true));
-        assert_eq!(
-            default_params(&targets),
-            DEFAULT_PARAMS.to_vec(),
+        let has_static = |targets: &mut [Target]| {
+            let mine: Vec<&mut Target> = targets.iter_mut().collect();
+            params_for(&DEFAULT_PARAMS, &mine).contains(&Param::StaticStepOverhead)
+        };
+        assert!(!has_static(&mut targets));
+        targets.push(target("static-1", &with_model(llama, &[], true), true));
+        assert!(
+            !has_static(&mut targets),
             "a held-out static run is not fitted to"
         );
-        targets.push(target("static-4", &statically(&four), false));
-        let params = default_params(&targets);
-        assert!(params.contains(&Param::StaticStepOverhead), "{params:?}");
-        assert!(params.contains(&Param::StaticPerSeqOverhead), "{params:?}");
+        targets.push(target("static-4", &with_model(llama, &four, true), false));
+        assert!(has_static(&mut targets));
+        // Gemma3 runs continuous batching only.
+        targets.push(target("gemma-1", &with_model(gemma, &[], false), false));
+        targets.push(target("gemma-4", &with_model(gemma, &four, false), false));
 
         let mut truth =
             Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
@@ -1081,12 +1098,23 @@ mod tests {
             None,
         )
         .unwrap();
-        let c = fit.models[0].coefficients;
+        let of = |name: &str| {
+            fit.models
+                .iter()
+                .find(|m| m.model == name)
+                .unwrap()
+                .coefficients
+        };
+        let c = of("llama-3.2-3b");
         let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() / b < 0.1);
         assert!(close(Some(c.step_overhead_s), 4e-3), "{c:?}");
         assert!(close(Some(c.per_seq_overhead_s), 1e-3), "{c:?}");
         assert!(close(c.static_step_overhead_s, 2e-3), "{c:?}");
         assert!(close(c.static_per_seq_overhead_s, 0.4e-3), "{c:?}");
+        let g = of("gemma-3-1b");
+        assert!(close(Some(g.step_overhead_s), 4e-3), "{g:?}");
+        assert_eq!(g.static_step_overhead_s, None, "{g:?}");
+        assert_eq!(g.static_per_seq_overhead_s, None, "{g:?}");
     }
 
     #[test]

@@ -96,10 +96,10 @@ enum Command {
         published: Vec<String>,
         /// Coefficients to fit, comma-separated (default: compute_efficiency,
         /// attention_efficiency, step_overhead_s, per_seq_overhead_s, client_request_s,
-        /// static_batch_window_s; and static_step_overhead_s, static_per_seq_overhead_s
-        /// where a fitted run batches statically).  With `--start`, name the few a second
-        /// stage refits. Also: decode_attention_efficiency, bandwidth_efficiency,
-        /// client_stream_s, step_jitter_s.
+        /// static_batch_window_s, static_step_overhead_s, static_per_seq_overhead_s; the
+        /// last two only for a model whose fitted runs batch both statically and
+        /// continuously).  With `--start`, name the few a second stage refits. Also:
+        /// decode_attention_efficiency, bandwidth_efficiency, client_stream_s, step_jitter_s.
         #[arg(long, value_delimiter = ',', value_name = "PARAM,…")]
         fit: Vec<String>,
         /// How the measured engine batches prompts: packed (vLLM, infer; the default),
@@ -224,7 +224,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 targets.push(fit::load_run_dir(d, true)?);
             }
             let params = if fit.is_empty() {
-                fit::default_params(&targets)
+                fit::DEFAULT_PARAMS.to_vec()
             } else {
                 fit.iter()
                     .map(|p| fit::Param::parse(p))

@@ -32,8 +32,8 @@ fn baseline_reproduces_the_calibration_rows() {
 #[test]
 fn continuous_batching_lowers_ttft() {
     // Phase 4 → 5 on continuous_batching (contiguous KV, batch 8): TTFT P50 −30…−55%
-    // (Gemma3 −30%, Qwen3 −45%, Llama −55%). Threshold: continuous at most 0.75 × static
-    // for every model, a floor under the smallest published change.
+    // (Gemma3 −30%, Qwen3 −45%, Llama −55%). Threshold: continuous at most 0.7 × static
+    // for every model, the smallest published change.
     let phase5 = [
         "server.kv_cache_backend=contiguous",
         "server.max_batch_size=8",
@@ -48,7 +48,7 @@ fn continuous_batching_lowers_ttft() {
             &with(&base, &["server.batching_mode=static"]),
         );
         let (c, s) = (cont.summary.ttft.median, stat.summary.ttft.median);
-        assert!(c <= 0.75 * s, "{m}: continuous {c:.3}s vs static {s:.3}s");
+        assert!(c <= 0.7 * s, "{m}: continuous {c:.3}s vs static {s:.3}s");
     }
 }
 

@@ -25,7 +25,8 @@
 //! comm     = tp > 1: 2 all-reduces per layer of new_tokens × hidden × 2 bytes, ring:
 //!            2 (tp − 1) / tp × bytes / peer_link + 10 µs each
 //! step     = Σ passes + comm + step_overhead_s + per_seq_overhead_s × scheduled sequences
-//!            (+ the simulator's random pause of mean step_jitter_s, drawn per step)
+//!            (+ the simulator's random pause of mean step_jitter_s, drawn per step;
+//!            under static batching the static_… host costs where the calibration has them)
 //! ```
 //!
 //! A packed engine (vLLM, infer) runs one ragged pass over every new token, with logits
