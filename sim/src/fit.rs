@@ -294,21 +294,53 @@ pub const DEFAULT_PARAMS: [Param; 8] = [
     Param::StaticPerSeqOverhead,
 ];
 
+/// Whether one model's fitted runs batch both statically and continuously: what static
+/// batching's own host costs need. Without a static run nothing measures them (the fit
+/// would set them to what costs nothing, zero); without a continuous one the shared host
+/// costs are static batching's, fitted as such.
+fn batches_both_ways<'a>(targets: impl IntoIterator<Item = &'a Target>) -> bool {
+    let (mut fixed, mut continuous) = (false, false);
+    for t in targets.into_iter().filter(|t| !t.held_out) {
+        match t.setup.scenario.server.batching_mode {
+            infer_core::BatchingMode::Static => fixed = true,
+            infer_core::BatchingMode::Continuous => continuous = true,
+        }
+    }
+    fixed && continuous
+}
+
+fn is_static_host(p: Param) -> bool {
+    matches!(p, Param::StaticStepOverhead | Param::StaticPerSeqOverhead)
+}
+
 /// `params` as one model's fitted runs can determine them: static batching's own host
-/// costs only where the runs batch both ways. Without a static run nothing measures them
-/// (the fit would set them to what costs nothing, zero); without a continuous one the
-/// shared host costs are static batching's, fitted as such.
-fn params_for(params: &[Param], targets: &[&mut Target]) -> Vec<Param> {
-    let runs = |mode| {
-        targets
-            .iter()
-            .any(|t| !t.held_out && t.setup.scenario.server.batching_mode == mode)
-    };
-    let both = runs(infer_core::BatchingMode::Static) && runs(infer_core::BatchingMode::Continuous);
+/// costs only where they batch both ways.
+fn params_for(params: &[Param], both_ways: bool) -> Vec<Param> {
     params
         .iter()
         .copied()
-        .filter(|p| both || !matches!(p, Param::StaticStepOverhead | Param::StaticPerSeqOverhead))
+        .filter(|&p| both_ways || !is_static_host(p))
+        .collect()
+}
+
+/// The models of `targets` whose fitted runs cannot determine some of `params`, and which:
+/// what `sim calibrate --fit` warns of.
+pub fn unfittable(params: &[Param], targets: &[Target]) -> Vec<(&'static str, Vec<Param>)> {
+    let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let mine = targets.iter().filter(|t| t.model() == name);
+            let kept = params_for(params, batches_both_ways(mine));
+            let dropped: Vec<Param> = params
+                .iter()
+                .copied()
+                .filter(|p| !kept.contains(p))
+                .collect();
+            (!dropped.is_empty()).then_some((name, dropped))
+        })
         .collect()
 }
 
@@ -532,7 +564,7 @@ pub fn fit_all(
     let mut models = Vec::new();
     for name in names {
         let mut mine: Vec<&mut Target> = targets.iter_mut().filter(|t| t.model() == name).collect();
-        let params = &params_for(params, &mine);
+        let params = &params_for(params, batches_both_ways(mine.iter().map(|t| &**t)));
         if mine.iter().all(|t| t.held_out) {
             return Err(SimError::Invalid(format!(
                 "every target of {name} is held out: nothing to fit"
@@ -1060,10 +1092,7 @@ mod tests {
             target("cont-1", &with_model(llama, &[], false), false),
             target("cont-4", &with_model(llama, &four, false), false),
         ];
-        let has_static = |targets: &mut [Target]| {
-            let mine: Vec<&mut Target> = targets.iter_mut().collect();
-            params_for(&DEFAULT_PARAMS, &mine).contains(&Param::StaticStepOverhead)
-        };
+        let has_static = |targets: &mut [Target]| unfittable(&DEFAULT_PARAMS, targets).is_empty();
         assert!(!has_static(&mut targets));
         targets.push(target("static-1", &with_model(llama, &[], true), true));
         assert!(
@@ -1075,6 +1104,13 @@ mod tests {
         // Gemma3 runs continuous batching only.
         targets.push(target("gemma-1", &with_model(gemma, &[], false), false));
         targets.push(target("gemma-4", &with_model(gemma, &four, false), false));
+        assert_eq!(
+            unfittable(&DEFAULT_PARAMS, &targets),
+            vec![(
+                "gemma-3-1b",
+                vec![Param::StaticStepOverhead, Param::StaticPerSeqOverhead]
+            )]
+        );
 
         let mut truth =
             Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());

@@ -226,9 +226,19 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let params = if fit.is_empty() {
                 fit::DEFAULT_PARAMS.to_vec()
             } else {
-                fit.iter()
+                let named = fit
+                    .iter()
                     .map(|p| fit::Param::parse(p))
-                    .collect::<Result<Vec<_>, _>>()?
+                    .collect::<Result<Vec<_>, _>>()?;
+                for (model, dropped) in fit::unfittable(&named, &targets) {
+                    let names: Vec<_> = dropped.iter().map(|p| p.name()).collect();
+                    eprintln!(
+                        "note: {model}: {} not fitted: its fitted runs do not batch both \
+                         statically and continuously (static batching's host costs stay as they were)",
+                        names.join(", ")
+                    );
+                }
+                named
             };
             if let Some(v) = spill_bandwidth_gb_s {
                 if !(v > 0.0 && v.is_finite()) {

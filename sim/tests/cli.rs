@@ -161,6 +161,24 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         stdout.contains("median |error| held out (10 figures)"),
         "{stdout}"
     );
+    // Static batching's own host costs, named for a model whose runs batch one way: not
+    // fitted, said so, and none written.
+    let o = sim([
+        "calibrate".as_ref(),
+        run.as_os_str(),
+        "--fit".as_ref(),
+        "step_overhead_s,static_step_overhead_s".as_ref(),
+        "--out".as_ref(),
+        cal.as_os_str(),
+    ]);
+    assert!(o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("llama-3.2-3b: static_step_overhead_s not fitted"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&cal).unwrap();
+    assert!(!text.contains("\nstatic_step_overhead_s ="), "{text}");
     // Unknown parameters and missing scenario files are refused by name.
     let o = sim([
         "calibrate".as_ref(),
