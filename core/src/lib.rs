@@ -22,6 +22,6 @@ pub mod workload;
 pub use file_error::FileError;
 pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
 pub use scheduler::{
-    AddError, AddOptions, BatchingMode, Event, KvAdmission, KvBackend, KvPreemption, ScheduledSeq,
-    Scheduler, SchedulerConfig, SchedulerStats, StepPlan, StepShape,
+    AddError, AddOptions, BatchingMode, Event, KvAdmission, KvBackend, KvPreemption, KvVictim,
+    ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, StepPlan, StepShape,
 };

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use common::{drive, drive_forked, simple_cost};
 use infer_core::{
-    BatchingMode, FinishReason, KvAdmission, KvBackend, KvPreemption, Request, RequestId,
+    BatchingMode, FinishReason, KvAdmission, KvBackend, KvPreemption, KvVictim, Request, RequestId,
     SchedulerConfig, StopConditions,
 };
 use proptest::prelude::*;
@@ -41,11 +41,16 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),                 // prefix caching
         32usize..400,                  // max_model_len
         prop::option::of(0usize..200), // unchunked step budget beyond the minimum
-        prop_oneof![Just(KvAdmission::Prompt), Just(KvAdmission::WholeSequence)],
-        prop_oneof![Just(KvPreemption::Recompute), Just(KvPreemption::Wait)],
+        (
+            prop_oneof![Just(KvAdmission::Prompt), Just(KvAdmission::WholeSequence)],
+            prop_oneof![Just(KvPreemption::Recompute), Just(KvPreemption::Wait)],
+            prop_oneof![Just(0.0), 0.0f64..0.6], // kv_watermark
+            prop_oneof![Just(KvVictim::Newest), Just(KvVictim::FewestOutputs)],
+        ),
     )
         .prop_map(
-            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget, admission, dry)| {
+            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget, kv_policy)| {
+                let (admission, dry, watermark, victim) = kv_policy;
                 let mut c = SchedulerConfig {
                     batching_mode: mode,
                     kv_cache_backend: kv,
@@ -60,6 +65,8 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     max_waiting: None,
                     kv_admission: admission,
                     kv_preemption: dry,
+                    kv_watermark: watermark,
+                    kv_victim: victim,
                 };
                 if blocks * bs < mml {
                     c.num_gpu_blocks = mml.div_ceil(bs) + blocks % 8;

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use infer_core::{BatchingMode, KvAdmission, KvBackend, KvPreemption, SchedulerConfig};
+use infer_core::{BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig};
 use infer_engine::loadgen::BenchOptions;
 use infer_engine::runtime::sampling::SamplingParams;
 use infer_engine::server::{serve, ServeConfig};
@@ -139,7 +139,7 @@ struct ServeArgs {
         "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
         "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
         "max_num_batched_tokens", "prefix_caching", "max_model_len", "kv_admission",
-        "kv_preemption",
+        "kv_preemption", "kv_watermark", "kv_victim",
     ])]
     scenario: Option<PathBuf>,
     /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.
@@ -160,6 +160,14 @@ struct ServeArgs {
     /// blocks and skips steps until finished sequences free some.
     #[arg(long = "kv-preemption", value_enum, default_value_t = KvPreemptionArg::Recompute)]
     kv_preemption: KvPreemptionArg,
+    /// The fraction of the paged pool a waiting request must leave free to be admitted:
+    /// headroom for the running decodes (vLLM V0's watermark, 0.01 there; default 0).
+    #[arg(long = "kv-watermark", default_value_t = 0.0)]
+    kv_watermark: f64,
+    /// Which running sequence a preemption takes: the newest admitted (vLLM) or the one
+    /// with the fewest output tokens, the longest prompt among those (SGLang).
+    #[arg(long = "kv-victim", value_enum, default_value_t = KvVictimArg::Newest)]
+    kv_victim: KvVictimArg,
     /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.
     #[arg(long = "num-gpu-blocks")]
     num_gpu_blocks: Option<usize>,
@@ -236,6 +244,12 @@ enum KvAdmissionArg {
 enum KvPreemptionArg {
     Recompute,
     Wait,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KvVictimArg {
+    Newest,
+    FewestOutputs,
 }
 
 /// The server `bench` and `probe` load.
@@ -572,6 +586,11 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         kv_preemption: match a.kv_preemption {
             KvPreemptionArg::Recompute => KvPreemption::Recompute,
             KvPreemptionArg::Wait => KvPreemption::Wait,
+        },
+        kv_watermark: a.kv_watermark,
+        kv_victim: match a.kv_victim {
+            KvVictimArg::Newest => KvVictim::Newest,
+            KvVictimArg::FewestOutputs => KvVictim::FewestOutputs,
         },
     }
 }

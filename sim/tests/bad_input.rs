@@ -392,6 +392,12 @@ fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
             "server.prefill_chunk_size",
         ),
         ("baseline", "server.max_model_len=0", "server.max_model_len"),
+        ("baseline", "server.kv_watermark=1.5", "server.kv_watermark"),
+        (
+            "baseline",
+            "server.kv_watermark=-0.1",
+            "server.kv_watermark",
+        ),
         (
             "baseline",
             "server.chunked_prefill=\"on\"",

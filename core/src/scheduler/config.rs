@@ -50,6 +50,19 @@ pub enum KvPreemption {
     Wait,
 }
 
+/// Which running sequence gives its blocks up when the paged pool runs dry (preemption by
+/// recompute): among those not yet scheduled in the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvVictim {
+    /// The newest admitted (vLLM: the lowest priority, last in its running queue).
+    #[default]
+    Newest,
+    /// The one with the fewest output tokens so far, the longest prompt among those
+    /// (SGLang's decode retraction): the least generated work lost, the most blocks freed.
+    FewestOutputs,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
     pub batching_mode: BatchingMode,
@@ -81,6 +94,14 @@ pub struct SchedulerConfig {
     /// (a paged cache with prompt admission).
     #[serde(default)]
     pub kv_preemption: KvPreemption,
+    /// Paged cache: the fraction of the pool a waiting sequence must leave free to be
+    /// admitted (vLLM V0's `watermark`, 0.01 there): headroom for the running sequences'
+    /// decodes, so that fewer of them preempt. 0: none (vLLM V1).
+    #[serde(default)]
+    pub kv_watermark: f64,
+    /// Which running sequence is preempted when the pool runs dry.
+    #[serde(default)]
+    pub kv_victim: KvVictim,
 }
 
 impl Default for SchedulerConfig {
@@ -100,6 +121,8 @@ impl Default for SchedulerConfig {
             max_waiting: None,
             kv_admission: KvAdmission::Prompt,
             kv_preemption: KvPreemption::Recompute,
+            kv_watermark: 0.0,
+            kv_victim: KvVictim::Newest,
         }
     }
 }
@@ -115,8 +138,26 @@ impl SchedulerConfig {
         }
     }
 
+    /// Blocks a waiting sequence must leave free to be admitted (vLLM's
+    /// `int(watermark * num_gpu_blocks)`); 0 for a contiguous cache.
+    pub fn watermark_blocks(&self) -> usize {
+        match self.kv_cache_backend {
+            KvBackend::Paged => (self.kv_watermark * self.num_gpu_blocks as f64) as usize,
+            KvBackend::Contiguous => 0,
+        }
+    }
+
     /// Every inconsistency, as (key, reason).
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if !(0.0..1.0).contains(&self.kv_watermark) {
+            return Err((
+                "kv_watermark",
+                format!(
+                    "must be a fraction of the pool in [0, 1), got {}",
+                    self.kv_watermark
+                ),
+            ));
+        }
         let positive = [
             ("max_batch_size", self.max_batch_size),
             ("num_gpu_blocks", self.num_gpu_blocks),

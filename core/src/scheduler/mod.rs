@@ -10,8 +10,8 @@
 //! 2. running sequences part-way through their prompt (chunks, within the token budget);
 //! 3. waiting sequences, first come first served, while the batch, budget and KV allow.
 //!
-//! When a running sequence needs a block and none is free, the newest running sequence not
-//! yet scheduled this step is preempted (its KV freed, to be recomputed later) and put at
+//! When a running sequence needs a block and none is free, a running sequence not yet
+//! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to be recomputed later) and put at
 //! the front of the waiting queue — or, with [`KvPreemption::Wait`], the sequence waits,
 //! holding its blocks, and sits the step out. Running out of KV is never an error to the
 //! request.
@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-pub use config::{BatchingMode, KvAdmission, KvBackend, KvPreemption, SchedulerConfig};
+pub use config::{BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig};
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::StepShape;
 
@@ -524,10 +524,11 @@ impl Scheduler {
                 }
             }
             // Every running sequence waits for blocks that only a finishing one would free:
-            // the newest gives its blocks up (recompute) and the others try again.
+            // one gives its blocks up (recompute) and the others try again.
             if waiting > 0 && plan.is_empty() {
-                let newest = self.running.pop().expect("a waiting sequence runs");
-                self.preempt(newest, &mut plan);
+                let victim = self.victim().expect("a waiting sequence runs");
+                let slot = self.running.remove(victim);
+                self.preempt(slot, &mut plan);
                 continue;
             }
             break waiting;
@@ -545,6 +546,7 @@ impl Scheduler {
             };
         let reserve_whole = self.cfg.kv_admission == KvAdmission::WholeSequence
             && self.cfg.kv_cache_backend == KvBackend::Paged;
+        let watermark = self.cfg.watermark_blocks();
         // Blocks the running sequences may still take (whole-sequence admission only).
         let mut reserved = if reserve_whole {
             self.running
@@ -575,19 +577,35 @@ impl Scheduler {
                 break; // prefilled whole or not at all; nobody overtakes the head
             }
             let n = rest.min(budget);
-            if reserve_whole {
-                // Its whole sequence's new blocks, beside what the running still have coming;
-                // cached prefix blocks nobody holds sit in the free count and leave it too.
-                let needed = blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs;
+            // The watermark keeps headroom for running decodes: with none running there is
+            // nothing to keep it for (and a prompt larger than the pool less the watermark
+            // would otherwise never be admitted).
+            let headroom = if self.running.is_empty() {
+                0
+            } else {
+                watermark
+            };
+            if reserve_whole || headroom > 0 {
+                // The new blocks it takes now, or (whole-sequence) its whole sequence's, beside
+                // what the running still have coming and the watermark's headroom; cached
+                // prefix blocks nobody holds sit in the free count and leave it too.
+                let now_needed = blocks_for(hit + n, bs).saturating_sub(hit / bs);
+                let needed = if reserve_whole {
+                    blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs
+                } else {
+                    now_needed
+                };
                 let revived = prefix
                     .blocks
                     .iter()
                     .filter(|&&b| self.kv.refs(b) == 0)
                     .count();
-                if self.kv.num_free_blocks() < reserved + needed + revived {
+                if self.kv.num_free_blocks() < reserved + needed + revived + headroom {
                     break; // first come, first served: nobody overtakes the head
                 }
-                reserved += needed - blocks_for(hit + n, bs).saturating_sub(hit / bs);
+                if reserve_whole {
+                    reserved += needed - now_needed;
+                }
             }
             if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {
                 break; // first come, first served: nobody overtakes the head
@@ -718,17 +736,37 @@ impl Scheduler {
             if self.cfg.kv_preemption == KvPreemption::Wait {
                 return Growth::Waits;
             }
-            let step = self.step;
-            let victim = self
-                .running
-                .iter()
-                .rposition(|&s| self.seq(s).scheduled_in != step)
-                .expect("the sequence itself is unscheduled");
+            let victim = self.victim().expect("the sequence itself is unscheduled");
             let victim_slot = self.running.remove(victim);
             self.preempt(victim_slot, plan);
             if victim_slot == slot {
                 return Growth::Preempted;
             }
+        }
+    }
+
+    /// The index in `running` of the sequence to preempt, among those not yet scheduled
+    /// in this step, as [`KvVictim`] says.
+    fn victim(&self) -> Option<usize> {
+        let step = self.step;
+        let candidates = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|&(_, &s)| self.seq(s).scheduled_in != step);
+        match self.cfg.kv_victim {
+            KvVictim::Newest => candidates.map(|(i, _)| i).next_back(),
+            // Fewest outputs, then longest prompt, then newest.
+            KvVictim::FewestOutputs => candidates
+                .min_by_key(|&(i, &s)| {
+                    let q = self.seq(s);
+                    (
+                        q.output_len(),
+                        std::cmp::Reverse(q.prompt_len),
+                        std::cmp::Reverse(i),
+                    )
+                })
+                .map(|(i, _)| i),
         }
     }
 
@@ -1069,6 +1107,85 @@ mod tests {
         assert_eq!(s.stats().num_free_blocks, 3);
         assert_eq!((s.stats().num_kv_waits, s.stats().num_waiting), (1, 1));
         s.check_invariants().unwrap();
+    }
+
+    /// The victim: A (32-token prompt, 8 blocks) and B (28, 7) fill a pool of 15 blocks in
+    /// step 1. In step 2 A's first decode needs a ninth block: `Newest` preempts B; with
+    /// `FewestOutputs` both have one output token and A, the longer prompt, gives its own
+    /// blocks up while B decodes.
+    #[test]
+    fn the_victim_is_the_newest_or_the_least_decoded_as_configured() {
+        for (victim, runs, preempted) in [(KvVictim::Newest, 1, 2), (KvVictim::FewestOutputs, 2, 1)]
+        {
+            let mut s = Scheduler::new(SchedulerConfig {
+                num_gpu_blocks: 15,
+                block_size: 4,
+                max_model_len: 60,
+                prefix_caching: false,
+                kv_victim: victim,
+                ..cfg()
+            });
+            s.add_request(Request::new(1, vec![3; 32], 8), 0.0).unwrap();
+            s.add_request(Request::new(2, vec![4; 28], 8), 0.0).unwrap();
+            let plan = s.schedule(1.0);
+            assert_eq!(plan.seqs.len(), 2);
+            assert_eq!(s.stats().num_free_blocks, 0);
+            s.complete(plan, &[9, 9], 1.5);
+            let plan = s.schedule(2.0);
+            let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+            assert_eq!(ids, vec![runs], "{victim:?}");
+            assert_eq!(plan.preempted, vec![RequestId(preempted)], "{victim:?}");
+            s.check_invariants().unwrap();
+        }
+    }
+
+    /// The watermark: a pool of 16 blocks of 4 tokens, a quarter kept free at admission.
+    /// A (28 tokens, 7 blocks) enters the empty pool; B (24 tokens, 6 blocks) would fit
+    /// beside it (9 free) but leave 3, under the watermark's 4, so it waits for A to finish. Without
+    /// the watermark both start at once. A prompt of 14 blocks, more than the pool less
+    /// the watermark, still enters an empty pool.
+    #[test]
+    fn the_watermark_keeps_headroom_for_running_sequences_only() {
+        let pool = |kv_watermark| {
+            Scheduler::new(SchedulerConfig {
+                num_gpu_blocks: 16,
+                block_size: 4,
+                max_model_len: 64,
+                prefix_caching: false,
+                kv_watermark,
+                ..cfg()
+            })
+        };
+        for (watermark, together) in [(0.0, true), (0.25, false)] {
+            let mut s = pool(watermark);
+            assert_eq!(s.config().watermark_blocks(), (watermark * 16.0) as usize);
+            s.add_request(Request::new(1, vec![3; 28], 4), 0.0).unwrap();
+            s.add_request(Request::new(2, vec![4; 24], 4), 0.0).unwrap();
+            let plan = s.schedule(1.0);
+            let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+            assert_eq!(ids.len() == 2, together, "watermark {watermark}: {ids:?}");
+            let sampled = vec![9; plan.num_sampling()];
+            s.complete(plan, &sampled, 1.5);
+            let mut step = 1;
+            while s.has_unfinished() {
+                step += 1;
+                assert!(step < 20, "livelock");
+                let plan = s.schedule(step as f64);
+                let sampled = vec![9; plan.num_sampling()];
+                s.complete(plan, &sampled, step as f64 + 0.5);
+                s.check_invariants().unwrap();
+            }
+            assert_eq!(s.stats().num_free_blocks, 16);
+        }
+        let mut s = pool(0.25);
+        s.add_request(Request::new(3, vec![5; 56], 2), 0.0).unwrap();
+        let plan = s.schedule(1.0);
+        assert_eq!(plan.seqs.len(), 1, "an empty pool admits it");
+        let bad = SchedulerConfig {
+            kv_watermark: 1.0,
+            ..cfg()
+        };
+        assert_eq!(bad.validate().unwrap_err().0, "kv_watermark");
     }
 
     /// Each token event carries the time of the request's previous token, and its stats

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::arrival::ArrivalSpec;
 use super::dist::LengthDist;
 use crate::router::RouterKind;
-use crate::scheduler::{BatchingMode, KvAdmission, KvBackend, KvPreemption, SchedulerConfig};
+use crate::scheduler::{
+    BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig,
+};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,6 +119,10 @@ pub struct ServerSpec {
     pub kv_admission: KvAdmission,
     /// `recompute` (vLLM) or `wait` (see [`KvPreemption`]).
     pub kv_preemption: KvPreemption,
+    /// Fraction of the paged pool admission leaves free (vLLM V0's `watermark`).
+    pub kv_watermark: f64,
+    /// `newest` (vLLM) or `fewest_outputs` (SGLang; see [`KvVictim`]).
+    pub kv_victim: KvVictim,
 }
 
 impl Default for ServerSpec {
@@ -139,6 +145,8 @@ impl Default for ServerSpec {
             max_waiting: s.max_waiting,
             kv_admission: s.kv_admission,
             kv_preemption: s.kv_preemption,
+            kv_watermark: s.kv_watermark,
+            kv_victim: s.kv_victim,
         }
     }
 }
@@ -159,6 +167,8 @@ impl ServerSpec {
             max_waiting: self.max_waiting,
             kv_admission: self.kv_admission,
             kv_preemption: self.kv_preemption,
+            kv_watermark: self.kv_watermark,
+            kv_victim: self.kv_victim,
         }
     }
 }

@@ -74,6 +74,8 @@ impl GenerateOptions {
             max_waiting: None,
             kv_admission: KvAdmission::Prompt,
             kv_preemption: KvPreemption::Recompute,
+            kv_watermark: 0.0,
+            kv_victim: Default::default(),
         }
     }
 }
