@@ -160,12 +160,14 @@ struct ServeArgs {
     /// blocks and skips steps until finished sequences free some.
     #[arg(long = "kv-preemption", value_enum, default_value_t = KvPreemptionArg::Recompute)]
     kv_preemption: KvPreemptionArg,
-    /// The fraction of the paged pool a waiting request must leave free to be admitted:
-    /// headroom for the running decodes (vLLM V0's watermark, 0.01 there; default 0).
+    /// The fraction of the paged pool, in [0, 1) and rounded down to whole blocks, a waiting
+    /// request's prompt must leave free to be admitted while others run: headroom for their
+    /// decodes (vLLM V0's watermark, 0.01 there; default 0).
     #[arg(long = "kv-watermark", default_value_t = 0.0)]
     kv_watermark: f64,
-    /// Which running sequence a preemption takes: the newest admitted (vLLM) or the one
-    /// with the fewest output tokens, the longest prompt among those (SGLang).
+    /// Which running sequence, of those not yet scheduled in the step, a preemption takes:
+    /// the newest admitted (vLLM), or a decoding one with the fewest output tokens, the
+    /// longest prompt among those (SGLang).
     #[arg(long = "kv-victim", value_enum, default_value_t = KvVictimArg::Newest)]
     kv_victim: KvVictimArg,
     /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.

@@ -40,13 +40,14 @@ pub enum KvAdmission {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvPreemption {
-    /// Preempt the newest running sequence not yet scheduled this step, until the blocks are
-    /// found: its KV is freed and, readmitted, it recomputes its prompt and output (vLLM).
+    /// Preempt a running sequence not yet scheduled this step ([`KvVictim`]: the newest, as
+    /// vLLM), until the blocks are found: its KV is freed and, readmitted, it recomputes its
+    /// prompt and output.
     #[default]
     Recompute,
     /// The sequence waits: it keeps its blocks and skips steps until finished sequences free
     /// some, and nothing new is admitted meanwhile. Only when no running sequence can step
-    /// at all is the newest preempted (recompute), so that the others go on.
+    /// at all is one preempted ([`KvVictim`]), so that the others go on.
     Wait,
 }
 
@@ -58,8 +59,9 @@ pub enum KvVictim {
     /// The newest admitted (vLLM: the lowest priority, last in its running queue).
     #[default]
     Newest,
-    /// The one with the fewest output tokens so far, the longest prompt among those
-    /// (SGLang's decode retraction): the least generated work lost, the most blocks freed.
+    /// A decoding sequence (one part-way through its prompt only when none decodes) with
+    /// the fewest output tokens so far, the longest prompt among those (SGLang's decode
+    /// retraction): the least generated work lost, the most blocks freed.
     FewestOutputs,
 }
 
@@ -94,9 +96,10 @@ pub struct SchedulerConfig {
     /// (a paged cache with prompt admission).
     #[serde(default)]
     pub kv_preemption: KvPreemption,
-    /// Paged cache: the fraction of the pool a waiting sequence must leave free to be
-    /// admitted (vLLM V0's `watermark`, 0.01 there): headroom for the running sequences'
-    /// decodes, so that fewer of them preempt. 0: none (vLLM V1).
+    /// Paged cache: the fraction of the pool a waiting sequence's whole prompt must leave
+    /// free to be admitted, in whole blocks rounded down (vLLM V0's `watermark`, 0.01
+    /// there): headroom for the running sequences' decodes, so that fewer of them preempt.
+    /// Waived when nothing runs. 0: none (vLLM V1).
     #[serde(default)]
     pub kv_watermark: f64,
     /// Which running sequence is preempted when the pool runs dry.

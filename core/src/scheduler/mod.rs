@@ -11,10 +11,10 @@
 //! 3. waiting sequences, first come first served, while the batch, budget and KV allow.
 //!
 //! When a running sequence needs a block and none is free, a running sequence not yet
-//! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to be recomputed later) and put at
-//! the front of the waiting queue — or, with [`KvPreemption::Wait`], the sequence waits,
-//! holding its blocks, and sits the step out. Running out of KV is never an error to the
-//! request.
+//! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to
+//! be recomputed later) and put at the front of the waiting queue — or, with
+//! [`KvPreemption::Wait`], the sequence waits, holding its blocks, and sits the step out.
+//! Running out of KV is never an error to the request.
 
 mod config;
 mod plan;
@@ -586,14 +586,16 @@ impl Scheduler {
                 watermark
             };
             if reserve_whole || headroom > 0 {
-                // The new blocks it takes now, or (whole-sequence) its whole sequence's, beside
-                // what the running still have coming and the watermark's headroom; cached
-                // prefix blocks nobody holds sit in the free count and leave it too.
+                // The new blocks of its whole sequence (whole-sequence admission) or of its
+                // whole prompt (the watermark, as vLLM V0 checks it, though a chunked prompt
+                // takes its first chunk's now), beside what the running still have coming and
+                // the watermark's headroom; cached prefix blocks nobody holds sit in the free
+                // count and leave it too.
                 let now_needed = blocks_for(hit + n, bs).saturating_sub(hit / bs);
                 let needed = if reserve_whole {
                     blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs
                 } else {
-                    now_needed
+                    blocks_for(seq.tokens.len(), bs) - hit / bs
                 };
                 let revived = prefix
                     .blocks
@@ -724,8 +726,8 @@ impl Scheduler {
     }
 
     /// Make room for `n` more tokens of running sequence `slot`: with
-    /// [`KvPreemption::Recompute`], preempting the newest unscheduled running sequences as
-    /// needed (`slot` itself, perhaps); with [`KvPreemption::Wait`], `slot` waits.
+    /// [`KvPreemption::Recompute`], preempting unscheduled running sequences ([`KvVictim`])
+    /// as needed (`slot` itself, perhaps); with [`KvPreemption::Wait`], `slot` waits.
     fn grow(&mut self, slot: u32, n: usize, plan: &mut StepPlan) -> Growth {
         loop {
             let seq = self.seqs[slot as usize].as_mut().expect("live");
@@ -756,11 +758,13 @@ impl Scheduler {
             .filter(|&(_, &s)| self.seq(s).scheduled_in != step);
         match self.cfg.kv_victim {
             KvVictim::Newest => candidates.map(|(i, _)| i).next_back(),
-            // Fewest outputs, then longest prompt, then newest.
+            // A decoding sequence before one part-way through its prompt (SGLang retracts
+            // decodes), then fewest outputs, longest prompt, newest.
             KvVictim::FewestOutputs => candidates
                 .min_by_key(|&(i, &s)| {
                     let q = self.seq(s);
                     (
+                        q.num_computed < q.prompt_len,
                         q.output_len(),
                         std::cmp::Reverse(q.prompt_len),
                         std::cmp::Reverse(i),
@@ -1139,11 +1143,58 @@ mod tests {
         }
     }
 
+    /// `FewestOutputs` prefers a decoding sequence to one part-way through its prompt, and
+    /// fewer outputs to a longer prompt: A (8-token prompt) decodes first, B (4 tokens)
+    /// joins later with fewer outputs, and C (40 tokens, 8-token chunks) is still
+    /// prefilling. At the start of the next step, `Newest` would take C, `FewestOutputs` B.
+    #[test]
+    fn the_least_decoded_victim_is_a_decoding_sequence_with_the_fewest_outputs() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            block_size: 4,
+            max_model_len: 128,
+            chunked_prefill: true,
+            prefill_chunk_size: 8,
+            max_batch_size: 4,
+            prefix_caching: false,
+            ..cfg()
+        });
+        let mut step = 0;
+        let mut run = |s: &mut Scheduler, n: usize| {
+            for _ in 0..n {
+                step += 1;
+                let plan = s.schedule(step as f64);
+                let sampled = vec![9; plan.num_sampling()];
+                s.complete(plan, &sampled, step as f64 + 0.5);
+            }
+        };
+        s.add_request(Request::new(1, vec![3; 8], 30), 0.0).unwrap();
+        run(&mut s, 3);
+        s.add_request(Request::new(2, vec![4; 4], 30), 0.0).unwrap();
+        run(&mut s, 2);
+        s.add_request(Request::new(3, vec![5; 40], 30), 0.0)
+            .unwrap();
+        run(&mut s, 1);
+        let [a, b, c] = [0, 1, 2].map(|i| s.seq(s.running[i]));
+        assert!(
+            a.output_len() > b.output_len() && b.output_len() > 0,
+            "A and B decode"
+        );
+        assert!(a.prompt_len > b.prompt_len);
+        assert!(
+            c.num_computed > 0 && c.num_computed < c.prompt_len,
+            "C is mid-prompt"
+        );
+        s.step += 1; // the next step: nobody is scheduled in it yet
+        assert_eq!(s.victim(), Some(2), "newest: C");
+        s.cfg.kv_victim = KvVictim::FewestOutputs;
+        assert_eq!(s.victim(), Some(1), "fewest outputs: B");
+    }
+
     /// The watermark: a pool of 16 blocks of 4 tokens, a quarter kept free at admission.
     /// A (28 tokens, 7 blocks) enters the empty pool; B (24 tokens, 6 blocks) would fit
     /// beside it (9 free) but leave 3, under the watermark's 4, so it waits for A to finish. Without
     /// the watermark both start at once. A prompt of 14 blocks, more than the pool less
-    /// the watermark, still enters an empty pool.
+    /// the watermark, still enters an empty pool; a chunked prompt is checked whole.
     #[test]
     fn the_watermark_keeps_headroom_for_running_sequences_only() {
         let pool = |kv_watermark| {
@@ -1156,11 +1207,13 @@ mod tests {
                 ..cfg()
             })
         };
-        for (watermark, together) in [(0.0, true), (0.25, false)] {
+        // B of 24 tokens leaves 3 blocks, of 20 tokens exactly the watermark's 4.
+        for (watermark, b_len, together) in [(0.0, 24, true), (0.25, 24, false), (0.25, 20, true)] {
             let mut s = pool(watermark);
             assert_eq!(s.config().watermark_blocks(), (watermark * 16.0) as usize);
             s.add_request(Request::new(1, vec![3; 28], 4), 0.0).unwrap();
-            s.add_request(Request::new(2, vec![4; 24], 4), 0.0).unwrap();
+            s.add_request(Request::new(2, vec![4; b_len], 4), 0.0)
+                .unwrap();
             let plan = s.schedule(1.0);
             let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
             assert_eq!(ids.len() == 2, together, "watermark {watermark}: {ids:?}");
@@ -1181,6 +1234,24 @@ mod tests {
         s.add_request(Request::new(3, vec![5; 56], 2), 0.0).unwrap();
         let plan = s.schedule(1.0);
         assert_eq!(plan.seqs.len(), 1, "an empty pool admits it");
+        // Chunked, the watermark asks for the whole prompt, as vLLM V0: B's first chunk fits
+        // beside A (1 block), its 12 blocks would leave 3 of the 4.
+        for (watermark, together) in [(0.0, true), (0.25, false)] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                prefill_chunk_size: 8,
+                max_batch_size: 4,
+                ..pool(watermark).config().clone()
+            });
+            s.add_request(Request::new(1, vec![3; 4], 4), 0.0).unwrap();
+            s.add_request(Request::new(2, vec![4; 48], 4), 0.0).unwrap();
+            let plan = s.schedule(1.0);
+            let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+            assert_eq!(
+                ids.len() == 2,
+                together,
+                "chunked, watermark {watermark}: {ids:?}"
+            );
+        }
         let bad = SchedulerConfig {
             kv_watermark: 1.0,
             ..cfg()
