@@ -313,6 +313,14 @@ fn is_static_host(p: Param) -> bool {
     matches!(p, Param::StaticStepOverhead | Param::StaticPerSeqOverhead)
 }
 
+/// The models `targets` run, each once, in name order.
+fn model_names(targets: &[Target]) -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
 /// `params` as one model's fitted runs can determine them: static batching's own host
 /// costs only where they batch both ways.
 fn params_for(params: &[Param], both_ways: bool) -> Vec<Param> {
@@ -326,10 +334,7 @@ fn params_for(params: &[Param], both_ways: bool) -> Vec<Param> {
 /// The models of `targets` whose fitted runs cannot determine some of `params`, and which:
 /// what `sim calibrate --fit` warns of.
 pub fn unfittable(params: &[Param], targets: &[Target]) -> Vec<(&'static str, Vec<Param>)> {
-    let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
-    names.sort_unstable();
-    names.dedup();
-    names
+    model_names(targets)
         .into_iter()
         .filter_map(|name| {
             let mine = targets.iter().filter(|t| t.model() == name);
@@ -558,9 +563,7 @@ pub fn fit_all(
             )));
         }
     }
-    let mut names: Vec<&'static str> = targets.iter().map(|t| t.model()).collect();
-    names.sort_unstable();
-    names.dedup();
+    let names = model_names(targets);
     let mut models = Vec::new();
     for name in names {
         let mut mine: Vec<&mut Target> = targets.iter_mut().filter(|t| t.model() == name).collect();
