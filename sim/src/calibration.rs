@@ -14,6 +14,8 @@
 //! logits = "all"               # sampled | all
 //! attention_scores = "materialized"  # fused | materialized (eager attention's score matrix)
 //! contiguous_kv = "grown"       # reserved | grown (a contiguous cache allocated as used)
+//! contiguous_decode = "padded"  # ragged | padded (decodes over a contiguous cache as one
+//!                              #   batch tensor, padded to the longest context)
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
@@ -47,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::{HardwareSpec, ModelSpec};
 use crate::cost::ClientPath;
-use infer_core::BatchingMode;
+use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
@@ -95,6 +97,9 @@ pub struct Calibration {
     pub attention_scores: AttentionScores,
     /// Whether a contiguous KV cache takes its memory up front or as it fills.
     pub contiguous_kv: ContiguousKv,
+    /// How decodes attend over a contiguous KV cache (a paged one is always ragged:
+    /// [`Calibration::for_server`]).
+    pub contiguous_decode: ContiguousDecode,
     /// Whether a pass's compute and memory traffic overlap.
     pub roofline: Roofline,
     /// Bytes/s at which memory spilled out of the device moves back and forth (host
@@ -166,6 +171,22 @@ pub enum ContiguousKv {
     Grown,
 }
 
+/// How an engine's decodes attend over a contiguous KV cache (`kv_cache_backend =
+/// "contiguous"`; a paged decode kernel reads each sequence's own blocks: always ragged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ContiguousDecode {
+    /// Each decode attends over its own context (a varlen kernel: infer's, vLLM's).
+    #[default]
+    Ragged,
+    /// The step's decodes are gathered into one batch tensor, right-padded to the longest
+    /// context, and attention runs over all of it with the padding masked: every decode
+    /// reads and attends over the longest context (Hugging Face attention over a batched
+    /// cache; the benchmark log's Phases 4–5, whose Phase 6 Triton kernel "fuses
+    /// gather+attention during decode, reading K/V directly from scattered blocks").
+    Padded,
+}
+
 /// How a forward pass's compute and memory time combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -204,6 +225,8 @@ pub struct Mechanisms {
     #[serde(default)]
     pub contiguous_kv: ContiguousKv,
     #[serde(default)]
+    pub contiguous_decode: ContiguousDecode,
+    #[serde(default)]
     pub roofline: Roofline,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spill_bandwidth_gb_s: Option<f64>,
@@ -218,11 +241,12 @@ impl Mechanisms {
     pub fn describe(&self) -> String {
         format!(
             "prefill_batching={:?} logits={:?} attention_scores={:?} contiguous_kv={:?} \
-             roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} graph_replay_factor={}",
+             contiguous_decode={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} graph_replay_factor={}",
             self.prefill_batching,
             self.logits,
             self.attention_scores,
             self.contiguous_kv,
+            self.contiguous_decode,
             self.roofline,
             self.spill_bandwidth_gb_s
                 .map_or("host link".to_string(), |v| v.to_string()),
@@ -461,6 +485,7 @@ impl Mechanisms {
             logits: c.logits,
             attention_scores: c.attention_scores,
             contiguous_kv: c.contiguous_kv,
+            contiguous_decode: c.contiguous_decode,
             roofline: c.roofline,
             spill_bandwidth_gb_s: c.spill_bandwidth.map(|b| b / 1e9),
             reserved_gib: c.reserved_gib,
@@ -493,6 +518,7 @@ impl Calibration {
             logits: LogitRows::Sampled,
             attention_scores: AttentionScores::Fused,
             contiguous_kv: ContiguousKv::Reserved,
+            contiguous_decode: ContiguousDecode::Ragged,
             roofline: Roofline::Overlap,
             spill_bandwidth: None,
             reserved_gib: None,
@@ -512,10 +538,14 @@ impl Calibration {
         Ok(Calibration::default_for(hw))
     }
 
-    /// The calibration an engine batching by `mode` prices its steps with: under static
-    /// batching, its own host costs where the calibration has them.
-    pub fn for_batching(mut self, mode: BatchingMode) -> Calibration {
-        if mode == BatchingMode::Static {
+    /// The calibration a server configured by `cfg` prices its steps with: under static
+    /// batching, its own host costs where the calibration has them; over a paged KV cache,
+    /// ragged decodes.
+    pub fn for_server(mut self, cfg: &SchedulerConfig) -> Calibration {
+        if cfg.kv_cache_backend != KvBackend::Contiguous {
+            self.contiguous_decode = ContiguousDecode::Ragged;
+        }
+        if cfg.batching_mode == BatchingMode::Static {
             self.step_overhead_s = self.static_step_overhead_s.unwrap_or(self.step_overhead_s);
             self.per_seq_overhead_s = self
                 .static_per_seq_overhead_s
@@ -548,6 +578,7 @@ impl Calibration {
             logits: mechanisms.logits,
             attention_scores: mechanisms.attention_scores,
             contiguous_kv: mechanisms.contiguous_kv,
+            contiguous_decode: mechanisms.contiguous_decode,
             roofline: mechanisms.roofline,
             spill_bandwidth: mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
             reserved_gib: mechanisms.reserved_gib,

@@ -22,7 +22,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::calibration::{AttentionScores, ContiguousKv, PrefillBatching, Roofline};
+use crate::calibration::{
+    AttentionScores, ContiguousDecode, ContiguousKv, PrefillBatching, Roofline,
+};
 use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
 use crate::setup::{self, Setup};
 
@@ -620,6 +622,7 @@ pub struct Held {
     pub logits: bool,
     pub attention_scores: bool,
     pub contiguous_kv: bool,
+    pub contiguous_decode: bool,
     pub roofline: bool,
 }
 
@@ -653,6 +656,11 @@ pub fn mechanism_candidates(given: &Mechanisms, held: Held) -> Vec<Mechanisms> {
         given.contiguous_kv,
         &[ContiguousKv::Reserved, ContiguousKv::Grown],
     );
+    let decodes = each(
+        held.contiguous_decode,
+        given.contiguous_decode,
+        &[ContiguousDecode::Ragged, ContiguousDecode::Padded],
+    );
     let rooflines = each(
         held.roofline,
         given.roofline,
@@ -663,15 +671,18 @@ pub fn mechanism_candidates(given: &Mechanisms, held: Held) -> Vec<Mechanisms> {
         for &logits in &logit_rows {
             for &attention_scores in &scores {
                 for &contiguous_kv in &kvs {
-                    for &roofline in &rooflines {
-                        out.push(Mechanisms {
-                            prefill_batching,
-                            logits,
-                            attention_scores,
-                            contiguous_kv,
-                            roofline,
-                            ..*given
-                        });
+                    for &contiguous_decode in &decodes {
+                        for &roofline in &rooflines {
+                            out.push(Mechanisms {
+                                prefill_batching,
+                                logits,
+                                attention_scores,
+                                contiguous_kv,
+                                contiguous_decode,
+                                roofline,
+                                ..*given
+                            });
+                        }
                     }
                 }
             }
@@ -1014,7 +1025,7 @@ mod tests {
             ..Mechanisms::default()
         };
         let all = mechanism_candidates(&given, Held::default());
-        assert_eq!(all.len(), 32);
+        assert_eq!(all.len(), 64);
         assert!(all
             .iter()
             .any(|m| m.prefill_batching == PrefillBatching::Padded));
@@ -1024,7 +1035,7 @@ mod tests {
             ..Held::default()
         };
         let some = mechanism_candidates(&given, held);
-        assert_eq!(some.len(), 8);
+        assert_eq!(some.len(), 16);
         assert!(some
             .iter()
             .all(|m| m.prefill_batching == PrefillBatching::Packed
@@ -1034,8 +1045,8 @@ mod tests {
             some.iter().map(Mechanisms::describe).collect();
         assert_eq!(
             distinct.len(),
-            8,
-            "every combination of the other three, once"
+            16,
+            "every combination of the other four, once"
         );
     }
 

@@ -117,13 +117,18 @@ enum Command {
         /// or as it fills (grown: Hugging Face's DynamicCache).
         #[arg(long, value_enum)]
         contiguous_kv: Option<calibration::ContiguousKv>,
+        /// How decodes attend over a contiguous KV cache: ragged (each over its own
+        /// context; the default) or padded (one batch tensor padded to the longest context:
+        /// Hugging Face attention over a batched cache).
+        #[arg(long, value_enum)]
+        contiguous_decode: Option<calibration::ContiguousDecode>,
         /// Whether the engine overlaps compute with memory traffic (a GPU; the default) or
         /// not (serial: a CPU engine on few cores).
         #[arg(long, value_enum)]
         roofline: Option<calibration::Roofline>,
         /// Try every combination of prefill batching (packed, padded), logits, attention
-        /// scores, contiguous KV and roofline — those the flags do not give — and keep the
-        /// best fit.
+        /// scores, contiguous KV, contiguous decode and roofline — those the flags do not
+        /// give — and keep the best fit.
         #[arg(long)]
         search_mechanisms: bool,
         /// Host paging speed once device memory spills, GB/s (default: the host link).
@@ -204,6 +209,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             logits,
             attention_scores,
             contiguous_kv,
+            contiguous_decode,
             roofline,
             search_mechanisms,
             spill_bandwidth_gb_s,
@@ -277,18 +283,24 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 logits: logits.unwrap_or(base.logits),
                 attention_scores: attention_scores.unwrap_or(base.attention_scores),
                 contiguous_kv: contiguous_kv.unwrap_or(base.contiguous_kv),
+                contiguous_decode: contiguous_decode.unwrap_or(base.contiguous_decode),
                 roofline: roofline.unwrap_or(base.roofline),
                 spill_bandwidth_gb_s: spill_bandwidth_gb_s.or(base.spill_bandwidth_gb_s),
                 reserved_gib: reserved_gib.or(base.reserved_gib),
                 graph_replay_factor: graph_replay_factor.or(base.graph_replay_factor),
             };
             let candidates = if search_mechanisms {
-                // The mechanisms the flags give are facts about the server; search the rest.
+                // The mechanisms the flags give are facts about the server; search the rest,
+                // but not a contiguous cache's where no run has one (nothing tells them apart).
+                let contiguous = targets.iter().any(|t| {
+                    t.setup.scenario.server.kv_cache_backend == infer_core::KvBackend::Contiguous
+                });
                 let held = fit::Held {
                     prefill_batching: prefill_batching.is_some(),
                     logits: logits.is_some(),
                     attention_scores: attention_scores.is_some(),
-                    contiguous_kv: contiguous_kv.is_some(),
+                    contiguous_kv: contiguous_kv.is_some() || !contiguous,
+                    contiguous_decode: contiguous_decode.is_some() || !contiguous,
                     roofline: roofline.is_some(),
                 };
                 fit::mechanism_candidates(&given, held)

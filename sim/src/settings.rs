@@ -25,6 +25,7 @@
 //! logits = "sampled"               # sampled | all
 //! attention_scores = "fused"       # fused | materialized
 //! contiguous_kv = "reserved"       # reserved | grown
+//! contiguous_decode = "ragged"     # ragged | padded (decodes over a contiguous cache)
 //! roofline = "overlap"             # overlap | serial
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
@@ -35,7 +36,9 @@
 use infer_core::workload::Scenario;
 use serde::Deserialize;
 
-use crate::calibration::{AttentionScores, ContiguousKv, LogitRows, PrefillBatching, Roofline};
+use crate::calibration::{
+    AttentionScores, ContiguousDecode, ContiguousKv, LogitRows, PrefillBatching, Roofline,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -70,6 +73,7 @@ pub struct SimSettings {
     pub logits: Option<LogitRows>,
     pub attention_scores: Option<AttentionScores>,
     pub contiguous_kv: Option<ContiguousKv>,
+    pub contiguous_decode: Option<ContiguousDecode>,
     pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
@@ -168,7 +172,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 25] = [
+    const KNOWN: [&str; 26] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -190,6 +194,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "logits",
         "attention_scores",
         "contiguous_kv",
+        "contiguous_decode",
         "roofline",
         "spill_bandwidth_gb_s",
         "reserved_gib",

@@ -35,7 +35,7 @@ impl Setup {
     pub fn set_calibration(&mut self, mut cal: Calibration) -> Result<(), DoesNotFit> {
         apply_overrides(&mut cal, &self.settings);
         let cfg = self.scenario.server.scheduler_config();
-        let cal = cal.for_batching(cfg.batching_mode);
+        let cal = cal.for_server(&cfg);
         let memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
         self.cost = Arc::new(Analytic::new(
             self.hardware.clone(),
@@ -106,7 +106,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             .map_err(|r| at("server.model", r.to_string()))?,
     };
     apply_overrides(&mut cal, &settings);
-    let cal = cal.for_batching(cfg.batching_mode);
+    let cal = cal.for_server(&cfg);
     let memory =
         plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
     let mut warnings: Vec<String> = Vec::new();
@@ -209,6 +209,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     cal.logits = s.logits.unwrap_or(cal.logits);
     cal.attention_scores = s.attention_scores.unwrap_or(cal.attention_scores);
     cal.contiguous_kv = s.contiguous_kv.unwrap_or(cal.contiguous_kv);
+    cal.contiguous_decode = s.contiguous_decode.unwrap_or(cal.contiguous_decode);
     cal.roofline = s.roofline.unwrap_or(cal.roofline);
     if *cal != before {
         cal.source.push_str(", with [sim] overrides");
@@ -254,7 +255,11 @@ mod tests {
         cal.static_step_overhead_s = Some(2e-3);
         cal.static_per_seq_overhead_s = Some(0.5e-3);
         let resolved = |cal: &Calibration, mode| {
-            let c = cal.clone().for_batching(mode);
+            let cfg = infer_core::SchedulerConfig {
+                batching_mode: mode,
+                ..Default::default()
+            };
+            let c = cal.clone().for_server(&cfg);
             (c.step_overhead_s, c.per_seq_overhead_s)
         };
         assert_eq!(resolved(&cal, BatchingMode::Continuous), (4e-3, 1e-3));
@@ -309,5 +314,34 @@ mod tests {
             (statically - continuous - gap).abs() < 1e-9,
             "{statically} - {continuous} != {gap}"
         );
+    }
+
+    /// `contiguous_decode = padded` prices decodes over a contiguous cache at the longest
+    /// context; over a paged cache a decode reads its own blocks, whatever the setting.
+    #[test]
+    fn padded_decodes_apply_to_a_contiguous_cache_only() {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        // Two decodes, at 100 and 900 tokens of context.
+        let shape = infer_core::StepShape {
+            num_seqs: 2,
+            decode_seqs: 2,
+            sampled: 2,
+            context_tokens: 1000,
+            decode_context_tokens: 1000,
+            max_decode_context: 900,
+            attention_pairs: 1000.0,
+            ..Default::default()
+        };
+        let step = |set: &[&str]| {
+            let mut set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+            set.push("sim.decode_attention_efficiency=0.002".into());
+            load(file, &set).unwrap().cost.step_time(&shape)
+        };
+        let contiguous = "server.kv_cache_backend=contiguous";
+        let no_sharing = "server.prefix_caching=false";
+        let padded = "sim.contiguous_decode=padded";
+        let paged = "server.kv_cache_backend=paged";
+        assert!(step(&[contiguous, no_sharing, padded]) > step(&[contiguous, no_sharing]));
+        assert_eq!(step(&[paged, padded]), step(&[paged]));
     }
 }

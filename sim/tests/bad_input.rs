@@ -477,6 +477,11 @@ fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
             "sim.client_stream_s",
         ),
         ("baseline", "sim.warp_factor=9", "sim.warp_factor"),
+        (
+            "baseline",
+            "sim.contiguous_decode=\"sideways\"",
+            "sim.contiguous_decode",
+        ),
         // [slo]
         ("baseline", "slo.ttft_ms=0", "slo.ttft_ms"),
         ("baseline", "slo.tpot_ms=-5", "slo.tpot_ms"),

@@ -24,6 +24,9 @@ pub struct StepShape {
     pub context_tokens: usize,
     /// The part of `context_tokens` that belongs to decodes.
     pub decode_context_tokens: usize,
+    /// The longest context a decode attends to: the key length of a decode batch padded to
+    /// its longest sequence.
+    pub max_decode_context: usize,
     /// The part of `decode_context_tokens` that decodes share through the prefix cache
     /// (their prefix-cache hits): blocks read more than once in the step, which a cache
     /// serves faster than distinct context. Counted per reader that found the prefix in
@@ -48,6 +51,7 @@ impl StepShape {
             if q.is_decode {
                 s.decode_seqs += 1;
                 s.decode_context_tokens += q.context_len();
+                s.max_decode_context = s.max_decode_context.max(q.context_len());
                 s.decode_shared_context_tokens += q.cached_tokens.min(q.context_len());
             } else {
                 s.prefill_tokens += n;
@@ -109,6 +113,7 @@ mod tests {
             ),
             (0, 1, 101, 101)
         );
+        assert_eq!(shape.max_decode_context, 101);
         assert_eq!(shape.attention_pairs, 101.0);
     }
 
@@ -129,6 +134,7 @@ mod tests {
         let shape = StepShape::of(&s.schedule(0.02));
         assert_eq!(shape.decode_seqs, 2);
         assert_eq!(shape.decode_context_tokens, 50 + 49);
+        assert_eq!(shape.max_decode_context, 50, "the longer of the two");
         assert_eq!(shape.decode_shared_context_tokens, 32);
     }
 }

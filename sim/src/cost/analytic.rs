@@ -30,7 +30,9 @@
 //! ```
 //!
 //! A packed engine (vLLM, infer) runs one ragged pass over every new token, with logits
-//! for the sampling rows only. A padded engine runs the step's prompt chunks as their own
+//! for the sampling rows only. With `contiguous_decode = padded` (over a contiguous cache)
+//! every decode attends over, and reads, the step's longest decode context: decodes ×
+//! longest pairs instead of Σ context. A padded engine runs the step's prompt chunks as their own
 //! pass, right-padded to the longest (tokens = prompt sequences × longest chunk, attention
 //! pairs scaled by the padding), then the decodes as a second pass; with `logits = all`
 //! its prompt pass computes the head for every position.
@@ -51,7 +53,9 @@
 //! ([`Analytic::spill_time`]): the benchmark log's "VRAM cliff".
 
 use super::{ClientPath, CostModel, StepShape};
-use crate::calibration::{AttentionScores, Calibration, LogitRows, PrefillBatching, Roofline};
+use crate::calibration::{
+    AttentionScores, Calibration, ContiguousDecode, LogitRows, PrefillBatching, Roofline,
+};
 use crate::catalog::{HardwareSpec, ModelSpec};
 
 /// Device bytes per attention score while eager attention softmaxes a layer: the bf16
@@ -156,7 +160,13 @@ impl Analytic {
     fn passes(&self, s: &StepShape) -> [Option<Pass>; 2] {
         let all_logits = self.cal.logits == LogitRows::All;
         let prompt_scores = (s.prefill_seqs * s.max_prefill_chunk * s.max_prefill_context) as f64;
-        let decode_scores = s.decode_context_tokens as f64;
+        // The keys the decodes attend over: each its own context, or, padded into one batch
+        // tensor, each the longest (the padding is masked, not skipped).
+        let decode_scores = match self.cal.contiguous_decode {
+            ContiguousDecode::Ragged => s.decode_context_tokens,
+            ContiguousDecode::Padded => s.decode_seqs * s.max_decode_context,
+        } as f64;
+        let decode_padding = decode_scores - s.decode_context_tokens as f64;
         // Σ chunk × (computed + chunk) over prompts: the causal pairs plus the masked half
         // of each chunk's square.
         let prompt_rectangles =
@@ -166,11 +176,12 @@ impl Analytic {
             Pass {
                 tokens,
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
-                kv_tokens: (s.context_tokens + s.new_tokens()) as f64,
-                attention_pairs: s.attention_pairs,
-                decode_pairs: s.decode_context_tokens as f64,
-                score_elements: prompt_rectangles(s.attention_pairs - decode_scores)
-                    + decode_scores,
+                kv_tokens: (s.context_tokens + s.new_tokens()) as f64 + decode_padding,
+                attention_pairs: s.attention_pairs + decode_padding,
+                decode_pairs: decode_scores,
+                score_elements: prompt_rectangles(
+                    s.attention_pairs - s.decode_context_tokens as f64,
+                ) + decode_scores,
                 held: Held {
                     tokens,
                     logit_rows: if all_logits { tokens } else { s.sampled as f64 },
@@ -183,10 +194,9 @@ impl Analytic {
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
             return [Some(packed()), None];
         }
-        let decode_pairs = s.decode_context_tokens as f64;
         let prompt_sampled = (s.sampled - s.decode_seqs) as f64;
         let prompt_kv = (s.context_tokens - s.decode_context_tokens) as f64;
-        let prompt_pairs = (s.attention_pairs - decode_pairs).max(0.0);
+        let prompt_pairs = (s.attention_pairs - s.decode_context_tokens as f64).max(0.0);
         let prompt = if self.cal.prefill == PrefillBatching::Sequential {
             // Each prompt alone, priced as the prompts' average; memory is the largest's.
             let n = s.prefill_seqs as f64;
@@ -230,12 +240,12 @@ impl Analytic {
                 count: 1.0,
             }
         };
-        let decodes = (s.decode_seqs > 0).then(|| Pass {
+        let decodes = (s.decode_seqs > 0).then_some(Pass {
             tokens: s.decode_seqs as f64,
             logit_rows: s.decode_seqs as f64,
-            kv_tokens: (s.decode_context_tokens + s.decode_seqs) as f64,
-            attention_pairs: decode_pairs,
-            decode_pairs,
+            kv_tokens: decode_scores + s.decode_seqs as f64,
+            attention_pairs: decode_scores,
+            decode_pairs: decode_scores,
             score_elements: decode_scores,
             held: Held {
                 tokens: s.decode_seqs as f64,
@@ -403,6 +413,9 @@ fn mechanisms(c: &Calibration) -> String {
     if c.attention_scores == AttentionScores::Materialized {
         out.push_str(", materialised attention scores");
     }
+    if c.contiguous_decode == ContiguousDecode::Padded {
+        out.push_str(", padded decodes");
+    }
     if c.roofline == Roofline::Serial {
         out.push_str(", serial roofline");
     }
@@ -428,8 +441,67 @@ mod tests {
             sampled: seqs,
             context_tokens: seqs * ctx,
             decode_context_tokens: seqs * ctx,
+            max_decode_context: ctx,
             attention_pairs: (seqs * ctx) as f64,
             ..StepShape::default()
+        }
+    }
+
+    /// Decodes at each of `contexts`, after a prompt of `prompt` tokens (none if 0).
+    fn decodes_at(contexts: &[usize], prompt: usize) -> StepShape {
+        let total: usize = contexts.iter().sum();
+        let mut s = if prompt > 0 {
+            prefill(prompt)
+        } else {
+            StepShape::default()
+        };
+        s.num_seqs += contexts.len();
+        s.decode_seqs = contexts.len();
+        s.sampled += contexts.len();
+        s.context_tokens += total;
+        s.decode_context_tokens = total;
+        s.max_decode_context = contexts.iter().copied().max().unwrap_or(0);
+        s.attention_pairs += total as f64;
+        s
+    }
+
+    /// Padded into one batch tensor, every decode attends over and reads the longest
+    /// context: decodes at 100 and 900 tokens cost what two at 900 cost ragged, in the
+    /// decode-only pass and beside a padded prompt pass, with materialised scores.
+    #[test]
+    fn padded_decodes_attend_over_the_longest_context() {
+        let with = |decode: ContiguousDecode| {
+            rtx5080_llama(|c| Calibration {
+                prefill: PrefillBatching::Padded,
+                attention_scores: AttentionScores::Materialized,
+                decode_attention_efficiency: 0.002,
+                contiguous_decode: decode,
+                ..c
+            })
+        };
+        let (ragged, padded) = (
+            with(ContiguousDecode::Ragged),
+            with(ContiguousDecode::Padded),
+        );
+        for prompt in [0, 300] {
+            let uneven = decodes_at(&[100, 900], prompt);
+            let longest = decodes_at(&[900, 900], prompt);
+            assert_eq!(
+                padded.terms(&uneven),
+                ragged.terms(&longest),
+                "prompt {prompt}"
+            );
+            assert_eq!(
+                padded.activation_bytes(&uneven),
+                ragged.activation_bytes(&longest)
+            );
+            let (r, p) = (ragged.terms(&uneven), padded.terms(&uneven));
+            assert!(
+                p.compute > r.compute && p.memory > r.memory,
+                "{r:?} vs {p:?}"
+            );
+            // Decodes of one length have nothing to pad.
+            assert_eq!(padded.terms(&longest), ragged.terms(&longest));
         }
     }
 
