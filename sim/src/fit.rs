@@ -629,66 +629,64 @@ pub struct Held {
 /// The mechanism combinations a search tries: every value of each mechanism not `held`
 /// (spill bandwidth, reserved memory and graph replay, and what is held, as `given`).
 pub fn mechanism_candidates(given: &Mechanisms, held: Held) -> Vec<Mechanisms> {
-    fn each<T: Copy>(held: bool, given: T, all: &[T]) -> Vec<T> {
+    /// Every candidate so far with each of `values` put in by `put` (unless held): the
+    /// product of the mechanisms, the first one outermost.
+    fn times<T: Copy>(
+        out: Vec<Mechanisms>,
+        held: bool,
+        values: &[T],
+        put: impl Fn(&mut Mechanisms, T),
+    ) -> Vec<Mechanisms> {
         if held {
-            vec![given]
-        } else {
-            all.to_vec()
+            return out;
         }
+        out.iter()
+            .flat_map(|m| {
+                values.iter().map(|&v| {
+                    let mut m = *m;
+                    put(&mut m, v);
+                    m
+                })
+            })
+            .collect()
     }
-    let prefills = each(
+    let mut out = vec![*given];
+    out = times(
+        out,
         held.prefill_batching,
-        given.prefill_batching,
         &[PrefillBatching::Packed, PrefillBatching::Padded],
+        |m, v| m.prefill_batching = v,
     );
-    let logit_rows = each(
+    out = times(
+        out,
         held.logits,
-        given.logits,
         &[LogitRows::Sampled, LogitRows::All],
+        |m, v| m.logits = v,
     );
-    let scores = each(
+    out = times(
+        out,
         held.attention_scores,
-        given.attention_scores,
         &[AttentionScores::Fused, AttentionScores::Materialized],
+        |m, v| m.attention_scores = v,
     );
-    let kvs = each(
+    out = times(
+        out,
         held.contiguous_kv,
-        given.contiguous_kv,
         &[ContiguousKv::Reserved, ContiguousKv::Grown],
+        |m, v| m.contiguous_kv = v,
     );
-    let decodes = each(
+    out = times(
+        out,
         held.contiguous_decode,
-        given.contiguous_decode,
         &[ContiguousDecode::Ragged, ContiguousDecode::Padded],
+        |m, v| m.contiguous_decode = v,
     );
-    let rooflines = each(
+    times(
+        out,
         held.roofline,
-        given.roofline,
         &[Roofline::Overlap, Roofline::Serial],
-    );
-    let mut out = Vec::new();
-    for &prefill_batching in &prefills {
-        for &logits in &logit_rows {
-            for &attention_scores in &scores {
-                for &contiguous_kv in &kvs {
-                    for &contiguous_decode in &decodes {
-                        for &roofline in &rooflines {
-                            out.push(Mechanisms {
-                                prefill_batching,
-                                logits,
-                                attention_scores,
-                                contiguous_kv,
-                                contiguous_decode,
-                                roofline,
-                                ..*given
-                            });
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+        |m, v| m.roofline = v,
+    )
 }
 
 /// One predicted figure beside its measurement.

@@ -291,9 +291,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             };
             let candidates = if search_mechanisms {
                 // The mechanisms the flags give are facts about the server; search the rest,
-                // but not a contiguous cache's where no run has one (nothing tells them apart).
+                // but not a contiguous cache's where no fitted run has one (nothing tells
+                // them apart).
                 let contiguous = targets.iter().any(|t| {
-                    t.setup.scenario.server.kv_cache_backend == infer_core::KvBackend::Contiguous
+                    !t.held_out
+                        && t.setup.scenario.server.kv_cache_backend
+                            == infer_core::KvBackend::Contiguous
                 });
                 let held = fit::Held {
                     prefill_batching: prefill_batching.is_some(),

@@ -232,7 +232,7 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
         sampled: prompts + decodes,
         context_tokens: prompts * len + decode_context,
         decode_context_tokens: decode_context,
-        max_decode_context: if decodes > 0 { len } else { 0 },
+        max_decode_context: if decode_context > 0 { len } else { 0 },
         decode_shared_context_tokens: 0,
         attention_pairs: prompts as f64 * (c * (n - c) + c * (c + 1.0) / 2.0)
             + decode_context as f64,

@@ -1,7 +1,7 @@
 //! From a scenario to what a run needs: catalog entries, the memory plan and a cost model.
 //! Every refusal here names the file and the key, as scenario errors do.
 
-use infer_core::FileError;
+use infer_core::{FileError, KvBackend};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -110,6 +110,18 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     let memory =
         plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
     let mut warnings: Vec<String> = Vec::new();
+    if cfg.kv_cache_backend != KvBackend::Contiguous {
+        // A contiguous cache's mechanisms, asked for in `[sim]`, describe no cache here.
+        let asked = [
+            ("contiguous_kv", settings.contiguous_kv.is_some()),
+            ("contiguous_decode", settings.contiguous_decode.is_some()),
+        ];
+        for (key, _) in asked.iter().filter(|(_, set)| *set) {
+            warnings.push(format!(
+                "warning: sim.{key} has no effect: server.kv_cache_backend is not contiguous"
+            ));
+        }
+    }
     let cost: Arc<dyn CostModel> = match settings.cost_model {
         CostModelKind::Analytic => Arc::new(Analytic::new(
             hardware.clone(),
@@ -332,16 +344,26 @@ mod tests {
             attention_pairs: 1000.0,
             ..Default::default()
         };
-        let step = |set: &[&str]| {
+        let setup = |set: &[&str]| {
             let mut set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
             set.push("sim.decode_attention_efficiency=0.002".into());
-            load(file, &set).unwrap().cost.step_time(&shape)
+            load(file, &set).unwrap()
         };
+        let step = |set: &[&str]| setup(set).cost.step_time(&shape);
         let contiguous = "server.kv_cache_backend=contiguous";
         let no_sharing = "server.prefix_caching=false";
         let padded = "sim.contiguous_decode=padded";
         let paged = "server.kv_cache_backend=paged";
         assert!(step(&[contiguous, no_sharing, padded]) > step(&[contiguous, no_sharing]));
         assert_eq!(step(&[paged, padded]), step(&[paged]));
+        // Asked for in `[sim]` where it cannot apply, it says so.
+        let said = |set: &[&str]| {
+            setup(set)
+                .warnings
+                .iter()
+                .any(|w| w.contains("sim.contiguous_decode has no effect"))
+        };
+        assert!(said(&[paged, padded]));
+        assert!(!said(&[contiguous, no_sharing, padded]));
     }
 }

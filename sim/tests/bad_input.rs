@@ -55,6 +55,12 @@ fn file_and_sim_table_errors_are_named() {
         e.contains("sim.warp_factor") && e.contains("unknown key"),
         "{e}"
     );
+    // A known mechanism key with a value it does not take names the values it does.
+    let e = err("baseline", &["sim.contiguous_decode=\"sideways\""]);
+    assert!(
+        e.contains("sim.contiguous_decode") && e.contains("`ragged` or `padded`"),
+        "{e}"
+    );
     let e = err(
         "baseline",
         &["sim.cost_model=profiled", "sim.profile=/nonexistent/p.json"],

@@ -10,9 +10,11 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 use infer_core::StepShape;
 
-pub const HEADER: &str =
-    "t_s,num_seqs,prefill_tokens,decode_seqs,context_tokens,decode_context_tokens,\
-decode_shared_context_tokens,attention_pairs,chunk_self_pairs,forward_s,step_s";
+/// Every field of [`StepShape`], in its order, between the time and the durations: a cost
+/// model reads back the shape the scheduler planned, whatever mechanisms it prices.
+pub const HEADER: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
+max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
+max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,forward_s,step_s";
 
 /// One step of the trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,13 +50,18 @@ impl StepLog {
         let s = &r.shape;
         let _ = writeln!(
             self.out,
-            "{:.6},{},{},{},{},{},{},{},{},{:.6},{:.6}",
+            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6}",
             r.t_s,
             s.num_seqs,
             s.prefill_tokens,
+            s.prefill_seqs,
+            s.max_prefill_chunk,
+            s.max_prefill_context,
             s.decode_seqs,
+            s.sampled,
             s.context_tokens,
             s.decode_context_tokens,
+            s.max_decode_context,
             s.decode_shared_context_tokens,
             s.attention_pairs,
             s.chunk_self_pairs,
@@ -75,7 +82,8 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
     let header = lines.next().transpose()?.unwrap_or_default();
     anyhow::ensure!(
         header == HEADER,
-        "{}: not a step log (header {header:?})",
+        "{}: not a step log of this version (header {header:?}); record it again with \
+         `engine serve --step-log`",
         path.display()
     );
     let mut steps = Vec::new();
@@ -89,7 +97,7 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 i + 2
             )
         };
-        if f.len() != 11 {
+        if f.len() != 16 {
             return Err(bad());
         }
         let u = |j: usize| f[j].parse::<usize>().map_err(|_| bad());
@@ -99,16 +107,20 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
             shape: StepShape {
                 num_seqs: u(1)?,
                 prefill_tokens: u(2)?,
-                decode_seqs: u(3)?,
-                context_tokens: u(4)?,
-                decode_context_tokens: u(5)?,
-                decode_shared_context_tokens: u(6)?,
-                attention_pairs: x(7)?,
-                chunk_self_pairs: x(8)?,
-                ..StepShape::default()
+                prefill_seqs: u(3)?,
+                max_prefill_chunk: u(4)?,
+                max_prefill_context: u(5)?,
+                decode_seqs: u(6)?,
+                sampled: u(7)?,
+                context_tokens: u(8)?,
+                decode_context_tokens: u(9)?,
+                max_decode_context: u(10)?,
+                decode_shared_context_tokens: u(11)?,
+                attention_pairs: x(12)?,
+                chunk_self_pairs: x(13)?,
             },
-            forward_s: x(9)?,
-            step_s: x(10)?,
+            forward_s: x(14)?,
+            step_s: x(15)?,
         });
     }
     Ok(steps)
@@ -125,15 +137,19 @@ mod tests {
         let rec = StepRecord {
             t_s: 1.25,
             shape: StepShape {
-                num_seqs: 3,
+                num_seqs: 4,
                 prefill_tokens: 64,
+                prefill_seqs: 1,
+                max_prefill_chunk: 64,
+                max_prefill_context: 320,
                 decode_seqs: 3,
-                context_tokens: 964,
+                sampled: 4,
+                context_tokens: 1220,
                 decode_context_tokens: 900,
+                max_decode_context: 500,
                 decode_shared_context_tokens: 512,
-                attention_pairs: 900.0 + 64.0 * 65.0 / 2.0,
+                attention_pairs: 900.0 + 64.0 * 256.0 + 64.0 * 65.0 / 2.0,
                 chunk_self_pairs: 4096.0,
-                ..StepShape::default()
             },
             forward_s: 0.012,
             step_s: 0.0135,
@@ -142,12 +158,7 @@ mod tests {
         log.record(&rec);
         log.flush();
         let back = read(&path).unwrap();
-        assert_eq!(back.len(), 1);
-        assert_eq!(back[0].shape.decode_context_tokens, 900);
-        assert_eq!(back[0].shape.num_seqs, 3);
-        assert_eq!(back[0].shape.decode_shared_context_tokens, 512);
-        assert_eq!(back[0].shape.attention_pairs, rec.shape.attention_pairs);
-        assert_eq!((back[0].forward_s, back[0].step_s), (0.012, 0.0135));
+        assert_eq!(back, vec![rec], "every field comes back");
         std::fs::write(&path, "a,b\n").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("not a step log"), "{e}");

@@ -31,8 +31,8 @@
 //!
 //! A packed engine (vLLM, infer) runs one ragged pass over every new token, with logits
 //! for the sampling rows only. With `contiguous_decode = padded` (over a contiguous cache)
-//! every decode attends over, and reads, the step's longest decode context: decodes ×
-//! longest pairs instead of Σ context. A padded engine runs the step's prompt chunks as their own
+//! every decode attends over, and reads, the step's longest decode context: its pairs and
+//! KV reads are decodes × that length, not the sum of their contexts. A padded engine runs the step's prompt chunks as their own
 //! pass, right-padded to the longest (tokens = prompt sequences × longest chunk, attention
 //! pairs scaled by the padding), then the decodes as a second pass; with `logits = all`
 //! its prompt pass computes the head for every position.
@@ -161,12 +161,15 @@ impl Analytic {
         let all_logits = self.cal.logits == LogitRows::All;
         let prompt_scores = (s.prefill_seqs * s.max_prefill_chunk * s.max_prefill_context) as f64;
         // The keys the decodes attend over: each its own context, or, padded into one batch
-        // tensor, each the longest (the padding is masked, not skipped).
-        let decode_scores = match self.cal.contiguous_decode {
+        // tensor, each the longest (the padding is masked, not skipped). Never fewer than
+        // their own: a shape that does not carry its longest (a step log's) stays ragged.
+        let decode_keys = match self.cal.contiguous_decode {
             ContiguousDecode::Ragged => s.decode_context_tokens,
-            ContiguousDecode::Padded => s.decode_seqs * s.max_decode_context,
+            ContiguousDecode::Padded => {
+                (s.decode_seqs * s.max_decode_context).max(s.decode_context_tokens)
+            }
         } as f64;
-        let decode_padding = decode_scores - s.decode_context_tokens as f64;
+        let decode_padding = decode_keys - s.decode_context_tokens as f64;
         // Σ chunk × (computed + chunk) over prompts: the causal pairs plus the masked half
         // of each chunk's square.
         let prompt_rectangles =
@@ -178,14 +181,14 @@ impl Analytic {
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64 + decode_padding,
                 attention_pairs: s.attention_pairs + decode_padding,
-                decode_pairs: decode_scores,
+                decode_pairs: decode_keys,
                 score_elements: prompt_rectangles(
                     s.attention_pairs - s.decode_context_tokens as f64,
-                ) + decode_scores,
+                ) + decode_keys,
                 held: Held {
                     tokens,
                     logit_rows: if all_logits { tokens } else { s.sampled as f64 },
-                    score_elements: prompt_scores + decode_scores,
+                    score_elements: prompt_scores + decode_keys,
                 },
                 decode_only: s.prefill_tokens == 0,
                 count: 1.0,
@@ -194,7 +197,7 @@ impl Analytic {
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
             return [Some(packed()), None];
         }
-        let prompt_sampled = (s.sampled - s.decode_seqs) as f64;
+        let prompt_sampled = s.sampled.saturating_sub(s.decode_seqs) as f64;
         let prompt_kv = (s.context_tokens - s.decode_context_tokens) as f64;
         let prompt_pairs = (s.attention_pairs - s.decode_context_tokens as f64).max(0.0);
         let prompt = if self.cal.prefill == PrefillBatching::Sequential {
@@ -243,14 +246,14 @@ impl Analytic {
         let decodes = (s.decode_seqs > 0).then_some(Pass {
             tokens: s.decode_seqs as f64,
             logit_rows: s.decode_seqs as f64,
-            kv_tokens: decode_scores + s.decode_seqs as f64,
-            attention_pairs: decode_scores,
-            decode_pairs: decode_scores,
-            score_elements: decode_scores,
+            kv_tokens: decode_keys + s.decode_seqs as f64,
+            attention_pairs: decode_keys,
+            decode_pairs: decode_keys,
+            score_elements: decode_keys,
             held: Held {
                 tokens: s.decode_seqs as f64,
                 logit_rows: s.decode_seqs as f64,
-                score_elements: decode_scores,
+                score_elements: decode_keys,
             },
             decode_only: true,
             count: 1.0,
@@ -466,30 +469,37 @@ mod tests {
     }
 
     /// Padded into one batch tensor, every decode attends over and reads the longest
-    /// context: decodes at 100 and 900 tokens cost what two at 900 cost ragged, in the
-    /// decode-only pass and beside a padded prompt pass, with materialised scores.
+    /// context: decodes at 100 and 900 tokens cost what two at 900 cost ragged, alone and
+    /// beside a prompt however prompts are batched, with materialised scores.
     #[test]
     fn padded_decodes_attend_over_the_longest_context() {
-        let with = |decode: ContiguousDecode| {
+        let with = |prefill, decode| {
             rtx5080_llama(|c| Calibration {
-                prefill: PrefillBatching::Padded,
+                prefill,
                 attention_scores: AttentionScores::Materialized,
                 decode_attention_efficiency: 0.002,
                 contiguous_decode: decode,
                 ..c
             })
         };
-        let (ragged, padded) = (
-            with(ContiguousDecode::Ragged),
-            with(ContiguousDecode::Padded),
-        );
-        for prompt in [0, 300] {
+        for (prefill, prompt) in [
+            PrefillBatching::Packed,
+            PrefillBatching::Padded,
+            PrefillBatching::Sequential,
+        ]
+        .into_iter()
+        .flat_map(|p| [(p, 0), (p, 300)])
+        {
+            let (ragged, padded) = (
+                with(prefill, ContiguousDecode::Ragged),
+                with(prefill, ContiguousDecode::Padded),
+            );
             let uneven = decodes_at(&[100, 900], prompt);
             let longest = decodes_at(&[900, 900], prompt);
             assert_eq!(
                 padded.terms(&uneven),
                 ragged.terms(&longest),
-                "prompt {prompt}"
+                "{prefill:?}, prompt {prompt}"
             );
             assert_eq!(
                 padded.activation_bytes(&uneven),
@@ -500,8 +510,14 @@ mod tests {
                 p.compute > r.compute && p.memory > r.memory,
                 "{r:?} vs {p:?}"
             );
-            // Decodes of one length have nothing to pad.
+            // Decodes of one length have nothing to pad; a shape without its longest context
+            // (a step log's) is priced ragged, not as free decodes.
             assert_eq!(padded.terms(&longest), ragged.terms(&longest));
+            let unknown = StepShape {
+                max_decode_context: 0,
+                ..uneven
+            };
+            assert_eq!(padded.terms(&unknown), ragged.terms(&uneven));
         }
     }
 
