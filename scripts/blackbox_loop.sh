@@ -2,7 +2,7 @@
 # The black-box predict -> verify loop on this machine, as a user would run it against a
 # server that is not theirs: probe the server (`engine probe`), fit a calibration to the
 # probes (`sim calibrate`, no profile: the mechanisms and the main coefficients, then the
-# step jitter as a second stage), predict the five seed workloads
+# step jitter and the decode's costs as a second stage), predict the five seed workloads
 # with it (`sim run`) and measure them (`engine bench`, REPEATS times: default 2), then print
 # both side by side with the repeats' spread (`scripts/blackbox_compare.py`).
 # The server's step log ($OUT/steps.csv) is kept for a step-by-step check
@@ -47,10 +47,13 @@ URL="http://127.0.0.1:$PORT"
 "$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --prefill-batching packed \
   --engine "engine serve on cpu-zen4-2c" --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
 # Second stage, under the mechanisms just chosen: the random pause per step that puts a
-# single stream's ITL P99 above its P50 (with the step overhead, whose mean it shares). The
-# decode attention fitted here too made held-out ITL P50 worse in three measurements of four.
+# single stream's ITL P99 above its P50 (with the step overhead, whose mean it shares), and
+# the decode's two costs — the bandwidth that sets a single stream's floor and the decode
+# attention that grows with context. Fitted without the bandwidth, the decode attention made
+# held-out ITL P50 worse in three measurements of four (the floor stayed too high); with it,
+# the server's own step log agrees step by step (decodes +13% -> +1%, runs/blackbox-9).
 "$BIN/sim" calibrate "$OUT"/probe/*/ --start "$OUT/calibration.toml" \
-  --fit step_jitter_s,step_overhead_s \
+  --fit step_jitter_s,step_overhead_s,bandwidth_efficiency,decode_attention_efficiency \
   --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
 
 # Each workload is measured REPEATS times, round-robin (so that the repeats sample the
