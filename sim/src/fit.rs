@@ -340,11 +340,13 @@ pub fn unfittable(params: &[Param], targets: &[Target]) -> Vec<(&'static str, Ve
         .into_iter()
         .filter_map(|name| {
             let mine = targets.iter().filter(|t| t.model() == name);
-            let kept = params_for(params, batches_both_ways(mine));
+            if batches_both_ways(mine) {
+                return None;
+            }
             let dropped: Vec<Param> = params
                 .iter()
                 .copied()
-                .filter(|p| !kept.contains(p))
+                .filter(|&p| is_static_host(p))
                 .collect();
             (!dropped.is_empty()).then_some((name, dropped))
         })

@@ -591,7 +591,6 @@ impl Scheduler {
                 // takes its first chunk's now), beside what the running still have coming and
                 // the watermark's headroom; cached prefix blocks nobody holds sit in the free
                 // count and leave it too.
-                let now_needed = blocks_for(hit + n, bs).saturating_sub(hit / bs);
                 let needed = if reserve_whole {
                     blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs
                 } else {
@@ -606,7 +605,8 @@ impl Scheduler {
                     break; // first come, first served: nobody overtakes the head
                 }
                 if reserve_whole {
-                    reserved += needed - now_needed;
+                    // All but what it takes now stays reserved.
+                    reserved += needed - blocks_for(hit + n, bs).saturating_sub(hit / bs);
                 }
             }
             if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {

@@ -32,10 +32,10 @@
 //! A packed engine (vLLM, infer) runs one ragged pass over every new token, with logits
 //! for the sampling rows only. With `contiguous_decode = padded` (over a contiguous cache)
 //! every decode attends over, and reads, the step's longest decode context: its pairs and
-//! KV reads are decodes × that length, not the sum of their contexts. A padded engine runs the step's prompt chunks as their own
-//! pass, right-padded to the longest (tokens = prompt sequences × longest chunk, attention
-//! pairs scaled by the padding), then the decodes as a second pass; with `logits = all`
-//! its prompt pass computes the head for every position.
+//! KV reads are decodes × that length, not the sum of their contexts. A padded engine runs
+//! the step's prompt chunks as their own pass, right-padded to the longest (tokens = prompt
+//! sequences × longest chunk, attention pairs scaled by the padding), then the decodes as a
+//! second pass; with `logits = all` its prompt pass computes the head for every position.
 //!
 //! Compute and memory overlap (the roofline), and kernel launches overlap with execution:
 //! the host runs ahead of the GPU, so launches only matter when each kernel is shorter than
@@ -162,7 +162,7 @@ impl Analytic {
         let prompt_scores = (s.prefill_seqs * s.max_prefill_chunk * s.max_prefill_context) as f64;
         // The keys the decodes attend over: each its own context, or, padded into one batch
         // tensor, each the longest (the padding is masked, not skipped). Never fewer than
-        // their own: a shape that does not carry its longest (a step log's) stays ragged.
+        // their own: a shape built without its longest context stays ragged.
         let decode_keys = match self.cal.contiguous_decode {
             ContiguousDecode::Ragged => s.decode_context_tokens,
             ContiguousDecode::Padded => {
