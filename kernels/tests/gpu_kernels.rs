@@ -256,6 +256,55 @@ fn paged_attention_decode_matches_reference() {
     }
 }
 
+/// The shapes users run: 32 query heads over 8 KV heads, contexts of 600 to 8,000 keys at
+/// batch 1-8, block tables as wide as a graph bucket pads them (8,192 keys) — where splits
+/// of a fixed 256 keys once ignored every key past 256 × splits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn paged_attention_decode_long_contexts_at_32_heads() {
+    let (kernels, stream) = kernels();
+    for head_dim in [64, 128] {
+        let cfg = AttentionConfig::new(32, 8, head_dim);
+        let row = cfg.num_heads * cfg.head_dim;
+        for lens in [
+            vec![8_000usize],
+            vec![3_000, 8_000],
+            vec![600, 1_500, 3_000, 8_000],
+            vec![600, 1_500, 3_000, 8_000, 8_000, 3_000, 1_500, 600],
+        ] {
+            let setup = PagedSetup::new(cfg.num_kv_heads, head_dim, &vec![8_192; lens.len()], 17);
+            let lens_i32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            let q = random(lens.len() * row, 5, 1.0);
+            let (kv, tables) = setup.cpu();
+            let mut want = vec![0.0; q.len()];
+            reference::paged_attention_decode(&mut want, &q, &kv, &tables, &lens_i32, &cfg);
+
+            let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+            let lens_dev = stream.clone_htod(&lens_i32).unwrap();
+            let q_dev = upload(&stream, &q);
+            let auto = kernels.decode_splits(lens.len(), &tables_dev, &cfg, 16);
+            println!("batch {} head_dim {head_dim}: {auto} splits", lens.len());
+            for splits in [None, Some(1), Some(auto + 5)] {
+                let got = decode(
+                    &kernels,
+                    &stream,
+                    &q_dev,
+                    &kv_dev,
+                    &tables_dev,
+                    &lens_dev,
+                    &cfg,
+                    splits,
+                );
+                assert_close(
+                    &format!("decode lens {lens:?} d{head_dim} splits {splits:?}"),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn paged_attention_prefill_matches_reference() {

@@ -22,6 +22,7 @@ use cudarc::nvrtc::CompileError;
 use super::nvrtc::{self, ComputeCapability};
 use super::sources::{self, ATTENTION_WARPS};
 use super::span::Span;
+use crate::decode_split;
 use crate::layout::{AttentionConfig, KvCacheShape};
 use crate::reference::RmsWeight;
 
@@ -124,9 +125,12 @@ mod grid {
         }
     }
 
-    /// A y (or, for symmetry, x) grid dimension: at most 65535.
+    /// The largest y (or z) dimension of a grid.
+    pub const MAX_Y: usize = 65_535;
+
+    /// A y (or, for symmetry, x) grid dimension: at most [`MAX_Y`].
     fn dim(n: usize) -> u32 {
-        assert!(n > 0 && n < 65_536, "grid dimension {n} out of range");
+        assert!(n > 0 && n <= MAX_Y, "grid dimension {n} out of range");
         n as u32
     }
 }
@@ -155,8 +159,8 @@ struct AttentionFns {
     merge: CudaFunction,
 }
 
-/// Keys per decode split: one tile of 32 keys for each warp of the block.
-pub const DECODE_SPLIT_KEYS: usize = ATTENTION_WARPS as usize * 32;
+// A split's fewest keys are one tile for each warp of an attention block.
+const _: () = assert!(decode_split::MIN_SPLIT_KEYS == ATTENTION_WARPS as usize * 32);
 
 /// Kernels compiled for one device and bound to one stream.
 pub struct Kernels {
@@ -267,10 +271,9 @@ impl Kernels {
         })
     }
 
-    /// How many splits a decode step of `num_seqs` sequences over `tables` runs in: enough to
-    /// give the device two blocks per multiprocessor when (head, sequence) pairs alone are too
-    /// few (flash-decoding), never more than the table's width has key tiles. 1: no split.
-    /// Depends only on the shapes, so a captured graph keeps its grid.
+    /// How many splits a decode step of `num_seqs` sequences over `tables` runs in on this
+    /// device ([`crate::decode_split::split_count`]): depends only on the shapes, so a captured
+    /// graph keeps its grid; the kernel cuts each split's keys from the real context.
     pub fn decode_splits(
         &self,
         num_seqs: usize,
@@ -278,10 +281,8 @@ impl Kernels {
         cfg: &AttentionConfig,
         block_size: usize,
     ) -> usize {
-        let blocks = (cfg.num_heads * num_seqs).max(1);
-        let wanted = (2 * self.sm_count).div_ceil(blocks);
         let max_keys = tables.max_blocks_per_seq * block_size;
-        wanted.clamp(1, max_keys.div_ceil(DECODE_SPLIT_KEYS).max(1))
+        decode_split::split_count(self.sm_count, cfg.num_heads, num_seqs, max_keys)
     }
 
     /// f32s of scratch [`Self::paged_attention_decode`] needs for `splits` (0 for one split).
@@ -315,7 +316,10 @@ impl Kernels {
         assert_eq!(q.len(), num_seqs * cfg.num_heads * cfg.head_dim);
         assert_eq!(out.len(), q.len());
         assert!(tables.table.len() >= num_seqs * tables.max_blocks_per_seq);
-        assert!((1..65_536).contains(&splits), "decode splits {splits}");
+        assert!(
+            (1..=decode_split::MAX_SPLITS).contains(&splits),
+            "decode splits {splits}"
+        );
         assert!(scratch.len() >= Self::decode_scratch_len(num_seqs, cfg, splits));
         let (max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
             int(tables.max_blocks_per_seq),
@@ -325,7 +329,6 @@ impl Kernels {
             int(kv.shape.block_size),
         );
         let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
-        let split_len = int(DECODE_SPLIT_KEYS);
         let mut launch = self.stream.launch_builder(&fns.decode);
         launch
             .arg(&out)
@@ -342,8 +345,7 @@ impl Kernels {
             .arg(&block_size)
             .arg(&cfg.scale)
             .arg(&window)
-            .arg(&softcap)
-            .arg(&split_len);
+            .arg(&softcap);
         let mut grid = grid::attention(cfg.num_heads, num_seqs);
         grid.grid_dim.2 = splits as u32;
         // SAFETY: argument order and types match paged_attention_decode_bf16_d*; lengths checked
@@ -388,8 +390,9 @@ impl Kernels {
         let num_tokens = rows_of(q.len(), row, "prefill q");
         assert_eq!(out.len(), q.len());
         assert!(tables.table.len() >= num_seqs * tables.max_blocks_per_seq);
-        let (seqs, max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
+        let (seqs, tokens, max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
             int(num_seqs),
+            int(num_tokens),
             int(tables.max_blocks_per_seq),
             int(kv.shape.num_blocks),
             int(cfg.num_heads),
@@ -407,6 +410,7 @@ impl Kernels {
             .arg(&cu_seqlens_q)
             .arg(&start_pos)
             .arg(&seqs)
+            .arg(&tokens)
             .arg(&max_blocks)
             .arg(&num_blocks)
             .arg(&num_heads)
@@ -417,7 +421,9 @@ impl Kernels {
             .arg(&softcap);
         // SAFETY: argument order and types match paged_attention_prefill_bf16_d*; lengths checked,
         // and the kernel bounds every device-side index (block ids, table row).
-        unsafe { launch.launch(grid::attention(cfg.num_heads, num_tokens)) }.map(drop)
+        // Blocks stride over the tokens past the grid's y limit.
+        let grid = grid::attention(cfg.num_heads, num_tokens.min(grid::MAX_Y));
+        unsafe { launch.launch(grid) }.map(drop)
     }
 
     /// Write new K/V (`[num_tokens, num_kv_heads, head_dim]`) into the pools `k_cache` and

@@ -27,8 +27,9 @@
 //
 // CUDA graphs: the grid depends only on (num_heads, tokens) and, for decode, the number of
 // splits, which the host derives from the table width (fixed for a graph bucket); sequence
-// lengths, positions and
-// block tables are read from device memory, so a captured launch stays valid when they change.
+// lengths, positions and block tables are read from device memory, and each split's keys are
+// cut from its sequence's real context on the device, so a captured launch stays valid (and
+// attends every key) when they change.
 // Entries with seq_len <= 0 (decode) or tokens past cu_seqlens_q[num_seqs] (prefill) are
 // padding of a graph bucket: their output rows are written as zeros and nothing is read.
 //
@@ -208,18 +209,30 @@ __device__ void attend_one_query(
     }
 }
 
+// The keys split `split` of `num_splits` attends for a query at `pos` whose first visible key
+// is `first`: the visible keys cut into num_splits ranges of the same whole number of 32-key
+// tiles, the last ones shorter or empty (lo > pos). Mirrors decode_split::split_keys, whose
+// tests show the ranges cover every key once for any context and split count.
+__device__ __forceinline__ void split_keys(int first, int pos, int split, int num_splits,
+                                           int* lo, int* hi) {
+    const long long keys = (long long)pos - first + 1;
+    const long long per = ((keys + num_splits - 1) / num_splits + 31) / 32 * 32;
+    const long long start = first + split * per;
+    *lo = (int)min(start, (long long)pos + 1);
+    *hi = (int)min(start + per - 1, (long long)pos);
+}
+
 // Grid (num_heads, num_seqs, num_splits). seq_lens[s] counts the query's own token: it sits at
 // seq_len - 1. With num_splits == 1 each block attends the whole context and writes `out`.
 // Otherwise (flash-decoding: few sequences, long contexts, too few blocks to fill the GPU)
-// split z attends keys [z * split_len, (z + 1) * split_len) and writes its softmax state to
-// partials[(seq * num_heads + head) * num_splits + z][HEAD_DIM + 2]; paged_attention_merge
-// then combines the splits into `out`.
+// split z attends its range of the sequence's visible keys (split_keys) and writes its softmax
+// state to partials[(seq * num_heads + head) * num_splits + z][HEAD_DIM + 2];
+// paged_attention_merge then combines the splits into `out`.
 template <int HEAD_DIM>
 __device__ void paged_attention_decode(
     bf16* out, float* partials, const bf16* q, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
-    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap,
-    int split_len) {
+    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
     const int head = blockIdx.x;
     const int seq = blockIdx.y;
     const int split = blockIdx.z;
@@ -228,8 +241,13 @@ __device__ void paged_attention_decode(
     float* partial = gridDim.z == 1
         ? nullptr
         : partials + (((long long)seq * num_heads + head) * gridDim.z + split) * (HEAD_DIM + 2);
-    const int lo = split * split_len;
-    const int hi = gridDim.z == 1 ? 0x7fffffff : lo + split_len - 1;
+    int lo = 0;
+    int hi = 0x7fffffff;
+    if (seq_len > 0 && gridDim.z > 1) {
+        const int pos = seq_len - 1;
+        const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+        split_keys(first, pos, split, gridDim.z, &lo, &hi);
+    }
     if (seq_len <= 0 || lo > seq_len - 1) {
         if (partial != nullptr) {
             if (threadIdx.x == 0) {
@@ -282,39 +300,46 @@ __device__ void paged_attention_merge(bf16* out, const float* partials, int num_
     }
 }
 
-// Grid (num_heads, num_tokens). Sequence s owns query tokens cu_seqlens_q[s] .. cu_seqlens_q[s+1]
-// and its first query token is at position start_pos[s].
+// Grid (num_heads, min(num_tokens, 65535)): block y attends tokens y, y + gridDim.y, ... (a
+// grid's y dimension stops at 65535; a step may hold more tokens). Sequence s owns query tokens
+// cu_seqlens_q[s] .. cu_seqlens_q[s+1] and its first query token is at position start_pos[s].
 template <int HEAD_DIM>
 __device__ void paged_attention_prefill(
     bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
     const int* block_tables, const int* cu_seqlens_q, const int* start_pos, int num_seqs,
-    int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads, int block_size,
-    float scale, int window, float softcap) {
+    int num_tokens, int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,
+    int block_size, float scale, int window, float softcap) {
     const int head = blockIdx.x;
-    const int token = blockIdx.y;
-    const long long row = ((long long)token * num_heads + head) * HEAD_DIM;
-    if (token >= cu_seqlens_q[num_seqs]) {
-        zero_head<HEAD_DIM>(out + row);
-        return;
-    }
-    // The owning sequence is the last s with cu_seqlens_q[s] <= token (skips empty sequences).
-    int lo = 0;
-    int hi = num_seqs - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (cu_seqlens_q[mid] <= token) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
+    // Block-uniform loop bounds: every thread reaches attend_one_query's barriers together.
+    for (int token = blockIdx.y; token < num_tokens; token += gridDim.y) {
+        const long long row = ((long long)token * num_heads + head) * HEAD_DIM;
+        if (token >= cu_seqlens_q[num_seqs]) {
+            zero_head<HEAD_DIM>(out + row);
+            continue;
         }
+        // The owning sequence is the last s with cu_seqlens_q[s] <= token (skips empty
+        // sequences).
+        int lo = 0;
+        int hi = num_seqs - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (cu_seqlens_q[mid] <= token) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        const int seq = lo;
+        const int pos = start_pos[seq] + token - cu_seqlens_q[seq];
+        attend_one_query<HEAD_DIM>(
+            out + row, q + row, k_cache, v_cache,
+            block_tables + (long long)seq * max_blocks_per_seq, pos, window, 0, 0x7fffffff,
+            nullptr, head / (num_heads / num_kv_heads), num_kv_heads, block_size,
+            max_blocks_per_seq, num_blocks, scale, softcap);
+        // attend_one_query's shared state (q, the warps' partial sums) is rewritten by the
+        // next token: all threads must be done reading it.
+        __syncthreads();
     }
-    const int seq = lo;
-    const int pos = start_pos[seq] + token - cu_seqlens_q[seq];
-    attend_one_query<HEAD_DIM>(
-        out + row, q + row, k_cache, v_cache,
-        block_tables + (long long)seq * max_blocks_per_seq, pos, window, 0, 0x7fffffff,
-        nullptr, head / (num_heads / num_kv_heads), num_kv_heads, block_size,
-        max_blocks_per_seq, num_blocks, scale, softcap);
 }
 
 // One extern "C" entry point per supported head_dim (the Rust side picks by name).
@@ -324,10 +349,10 @@ __device__ void paged_attention_prefill(
             bf16* out, float* partials, const bf16* q, const bf16* k_cache,                     \
             const bf16* v_cache, const int* block_tables, const int* seq_lens,                  \
             int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
-            int block_size, float scale, int window, float softcap, int split_len) {            \
+            int block_size, float scale, int window, float softcap) {                           \
         paged_attention_decode<D>(out, partials, q, k_cache, v_cache, block_tables, seq_lens,   \
                                   max_blocks_per_seq, num_blocks, num_heads, num_kv_heads,      \
-                                  block_size, scale, window, softcap, split_len);               \
+                                  block_size, scale, window, softcap);                          \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_merge_bf16_d##D(bf16* out, const float* partials, int num_heads,        \
@@ -338,12 +363,13 @@ __device__ void paged_attention_prefill(
         paged_attention_prefill_bf16_d##D(                                                      \
             bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
             const int* block_tables, const int* cu_seqlens_q, const int* start_pos,             \
-            int num_seqs, int max_blocks_per_seq, int num_blocks, int num_heads,                \
-            int num_kv_heads, int block_size, float scale, int window, float softcap) {         \
+            int num_seqs, int num_tokens, int max_blocks_per_seq, int num_blocks,               \
+            int num_heads, int num_kv_heads, int block_size, float scale, int window,           \
+            float softcap) {                                                                    \
         paged_attention_prefill<D>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q,        \
-                                   start_pos, num_seqs, max_blocks_per_seq, num_blocks,         \
-                                   num_heads, num_kv_heads, block_size, scale, window,          \
-                                   softcap);                                                    \
+                                   start_pos, num_seqs, num_tokens, max_blocks_per_seq,         \
+                                   num_blocks, num_heads, num_kv_heads, block_size, scale,      \
+                                   window, softcap);                                            \
     }
 
 DEFINE_PAGED_ATTENTION(64)

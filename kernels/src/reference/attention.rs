@@ -55,6 +55,81 @@ pub fn paged_attention_decode(
     }
 }
 
+/// Decode as the CUDA kernel runs it when `splits > 1` (flash-decoding): each (sequence, head)
+/// pair's visible keys are cut into `splits` ranges by [`crate::decode_split::split_keys`],
+/// each range's softmax state (max, sum of exponentials, unnormalised value sum) computed on
+/// its own, then the states merged, rescaled to the largest max. Equal to
+/// [`paged_attention_decode`] up to rounding: what checks, without a GPU, that the ranges
+/// leave out no key and the merge weighs them right.
+pub fn paged_attention_decode_split(
+    out: &mut [f32],
+    q: &[f32],
+    kv: &PagedKv,
+    tables: &BlockTables,
+    seq_lens: &[i32],
+    cfg: &AttentionConfig,
+    splits: usize,
+) {
+    let (d, row) = (cfg.head_dim, cfg.num_heads * cfg.head_dim);
+    let shape = &kv.shape;
+    assert_eq!(q.len(), seq_lens.len() * row);
+    assert_eq!(out.len(), q.len());
+    for (s, &len) in seq_lens.iter().enumerate() {
+        out[s * row..][..row].fill(0.0);
+        if len <= 0 {
+            continue;
+        }
+        let pos = len as usize - 1;
+        for h in 0..cfg.num_heads {
+            let kv_head = cfg.kv_head(h);
+            let q_h = &q[s * row + h * d..][..d];
+            // Each split's state: (max, sum, accumulator); empty splits are left out.
+            let states: Vec<(f32, f32, Vec<f32>)> = (0..splits)
+                .filter_map(|z| {
+                    crate::decode_split::split_keys(cfg.first_visible(pos), pos, z, splits)
+                })
+                .filter_map(|keys| {
+                    let slots: Vec<usize> = keys
+                        .filter_map(|j| tables.slot_checked(s, j, shape))
+                        .collect();
+                    let scores: Vec<f32> = slots
+                        .iter()
+                        .map(|&slot| {
+                            let k = &kv.k_cache[shape.offset(slot, kv_head)..][..d];
+                            let dot: f32 = q_h.iter().zip(k).map(|(a, b)| a * b).sum();
+                            softcap(cfg.scale * dot, cfg.softcap)
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    if max == f32::NEG_INFINITY {
+                        return None;
+                    }
+                    let mut acc = vec![0.0; d];
+                    let mut sum = 0.0;
+                    for (&slot, score) in slots.iter().zip(&scores) {
+                        let w = (score - max).exp();
+                        sum += w;
+                        let v = &kv.v_cache[shape.offset(slot, kv_head)..][..d];
+                        for i in 0..d {
+                            acc[i] += w * v[i];
+                        }
+                    }
+                    Some((max, sum, acc))
+                })
+                .collect();
+            let max = states.iter().map(|s| s.0).fold(f32::NEG_INFINITY, f32::max);
+            let total: f32 = states.iter().map(|(m, sum, _)| sum * (m - max).exp()).sum();
+            let out_h = &mut out[s * row + h * d..][..d];
+            for (m, _, acc) in &states {
+                let w = (m - max).exp() / total;
+                for i in 0..d {
+                    out_h[i] += w * acc[i];
+                }
+            }
+        }
+    }
+}
+
 /// Prefill (a chunk of each sequence's prompt), causal within the chunk and over the cached
 /// prefix before it.
 ///
@@ -277,6 +352,50 @@ mod tests {
         // Length 5 runs past the table row (2 blocks of 2): key 4 is skipped too.
         paged_attention_decode(&mut out[..2], &q[..2], &kv, &tables, &[5], &cfg);
         assert_close(&out[..2], &[1.0, 6.0]);
+    }
+
+    /// Flash-decoding's split and merge equal one pass over every key, for contexts far past
+    /// one split's worth, any split count (more splits than tiles included), GQA, a sliding
+    /// window, a soft-cap, skipped blocks and padding.
+    #[test]
+    fn split_decode_matches_one_pass() {
+        let lens = [1i32, 40, 300, 700, 2_500, 0];
+        let shape = KvCacheShape {
+            num_blocks: 2 * 160,
+            block_size: 16,
+            num_kv_heads: 2,
+            head_dim: 8,
+        };
+        let max_blocks_per_seq = 160; // 2,560 keys
+                                      // Sequences share a scrambled pool (any block may repeat); one entry out of range.
+        let mut table: Vec<i32> = (0..lens.len() * max_blocks_per_seq)
+            .map(|i| ((i * 37 + 11) % shape.num_blocks) as i32)
+            .collect();
+        table[3 * max_blocks_per_seq + 5] = 10_000;
+        let tables = BlockTables {
+            table: &table,
+            max_blocks_per_seq,
+        };
+        let (k, v) = (values(shape.len(), 1), values(shape.len(), 2));
+        let kv = PagedKv {
+            k_cache: &k,
+            v_cache: &v,
+            shape,
+        };
+        for (window, cap) in [(None, None), (Some(600), None), (None, Some(1.5))] {
+            let mut cfg = AttentionConfig::new(4, 2, 8);
+            cfg.sliding_window = window;
+            cfg.softcap = cap;
+            let row = cfg.num_heads * cfg.head_dim;
+            let q = values(lens.len() * row, 3);
+            let mut want = vec![0.0; q.len()];
+            paged_attention_decode(&mut want, &q, &kv, &tables, &lens, &cfg);
+            for splits in [1, 2, 3, 9, 64, 300] {
+                let mut got = vec![f32::NAN; q.len()];
+                paged_attention_decode_split(&mut got, &q, &kv, &tables, &lens, &cfg, splits);
+                assert_close(&got, &want);
+            }
+        }
     }
 
     /// Two sequences of different lengths scattered over shuffled blocks: decode and a prefill

@@ -15,7 +15,9 @@ mod rope;
 pub use activation::{
     erf, gelu_erf, gelu_erf_and_mul, gelu_tanh, gelu_tanh_and_mul, silu, silu_and_mul,
 };
-pub use attention::{paged_attention_decode, paged_attention_prefill, PagedKv};
+pub use attention::{
+    paged_attention_decode, paged_attention_decode_split, paged_attention_prefill, PagedKv,
+};
 pub use elementwise::{add, bias_add, logits, softcap};
 pub use gather::{copy_columns, embedding, gather_rows};
 pub use kv_cache::reshape_and_cache;
