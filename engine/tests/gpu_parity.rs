@@ -241,6 +241,21 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
         1,
         "one bucket (2 sequences) captured"
     );
+    // A decode step of that bucket over another pool is refused, not replayed on the first.
+    let mut other = graphed.model.new_kv_cache(8, BLOCK)?;
+    let batch = ForwardBatch {
+        seqs: (0..2)
+            .map(|i| SeqChunk {
+                tokens: vec![5],
+                start_pos: 0,
+                block_table: tables[i].clone(),
+                sample: true,
+                all_logits: false,
+            })
+            .collect(),
+    };
+    let e = graphed.model.forward(&batch, &mut other).unwrap_err();
+    assert!(e.to_string().contains("another KV pool"), "{e}");
     println!("gpu_parity[mixed+graphs]: ok");
     Ok(())
 }

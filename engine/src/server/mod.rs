@@ -140,16 +140,20 @@ impl Engine {
         if sched.max_model_len > lm.config.max_position_embeddings {
             sched.max_model_len = lm.config.max_position_embeddings;
         }
-        if cfg.cuda_graphs && !cfg.device.is_cpu() {
-            lm.model
-                .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
-        }
         let memory = crate::runtime::memory_plan::plan(
             &lm.model,
             &mut sched,
             cfg.gpu_memory_utilization,
             cfg.cuda_graphs,
         )?;
+        // Only now: the plan's warm-up steps run over a scratch KV pool, and a graph captured
+        // there would replay against freed memory (the graphs refuse another pool; see
+        // `graph_set`). The engine's own pool is allocated next and the graphs are captured
+        // on it, each at its bucket's first decode step.
+        if cfg.cuda_graphs && !cfg.device.is_cpu() {
+            lm.model
+                .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
+        }
         sched
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;

@@ -10,7 +10,9 @@
 //! - no per-launch tuning: cuBLAS has its workspace and picks its kernels in the eager run;
 //! - fixed inputs: each bucket reads its token ids, positions, slots, sequence lengths and
 //!   block tables (padded to the longest context) from its own buffer, rewritten in place
-//!   before each replay.
+//!   before each replay;
+//! - one KV pool: a graph replays only on the pool it was captured against
+//!   (`graph_set::GraphSet` refuses any other).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use infer_kernels::cuda::cudarc::driver::{CudaGraph, CudaSlice, CudaStream};
 
 use super::arena::Mark;
 use super::{driver, CudaAct, CudaBackend};
+use crate::runtime::backend::graph_set::{GraphSet, KvPoolId};
 
 /// A graph owned by one backend. CUDA graph objects must not be used from two threads at
 /// once; the backend is not `Sync` and uses its graphs from whichever one thread owns it, so
@@ -44,7 +47,7 @@ pub struct Graphs {
     max_batch: usize,
     /// Longest sequence a graph must serve (block tables are padded to it).
     max_context: usize,
-    captured: HashMap<usize, Captured>,
+    captured: GraphSet<Captured>,
     inputs: HashMap<usize, CudaSlice<i32>>,
 }
 
@@ -91,12 +94,20 @@ impl Graphs {
 
 /// Runs the decode step of `bucket` (its inputs already in the bucket's buffer): replays its
 /// graph, or runs it eagerly and captures it for the next time.
+/// `pool`: the KV pool the step runs on (a graph captured on another is refused).
 pub fn run(
     backend: &CudaBackend,
     bucket: usize,
+    pool: &KvPoolId,
     forward: &mut dyn FnMut() -> Result<Option<CudaAct>>,
 ) -> Result<Option<CudaAct>> {
-    if let Some(c) = backend.graphs.lock().unwrap().captured.get(&bucket) {
+    if let Some(c) = backend
+        .graphs
+        .lock()
+        .unwrap()
+        .captured
+        .replay(bucket, pool)?
+    {
         driver(c.graph.0.launch())?;
         backend.arena.lock().unwrap().restore(c.end);
         return Ok(c.out);
@@ -125,6 +136,7 @@ pub fn run(
     drop(arena);
     backend.graphs.lock().unwrap().captured.insert(
         bucket,
+        pool.clone(),
         Captured {
             graph: OwnedGraph(graph),
             out,

@@ -22,6 +22,7 @@ use infer_kernels::reference::RmsWeight;
 
 use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
 use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
+use crate::runtime::backend::graph_set::KvPoolId;
 use crate::runtime::batch::ForwardBatch;
 use arena::Arena;
 use graphs::Graphs;
@@ -81,6 +82,20 @@ impl CudaKv {
         }
     }
 
+    /// What a graph captured on this pool freezes of it.
+    fn pool_id(&self) -> KvPoolId {
+        KvPoolId {
+            addresses: self
+                .k
+                .iter()
+                .zip(&self.v)
+                .flat_map(|(k, v)| [Span::of(k).ptr(), Span::of(v).ptr()])
+                .collect(),
+            num_blocks: self.layout.num_blocks,
+            block_size: self.layout.block_size,
+        }
+    }
+
     fn layer(&self, layer: usize) -> DeviceKv {
         DeviceKv {
             k_cache: Span::of(&self.k[layer]),
@@ -96,8 +111,9 @@ pub struct CudaStep {
     /// `inputs.data` on the device.
     data: Span<i32>,
     kinds: Vec<KindStep>,
-    /// The graph bucket this decode step replays in, when graphs are on.
-    bucket: Option<usize>,
+    /// The graph bucket this decode step replays in, when graphs are on, and the KV pool it
+    /// runs on.
+    bucket: Option<(usize, KvPoolId)>,
 }
 
 struct KindStep {
@@ -324,7 +340,7 @@ impl Backend for CudaBackend {
             inputs,
             data,
             kinds,
-            bucket,
+            bucket: bucket.map(|b| (b, kv.pool_id())),
         })
     }
 
@@ -334,11 +350,11 @@ impl Backend for CudaBackend {
         forward: &mut dyn FnMut() -> Result<Option<CudaAct>>,
     ) -> Result<Option<CudaAct>> {
         self.arena.lock().unwrap().reset();
-        let Some(bucket) = step.bucket else {
+        let Some((bucket, pool)) = &step.bucket else {
             return forward();
         };
         let real = step.inputs.real_sampled;
-        let out = graphs::run(self, bucket, forward)?;
+        let out = graphs::run(self, *bucket, pool, forward)?;
         // Only the real rows go back to the host.
         Ok(out.map(|x| {
             let span = x.span.slice(0, real * x.cols);
@@ -510,6 +526,12 @@ impl Backend for CudaBackend {
             max_blocks_per_seq: s.max_blocks,
         };
         if s.decode_only {
+            // One grid row per sequence (a step error, not a panic in the launch wrapper).
+            ensure!(
+                s.seqs <= 65_535,
+                "a decode step of {} sequences: the attention grid takes at most 65,535",
+                s.seqs
+            );
             let splits = self
                 .kernels
                 .decode_splits(s.seqs, &tables, &cfg, pools.shape.block_size);
