@@ -4,7 +4,8 @@
 # $OUT (default gpu-pack/out):
 #   1. every CUDA kernel against its CPU reference (relative error <= 1e-2 in bf16);
 #   2. GPU-vs-CPU logits parity for generated Llama, Qwen3 and Gemma 3 models, mixed steps
-#      and CUDA-graph replays;
+#      and CUDA-graph replays; the runner against Hugging Face transformers on the same
+#      safetensors (oracle); compute-sanitizer memcheck over a served run with graphs;
 #   3. decode tok/s at batch 1/8/32 with GB/s and its fraction of the device copy bandwidth,
 #      batch-1 ITL eager vs graphs, prefill tok/s at 512 and 2,048 tokens (gpu_bench);
 #   4. kernel figures (kernel_bench);
@@ -15,8 +16,9 @@
 #      fidelity table is copied to $OUT/fidelity-gpu.md.
 #   6. the benchmark log's phase table (P4-P9) measured on the GPU with the same model.
 # QUICK=1 stops after step 4 (the engine steps take several minutes); ONLY="a b" runs only the
-# steps named (nvrtc_compile gpu_kernels gpu_parity gpu_bench kernel_bench generate
-# generate_graphs serve_bench profile verify phase_table).
+# steps named (nvrtc_compile gpu_kernels gpu_parity oracle memcheck gpu_bench kernel_bench
+# generate generate_graphs serve_bench profile verify phase_table). The correctness check
+# first, on its own: ONLY="nvrtc_compile gpu_kernels gpu_parity oracle memcheck".
 # Steps run in order and the script goes on after a failure, so one run shows everything.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -54,6 +56,45 @@ echo "NVRTC: ${INFER_NVRTC_LIB:-system path}" | tee -a "$out/check.log"
 step nvrtc_compile "$bin/nvrtc_compile" --nocapture
 step gpu_kernels "$bin/gpu_kernels" --ignored --nocapture --test-threads 1
 step gpu_parity "$bin/gpu_parity" --ignored --nocapture --test-threads 1
+# The runner against Hugging Face transformers (f32, on the GPU) on the same safetensors, for
+# the three architectures at 32 query heads: prompts of 128 / 1,024 / 4,096 tokens, batch
+# 1 / 8 / 32, 64 teacher-forced decodes, eager and graphed (scripts/oracle_check.py).
+oracle() {
+    local arch dir rc=0
+    for arch in llama qwen3 gemma3; do
+        dir="$INFER_CACHE/oracle-$arch"
+        [ -f "$dir/model.safetensors" ] || "$bin/engine" make-model --arch "$arch" --layers 4 \
+            --hidden 2048 --heads 32 --kv-heads 8 --head-dim 64 --intermediate 8192 \
+            --vocab 32768 --max-pos 8192 --sliding-window 1024 --dtype bf16 --out "$dir" || return 1
+        python3 "$here/oracle_check.py" --model "$dir" --runner "$bin/oracle_run" --device cuda \
+            --torch-device cuda --cuda-graphs --prompt-lens 128,1024,4096 --batches 1,8,32 \
+            --decode 64 --label "$arch (4 layers, 32 heads)" --out "$out/oracle" || rc=1
+    done
+    return $rc
+}
+step oracle oracle
+# compute-sanitizer's memcheck over a short served run with graphs (the served path: memory
+# plan, live pool, graph capture and replay, preemption-free short load).
+memcheck() {
+    local sanitizer dir="$INFER_CACHE/oracle-llama" pid rc
+    sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)"
+    [ -n "$sanitizer" ] || { echo "compute-sanitizer not found"; return 1; }
+    "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 "$bin/engine" serve \
+        --device cuda --cuda-graphs --model "$dir" --max-model-len 2048 --port 8766 \
+        >"$out/memcheck-serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do
+        (echo >/dev/tcp/127.0.0.1/8766) 2>/dev/null && break
+        kill -0 $pid 2>/dev/null || { tail -30 "$out/memcheck-serve.log"; return 1; }
+        sleep 1
+    done
+    "$bin/engine" bench --server http://127.0.0.1:8766 --scenario "$here/scenarios/chunked_prefill.toml" \
+        --set workload.num_requests=24 --no-progress --out "$out/memcheck-bench" | tail -5
+    kill -INT $pid; wait $pid; rc=$?
+    grep -E "ERROR SUMMARY|Invalid|out of bounds" "$out/memcheck-serve.log" | head -20
+    return $rc
+}
+step memcheck memcheck
 step gpu_bench "$bin/gpu_bench"
 step kernel_bench "$bin/kernel_bench"
 

@@ -12,8 +12,8 @@ out=gpu-pack
 rm -rf "$out" && mkdir -p "$out/bin"
 
 cargo build --release -p infer-engine --features cuda --bin engine --example gpu_bench \
-    --example phase_table
-cp target/release/engine target/release/examples/{gpu_bench,phase_table} "$out/bin/"
+    --example phase_table --example oracle_run
+cp target/release/engine target/release/examples/{gpu_bench,phase_table,oracle_run} "$out/bin/"
 cargo build --release -p infer-kernels --features cuda --example kernel_bench
 cp target/release/examples/kernel_bench "$out/bin/"
 
@@ -32,6 +32,6 @@ cp "$(test_bin infer-engine gpu_parity)" "$out/bin/gpu_parity"
 strip "$out"/bin/*
 
 cp -r scenarios "$out/"
-cp scripts/gpu-check.sh "$out/"
+cp scripts/gpu-check.sh scripts/oracle_check.py "$out/"
 du -sh "$out"
 echo "packed $out: run 'bash $out/gpu-check.sh' on the GPU machine"
