@@ -51,7 +51,7 @@ URL="http://127.0.0.1:$PORT"
 # the decode's two costs — the bandwidth that sets a single stream's floor and the decode
 # attention that grows with context. Fitted without the bandwidth, the decode attention made
 # held-out ITL P50 worse in three measurements of four; with it, the server's own step log
-# agrees better (median decode step +13% -> +1%, runs/blackbox-9; reports/blackbox-cpu.md).
+# agrees better (median decode step +13% -> +1%, runs/blackbox-9; docs/results/blackbox-cpu.md).
 "$BIN/sim" calibrate "$OUT"/probe/*/ --start "$OUT/calibration.toml" \
   --fit step_jitter_s,step_overhead_s,bandwidth_efficiency,decode_attention_efficiency \
   --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"

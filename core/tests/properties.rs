@@ -1,10 +1,12 @@
-//! Property tests for the invariants of DESIGN.md, over random request mixes, pool sizes,
-//! chunk sizes, both backends and batching modes, prefix caching on and off, both admission
-//! and both preemption policies, with aborts and preemption: every request finishes or is
-//! aborted exactly once; block references never go negative and free + used = total
-//! (checked every step by `check_invariants`); after all
-//! requests end no block is held; a step never exceeds the token budget or the batch limit;
-//! the same inputs give the same plans.
+//! Property tests for the invariants of `docs/design.md`, over random request mixes, pool
+//! sizes, chunk sizes, both backends and batching modes, prefix caching on and off, both
+//! admission and both preemption policies, with aborts and preemption: every request
+//! finishes or is aborted exactly once (INV-1); block references match the tables that hold
+//! them, free + used = total, waiting requests hold nothing and the prefix cache's index
+//! agrees with its blocks (INV-2, INV-3, INV-7, INV-8: checked every step by
+//! `check_invariants`); after all requests end no block is held (INV-4); a step never
+//! exceeds the token budget or the batch limit (INV-5); the same inputs give the same plans
+//! (INV-6); whole-sequence admission never preempts (INV-9).
 
 mod common;
 
@@ -135,10 +137,10 @@ proptest! {
             c.cfg.max_num_batched_tokens.unwrap_or(usize::MAX)
         };
         for s in &log.steps {
-            prop_assert!(s.num_tokens <= budget, "step of {} tokens > budget {}", s.num_tokens, budget);
-            prop_assert!(s.seqs.len() <= c.cfg.max_batch_size);
-            prop_assert!(s.num_running <= c.cfg.max_batch_size);
-            // No request appears twice in a step.
+            prop_assert!(s.num_tokens <= budget, "INV-5: step of {} tokens > budget {}", s.num_tokens, budget);
+            prop_assert!(s.seqs.len() <= c.cfg.max_batch_size, "INV-5: batch limit");
+            prop_assert!(s.num_running <= c.cfg.max_batch_size, "INV-5: batch limit");
+            // No request appears twice in a step (INV-5).
             let mut ids: Vec<u64> = s.seqs.iter().map(|x| x.0).collect();
             ids.sort_unstable();
             ids.dedup();
@@ -163,18 +165,18 @@ proptest! {
                 continue;
             }
             let n = ends.get(&id).copied().unwrap_or(0);
-            prop_assert!(n <= 1, "request {} ended {} times", id, n);
-            prop_assert!(n == 1 || aborted.contains(&id), "request {} never ended", id);
+            prop_assert!(n <= 1, "INV-1: request {} ended {} times", id, n);
+            prop_assert!(n == 1 || aborted.contains(&id), "INV-1: request {} never ended", id);
         }
-        // Nothing is held once everything has ended.
+        // Nothing is held once everything has ended (INV-4).
         prop_assert!(!sched.has_unfinished());
         let st = sched.stats();
         prop_assert_eq!(st.num_free_blocks, st.num_blocks);
         prop_assert_eq!(sched.kv().total_refs(), 0);
         // Whole-sequence admission keeps every admitted sequence's blocks in the pool:
-        // decodes never preempt.
+        // decodes never preempt (INV-9).
         if c.cfg.kv_admission == KvAdmission::WholeSequence {
-            prop_assert_eq!(st.num_preemptions, 0);
+            prop_assert_eq!(st.num_preemptions, 0, "INV-9");
         }
     }
 
@@ -225,6 +227,7 @@ proptest! {
         }
     }
 
+    /// INV-6: the same inputs give the same plans and events.
     #[test]
     fn same_inputs_same_plans(c in case()) {
         let (a, _) = drive(c.cfg.clone(), c.requests.clone(), simple_cost, c.aborts.clone());

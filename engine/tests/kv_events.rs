@@ -1,7 +1,7 @@
 //! KV-cache events end to end: `engine serve` with `--kv-events-config` publishes, over a
 //! ZeroMQ PUB socket on 127.0.0.1, what its prefix cache registers and evicts, and a
 //! subscriber reads vLLM's wire format back (the real router check is a documented command:
-//! README, "KV-aware routing").
+//! docs/guide/engine.md, "Routers in front of replicas").
 
 mod common;
 

@@ -95,16 +95,20 @@ impl KvManager for ContiguousKv {
         let mut listed = vec![false; self.num_slots];
         for &s in &self.free {
             if std::mem::replace(&mut listed[s as usize], true) {
-                return Err(BrokenInvariant(format!("slot {s} is free twice")));
+                return Err(BrokenInvariant::new(3, format!("slot {s} is free twice")));
             }
             if self.held[s as usize] {
-                return Err(BrokenInvariant(format!("slot {s} is both free and held")));
+                return Err(BrokenInvariant::new(
+                    3,
+                    format!("slot {s} is both free and held"),
+                ));
             }
         }
         if let Some(s) = (0..self.num_slots).find(|&s| !listed[s] && !self.held[s]) {
-            return Err(BrokenInvariant(format!(
-                "slot {s} is neither free nor held"
-            )));
+            return Err(BrokenInvariant::new(
+                3,
+                format!("slot {s} is neither free nor held"),
+            ));
         }
         Ok(())
     }
@@ -131,7 +135,11 @@ mod tests {
         assert_eq!(kv.total_refs(), 8);
         let mut bad = kv.clone();
         bad.free.push(seqs[0].blocks[0]);
-        assert!(bad.check().unwrap_err().0.contains("both free and held"));
+        let e = bad.check().unwrap_err();
+        assert!(
+            e.0.starts_with("INV-3: ") && e.0.contains("both free and held"),
+            "{e}"
+        );
         let mut bad = kv.clone();
         bad.held[seqs[1].blocks[0] as usize] = false;
         assert!(bad.check().unwrap_err().0.contains("neither"));

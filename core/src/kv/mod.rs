@@ -94,10 +94,18 @@ impl PrefixMatch {
     }
 }
 
-/// A broken invariant of the KV manager or the scheduler: a bug, described.
+/// A broken invariant of the KV manager or the scheduler: a bug, described. The message
+/// starts with the invariant's number in `docs/design.md` (`INV-3: …`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct BrokenInvariant(pub String);
+
+impl BrokenInvariant {
+    /// Invariant `INV-{number}` of `docs/design.md` does not hold: `what` says where.
+    pub fn new(number: u8, what: impl std::fmt::Display) -> Self {
+        BrokenInvariant(format!("INV-{number}: {what}"))
+    }
+}
 
 /// The KV-memory policy the scheduler drives. All methods are deterministic.
 pub trait KvManager {

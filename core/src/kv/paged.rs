@@ -243,44 +243,57 @@ impl KvManager for PagedKv {
     fn check(&self) -> Result<(), BrokenInvariant> {
         let walked = self.free.walk();
         if walked.len() != self.free.len() {
-            return Err(BrokenInvariant(format!(
-                "the free queue links {} blocks but counts {}",
-                walked.len(),
-                self.free.len()
-            )));
+            return Err(BrokenInvariant::new(
+                3,
+                format!(
+                    "the free queue links {} blocks but counts {}",
+                    walked.len(),
+                    self.free.len()
+                ),
+            ));
         }
         let mut queued = vec![false; self.num_blocks];
         for &b in &walked {
             if std::mem::replace(&mut queued[b as usize], true) {
-                return Err(BrokenInvariant(format!(
-                    "block {b} is in the free queue twice"
-                )));
+                return Err(BrokenInvariant::new(
+                    3,
+                    format!("block {b} is in the free queue twice"),
+                ));
             }
         }
         for (b, &q) in queued.iter().enumerate() {
             let r = self.refs[b];
             if (r == 0) != q || self.free.contains(b as BlockId) != q {
-                return Err(BrokenInvariant(format!(
-                    "block {b}: {r} references but {}in the free queue",
-                    if q { "" } else { "not " }
-                )));
+                return Err(BrokenInvariant::new(
+                    3,
+                    format!(
+                        "block {b}: {r} references but {}in the free queue",
+                        if q { "" } else { "not " }
+                    ),
+                ));
             }
         }
         if self.prefix_caching {
             for (&h, e) in &self.cached {
                 let b = e.block;
                 if self.block_hash[b as usize] != Some(h) {
-                    return Err(BrokenInvariant(format!(
-                        "cache entry {h:x} points at block {b}, which is not registered under it"
-                    )));
+                    return Err(BrokenInvariant::new(
+                        8,
+                        format!(
+                            "cache entry {h:x} points at block {b}, which is not registered under it"
+                        ),
+                    ));
                 }
             }
             let registered = self.block_hash.iter().flatten().count();
             if registered != self.cached.len() {
-                return Err(BrokenInvariant(format!(
-                    "{registered} blocks registered but {} cache entries",
-                    self.cached.len()
-                )));
+                return Err(BrokenInvariant::new(
+                    8,
+                    format!(
+                        "{registered} blocks registered but {} cache entries",
+                        self.cached.len()
+                    ),
+                ));
             }
         }
         Ok(())
@@ -427,13 +440,18 @@ mod tests {
         kv.check().unwrap();
         let mut bad = kv.clone();
         bad.refs[a.blocks[0] as usize] = 0; // held, yet not in the free queue
-        assert!(bad.check().unwrap_err().0.contains("references"));
+        let e = bad.check().unwrap_err();
+        assert!(
+            e.0.starts_with("INV-3: ") && e.0.contains("references"),
+            "{e}"
+        );
         let mut bad = kv.clone();
         bad.free.push_back(a.blocks[1]); // in the free queue, yet referenced
         assert!(bad.check().is_err());
         let mut bad = kv.clone();
         bad.block_hash[a.blocks[0] as usize] = None; // cached entry without its block
-        assert!(bad.check().is_err());
+        let e = bad.check().unwrap_err();
+        assert!(e.0.starts_with("INV-8: "), "{e}");
     }
 
     #[test]

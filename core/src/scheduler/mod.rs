@@ -826,7 +826,10 @@ impl Scheduler {
         seq.stats()
     }
 
-    /// Check the invariants of DESIGN.md that are visible from here (tests call this).
+    /// Check the invariants of `docs/design.md` that are visible from here: INV-1 (a live
+    /// request is waiting or running), INV-2, INV-3, INV-4, the batch limit of INV-5 and
+    /// INV-7, and through the KV manager's own check INV-3 and INV-8. Tests and debug builds
+    /// of both drivers call it every step; a broken one's message starts `INV-n:`.
     pub fn check_invariants(&self) -> Result<(), BrokenInvariant> {
         let kv = self.kv.as_ref();
         kv.check()?;
@@ -840,48 +843,62 @@ impl Scheduler {
         }
         for (b, &n) in owners.iter().enumerate() {
             if kv.refs(b as BlockId) != n {
-                return Err(BrokenInvariant(format!(
-                    "block {b}: {} references but {n} tables hold it",
-                    kv.refs(b as BlockId)
-                )));
+                return Err(BrokenInvariant::new(
+                    2,
+                    format!(
+                        "block {b}: {} references but {n} tables hold it",
+                        kv.refs(b as BlockId)
+                    ),
+                ));
             }
         }
         // free + used = total, each counted on its own side.
         let used = owners.iter().filter(|&&n| n > 0).count();
         if used + kv.num_free_blocks() != kv.num_blocks() {
-            return Err(BrokenInvariant(format!(
-                "{used} used + {} free != {} blocks",
-                kv.num_free_blocks(),
-                kv.num_blocks()
-            )));
+            return Err(BrokenInvariant::new(
+                3,
+                format!(
+                    "{used} used + {} free != {} blocks",
+                    kv.num_free_blocks(),
+                    kv.num_blocks()
+                ),
+            ));
         }
         if self.running.len() > self.cfg.max_batch_size {
-            return Err(BrokenInvariant(format!(
-                "{} running > max_batch_size",
-                self.running.len()
-            )));
+            return Err(BrokenInvariant::new(
+                5,
+                format!(
+                    "{} running > max_batch_size {}",
+                    self.running.len(),
+                    self.cfg.max_batch_size
+                ),
+            ));
         }
         if self.index.is_empty() && kv.num_free_blocks() != kv.num_blocks() {
-            return Err(BrokenInvariant(format!(
-                "idle but {} of {} blocks are held",
-                kv.num_blocks() - kv.num_free_blocks(),
-                kv.num_blocks()
-            )));
+            return Err(BrokenInvariant::new(
+                4,
+                format!(
+                    "idle but {} of {} blocks are held",
+                    kv.num_blocks() - kv.num_free_blocks(),
+                    kv.num_blocks()
+                ),
+            ));
         }
         if self.index.is_empty() && kv.total_refs() != 0 {
-            return Err(BrokenInvariant("idle but references remain".into()));
+            return Err(BrokenInvariant::new(4, "idle but references remain"));
         }
         if self.waiting.len() + self.running.len() != self.index.len() {
-            return Err(BrokenInvariant(
-                "a live request is neither waiting nor running".into(),
+            return Err(BrokenInvariant::new(
+                1,
+                "a live request is neither waiting nor running",
             ));
         }
         for &s in &self.waiting {
             if !self.seq(s).kv.blocks.is_empty() {
-                return Err(BrokenInvariant(format!(
-                    "waiting request {} holds blocks",
-                    self.seq(s).id
-                )));
+                return Err(BrokenInvariant::new(
+                    7,
+                    format!("waiting request {} holds blocks", self.seq(s).id),
+                ));
             }
         }
         Ok(())
@@ -922,6 +939,38 @@ mod tests {
             max_model_len: 512,
             ..SchedulerConfig::default()
         }
+    }
+
+    /// A broken invariant's message starts with its number in `docs/design.md`: a batch
+    /// limit lowered under two running sequences breaks INV-5, a block dropped from a
+    /// running sequence's table without releasing its reference breaks INV-2.
+    #[test]
+    fn a_broken_invariant_names_its_number() {
+        let mut s = Scheduler::new(cfg());
+        s.add_request(Request::new(1, (0..40).collect(), 4), 0.0)
+            .unwrap();
+        s.add_request(Request::new(2, (100..140).collect(), 4), 0.0)
+            .unwrap();
+        let plan = s.schedule(0.0);
+        assert_eq!(plan.seqs.len(), 2);
+        let sampled = vec![7; plan.num_sampling()];
+        s.complete(plan, &sampled, 0.01);
+        s.check_invariants().unwrap();
+
+        s.cfg.max_batch_size = 1;
+        let e = s.check_invariants().unwrap_err();
+        assert!(e.to_string().starts_with("INV-5: "), "{e}");
+        assert!(e.0.contains("2 running > max_batch_size 1"), "{e}");
+        s.cfg.max_batch_size = cfg().max_batch_size;
+        s.check_invariants().unwrap();
+
+        let seq = s.seqs.iter_mut().flatten().next().unwrap();
+        let block = seq.kv.blocks.pop().unwrap();
+        let e = s.check_invariants().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("INV-2: block {block}: 1 references but 0 tables hold it")
+        );
     }
 
     /// OpenAI's `n = 3`: the prompt (40 tokens, blocks of 16) is computed once; at its

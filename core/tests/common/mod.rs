@@ -161,6 +161,7 @@ pub fn drive_forked(
         for e in sched.complete(plan, &tokens, now) {
             log.events.push((now, e));
         }
+        // INV-1…5, 7, 8 of docs/design.md, every step.
         sched.check_invariants().expect("invariants");
     }
     (log, sched)
