@@ -88,6 +88,9 @@ pub struct StepOutput {
     pub num_tokens: usize,
     /// Seconds in the model's forward and sampling.
     pub forward_s: f64,
+    /// The step failed because the device is lost ([`crate::runtime::backend::DeviceLost`]):
+    /// no later step can run.
+    pub fatal: Option<String>,
 }
 
 /// A request's state outside the scheduler.
@@ -109,8 +112,9 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     default_seed: u64,
     start: Instant,
     trace: bool,
+    /// The next forward's error, in place of running it.
     #[cfg(test)]
-    fail_next_forward: bool,
+    pub(crate) inject_failure: Option<anyhow::Error>,
 }
 
 impl<M: Borrow<LoadedModel>> EngineCore<M> {
@@ -133,7 +137,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             start: Instant::now(),
             trace: false,
             #[cfg(test)]
-            fail_next_forward: false,
+            inject_failure: None,
         })
     }
 
@@ -262,7 +266,12 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         let sampled = match self.forward_and_sample(&plan) {
             Ok(s) => s,
             Err(e) => {
-                // The step failed: end its requests, keep serving the others.
+                // The step failed: end its requests, keep serving the others (unless the
+                // device is lost: then the caller stops).
+                let fatal = e
+                    .chain()
+                    .any(|c| c.is::<crate::runtime::backend::DeviceLost>())
+                    .then(|| format!("{e:#}"));
                 let now = self.now();
                 let failed = self
                     .sched
@@ -279,6 +288,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     shape,
                     num_tokens,
                     forward_s: t_forward.elapsed().as_secs_f64(),
+                    fatal,
                     ..StepOutput::default()
                 };
             }
@@ -328,6 +338,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             shape,
             num_tokens,
             forward_s,
+            fatal: None,
         }
     }
 
@@ -338,8 +349,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     /// Each sampling sequence's token, in plan order, with its request id.
     fn forward_and_sample(&mut self, plan: &StepPlan) -> Result<Vec<(u64, SampledToken)>> {
         #[cfg(test)]
-        if std::mem::take(&mut self.fail_next_forward) {
-            anyhow::bail!("injected forward failure");
+        if let Some(e) = self.inject_failure.take() {
+            return Err(e);
         }
         let mut batch = to_batch(plan);
         // Prompt chunks of requests that report prompt logprobs return every row.
@@ -538,11 +549,12 @@ mod tests {
         for id in 0..3 {
             core.add(id, request(20, 4), now).unwrap();
         }
-        core.fail_next_forward = true;
+        core.inject_failure = Some(anyhow!("injected forward failure"));
         let out = core.step();
         let failed: Vec<u64> = out.failed.iter().map(|f| f.0).collect();
         assert_eq!(failed, vec![0, 1], "the two scheduled requests fail");
         assert!(out.failed[0].2.contains("injected forward failure"));
+        assert!(out.fatal.is_none(), "an ordinary step error");
         assert!(out.tokens.is_empty());
         assert_eq!(core.stats().num_running, 0);
         assert_eq!(core.stats().num_free_blocks, 64, "their KV is freed");
@@ -552,6 +564,20 @@ mod tests {
         assert_eq!(counts, HashMap::from([(2, 4), (3, 5)]));
         assert_eq!(core.stats().num_free_blocks, 64);
         assert!(core.live.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn a_lost_device_is_fatal() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let mut core = EngineCore::new(&lm, config(), 0)?;
+        core.add(0, request(20, 4), Instant::now()).unwrap();
+        let lost = crate::runtime::backend::DeviceLost("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+        core.inject_failure = Some(anyhow::Error::new(lost).context("layer 3 attention"));
+        let out = core.step();
+        assert_eq!(out.failed.len(), 1);
+        let fatal = out.fatal.expect("a lost device ends the engine");
+        assert!(fatal.contains("unrecoverable"), "{fatal}");
         Ok(())
     }
 

@@ -143,6 +143,12 @@ pub(super) async fn generate(
     let id = s.next_id.fetch_add(req.n as u64, Ordering::Relaxed);
     let ids = id..id + req.n as u64;
     let (tx, mut rx) = unbounded_channel();
+    if let Some(why) = s.health.lost() {
+        return Err(ApiError {
+            status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            ..ApiError::internal(why)
+        });
+    }
     let commands = s.commands.lock().unwrap().clone();
     let new = NewRequest {
         id,

@@ -78,6 +78,7 @@ pub struct EngineLoop {
     step_log: Option<super::step_log::StepLog>,
     /// Where each step's prefix-cache events go (`--kv-events-config`).
     kv_events: Option<super::kv_events::EventSender>,
+    health: Arc<super::health::Health>,
 }
 
 impl EngineLoop {
@@ -85,6 +86,7 @@ impl EngineLoop {
         model: LoadedModel,
         cfg: SchedulerConfig,
         metrics: Arc<Mutex<ServerMetrics>>,
+        health: Arc<super::health::Health>,
         seed: u64,
     ) -> Result<Self> {
         Ok(EngineLoop {
@@ -93,6 +95,7 @@ impl EngineLoop {
             metrics,
             step_log: None,
             kv_events: None,
+            health,
         })
     }
 
@@ -148,8 +151,8 @@ impl EngineLoop {
             if stop {
                 break;
             }
-            if self.core.has_unfinished() {
-                self.step();
+            if self.core.has_unfinished() && !self.step() {
+                break;
             }
             self.metrics.lock().unwrap().sched = self.core.stats();
         }
@@ -209,7 +212,8 @@ impl EngineLoop {
         }
     }
 
-    fn step(&mut self) {
+    /// One step; false when the device is lost and the loop must stop.
+    fn step(&mut self) -> bool {
         let t_start = Instant::now();
         let out = self.core.step();
         for id in &out.ended {
@@ -217,7 +221,7 @@ impl EngineLoop {
         }
         if out.idle {
             std::thread::sleep(std::time::Duration::from_millis(1));
-            return;
+            return true;
         }
         self.flush_kv_events();
         for (id, _, error) in &out.failed {
@@ -226,6 +230,16 @@ impl EngineLoop {
             if let Some(c) = self.clients.remove(id) {
                 let _ = c.events.send(StreamEvent::Error(error.clone()));
             }
+        }
+        if let Some(why) = out.fatal {
+            // Every later step would fail the same way: end everything and stop.
+            eprintln!("error: {why}; the server stops");
+            self.health.lose(why.clone());
+            let ids: Vec<u64> = self.clients.keys().copied().collect();
+            for id in ids {
+                self.end_with_error(id, &why);
+            }
+            return false;
         }
         // Before any token leaves: a client that reads /metrics on its first token must see
         // the KV its request holds.
@@ -245,6 +259,7 @@ impl EngineLoop {
                 step_s: t_start.elapsed().as_secs_f64(),
             });
         }
+        true
     }
 
     fn deliver(&mut self, t: TokenOutput) {
@@ -337,5 +352,74 @@ impl EngineLoop {
         if self.core.abort(id).is_some() {
             self.metrics.lock().unwrap().finished(FinishReason::Abort);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::backend::DeviceLost;
+    use crate::runtime::sampling::SamplingParams;
+    use crate::tools::make_model::{make_model, ModelSpec};
+    use crate::{load_model_dir, Arch, Device};
+
+    /// A lost device ends every request, not only the step's, marks the server unhealthy and
+    /// stops the loop.
+    #[test]
+    fn a_lost_device_stops_the_loop_and_marks_the_server_unhealthy() -> Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("llama");
+        make_model(&ModelSpec::new(Arch::Llama), &dir)?;
+        let lm = load_model_dir(&dir, Some(candle_core::DType::F32), Device::Cpu)?;
+        let sched = SchedulerConfig {
+            max_batch_size: 1,
+            num_gpu_blocks: 64,
+            max_model_len: 256,
+            ..SchedulerConfig::default()
+        };
+        let metrics = Arc::new(Mutex::new(ServerMetrics::new("m", 16, 64)));
+        let health = Arc::new(super::super::health::Health::default());
+        let mut engine = EngineLoop::new(lm, sched, metrics, health.clone(), 0)?;
+        let mut streams = Vec::new();
+        for id in [0, 10] {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let request = EngineRequest {
+                prompt: (0..20).map(|i| 10 + i).collect(),
+                params: SamplingParams::greedy(),
+                max_tokens: 4,
+                stop_strings: Vec::new(),
+                stop_token_ids: Vec::new(),
+                ignore_eos: true,
+                forks: Vec::new(),
+                prompt_logprobs: None,
+            };
+            engine.add(NewRequest {
+                id,
+                request,
+                arrival: Instant::now(),
+                events: tx,
+            });
+            streams.push(rx);
+        }
+        // A step that works, then one whose device is lost.
+        assert!(engine.step());
+        assert!(health.lost().is_none());
+        let lost = DeviceLost("CUDA_ERROR_ILLEGAL_ADDRESS".into());
+        engine.core.inject_failure = Some(anyhow::Error::new(lost));
+        assert!(!engine.step(), "the loop stops");
+        assert!(health.lost().is_some_and(|w| w.contains("unrecoverable")));
+        // Both requests end with the reason: the running one and the one still waiting.
+        for rx in &mut streams {
+            let mut last = None;
+            while let Ok(e) = rx.try_recv() {
+                last = Some(e);
+            }
+            match last {
+                Some(StreamEvent::Error(e)) => assert!(e.contains("unrecoverable"), "{e}"),
+                other => panic!("expected an error, got {other:?}"),
+            }
+        }
+        assert!(engine.clients.is_empty());
+        Ok(())
     }
 }

@@ -8,6 +8,7 @@ pub mod api;
 mod auth;
 mod completions;
 pub mod engine_loop;
+mod health;
 pub mod http;
 pub mod kv_events;
 pub mod metrics;
@@ -111,6 +112,8 @@ struct Shared {
     kv_events: Option<kv_events::KvEventsConfig>,
     /// `--api-key`: what `/v1` requests must present.
     api_keys: Option<auth::ApiKeys>,
+    /// Set when the device is lost: the server stops.
+    health: Arc<health::Health>,
 }
 
 /// A running engine: the HTTP app state plus the engine thread.
@@ -165,7 +168,9 @@ impl Engine {
             sched.block_size,
             sched.num_gpu_blocks,
         )));
-        let mut engine = EngineLoop::new(lm, sched.clone(), metrics.clone(), cfg.seed)?;
+        let health = Arc::new(health::Health::default());
+        let mut engine =
+            EngineLoop::new(lm, sched.clone(), metrics.clone(), health.clone(), cfg.seed)?;
         if let Some(path) = &cfg.step_log {
             engine.log_steps(step_log::StepLog::create(path)?);
         }
@@ -221,6 +226,7 @@ impl Engine {
                 ),
                 kv_events: cfg.kv_events.clone(),
                 api_keys,
+                health,
             }),
         };
         Ok(Engine {
@@ -278,7 +284,7 @@ pub fn router(state: AppState) -> Router {
     use completions::{chat_completions, completions};
     use routes::*;
     Router::new()
-        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics_text))
         .route("/tokenize", post(tokenize))
@@ -326,17 +332,25 @@ pub async fn serve(cfg: ServeConfig, addr: SocketAddr) -> Result<()> {
         }),
         end_requests: engine.end_requests(),
     };
+    let health = engine.state.inner.health.clone();
     let first = async {
-        shutdown_signal().await;
-        eprintln!(
-            "shutting down: open requests have {:.0} s to finish (signal again to end them now)",
-            cfg.shutdown_timeout.as_secs_f64()
-        );
+        tokio::select! {
+            _ = shutdown_signal() => eprintln!(
+                "shutting down: open requests have {:.0} s to finish (signal again to end them \
+                 now)",
+                cfg.shutdown_timeout.as_secs_f64()
+            ),
+            _ = health.wait_lost() => eprintln!("shutting down: the device is lost"),
+        }
     };
     http::serve(listener, engine.app(cfg.http), cfg.http, first, drain).await;
     eprintln!("shutting down");
     tokio::task::block_in_place(|| engine.shutdown());
-    Ok(())
+    match engine.state.inner.health.lost() {
+        // A supervisor restarts a server that exits with an error, not one that goes on.
+        Some(why) => anyhow::bail!("{why}"),
+        None => Ok(()),
+    }
 }
 
 async fn shutdown_signal() {

@@ -106,6 +106,14 @@ pub(super) async fn reset_prefix_cache(State(s): State<AppState>) -> Response {
 }
 
 /// Healthy only if a one-token generation goes through the whole path (SGLang's check).
+/// `/health`: 200 while the engine can compute, 503 with the reason once its device is lost.
+pub(super) async fn health(State(s): State<AppState>) -> Response {
+    match s.inner.health.lost() {
+        None => StatusCode::OK.into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()).into_response(),
+    }
+}
+
 pub(super) async fn health_generate(State(s): State<AppState>) -> Response {
     let body = Bytes::from_static(br#"{"prompt": "Hello", "max_tokens": 1}"#);
     match generate(s, Ok(body), Endpoint::Completions).await {

@@ -102,6 +102,39 @@ pub struct KvLayout {
     pub head_dim: usize,
 }
 
+/// The device can no longer compute: a CUDA error that leaves the context unusable (an
+/// illegal address, a failed launch, an uncorrectable ECC error…), after which every call
+/// of this process fails the same way. A step that fails with it cannot be retried: the
+/// server marks itself unhealthy and exits rather than fail requests forever.
+#[derive(Debug)]
+pub struct DeviceLost(pub String);
+
+impl std::fmt::Display for DeviceLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the GPU is in an unrecoverable state ({})", self.0)
+    }
+}
+
+impl std::error::Error for DeviceLost {}
+
+/// Whether a CUDA driver result leaves the context unusable ("the process must be
+/// terminated and relaunched", as the CUDA documentation says of these codes).
+pub fn cuda_error_is_sticky(code: u32) -> bool {
+    matches!(
+        code,
+        214 // ECC_UNCORRECTABLE
+            | 700 // ILLEGAL_ADDRESS
+            | 702 // LAUNCH_TIMEOUT
+            | 710 // ASSERT
+            | 714 // HARDWARE_STACK_ERROR
+            | 715 // ILLEGAL_INSTRUCTION
+            | 716 // MISALIGNED_ADDRESS
+            | 717 // INVALID_ADDRESS_SPACE
+            | 718 // INVALID_PC
+            | 719 // LAUNCH_FAILED
+    )
+}
+
 /// f32 logits of the sampled rows, `[rows, vocab]`, on the host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logits {
@@ -162,6 +195,11 @@ pub trait Backend: Sized {
     type Step;
     /// A point in a step's activation memory (see [`Backend::scratch_mark`]).
     type ScratchMark: Copy;
+
+    /// Whether an [`Role::Embedding`] weight, as this backend stores it, also multiplies as a
+    /// [`Role::Linear`] one: then a tied output head is the embedding table itself, stored
+    /// once (on a GPU with a 128k vocabulary, half a gigabyte not spent twice).
+    const EMBEDDING_IS_LINEAR: bool = false;
 
     /// Takes a parameter loaded on the host (f32, or the checkpoint's bf16).
     fn weight(&self, t: Tensor, role: Role) -> Result<Self::Weight>;
@@ -286,6 +324,21 @@ mod tests {
         assert!(Device::parse("cuda:x").is_err());
         assert!(Device::parse("gpu").is_err());
         assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
+    }
+
+    #[test]
+    fn only_context_killing_cuda_errors_are_sticky() {
+        // Illegal address, launch failure, uncorrectable ECC: the context is gone.
+        for code in [700, 719, 214, 716] {
+            assert!(cuda_error_is_sticky(code), "{code}");
+        }
+        // Out of memory, invalid value, not ready, success: a step can fail and the next
+        // one run.
+        for code in [2, 1, 600, 0, 201] {
+            assert!(!cuda_error_is_sticky(code), "{code}");
+        }
+        let e = anyhow::Error::new(DeviceLost("CUDA_ERROR_ILLEGAL_ADDRESS".into()));
+        assert!(e.to_string().contains("unrecoverable"), "{e}");
     }
 
     #[test]

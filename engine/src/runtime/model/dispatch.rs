@@ -173,7 +173,19 @@ impl Model {
 
     /// Runs one step: writes the batch's new K/V into `kv` and returns the f32 logits of
     /// the sequences with `sample == true`, in batch order.
+    /// A step that leaves the device unusable fails with
+    /// [`crate::runtime::backend::DeviceLost`] in its chain.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Logits> {
+        match self {
+            Model::Cpu(_) => self.forward_unclassified(batch, kv),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) => self
+                .forward_unclassified(batch, kv)
+                .map_err(crate::runtime::backend::cuda::classify_step_error),
+        }
+    }
+
+    fn forward_unclassified(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Logits> {
         with_kv!(self, kv, |m, k| m.forward(batch, k))
     }
 

@@ -54,7 +54,9 @@ pub struct Transformer<B: Backend> {
     embed: B::Weight,
     layers: Vec<Layer<B>>,
     norm: B::Weight,
-    lm_head: B::Weight,
+    /// The output head; `None`: tied, the embedding table itself (see
+    /// [`Backend::EMBEDDING_IS_LINEAR`]).
+    lm_head: Option<B::Weight>,
     /// `[global]` or `[global, sliding]`.
     kinds: Vec<Kind<B>>,
 }
@@ -151,10 +153,12 @@ impl<B: Backend> Transformer<B> {
                 kind: usize::from(cfg.layer_sliding[li] && sliding_window.is_some()),
             });
         }
-        let lm_head = if cfg.tie_word_embeddings {
-            b.weight(embed_host.clone(), Role::Linear)?
-        } else {
-            b.weight(w.get("lm_head.weight", &[cfg.vocab_size, h])?, Role::Linear)?
+        let lm_head = match (cfg.tie_word_embeddings, B::EMBEDDING_IS_LINEAR) {
+            (true, true) => None,
+            (true, false) => Some(b.weight(embed_host.clone(), Role::Linear)?),
+            (false, _) => {
+                Some(b.weight(w.get("lm_head.weight", &[cfg.vocab_size, h])?, Role::Linear)?)
+            }
         };
         let max_pos = cfg.max_position_embeddings;
         let global = b.rope(
@@ -335,7 +339,8 @@ impl<B: Backend> Transformer<B> {
             return Ok(None);
         };
         let x = b.rms_norm(&x, &self.norm, eps)?;
-        Ok(Some(b.linear(&x, &self.lm_head, None)?))
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        Ok(Some(b.linear(&x, head, None)?))
     }
 
     pub fn copy_block(&self, kv: &mut B::Kv, src: usize, dst: usize) -> Result<()> {

@@ -15,13 +15,17 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};
-use infer_kernels::cuda::cudarc::driver::{result as cu, CudaContext, CudaSlice, CudaStream};
+use infer_kernels::cuda::cudarc::driver::{
+    result as cu, CudaContext, CudaSlice, CudaStream, DriverError,
+};
 use infer_kernels::cuda::{DeviceBlockTables, DeviceKv, Gemm, Kernels, Span};
 use infer_kernels::layout::{AttentionConfig, KvCacheShape};
 use infer_kernels::reference::RmsWeight;
 
 use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
-use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
+use super::{
+    cuda_error_is_sticky, Activation, AttnKind, Backend, DeviceLost, Heads, KvLayout, Logits, Role,
+};
 use crate::runtime::backend::graph_set::KvPoolId;
 use crate::runtime::batch::ForwardBatch;
 use arena::Arena;
@@ -223,11 +227,44 @@ fn bf16_bits(t: &Tensor) -> Result<Vec<u16>> {
         .collect())
 }
 
-fn driver<T>(
-    r: std::result::Result<T, infer_kernels::cuda::cudarc::driver::DriverError>,
-) -> Result<T> {
-    r.map_err(|e| anyhow!("CUDA: {e}"))
+fn driver<T>(r: std::result::Result<T, DriverError>) -> Result<T> {
+    r.map_err(|e| device_error(&e).unwrap_or_else(|| anyhow!("CUDA: {e}")))
 }
+
+/// [`DeviceLost`] when `e` leaves the CUDA context unusable.
+fn device_error(e: &DriverError) -> Option<anyhow::Error> {
+    cuda_error_is_sticky(e.0 as u32).then(|| DeviceLost(format!("{e}")).into())
+}
+
+/// A step's error as the engine must read it: [`DeviceLost`] when a driver error in its
+/// chain left the context unusable (errors raised with `?` keep the driver's type).
+pub fn classify_step_error(e: anyhow::Error) -> anyhow::Error {
+    if e.chain().any(|c| c.is::<DeviceLost>()) {
+        return e;
+    }
+    let lost = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<DriverError>().and_then(device_error));
+    match lost {
+        Some(lost) => lost.context(format!("{e:#}")),
+        None => e,
+    }
+}
+
+// The sticky codes, as the driver numbers them.
+const _: () = {
+    use infer_kernels::cuda::cudarc::driver::sys::CUresult as R;
+    assert!(R::CUDA_ERROR_ECC_UNCORRECTABLE as u32 == 214);
+    assert!(R::CUDA_ERROR_ILLEGAL_ADDRESS as u32 == 700);
+    assert!(R::CUDA_ERROR_LAUNCH_TIMEOUT as u32 == 702);
+    assert!(R::CUDA_ERROR_ASSERT as u32 == 710);
+    assert!(R::CUDA_ERROR_HARDWARE_STACK_ERROR as u32 == 714);
+    assert!(R::CUDA_ERROR_ILLEGAL_INSTRUCTION as u32 == 715);
+    assert!(R::CUDA_ERROR_MISALIGNED_ADDRESS as u32 == 716);
+    assert!(R::CUDA_ERROR_INVALID_ADDRESS_SPACE as u32 == 717);
+    assert!(R::CUDA_ERROR_INVALID_PC as u32 == 718);
+    assert!(R::CUDA_ERROR_LAUNCH_FAILED as u32 == 719);
+};
 
 impl Backend for CudaBackend {
     type Act = CudaAct;
@@ -236,6 +273,9 @@ impl Backend for CudaBackend {
     type Kv = CudaKv;
     type Step = CudaStep;
     type ScratchMark = arena::Mark;
+
+    // Every weight is the checkpoint's `[rows, cols]` in bf16, whatever its role.
+    const EMBEDDING_IS_LINEAR: bool = true;
 
     fn weight(&self, t: Tensor, role: Role) -> Result<CudaWeight> {
         let (rows, cols) = match t.dims() {
