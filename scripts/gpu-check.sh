@@ -6,8 +6,10 @@
 #   2. GPU-vs-CPU logits parity for generated Llama, Qwen3 and Gemma 3 models, mixed steps
 #      and CUDA-graph replays; the runner against Hugging Face transformers on the same
 #      safetensors (oracle); compute-sanitizer memcheck over a served run with graphs;
-#   3. decode tok/s at batch 1/8/32 with GB/s and its fraction of the device copy bandwidth,
-#      batch-1 ITL eager vs graphs, prefill tok/s at 512 and 2,048 tokens (gpu_bench);
+#   3. decode steps at batch 1/8/32/64 and contexts 512/2,048/4,096, eager and graphed,
+#      greedy and top-p, on 32k- and 128k-vocabulary models: ms, tok/s, and the bytes a step
+#      must read over a read-only kernel's bandwidth; prefill tok/s at 512 and 2,048 tokens
+#      (gpu_bench);
 #   4. kernel figures (kernel_bench);
 #   5. the engine on the GPU with a generated ~1B Llama (Llama-3.2-1B's shape, random
 #      weights): `engine generate` eager and with graphs, `engine serve

@@ -1,22 +1,29 @@
-//! The CUDA backend's speed, as `name: value unit` lines: device-to-device copy bandwidth,
-//! decode tokens/s at batch 1/8/32 with the weight bandwidth each reaches and its fraction of
-//! the copy bandwidth, batch-1 ITL eager vs CUDA graphs (medians of interleaved rounds), and
-//! prefill tokens/s at 512 and 2,048 tokens — on a generated ~1B-parameter Llama (bf16).
+//! The CUDA backend's speed, as `name: value unit` lines, on generated models of
+//! Llama-3.2-1B's shape (bf16, random weights) with a 32,768 and a 128,256 vocabulary:
+//! - the bandwidth a read-only kernel reaches (the ceiling of a decode step, which only
+//!   reads) and, for reference, a device-to-device copy's (read plus written);
+//! - decode steps at batch 1 / 8 / 32 / 64 and contexts 512 / 2,048 / 4,096, eager and with
+//!   CUDA graphs, greedy and at temperature 1 with top-p 0.9 (sampling is part of a step):
+//!   ms per step, tok/s, the bytes the step must read (every weight but the gathered
+//!   embedding table, the output head, each sequence's K/V once) per second, and their
+//!   fraction of the read-only bandwidth;
+//! - prefill tokens/s at 512 and 2,048 tokens, and a new prompt length vs a seen one.
 //!
 //! `engine/examples/gpu_bench.rs`, run by scripts/gpu-check.sh:
-//!   gpu_bench [MODEL_DIR]   (default: generates the model under the builtin cache once)
+//!   gpu_bench [MODEL_DIR]   (default: generates the models under the builtin cache once)
 
 use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::DType;
+use infer_engine::runtime::sampling::{Sampler, SamplingParams};
 use infer_engine::tools::builtin;
 use infer_engine::tools::make_model::{make_model, ModelSpec};
 use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
 use infer_kernels::cuda::cudarc::driver::CudaContext;
+use infer_kernels::cuda::{Kernels, Span};
 
 const BLOCK: usize = 16;
-const CONTEXT: usize = 512;
 
 fn line(name: &str, value: f64, unit: &str) {
     println!("{name}: {value:.2} {unit}");
@@ -44,29 +51,6 @@ fn copy_bandwidth_gbs() -> Result<f64> {
     Ok(2.0 * (n * 4) as f64 / median(times) / 1e9)
 }
 
-/// `batch` sequences, each prefilled to `CONTEXT` tokens in its own blocks.
-fn prefilled(lm: &LoadedModel, batch: usize) -> Result<(KvCache, Vec<Vec<u32>>)> {
-    let per_seq = (CONTEXT + 64).div_ceil(BLOCK);
-    let mut kv = lm.model.new_kv_cache(batch * per_seq, BLOCK)?;
-    let tables: Vec<Vec<u32>> = (0..batch)
-        .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
-        .collect();
-    for table in &tables {
-        let tokens: Vec<u32> = (0..CONTEXT as u32).map(|t| 10 + t % 1000).collect();
-        let b = ForwardBatch {
-            seqs: vec![SeqChunk {
-                tokens,
-                start_pos: 0,
-                block_table: table.clone(),
-                sample: true,
-                all_logits: false,
-            }],
-        };
-        lm.model.forward(&b, &mut kv)?;
-    }
-    Ok((kv, tables))
-}
-
 /// A fresh `len`-token prompt in blocks 0.., sampled.
 fn fresh_prompt(len: usize) -> ForwardBatch {
     ForwardBatch {
@@ -80,12 +64,16 @@ fn fresh_prompt(len: usize) -> ForwardBatch {
     }
 }
 
-/// Seconds per decode step over `steps` steps (after the first, which may capture a graph).
+/// Seconds per decode step (the forward and sampling each row) over `steps` steps, after
+/// one that may capture a graph. Every step rewrites position `context`, so the context
+/// stays `context + 1` tokens.
 fn decode_step_s(
     lm: &LoadedModel,
     kv: &mut KvCache,
     tables: &[Vec<u32>],
+    context: usize,
     steps: usize,
+    samplers: &mut [Sampler],
 ) -> Result<f64> {
     let mut times = Vec::new();
     for j in 0..=steps {
@@ -94,8 +82,7 @@ fn decode_step_s(
                 .iter()
                 .map(|t| SeqChunk {
                     tokens: vec![42],
-                    // Rewrites the same position: the context stays CONTEXT + 1 tokens.
-                    start_pos: CONTEXT,
+                    start_pos: context,
                     block_table: t.clone(),
                     sample: true,
                     all_logits: false,
@@ -103,7 +90,10 @@ fn decode_step_s(
                 .collect(),
         };
         let t = Instant::now();
-        lm.model.forward(&b, kv)?;
+        let logits = lm.model.forward(&b, kv)?;
+        for (row, sampler) in logits.iter().zip(samplers.iter_mut()) {
+            std::hint::black_box(sampler.sample(row));
+        }
         if j > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -111,90 +101,128 @@ fn decode_step_s(
     Ok(median(times))
 }
 
+/// A generated model of Llama-3.2-1B's shape with `vocab` tokens under the builtin cache,
+/// built once.
+fn model_dir(name: &str, vocab: usize) -> Result<std::path::PathBuf> {
+    let dir = builtin::cache_dir().join(name);
+    if !dir.join("model.safetensors").exists() {
+        let spec = ModelSpec {
+            layers: 16,
+            hidden: 2048,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: Some(64),
+            intermediate: 8192,
+            vocab,
+            max_pos: 8192,
+            dtype: DType::BF16,
+            ..ModelSpec::new(Arch::Llama)
+        };
+        eprintln!("building {} (once)…", dir.display());
+        make_model(&spec, &dir)?;
+    }
+    Ok(dir)
+}
+
+/// What a read-only kernel reaches (the ceiling of a decode step, which only reads): the
+/// median of 10 passes over 2 GiB.
+fn read_only_bandwidth_gbs() -> Result<f64> {
+    let stream = CudaContext::new(0)?.new_stream()?;
+    let kernels = Kernels::load(stream.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let bytes = 2usize << 30;
+    let src = stream.alloc_zeros::<u8>(bytes)?;
+    let sink = stream.alloc_zeros::<u32>(Kernels::read_only_sink_len())?;
+    let mut times = Vec::new();
+    for pass in 0..11 {
+        stream.synchronize()?;
+        let t = Instant::now();
+        kernels.read_only(Span::of(&src), Span::of(&sink))?;
+        stream.synchronize()?;
+        if pass > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(bytes as f64 / median(times) / 1e9)
+}
+
+/// Decode steps at batch 1 / 8 / 32 / 64 and contexts 512 / 2,048 / 4,096, eager and graphed,
+/// greedy and sampled at temperature 1 with top-p 0.9 (the host sampler, as served): the
+/// step's time (forward + sampling every row), the bytes it must read
+/// (`ModelConfig::decode_read_bytes`) over that time, and their fraction of `read_gbs`.
+fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
+    const CONTEXTS: [usize; 3] = [512, 2048, 4096];
+    let top_p = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.9,
+        ..SamplingParams::default()
+    };
+    for batch in [1, 8, 32, 64] {
+        for context in CONTEXTS {
+            let per_seq = (context + 1).div_ceil(BLOCK);
+            let mut kv = lm.model.new_kv_cache(batch * per_seq, BLOCK)?;
+            lm.model.fill_pattern(&mut kv)?;
+            let tables: Vec<Vec<u32>> = (0..batch)
+                .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+                .collect();
+            let bytes = lm.config.decode_read_bytes(&vec![context + 1; batch], 2, 2);
+            for graphs in [false, true] {
+                let max_context = CONTEXTS[2] + 64;
+                lm.model
+                    .enable_cuda_graphs(if graphs { 64 } else { 0 }, max_context)?;
+                for (sampling, params) in [
+                    ("greedy", SamplingParams::greedy()),
+                    ("top_p", top_p.clone()),
+                ] {
+                    let mut samplers: Vec<Sampler> = (0..batch)
+                        .map(|_| Sampler::new(params.clone(), &[], 0))
+                        .collect();
+                    let s = decode_step_s(lm, &mut kv, &tables, context, 10, &mut samplers)?;
+                    let at = format!(
+                        "[{label},batch={batch},ctx={context},{},{sampling}]",
+                        if graphs { "graphs" } else { "eager" }
+                    );
+                    line(&format!("decode_step_ms{at}"), s * 1e3, "ms");
+                    line(&format!("decode_tok_s{at}"), batch as f64 / s, "tok/s");
+                    let gbs = bytes as f64 / s / 1e9;
+                    line(&format!("decode_read_gbs{at}"), gbs, "GB/s");
+                    line(
+                        &format!("decode_fraction_of_read_only{at}"),
+                        gbs / read_gbs,
+                        "",
+                    );
+                }
+            }
+        }
+    }
+    lm.model.enable_cuda_graphs(0, 0)?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let dir = match std::env::args().nth(1) {
         Some(d) => d.into(),
-        None => {
-            let dir = builtin::cache_dir().join("bench-llama-1b-bf16-v1");
-            if !dir.join("model.safetensors").exists() {
-                let spec = ModelSpec {
-                    layers: 16,
-                    hidden: 2048,
-                    heads: 32,
-                    kv_heads: 8,
-                    head_dim: Some(64),
-                    intermediate: 8192,
-                    vocab: 32768,
-                    max_pos: 4096,
-                    dtype: DType::BF16,
-                    ..ModelSpec::new(Arch::Llama)
-                };
-                eprintln!("building {} (once)…", dir.display());
-                make_model(&spec, &dir)?;
-            }
-            dir
-        }
+        None => model_dir("bench-llama-1b-bf16-v1", 32_768)?,
     };
     let copy = copy_bandwidth_gbs()?;
     line("d2d_copy_bandwidth", copy, "GB/s");
     let lm = load_model_dir(&dir, None, Device::Cuda(0))?;
-    let weight_bytes = (lm.config.num_parameters() * 2) as f64;
     line(
         "model_parameters",
         lm.config.num_parameters() as f64 / 1e9,
         "B",
     );
 
-    for batch in [1, 8, 32] {
-        let (mut kv, tables) = prefilled(&lm, batch)?;
-        let s = decode_step_s(&lm, &mut kv, &tables, 32)?;
-        line(
-            &format!("decode_tok_s[batch={batch}]"),
-            batch as f64 / s,
-            "tok/s",
-        );
-        let gbs = weight_bytes / s / 1e9;
-        line(&format!("decode_weight_gbs[batch={batch}]"), gbs, "GB/s");
-        // Decode reads each weight once per step: compare with the copy's read half, and
-        // (the stricter figure) with the copy's whole traffic, read plus written.
-        line(
-            &format!("decode_fraction_of_copy_read[batch={batch}]"),
-            gbs / (copy / 2.0),
-            "",
-        );
-        line(
-            &format!("decode_fraction_of_copy_traffic[batch={batch}]"),
-            gbs / copy,
-            "",
-        );
-    }
-
-    // Batch-1 ITL, eager vs graphs, interleaved rounds on the same model and KV.
-    let (mut kv, tables) = prefilled(&lm, 1)?;
-    let (mut eager, mut graphed) = (Vec::new(), Vec::new());
-    for _ in 0..5 {
-        lm.model.enable_cuda_graphs(0, 0)?;
-        eager.push(decode_step_s(&lm, &mut kv, &tables, 20)?);
-        lm.model.enable_cuda_graphs(32, CONTEXT + 64)?;
-        graphed.push(decode_step_s(&lm, &mut kv, &tables, 20)?);
-    }
-    let (e, g) = (median(eager), median(graphed));
-    line("itl_batch1_eager", e * 1e3, "ms");
-    line("itl_batch1_graphs", g * 1e3, "ms");
-    line("itl_batch1_graphs_reduction", (1.0 - g / e) * 100.0, "%");
-    let graphs_gbs = weight_bytes / g / 1e9;
-    line("decode_weight_gbs[batch=1,graphs]", graphs_gbs, "GB/s");
-    line(
-        "decode_fraction_of_copy_read[batch=1,graphs]",
-        graphs_gbs / (copy / 2.0),
-        "",
-    );
-    line(
-        "decode_fraction_of_copy_traffic[batch=1,graphs]",
-        graphs_gbs / copy,
-        "",
-    );
-    lm.model.enable_cuda_graphs(0, 0)?;
+    // Decode steps over the grid users run, each beside what it must read. The KV holds a
+    // fill pattern, not a prefill: a decode step's cost does not depend on the values.
+    let read = read_only_bandwidth_gbs()?;
+    line("read_only_bandwidth", read, "GB/s");
+    decode_grid(&lm, "vocab=32768", read)?;
+    drop(lm);
+    let big = model_dir("bench-llama-1b-v128k-bf16-v1", 128_256)?;
+    let lm_big = load_model_dir(&big, None, Device::Cuda(0))?;
+    decode_grid(&lm_big, "vocab=128256", read)?;
+    drop(lm_big);
+    let lm = load_model_dir(&dir, None, Device::Cuda(0))?;
 
     for len in [512usize, 2048] {
         let mut kv = lm.model.new_kv_cache(len.div_ceil(BLOCK), BLOCK)?;

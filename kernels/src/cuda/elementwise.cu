@@ -33,3 +33,23 @@ extern "C" __global__ void bias_add_bf16(
         x[base + i] = f32_to_bf16(bf16_to_f32(x[base + i]) + bf16_to_f32(bias[i]));
     }
 }
+
+// Reads src ([n] 16-byte words) once and writes one word per warp to out
+// ([gridDim.x * blockDim.x / 32]): a read-only kernel, whose bandwidth is the ceiling of a
+// decode step (which only reads), unlike a copy's. The XOR keeps the reads from being
+// optimised away.
+extern "C" __global__ void read_only_u128(const uint4* __restrict__ src, long long n,
+                                          unsigned int* __restrict__ out) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    unsigned int acc = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const uint4 v = src[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        acc ^= __shfl_xor_sync(0xffffffffu, acc, offset);
+    }
+    if (threadIdx.x % 32 == 0) {
+        out[((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32] = acc;
+    }
+}

@@ -183,6 +183,7 @@ pub struct Kernels {
     add: CudaFunction,
     bias_add: CudaFunction,
     logits_f32: CudaFunction,
+    read_only: CudaFunction,
 }
 
 impl Kernels {
@@ -243,6 +244,7 @@ impl Kernels {
             add: take("add_bf16"),
             bias_add: take("bias_add_bf16"),
             logits_f32: take("logits_f32"),
+            read_only: take("read_only_u128"),
             stream,
         };
         Ok(kernels)
@@ -638,6 +640,25 @@ impl Kernels {
         launch.arg(&x).arg(&y).arg(&n);
         // SAFETY: matches add_bf16 (a grid-stride loop bounded by n).
         unsafe { launch.launch(grid::flat(x.len())) }.map(drop)
+    }
+
+    /// Reads every byte of `src` (a whole number of 16-byte words, 16-byte aligned) once and
+    /// writes a word per warp to `sink` ([`Self::read_only_sink_len`] words): what a
+    /// read-only kernel reaches is the bandwidth ceiling of a decode step.
+    pub fn read_only(&self, src: Span<u8>, sink: Span<u32>) -> Result<(), DriverError> {
+        assert!(src.len() % 16 == 0 && src.ptr() % 16 == 0, "16-byte words");
+        assert!(sink.len() >= Self::read_only_sink_len());
+        let words = src.len() as i64 / 16;
+        let mut launch = self.stream.launch_builder(&self.read_only);
+        launch.arg(&src).arg(&words).arg(&sink);
+        // SAFETY: matches read_only_u128 (a grid-stride loop bounded by the word count; one
+        // sink word per warp of the fixed grid).
+        unsafe { launch.launch(grid::flat(usize::MAX)) }.map(drop)
+    }
+
+    /// Words of the sink [`Self::read_only`] writes.
+    pub const fn read_only_sink_len() -> usize {
+        grid::FLAT_MAX_BLOCKS * grid::FLAT_THREADS as usize / 32
     }
 
     /// `x[r, c] = bf16(x[r, c] + bias[c])` (`x` written, `[rows, bias.len()]`).

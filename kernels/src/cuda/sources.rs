@@ -84,7 +84,7 @@ pub const GATHER: KernelSource = KernelSource {
 pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     source: include_str!("elementwise.cu"),
-    entry_points: &["add_bf16", "logits_f32", "bias_add_bf16"],
+    entry_points: &["add_bf16", "logits_f32", "bias_add_bf16", "read_only_u128"],
 };
 
 pub const ALL: [KernelSource; 7] = [

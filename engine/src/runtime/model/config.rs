@@ -219,6 +219,29 @@ impl ModelConfig {
         let embed = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
         self.num_layers * (attn + mlp + norms) + embed + h
     }
+
+    /// Bytes one decode step must read from device memory, at `weight_bytes` per parameter
+    /// and `kv_bytes` per cached element, for sequences whose contexts (the new token
+    /// included) are `contexts`: every parameter but the embedding table, which is gathered
+    /// (one row per sequence) rather than read; the output head in full (the table itself
+    /// when tied); each sequence's K and V once (an ideal kernel reads each KV head once, not
+    /// once per query head). Activations and logits are left out: at decode they are
+    /// kilobytes to a few megabytes. The denominator of an honest bandwidth fraction.
+    pub fn decode_read_bytes(
+        &self,
+        contexts: &[usize],
+        weight_bytes: usize,
+        kv_bytes: usize,
+    ) -> usize {
+        let table = self.vocab_size * self.hidden_size;
+        let untied_head = if self.tie_word_embeddings { 0 } else { table };
+        // All parameters but the table, plus the head read in full once.
+        let weights = self.num_parameters() - table - untied_head + table;
+        let gathered = contexts.len() * self.hidden_size;
+        let kv_per_token = self.num_layers * 2 * self.num_kv_heads * self.head_dim;
+        let kv: usize = contexts.iter().map(|c| c * kv_per_token).sum();
+        (weights + gathered) * weight_bytes + kv * kv_bytes
+    }
 }
 
 fn detect_arch(j: &Value) -> Result<Arch> {
@@ -412,6 +435,35 @@ mod tests {
         assert_eq!(c.dtype, Some(DType::BF16));
         assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 32.0));
         assert!(!c.tie_word_embeddings && !c.qk_norm);
+    }
+
+    /// Llama-3.2-1B's shape with a 32,768 vocabulary, bf16: 2.08 GB of weights a step reads
+    /// (the review's figure), the same tied or not, plus 32 KiB of KV per token of context.
+    #[test]
+    fn decode_reads_every_weight_but_the_gathered_table() {
+        let shape = |tied: bool| {
+            ModelConfig::from_json(&json!({
+                "architectures": ["LlamaForCausalLM"], "vocab_size": 32768,
+                "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                "tie_word_embeddings": tied
+            }))
+            .unwrap()
+        };
+        let (untied, tied) = (shape(false), shape(true));
+        let weights = untied.decode_read_bytes(&[], 2, 2);
+        assert_eq!(weights, tied.decode_read_bytes(&[], 2, 2));
+        assert!((weights as f64 / 1e9 - 2.08).abs() < 0.005, "{weights}");
+        // Untied: all parameters but one table; tied: all of them.
+        assert_eq!(weights, (untied.num_parameters() - 32768 * 2048) * 2);
+        assert_eq!(weights, tied.num_parameters() * 2);
+        // Two sequences of 512 and 2,048 tokens: two gathered rows and 16 x 2 x 8 x 64
+        // bf16 elements of K and V per token.
+        let step = untied.decode_read_bytes(&[512, 2048], 2, 2);
+        assert_eq!(
+            step - weights,
+            2 * 2048 * 2 + (512 + 2048) * 16 * 2 * 8 * 64 * 2
+        );
     }
 
     #[test]
