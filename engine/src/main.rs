@@ -17,7 +17,8 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(
     name = "engine",
-    about = "infer's real engine: model runner, server, load generator, profiler"
+    about = "infer's real engine: model runner, server, load generator, profiler",
+    after_help = "Example: serve the built-in model on 127.0.0.1:8000\n  engine serve"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -27,21 +28,42 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Write a Hugging Face model directory with deterministic random weights.
+    #[command(after_help = "Example:\n  \
+        engine make-model --arch llama --layers 2 --hidden 64 --out runs/tiny-llama")]
     MakeModel(MakeModelArgs),
     /// Generate text for one prompt (a manual check of the model runner).
+    #[command(after_help = "Example:\n  \
+        engine generate --prompt \"The harbour at dawn\" --max-tokens 16")]
     Generate(GenerateArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
+    #[command(
+        after_help = "Example: the built-in model as the chunked-prefill scenario's server\n  \
+        engine serve --scenario scenarios/chunked_prefill.toml --port 8000"
+    )]
     Serve(ServeArgs),
     /// Drive an OpenAI-compatible server with a scenario and measure it.
+    #[command(
+        after_help = "Example: against a server on 127.0.0.1:8000 (`engine serve` first)\n  \
+        engine bench --scenario scenarios/chunked_prefill.toml --out runs/bench-p8"
+    )]
     Bench(BenchArgs),
     /// Run a fixed, short set of probe loads against any OpenAI-compatible server: run
     /// directories for `sim calibrate`.
+    #[command(
+        after_help = "Example: against a server on 127.0.0.1:8000 (`engine serve` first)\n  \
+        engine probe --scenario scenarios/baseline.toml --out runs/probe"
+    )]
     Probe(ProbeArgs),
     /// Time model steps over a grid of batch shapes: the simulator's profiled cost model.
+    #[command(after_help = "Example:\n  engine profile --quick --out runs/tiny-profile.json")]
     Profile(ProfileArgs),
     /// Predict each scenario with the simulator, measure it on the engine, compare.
+    #[command(after_help = "Example (about half a minute on a CPU):\n  \
+        engine verify scenarios/chunked_prefill.toml --quick-profile --out runs/verify")]
     Verify(VerifyArgs),
     /// Tables and charts from run directories (the same as `sim report`).
+    #[command(after_help = "Example: two runs of `sim run` or `engine bench`\n  \
+        engine report runs/p6 runs/p8 --baseline runs/p8 --out runs/p6-vs-p8")]
     Report(ReportArgs),
 }
 
@@ -616,7 +638,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .map_or("bench".to_string(), |s| s.to_string_lossy().to_string());
     let dir = a
         .out
-        .unwrap_or_else(|| infer_sim::output::default_run_dir(&format!("{name}-bench")));
+        .unwrap_or_else(|| infer_reports::default_run_dir(&format!("{name}-bench")));
     opts.out = Some(dir.clone());
     let r = infer_engine::loadgen::run_blocking(&opts)?;
     print!("{}", r.render());
@@ -634,7 +656,7 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     }
     let out = a
         .out
-        .unwrap_or_else(|| infer_sim::output::default_run_dir("probe"));
+        .unwrap_or_else(|| infer_reports::default_run_dir("probe"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -681,4 +703,108 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         out[0].finish.as_str()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+
+    /// Every subcommand's `--help` ends with a command to copy, and that command parses.
+    #[test]
+    fn every_subcommands_help_has_an_example_that_parses() {
+        let mut engine = Cli::command();
+        assert!(engine.render_long_help().to_string().contains("Example"));
+        // clap's own `help` subcommand aside.
+        for sub in engine
+            .get_subcommands_mut()
+            .filter(|s| s.get_name() != "help")
+        {
+            let help = sub.render_long_help().to_string();
+            let example: Vec<&str> = help
+                .lines()
+                .skip_while(|l| !l.starts_with("Example"))
+                .filter_map(|l| l.trim().strip_prefix("engine "))
+                .collect();
+            assert!(!example.is_empty(), "engine {}: {help}", sub.get_name());
+            for args in example {
+                parses(args);
+            }
+        }
+    }
+
+    /// The engine commands the documentation shows parse: their flags and values exist.
+    /// Running them needs a model, a server or a port; sim's `docs_commands` test runs the
+    /// documentation's cheap commands, and these are the rest of its check.
+    #[test]
+    fn every_documented_engine_command_parses() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut pages = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs/guide")).unwrap() {
+            pages.push(entry.unwrap().path());
+        }
+        let mut parsed = 0;
+        for page in pages
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        {
+            let mut in_bash = false;
+            for line in std::fs::read_to_string(page).unwrap().lines() {
+                if line.starts_with("```") {
+                    in_bash = line.starts_with("```bash");
+                } else if let Some(args) = line
+                    .strip_prefix("./target/release/engine ")
+                    .filter(|_| in_bash)
+                {
+                    // A server started in the background: the command is before the `&`.
+                    parses(args.trim_end().trim_end_matches('&'));
+                    parsed += 1;
+                }
+            }
+        }
+        assert!(parsed >= 10, "{parsed} documented engine commands");
+    }
+
+    /// `engine ARGS` (shell words: quotes as bash reads them) parses.
+    fn parses(args: &str) {
+        let words = std::iter::once("engine".to_string()).chain(shell_words(args));
+        if let Err(e) = Cli::try_parse_from(words) {
+            panic!("engine {args}: {e}");
+        }
+    }
+
+    /// Split as a shell does, for single and double quotes and backslash escapes (which
+    /// here escape any character, in double quotes too).
+    fn shell_words(s: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        // The word being read, once one has begun (`''` is a word, empty).
+        let mut word: Option<String> = None;
+        let mut quote = None;
+        let mut chars = s.chars();
+        while let Some(c) = chars.next() {
+            match (quote, c) {
+                (None, c) if c.is_whitespace() => words.extend(word.take()),
+                (None, '\'' | '"') => {
+                    quote = Some(c);
+                    word.get_or_insert_with(String::new);
+                }
+                (Some(q), c) if c == q => quote = None,
+                (Some('"') | None, '\\') => {
+                    word.get_or_insert_with(String::new).extend(chars.next())
+                }
+                (_, c) => word.get_or_insert_with(String::new).push(c),
+            }
+        }
+        words.extend(word);
+        words
+    }
+
+    #[test]
+    fn shell_words_reads_quotes_as_bash() {
+        let words = shell_words(r#"serve --x '{"a": 1}' --y "a \"b\"" c\ d '' "#);
+        assert_eq!(
+            words,
+            ["serve", "--x", r#"{"a": 1}"#, "--y", r#"a "b""#, "c d", ""]
+        );
+    }
 }

@@ -13,7 +13,7 @@ use crate::compare::{against_baseline, phase_comparisons, Regression};
 use crate::figures;
 use crate::load::{concurrency_table, load_points, load_table};
 use crate::run::{labels, series_labels, Run};
-use crate::tables::{by_scenario, runs_table, workload_table};
+use crate::tables::{by_scenario, run_details, runs_table, workload_table};
 
 /// What a report wrote and found.
 #[derive(Debug, Clone)]
@@ -93,7 +93,11 @@ pub fn render(runs: &[Run], baseline: Option<usize>, out: &Path) -> Result<Repor
         };
     }
 
-    md += &format!("## Runs\n\n{}\n", runs_table(&all, &names).render());
+    md += &format!(
+        "## Runs\n\n{}\n### Run details\n\n{}\n",
+        runs_table(&all, &names).render(),
+        run_details(&all, &names)
+    );
 
     for (scenario, group) in by_scenario(&all) {
         let local = labels(&group);

@@ -6,7 +6,7 @@ use infer_core::FileError;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use infer_core::metrics::RunInfo;
+use crate::run_dir::RunInfo;
 use infer_core::workload::ArrivalKind;
 
 pub use crate::frame::Frame;

@@ -28,19 +28,11 @@ pub fn by_scenario<'a>(runs: &[&'a Run]) -> Vec<(String, Vec<&'a Run>)> {
     groups
 }
 
-/// One line per run: its label, directory and what produced it.
+/// One line per run: its label and what produced it, in cells short enough to read as a
+/// table; the long fields (directory, backend) are [`run_details`]'s.
 pub fn runs_table(runs: &[&Run], labels: &[String]) -> Table {
     let mut t = Table::text([
-        "Run",
-        "Directory",
-        "Source",
-        "Scenario",
-        "Phase",
-        "Model",
-        "Hardware",
-        "Arrival",
-        "Replicas",
-        "Backend",
+        "Run", "Source", "Scenario", "Phase", "Model", "Hardware", "Arrival", "Replicas",
     ]);
     for (r, label) in runs.iter().zip(labels) {
         let cells = match &r.info {
@@ -55,17 +47,27 @@ pub fn runs_table(runs: &[&Run], labels: &[String]) -> Table {
                     "" => i.replicas.to_string(),
                     router => format!("{} ({router})", i.replicas),
                 },
-                i.backend.clone(),
             ],
-            None => vec!["?".to_string(); 8],
+            None => vec!["?".to_string(); 7],
         };
-        t.row(
-            [label.clone(), r.dir.display().to_string()]
-                .into_iter()
-                .chain(cells),
-        );
+        t.row(std::iter::once(label.clone()).chain(cells));
     }
     t
+}
+
+/// Per run, the fields too long for a table cell: its directory and its backend in full
+/// (the cost model with every coefficient and the calibration's provenance, or the
+/// engine's device and model), as a Markdown list.
+pub fn run_details(runs: &[&Run], labels: &[String]) -> String {
+    let mut s = String::new();
+    for (r, label) in runs.iter().zip(labels) {
+        s += &format!("- **{label}**: `{}`", r.dir.display());
+        if let Some(i) = &r.info {
+            s += &format!("; backend: {}", i.backend);
+        }
+        s += "\n";
+    }
+    s
 }
 
 fn arrival(r: &Run) -> String {

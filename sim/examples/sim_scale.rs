@@ -16,8 +16,8 @@
 use std::process::Command;
 use std::time::Instant;
 
-use infer_core::metrics::RunInfo;
 use infer_core::workload::Scenario;
+use infer_reports::RunInfo;
 
 /// Poisson load on one H100 replica of Llama-3.1-8B (about 30 in flight), shared with
 /// `sim_bench`.
@@ -55,7 +55,7 @@ fn child(case: &str, size: usize, dir: &str) {
     let setup = infer_sim::prepare(&file, scenario).unwrap_or_else(|e| panic!("{e}"));
     let t = Instant::now();
     let dir = std::path::Path::new(dir);
-    let mut files = infer_sim::output::RunDirWriter::create(dir).expect("run directory");
+    let mut files = infer_reports::RunDirWriter::create(dir).expect("run directory");
     let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
     let r = infer_sim::run_with(&setup, tokenizer, &mut files);
     let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());

@@ -113,8 +113,12 @@ pub struct Calibration {
     /// save launches, as in vLLM; the benchmark log's decode steps replayed 1.8× slower at
     /// batch 1 and 2.4× at batch 8, its long-context workloads not at all).
     pub graph_replay_factor: f64,
-    /// Where the numbers come from (printed with each run).
+    /// Where the numbers come from, in full (the calibration file and the `sim calibrate`
+    /// commands that made it: run.json keeps it).
     pub source: String,
+    /// The same in one short line: the file's name, what was measured and how many runs
+    /// the fit used (the console's).
+    pub label: String,
 }
 
 /// How an engine runs a step that has both prompt work and decodes.
@@ -208,6 +212,11 @@ pub struct CalibrationFile {
     pub engine: String,
     #[serde(default)]
     pub source: String,
+    /// How many runs the fit used and how many it held out (`sim calibrate` writes them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_fitted: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_held_out: Option<usize>,
     #[serde(default)]
     pub mechanisms: Mechanisms,
     pub models: BTreeMap<String, Coefficients>,
@@ -402,7 +411,29 @@ impl CalibrationFile {
         })?;
         let mut cal = Calibration::default_for(hw).with(&self.mechanisms, c);
         cal.source = format!("{file}: {}", self.source);
+        cal.label = self.label(file);
         Ok(cal)
+    }
+
+    /// The file in one line: its name (the path is in the full source), what was measured
+    /// and the fit's size, e.g. "x.toml (a vLLM server; 12 runs fitted, 3 held out)".
+    fn label(&self, file: &str) -> String {
+        let name = std::path::Path::new(file)
+            .file_name()
+            .map_or(file.into(), |n| n.to_string_lossy());
+        let runs = match (self.runs_fitted, self.runs_held_out) {
+            (Some(f), Some(h)) => format!("{f} runs fitted, {h} held out"),
+            (Some(f), None) => format!("{f} runs fitted"),
+            _ => String::new(),
+        };
+        let about: Vec<&str> = [self.engine.as_str(), &runs]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        match about.is_empty() {
+            true => name.into_owned(),
+            false => format!("{name} ({})", about.join("; ")),
+        }
     }
 
     /// The file as TOML text.
@@ -524,6 +555,7 @@ impl Calibration {
             reserved_gib: None,
             graph_replay_factor: 1.0,
             source: "uncalibrated defaults".into(),
+            label: "uncalibrated defaults".into(),
         }
     }
 
@@ -584,6 +616,7 @@ impl Calibration {
             reserved_gib: mechanisms.reserved_gib,
             graph_replay_factor: mechanisms.graph_replay_factor.unwrap_or(1.0),
             source: self.source.clone(),
+            label: self.label.clone(),
         }
     }
 }
@@ -624,6 +657,32 @@ mod tests {
         let h100 = find_hardware("h100-80gb").unwrap();
         let c = Calibration::for_pair(&h100, &find_model("llama-3.2-3b").unwrap()).unwrap();
         assert_eq!(c, Calibration::default_for(&h100));
+    }
+
+    #[test]
+    fn a_calibrations_label_names_its_file_engine_and_fit_size_in_short() {
+        let hw = find_hardware("rtx-5080").unwrap();
+        let llama = find_model("llama-3.2-3b").unwrap();
+        let c = Calibration::for_pair(&hw, &llama).unwrap();
+        assert_eq!(
+            c.label,
+            "rtx5080-seed-server.toml (the benchmark log's Python server (Phases 4-8); \
+             34 runs fitted, 45 held out)"
+        );
+        assert!(
+            c.source.len() > 500,
+            "the full provenance stays: {}",
+            c.source
+        );
+        let bare = CalibrationFile {
+            engine: String::new(),
+            runs_fitted: None,
+            runs_held_out: None,
+            ..CalibrationFile::parse(SHIPPED[0].0, SHIPPED[0].1).unwrap()
+        };
+        let c = bare.calibration("runs/mine.toml", &hw, &llama).unwrap();
+        assert_eq!(c.label, "mine.toml");
+        assert_eq!(Calibration::default_for(&hw).label, "uncalibrated defaults");
     }
 
     #[test]

@@ -487,6 +487,8 @@ impl Fit {
             hardware: self.hardware.clone(),
             engine: engine.to_string(),
             source: source.to_string(),
+            runs_fitted: None,
+            runs_held_out: None,
             mechanisms: self.mechanisms,
             models: self
                 .models

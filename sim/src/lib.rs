@@ -13,7 +13,8 @@
 //! * [`settings`]: the scenario's `[sim]` table;
 //! * [`setup`]: scenario → catalog entries, memory plan and cost model;
 //! * [`simulate`]: the event loop;
-//! * [`output`]: run directories and console text;
+//! * [`output`]: console text, and runs streamed into run directories (`infer_reports`'
+//!   writer);
 //! * [`stages`]: per-stage figures of staged arrival schedules;
 //! * [`sweep`]: grids of runs in parallel.
 

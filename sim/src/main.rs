@@ -15,8 +15,8 @@
 //! sim report RUN_DIR… [--baseline RUN_DIR] [--out DIR]
 //! ```
 
-use infer_core::metrics::RunInfo;
 use infer_core::FileError;
+use infer_reports::{default_run_dir, RunDirWriter, RunInfo};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -28,7 +28,8 @@ use infer_sim::{calibration, catalog, fit, output, sweep};
 #[command(
     name = "sim",
     about = "Discrete-event simulator of the infer serving core",
-    version
+    version,
+    after_help = "Example (from the repository root):\n  sim run scenarios/chunked_prefill.toml"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -38,6 +39,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Simulate one scenario and write summary.json, requests.csv and timeseries.csv.
+    #[command(
+        after_help = "Example: the chunked-prefill workload on a server without chunked prefill\n  \
+        sim run scenarios/chunked_prefill.toml --set server.chunked_prefill=false --out runs/p6"
+    )]
     Run {
         scenario: String,
         /// Override a scenario key, e.g. --set server.prefix_caching=false.
@@ -58,6 +63,8 @@ enum Command {
         quiet: bool,
     },
     /// Simulate the grid of --vary values in parallel and write sweep.csv.
+    #[command(after_help = "Example:\n  \
+        sim sweep scenarios/paged_attention.toml --vary server.max_batch_size=8,16,24 --out runs/sweep-batch")]
     Sweep {
         scenario: String,
         /// An axis: key=v1,v2,… (repeatable; the grid is their product).
@@ -78,10 +85,15 @@ enum Command {
         quiet: bool,
     },
     /// List the hardware and models the simulator knows.
+    #[command(after_help = "Example:\n  sim catalog")]
     Catalog,
     /// Fit a calibration file (the analytic model's coefficients per model) to measured
     /// runs, print the fit and the held-out error, and write the file for scenarios to
     /// reference (`[sim] calibration = "…"`).
+    #[command(
+        after_help = "Example: fit the benchmark log's published figures (about half a minute)\n  \
+        sim calibrate --published sim/calibrations/rtx5080-benchmark-log.toml --prefill-batching padded --out runs/rtx5080.toml"
+    )]
     Calibrate {
         /// Run directories to fit (from `engine bench` or `engine probe`).
         #[arg(value_name = "RUN_DIR")]
@@ -159,6 +171,12 @@ enum Command {
     /// Write report.md (tables, phase comparisons, charts) for run directories, flagging
     /// regressions against --baseline.
     #[cfg(feature = "report")]
+    #[command(
+        after_help = "Example: without chunked prefill (P6) against with it (P8, the baseline)\n  \
+        sim run scenarios/chunked_prefill.toml --out runs/p8\n  \
+        sim run scenarios/chunked_prefill.toml --set server.chunked_prefill=false --out runs/p6\n  \
+        sim report runs/p6 runs/p8 --baseline runs/p8 --out runs/p6-vs-p8"
+    )]
     Report {
         #[arg(required = true, value_name = "RUN_DIR")]
         runs: Vec<PathBuf>,
@@ -325,11 +343,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             print!("{}", fit::render(&rows, &best));
             if let Some(out) = out {
                 let command: Vec<String> = std::env::args().skip(1).collect();
+                let held_out = targets.iter().filter(|t| t.held_out).count();
+                let fitted = targets.len() - held_out;
                 let mut source = format!(
-                    "`sim {}`: {} runs fitted, {} held out",
+                    "`sim {}`: {fitted} runs fitted, {held_out} held out",
                     command.join(" "),
-                    targets.iter().filter(|t| !t.held_out).count(),
-                    targets.iter().filter(|t| t.held_out).count()
                 );
                 if let Some(start) = &start {
                     // The first stage, so that the file says how to make it from nothing.
@@ -340,12 +358,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     Some(file) if engine.is_empty() => file.engine.clone(),
                     _ => engine.clone(),
                 };
+                let file = calibration::CalibrationFile {
+                    runs_fitted: Some(fitted),
+                    runs_held_out: Some(held_out),
+                    ..best.file(&engine, &source)
+                };
                 let text = format!(
                     "# Written by `sim calibrate`; a scenario uses it with\n\
                      # [sim] calibration = \"{}\"\n{}",
                     out.display(),
-                    best.file(&engine, &source).to_toml()
+                    file.to_toml()
                 );
+                if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(FileError::at(dir, "create"))?;
+                }
                 std::fs::write(&out, text).map_err(FileError::at(&out, "write"))?;
                 println!("calibration file: {}", out.display());
             }
@@ -357,7 +383,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             baseline,
             out,
         } => {
-            let out = out.unwrap_or_else(|| output::default_run_dir("report"));
+            let out = out.unwrap_or_else(|| default_run_dir("report"));
             let report = infer_reports::write_report(&runs, baseline.as_deref(), &out)?;
             for r in &report.regressions {
                 println!("regression: {r}");
@@ -374,8 +400,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             quiet,
         } => {
             let setup = infer_sim::load(&scenario, &overrides(set, seed, &goodput)?)?;
-            let dir = out.unwrap_or_else(|| output::default_run_dir(&setup.scenario.name));
-            let mut files = output::RunDirWriter::create(&dir)?;
+            let dir = out.unwrap_or_else(|| default_run_dir(&setup.scenario.name));
+            let mut files = RunDirWriter::create(&dir)?;
             let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
             let result = infer_sim::run_with(&setup, tokenizer, &mut files);
             let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
@@ -415,9 +441,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let threads = threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             let points = sweep::run(&scenario, &text, &base, &axes, threads, !quiet);
-            let dir = out.unwrap_or_else(|| {
-                output::default_run_dir(&format!("{}-sweep", first.scenario.name))
-            });
+            let dir =
+                out.unwrap_or_else(|| default_run_dir(&format!("{}-sweep", first.scenario.name)));
             std::fs::create_dir_all(&dir).map_err(FileError::at(&dir, "create"))?;
             let path = dir.join("sweep.csv");
             std::fs::write(&path, sweep::csv(&axes, &points))
@@ -427,6 +452,24 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             println!("sweep file: {}", path.display());
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every subcommand's `--help` ends with a command to copy (the docs test runs them).
+    #[test]
+    fn every_subcommands_help_has_an_example() {
+        let mut sim = Cli::command();
+        assert!(sim.render_long_help().to_string().contains("Example"));
+        // clap's own `help` subcommand aside.
+        for sub in sim.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let help = sub.render_long_help().to_string();
+            assert!(help.contains("Example"), "sim {}: {help}", sub.get_name());
         }
     }
 }

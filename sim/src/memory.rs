@@ -98,8 +98,8 @@ impl MemoryPlan {
     pub fn warning(&self) -> Option<String> {
         (self.spill > 0.0).then(|| {
             format!(
-                "warning: memory over-committed by {:.2} GiB at the largest step ({}); once \
-                 a step that large runs, its excess spills to host memory and every later \
+                "warning: memory over-committed by {:.2} GiB at the largest step ({});\n  \
+                 once a step that large runs, its excess spills to host memory and every later \
                  step pays for it (expect a throughput collapse)",
                 self.spill / GIB,
                 self.describe()

@@ -225,6 +225,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     cal.roofline = s.roofline.unwrap_or(cal.roofline);
     if *cal != before {
         cal.source.push_str(", with [sim] overrides");
+        cal.label.push_str(", with [sim] overrides");
     }
 }
 

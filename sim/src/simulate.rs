@@ -114,8 +114,8 @@ impl RunStats {
         }
     }
 
-    /// One line on KV use, queueing and prefix hits.
-    pub fn line(&self) -> String {
+    /// Two lines: KV use, queueing and prefix hits; preemptions, steps and activations.
+    pub fn lines(&self) -> String {
         let spill = if self.spilled_bytes > 0.0 {
             format!(
                 " | activations peak {:.2} GiB, {:.2} GiB spilled to the host",
@@ -132,7 +132,7 @@ impl RunStats {
         };
         format!(
             "KV usage peak {:.1}% mean {:.1}% | waiting peak {} mean {:.1}, queue time mean {:.1} ms | \
-             prefix cache {} of {} prompt tokens hit ({:.1}%) | preemptions {}{} | steps {} on {} replica(s){}",
+             prefix cache {} of {} prompt tokens hit ({:.1}%)\npreemptions {}{} | steps {} on {} replica(s){}",
             self.peak_kv_usage * 100.0,
             self.mean_kv_usage * 100.0,
             self.peak_waiting,

@@ -200,7 +200,17 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         "--set".into(),
         format!("sim.calibration={}", cal.display()),
     ]);
-    assert!(stdout.contains(&cal.display().to_string()), "{stdout}");
+    // The console names the file and the fit's size; run.json has the path and the command.
+    let name = cal.file_name().unwrap().to_string_lossy();
+    assert!(
+        stdout.contains(&format!("calibration: {name} (1 runs fitted, 0 held out)")),
+        "{stdout}"
+    );
+    let info = std::fs::read_to_string(run.join("again/run.json")).unwrap();
+    assert!(
+        info.contains(&cal.display().to_string()) && info.contains("`sim calibrate "),
+        "{info}"
+    );
     std::fs::remove_dir_all(&run).unwrap();
     std::fs::remove_file(&cal).unwrap();
 }

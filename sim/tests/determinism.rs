@@ -75,10 +75,10 @@ fn streamed_run_directories_match_collected_rows() {
         let setup = common::setup(name, overrides);
         let (want, rows) = infer_sim::run_collect(&setup);
         let dir = std::env::temp_dir().join(format!("infer-stream-{name}-{}", std::process::id()));
-        let mut files = infer_sim::output::RunDirWriter::create(&dir).unwrap();
+        let mut files = infer_reports::RunDirWriter::create(&dir).unwrap();
         let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
         let got = infer_sim::run_with(&setup, tokenizer, &mut files);
-        let info = infer_core::metrics::RunInfo::new("sim", &setup.scenario, "test".into());
+        let info = infer_reports::RunInfo::new("sim", &setup.scenario, "test".into());
         files.finish(&got.summary, &info).unwrap();
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
         assert_eq!(read("requests.csv"), requests_csv(&rows.records), "{name}");

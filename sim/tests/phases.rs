@@ -310,15 +310,15 @@ fn a_pool_that_runs_dry_preempts_or_waits_as_the_scenario_says() {
     assert!(
         recompute.stats.preemptions > 20,
         "{}",
-        recompute.stats.line()
+        recompute.stats.lines()
     );
     assert_eq!(recompute.stats.kv_waits, 0);
-    assert!(wait.stats.kv_waits > 0, "{}", wait.stats.line());
+    assert!(wait.stats.kv_waits > 0, "{}", wait.stats.lines());
     assert!(
         wait.stats.preemptions * 4 < recompute.stats.preemptions,
         "wait {} vs recompute {}",
-        wait.stats.line(),
-        recompute.stats.line()
+        wait.stats.lines(),
+        recompute.stats.lines()
     );
     assert_eq!(wait.summary.completed, recompute.summary.completed);
 }

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use infer_core::metrics::{MetricsRecorder, RequestRecord, RunInfo, Summary, TimePoint};
+use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
 use infer_core::workload::{
     ApproxTokenizer, GeneratedRequest, Scenario, Tokenizer, WorkloadGenerator,
 };
+use infer_reports::RunInfo;
 use serde_json::{json, Value};
 
 /// What to run against which server.
@@ -394,10 +395,11 @@ impl Load {
     }
 }
 
-/// Write the run's directory (the simulator's writer: both read back alike).
+/// Write the run's directory with the one writer of run directories, the simulator's too:
+/// both read back alike.
 pub fn write_run(dir: &Path, r: &BenchResult, backend: &str) -> Result<()> {
     let info = RunInfo::new("engine", &r.scenario, backend.to_string());
-    infer_sim::output::write_run_files(dir, &r.summary, &r.records, &r.timeseries, &info)?;
+    infer_reports::write_run_files(dir, &r.summary, &r.records, &r.timeseries, &info)?;
     Ok(())
 }
 

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use infer_core::metrics::RunInfo;
 use infer_core::workload::{Scenario, Tokenizer};
+use infer_reports::RunInfo;
 
 use infer_reports::verify::median;
 
@@ -197,7 +197,7 @@ async fn verify_once(
             profile_abs.display().to_string()
         ));
         let setup = infer_sim::load(&file, &sim_overrides)?;
-        let mut files = infer_sim::output::RunDirWriter::create(&dir.join("predicted"))?;
+        let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?;
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files);
         let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
         files.finish(&predicted.summary, &info)?;
@@ -345,7 +345,7 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
 }
 
 pub fn default_out() -> PathBuf {
-    infer_sim::output::default_run_dir("verify")
+    infer_reports::default_run_dir("verify")
 }
 
 #[cfg(test)]

@@ -399,12 +399,43 @@ impl CostModel for Analytic {
             c.source
         )
     }
+
+    fn summary(&self) -> String {
+        let c = &self.cal;
+        let mut s = format!(
+            "analytic roofline: {} on {}{} (compute eff {:.3}, attention eff {:.3} (decode \
+             {:.4}), step overhead {:.2} ms, per-seq {:.3} ms{})\ncalibration: {}",
+            self.model.name,
+            self.hw.name,
+            if self.cuda_graphs {
+                " with CUDA graphs"
+            } else {
+                ""
+            },
+            c.compute_efficiency,
+            c.attention_efficiency,
+            c.decode_attention_efficiency,
+            c.step_overhead_s * 1e3,
+            c.per_seq_overhead_s * 1e3,
+            crate::calibration::jitter_note(c.step_jitter_s),
+            c.label
+        );
+        if let Some(m) = engine_mechanisms(c).strip_prefix(", ") {
+            s += &format!("\nmechanisms: {m}");
+        }
+        s
+    }
 }
 
 /// The jitter and the mechanisms that differ from a packed, overlapping engine, as ", a, b"
 /// (or "").
 fn mechanisms(c: &Calibration) -> String {
-    let mut out = crate::calibration::jitter_note(c.step_jitter_s);
+    crate::calibration::jitter_note(c.step_jitter_s) + &engine_mechanisms(c)
+}
+
+/// The mechanisms that differ from a packed, overlapping engine, as ", a, b" (or "").
+fn engine_mechanisms(c: &Calibration) -> String {
+    let mut out = String::new();
     match c.prefill {
         PrefillBatching::Packed => {}
         PrefillBatching::Padded => out.push_str(", padded prefill"),

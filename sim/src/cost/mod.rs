@@ -61,6 +61,12 @@ pub trait CostModel: Send + Sync {
     fn static_batch_window(&self) -> f64 {
         0.0
     }
-    /// One line naming the model and its coefficients (printed with each run).
+    /// The model, every coefficient and where they come from, in full (run.json keeps it).
     fn describe(&self) -> String;
+    /// The model, its key coefficients and where they come from, in a few lines short
+    /// enough for a console (what `sim run` prints; `describe` has the rest). By default
+    /// `describe`, for a model whose description is short.
+    fn summary(&self) -> String {
+        self.describe()
+    }
 }

@@ -371,6 +371,22 @@ impl CostModel for Profiled {
             self.rms_rel_error * 100.0
         )
     }
+
+    fn summary(&self) -> String {
+        let n = self.knots.len() - 1;
+        format!(
+            "profiled: dense(new tokens) {:.3} ms at {} to {:.3} ms at {} ({} knots) + {:.3e} ms \
+             per decode context token (fit rms error {:.1}%)\nprofile: {}",
+            self.dense[0] * 1e3,
+            self.knots[0],
+            self.dense[n] * 1e3,
+            self.knots[n],
+            n + 1,
+            self.per_decode_context * 1e3,
+            self.rms_rel_error * 100.0,
+            self.name
+        )
+    }
 }
 
 #[cfg(test)]
