@@ -268,10 +268,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             Err(e) => {
                 // The step failed: end its requests, keep serving the others (unless the
                 // device is lost: then the caller stops).
-                let fatal = e
-                    .chain()
-                    .any(|c| c.is::<crate::runtime::backend::DeviceLost>())
-                    .then(|| format!("{e:#}"));
+                let fatal =
+                    crate::runtime::backend::DeviceLost::caused(&e).then(|| format!("{e:#}"));
                 let now = self.now();
                 let failed = self
                     .sched

@@ -132,6 +132,19 @@ struct Held {
 }
 
 impl Analytic {
+    /// "analytic roofline: MODEL on HW[ with CUDA graphs]": how both descriptions start.
+    fn name(&self) -> String {
+        let graphs = if self.cuda_graphs {
+            " with CUDA graphs"
+        } else {
+            ""
+        };
+        format!(
+            "analytic roofline: {} on {}{graphs}",
+            self.model.name, self.hw.name
+        )
+    }
+
     pub fn new(hw: HardwareSpec, model: ModelSpec, cal: Calibration, cuda_graphs: bool) -> Self {
         Analytic {
             hw,
@@ -378,15 +391,9 @@ impl CostModel for Analytic {
     fn describe(&self) -> String {
         let c = &self.cal;
         format!(
-            "analytic roofline: {} on {}{} (compute eff {:.3}, attention eff {:.3} (decode \
-             {:.4}), bandwidth eff {:.2}, step overhead {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
-            self.model.name,
-            self.hw.name,
-            if self.cuda_graphs {
-                " with CUDA graphs"
-            } else {
-                ""
-            },
+            "{} (compute eff {:.3}, attention eff {:.3} (decode {:.4}), bandwidth eff {:.2}, \
+             step overhead {:.2} ms, per-seq {:.3} ms, client {:.2}+{:.2} ms{}; {})",
+            self.name(),
             c.compute_efficiency,
             c.attention_efficiency,
             c.decode_attention_efficiency,
@@ -403,15 +410,9 @@ impl CostModel for Analytic {
     fn summary(&self) -> String {
         let c = &self.cal;
         let mut s = format!(
-            "analytic roofline: {} on {}{} (compute eff {:.3}, attention eff {:.3} (decode \
-             {:.4}), step overhead {:.2} ms, per-seq {:.3} ms{})\ncalibration: {}",
-            self.model.name,
-            self.hw.name,
-            if self.cuda_graphs {
-                " with CUDA graphs"
-            } else {
-                ""
-            },
+            "{} (compute eff {:.3}, attention eff {:.3} (decode {:.4}), step overhead {:.2} ms, \
+             per-seq {:.3} ms{})\ncalibration: {}",
+            self.name(),
             c.compute_efficiency,
             c.attention_efficiency,
             c.decode_attention_efficiency,

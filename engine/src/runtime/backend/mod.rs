@@ -117,6 +117,13 @@ impl std::fmt::Display for DeviceLost {
 
 impl std::error::Error for DeviceLost {}
 
+impl DeviceLost {
+    /// Whether `e` was caused, anywhere in its chain, by a lost device.
+    pub fn caused(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<DeviceLost>())
+    }
+}
+
 /// Whether a CUDA driver result leaves the context unusable ("the process must be
 /// terminated and relaunched", as the CUDA documentation says of these codes).
 pub fn cuda_error_is_sticky(code: u32) -> bool {

@@ -239,7 +239,7 @@ fn device_error(e: &DriverError) -> Option<anyhow::Error> {
 /// A step's error as the engine must read it: [`DeviceLost`] when a driver error in its
 /// chain left the context unusable (errors raised with `?` keep the driver's type).
 pub fn classify_step_error(e: anyhow::Error) -> anyhow::Error {
-    if e.chain().any(|c| c.is::<DeviceLost>()) {
+    if DeviceLost::caused(&e) {
         return e;
     }
     let lost = e
