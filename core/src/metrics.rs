@@ -788,39 +788,151 @@ impl MetricsRecorder {
 /// held only until every earlier id has been written, so memory follows the requests that
 /// overtook a slower one, not the run. Ids are expected to be 0, 1, 2, …; `finish` writes
 /// whatever is still held, in order.
+///
+/// An overloaded run can have millions of overtakers (every request refused while the
+/// oldest one still waits): given a directory ([`Self::spilling_into`]), past
+/// [`Self::HOLD_AT`] held rows the writer moves them, sorted, into a file there, and merges
+/// its files back as their turn comes, so memory stays bounded whatever the order.
 pub struct RequestsCsvWriter<W: std::io::Write> {
     out: W,
     next: u64,
     held: BTreeMap<u64, RequestRecord>,
+    spill_dir: Option<std::path::PathBuf>,
+    /// Held rows moved to disk: sorted runs, each read from its front.
+    spilled: Vec<SpilledRun>,
+    spills: usize,
+}
+
+/// A file of rows in id order, and its first unwritten row.
+struct SpilledRun {
+    path: std::path::PathBuf,
+    lines: std::io::Lines<std::io::BufReader<std::fs::File>>,
+    head: Option<(u64, String)>,
+}
+
+impl SpilledRun {
+    fn advance(&mut self) -> std::io::Result<()> {
+        self.head = match self.lines.next().transpose()? {
+            Some(line) => {
+                let id = line
+                    .split(',')
+                    .next()
+                    .and_then(|id| id.parse().ok())
+                    .ok_or_else(|| std::io::Error::other("a spilled row lost its id"))?;
+                Some((id, line))
+            }
+            None => None,
+        };
+        Ok(())
+    }
 }
 
 impl<W: std::io::Write> RequestsCsvWriter<W> {
+    /// Held rows past which they move to disk (when there is a directory for them): about
+    /// 16 MiB of records.
+    pub const HOLD_AT: usize = 1 << 16;
+
     pub fn new(mut out: W) -> std::io::Result<Self> {
         writeln!(out, "{}", RequestRecord::CSV_HEADER)?;
         Ok(RequestsCsvWriter {
             out,
             next: 0,
             held: BTreeMap::new(),
+            spill_dir: None,
+            spilled: Vec::new(),
+            spills: 0,
         })
+    }
+
+    /// Keep held rows past [`Self::HOLD_AT`] in files in `dir` (removed by `finish`).
+    pub fn spilling_into(mut self, dir: std::path::PathBuf) -> Self {
+        self.spill_dir = Some(dir);
+        self
     }
 
     pub fn push(&mut self, r: RequestRecord) -> std::io::Result<()> {
         self.held.insert(r.id, r);
-        while let Some(r) = self.held.remove(&self.next) {
-            writeln!(self.out, "{}", r.to_csv_row())?;
-            self.next += 1;
+        while self.write_next()? {}
+        if self.held.len() > Self::HOLD_AT {
+            self.spill()?;
         }
         Ok(())
     }
 
-    /// Records waiting for an earlier id.
+    /// Write row `next` if it is held or at the front of a spilled run.
+    fn write_next(&mut self) -> std::io::Result<bool> {
+        if let Some(r) = self.held.remove(&self.next) {
+            writeln!(self.out, "{}", r.to_csv_row())?;
+        } else if let Some(run) = self
+            .spilled
+            .iter_mut()
+            .find(|run| run.head.as_ref().is_some_and(|(id, _)| *id == self.next))
+        {
+            let (_, line) = run.head.take().expect("found by its head");
+            writeln!(self.out, "{line}")?;
+            run.advance()?;
+        } else {
+            return Ok(false);
+        }
+        self.next += 1;
+        Ok(true)
+    }
+
+    /// Move every held row, in id order, into a new file.
+    fn spill(&mut self) -> std::io::Result<()> {
+        let Some(dir) = &self.spill_dir else {
+            return Ok(());
+        };
+        let path = dir.join(format!(".requests-held-{}.csv", self.spills));
+        self.spills += 1;
+        use std::io::Write as _;
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+        for r in std::mem::take(&mut self.held).into_values() {
+            writeln!(file, "{}", r.to_csv_row())?;
+        }
+        file.flush()?;
+        drop(file);
+        let mut run = SpilledRun {
+            lines: std::io::BufRead::lines(std::io::BufReader::new(std::fs::File::open(&path)?)),
+            path,
+            head: None,
+        };
+        run.advance()?;
+        self.spilled.push(run);
+        Ok(())
+    }
+
+    /// Records in memory waiting for an earlier id.
     pub fn held(&self) -> usize {
         self.held.len()
     }
 
     pub fn finish(mut self) -> std::io::Result<W> {
-        for r in std::mem::take(&mut self.held).into_values() {
-            writeln!(self.out, "{}", r.to_csv_row())?;
+        // The rest in id order: the smallest of what is held and the spilled runs' fronts.
+        loop {
+            let held = self.held.keys().next().copied();
+            let spilled = self
+                .spilled
+                .iter()
+                .enumerate()
+                .filter_map(|(i, run)| run.head.as_ref().map(|(id, _)| (*id, i)))
+                .min();
+            match (held, spilled) {
+                (None, None) => break,
+                (Some(h), s) if s.is_none_or(|(id, _)| h < id) => {
+                    let r = self.held.remove(&h).expect("its first key");
+                    writeln!(self.out, "{}", r.to_csv_row())?;
+                }
+                (_, Some((_, i))) => {
+                    let (_, line) = self.spilled[i].head.take().expect("its front");
+                    writeln!(self.out, "{line}")?;
+                    self.spilled[i].advance()?;
+                }
+                (Some(_), None) => unreachable!("matched above"),
+            }
+        }
+        for run in self.spilled.drain(..) {
+            std::fs::remove_file(&run.path)?;
         }
         self.out.flush()?;
         Ok(self.out)
@@ -987,8 +1099,52 @@ mod tests {
     }
 
     #[test]
-    fn requests_csv_writer_orders_rows_and_holds_only_overtakers() {
-        let rec = |id: u64| RequestRecord {
+    fn requests_csv_writer_spills_overtakers_past_its_bound_and_merges_them_back() {
+        let dir = std::env::temp_dir().join(format!("infer-spill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let n = 3 * RequestsCsvWriter::<Vec<u8>>::HOLD_AT as u64 + 17;
+        // Adversarial: request 0 finishes last (every other row overtakes it), then a
+        // shuffle (rows come back from several spilled files and memory at once).
+        let shuffled = {
+            let mut ids: Vec<u64> = (0..n).collect();
+            let mut x = 0x9e37_79b9_u64;
+            for i in (1..ids.len()).rev() {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                ids.swap(i, (x >> 33) as usize % (i + 1));
+            }
+            ids
+        };
+        for order in [(1..n).chain([0]).collect::<Vec<u64>>(), shuffled] {
+            let mut w = RequestsCsvWriter::new(Vec::new())
+                .unwrap()
+                .spilling_into(dir.clone());
+            let mut most = 0;
+            for &id in &order {
+                w.push(record(id)).unwrap();
+                most = most.max(w.held());
+            }
+            assert!(
+                most <= RequestsCsvWriter::<Vec<u8>>::HOLD_AT + 1,
+                "{most} held"
+            );
+            let text = String::from_utf8(w.finish().unwrap()).unwrap();
+            let ids: Vec<u64> = text
+                .lines()
+                .skip(1)
+                .map(|l| l.split(',').next().unwrap().parse().unwrap())
+                .collect();
+            assert_eq!(ids, (0..n).collect::<Vec<u64>>());
+            assert_eq!(
+                std::fs::read_dir(&dir).unwrap().count(),
+                0,
+                "spill files left"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn record(id: u64) -> RequestRecord {
+        RequestRecord {
             id,
             start: id as f64,
             ttft: Some(0.1),
@@ -1002,7 +1158,12 @@ mod tests {
             itl_max: None,
             replica: None,
             error: None,
-        };
+        }
+    }
+
+    #[test]
+    fn requests_csv_writer_orders_rows_and_holds_only_overtakers() {
+        let rec = record;
         let mut w = RequestsCsvWriter::new(Vec::new()).unwrap();
         for id in [1, 2, 0, 4] {
             w.push(rec(id)).unwrap();

@@ -213,7 +213,8 @@ struct ServeArgs {
     prefix_caching: bool,
     #[arg(long = "max-model-len", default_value_t = 4096)]
     max_model_len: usize,
-    /// Waiting requests at most; beyond it the server answers 503 with Retry-After.
+    /// Waiting requests at most; beyond it the server answers 503 with Retry-After
+    /// [default: 16384].
     #[arg(long = "max-waiting")]
     max_waiting: Option<usize>,
     #[command(flatten)]
@@ -544,7 +545,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
             let scenario =
                 infer_core::workload::Scenario::parse(&path.display().to_string(), &text, &a.set)?;
             SchedulerConfig {
-                max_waiting: a.max_waiting,
+                max_waiting: a.max_waiting.or(scenario.server.max_waiting),
                 ..scenario.server.scheduler_config()
             }
         }
@@ -602,7 +603,9 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         max_num_batched_tokens: a.max_num_batched_tokens,
         prefix_caching: a.prefix_caching,
         max_model_len: a.max_model_len,
-        max_waiting: a.max_waiting,
+        max_waiting: a
+            .max_waiting
+            .or(Some(infer_core::scheduler::DEFAULT_MAX_WAITING)),
         kv_admission: match a.kv_admission {
             KvAdmissionArg::Prompt => KvAdmission::Prompt,
             KvAdmissionArg::WholeSequence => KvAdmission::WholeSequence,

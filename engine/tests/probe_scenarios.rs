@@ -15,7 +15,7 @@ fn the_decode_long_probes_median_gap_is_a_step_of_eight_long_decodes() {
     std::fs::write(&path, scenario_text(&base, probe).unwrap()).unwrap();
     let setup = infer_sim::load(path.to_str().unwrap(), &[]).unwrap();
     std::fs::remove_file(&path).unwrap();
-    let itl = infer_sim::run(&setup).summary.itl.median;
+    let itl = infer_sim::run(&setup).unwrap().summary.itl.median;
     let step = |decodes: usize| {
         let context = decodes * (1024 + 64);
         setup.cost.step_time(&infer_core::StepShape {

@@ -736,7 +736,7 @@ async fn a_trace_replays_the_same_arrivals_and_lengths_in_both_drivers() {
     let setup = infer_sim::load(&file, &first).unwrap();
     let trace = setup.trace.clone().expect("the scenario replays a trace");
     assert_eq!(trace.rows.len(), 40);
-    let (_, predicted) = infer_sim::run_collect(&setup);
+    let (_, predicted) = infer_sim::run_collect(&setup).unwrap();
     assert_eq!(predicted.records.len(), 12);
     for (row, rec) in trace.rows.iter().zip(&predicted.records) {
         assert!(
@@ -830,7 +830,7 @@ async fn recorded_conversations_replay_alike_in_both_drivers() {
     let tokenizer = tiny_tokenizer();
     let setup = infer_sim::load(&file, &first).unwrap();
     let mut predicted = infer_sim::Rows::default();
-    let p = infer_sim::run_with(&setup, tokenizer.clone(), &mut predicted);
+    let p = infer_sim::run_with(&setup, tokenizer.clone(), &mut predicted).unwrap();
     predicted.records.sort_by_key(|r| r.id);
 
     let sched = SchedulerConfig {

@@ -18,7 +18,7 @@ fn bench(case: &str, file: &str, text: &str, overrides: &[&str]) {
     let scenario = Scenario::parse(file, text, &o).unwrap_or_else(|e| panic!("{e}"));
     let setup = infer_sim::prepare(file, scenario).unwrap_or_else(|e| panic!("{e}"));
     let t = Instant::now();
-    let r = infer_sim::run(&setup);
+    let r = infer_sim::run(&setup).expect("the run ends");
     let wall = t.elapsed().as_secs_f64();
     let n = r.summary.completed + r.summary.failed;
     println!("sim_wall_s[{case}]: {wall:.3} s");

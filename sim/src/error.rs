@@ -26,6 +26,10 @@ pub enum SimError {
     /// `config.json`, a run directory's summary, a table of published figures).
     #[error("{file}: {reason}")]
     Content { file: String, reason: String },
+    /// A run's rows that could not be kept (a full disk, `sim.max_output_mib`): the run
+    /// stopped.
+    #[error("{0}")]
+    Output(String),
     /// Input that cannot be used, where no file is involved (a profile's points that
     /// determine no fit, a sweep axis, a fit without targets).
     #[error("{0}")]

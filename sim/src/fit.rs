@@ -52,12 +52,17 @@ impl Target {
     }
 
     /// The run's figures under `cal` (its scenario's `[sim]` overrides on top), in the
-    /// order of `measured`; NaN where the configuration does not fit in memory under `cal`.
+    /// order of `measured`; NaN where the configuration does not fit in memory under `cal`
+    /// or the run passes a bound.
     pub fn predict(&mut self, cal: &Calibration) -> Vec<f64> {
         if self.setup.set_calibration(cal.clone()).is_err() {
             return vec![f64::NAN; self.measured.len()];
         }
-        let entries = crate::run(&self.setup).summary.entries();
+        // A calibration that takes a run past `[sim]`'s bounds predicts nothing.
+        let Ok(result) = crate::run(&self.setup) else {
+            return vec![f64::NAN; self.measured.len()];
+        };
+        let entries = result.summary.entries();
         self.measured
             .iter()
             .map(|(k, _)| {

@@ -206,7 +206,12 @@ fn overrides(
     goodput: &[String],
 ) -> anyhow::Result<Vec<String>> {
     if let Some(s) = seed {
-        set.push(format!("workload.seed={s}"));
+        // A TOML integer stops at 2^63 - 1; larger seeds go as strings.
+        if i64::try_from(s).is_ok() {
+            set.push(format!("workload.seed={s}"));
+        } else {
+            set.push(format!("workload.seed=\"{s}\""));
+        }
     }
     set.extend(infer_core::metrics::Slo::overrides(goodput)?);
     Ok(set)
@@ -401,9 +406,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         } => {
             let setup = infer_sim::load(&scenario, &overrides(set, seed, &goodput)?)?;
             let dir = out.unwrap_or_else(|| default_run_dir(&setup.scenario.name));
-            let mut files = RunDirWriter::create(&dir)?;
+            let mut files = RunDirWriter::create(&dir)?
+                .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
             let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
-            let result = infer_sim::run_with(&setup, tokenizer, &mut files);
+            let result = infer_sim::run_with(&setup, tokenizer, &mut files)?;
             let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
             files.finish(&result.summary, &info)?;
             if quiet {

@@ -20,6 +20,10 @@ impl RunSink for RunDirWriter {
     fn sample(&mut self, p: TimePoint) {
         RunDirWriter::sample(self, p);
     }
+
+    fn stop_reason(&self) -> Option<String> {
+        self.error().map(ToString::to_string)
+    }
 }
 
 /// What `sim run` prints: the setup, warnings, vLLM's block, the extra line and, for a

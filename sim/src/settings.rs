@@ -31,6 +31,10 @@
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
 //!                                  # catalog's estimate; a desktop's display takes more)
 //! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its time w/o decode attention (>= 1)
+//! # bounds of a run (a run past one ends with an error naming its key):
+//! max_simulated_s = 2592000        # simulated time (default 30 days)
+//! max_output_mib = 4096            # run directory's streamed files (requests, timeseries)
+//! max_memory_mib = 8192            # the simulator's resident memory
 //! ```
 
 use infer_core::workload::Scenario;
@@ -78,9 +82,20 @@ pub struct SimSettings {
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
     pub graph_replay_factor: Option<f64>,
+    pub max_simulated_s: Option<f64>,
+    pub max_output_mib: Option<f64>,
+    pub max_memory_mib: Option<f64>,
 }
 
 pub const DEFAULT_TIMESERIES_INTERVAL_S: f64 = 0.1;
+/// 30 days: longer than any trace or benchmark, short enough that a mistyped rate (1e-12
+/// requests/s) is an error rather than a run that never ends.
+pub const DEFAULT_MAX_SIMULATED_S: f64 = 30.0 * 86_400.0;
+pub const DEFAULT_MAX_OUTPUT_MIB: f64 = 4096.0;
+pub const DEFAULT_MAX_MEMORY_MIB: f64 = 8192.0;
+/// The most any per-step or per-request cost may be: a minute is already absurd for one
+/// step, and past it a typo (`step_jitter_s = 1e300`) would stall the clock.
+const MAX_COST_S: f64 = 60.0;
 
 impl SimSettings {
     /// The `[sim]` table of `scenario`; an error names the key (`sim.…`) and the reason.
@@ -115,10 +130,13 @@ impl SimSettings {
         ];
         for (key, v) in non_negative {
             if let Some(v) = v {
-                if !(v >= 0.0 && v.is_finite()) {
+                if !(v >= 0.0 && v <= MAX_COST_S) {
                     return Err((
                         format!("sim.{key}"),
-                        format!("must be >= 0 seconds, got {v}"),
+                        format!(
+                            "must be between 0 and {MAX_COST_S} seconds, got {}",
+                            readable(v)
+                        ),
                     ));
                 }
             }
@@ -154,6 +172,21 @@ impl SimSettings {
                 ));
             }
         }
+        let bounds = [
+            ("max_simulated_s", s.max_simulated_s, "seconds"),
+            ("max_output_mib", s.max_output_mib, "MiB"),
+            ("max_memory_mib", s.max_memory_mib, "MiB"),
+        ];
+        for (key, v, unit) in bounds {
+            if let Some(v) = v {
+                if !(v > 0.0 && v < 1e15) {
+                    return Err((
+                        format!("sim.{key}"),
+                        format!("must be a positive number of {unit}, got {}", readable(v)),
+                    ));
+                }
+            }
+        }
         if s.cost_model == CostModelKind::Profiled && s.profile.is_none() {
             return Err((
                 "sim.profile".into(),
@@ -167,12 +200,27 @@ impl SimSettings {
         self.timeseries_interval_s
             .unwrap_or(DEFAULT_TIMESERIES_INTERVAL_S)
     }
+
+    /// Simulated seconds a run may reach (`sim.max_simulated_s`).
+    pub fn max_simulated_s(&self) -> f64 {
+        self.max_simulated_s.unwrap_or(DEFAULT_MAX_SIMULATED_S)
+    }
+
+    /// Bytes a run directory's streamed files may reach (`sim.max_output_mib`).
+    pub fn max_output_bytes(&self) -> u64 {
+        (self.max_output_mib.unwrap_or(DEFAULT_MAX_OUTPUT_MIB) * MIB) as u64
+    }
+
+    /// Resident bytes the simulator may reach (`sim.max_memory_mib`).
+    pub fn max_memory_bytes(&self) -> u64 {
+        (self.max_memory_mib.unwrap_or(DEFAULT_MAX_MEMORY_MIB) * MIB) as u64
+    }
 }
 
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 26] = [
+    const KNOWN: [&str; 29] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -199,6 +247,9 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "spill_bandwidth_gb_s",
         "reserved_gib",
         "graph_replay_factor",
+        "max_simulated_s",
+        "max_output_mib",
+        "max_memory_mib",
     ];
     for k in table.keys() {
         if !KNOWN.contains(&k.as_str()) {
@@ -221,6 +272,17 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         .collect();
     SimSettings::deserialize(toml::Value::Table(coerced))
         .map_err(|e| ("sim".into(), e.message().to_string()))
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// A number as a person would write it: `1e300`, not three hundred digits.
+fn readable(v: f64) -> String {
+    if v == 0.0 || (1e-4..1e7).contains(&v.abs()) || !v.is_finite() {
+        format!("{v}")
+    } else {
+        format!("{v:e}")
+    }
 }
 
 fn coerce(v: toml::Value) -> toml::Value {
@@ -265,7 +327,21 @@ mod tests {
         let (k, r) =
             SimSettings::from_scenario(&scenario("static_step_overhead_s = -1")).unwrap_err();
         assert_eq!(k, "sim.static_step_overhead_s");
-        assert!(r.contains(">= 0"), "{r}");
+        assert!(r.contains("between 0 and 60"), "{r}");
+        // A pause that would stall the clock for ever.
+        let (k, r) = SimSettings::from_scenario(&scenario("step_jitter_s = 1e300")).unwrap_err();
+        assert_eq!(k, "sim.step_jitter_s");
+        assert!(r.contains("1e300"), "{r}");
+        for bound in ["max_simulated_s", "max_output_mib", "max_memory_mib"] {
+            for bad in ["0", "-1", "inf", "nan"] {
+                let (k, _) =
+                    SimSettings::from_scenario(&scenario(&format!("{bound} = {bad}"))).unwrap_err();
+                assert_eq!(k, format!("sim.{bound}"));
+            }
+        }
+        let s = SimSettings::from_scenario(&scenario("max_output_mib = 1")).unwrap();
+        assert_eq!(s.max_output_bytes(), 1 << 20);
+        assert_eq!(s.max_simulated_s(), DEFAULT_MAX_SIMULATED_S);
         let (k, _) = SimSettings::from_scenario(&scenario("reserved_gib = -1")).unwrap_err();
         assert_eq!(k, "sim.reserved_gib");
         let (k, r) =

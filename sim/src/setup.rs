@@ -153,6 +153,19 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     let memory = with_largest_step(memory, &*cost, &scenario);
     warnings.splice(0..0, memory.warning());
     let trace = infer_core::workload::Trace::of_scenario(&scenario, file)?;
+    if let Some((key, span, what)) = arrival_span(&scenario, trace.as_deref()) {
+        let limit = settings.max_simulated_s();
+        if !(span <= limit) {
+            return Err(at(
+                key,
+                format!(
+                    "{what} span {span:.3e} s of simulated time, beyond sim.max_simulated_s = \
+                     {limit} s: a run that long is a mistake (raise sim.max_simulated_s if not)"
+                ),
+            )
+            .into());
+        }
+    }
     Ok(Setup {
         trace,
         file: file.to_string(),
@@ -164,6 +177,41 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         cost,
         warnings,
     })
+}
+
+/// How much simulated time the arrival schedule alone spans, where it is known before the
+/// run: (the key that sets it, the span, what spans it).
+fn arrival_span(
+    scenario: &Scenario,
+    trace: Option<&infer_core::workload::Trace>,
+) -> Option<(&'static str, f64, String)> {
+    use infer_core::workload::ArrivalKind;
+    let a = &scenario.arrival;
+    let n = scenario.workload.num_requests;
+    match a.kind {
+        ArrivalKind::Uniform | ArrivalKind::Poisson | ArrivalKind::Gamma => {
+            let rate = a.rate?;
+            Some((
+                "arrival.rate",
+                n.saturating_sub(1) as f64 / rate,
+                format!("{n} requests at {rate} requests/s"),
+            ))
+        }
+        ArrivalKind::Stages => Some((
+            "arrival.stages",
+            a.stages.iter().map(|s| s.duration_s).sum(),
+            "the stages".to_string(),
+        )),
+        ArrivalKind::Trace => {
+            let last = trace?.rows.get(n.checked_sub(1)?)?;
+            Some((
+                "workload.trace",
+                last.t_s,
+                format!("the trace's first {n} requests (time_scale applied)"),
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Put the scenario's `[sim]` overrides on top of a calibration.

@@ -38,6 +38,7 @@ use infer_core::workload::{
 use infer_core::{BatchingMode, Event, Request, Scheduler, StepPlan, StopConditions};
 
 use crate::cost::{ClientPath, CostModel, StepShape};
+use crate::error::SimError;
 use crate::memory::ActivationPeak;
 use crate::setup::Setup;
 use crate::stages::{StageRow, StageTally};
@@ -56,6 +57,11 @@ pub struct SimResult {
 pub trait RunSink {
     fn request(&mut self, r: RequestRecord);
     fn sample(&mut self, p: TimePoint);
+    /// Why the rows can no longer be kept (a full disk, an output limit): the run stops
+    /// with this as its error.
+    fn stop_reason(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Rows kept in memory (tests, small runs).
@@ -279,6 +285,11 @@ impl EventQueue {
     fn pop(&mut self) -> Option<Entry> {
         self.heap.pop()
     }
+
+    /// When the next event happens.
+    fn next_time(&self) -> Option<f64> {
+        self.heap.peek().map(|e| e.time)
+    }
 }
 
 /// The replicas and the router in front of them.
@@ -404,6 +415,39 @@ struct Sim<'a> {
     tally: Tally,
     last_done: f64,
     jitter: StepJitter,
+    limits: Limits,
+}
+
+/// What a run may reach before it ends with an error (`[sim]`'s bounds): a run that would
+/// go on for ever or outgrow the machine is a mistake in its input, and must say so.
+struct Limits {
+    /// The scenario file, for the error.
+    file: String,
+    max_simulated_s: f64,
+    max_memory_bytes: u64,
+}
+
+impl Limits {
+    /// Events between two looks at the sink and at the process's memory: often enough to
+    /// stop well before a limit is far behind, rarely enough to cost nothing.
+    const CHECK_EVERY: u64 = 1 << 12;
+
+    fn exceeded(&self, key: &str, reason: String) -> SimError {
+        infer_core::workload::ScenarioError {
+            file: self.file.clone(),
+            key: key.to_string(),
+            reason,
+        }
+        .into()
+    }
+}
+
+/// The process's resident memory, where the system tells it (Linux).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The random host pause each step pays: exponential with the cost model's mean.
@@ -441,21 +485,27 @@ pub fn approx_tokenizer(setup: &Setup) -> Arc<dyn Tokenizer> {
 }
 
 /// Simulate the scenario of `setup` for its figures only.
-pub fn run(setup: &Setup) -> SimResult {
+pub fn run(setup: &Setup) -> Result<SimResult, SimError> {
     run_with(setup, approx_tokenizer(setup), &mut Discard)
 }
 
 /// Simulate and keep the rows in memory, records sorted by id.
-pub fn run_collect(setup: &Setup) -> (SimResult, Rows) {
+pub fn run_collect(setup: &Setup) -> Result<(SimResult, Rows), SimError> {
     let mut rows = Rows::default();
-    let result = run_with(setup, approx_tokenizer(setup), &mut rows);
+    let result = run_with(setup, approx_tokenizer(setup), &mut rows)?;
     rows.records.sort_by_key(|r| r.id);
-    (result, rows)
+    Ok((result, rows))
 }
 
 /// Simulate with prompts cut by `tokenizer` (a real model's, when the prediction is to be
 /// compared with that model served by the engine), handing rows to `sink` as they come.
-pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn RunSink) -> SimResult {
+/// A run that passes one of `[sim]`'s bounds (simulated time, memory, or what `sink` can
+/// hold) ends with an error naming it.
+pub fn run_with(
+    setup: &Setup,
+    tokenizer: Arc<dyn Tokenizer>,
+    sink: &mut dyn RunSink,
+) -> Result<SimResult, SimError> {
     let sc = &setup.scenario;
     let cfg = sc.server.scheduler_config();
     let mut gen = WorkloadGenerator::new(sc.workload.clone(), tokenizer);
@@ -518,11 +568,16 @@ pub fn run_with(setup: &Setup, tokenizer: Arc<dyn Tokenizer>, sink: &mut dyn Run
         },
         last_done: 0.0,
         jitter: StepJitter::new(setup.cost.step_jitter(), sc.workload.seed),
+        limits: Limits {
+            file: setup.file.clone(),
+            max_simulated_s: setup.settings.max_simulated_s(),
+            max_memory_bytes: setup.settings.max_memory_bytes(),
+        },
         gen,
     };
     sim.start();
-    sim.event_loop();
-    sim.finish(arrivals.max_concurrency)
+    sim.event_loop()?;
+    Ok(sim.finish(arrivals.max_concurrency))
 }
 
 impl Sim<'_> {
@@ -581,9 +636,29 @@ impl Sim<'_> {
         self.push(at, Ev::ServerIn(id));
     }
 
-    fn event_loop(&mut self) {
+    fn event_loop(&mut self) -> Result<(), SimError> {
+        self.check_limits()?;
+        let mut handled: u64 = 0;
         while let Some(e) = self.events.pop() {
             let now = e.time;
+            handled += 1;
+            if handled.is_multiple_of(Limits::CHECK_EVERY) {
+                self.check_limits()?;
+            }
+            if !(self.rel(now) <= self.limits.max_simulated_s) {
+                let done = self.clients.next_send - self.clients.in_flight;
+                let unfinished = self.clients.count.saturating_sub(done);
+                return Err(self.limits.exceeded(
+                    "sim.max_simulated_s",
+                    format!(
+                        "the run reached {:.3e} s of simulated time with {unfinished} requests \
+                         unfinished, beyond the limit of {} s: an arrival rate, trace time, \
+                         time_scale or [sim] cost is far off (raise the limit if not)",
+                        self.rel(now),
+                        self.limits.max_simulated_s
+                    ),
+                ));
+            }
             match e.ev {
                 Ev::Arrival => self.on_arrival(now),
                 Ev::ServerIn(id) => self.on_server_in(id, now),
@@ -592,6 +667,37 @@ impl Sim<'_> {
                 Ev::StepEnd(r) => self.on_step_end(r, now),
                 Ev::Sample => self.on_sample(now),
             }
+        }
+        Ok(())
+    }
+
+    /// The bounds that are costly to look at: what the sink can hold, and memory.
+    fn check_limits(&self) -> Result<(), SimError> {
+        if let Some(reason) = self.sink.stop_reason() {
+            return Err(SimError::Output(reason));
+        }
+        let max = self.limits.max_memory_bytes;
+        match resident_bytes() {
+            Some(rss) if rss > max => {
+                let waiting: usize = self
+                    .cluster
+                    .replicas
+                    .iter()
+                    .map(|r| r.sched.stats().num_waiting)
+                    .sum();
+                Err(self.limits.exceeded(
+                    "sim.max_memory_mib",
+                    format!(
+                        "the simulator's memory reached {} MiB, beyond the limit of {} MiB \
+                         ({waiting} requests waiting, {} in flight): bound the backlog \
+                         (server.max_waiting), shorten the run, or raise the limit",
+                        rss >> 20,
+                        max >> 20,
+                        self.live.len()
+                    ),
+                ))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -784,12 +890,17 @@ impl Sim<'_> {
         }
     }
 
+    /// A row per replica every `interval`, except across a stretch where nothing can change
+    /// (no event before the next one, e.g. an idle server waiting for a distant arrival):
+    /// its rows would all repeat this one, so only its last is written, and the means count
+    /// the skipped ones. A run's rows then follow what happens, not how long it lasts.
     fn on_sample(&mut self, now: f64) {
         let t = self.rel(now);
+        let (mut kv, mut waiting) = (0.0, 0.0);
         for (i, rep) in self.cluster.replicas.iter().enumerate() {
             let s = rep.sched.stats();
-            self.tally.kv_sum += s.kv_usage;
-            self.tally.waiting_sum += s.num_waiting as f64;
+            kv += s.kv_usage;
+            waiting += s.num_waiting as f64;
             self.sink.sample(TimePoint {
                 t,
                 replica: i,
@@ -801,11 +912,26 @@ impl Sim<'_> {
                 preemptions: s.num_preemptions,
             });
         }
+        self.tally.kv_sum += kv;
+        self.tally.waiting_sum += waiting;
         self.tally.samples += 1;
         let pending = self.clients.next_send < self.clients.count || self.clients.in_flight > 0;
-        if pending {
-            self.push(now + self.interval, Ev::Sample);
+        // Without another event nothing will ever change: no more rows.
+        let (true, Some(next_event)) = (pending, self.events.next_time()) else {
+            return;
+        };
+        // The last sample time before the next event sees what this one saw (a sample at
+        // the event's own time comes after it: samples are the last class of an instant).
+        let unchanged = ((next_event - now) / self.interval).ceil() - 1.0;
+        let mut next = now + self.interval;
+        if unchanged >= 2.0 {
+            let skipped = unchanged - 1.0;
+            self.tally.kv_sum += skipped * kv;
+            self.tally.waiting_sum += skipped * waiting;
+            self.tally.samples += skipped as u64;
+            next = now + unchanged * self.interval;
         }
+        self.push(next, Ev::Sample);
     }
 
     fn emit(&mut self, record: RequestRecord) {

@@ -115,10 +115,7 @@ pub fn run(
                 let outcome = Scenario::parse(file, text, &overrides)
                     .map_err(SimError::from)
                     .and_then(|sc| crate::setup::prepare(file, sc))
-                    .map(|setup| {
-                        let r = crate::simulate::run(&setup);
-                        (r.summary, r.stats)
-                    });
+                    .and_then(|setup| crate::simulate::run(&setup).map(|r| (r.summary, r.stats)));
                 results.lock().expect("no panics while held")[i] = Some(Point {
                     assignment,
                     outcome,

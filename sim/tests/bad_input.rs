@@ -151,6 +151,23 @@ fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
             "workload.warmup_requests",
         ),
         ("baseline", "workload.seed=-1", "workload.seed"),
+        (
+            "baseline",
+            "workload.seed=\"18446744073709551616\"",
+            "workload.seed",
+        ),
+        ("cluster_cpu", "cluster.replicas=100000", "cluster.replicas"),
+        (
+            "baseline",
+            "server.max_model_len=100000000",
+            "server.max_model_len",
+        ),
+        ("baseline", "server.max_model_len=0", "server.max_model_len"),
+        (
+            "baseline",
+            "sim.client_request_s=1e300",
+            "sim.client_request_s",
+        ),
         ("baseline", "workload.seed=\"x\"", "workload.seed"),
         (
             "baseline",
@@ -534,4 +551,118 @@ fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
     let total = cases.len() + broken.len();
     assert!(total >= 70, "{total} cases");
     println!("reliability: simulator bad input: {refused} of {total} scenarios refused naming file and key");
+}
+
+/// A scratch directory for this test process.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("infer-bad-input-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A `requests`-format trace replayed by the trace_replay scenario.
+fn trace_overrides(dir: &std::path::Path, rows: &str, time_scale: &str) -> Vec<String> {
+    let path = dir.join("trace.csv");
+    std::fs::write(
+        &path,
+        format!("start_s,prompt_tokens,output_tokens\n{rows}"),
+    )
+    .unwrap();
+    vec![
+        format!(
+            "workload.trace={{path=\"{}\",format=\"requests\",time_scale={time_scale}}}",
+            path.display()
+        ),
+        format!("workload.num_requests={}", rows.lines().count()),
+    ]
+}
+
+fn trace_err(dir: &std::path::Path, rows: &str, time_scale: &str) -> String {
+    match infer_sim::load(
+        &common::path("trace_replay"),
+        &trace_overrides(dir, rows, time_scale),
+    ) {
+        Ok(_) => panic!("{rows} at time_scale {time_scale} was accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Inputs the simulator accepted and then ran for ever, writing timeseries rows by the
+/// gigabyte (issue 40): each is now refused before the run, naming the key, or ends within
+/// its bounds.
+#[test]
+fn inputs_that_never_ended_are_refused_or_bounded() {
+    // An arrival schedule that alone outlasts sim.max_simulated_s (30 days by default).
+    for rate in ["1e-12", "5e-324"] {
+        let e = err(
+            "baseline",
+            &["arrival.kind=\"poisson\"", &format!("arrival.rate={rate}")],
+        );
+        assert!(
+            e.contains("arrival.rate") && e.contains("sim.max_simulated_s"),
+            "{rate}: {e}"
+        );
+    }
+    // A step pause that stalls the clock.
+    let e = err("baseline", &["sim.step_jitter_s=1e300"]);
+    assert!(e.contains("sim.step_jitter_s") && e.contains("60"), "{e}");
+    // Trace times far apart, written or scaled.
+    let dir = scratch("trace-times");
+    let e = trace_err(&dir, "0,10,10\n1e300,10,10\n", "1.0");
+    assert!(
+        e.contains("workload.trace") && e.contains("sim.max_simulated_s"),
+        "{e}"
+    );
+    let e = trace_err(&dir, "0,10,10\n1,10,10\n2,10,10\n", "1e12");
+    assert!(
+        e.contains("workload.trace") && e.contains("sim.max_simulated_s"),
+        "{e}"
+    );
+    // A row whose prompt alone would be 40 GB of token ids.
+    let e = trace_err(&dir, "0,10000000000,10\n", "1.0");
+    assert!(e.contains("line 2") && e.contains("at most"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // At run time, where nothing could be checked before (a closed loop): the clock's bound.
+    let setup = common::setup("baseline", &["sim.max_simulated_s=1"]);
+    let e = infer_sim::run(&setup).unwrap_err().to_string();
+    assert!(
+        e.contains("baseline.toml") && e.contains("sim.max_simulated_s"),
+        "{e}"
+    );
+
+    // A long idle stretch within the bound: the rows follow what happens, not the clock
+    // (three requests over about 20,000 s were 200,000 rows of an idle server).
+    let setup = common::setup(
+        "baseline",
+        &[
+            "workload.num_requests=3",
+            "workload.output_tokens=4",
+            "arrival.kind=\"poisson\"",
+            "arrival.rate=1e-4",
+        ],
+    );
+    let (r, rows) = infer_sim::run_collect(&setup).unwrap();
+    assert_eq!(r.summary.completed, 3);
+    assert!(r.summary.duration > 1000.0, "{}", r.summary.duration);
+    assert!(
+        rows.timeseries.len() < 100,
+        "{} rows",
+        rows.timeseries.len()
+    );
+    // The means still count the idle time: KV use over the run is almost nothing.
+    assert!(r.stats.mean_kv_usage < 0.01, "{}", r.stats.mean_kv_usage);
+}
+
+/// Memory past `sim.max_memory_mib` ends the run with an error naming it, never an abort.
+#[cfg(target_os = "linux")]
+#[test]
+fn memory_past_its_bound_ends_the_run_naming_the_key() {
+    let setup = common::setup(
+        "baseline",
+        &["sim.max_memory_mib=1", "workload.output_tokens=512"],
+    );
+    let e = infer_sim::run(&setup).unwrap_err().to_string();
+    assert!(e.contains("sim.max_memory_mib") && e.contains("MiB"), "{e}");
 }

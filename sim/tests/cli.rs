@@ -277,3 +277,64 @@ fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
         std::fs::remove_file(f).unwrap();
     }
 }
+
+/// The run directory's bounds, end to end: output past `sim.max_output_mib` fails the run
+/// and leaves no directory; a directory that is not a run's is never written into; a seed
+/// past 2^63 is a seed.
+#[test]
+fn run_directories_are_bounded_and_land_whole() {
+    let out = tmp("bounded");
+    let baseline = common::path("baseline");
+    let o = sim([
+        "run".as_ref(),
+        baseline.as_ref(),
+        "--set".as_ref(),
+        "sim.max_output_mib=0.002".as_ref(),
+        "--set".as_ref(),
+        "workload.num_requests=2000".as_ref(),
+        "--set".as_ref(),
+        "workload.output_tokens=2".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("sim.max_output_mib"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "a failed run left {}", out.display());
+    let partial = out.with_file_name(format!(
+        ".{}.partial",
+        out.file_name().unwrap().to_string_lossy()
+    ));
+    assert!(!partial.exists(), "a failed run left {}", partial.display());
+
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), "not a run").unwrap();
+    let o = sim([
+        "run".as_ref(),
+        baseline.as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && stderr.contains("not a run directory"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1);
+    std::fs::remove_dir_all(&out).unwrap();
+
+    sim_ok([
+        "run".as_ref(),
+        baseline.as_ref(),
+        "--seed".as_ref(),
+        "18446744073709551615".as_ref(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+    assert_eq!(info["seed"].as_u64(), Some(u64::MAX));
+    std::fs::remove_dir_all(&out).unwrap();
+}

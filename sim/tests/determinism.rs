@@ -5,7 +5,7 @@ mod common;
 use infer_sim::output::{requests_csv, timeseries_csv};
 
 fn files(name: &str, overrides: &[&str]) -> (String, String, String) {
-    let (r, rows) = infer_sim::run_collect(&common::setup(name, overrides));
+    let (r, rows) = infer_sim::run_collect(&common::setup(name, overrides)).unwrap();
     assert_eq!(r.summary.failed, 0, "{name}");
     let json = serde_json::to_string_pretty(&r.summary).unwrap();
     (
@@ -73,11 +73,11 @@ fn streamed_run_directories_match_collected_rows() {
     ];
     for (name, overrides) in cases {
         let setup = common::setup(name, overrides);
-        let (want, rows) = infer_sim::run_collect(&setup);
+        let (want, rows) = infer_sim::run_collect(&setup).unwrap();
         let dir = std::env::temp_dir().join(format!("infer-stream-{name}-{}", std::process::id()));
         let mut files = infer_reports::RunDirWriter::create(&dir).unwrap();
         let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
-        let got = infer_sim::run_with(&setup, tokenizer, &mut files);
+        let got = infer_sim::run_with(&setup, tokenizer, &mut files).unwrap();
         let info = infer_reports::RunInfo::new("sim", &setup.scenario, "test".into());
         files.finish(&got.summary, &info).unwrap();
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();

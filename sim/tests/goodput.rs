@@ -13,7 +13,7 @@ fn goodput_is_the_requests_within_every_objective_per_second() {
         format!("slo.tpot_ms={tpot_ms}"),
     ];
     let o: Vec<&str> = set.iter().map(String::as_str).collect();
-    let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", &o));
+    let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", &o)).unwrap();
     let good = rows
         .records
         .iter()

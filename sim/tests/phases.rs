@@ -275,7 +275,7 @@ fn the_start_up_plan_bounds_every_steps_activations() {
                 );
                 let o: Vec<&str> = o.iter().map(String::as_str).collect();
                 let setup = common::setup(workload, &o);
-                let r = infer_sim::run(&setup);
+                let r = infer_sim::run(&setup).unwrap();
                 let (planned, peak) = (setup.memory.activations, r.stats.peak_activation_bytes);
                 assert!(
                     peak > 0.0 && peak <= planned,

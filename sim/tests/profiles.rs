@@ -23,7 +23,7 @@ fn shipped_profiles_predict_the_seed_workloads() {
             ];
             let setup = infer_sim::load(&scenario.display().to_string(), &overrides)
                 .unwrap_or_else(|e| panic!("{}: {e}", profile.display()));
-            let r = infer_sim::run(&setup);
+            let r = infer_sim::run(&setup).unwrap();
             let s = &r.summary;
             assert_eq!(s.failed, 0, "{} on {seed}", profile.display());
             assert!(

@@ -13,7 +13,7 @@ fn prefix_aware_routers_beat_load_and_random_at_high_rates() {
     for router in ["precise-prefix", "weighted", "load", "random"] {
         let set = format!("cluster.router={router}");
         let s = common::setup("llmd_shared_prefix", &[stages, &set]);
-        let r = infer_sim::run(&s);
+        let r = infer_sim::run(&s).unwrap();
         assert_eq!(r.summary.failed, 0);
         p90.push((router, r.stages[2].ttft.p90, r.stages[3].ttft.p90));
     }

@@ -40,7 +40,7 @@ fn a_step_jitter_lifts_the_itl_tail_by_its_exponential_quantiles() {
 #[test]
 fn a_jittered_run_replays_exactly_and_draws_the_same_workload() {
     let rows = |extra: &[&str]| {
-        let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", extra));
+        let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", extra)).unwrap();
         (
             serde_json::to_string(&r.summary).unwrap(),
             requests_csv(&rows.records),
@@ -78,5 +78,8 @@ fn a_negative_jitter_is_refused_by_name() {
     .err()
     .expect("refused")
     .to_string();
-    assert!(e.contains("sim.step_jitter_s") && e.contains(">= 0"), "{e}");
+    assert!(
+        e.contains("sim.step_jitter_s") && e.contains("between 0 and"),
+        "{e}"
+    );
 }

@@ -88,6 +88,8 @@ pub struct SchedulerConfig {
     /// Longest sequence (prompt + output) in tokens.
     pub max_model_len: usize,
     /// Waiting requests at most; `add_request` refuses more (the server answers 503).
+    /// Bounded by default ([`DEFAULT_MAX_WAITING`]): an overloaded server's backlog, and so
+    /// the memory its prompts hold, must not grow with the run.
     pub max_waiting: Option<usize>,
     /// What admission asks of the KV pool.
     #[serde(default)]
@@ -107,6 +109,15 @@ pub struct SchedulerConfig {
     pub kv_victim: KvVictim,
 }
 
+/// The waiting queue's default bound: far beyond what a server drains in any benchmark
+/// (minutes of backlog at thousands of requests/s), small enough that the prompts it holds
+/// stay within memory (16,384 prompts of 4,096 tokens: 256 MiB of token ids).
+pub const DEFAULT_MAX_WAITING: usize = 16_384;
+
+/// The longest `max_model_len` accepted: 16M tokens, past every model's context; a larger
+/// one would let a single request's prompt take gigabytes.
+pub const MAX_MODEL_LEN: usize = 1 << 24;
+
 impl Default for SchedulerConfig {
     /// The benchmark log's Phase 8 configuration (Llama and Gemma3 rows).
     fn default() -> Self {
@@ -121,7 +132,7 @@ impl Default for SchedulerConfig {
             max_num_batched_tokens: None,
             prefix_caching: true,
             max_model_len: 4096,
-            max_waiting: None,
+            max_waiting: Some(DEFAULT_MAX_WAITING),
             kv_admission: KvAdmission::Prompt,
             kv_preemption: KvPreemption::Recompute,
             kv_watermark: 0.0,
@@ -209,7 +220,19 @@ impl SchedulerConfig {
         if self.max_waiting == Some(0) {
             return Err((
                 "max_waiting",
-                "0 would refuse every request; leave it unset for no limit".into(),
+                format!(
+                    "0 would refuse every request (the default is {DEFAULT_MAX_WAITING}; a \
+                     larger number allows a longer queue)"
+                ),
+            ));
+        }
+        if self.max_model_len > MAX_MODEL_LEN {
+            return Err((
+                "max_model_len",
+                format!(
+                    "{} tokens is beyond any model (at most {MAX_MODEL_LEN})",
+                    self.max_model_len
+                ),
             ));
         }
         // Block ids are u32, and every count derived from the pool must not overflow.

@@ -25,7 +25,10 @@ use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
-pub use config::{BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig};
+pub use config::{
+    BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig,
+    DEFAULT_MAX_WAITING, MAX_MODEL_LEN,
+};
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::StepShape;
 

@@ -41,7 +41,9 @@ pub struct WorkloadSpec {
     pub num_requests: usize,
     #[serde(default)]
     pub warmup_requests: usize,
-    #[serde(default = "default_seed")]
+    /// Any u64: TOML integers stop at 2^63 - 1, so larger seeds are written as strings
+    /// (`seed = "18446744073709551615"`, as `--seed` does).
+    #[serde(default = "default_seed", deserialize_with = "seed_of")]
     pub seed: u64,
     /// Tokens of each prompt's unique part (the question, the user turn). Required but with
     /// a trace, which gives every length (unset reads as 0 tokens).
@@ -185,9 +187,31 @@ pub struct ClusterSpec {
     pub router_seed: u64,
 }
 
+fn seed_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Seed {
+        Int(u64),
+        Text(String),
+    }
+    match Seed::deserialize(d)? {
+        Seed::Int(n) => Ok(n),
+        Seed::Text(t) => t.trim().parse().map_err(|_| {
+            serde::de::Error::custom(format!(
+                "`{t}` is not a seed (a whole number from 0 to {})",
+                u64::MAX
+            ))
+        }),
+    }
+}
+
 fn default_router_seed() -> u64 {
     7
 }
+
+/// The most replicas a cluster may have: each is a whole scheduler and KV pool in memory,
+/// and a thousand already spans any one deployment a simulation answers questions about.
+pub const MAX_REPLICAS: usize = 1024;
 
 /// A scenario problem: the file, the key and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -372,6 +396,11 @@ impl Scenario {
                 "prompts need at least 1 token".into(),
             ));
         }
+        // The server first: the lengths below are checked against its max_model_len.
+        self.server
+            .scheduler_config()
+            .validate()
+            .map_err(|(k, r)| (at("server", k), r))?;
         // Lengths must fit the server: a heavy tail without a clip (a lognormal without
         // `max`) or a fixed length past max_model_len is a mistake, not a workload.
         let max_len = self.server.max_model_len;
@@ -421,13 +450,12 @@ impl Scenario {
         self.arrival
             .validate()
             .map_err(|(k, r)| (at("arrival", k), r))?;
-        self.server
-            .scheduler_config()
-            .validate()
-            .map_err(|(k, r)| (at("server", k), r))?;
         if let Some(c) = &self.cluster {
-            if c.replicas == 0 {
-                return Err((at("cluster", "replicas"), "must be at least 1".into()));
+            if !(1..=MAX_REPLICAS).contains(&c.replicas) {
+                return Err((
+                    at("cluster", "replicas"),
+                    format!("must be 1 to {MAX_REPLICAS}, got {}", c.replicas),
+                ));
             }
             if !(c.metrics_delay_s >= 0.0 && c.metrics_delay_s.is_finite()) {
                 return Err((at("cluster", "metrics_delay_s"), "must be >= 0".into()));

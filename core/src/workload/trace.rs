@@ -141,6 +141,11 @@ fn bad(line: usize, reason: String) -> TraceError {
     }
 }
 
+/// The most tokens a trace row may give a prompt or an output: the longest `max_model_len`
+/// accepted. Past it a prompt of corpus text would be generated before the server refuses
+/// it (a row of 1e10 tokens is 40 GB of token ids).
+pub const MAX_ROW_TOKENS: usize = crate::scheduler::MAX_MODEL_LEN;
+
 impl Trace {
     /// Reads the trace a scenario names. Errors name the file, and the line of a bad row.
     pub fn load(spec: &TraceSpec, scenario_file: &str) -> Result<Trace, TraceError> {
@@ -251,6 +256,16 @@ impl Trace {
                 prompt_tokens: count(prompt, "prompt length")?,
                 output_tokens: count(output, "output length")?,
             };
+            if row.prompt_tokens > MAX_ROW_TOKENS || row.output_tokens > MAX_ROW_TOKENS {
+                return Err(bad(
+                    i + 1,
+                    format!(
+                        "{} prompt and {} output tokens: a request has at most {MAX_ROW_TOKENS} \
+                         of each (past any model's context)",
+                        row.prompt_tokens, row.output_tokens
+                    ),
+                ));
+            }
             if row.prompt_tokens == 0 || row.output_tokens == 0 {
                 return Err(bad(
                     i + 1,

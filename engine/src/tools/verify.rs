@@ -197,8 +197,9 @@ async fn verify_once(
             profile_abs.display().to_string()
         ));
         let setup = infer_sim::load(&file, &sim_overrides)?;
-        let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?;
-        let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files);
+        let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?
+            .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
+        let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files)?;
         let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
         files.finish(&predicted.summary, &info)?;
 

@@ -15,7 +15,7 @@ pub fn setup(name: &str, overrides: &[&str]) -> Setup {
 
 pub fn run(name: &str, overrides: &[&str]) -> SimResult {
     let s = setup(name, overrides);
-    let r = infer_sim::run(&s);
+    let r = infer_sim::run(&s).unwrap_or_else(|e| panic!("{name} {overrides:?}: {e}"));
     assert_eq!(r.summary.failed, 0, "{name} {overrides:?}: failed requests");
     r
 }
