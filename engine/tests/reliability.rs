@@ -667,13 +667,34 @@ fn bad_cases() -> Vec<BadCase> {
             &body,
         ));
     }
-    for body in [json!({"prompt": 5}), json!({})] {
+    for body in [
+        json!({"prompt": 5}),
+        json!({}),
+        json!({"prompt": "hi", "add_special_tokens": "no"}),
+    ] {
         cases.push(BadCase::post(
             format!("tokenize {body}"),
             "/tokenize",
             &body,
         ));
     }
+    // Stop strings past their bounds, and stop tokens past the vocabulary.
+    let many: Vec<String> = (0..129).map(|i| format!("s{i}")).collect();
+    cases.push(BadCase::post(
+        "129 stop strings",
+        COMPLETIONS,
+        &with("stop", json!(many)),
+    ));
+    cases.push(BadCase::post(
+        "stop strings of 20,000 bytes",
+        COMPLETIONS,
+        &with("stop", json!(["x".repeat(20_000)])),
+    ));
+    cases.push(BadCase::post(
+        "stop_token_ids past the vocabulary",
+        COMPLETIONS,
+        &with("stop_token_ids", json!([3, 1_000_000])),
+    ));
     // Routes and methods.
     for (method, path, status) in [
         (reqwest::Method::POST, "/v1/nothing", 404),
@@ -828,5 +849,60 @@ async fn clients_vanishing_at_random_points_leak_nothing() {
         "reliability: cancellation: {CASES} of {CASES} random-point disconnects ({aborted} \
          aborted mid-generation), no KV held after"
     );
+    server.stop().await;
+}
+
+/// Small ones from the hostile catalogue (issue 40): each refused with a message that says
+/// what is wrong with what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_say_what_is_wrong_with_what_was_sent() {
+    let (addr, server) = spawn_local(config()).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/completions");
+    for (prompt, says) in [
+        (json!([-1]), "prompt[0] = -1 is not a token id"),
+        (json!([5e0]), "prompt[0] = 5.0 is not a token id"),
+        (json!([5, -1, 7]), "prompt[1] = -1 is not a token id"),
+    ] {
+        let (status, v) = post(&client, &url, json!({"prompt": prompt, "max_tokens": 1})).await;
+        let m = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(status == 400 && m.contains(says), "{prompt}: {status} {v}");
+    }
+    let (status, v) = post(
+        &client,
+        &url,
+        json!({"prompt": "hi", "max_tokens": 1, "stop_token_ids": [1_000_000]}),
+    )
+    .await;
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        status == 400 && v["error"]["param"] == "stop_token_ids" && m.contains("vocabulary"),
+        "{v}"
+    );
+    let (status, v) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": "hi", "add_special_tokens": "no"}),
+    )
+    .await;
+    assert!(
+        status == 400 && v["error"]["param"] == "add_special_tokens",
+        "{v}"
+    );
+    // `false` is honoured: no BOS.
+    let with = |add: bool| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let (_, v) = post(
+                &client,
+                &format!("{base}/tokenize"),
+                json!({"prompt": "hi", "add_special_tokens": add}),
+            )
+            .await;
+            v["count"].as_u64().unwrap()
+        }
+    };
+    assert_eq!(with(true).await, with(false).await + 1);
     server.stop().await;
 }

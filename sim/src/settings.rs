@@ -130,7 +130,7 @@ impl SimSettings {
         ];
         for (key, v) in non_negative {
             if let Some(v) = v {
-                if !(v >= 0.0 && v <= MAX_COST_S) {
+                if !(0.0..=MAX_COST_S).contains(&v) {
                     return Err((
                         format!("sim.{key}"),
                         format!(

@@ -155,7 +155,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     let trace = infer_core::workload::Trace::of_scenario(&scenario, file)?;
     if let Some((key, span, what)) = arrival_span(&scenario, trace.as_deref()) {
         let limit = settings.max_simulated_s();
-        if !(span <= limit) {
+        if span > limit || span.is_nan() {
             return Err(at(
                 key,
                 format!(

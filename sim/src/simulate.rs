@@ -645,7 +645,8 @@ impl Sim<'_> {
             if handled.is_multiple_of(Limits::CHECK_EVERY) {
                 self.check_limits()?;
             }
-            if !(self.rel(now) <= self.limits.max_simulated_s) {
+            let t = self.rel(now);
+            if t > self.limits.max_simulated_s || t.is_nan() {
                 let done = self.clients.next_send - self.clients.in_flight;
                 let unfinished = self.clients.count.saturating_sub(done);
                 return Err(self.limits.exceeded(
@@ -654,8 +655,7 @@ impl Sim<'_> {
                         "the run reached {:.3e} s of simulated time with {unfinished} requests \
                          unfinished, beyond the limit of {} s: an arrival rate, trace time, \
                          time_scale or [sim] cost is far off (raise the limit if not)",
-                        self.rel(now),
-                        self.limits.max_simulated_s
+                        t, self.limits.max_simulated_s
                     ),
                 ));
             }

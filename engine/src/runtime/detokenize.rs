@@ -2,7 +2,12 @@
 //! UTF-8 character, and stop strings that cut the text exactly where they begin.
 
 use crate::runtime::tokenizer::TextTokenizer;
+use aho_corasick::automaton::{Automaton, StateID};
+use aho_corasick::dfa::DFA;
+use aho_corasick::{Anchored, MatchKind, StartKind};
 use anyhow::Result;
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 /// Turns a growing token list into text deltas. Decoding a token alone is wrong (BPE and
 /// byte-level tokens only make sense in context, a character may span tokens), so each
@@ -64,34 +69,108 @@ impl IncrementalDetokenizer {
 
 /// Holds back text that could still be the beginning of a stop string, and cuts the output
 /// right before the first stop string that appears (the stop string is not emitted).
+///
+/// The stop strings are compiled once into an Aho-Corasick automaton ([`StopMatcher`]) and
+/// each new piece of text is fed through it once, so the work per token is the token's own
+/// bytes, whatever the number or length of the stop strings: one request's stop strings
+/// cannot slow the engine thread every stream shares.
 pub struct StopStrings {
-    stops: Vec<String>,
+    matcher: Option<Arc<StopMatcher>>,
+    /// The automaton's state after all text so far.
+    state: StateID,
+    /// Text not yet emitted: the longest suffix that could begin a stop string.
     pending: String,
+}
+
+/// Stop strings compiled: the automaton, and for each of its states the length of the text
+/// it stands for (the longest suffix of the text read that begins some stop string).
+pub struct StopMatcher {
+    dfa: DFA,
+    depth: FxHashMap<StateID, usize>,
+}
+
+impl StopMatcher {
+    /// `None` without any non-empty stop string.
+    pub fn new(stops: &[String]) -> Option<Self> {
+        let stops: Vec<&str> = stops
+            .iter()
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if stops.is_empty() {
+            return None;
+        }
+        let dfa = DFA::builder()
+            .match_kind(MatchKind::Standard)
+            .start_kind(StartKind::Unanchored)
+            .build(&stops)
+            .expect("stop strings are bounded by the API, far below the DFA's limits");
+        // A state's depth is the length of the shortest text leading to it (its prefix
+        // itself), so a breadth-first walk from the start finds every depth. Bytes that
+        // appear in no stop string lead back to the start and need no walk.
+        let start = dfa
+            .start_state(Anchored::No)
+            .expect("an unanchored automaton");
+        let mut bytes: Vec<u8> = stops.iter().flat_map(|s| s.bytes()).collect();
+        bytes.sort_unstable();
+        bytes.dedup();
+        let mut depth = FxHashMap::default();
+        depth.insert(start, 0);
+        let mut queue = std::collections::VecDeque::from([start]);
+        while let Some(sid) = queue.pop_front() {
+            let d = depth[&sid];
+            for &b in &bytes {
+                let next = dfa.next_state(Anchored::No, sid, b);
+                if let std::collections::hash_map::Entry::Vacant(e) = depth.entry(next) {
+                    e.insert(d + 1);
+                    queue.push_back(next);
+                }
+            }
+        }
+        Some(StopMatcher { dfa, depth })
+    }
 }
 
 impl StopStrings {
     pub fn new(stops: &[String]) -> Self {
+        Self::compiled(StopMatcher::new(stops).map(Arc::new))
+    }
+
+    /// With stop strings compiled already (off the engine thread).
+    pub fn compiled(matcher: Option<Arc<StopMatcher>>) -> Self {
+        let state = matcher.as_ref().map_or(StateID::ZERO, |m| {
+            m.dfa.start_state(Anchored::No).expect("unanchored")
+        });
         Self {
-            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            matcher,
+            state,
             pending: String::new(),
         }
     }
 
     /// Feeds new text. Returns the text safe to emit and whether a stop string matched.
     pub fn push(&mut self, text: &str) -> (String, bool) {
+        let Some(m) = &self.matcher else {
+            return (text.to_string(), false);
+        };
+        let base = self.pending.len();
         self.pending.push_str(text);
-        // Earliest match wins: the output must end before the first stop string.
-        let first = self
-            .stops
-            .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
-            let out = self.pending[..at].to_string();
-            self.pending.clear();
-            return (out, true);
+        // The first stop string to complete ends the output; of several completing at the
+        // same byte, the one that starts first.
+        for (i, &b) in text.as_bytes().iter().enumerate() {
+            self.state = m.dfa.next_state(Anchored::No, self.state, b);
+            if m.dfa.is_match(self.state) {
+                let end = base + i + 1;
+                let start = (0..m.dfa.match_len(self.state))
+                    .map(|k| end - m.dfa.pattern_len(m.dfa.match_pattern(self.state, k)))
+                    .min()
+                    .expect("a match state has a match");
+                let out = self.pending[..start].to_string();
+                self.pending.clear();
+                return (out, true);
+            }
         }
-        let hold = self.longest_partial_match();
+        let hold = m.depth[&self.state];
         let cut = self.pending.len() - hold;
         let out = self.pending[..cut].to_string();
         self.pending.drain(..cut);
@@ -101,19 +180,6 @@ impl StopStrings {
     /// Text held back at the end of generation.
     pub fn flush(&mut self) -> String {
         std::mem::take(&mut self.pending)
-    }
-
-    /// Length of the longest suffix of `pending` that is a proper prefix of a stop string.
-    fn longest_partial_match(&self) -> usize {
-        let mut best = 0;
-        for stop in &self.stops {
-            for (k, _) in stop.char_indices().skip(1) {
-                if k > best && self.pending.ends_with(&stop[..k]) {
-                    best = k;
-                }
-            }
-        }
-        best
     }
 }
 
@@ -210,6 +276,83 @@ mod tests {
         let (out, stopped, _) = stream(&["world", "lo w"], &["hello world"]);
         assert!(stopped);
         assert_eq!(out, "hel");
+    }
+
+    /// What the stream must produce: the text up to the start of the stop string that
+    /// completes first (of those completing at the same byte, the one starting first).
+    fn reference(stops: &[String], text: &str) -> (String, bool) {
+        for end in 1..=text.len() {
+            let start = stops
+                .iter()
+                .filter(|s| !s.is_empty() && text.as_bytes()[..end].ends_with(s.as_bytes()))
+                .map(|s| end - s.len())
+                .min();
+            if let Some(start) = start {
+                return (text[..start].to_string(), true);
+            }
+        }
+        (text.to_string(), false)
+    }
+
+    /// The longest suffix of `text` that is a proper prefix of a stop string.
+    fn could_begin_a_stop(stops: &[String], text: &str) -> usize {
+        (1..=text.len())
+            .filter(|&k| {
+                stops.iter().any(|s| {
+                    s.len() > k && s.as_bytes().starts_with(&text.as_bytes()[text.len() - k..])
+                })
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    proptest::proptest! {
+        /// Any stop strings, any text cut into any pieces: the output is the reference's,
+        /// and the text held back is exactly what could still begin a stop string.
+        #[test]
+        fn streaming_equals_the_reference_and_holds_back_no_more_than_needed(
+            stops in proptest::collection::vec("[abé]{1,4}", 1..5),
+            pieces in proptest::collection::vec("[abcé]{0,5}", 0..8),
+        ) {
+            let mut s = StopStrings::new(&stops);
+            let (mut out, mut seen, mut stopped) = (String::new(), String::new(), false);
+            for p in &pieces {
+                seen.push_str(p);
+                let (d, hit) = s.push(p);
+                out.push_str(&d);
+                if hit {
+                    stopped = true;
+                    break;
+                }
+                proptest::prop_assert_eq!(s.pending.len(), could_begin_a_stop(&stops, &seen));
+            }
+            if !stopped {
+                out.push_str(&s.flush());
+            }
+            let (want, want_stopped) = reference(&stops, &seen);
+            proptest::prop_assert_eq!(stopped, want_stopped);
+            proptest::prop_assert_eq!(out, want);
+        }
+    }
+
+    #[test]
+    fn the_cost_per_token_does_not_grow_with_the_stop_strings() {
+        // 128 stop strings of 128 bytes each (the API's bound is 16 KiB in all) against
+        // one: the automaton's steps per byte are the same, so a stream of tokens costs
+        // the same (compared as work, not time: the number of bytes fed is the text's).
+        let many: Vec<String> = (0..128)
+            .map(|i| format!("{i:03}{}", "x".repeat(125)))
+            .collect();
+        let m = StopMatcher::new(&many).unwrap();
+        assert!(m.depth.len() <= 16 * 1024 + 1, "{} states", m.depth.len());
+        let mut s = StopStrings::new(&many);
+        let mut emitted = 0;
+        for _ in 0..1000 {
+            let (d, stopped) = s.push("token ");
+            assert!(!stopped);
+            emitted += d.len();
+        }
+        assert_eq!(emitted, 6000, "nothing held back that cannot begin a stop");
     }
 
     #[test]

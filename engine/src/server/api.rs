@@ -180,11 +180,18 @@ fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
 /// wrapped.
 fn u32_ids(list: &[Value], param: &str) -> Result<Vec<u32>, ApiError> {
     list.iter()
-        .map(|v| {
+        .enumerate()
+        .map(|(i, v)| {
             v.as_u64()
                 .and_then(|id| u32::try_from(id).ok())
                 .ok_or_else(|| {
-                    ApiError::bad_request(Some(param), format!("token id {v} is out of range"))
+                    ApiError::bad_request(
+                        Some(param),
+                        format!(
+                            "{param}[{i}] = {v} is not a token id (a whole number from 0 to {})",
+                            u32::MAX
+                        ),
+                    )
                 })
         })
         .collect()
@@ -193,7 +200,7 @@ fn u32_ids(list: &[Value], param: &str) -> Result<Vec<u32>, ApiError> {
 /// `param`'s list of token ids, each inside the vocabulary.
 pub fn token_ids(value: Option<&Value>, param: &str, vocab: usize) -> Result<Vec<u32>, ApiError> {
     let ids = match value {
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => u32_ids(a, param)?,
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => u32_ids(a, param)?,
         _ => {
             return Err(ApiError::bad_request(
                 Some(param),
@@ -201,13 +208,23 @@ pub fn token_ids(value: Option<&Value>, param: &str, vocab: usize) -> Result<Vec
             ))
         }
     };
-    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::bad_request(
+    within_vocab(param, ids.iter().copied(), vocab)?;
+    Ok(ids)
+}
+
+/// `param`'s token ids are inside a vocabulary of `vocab`.
+pub fn within_vocab(
+    param: &str,
+    ids: impl IntoIterator<Item = u32>,
+    vocab: usize,
+) -> Result<(), ApiError> {
+    match ids.into_iter().find(|&t| t as usize >= vocab) {
+        Some(bad) => Err(ApiError::bad_request(
             Some(param),
             format!("token id {bad} is outside the vocabulary of {vocab}"),
-        ));
+        )),
+        None => Ok(()),
     }
-    Ok(ids)
 }
 
 /// Parse and validate a completions or chat body.
@@ -262,7 +279,7 @@ fn parse_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
             Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_string()))
         }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => {
             Ok(Prompt::Tokens(u32_ids(a, "prompt")?))
         }
         Some(Value::Array(a)) if a.len() > 1 => Err(ApiError::bad_request(
@@ -352,6 +369,12 @@ fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiE
     Ok(params)
 }
 
+/// Stop strings a request may give, in number and in bytes: far beyond any real use
+/// (OpenAI takes 4), and small enough that compiling them costs a request well under a
+/// millisecond (matching them costs each token its own bytes, whatever they are).
+pub const MAX_STOP_STRINGS: usize = 128;
+pub const MAX_STOP_BYTES: usize = 16 * 1024;
+
 /// `stop` (a string or a list of non-empty strings) and `stop_token_ids`.
 fn parse_stop(body: &Map<String, Value>) -> Result<(Vec<String>, Vec<u32>), ApiError> {
     let stop = match body.get("stop") {
@@ -377,9 +400,20 @@ fn parse_stop(body: &Map<String, Value>) -> Result<(Vec<String>, Vec<u32>), ApiE
             "stop strings cannot be empty",
         ));
     }
+    let bytes: usize = stop.iter().map(String::len).sum();
+    if stop.len() > MAX_STOP_STRINGS || bytes > MAX_STOP_BYTES {
+        return Err(ApiError::bad_request(
+            Some("stop"),
+            format!(
+                "{} stop strings of {bytes} bytes in all: at most {MAX_STOP_STRINGS} strings \
+                 and {MAX_STOP_BYTES} bytes",
+                stop.len()
+            ),
+        ));
+    }
     let stop_token_ids = match body.get("stop_token_ids") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => u32_ids(a, "stop_token_ids")?,
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => u32_ids(a, "stop_token_ids")?,
         Some(_) => {
             return Err(ApiError::bad_request(
                 Some("stop_token_ids"),

@@ -80,20 +80,14 @@ pub(super) async fn generate(
         ));
     }
     check_prompt_bytes(s, &req.prompt)?;
-    if let Some(&(bad, _)) = req
-        .params
-        .logit_bias
-        .iter()
-        .find(|&&(t, _)| t as usize >= s.vocab_size)
-    {
-        return Err(ApiError::bad_request(
-            Some("logit_bias"),
-            format!(
-                "token id {bad} is outside the vocabulary of {}",
-                s.vocab_size
-            ),
-        ));
-    }
+    // Token ids the request names, now that the vocabulary is known.
+    let biased = req.params.logit_bias.iter().map(|&(t, _)| t);
+    api::within_vocab("logit_bias", biased, s.vocab_size)?;
+    api::within_vocab(
+        "stop_token_ids",
+        req.stop_token_ids.iter().copied(),
+        s.vocab_size,
+    )?;
     // The prompt as sent, for `echo` (a token prompt is echoed decoded).
     let sent_text = match &req.prompt {
         Prompt::Text(t) if req.echo => Some(t.clone()),

@@ -150,10 +150,16 @@ pub(super) async fn tokenize(
             }
         }
     };
-    let add_special = body
-        .get("add_special_tokens")
-        .and_then(Value::as_bool)
-        .unwrap_or(true);
+    let add_special = match body.get("add_special_tokens") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                Some("add_special_tokens"),
+                "add_special_tokens must be a boolean",
+            ))
+        }
+    };
     // Tokenising and writing a long answer both happen off the HTTP threads.
     off_thread(&state, move |s| {
         let tokens = match prompt {

@@ -34,9 +34,15 @@ pub struct StepLog {
 
 impl StepLog {
     pub fn create(path: &Path) -> Result<StepLog> {
+        // A missing directory is a typo more often than a wish: say so, create nothing.
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("{}: cannot create", dir.display()))?;
+            if !dir.is_dir() {
+                anyhow::bail!(
+                    "--step-log {}: the directory {} does not exist",
+                    path.display(),
+                    dir.display()
+                );
+            }
         }
         let file =
             File::create(path).with_context(|| format!("{}: cannot create", path.display()))?;
@@ -133,7 +139,14 @@ mod tests {
     #[test]
     fn a_trace_reads_back_what_was_written() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/steps.csv");
+        // A missing directory is refused, not created.
+        let e = StepLog::create(&dir.path().join("typo/steps.csv"))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+        assert!(!dir.path().join("typo").exists());
+        let path = dir.path().join("steps.csv");
         let rec = StepRecord {
             t_s: 1.25,
             shape: StepShape {
