@@ -906,3 +906,32 @@ async fn refusals_say_what_is_wrong_with_what_was_sent() {
     assert_eq!(with(true).await, with(false).await + 1);
     server.stop().await;
 }
+
+/// One small request cannot make the server build a huge response: `echo` + `logprobs: 20`
+/// + `n: 64` on a 4,000-token prompt (5.4 million log-probabilities, 124 MB of JSON) is
+/// refused naming the parameters; one choice of a shorter prompt is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_is_bounded_in_size() {
+    let mut cfg = config();
+    cfg.sched.max_model_len = 8192;
+    cfg.sched.num_gpu_blocks = 1024;
+    let (addr, server) = spawn_local(cfg).await.unwrap();
+    let url = format!("http://{addr}/v1/completions");
+    let client = reqwest::Client::new();
+    let body = |n: usize, prompt: usize| {
+        json!({"prompt": vec![5u32; prompt], "echo": true, "logprobs": 20, "n": n,
+               "max_tokens": 1})
+    };
+    let (status, v) = post(&client, &url, body(64, 4000)).await;
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        status == 400 && v["error"]["param"] == "logprobs" && m.contains("n 64"),
+        "{status} {v}"
+    );
+    // Within the bound (a shorter prompt: the answer is computed in a debug build).
+    let (status, v) = post(&client, &url, body(1, 600)).await;
+    assert_eq!(status, 200, "{v}");
+    let tokens = v["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 601);
+    server.stop().await;
+}

@@ -122,6 +122,7 @@ pub(super) async fn generate(
         Some(m) => m,
         None => s.max_model_len - n,
     };
+    check_response_size(&req, n, max_tokens)?;
     // `max_tokens: 0` (with echo): one token is computed, as the step samples one, and
     // not returned.
     let (max_tokens, keep_generated) = if max_tokens == 0 {
@@ -500,4 +501,44 @@ fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
             json!({"content": parts.iter().flat_map(|p| p["content"].as_array().cloned().unwrap_or_default()).collect::<Vec<_>>()})
         }
     }
+}
+
+/// Log-probabilities a response may carry: about 25 MB of JSON. A response's size follows
+/// `n` × (echoed prompt + completion) × (1 + top log-probabilities), so without a bound a
+/// 22 KB request (`echo`, `logprobs: 20`, `n: 64`, a 4,000-token prompt) makes the server
+/// build 124 MB.
+pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
+
+/// Refuses a request whose log-probabilities would pass [`MAX_LOGPROB_ENTRIES`], naming
+/// what multiplies to it.
+fn check_response_size(
+    req: &GenerationRequest,
+    prompt_tokens: usize,
+    max_tokens: usize,
+) -> Result<(), ApiError> {
+    let Some(top) = req.params.logprobs else {
+        return Ok(());
+    };
+    let positions = max_tokens + if req.echo { prompt_tokens } else { 0 };
+    let entries = req
+        .n
+        .saturating_mul(positions)
+        .saturating_mul(top.saturating_add(1));
+    if entries <= MAX_LOGPROB_ENTRIES {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        Some("logprobs"),
+        format!(
+            "n {} x {positions} positions ({}max_tokens {max_tokens}) x (1 + {top} top \
+             log-probabilities) = {entries} log-probabilities, more than the {MAX_LOGPROB_ENTRIES} \
+             a response may carry: lower n, logprobs or max_tokens",
+            req.n,
+            if req.echo {
+                format!("the echoed prompt's {prompt_tokens} and ")
+            } else {
+                String::new()
+            },
+        ),
+    ))
 }
