@@ -1,11 +1,15 @@
 //! KV-cache events end to end: `engine serve` with `--kv-events-config` publishes, over a
 //! ZeroMQ PUB socket on 127.0.0.1, what its prefix cache registers and evicts, and a
 //! subscriber reads vLLM's wire format back (the real router check is a documented command:
-//! docs/guide/engine.md, "Routers in front of replicas").
+//! docs/guide/engine.md, "Routers in front of replicas"). The subscribers here are another
+//! ZeroMQ implementation (the pure-Rust `zeromq` crate) than the publisher's, so these tests
+//! check the wire rather than one library's agreement with itself.
 
 mod common;
 
-use std::time::Duration;
+use std::future::Future;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use common::post;
 use infer_core::SchedulerConfig;
@@ -14,19 +18,24 @@ use infer_engine::server::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
 use zeromq::{Socket, SocketRecv};
 
-/// One batch off the socket: (seq, payload decoded).
-async fn next_batch(sub: &mut zeromq::SubSocket) -> (u64, Value) {
-    let msg = tokio::time::timeout(Duration::from_secs(10), sub.recv())
+/// The next batch off the socket within `limit`: (seq, payload decoded).
+async fn batch_within(sub: &mut zeromq::SubSocket, limit: Duration) -> Option<(u64, Value)> {
+    let msg = tokio::time::timeout(limit, sub.recv())
         .await
-        .expect("a batch within 10 s")
+        .ok()?
         .expect("a message");
     let frames = msg.into_vec();
     assert_eq!(frames.len(), 3, "[topic, seq, payload]");
     assert_eq!(&frames[0][..], b"kv", "the configured topic");
     let seq = u64::from_be_bytes(frames[1][..].try_into().expect("8-byte seq"));
-    (seq, rmp_serde::from_slice(&frames[2]).expect("msgpack"))
+    Some((seq, rmp_serde::from_slice(&frames[2]).expect("msgpack")))
 }
 
+async fn next_batch(sub: &mut zeromq::SubSocket) -> (u64, Value) {
+    batch_within(sub, Duration::from_secs(10))
+        .await
+        .expect("a batch within 10 s")
+}
 /// The events of the next batch that has any of type `kind`.
 async fn next_of(
     sub: &mut zeromq::SubSocket,
@@ -60,19 +69,27 @@ async fn complete(base: &str, prompt: &[u32]) -> Value {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+/// A 40-token prompt: two full blocks of 16.
+fn prompt(first: u32) -> Vec<u32> {
+    (first..first + 40).collect()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
+        .port()
+}
+
+/// A server publishing on `endpoint` under the topic `kv`, with six blocks of 16: three
+/// 40-token prompts make the third evict the first's blocks.
+fn serve_config(endpoint: &str) -> ServeConfig {
     let events = KvEventsConfig::parse(&format!(
-        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{port}", "topic": "kv"}}"#
+        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "{endpoint}", "topic": "kv"}}"#
     ))
     .unwrap();
-    // Six blocks of 16: three 40-token prompts make the third evict the first's blocks.
-    let cfg = ServeConfig {
+    ServeConfig {
         sched: SchedulerConfig {
             num_gpu_blocks: 6,
             block_size: 16,
@@ -81,7 +98,13 @@ async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
         },
         kv_events: events,
         ..ServeConfig::new("builtin:tiny")
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
+    let port = free_port();
+    let cfg = serve_config(&format!("tcp://*:{port}"));
     let (addr, _server) = spawn_local(cfg).await.unwrap();
     let base = format!("http://{addr}");
     let sources: Value = reqwest::get(format!("{base}/kv_event_sources"))
@@ -101,7 +124,6 @@ async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
     // A PUB socket drops what it sends before a subscription reaches it.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let prompt = |first: u32| (first..first + 40).collect::<Vec<u32>>();
     let mut seq = None;
     complete(&base, &prompt(100)).await;
     let stored = next_of(&mut sub, "BlockStored", &mut seq).await;
@@ -141,4 +163,167 @@ async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
     next_of(&mut sub, "AllBlocksCleared", &mut seq).await;
     let after = complete(&base, &prompt(500)).await;
     assert_eq!(after["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+}
+
+/// Runs an async test on a runtime of its own that is abandoned, not waited for, when the
+/// test ends: a server whose start-up blocks (connect mode once waited for a subscriber
+/// inside `Engine::start`) then fails the test instead of hanging it.
+fn bounded<F: Future<Output = ()>>(test: F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(test)));
+    rt.shutdown_timeout(Duration::from_secs(1));
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Connect mode (no `*` in the endpoint: the subscriber binds, the server connects) with
+/// nobody listening yet: the server serves at once, and a subscriber that binds later gets
+/// the events.
+#[test]
+fn connect_mode_serves_at_once_and_publishes_once_a_subscriber_binds() {
+    bounded(async {
+        let port = free_port();
+        let cfg = serve_config(&format!("tcp://127.0.0.1:{port}"));
+        let (addr, _server) = tokio::time::timeout(Duration::from_secs(20), spawn_local(cfg))
+            .await
+            .expect("serving starts without waiting for a subscriber")
+            .unwrap();
+        let base = format!("http://{addr}");
+        tokio::time::timeout(Duration::from_secs(20), complete(&base, &prompt(100)))
+            .await
+            .expect("a request is answered while no subscriber is there");
+
+        let mut sub = zeromq::SubSocket::new();
+        sub.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
+        sub.subscribe("kv").await.unwrap();
+        // The publisher finds the subscriber at its next retry, and a PUB socket drops what
+        // it sends before the subscription reaches it: requests (each evicting and storing
+        // blocks) until a batch arrives.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for round in 0u32.. {
+            assert!(
+                Instant::now() < deadline,
+                "no batch within 30 s of the subscriber binding"
+            );
+            complete(&base, &prompt(1000 + 100 * (round % 4))).await;
+            if let Some((_, batch)) = batch_within(&mut sub, Duration::from_millis(500)).await {
+                assert!(!batch[1].as_array().expect("[ts, events]").is_empty());
+                break;
+            }
+        }
+    });
+}
+
+/// Panics anywhere in this process from the first call on. A hostile peer must not cause
+/// one, even a caught one; every test of this file that fails by panicking is counted
+/// too, which only adds a failure to a run that has one.
+fn panics_so_far() -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static PANICS: AtomicUsize = AtomicUsize::new(0);
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            previous(info);
+        }));
+    });
+    PANICS.load(Ordering::SeqCst)
+}
+
+/// A ZMTP 3.0 greeting: signature, version, the NULL mechanism, as a client.
+fn zmtp_greeting() -> [u8; 64] {
+    let mut g = [0u8; 64];
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+/// The READY command a SUB socket sends after the greeting.
+fn zmtp_ready_sub() -> Vec<u8> {
+    let mut body = vec![5];
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(&3u32.to_be_bytes());
+    body.extend_from_slice(b"SUB");
+    let mut frame = vec![0x04, body.len() as u8];
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// A long frame's header announcing `len` bytes (none of which follow).
+fn zmtp_long_frame_header(command: bool, len: u64) -> Vec<u8> {
+    let mut header = vec![if command { 0x06 } else { 0x02 }];
+    header.extend_from_slice(&len.to_be_bytes());
+    header
+}
+
+/// Peers that announce frames of 2^63−1 bytes and of a TiB, in place of the handshake's
+/// READY command and in place of a subscription: each is hung up on, nothing panics, the
+/// server keeps serving, and a well-behaved subscriber beside them keeps receiving every
+/// batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_announcing_huge_frames_cannot_hurt_a_bind_mode_publisher() {
+    let panics_before = panics_so_far();
+    let port = free_port();
+    let (addr, _server) = spawn_local(serve_config(&format!("tcp://*:{port}")))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&format!("tcp://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    sub.subscribe("kv").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seq = None;
+    complete(&base, &prompt(100)).await;
+    next_of(&mut sub, "BlockStored", &mut seq).await;
+
+    for (after_ready, len) in [
+        (false, i64::MAX as u64),
+        (false, 1 << 40),
+        (true, i64::MAX as u64),
+        (true, 1 << 40),
+    ] {
+        let mut wire = zmtp_greeting().to_vec();
+        if after_ready {
+            wire.extend(zmtp_ready_sub());
+        }
+        wire.extend(zmtp_long_frame_header(!after_ready, len));
+        let hung_up = tokio::task::spawn_blocking(move || {
+            let mut peer = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            peer.set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            peer.write_all(&wire).unwrap();
+            // Whatever the publisher says, then the end of the stream (or a reset).
+            let mut sink = Vec::new();
+            match peer.read_to_end(&mut sink) {
+                Ok(_) => true,
+                Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        })
+        .await
+        .unwrap();
+        assert!(hung_up, "a peer announcing {len} bytes is hung up on");
+    }
+
+    // Stored, stored, then evicted: every batch still arrives, in sequence.
+    complete(&base, &prompt(300)).await;
+    next_of(&mut sub, "BlockStored", &mut seq).await;
+    complete(&base, &prompt(500)).await;
+    next_of(&mut sub, "BlockRemoved", &mut seq).await;
+    assert_eq!(
+        panics_so_far(),
+        panics_before,
+        "nothing panicked (see the output above)"
+    );
 }

@@ -10,11 +10,20 @@
 //! lora_name}` and `BlockRemoved {block_hashes, medium}`. Block hashes are this engine's own
 //! (64-bit, chained over the prompt's blocks); consumers treat them as opaque keys and match
 //! requests by the events' `token_ids`.
+//!
+//! The socket is libzmq's (the `zmq` crate builds it from source), the library vLLM's pyzmq
+//! wraps, because the socket faces whoever can reach the port: libzmq refuses a frame longer
+//! than `ZMQ_MAXMSGSIZE` before allocating it, connects and reconnects in the background,
+//! and drops a slow subscriber's batches at the high-water mark. What is ours, the thread
+//! that encodes and sends, is restarted if it ever panics ([`supervise`]).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use infer_core::kv::KvEvent;
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// vLLM's `--kv-events-config` JSON. Every key vLLM accepts parses; those this engine does
 /// not honour are refused when set to something other than their default.
@@ -38,8 +47,8 @@ pub struct KvEventsConfig {
     /// vLLM's replay buffer length; unused without replay.
     #[serde(default)]
     pub buffer_steps: Option<u64>,
-    /// vLLM's ZeroMQ high-water mark; a slow subscriber's batches are dropped past the
-    /// socket's own queue, as ZeroMQ PUB does.
+    /// Batches queued for one subscriber before its next ones are dropped, as ZeroMQ PUB
+    /// does (vLLM's default when unset, 0 for no limit).
     #[serde(default)]
     pub hwm: Option<u64>,
     #[serde(default)]
@@ -143,74 +152,155 @@ pub fn encode_batch(ts: f64, events: &[KvEvent]) -> Vec<u8> {
 }
 
 /// Where the engine loop sends each step's events.
-pub type EventSender = UnboundedSender<Vec<KvEvent>>;
+pub type EventSender = Sender<Vec<KvEvent>>;
+
+/// The largest frame a peer may send. A PUB socket reads only the handshake's READY command
+/// and subscriptions (topic prefixes), both tiny; libzmq checks each frame's announced
+/// length against this before allocating anything, and drops a peer that exceeds it.
+const MAX_PEER_FRAME: i64 = 64 * 1024;
+
+/// vLLM's `hwm` when the config leaves it out.
+const DEFAULT_HWM: u64 = 100_000;
+
+/// The wait before retrying, doubled after each failure up to `RETRY_MAX`: libzmq's
+/// reconnection in connect mode (and its limit on one connection attempt), and the
+/// publisher's restart after a failure.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Opens the socket and starts the publisher on its own thread; returns where to send
-/// events. Fails (naming the endpoint) when the socket cannot be bound or connected.
+/// events. Fails (naming the endpoint) when the endpoint cannot be bound; connect mode
+/// does not wait for a subscriber.
 pub fn start(cfg: &KvEventsConfig) -> Result<EventSender> {
-    let (tx, rx) = unbounded_channel();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let first = open(cfg)?;
+    let (tx, rx) = channel();
     let cfg = cfg.clone();
     std::thread::Builder::new()
         .name("kv-events".into())
         .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(anyhow::anyhow!(e)));
-                    return;
-                }
-            };
-            rt.block_on(publish(cfg, rx, ready_tx));
+            let mut socket = Some(first);
+            // Outside the restarts: a subscriber sees a batch lost to one as a gap.
+            let mut seq = 0;
+            supervise(|| {
+                let socket = match socket.take() {
+                    Some(s) => s,
+                    None => open(&cfg)?,
+                };
+                publish(socket, cfg.topic.as_bytes(), &rx, &mut seq);
+                Ok(())
+            });
         })
         .context("cannot start the KV events thread")?;
-    ready_rx
-        .recv()
-        .context("the KV events thread ended before its socket opened")??;
     Ok(tx)
 }
 
-async fn publish(
-    cfg: KvEventsConfig,
-    mut rx: UnboundedReceiver<Vec<KvEvent>>,
-    ready: std::sync::mpsc::Sender<Result<()>>,
-) {
-    use zeromq::{Socket, SocketSend};
-    let mut socket = zeromq::PubSocket::new();
+/// A PUB socket bound or connected to the configured endpoint. Binding fails at once (a
+/// port in use, say); connecting returns at once and libzmq connects in the background,
+/// again after every failure or hang-up.
+fn open(cfg: &KvEventsConfig) -> Result<zmq::Socket> {
+    let ms = |d: Duration| d.as_millis() as i32;
+    let ctx = zmq::Context::new();
+    let socket = ctx.socket(zmq::PUB)?;
+    socket.set_maxmsgsize(MAX_PEER_FRAME)?;
+    let hwm = cfg.hwm.unwrap_or(DEFAULT_HWM);
+    socket.set_sndhwm(i32::try_from(hwm).unwrap_or(i32::MAX))?;
+    // Batches still queued when the publisher closes are dropped, not waited for: a
+    // stalled subscriber must not hold up the server's exit or the publisher's restart.
+    socket.set_linger(0)?;
+    socket.set_ipv6(cfg.endpoint.contains('['))?;
     let opened = if cfg.binds() {
-        // The zeromq crate reads a wildcard host as a name: bind all interfaces instead.
-        let endpoint = cfg.endpoint.replace('*', "0.0.0.0");
-        socket.bind(&endpoint).await.map(|_| ())
+        socket.bind(&cfg.endpoint)
     } else {
-        socket.connect(&cfg.endpoint).await
+        socket.set_reconnect_ivl(ms(RETRY_FIRST))?;
+        socket.set_reconnect_ivl_max(ms(RETRY_MAX))?;
+        socket.set_connect_timeout(ms(RETRY_MAX))?;
+        log_connection(&ctx, &socket, &cfg.endpoint)?;
+        socket.connect(&cfg.endpoint)
     };
-    if let Err(e) = opened {
-        let _ = ready.send(Err(anyhow::anyhow!(
-            "--kv-events-config: cannot open {}: {e}",
-            cfg.endpoint
-        )));
-        return;
-    }
-    let _ = ready.send(Ok(()));
-    let topic = bytes::Bytes::from(cfg.topic.clone().into_bytes());
-    let mut seq: u64 = 0;
-    while let Some(events) = rx.recv().await {
+    opened.with_context(|| format!("--kv-events-config: cannot open {}", cfg.endpoint))?;
+    Ok(socket)
+}
+
+/// Connect mode's log, from a thread that reads the socket's libzmq monitor: the first
+/// failed attempt of an outage (no subscriber listening yet, say) and the connection that
+/// ends it, once each; libzmq's retries in between are silent.
+fn log_connection(ctx: &zmq::Context, socket: &zmq::Socket, endpoint: &str) -> Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use zmq::SocketEvent::{CONNECTED, CONNECT_RETRIED, MONITOR_STOPPED};
+    static MONITORS: AtomicU64 = AtomicU64::new(0);
+    let address = format!(
+        "inproc://kv-events-monitor-{}",
+        MONITORS.fetch_add(1, Ordering::Relaxed)
+    );
+    let events = CONNECTED.to_raw() | CONNECT_RETRIED.to_raw() | MONITOR_STOPPED.to_raw();
+    socket.monitor(&address, i32::from(events))?;
+    let monitor = ctx.socket(zmq::PAIR)?;
+    monitor.connect(&address)?;
+    let endpoint = endpoint.to_string();
+    std::thread::Builder::new()
+        .name("kv-events-monitor".into())
+        .spawn(move || {
+            let mut failing = false;
+            // Each event is two frames: its id (u16) and a value (u32), then an address.
+            while let Ok(frames) = monitor.recv_multipart(0) {
+                let Some(&[a, b, ..]) = frames.first().map(Vec::as_slice) else {
+                    continue;
+                };
+                let event = u16::from_ne_bytes([a, b]);
+                if event == CONNECT_RETRIED.to_raw() && !failing {
+                    failing = true;
+                    eprintln!(
+                        "kv events: cannot connect to {endpoint} (no subscriber listening?); \
+                         retrying in the background, every {RETRY_MAX:?} at most"
+                    );
+                } else if event == CONNECTED.to_raw() && failing {
+                    failing = false;
+                    eprintln!("kv events: connected to {endpoint}");
+                } else if event == MONITOR_STOPPED.to_raw() {
+                    break;
+                }
+            }
+        })
+        .context("cannot start the KV events monitor thread")?;
+    Ok(())
+}
+
+/// Sends each step's events as one message until the engine hangs up. The socket is
+/// closed when this returns or panics.
+fn publish(socket: zmq::Socket, topic: &[u8], events: &Receiver<Vec<KvEvent>>, seq: &mut u64) {
+    while let Ok(batch) = events.recv() {
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let frames = vec![
-            topic.clone(),
-            bytes::Bytes::copy_from_slice(&seq.to_be_bytes()),
-            bytes::Bytes::from(encode_batch(ts, &events)),
-        ];
-        let message = zeromq::ZmqMessage::try_from(frames).expect("three frames");
-        if let Err(e) = socket.send(message).await {
+        let payload = encode_batch(ts, &batch);
+        // A PUB socket does not block: past a subscriber's high-water mark, libzmq drops
+        // that subscriber's copy.
+        let frames: [&[u8]; 3] = [topic, &seq.to_be_bytes(), &payload];
+        if let Err(e) = socket.send_multipart(frames, zmq::DONTWAIT) {
             eprintln!("kv events: batch {seq} not sent: {e}");
         }
-        seq += 1;
+        *seq += 1;
+    }
+}
+
+/// Runs `publisher` until it returns, restarting it, after a wait that doubles up to
+/// `RETRY_MAX`, each time it panics or fails (to reopen the socket, say): a bug on the
+/// events thread costs batches, which subscribers see as a gap, and never the server.
+fn supervise(mut publisher: impl FnMut() -> Result<()>) {
+    let mut wait = RETRY_FIRST;
+    loop {
+        let failure = match catch_unwind(AssertUnwindSafe(&mut publisher)) {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(panic) => panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into()),
+        };
+        eprintln!("kv events: the publisher stopped ({failure}); restarting it in {wait:?}");
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(RETRY_MAX);
     }
 }
 
@@ -279,5 +369,20 @@ mod tests {
                 ]
             ])
         );
+    }
+
+    /// A panic or a failure restarts the publisher; its return ends the supervision.
+    #[test]
+    fn the_publisher_is_restarted_after_a_panic_or_a_failure_until_it_returns() {
+        let mut runs = 0;
+        supervise(|| {
+            runs += 1;
+            match runs {
+                1 => panic!("a bug on the events thread"),
+                2 => bail!("the port is taken"),
+                _ => Ok(()),
+            }
+        });
+        assert_eq!(runs, 3);
     }
 }
