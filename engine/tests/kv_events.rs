@@ -198,25 +198,29 @@ fn connect_mode_serves_at_once_and_publishes_once_a_subscriber_binds() {
             .await
             .expect("a request is answered while no subscriber is there");
 
-        let mut sub = zeromq::SubSocket::new();
-        sub.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
-        sub.subscribe("kv").await.unwrap();
-        // The publisher finds the subscriber at its next retry, and a PUB socket drops what
-        // it sends before the subscription reaches it: requests (each evicting and storing
-        // blocks) until a batch arrives.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        for round in 0u32.. {
-            assert!(
-                Instant::now() < deadline,
-                "no batch within 30 s of the subscriber binding"
-            );
-            complete(&base, &prompt(1000 + 100 * (round % 4))).await;
-            if let Some((_, batch)) = batch_within(&mut sub, Duration::from_millis(500)).await {
-                assert!(!batch[1].as_array().expect("[ts, events]").is_empty());
-                break;
-            }
-        }
+        binding_subscriber_gets_a_batch(&base, port).await;
     });
+}
+
+/// A subscriber that binds `port` receives a batch. The publisher finds it at its next
+/// retry, and a PUB socket drops what it sends before the subscription reaches it: requests
+/// (each evicting and storing blocks) until a batch arrives.
+async fn binding_subscriber_gets_a_batch(base: &str, port: u16) {
+    let mut sub = zeromq::SubSocket::new();
+    sub.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
+    sub.subscribe("kv").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for round in 0u32.. {
+        assert!(
+            Instant::now() < deadline,
+            "no batch within 30 s of the subscriber binding"
+        );
+        complete(base, &prompt(1000 + 100 * (round % 4))).await;
+        if let Some((_, batch)) = batch_within(&mut sub, Duration::from_millis(500)).await {
+            assert!(!batch[1].as_array().expect("[ts, events]").is_empty());
+            return;
+        }
+    }
 }
 
 /// Panics anywhere in this process from the first call on. A hostile peer must not cause
@@ -326,4 +330,31 @@ async fn peers_announcing_huge_frames_cannot_hurt_a_bind_mode_publisher() {
         panics_before,
         "nothing panicked (see the output above)"
     );
+}
+
+/// Connect mode whose first peer at the endpoint breaks the protocol (a frame of 2^63−1
+/// bytes in place of READY): libzmq gives up such an endpoint for good, so the publisher
+/// reopens its socket, and the subscriber that binds the endpoint next gets the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_mode_recovers_from_a_peer_that_breaks_the_protocol() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hostile = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hostile.local_addr().unwrap().port();
+    let (addr, _server) = spawn_local(serve_config(&format!("tcp://127.0.0.1:{port}")))
+        .await
+        .unwrap();
+    let (mut peer, _) = tokio::time::timeout(Duration::from_secs(10), hostile.accept())
+        .await
+        .expect("the publisher connects")
+        .unwrap();
+    let mut wire = zmtp_greeting().to_vec();
+    wire.extend(zmtp_long_frame_header(true, i64::MAX as u64));
+    peer.write_all(&wire).await.unwrap();
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut sink))
+        .await
+        .expect("the publisher hangs up");
+    drop((peer, hostile));
+
+    binding_subscriber_gets_a_batch(&format!("http://{addr}"), port).await;
 }

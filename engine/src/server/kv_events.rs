@@ -18,7 +18,9 @@
 //! that encodes and sends, is restarted if it ever panics ([`supervise`]).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -168,6 +170,21 @@ const DEFAULT_HWM: u64 = 100_000;
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// Connect mode: how long libzmq may stay silent after a disconnection before the publisher
+/// takes the endpoint to be given up (a reconnection is announced at once), and how often
+/// an idle publisher checks.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
+
+/// An open PUB socket.
+struct PubSocket {
+    socket: zmq::Socket,
+    endpoint: String,
+    /// Raised in connect mode when libzmq stops reconnecting to the endpoint, as it does
+    /// after a protocol error (a frame over `MAX_PEER_FRAME`, say); a new socket connects
+    /// again.
+    given_up: Arc<AtomicBool>,
+}
+
 /// Opens the socket and starts the publisher on its own thread; returns where to send
 /// events. Fails (naming the endpoint) when the endpoint cannot be bound; connect mode
 /// does not wait for a subscriber.
@@ -186,8 +203,7 @@ pub fn start(cfg: &KvEventsConfig) -> Result<EventSender> {
                     Some(s) => s,
                     None => open(&cfg)?,
                 };
-                publish(socket, cfg.topic.as_bytes(), &rx, &mut seq);
-                Ok(())
+                publish(socket, cfg.topic.as_bytes(), &rx, &mut seq)
             });
         })
         .context("cannot start the KV events thread")?;
@@ -197,7 +213,7 @@ pub fn start(cfg: &KvEventsConfig) -> Result<EventSender> {
 /// A PUB socket bound or connected to the configured endpoint. Binding fails at once (a
 /// port in use, say); connecting returns at once and libzmq connects in the background,
 /// again after every failure or hang-up.
-fn open(cfg: &KvEventsConfig) -> Result<zmq::Socket> {
+fn open(cfg: &KvEventsConfig) -> Result<PubSocket> {
     let ms = |d: Duration| d.as_millis() as i32;
     let ctx = zmq::Context::new();
     let socket = ctx.socket(zmq::PUB)?;
@@ -208,31 +224,45 @@ fn open(cfg: &KvEventsConfig) -> Result<zmq::Socket> {
     // stalled subscriber must not hold up the server's exit or the publisher's restart.
     socket.set_linger(0)?;
     socket.set_ipv6(cfg.endpoint.contains('['))?;
+    let given_up = Arc::new(AtomicBool::new(false));
     let opened = if cfg.binds() {
         socket.bind(&cfg.endpoint)
     } else {
         socket.set_reconnect_ivl(ms(RETRY_FIRST))?;
         socket.set_reconnect_ivl_max(ms(RETRY_MAX))?;
         socket.set_connect_timeout(ms(RETRY_MAX))?;
-        log_connection(&ctx, &socket, &cfg.endpoint)?;
+        watch_connection(&ctx, &socket, &cfg.endpoint, given_up.clone())?;
         socket.connect(&cfg.endpoint)
     };
     opened.with_context(|| format!("--kv-events-config: cannot open {}", cfg.endpoint))?;
-    Ok(socket)
+    Ok(PubSocket {
+        socket,
+        endpoint: cfg.endpoint.clone(),
+        given_up,
+    })
 }
 
-/// Connect mode's log, from a thread that reads the socket's libzmq monitor: the first
-/// failed attempt of an outage (no subscriber listening yet, say) and the connection that
-/// ends it, once each; libzmq's retries in between are silent.
-fn log_connection(ctx: &zmq::Context, socket: &zmq::Socket, endpoint: &str) -> Result<()> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use zmq::SocketEvent::{CONNECTED, CONNECT_RETRIED, MONITOR_STOPPED};
+/// Connect mode's watch, from a thread that reads the socket's libzmq monitor until the
+/// socket closes: it logs the first failed attempt of an outage (no subscriber listening
+/// yet, say) and the connection that ends it, once each (libzmq's retries in between are
+/// silent), and raises `given_up` when libzmq stops reconnecting.
+fn watch_connection(
+    ctx: &zmq::Context,
+    socket: &zmq::Socket,
+    endpoint: &str,
+    given_up: Arc<AtomicBool>,
+) -> Result<()> {
+    use std::sync::atomic::AtomicU64;
+    use zmq::SocketEvent::{CONNECTED, CONNECT_RETRIED, DISCONNECTED, MONITOR_STOPPED};
     static MONITORS: AtomicU64 = AtomicU64::new(0);
     let address = format!(
         "inproc://kv-events-monitor-{}",
         MONITORS.fetch_add(1, Ordering::Relaxed)
     );
-    let events = CONNECTED.to_raw() | CONNECT_RETRIED.to_raw() | MONITOR_STOPPED.to_raw();
+    let events = CONNECTED.to_raw()
+        | CONNECT_RETRIED.to_raw()
+        | DISCONNECTED.to_raw()
+        | MONITOR_STOPPED.to_raw();
     socket.monitor(&address, i32::from(events))?;
     let monitor = ctx.socket(zmq::PAIR)?;
     monitor.connect(&address)?;
@@ -256,6 +286,11 @@ fn log_connection(ctx: &zmq::Context, socket: &zmq::Socket, endpoint: &str) -> R
                 } else if event == CONNECTED.to_raw() && failing {
                     failing = false;
                     eprintln!("kv events: connected to {endpoint}");
+                } else if event == DISCONNECTED.to_raw()
+                    // A reconnection is announced at once; none means libzmq gave up.
+                    && monitor.poll(zmq::POLLIN, GIVE_UP_AFTER.as_millis() as i64) == Ok(0)
+                {
+                    given_up.store(true, Ordering::Relaxed);
                 } else if event == MONITOR_STOPPED.to_raw() {
                     break;
                 }
@@ -265,10 +300,26 @@ fn log_connection(ctx: &zmq::Context, socket: &zmq::Socket, endpoint: &str) -> R
     Ok(())
 }
 
-/// Sends each step's events as one message until the engine hangs up. The socket is
-/// closed when this returns or panics.
-fn publish(socket: zmq::Socket, topic: &[u8], events: &Receiver<Vec<KvEvent>>, seq: &mut u64) {
-    while let Ok(batch) = events.recv() {
+/// Sends each step's events as one message until the engine hangs up, or fails when libzmq
+/// has given up the endpoint. The socket is closed when this returns or panics.
+fn publish(
+    socket: PubSocket,
+    topic: &[u8],
+    events: &Receiver<Vec<KvEvent>>,
+    seq: &mut u64,
+) -> Result<()> {
+    loop {
+        if socket.given_up.load(Ordering::Relaxed) {
+            bail!(
+                "libzmq gave up reconnecting to {}, as it does after a protocol error",
+                socket.endpoint
+            );
+        }
+        let batch = match events.recv_timeout(GIVE_UP_AFTER) {
+            Ok(batch) => batch,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return Ok(()),
+        };
         let ts = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -276,7 +327,7 @@ fn publish(socket: zmq::Socket, topic: &[u8], events: &Receiver<Vec<KvEvent>>, s
         // A PUB socket does not block: past a subscriber's high-water mark, libzmq drops
         // that subscriber's copy.
         let frames: [&[u8]; 3] = [topic, &seq.to_be_bytes(), &payload];
-        if let Err(e) = socket.send_multipart(frames, zmq::DONTWAIT) {
+        if let Err(e) = socket.socket.send_multipart(frames, zmq::DONTWAIT) {
             eprintln!("kv events: batch {seq} not sent: {e}");
         }
         *seq += 1;
@@ -292,13 +343,16 @@ fn supervise(mut publisher: impl FnMut() -> Result<()>) {
         let failure = match catch_unwind(AssertUnwindSafe(&mut publisher)) {
             Ok(Ok(())) => return,
             Ok(Err(e)) => format!("{e:#}"),
-            Err(panic) => panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into()),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                format!("the publisher panicked: {message}")
+            }
         };
-        eprintln!("kv events: the publisher stopped ({failure}); restarting it in {wait:?}");
+        eprintln!("kv events: {failure}; restarting the publisher in {wait:?}");
         std::thread::sleep(wait);
         wait = (wait * 2).min(RETRY_MAX);
     }
