@@ -335,26 +335,30 @@ async fn peers_announcing_huge_frames_cannot_hurt_a_bind_mode_publisher() {
 /// Connect mode whose first peer at the endpoint breaks the protocol (a frame of 2^63−1
 /// bytes in place of READY): libzmq gives up such an endpoint for good, so the publisher
 /// reopens its socket, and the subscriber that binds the endpoint next gets the events.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connect_mode_recovers_from_a_peer_that_breaks_the_protocol() {
+#[test]
+fn connect_mode_recovers_from_a_peer_that_breaks_the_protocol() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let hostile = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = hostile.local_addr().unwrap().port();
-    let (addr, _server) = spawn_local(serve_config(&format!("tcp://127.0.0.1:{port}")))
-        .await
-        .unwrap();
-    let (mut peer, _) = tokio::time::timeout(Duration::from_secs(10), hostile.accept())
-        .await
-        .expect("the publisher connects")
-        .unwrap();
-    let mut wire = zmtp_greeting().to_vec();
-    wire.extend(zmtp_long_frame_header(true, i64::MAX as u64));
-    peer.write_all(&wire).await.unwrap();
-    let mut sink = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut sink))
-        .await
-        .expect("the publisher hangs up");
-    drop((peer, hostile));
+    bounded(async {
+        let hostile = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = hostile.local_addr().unwrap().port();
+        let cfg = serve_config(&format!("tcp://127.0.0.1:{port}"));
+        let (addr, _server) = tokio::time::timeout(Duration::from_secs(20), spawn_local(cfg))
+            .await
+            .expect("serving starts without waiting for the peer")
+            .unwrap();
+        let (mut peer, _) = tokio::time::timeout(Duration::from_secs(10), hostile.accept())
+            .await
+            .expect("the publisher connects")
+            .unwrap();
+        let mut wire = zmtp_greeting().to_vec();
+        wire.extend(zmtp_long_frame_header(true, i64::MAX as u64));
+        peer.write_all(&wire).await.unwrap();
+        let mut sink = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut sink))
+            .await
+            .expect("the publisher hangs up");
+        drop((peer, hostile));
 
-    binding_subscriber_gets_a_batch(&format!("http://{addr}"), port).await;
+        binding_subscriber_gets_a_batch(&format!("http://{addr}"), port).await;
+    });
 }
