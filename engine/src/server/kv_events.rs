@@ -15,7 +15,8 @@
 //! wraps, because the socket faces whoever can reach the port: libzmq refuses a frame longer
 //! than `ZMQ_MAXMSGSIZE` before allocating it, connects and reconnects in the background,
 //! and drops a slow subscriber's batches at the high-water mark. What is ours, the thread
-//! that encodes and sends, is restarted if it ever panics ([`supervise`]).
+//! that encodes and sends, is restarted if it panics, and reopens the socket when libzmq
+//! gives up a connect-mode endpoint (`supervise`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -223,6 +224,7 @@ fn open(cfg: &KvEventsConfig) -> Result<PubSocket> {
     // Batches still queued when the publisher closes are dropped, not waited for: a
     // stalled subscriber must not hold up the server's exit or the publisher's restart.
     socket.set_linger(0)?;
+    // libzmq resolves a bracketed (IPv6) host only with IPv6 on, as vLLM sets it.
     socket.set_ipv6(cfg.endpoint.contains('['))?;
     let given_up = Arc::new(AtomicBool::new(false));
     let opened = if cfg.binds() {
