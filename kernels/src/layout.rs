@@ -88,7 +88,7 @@ pub struct AttentionConfig {
 impl AttentionConfig {
     pub fn new(num_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
         assert!(
-            num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+            num_kv_heads > 0 && num_heads.is_multiple_of(num_kv_heads),
             "heads must group evenly"
         );
         Self {

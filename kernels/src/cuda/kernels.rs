@@ -261,7 +261,7 @@ impl Kernels {
         assert_eq!(kv.v_cache.len(), kv.shape.len());
         // The kernels read key rows with 16-byte loads.
         assert!(
-            kv.k_cache.ptr() % 16 == 0 && kv.v_cache.ptr() % 16 == 0,
+            kv.k_cache.ptr().is_multiple_of(16) && kv.v_cache.ptr().is_multiple_of(16),
             "KV pools must be 16-byte aligned"
         );
         self.attention.get(&cfg.head_dim).unwrap_or_else(|| {
@@ -646,7 +646,10 @@ impl Kernels {
     /// writes a word per warp to `sink` ([`Self::read_only_sink_len`] words): what a
     /// read-only kernel reaches is the bandwidth ceiling of a decode step.
     pub fn read_only(&self, src: Span<u8>, sink: Span<u32>) -> Result<(), DriverError> {
-        assert!(src.len() % 16 == 0 && src.ptr() % 16 == 0, "16-byte words");
+        assert!(
+            src.len().is_multiple_of(16) && src.ptr().is_multiple_of(16),
+            "16-byte words"
+        );
         assert!(sink.len() >= Self::read_only_sink_len());
         let words = src.len() as i64 / 16;
         let mut launch = self.stream.launch_builder(&self.read_only);
