@@ -61,6 +61,19 @@ async fn next_of(
     }
 }
 
+/// A subscriber to `kv` topics, connected to a bind-mode publisher on `port`, its
+/// subscription in place.
+async fn subscriber(port: u16) -> zeromq::SubSocket {
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&format!("tcp://127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    sub.subscribe("kv").await.unwrap();
+    // A PUB socket drops what it sends before a subscription reaches it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sub
+}
+
 async fn complete(base: &str, prompt: &[u32]) -> Value {
     let body = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
     let url = format!("{base}/v1/completions");
@@ -116,13 +129,7 @@ async fn the_prefix_caches_stores_and_evictions_are_published_as_vllm_does() {
     assert_eq!(sources["0"]["endpoint"], format!("tcp://*:{port}"));
     assert_eq!(sources["0"]["publisher"], "zmq");
 
-    let mut sub = zeromq::SubSocket::new();
-    sub.connect(&format!("tcp://127.0.0.1:{port}"))
-        .await
-        .unwrap();
-    sub.subscribe("kv").await.unwrap();
-    // A PUB socket drops what it sends before a subscription reaches it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sub = subscriber(port).await;
 
     let mut seq = None;
     complete(&base, &prompt(100)).await;
@@ -282,12 +289,7 @@ async fn peers_announcing_huge_frames_cannot_hurt_a_bind_mode_publisher() {
         .await
         .unwrap();
     let base = format!("http://{addr}");
-    let mut sub = zeromq::SubSocket::new();
-    sub.connect(&format!("tcp://127.0.0.1:{port}"))
-        .await
-        .unwrap();
-    sub.subscribe("kv").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sub = subscriber(port).await;
     let mut seq = None;
     complete(&base, &prompt(100)).await;
     next_of(&mut sub, "BlockStored", &mut seq).await;
