@@ -124,7 +124,6 @@ pub struct RunDirWriter {
     limit: Option<(u64, String)>,
     /// The first write error; a failing disk must not stop the run, it fails `finish`.
     error: Option<ReportError>,
-    finished: bool,
 }
 
 /// A buffered file that adds the bytes written through it to a count.
@@ -222,7 +221,6 @@ impl RunDirWriter {
             written,
             limit: None,
             error: None,
-            finished: false,
         };
         w.note("timeseries.csv", header);
         Ok(w)
@@ -245,13 +243,8 @@ impl RunDirWriter {
         self.written.load(Ordering::Relaxed)
     }
 
-    /// Whether the run can no longer be written (a write failed or the size limit was
-    /// reached): the caller may as well stop.
-    pub fn full(&self) -> bool {
-        self.error.is_some()
-    }
-
-    /// Why the run can no longer be written, if it cannot.
+    /// Why the run can no longer be written (a write failed or the size limit was reached),
+    /// if it cannot: the caller may as well stop.
     pub fn error(&self) -> Option<&ReportError> {
         self.error.as_ref()
     }
@@ -325,9 +318,7 @@ impl RunDirWriter {
         }
         let info = serde_json::to_string_pretty(info).map_err(|e| unwritable("run.json", e))?;
         write("run.json", info + "\n")?;
-        self.land()?;
-        self.finished = true;
-        Ok(())
+        self.land()
     }
 
     /// Move the files from the partial directory into the run directory: a rename of the
@@ -347,7 +338,7 @@ impl RunDirWriter {
                     path: dir.clone(),
                     line: None,
                     reason: "became something other than a run directory while the run was \
-                             written: its files are left in the partial directory beside it"
+                             written: the run's files were not moved into it"
                         .into(),
                 });
             }
@@ -373,7 +364,8 @@ impl RunDirWriter {
 impl Drop for RunDirWriter {
     /// A run that did not finish leaves nothing behind.
     fn drop(&mut self) {
-        if !self.finished && self.lock.is_some() {
+        // The lock is let go only once the files are in place.
+        if self.lock.is_some() {
             let _ = std::fs::remove_dir_all(&self.partial);
         }
     }
@@ -531,7 +523,7 @@ mod tests {
             .unwrap()
             .with_limit(4096, "sim.max_output_mib");
         let mut id = 0;
-        while !w.full() {
+        while w.error().is_none() {
             w.request(record(id));
             id += 1;
             assert!(id < 1000, "the limit never tripped");

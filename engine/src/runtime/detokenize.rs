@@ -7,7 +7,6 @@ use aho_corasick::dfa::DFA;
 use aho_corasick::{Anchored, MatchKind, StartKind};
 use anyhow::Result;
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
 
 /// Turns a growing token list into text deltas. Decoding a token alone is wrong (BPE and
 /// byte-level tokens only make sense in context, a character may span tokens), so each
@@ -75,7 +74,7 @@ impl IncrementalDetokenizer {
 /// bytes, whatever the number or length of the stop strings: one request's stop strings
 /// cannot slow the engine thread every stream shares.
 pub struct StopStrings {
-    matcher: Option<Arc<StopMatcher>>,
+    matcher: Option<StopMatcher>,
     /// The automaton's state after all text so far.
     state: StateID,
     /// Text not yet emitted: the longest suffix that could begin a stop string.
@@ -84,14 +83,14 @@ pub struct StopStrings {
 
 /// Stop strings compiled: the automaton, and for each of its states the length of the text
 /// it stands for (the longest suffix of the text read that begins some stop string).
-pub struct StopMatcher {
+struct StopMatcher {
     dfa: DFA,
     depth: FxHashMap<StateID, usize>,
 }
 
 impl StopMatcher {
     /// `None` without any non-empty stop string.
-    pub fn new(stops: &[String]) -> Option<Self> {
+    fn new(stops: &[String]) -> Option<Self> {
         let stops: Vec<&str> = stops
             .iter()
             .map(String::as_str)
@@ -133,11 +132,7 @@ impl StopMatcher {
 
 impl StopStrings {
     pub fn new(stops: &[String]) -> Self {
-        Self::compiled(StopMatcher::new(stops).map(Arc::new))
-    }
-
-    /// With stop strings compiled already (off the engine thread).
-    pub fn compiled(matcher: Option<Arc<StopMatcher>>) -> Self {
+        let matcher = StopMatcher::new(stops);
         let state = matcher.as_ref().map_or(StateID::ZERO, |m| {
             m.dfa.start_state(Anchored::No).expect("unanchored")
         });
