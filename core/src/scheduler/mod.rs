@@ -8,7 +8,9 @@
 //! Each step, in this order:
 //! 1. running sequences that decode (one token each);
 //! 2. running sequences part-way through their prompt (chunks, within the token budget);
-//! 3. waiting sequences, first come first served, while the batch, budget and KV allow.
+//! 3. waiting sequences, first come first served, while the batch, budget and KV allow;
+//!    a request's forks (OpenAI's `n`) wait in a lane of their own that alternates with
+//!    everyone else's (see [`waiting`]).
 //!
 //! When a running sequence needs a block and none is free, a running sequence not yet
 //! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to
@@ -19,9 +21,9 @@
 mod config;
 mod plan;
 mod shape;
+mod waiting;
 
 use crate::kv::BrokenInvariant;
-use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
 
@@ -31,6 +33,7 @@ pub use config::{
 };
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::StepShape;
+use waiting::WaitQueue;
 
 use crate::kv::{
     blocks_for, BlockId, ContiguousKv, KvEvent, KvManager, PagedKv, PrefixMatch, SeqKv,
@@ -188,7 +191,7 @@ pub struct Scheduler {
     index: FxHashMap<RequestId, u32>,
     /// Ids of forks not made yet (their parent's first token is to come): taken.
     pending_forks: rustc_hash::FxHashSet<RequestId>,
-    waiting: VecDeque<u32>,
+    waiting: WaitQueue,
     /// In admission order: the newest is last.
     running: Vec<u32>,
     step: u64,
@@ -226,7 +229,7 @@ impl Scheduler {
             free_slots: Vec::new(),
             index: FxHashMap::default(),
             pending_forks: Default::default(),
-            waiting: VecDeque::new(),
+            waiting: WaitQueue::default(),
             running: Vec::new(),
             step: 0,
             ended_outside: Vec::new(),
@@ -278,9 +281,10 @@ impl Scheduler {
 
     /// Queue a request that samples `1 + forks.len()` sequences from its prompt (OpenAI's
     /// `n`): the prompt is computed once, and when its first token is sampled each of
-    /// `forks` becomes a sequence of its own at the head of the queue, which finds the
-    /// prompt's full blocks in the prefix cache — the parent has just registered them, and
-    /// holds them — so it computes only the last, partial block and samples its own tokens
+    /// `forks` becomes a sequence of its own in the forks' lane of the queue, which
+    /// alternates with the others' (so a large `n` cannot starve small requests). Admitted
+    /// while the parent runs, a fork finds the prompt's full blocks in the prefix cache — the
+    /// parent registered them, and holds them — so it computes only the last, partial block and samples its own tokens
     /// (vLLM V1 shares a request's `n` sequences through its prefix cache likewise; without
     /// prefix caching each fork computes the prompt again). Each fork then ends, and
     /// reports, on its own.
@@ -395,11 +399,10 @@ impl Scheduler {
     }
 
     /// Fork `ids` from sequence `slot`, whose prompt is computed and first token sampled:
-    /// each is a new sequence of the same prompt and stop conditions, at the head of the
-    /// queue so that it is admitted as soon as the batch has room (see
-    /// [`Scheduler::add_forked`]). It holds nothing until then, like any waiting request.
+    /// each is a new sequence of the same prompt and stop conditions, in the forks' lane of
+    /// the queue (see [`Scheduler::add_forked`]). It holds nothing until then, like any waiting request.
     fn fork(&mut self, slot: u32, ids: Vec<RequestId>, now: f64) {
-        for id in ids.into_iter().rev() {
+        for id in ids {
             self.pending_forks.remove(&id);
             let parent = self.seqs[slot as usize].as_ref().expect("live");
             let mut tokens = Vec::with_capacity(parent.tokens.capacity());
@@ -427,7 +430,7 @@ impl Scheduler {
             // Not a free slot: `complete` frees slots of requests that end in its loop and
             // drops them from `running` only at its end, so one of them may still be listed.
             let child = self.insert(child, false);
-            self.waiting.push_front(child);
+            self.waiting.push_fork(child);
         }
     }
 
@@ -440,9 +443,7 @@ impl Scheduler {
     /// Returns its stats, or `None` if it was not live.
     pub fn finish(&mut self, id: RequestId, reason: FinishReason) -> Option<RequestStats> {
         let slot = *self.index.get(&id)?;
-        if let Some(pos) = self.waiting.iter().position(|&s| s == slot) {
-            self.waiting.remove(pos);
-        }
+        self.waiting.remove(slot);
         if let Some(pos) = self.running.iter().position(|&s| s == slot) {
             self.running.remove(pos);
         }
@@ -564,7 +565,7 @@ impl Scheduler {
             0
         };
         while may_admit && budget > 0 && self.running.len() < self.cfg.max_batch_size {
-            let Some(&slot) = self.waiting.front() else {
+            let Some(slot) = self.waiting.front() else {
                 break;
             };
             let bs = self.kv.block_size();
@@ -896,7 +897,7 @@ impl Scheduler {
                 "a live request is neither waiting nor running",
             ));
         }
-        for &s in &self.waiting {
+        for s in self.waiting.iter() {
             if !self.seq(s).kv.blocks.is_empty() {
                 return Err(BrokenInvariant::new(
                     7,
@@ -977,7 +978,7 @@ mod tests {
     }
 
     /// OpenAI's `n = 3`: the prompt (40 tokens, blocks of 16) is computed once; at its
-    /// first token two forks appear at the head of the queue. With prefix caching they find
+    /// first token two forks wait in the queue. With prefix caching they find
     /// the prompt's two full blocks (the parent's own) and compute only the last 8 prompt
     /// tokens into blocks of their own; without, they compute the prompt again. Each samples
     /// its own tokens to its own end, the invariants checked each step.
@@ -1469,6 +1470,43 @@ mod tests {
             }
         )));
         assert!(!s.has_unfinished());
+    }
+
+    /// A request sent after an `n = 8` one, on a batch of two, is admitted at the second
+    /// free slot, not after the seven forks: the forks' lane alternates with everyone
+    /// else's. (With the forks at the head of one queue it ran last.) The forks all run.
+    #[test]
+    fn a_large_n_shares_the_free_slots_with_later_requests() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_batch_size: 2,
+            ..cfg()
+        });
+        let forks: Vec<RequestId> = (2..9).map(RequestId).collect();
+        s.add_forked(Request::new(1, vec![5; 8], 6), forks, 0.0)
+            .unwrap();
+        let mut first_step: std::collections::HashMap<u64, u32> = Default::default();
+        let mut step = 0u32;
+        while s.has_unfinished() {
+            step += 1;
+            assert!(step < 200, "livelock");
+            if step == 2 {
+                // After the parent's first token: its forks wait.
+                s.add_request(Request::new(100, vec![7; 4], 4), step as f64)
+                    .unwrap();
+            }
+            let plan = s.schedule(step as f64);
+            for q in &plan.seqs {
+                first_step.entry(q.request.0).or_insert(step);
+            }
+            let sampled = vec![9; plan.num_sampling()];
+            s.complete(plan, &sampled, step as f64 + 0.5);
+            s.check_invariants().unwrap();
+        }
+        let forks_before: Vec<u64> = (2..9)
+            .filter(|f| first_step[f] < first_step[&100])
+            .collect();
+        assert_eq!(forks_before, vec![2], "{first_step:?}");
+        assert_eq!(first_step.len(), 9, "every sequence ran");
     }
 
     #[test]
