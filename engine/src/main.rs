@@ -233,9 +233,14 @@ struct ServeArgs {
     /// signal) they are ended with an error event.
     #[arg(long = "shutdown-timeout", default_value_t = 30.0)]
     shutdown_timeout: f64,
-    /// Open connections at most; more are answered 503.
+    /// Open connections at most: a new one takes the place of the connection idle the
+    /// longest, and is answered 503 only when none is idle.
     #[arg(long = "max-connections", default_value_t = 1024)]
     max_connections: usize,
+    /// Open connections at most from one IP address (off by default: behind a router all
+    /// traffic comes from one address).
+    #[arg(long = "max-connections-per-address", value_name = "N")]
+    max_connections_per_address: Option<usize>,
     /// Publish the prefix cache's events for KV-aware routers, as vLLM's flag does:
     /// `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}`
     /// (ZeroMQ PUB, msgpack `BlockStored`/`BlockRemoved`; see `server/kv_events.rs`).
@@ -535,6 +540,9 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     if a.max_connections == 0 {
         bail!("--max-connections 0 would refuse every connection");
     }
+    if a.max_connections_per_address == Some(0) {
+        bail!("--max-connections-per-address 0 would refuse every connection");
+    }
     if a.gpu_memory_utilization.is_some() && a.num_gpu_blocks.is_some() {
         bail!("--num-gpu-blocks and --gpu-memory-utilization both size the KV pool: give one");
     }
@@ -571,6 +579,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--shutdown-timeout {}: {e}", a.shutdown_timeout))?,
         http: infer_engine::server::http::HttpLimits {
             max_connections: a.max_connections,
+            max_connections_per_address: a.max_connections_per_address,
             ..Default::default()
         },
         ..ServeConfig::new(&a.model)

@@ -115,6 +115,22 @@ pub enum Prompt {
     Chat(Vec<crate::runtime::tokenizer::ChatMessage>),
 }
 
+impl Prompt {
+    /// The bytes the tokenizer reads for it (a chat's roles and contents; its template adds
+    /// more): what decides whether it can fit `max_model_len` and which tokenizer lane it
+    /// waits in. A token prompt is only checked, counted 4 bytes an id.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Prompt::Text(t) => t.len(),
+            Prompt::Tokens(t) => 4 * t.len(),
+            Prompt::Chat(messages) => messages
+                .iter()
+                .map(|m| m.role.len() + m.content.len())
+                .sum(),
+        }
+    }
+}
+
 /// Which endpoint a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {

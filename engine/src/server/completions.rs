@@ -95,7 +95,7 @@ pub(super) async fn generate(
     };
     let prompt = {
         let p = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
-        off_thread(&state, move |s| prompt_tokens(s, &p)).await??
+        off_thread(&state, p.bytes(), move |s| prompt_tokens(s, &p)).await??
     };
     let s = &state.inner;
     let n = prompt.len();

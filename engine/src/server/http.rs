@@ -1,9 +1,11 @@
 //! The server's front door: accepting connections and reading requests, with the limits that
 //! keep one client from holding what the others need.
 //!
-//! - **Connections**: at most `max_connections` open; one over the limit is answered 503 and
-//!   closed at once, so a flood of idle sockets cannot use up the process's file
-//!   descriptors (the soft limit is raised to the hard one at start, as vLLM does).
+//! - **Connections**: at most `max_connections` open, and optionally
+//!   `max_connections_per_address` from one address; one over a limit takes the place of
+//!   the connection idle the longest, and only when none is idle is it answered 503 and
+//!   closed (see [`super::connections`]). The process's open-file soft limit is raised to
+//!   the hard one at start, as vLLM does.
 //! - **Headers**: a client must send a request's headers within `header_timeout` (hyper's
 //!   header read timeout); the same deadline closes keep-alive connections left idle.
 //! - **Bodies**: a request's body must arrive within `body_timeout` (408 otherwise) and be
@@ -15,9 +17,10 @@
 //! Shutdown stops accepting, then lets open requests finish for up to the drain timeout;
 //! past it, or at a second signal, it ends them (each stream gets a final error event).
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -28,26 +31,33 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use super::api::ApiError;
+use super::connections::{BusyBody, Connections};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HttpLimits {
     pub max_connections: usize,
+    /// From one IP address; none: no limit but `max_connections`.
+    pub max_connections_per_address: Option<usize>,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub max_body_bytes: usize,
+    /// The cheap endpoints' answers a second, together, after a burst of a tenth of that
+    /// (see `server::pace`).
+    pub cheap_per_second: u32,
 }
 
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
             max_connections: 1024,
+            max_connections_per_address: None,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_body_bytes: 4 << 20,
+            cheap_per_second: 1000,
         }
     }
 }
@@ -144,13 +154,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Drain,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Connections::new(limits.max_connections, limits.max_connections_per_address);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 // Out of descriptors or a connection reset before accept: go on.
                 Err(_) => {
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -160,26 +169,44 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
-            continue;
+        let ticket = match connections.admit(peer.ip(), Instant::now()) {
+            Ok(ticket) => Arc::new(ticket),
+            Err(refusal) => {
+                tokio::spawn(refuse(stream, refusal.message()));
+                continue;
+            }
         };
-        let app = app.clone();
-        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-            app.clone().oneshot(req.map(Body::new))
+        let service = hyper::service::service_fn({
+            let (app, ticket) = (app.clone(), ticket.clone());
+            move |req: hyper::Request<Incoming>| {
+                let busy = ticket.busy();
+                let response = app.clone().oneshot(req.map(Body::new));
+                async move {
+                    let response = response.await?;
+                    Ok::<_, Infallible>(response.map(|inner| Body::new(BusyBody::new(inner, busy))))
+                }
+            }
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout);
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
         tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = ticket.close.notified() => {
+                    // Reaped or shutting down: after the request in progress, if any.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
         });
     }
     drop(listener);
-    let mut drained = std::pin::pin!(graceful.shutdown());
+    connections.close_all();
+    let mut drained = std::pin::pin!(connections.all_closed());
     tokio::select! {
         _ = &mut drained => return,
         _ = tokio::time::sleep(drain.timeout) => {}
@@ -191,11 +218,9 @@ pub async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
 }
 
-/// Over the connection limit: a 503 and close.
-async fn refuse(mut stream: TcpStream) {
-    let body = ApiError::overloaded("too many open connections")
-        .body()
-        .to_string();
+/// Over a connection limit: a 503 and close.
+async fn refuse(mut stream: TcpStream, why: &str) {
+    let body = ApiError::overloaded(why).body().to_string();
     let response = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
          retry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

@@ -7,11 +7,13 @@
 pub mod api;
 mod auth;
 mod completions;
+mod connections;
 pub mod engine_loop;
 mod health;
 pub mod http;
 pub mod kv_events;
 pub mod metrics;
+mod pace;
 mod prompt;
 mod routes;
 pub mod step_log;
@@ -94,8 +96,10 @@ struct Shared {
     /// A prompt longer than this in bytes cannot fit `max_model_len` tokens: refused before
     /// it is tokenised (see [`prompt_bytes_limit`]).
     max_prompt_bytes: usize,
-    /// Tokenizer jobs at once (half the cores), on the blocking pool: see [`off_thread`].
-    tokenizer_permits: Arc<tokio::sync::Semaphore>,
+    /// Tokenizer jobs at once in each lane (half the cores), small and large: see
+    /// [`prompt::off_thread`].
+    tokenizer_small: Arc<tokio::sync::Semaphore>,
+    tokenizer_large: Arc<tokio::sync::Semaphore>,
     tokenizer: Arc<TextTokenizer>,
     vocab_size: usize,
     commands: Mutex<mpsc::Sender<Command>>,
@@ -207,10 +211,9 @@ impl Engine {
                 model_name,
                 max_model_len: sched.max_model_len,
                 max_prompt_bytes: prompt::prompt_bytes_limit(&tokenizer, sched.max_model_len),
-                // Half the cores at most: the engine's step must keep its own.
-                tokenizer_permits: Arc::new(tokio::sync::Semaphore::new(
-                    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
-                )),
+                // Half the cores at most a lane: the engine's step must keep its own.
+                tokenizer_small: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),
+                tokenizer_large: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),
                 tokenizer,
                 vocab_size,
                 commands: Mutex::new(tx),
@@ -238,7 +241,7 @@ impl Engine {
 
     /// The routes as served: bodies read within `limits`, and, outermost, the API keys.
     pub fn app(&self, limits: http::HttpLimits) -> Router {
-        let app = http::with_body_limits(router(self.state.clone()), limits);
+        let app = http::with_body_limits(router(self.state.clone(), limits), limits);
         auth::guard(app, self.state.inner.api_keys.as_ref())
     }
 
@@ -271,6 +274,10 @@ impl Drop for Engine {
     }
 }
 
+fn half_the_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
 fn engine_description(model: &str, device: crate::Device) -> String {
     if model.starts_with("builtin:") {
         format!("embedded model, {device}")
@@ -279,18 +286,19 @@ fn engine_description(model: &str, device: crate::Device) -> String {
     }
 }
 
-/// The routes. Bodies arrive already read, within the limits of [`http::HttpLimits`].
-pub fn router(state: AppState) -> Router {
+/// The routes. Bodies arrive already read, within the limits of [`http::HttpLimits`]; the
+/// cheap ones are paced at its `cheap_per_second` (see [`pace`]).
+fn router(state: AppState, limits: http::HttpLimits) -> Router {
     use completions::{chat_completions, completions};
     use routes::*;
-    Router::new()
+    let pacer = std::sync::Arc::new(pace::Pacer::new(
+        limits.cheap_per_second,
+        limits.cheap_per_second / 10,
+    ));
+    let cheap = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics_text))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
         // What routers in front of replicas read (SGLang's router and vllm-router).
         .route("/get_load", get(get_load))
         .route("/v1/loads", get(get_load))
@@ -298,12 +306,20 @@ pub fn router(state: AppState) -> Router {
         .route("/model_info", get(get_model_info))
         .route("/get_server_info", get(get_server_info))
         .route("/server_info", get(get_server_info))
-        .route("/health_generate", get(health_generate))
         .route("/kv_event_sources", get(kv_event_sources))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("path", format!("no route for {uri}"))
         })
+        .layer(axum::middleware::from_fn_with_state(pacer, pace::paced));
+    let work = Router::new()
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/health_generate", get(health_generate));
+    cheap
+        .merge(work)
         .method_not_allowed_fallback(|method: axum::http::Method| async move {
             ApiError {
                 status: StatusCode::METHOD_NOT_ALLOWED,

@@ -128,7 +128,9 @@ pub(super) async fn health_generate(State(s): State<AppState>) -> Response {
 }
 
 pub(super) async fn metrics_text(State(s): State<AppState>) -> Response {
-    let text = s.inner.metrics.lock().unwrap().render();
+    // Rendered from a copy: the engine loop takes the same lock every step.
+    let snapshot = s.inner.metrics.lock().unwrap().clone();
+    let text = snapshot.render();
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -161,7 +163,7 @@ pub(super) async fn tokenize(
         }
     };
     // Tokenising and writing a long answer both happen off the HTTP threads.
-    off_thread(&state, move |s| {
+    off_thread(&state, prompt.bytes(), move |s| {
         let tokens = match prompt {
             Prompt::Text(p) => s
                 .tokenizer
@@ -183,7 +185,7 @@ pub(super) async fn detokenize(
 ) -> Result<Json<Value>, ApiError> {
     let body = body_or_error(body).await?;
     let tokens = api::token_ids(body.get("tokens"), "tokens", state.inner.vocab_size)?;
-    let text = off_thread(&state, move |s| {
+    let text = off_thread(&state, 4 * tokens.len(), move |s| {
         s.tokenizer
             .decode(&tokens)
             .map_err(|e| ApiError::internal(format!("{e:#}")))
