@@ -271,11 +271,11 @@ mod tests {
         assert!(!notified(&d.close) && !notified(&a.close));
         // Every open one busy: refused.
         let _busy_d = d.busy();
-        let _busy_e = e.busy();
+        let busy_e = e.busy();
         assert_eq!(c.admit(ip(5), at(4)).err(), Some(Refusal::TooMany));
         drop(b); // its task ends: nothing changes, it was no longer counted
         assert_eq!(c.open(), 3);
-        drop(_busy_e); // e idle again: reaped next
+        drop(busy_e); // e idle again: reaped next
         let _f = c.admit(ip(6), at(5)).unwrap();
         assert!(notified(&e.close));
     }
@@ -287,11 +287,11 @@ mod tests {
         let other = c.admit(ip(9), t0).unwrap(); // idle the longest, another address
         let a1 = c.admit(ip(1), t0 + Duration::from_millis(1)).unwrap();
         let a2 = c.admit(ip(1), t0 + Duration::from_millis(2)).unwrap();
-        let _a3 = c.admit(ip(1), t0 + Duration::from_millis(3)).unwrap();
+        let a3 = c.admit(ip(1), t0 + Duration::from_millis(3)).unwrap();
         assert!(notified(&a1.close), "its own longest idle");
         assert!(!notified(&other.close) && !notified(&a2.close));
         let _b2 = a2.busy();
-        let _b3 = _a3.busy();
+        let _b3 = a3.busy();
         assert_eq!(c.admit(ip(1), t0).err(), Some(Refusal::TooManyFromAddress));
         assert!(
             c.admit(ip(2), t0).is_ok(),

@@ -9,13 +9,12 @@
 //! bounds what a flood can take. (The same rule as nginx's `limit_req` with `delay`: the
 //! generic cell rate algorithm, its state one instant.)
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use std::sync::Arc;
 
 pub(super) struct Pacer {
     /// Between two answers at the pace.
