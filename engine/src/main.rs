@@ -250,6 +250,17 @@ struct ServeArgs {
     /// any of them), as vLLM's flag; health, metrics and the router endpoints stay open.
     #[arg(long = "api-key", value_name = "KEY")]
     api_key: Vec<String>,
+    /// The shape of `GET /get_load`, for the router in front: `vllm` (an object with `load`,
+    /// the running and waiting requests) or `sglang` (SGLang's list of
+    /// `{dp_rank, num_reqs, num_waiting_reqs, num_tokens}`, which sglang-router reads).
+    #[arg(long = "get-load-format", value_enum, default_value_t = LoadFormatArg::Vllm)]
+    get_load_format: LoadFormatArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LoadFormatArg {
+    Vllm,
+    Sglang,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -569,6 +580,10 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
         api_keys: a.api_key,
+        load_format: match a.get_load_format {
+            LoadFormatArg::Vllm => infer_engine::server::LoadFormat::Vllm,
+            LoadFormatArg::Sglang => infer_engine::server::LoadFormat::Sglang,
+        },
         kv_events: a
             .kv_events_config
             .as_deref()

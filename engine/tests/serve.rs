@@ -1125,3 +1125,246 @@ async fn bench_can_empty_the_prefix_cache_first() {
     );
     assert_eq!(hits(&reset), hits(&cold));
 }
+
+/// A completions `prompt` may be a batch (texts or token-id lists), as vLLM and the openai
+/// client send it, and lm-eval always does: each prompt runs as its own request, its `n`
+/// choices numbered after the previous prompt's, the usage summed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_prompts_answers_each_as_its_own_request() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let url = format!("{base}/v1/completions");
+    let client = reqwest::Client::new();
+    let prompts: Vec<Vec<u32>> = [9, 23, 40]
+        .iter()
+        .map(|&len| (0..len).map(|i| 300 + (i * 37 + len) % 900).collect())
+        .collect();
+    let greedy = |prompt: Value, n: usize| json!({"prompt": prompt, "max_tokens": 4, "n": n, "temperature": 0, "ignore_eos": true});
+    let mut alone = Vec::new();
+    for p in &prompts {
+        let (status, one) = post(&client, &url, greedy(json!(p), 1)).await;
+        assert_eq!(status, 200, "{one}");
+        alone.push(one["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    let (status, batch) = post(&client, &url, greedy(json!(prompts), 2)).await;
+    assert_eq!(status, 200, "{batch}");
+    let choices = batch["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 6, "{batch}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "in index order");
+        assert_eq!(c["text"], alone[i / 2], "choice {i} is prompt {}'s", i / 2);
+    }
+    let u = &batch["usage"];
+    assert_eq!(
+        u["prompt_tokens"],
+        9 + 23 + 40,
+        "each prompt counted once: {u}"
+    );
+    assert_eq!(u["completion_tokens"], 6 * 4, "{u}");
+    // Texts too, the openai client's `prompt=[...]`.
+    let texts = json!(["The harbour at dawn", "A long story"]);
+    let (status, by_text) = post(&client, &url, greedy(texts.clone(), 1)).await;
+    assert_eq!(status, 200, "{by_text}");
+    for (i, t) in ["The harbour at dawn", "A long story"].iter().enumerate() {
+        let (_, one) = post(&client, &url, greedy(json!(t), 1)).await;
+        assert_eq!(by_text["choices"][i]["text"], one["choices"][0]["text"]);
+    }
+    // Streamed: the choices interleave, each whole and finished once, then the usage.
+    let mut streamed = greedy(json!(prompts), 2);
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (text, chunks) = stream(&client, &url, &streamed).await;
+    let mut got = vec![String::new(); 6];
+    let mut finished = vec![0; 6];
+    for c in chunks.iter().filter_map(|c| c["choices"].get(0)) {
+        let i = c["index"].as_u64().unwrap() as usize;
+        got[i].push_str(c["text"].as_str().unwrap());
+        finished[i] += c["finish_reason"].is_string() as usize;
+    }
+    assert_eq!(finished, vec![1; 6], "{text}");
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g, &alone[i / 2], "streamed choice {i}");
+    }
+    assert_eq!(chunks.last().unwrap()["usage"], batch["usage"]);
+    // lm-eval's scoring request: token-id prompts, echo, one logprob, one token.
+    let score = |prompt: Value| json!({"prompt": prompt, "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0});
+    let (status, scored) = post(&client, &url, score(json!(prompts))).await;
+    assert_eq!(status, 200, "{scored}");
+    for (i, p) in prompts.iter().enumerate() {
+        let (_, one) = post(&client, &url, score(json!(p))).await;
+        let (lp, lp_one) = (
+            &scored["choices"][i]["logprobs"],
+            &one["choices"][0]["logprobs"],
+        );
+        let values = |v: &Value| -> Vec<f64> {
+            v["token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .skip(1)
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            values(lp).len(),
+            p.len(),
+            "prompt {i}: its tokens and the one generated"
+        );
+        for (a, b) in values(lp).iter().zip(values(lp_one)) {
+            assert!((a - b).abs() < 1e-4, "prompt {i}: {a} vs {b}");
+        }
+        // `text_offset`: where each token starts in the choice's text, as vLLM counts it.
+        let tokens = lp["tokens"].as_array().unwrap();
+        let offsets: Vec<u64> = lp["text_offset"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_u64().unwrap())
+            .collect();
+        let mut at = 0;
+        for (t, &o) in tokens.iter().zip(&offsets) {
+            assert_eq!(o, at, "prompt {i}: {lp}");
+            at += t.as_str().unwrap().chars().count() as u64;
+        }
+        assert_eq!(offsets.len(), tokens.len());
+    }
+    // Mistakes name the prompt; nothing of a refused batch runs.
+    let too_long = json!([
+        [5, 6],
+        (0..5000).map(|i| 300 + i % 900).collect::<Vec<u32>>()
+    ]);
+    let (status, e) = post(&client, &url, greedy(too_long, 1)).await;
+    assert_eq!(status, 400, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("prompt[1]: "),
+        "{e}"
+    );
+    let many = json!(vec!["a"; 5]);
+    let (status, e) = post(&client, &url, greedy(many, 64)).await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (400, Some("prompt")),
+        "{e}"
+    );
+    assert_eq!(
+        metric(&client, &base, "vllm:num_requests_running").await
+            + metric(&client, &base, "vllm:num_requests_waiting").await,
+        0.0
+    );
+    server.stop().await;
+}
+
+/// What vLLM serves and clients call beside generation (`/version`, `/ping`,
+/// `/v1/models/{id}`, `/tokenizer_info`), its refusals in its words, usage on every chunk,
+/// and `/get_load` in SGLang's form for sglang-router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_endpoints_checks_and_sglang_loads() {
+    let cfg = ServeConfig {
+        load_format: infer_engine::server::LoadFormat::Sglang,
+        ..config(SchedulerConfig::default())
+    };
+    let (addr, server) = spawn_local(cfg).await.unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let get = |path: &str| {
+        let (client, url) = (client.clone(), format!("{base}{path}"));
+        async move {
+            let r = client.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, v) = get("/version").await;
+    assert_eq!(
+        (status, v["version"].as_str()),
+        (200, Some(env!("CARGO_PKG_VERSION")))
+    );
+    assert_eq!(get("/ping").await.0, 200);
+    let ping = client.post(format!("{base}/ping")).send().await.unwrap();
+    assert_eq!(ping.status(), 200);
+    let (status, card) = get("/v1/models/builtin:tiny").await;
+    assert_eq!(
+        (status, card["id"].as_str()),
+        (200, Some("builtin:tiny")),
+        "{card}"
+    );
+    assert_eq!(card, get("/v1/models").await.1["data"][0]);
+    let (status, e) = get("/v1/models/gpt-4").await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (404, Some("model")),
+        "{e}"
+    );
+    // What lm-eval's remote tokenizer reads.
+    let (status, info) = get("/tokenizer_info").await;
+    assert_eq!(status, 200);
+    assert_eq!(info["eos_token"], "<|eot_id|>", "{info}");
+    assert_eq!(info["bos_token"], "<|begin_of_text|>", "{info}");
+    assert!(info["chat_template"]
+        .as_str()
+        .is_some_and(|t| t.contains("messages")));
+    // vLLM's refusals, with its messages.
+    let url = format!("{base}/v1/completions");
+    let chat = format!("{base}/v1/chat/completions");
+    let (status, e) = post(
+        &client,
+        &url,
+        json!({"prompt": "x", "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(
+        e["error"]["message"],
+        "Stream options can only be defined when `stream=True`."
+    );
+    let (status, e) = post(
+        &client,
+        &chat,
+        json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}),
+    )
+    .await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (400, Some("top_logprobs"))
+    );
+    // continuous_usage_stats: each chunk says its choice's tokens so far.
+    let body = json!({"prompt": "The harbour", "max_tokens": 5, "ignore_eos": true,
+                      "stream": true, "stream_options": {"include_usage": true,
+                      "continuous_usage_stats": true}});
+    let (text, chunks) = stream(&client, &url, &body).await;
+    let running: Vec<u64> = chunks
+        .iter()
+        .filter(|c| !c["choices"].as_array().unwrap().is_empty())
+        .map(|c| c["usage"]["completion_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(running, vec![1, 2, 3, 4, 5], "{text}");
+    let prompt_tokens = chunks.last().unwrap()["usage"]["prompt_tokens"].clone();
+    assert!(chunks
+        .iter()
+        .all(|c| c["usage"]["prompt_tokens"] == prompt_tokens));
+    // SGLang's /get_load: a list per data-parallel rank; /v1/loads keeps its object.
+    let (_, idle) = get("/get_load").await;
+    assert_eq!(
+        idle,
+        json!([{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}])
+    );
+    let body =
+        json!({"prompt": "A long story", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut resp = client.post(&url).json(&body).send().await.unwrap();
+    resp.chunk().await.unwrap().unwrap();
+    let (_, busy) = get("/get_load").await;
+    assert_eq!(busy[0]["num_reqs"], 1, "{busy}");
+    let tokens = busy[0]["num_tokens"].as_u64().unwrap();
+    assert!(tokens >= 16, "the KV tokens held: {busy}");
+    assert_eq!(
+        get("/v1/loads").await.1["aggregate"]["total_tokens"],
+        tokens
+    );
+    drop(resp);
+    server.stop().await;
+}

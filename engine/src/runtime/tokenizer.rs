@@ -26,6 +26,9 @@ pub struct TextTokenizer {
     chat_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    pad_token: Option<String>,
+    /// `tokenizer_config.json`'s class name (`LlamaTokenizerFast`, …), for clients.
+    tokenizer_class: Option<String>,
     /// What encoding with special tokens puts before the text (a BOS token, if any).
     prompt_prefix: Vec<u32>,
 }
@@ -66,6 +69,11 @@ impl TextTokenizer {
             chat_template: chat_template(&cfg),
             bos_token: special_token(cfg.get("bos_token")),
             eos_token: special_token(cfg.get("eos_token")),
+            pad_token: special_token(cfg.get("pad_token")),
+            tokenizer_class: cfg
+                .get("tokenizer_class")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             prompt_prefix,
         })
     }
@@ -105,6 +113,17 @@ impl TextTokenizer {
 
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
+    }
+
+    /// What a client needs to tokenise as the server does, in the keys of vLLM's
+    /// `/tokenizer_info` (lm-eval's remote tokenizer reads them; `/tokenize` and
+    /// `/detokenize` do the rest).
+    pub fn info(&self, model_max_length: usize) -> Value {
+        serde_json::json!({
+            "tokenizer_class": self.tokenizer_class, "bos_token": self.bos_token,
+            "eos_token": self.eos_token, "pad_token": self.pad_token,
+            "chat_template": self.chat_template, "model_max_length": model_max_length,
+        })
     }
 
     /// `add_special_tokens`: apply the tokenizer's post-processor (e.g. prepend BOS). Off for
@@ -245,6 +264,8 @@ mod tests {
             chat_template: Some(template.to_string()),
             bos_token: Some("<s>".into()),
             eos_token: Some("</s>".into()),
+            pad_token: None,
+            tokenizer_class: None,
             prompt_prefix: Vec::new(),
         }
     }

@@ -66,6 +66,14 @@ impl ApiError {
         }
     }
 
+    /// Says which prompt of a batch the error is about (unchanged for a lone prompt).
+    pub fn in_prompt(mut self, index: usize, count: usize) -> Self {
+        if count > 1 {
+            self.message = format!("prompt[{index}]: {}", self.message);
+        }
+        self
+    }
+
     pub fn body(&self) -> Value {
         json!({ "error": {
             "message": self.message,
@@ -90,7 +98,9 @@ impl IntoResponse for ApiError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationRequest {
     pub model: String,
-    pub prompt: Prompt,
+    /// At least one; several only for completions (a batch: each prompt its own request
+    /// through the scheduler, `n` choices each).
+    pub prompts: Vec<Prompt>,
     /// `None`: as many as fit in max_model_len.
     pub max_tokens: Option<usize>,
     pub params: SamplingParams,
@@ -99,14 +109,21 @@ pub struct GenerationRequest {
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// With `include_usage`: every chunk carries its choice's usage so far
+    /// (`stream_options.continuous_usage_stats`, as vLLM).
+    pub continuous_usage: bool,
     /// Choices to sample from the prompt (OpenAI's `n`), 1 to [`MAX_N`].
     pub n: usize,
     /// Repeat the prompt before the completion (completions only).
     pub echo: bool,
 }
 
-/// The most choices one request may ask for.
+/// The most choices one request may ask for per prompt.
 pub const MAX_N: usize = 64;
+
+/// The most sequences one request may start: its prompts times `n`. A batch is one HTTP
+/// request, so this bounds what one client adds to the queue at once.
+pub const MAX_SEQUENCES: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
@@ -250,15 +267,26 @@ pub fn parse_request(
 ) -> Result<GenerationRequest, ApiError> {
     let f = Fields(body);
     let model = f.string("model")?.unwrap_or_default();
-    let prompt = match endpoint {
-        Endpoint::Completions => parse_prompt(body.get("prompt"))?,
-        Endpoint::Chat => Prompt::Chat(parse_messages(body.get("messages"))?),
+    let prompts = match endpoint {
+        Endpoint::Completions => parse_prompts(body.get("prompt"))?,
+        Endpoint::Chat => vec![Prompt::Chat(parse_messages(body.get("messages"))?)],
     };
     let n = f.uint("n")?.unwrap_or(1);
     if !(1..=MAX_N as u64).contains(&n) {
         return Err(ApiError::bad_request(
             Some("n"),
             format!("n must be between 1 and {MAX_N}, got {n}"),
+        ));
+    }
+    if prompts.len() * n as usize > MAX_SEQUENCES {
+        return Err(ApiError::bad_request(
+            Some("prompt"),
+            format!(
+                "{} prompts x n {n} = {} sequences, more than the {MAX_SEQUENCES} one request \
+                 may start: send fewer prompts per request",
+                prompts.len(),
+                prompts.len() * n as usize
+            ),
         ));
     }
     refuse_unsupported(body)?;
@@ -273,44 +301,61 @@ pub fn parse_request(
         ));
     }
     let (stop, stop_token_ids) = parse_stop(body)?;
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let usage = parse_stream_options(body.get("stream_options"), stream)?;
     Ok(GenerationRequest {
         model,
-        prompt,
+        prompts,
         max_tokens: parse_max_tokens(&f, endpoint, echo)?,
         params: parse_sampling(&f, endpoint)?,
         stop,
         stop_token_ids,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
-        stream: f.bool("stream")?.unwrap_or(false),
-        include_usage: parse_include_usage(body.get("stream_options"))?,
+        stream,
+        include_usage: usage.include,
+        continuous_usage: usage.continuous,
         n: n as usize,
         echo,
     })
 }
 
-/// A completion's `prompt`: one text, or one list of token ids.
-fn parse_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
-    match v {
-        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_string()))
-        }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => {
-            Ok(Prompt::Tokens(u32_ids(a, "prompt")?))
-        }
-        Some(Value::Array(a)) if a.len() > 1 => Err(ApiError::bad_request(
-            Some("prompt"),
-            "only one prompt per request is supported",
-        )),
-        Some(other) => Err(ApiError::bad_request(
-            Some("prompt"),
-            format!(
-                "prompt must be a string or a list of token ids, not {}",
+/// A completion's `prompt`: a text, a list of token ids, or a batch of either (a list of
+/// texts, a list of token-id lists), as vLLM takes it.
+fn parse_prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    let bad = |m: String| ApiError::bad_request(Some("prompt"), m);
+    let a = match v {
+        Some(Value::String(s)) => return Ok(vec![Prompt::Text(s.clone())]),
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(bad("prompt cannot be an empty list".into())),
+        Some(other) => {
+            return Err(bad(format!(
+                "prompt must be a string, a list of token ids, or a list of either, not {}",
                 type_name(other)
-            ),
-        )),
-        None => Err(ApiError::bad_request(Some("prompt"), "prompt is required")),
+            )))
+        }
+        None => return Err(bad("prompt is required".into())),
+    };
+    if a.iter().all(Value::is_number) {
+        return Ok(vec![Prompt::Tokens(u32_ids(a, "prompt")?)]);
     }
+    // All texts or all token-id lists, as vLLM's types allow.
+    let texts = a[0].is_string();
+    a.iter()
+        .enumerate()
+        .map(|(i, p)| match p {
+            Value::String(s) if texts => Ok(Prompt::Text(s.clone())),
+            Value::Array(ids) if !texts && !ids.is_empty() && ids.iter().all(Value::is_number) => {
+                Ok(Prompt::Tokens(u32_ids(ids, &format!("prompt[{i}]"))?))
+            }
+            Value::Array(ids) if !texts && ids.is_empty() => {
+                Err(bad(format!("prompt[{i}] is empty")))
+            }
+            other => Err(bad(format!(
+                "prompt[{i}] is {}: a batch's prompts are all strings or all lists of token ids",
+                type_name(other)
+            ))),
+        })
+        .collect()
 }
 
 /// `max_tokens` (or chat's `max_completion_tokens`, named as the client sent it): at least 1,
@@ -367,10 +412,21 @@ fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiE
     params.logit_bias = logit_bias(f.get("logit_bias"))?;
     params.logprobs = match endpoint {
         Endpoint::Completions => f.uint("logprobs")?.map(|n| n as usize),
-        Endpoint::Chat => match f.bool("logprobs")? {
-            Some(true) => Some(f.uint("top_logprobs")?.unwrap_or(0) as usize),
-            _ => None,
-        },
+        Endpoint::Chat => {
+            let top = f.uint("top_logprobs")?;
+            match f.bool("logprobs")? {
+                Some(true) => Some(top.unwrap_or(0) as usize),
+                // vLLM's refusal, in its words: a client asking for alternatives without
+                // logprobs would otherwise silently get none.
+                _ if top.is_some_and(|t| t > 0) => {
+                    return Err(ApiError::bad_request(
+                        Some("top_logprobs"),
+                        "when using `top_logprobs`, `logprobs` must be set to true.",
+                    ))
+                }
+                _ => None,
+            }
+        }
     };
     if params.logprobs.is_some_and(|n| n > 20) {
         let key = match endpoint {
@@ -440,23 +496,51 @@ fn parse_stop(body: &Map<String, Value>) -> Result<(Vec<String>, Vec<u32>), ApiE
     Ok((stop, stop_token_ids))
 }
 
-/// `stream_options.include_usage`.
-fn parse_include_usage(v: Option<&Value>) -> Result<bool, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Object(o)) => match o.get("include_usage") {
-            None | Some(Value::Null) => Ok(false),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(_) => Err(ApiError::bad_request(
-                Some("stream_options.include_usage"),
-                "must be a boolean",
-            )),
-        },
-        Some(_) => Err(ApiError::bad_request(
+/// What `stream_options` asks of a stream's usage.
+struct StreamUsage {
+    /// A last chunk with the whole response's usage.
+    include: bool,
+    /// Every chunk with its choice's usage so far (only with `include`, as vLLM).
+    continuous: bool,
+}
+
+/// `stream_options`: `include_usage` and `continuous_usage_stats`, only with `stream`
+/// (vLLM refuses a non-empty `stream_options` otherwise, with this message).
+fn parse_stream_options(v: Option<&Value>, stream: bool) -> Result<StreamUsage, ApiError> {
+    let o = match v {
+        None | Some(Value::Null) => {
+            return Ok(StreamUsage {
+                include: false,
+                continuous: false,
+            })
+        }
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                Some("stream_options"),
+                "stream_options must be an object",
+            ))
+        }
+    };
+    if !o.is_empty() && !stream {
+        return Err(ApiError::bad_request(
             Some("stream_options"),
-            "stream_options must be an object",
-        )),
+            "Stream options can only be defined when `stream=True`.",
+        ));
     }
+    let flag = |key: &str| match o.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(
+            Some(&format!("stream_options.{key}")),
+            "must be a boolean",
+        )),
+    };
+    let include = flag("include_usage")?;
+    Ok(StreamUsage {
+        include,
+        continuous: include && flag("continuous_usage_stats")?,
+    })
 }
 
 /// OpenAI's `logit_bias`: `{"token id": bias}`, biases in [-100, 100] (the vocabulary is
@@ -655,7 +739,7 @@ mod tests {
             Endpoint::Completions,
         )
         .unwrap();
-        assert_eq!(r.prompt, Prompt::Text("hi".into()));
+        assert_eq!(r.prompts, vec![Prompt::Text("hi".into())]);
         assert_eq!(r.max_tokens, Some(5));
         assert_eq!(r.params.temperature, 0.0);
         assert_eq!(r.stop, vec!["\n".to_string()]);
@@ -669,8 +753,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.max_tokens, Some(7));
         assert_eq!(c.params.logprobs, Some(2));
-        match c.prompt {
-            Prompt::Chat(m) => assert_eq!(m[0].content, "ab"),
+        match &c.prompts[..] {
+            [Prompt::Chat(m)] => assert_eq!(m[0].content, "ab"),
             _ => panic!(),
         }
     }
@@ -687,6 +771,15 @@ mod tests {
             (r#"{"prompt":7}"#, "prompt"),
             (r#"{"prompt":"x","stop":[1]}"#, "stop"),
             (r#"{"prompt":"x","stream":"yes"}"#, "stream"),
+            (r#"{"prompt":[]}"#, "prompt"),
+            (r#"{"prompt":[[1],[]]}"#, "prompt"),
+            (r#"{"prompt":["a",[1]]}"#, "prompt"),
+            (r#"{"prompt":[[1],[-1]]}"#, "prompt[1]"),
+            (r#"{"prompt":["a","b","c","d","e"],"n":64}"#, "prompt"),
+            (
+                r#"{"prompt":"x","stream_options":{"include_usage":true}}"#,
+                "stream_options",
+            ),
         ] {
             let e = parse(body, Endpoint::Completions).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body}");
@@ -697,5 +790,64 @@ mod tests {
         assert!(e.message.contains("malformed JSON"));
         let e = parse(r#"{"messages":[]}"#, Endpoint::Chat).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages"));
+        // vLLM's refusals, in its words.
+        let chat = r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#;
+        let e = parse(chat, Endpoint::Chat).unwrap_err();
+        assert_eq!(
+            e.message,
+            "when using `top_logprobs`, `logprobs` must be set to true."
+        );
+        let e = parse(
+            r#"{"prompt":"x","stream":false,"stream_options":{"include_usage":false}}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "Stream options can only be defined when `stream=True`."
+        );
+    }
+
+    /// A completions prompt may be a batch, as vLLM and the openai client send it: texts or
+    /// token-id lists, one request each.
+    #[test]
+    fn completions_take_a_batch_of_prompts() {
+        let batch = |body: &str| parse(body, Endpoint::Completions).unwrap().prompts;
+        assert_eq!(
+            batch(r#"{"prompt":["a","b"]}"#),
+            vec![Prompt::Text("a".into()), Prompt::Text("b".into())]
+        );
+        assert_eq!(
+            batch(r#"{"prompt":[[1,2],[3]]}"#),
+            vec![Prompt::Tokens(vec![1, 2]), Prompt::Tokens(vec![3])]
+        );
+        // One token list is one prompt, not a batch of numbers.
+        assert_eq!(
+            batch(r#"{"prompt":[1,2]}"#),
+            vec![Prompt::Tokens(vec![1, 2])]
+        );
+        assert_eq!(batch(r#"{"prompt":["a"]}"#), vec![Prompt::Text("a".into())]);
+        // At the limit of sequences a request may start.
+        let four = r#"{"prompt":["a","b","c","d"],"n":64}"#;
+        assert_eq!(batch(four).len(), 4);
+        // Usage stats on every chunk only with include_usage, as vLLM.
+        let r = parse(
+            r#"{"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert!(!r.include_usage && !r.continuous_usage);
+        let r = parse(
+            r#"{"prompt":"x","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert!(r.include_usage && r.continuous_usage);
+        // An empty stream_options without stream is accepted, as vLLM does.
+        parse(
+            r#"{"prompt":"x","stream_options":{}}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
     }
 }

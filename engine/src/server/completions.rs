@@ -43,8 +43,8 @@ pub(super) async fn chat_completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Aborts the request (each of its `n` sequences) when dropped before it finished (the
-/// client went away).
+/// Aborts the request's sequences (each prompt's `n`) when dropped before they finished
+/// (the client went away).
 struct AbortOnDrop {
     ids: std::ops::Range<u64>,
     commands: mpsc::Sender<Command>,
@@ -59,6 +59,12 @@ impl Drop for AbortOnDrop {
             }
         }
     }
+}
+
+/// One prompt of a request, tokenised and within the model's length.
+struct Planned {
+    tokens: Vec<u32>,
+    max_tokens: usize,
 }
 
 pub(super) async fn generate(
@@ -79,7 +85,10 @@ pub(super) async fn generate(
             ),
         ));
     }
-    check_prompt_bytes(s, &req.prompt)?;
+    let count = req.prompts.len();
+    for (i, p) in req.prompts.iter().enumerate() {
+        check_prompt_bytes(s, p).map_err(|e| e.in_prompt(i, count))?;
+    }
     // Token ids the request names, now that the vocabulary is known.
     let biased = req.params.logit_bias.iter().map(|&(t, _)| t);
     api::within_vocab("logit_bias", biased, s.vocab_size)?;
@@ -88,55 +97,58 @@ pub(super) async fn generate(
         req.stop_token_ids.iter().copied(),
         s.vocab_size,
     )?;
-    // The prompt as sent, for `echo` (a token prompt is echoed decoded).
-    let sent_text = match &req.prompt {
-        Prompt::Text(t) if req.echo => Some(t.clone()),
-        _ => None,
-    };
-    let prompt = {
-        let p = std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new()));
-        off_thread(&state, p.bytes(), move |s| prompt_tokens(s, &p)).await??
+    // The prompts as sent, for `echo` (a token prompt is echoed decoded).
+    let sent_texts: Vec<Option<String>> = req
+        .prompts
+        .iter()
+        .map(|p| match p {
+            Prompt::Text(t) if req.echo => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    let tokenized = {
+        let prompts = std::mem::take(&mut req.prompts);
+        let bytes = prompts.iter().map(Prompt::bytes).sum();
+        off_thread(&state, bytes, move |s| {
+            prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| prompt_tokens(s, p).map_err(|e| e.in_prompt(i, count)))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await??
     };
     let s = &state.inner;
-    let n = prompt.len();
-    if n >= s.max_model_len {
-        return Err(ApiError::bad_request(
-            Some("prompt"),
-            format!(
-                "this model's maximum context length is {} tokens, but the prompt has {n} tokens",
-                s.max_model_len
-            ),
-        ));
-    }
-    let max_tokens = match req.max_tokens {
-        Some(m) if n + m > s.max_model_len => {
-            return Err(ApiError::bad_request(
-                Some("max_tokens"),
-                format!(
-                    "this model's maximum context length is {} tokens, but you requested {} tokens ({n} in the prompt, {m} for the completion)",
-                    s.max_model_len,
-                    n + m
-                ),
-            ))
-        }
-        Some(m) => m,
-        None => s.max_model_len - n,
-    };
-    check_response_size(&req, n, max_tokens)?;
+    let planned = tokenized
+        .into_iter()
+        .enumerate()
+        .map(|(i, tokens)| {
+            let max_tokens = completion_budget(s.max_model_len, tokens.len(), req.max_tokens)
+                .map_err(|e| e.in_prompt(i, count))?;
+            Ok(Planned { tokens, max_tokens })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    check_response_size(&req, &planned)?;
     // `max_tokens: 0` (with echo): one token is computed, as the step samples one, and
     // not returned.
-    let (max_tokens, keep_generated) = if max_tokens == 0 {
-        (1, false)
+    let keep_generated = req.max_tokens != Some(0);
+    let echoes = if req.echo {
+        planned
+            .iter()
+            .zip(sent_texts)
+            .map(|(p, sent)| Echo {
+                text: sent.unwrap_or_else(|| s.tokenizer.decode(&p.tokens).unwrap_or_default()),
+                first_token: p.tokens[0],
+            })
+            .collect()
     } else {
-        (max_tokens, true)
+        Vec::new()
     };
-    let echo = req.echo.then(|| Echo {
-        text: sent_text.unwrap_or_else(|| s.tokenizer.decode(&prompt).unwrap_or_default()),
-        first_token: prompt[0],
-    });
-    // One id per choice: the first is the request's, the others its forks'.
-    let id = s.next_id.fetch_add(req.n as u64, Ordering::Relaxed);
-    let ids = id..id + req.n as u64;
+    let prompt_lens: Vec<usize> = planned.iter().map(|p| p.tokens.len()).collect();
+    // One id per sequence, prompt by prompt: each prompt's request, then its forks.
+    let choices = count * req.n;
+    let id = s.next_id.fetch_add(choices as u64, Ordering::Relaxed);
+    let ids = id..id + choices as u64;
     let (tx, mut rx) = unbounded_channel();
     if let Some(why) = s.health.lost() {
         return Err(ApiError {
@@ -145,33 +157,45 @@ pub(super) async fn generate(
         });
     }
     let commands = s.commands.lock().unwrap().clone();
-    let new = NewRequest {
-        id,
-        request: EngineRequest {
-            prompt,
-            max_tokens,
-            params: req.params.clone(),
-            stop_strings: req.stop.clone(),
-            stop_token_ids: req.stop_token_ids.clone(),
-            ignore_eos: req.ignore_eos,
-            forks: ids.clone().skip(1).collect(),
-            prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
-        },
-        arrival,
-        events: tx,
-    };
+    let batch = planned
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let first = id + (i * req.n) as u64;
+            NewRequest {
+                id: first,
+                request: EngineRequest {
+                    prompt: p.tokens,
+                    max_tokens: if keep_generated { p.max_tokens } else { 1 },
+                    params: req.params.clone(),
+                    stop_strings: req.stop.clone(),
+                    stop_token_ids: req.stop_token_ids.clone(),
+                    ignore_eos: req.ignore_eos,
+                    forks: (first + 1..first + req.n as u64).collect(),
+                    prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
+                },
+                first_index: i * req.n,
+                arrival,
+                events: tx.clone(),
+            }
+        })
+        .collect();
+    drop(tx);
     commands
-        .send(Command::Add(Box::new(new)))
+        .send(Command::Add(batch))
         .map_err(|_| ApiError::internal("the engine has stopped"))?;
     let guard = AbortOnDrop {
         ids,
         commands,
         done: false,
     };
-    match rx.recv().await {
-        Some(StreamEvent::Accepted) => {}
-        Some(StreamEvent::Rejected(e)) => return Err(rejection(e)),
-        _ => return Err(ApiError::internal("the engine dropped the request")),
+    // Every prompt is answered before any of them runs a step (one command adds them all).
+    for _ in 0..count {
+        match rx.recv().await {
+            Some(StreamEvent::Accepted) => {}
+            Some(StreamEvent::Rejected(e)) => return Err(rejection(e)),
+            _ => return Err(ApiError::internal("the engine dropped the request")),
+        }
     }
     let meta = ResponseMeta {
         id: format!(
@@ -192,13 +216,43 @@ pub(super) async fn generate(
         logprobs: req.params.logprobs.is_some(),
         tokenizer: s.tokenizer.clone(),
         n: req.n,
-        echo,
+        prompt_lens,
+        echoes,
         keep_generated,
+        continuous_usage: req.continuous_usage,
     };
     if req.stream {
         Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
     } else {
         collect(rx, guard, meta).await
+    }
+}
+
+/// The tokens a prompt of `prompt_len` may generate: `asked`, or as many as fit.
+fn completion_budget(
+    max_model_len: usize,
+    prompt_len: usize,
+    asked: Option<usize>,
+) -> Result<usize, ApiError> {
+    let n = prompt_len;
+    if n >= max_model_len {
+        return Err(ApiError::bad_request(
+            Some("prompt"),
+            format!(
+                "this model's maximum context length is {max_model_len} tokens, but the prompt has {n} tokens"
+            ),
+        ));
+    }
+    match asked {
+        Some(m) if n + m > max_model_len => Err(ApiError::bad_request(
+            Some("max_tokens"),
+            format!(
+                "this model's maximum context length is {max_model_len} tokens, but you requested {} tokens ({n} in the prompt, {m} for the completion)",
+                n + m
+            ),
+        )),
+        Some(m) => Ok(m),
+        None => Ok(max_model_len - n),
     }
 }
 
@@ -218,12 +272,16 @@ struct ResponseMeta {
     endpoint: Endpoint,
     logprobs: bool,
     tokenizer: Arc<TextTokenizer>,
-    /// Choices the request asked for.
+    /// Choices per prompt: choice `i` is prompt `i / n`'s.
     n: usize,
-    /// What `echo` repeats before each choice.
-    echo: Option<Echo>,
+    /// Each prompt's tokens.
+    prompt_lens: Vec<usize>,
+    /// What `echo` repeats before each choice, per prompt (none without `echo`).
+    echoes: Vec<Echo>,
     /// False for `max_tokens: 0`: the computed token is not returned.
     keep_generated: bool,
+    /// Every chunk carries its choice's usage so far.
+    continuous_usage: bool,
 }
 
 /// The prompt an `echo` request gets back.
@@ -234,6 +292,15 @@ struct Echo {
 }
 
 impl ResponseMeta {
+    /// Choices in all: `n` per prompt.
+    fn choices(&self) -> usize {
+        self.n * self.prompt_lens.len()
+    }
+
+    fn echo(&self, choice: usize) -> Option<&Echo> {
+        self.echoes.get(choice / self.n)
+    }
+
     fn object(&self, chunk: bool) -> &'static str {
         match (self.endpoint, chunk) {
             (Endpoint::Completions, _) => "text_completion",
@@ -247,16 +314,22 @@ impl ResponseMeta {
                "prompt_tokens_details": {"cached_tokens": cached}})
     }
 
-    /// Usage of all choices: the prompt once (the first choice's, which computed it), the
-    /// completions summed (none when the computed token is not returned).
-    fn usage_of(&self, finished: &[Finish]) -> Value {
-        let completion = if self.keep_generated {
-            finished.iter().map(|f| f.completion_tokens).sum()
-        } else {
-            0
-        };
-        let first = finished[0];
-        Self::usage(first.prompt_tokens, completion, first.cached_tokens)
+    /// Usage of all choices (`finished` by choice index): each prompt once (its first
+    /// choice's, which computed it), the completions summed (none when the computed token
+    /// is not returned).
+    fn usage_of(&self, finished: &[Option<Finish>]) -> Value {
+        let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+        for (i, f) in finished.iter().enumerate() {
+            let Some(f) = f else { continue };
+            if i % self.n == 0 {
+                prompt += f.prompt_tokens;
+                cached += f.cached_tokens;
+            }
+            if self.keep_generated {
+                completion += f.completion_tokens;
+            }
+        }
+        Self::usage(prompt, completion, cached)
     }
 
     fn token_logprobs(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Value {
@@ -307,6 +380,28 @@ impl ResponseMeta {
         }
         v
     }
+
+    /// `continuous_usage_stats`: a chunk of choice `index` carries its prompt's tokens and
+    /// the tokens the choice has generated so far, as vLLM's chunks do.
+    fn with_running_usage(&self, mut chunk: Value, index: usize, generated: usize) -> Value {
+        if self.continuous_usage {
+            let prompt = self.prompt_lens[index / self.n];
+            chunk["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": generated,
+                                    "total_tokens": prompt + generated});
+        }
+        chunk
+    }
+}
+
+/// Where each streamed choice stands.
+struct StreamedChoice {
+    /// Its first chunk is still to come.
+    first: bool,
+    /// Characters sent so far: where its next chunk's `text_offset` starts.
+    sent_chars: usize,
+    /// Tokens it has generated (and returned) so far.
+    generated: usize,
+    finish: Option<Finish>,
 }
 
 fn sse_stream(
@@ -318,46 +413,57 @@ fn sse_stream(
     async_stream::stream! {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
-        // Per choice: whether its first chunk is still to come; the choices that ended.
-        let mut first = vec![true; meta.n];
-        let mut finished = Vec::with_capacity(meta.n);
-        // The prompt's logprobs (they come with the request's first token).
-        let mut echoed: Option<Vec<PromptLogprob>> = None;
+        let mut choices: Vec<StreamedChoice> = (0..meta.choices())
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None })
+            .collect();
+        let mut open = choices.len();
+        // Each prompt's logprobs (they come with its request's first token).
+        let mut echoed: Vec<Option<Vec<PromptLogprob>>> = vec![None; meta.prompt_lens.len()];
         while let Some(ev) = rx.recv().await {
             match ev {
                 StreamEvent::Token { index, text, token, logprob, top_logprobs, finish, prompt_logprobs } => {
                     if let Some(lps) = prompt_logprobs {
-                        echoed = Some(lps);
+                        echoed[index / meta.n] = Some(lps);
                     }
-                    if first[index] {
-                        if let Some(echo) = &meta.echo {
+                    let c = &mut choices[index];
+                    if c.first {
+                        if let Some(echo) = meta.echo(index) {
                             // The prompt first, as its own chunk.
-                            let lp = match (&echoed, meta.logprobs) {
-                                (Some(lps), true) => merge_logprobs(meta.endpoint, &meta.prompt_logprob_parts(echo, lps)),
+                            let lp = match (&echoed[index / meta.n], meta.logprobs) {
+                                (Some(lps), true) => merge_logprobs(meta.endpoint, &meta.prompt_logprob_parts(echo, lps), 0),
                                 _ => Value::Null,
                             };
                             let chunk = meta.chunk(index, &echo.text, lp, None, true);
+                            let chunk = meta.with_running_usage(chunk, index, 0);
+                            c.sent_chars += echo.text.chars().count();
                             yield Ok(SseEvent::default().data(chunk.to_string()));
                         }
                     }
                     let (text, lp) = if !meta.keep_generated {
                         (String::new(), Value::Null)
                     } else if meta.logprobs {
-                        (text, meta.token_logprobs(token, logprob, &top_logprobs))
+                        let part = meta.token_logprobs(token, logprob, &top_logprobs);
+                        (text, merge_logprobs(meta.endpoint, &[part], c.sent_chars))
                     } else {
                         (text, Value::Null)
                     };
+                    if meta.keep_generated {
+                        c.generated += 1;
+                    }
                     let reason = finish.map(|f| f.reason.as_str());
-                    let chunk = meta.chunk(index, &text, lp, reason, first[index] && meta.echo.is_none());
+                    let chunk = meta.chunk(index, &text, lp, reason, c.first && meta.echo(index).is_none());
+                    let chunk = meta.with_running_usage(chunk, index, c.generated);
                     yield Ok(SseEvent::default().data(chunk.to_string()));
-                    first[index] = false;
-                    if let Some(f) = finish {
-                        finished.push(f);
-                        if finished.len() == meta.n {
+                    c.first = false;
+                    c.sent_chars += text.chars().count();
+                    if finish.is_some() {
+                        c.finish = finish;
+                        open -= 1;
+                        if open == 0 {
                             guard.done = true;
                             if include_usage {
-                                let usage = meta.usage_of(&finished);
-                                let u = meta.body(true, json!([]), Some(usage));
+                                let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
+                                let u = meta.body(true, json!([]), Some(meta.usage_of(&finished)));
                                 yield Ok(SseEvent::default().data(u.to_string()));
                             }
                             break;
@@ -389,9 +495,9 @@ async fn collect(
     mut guard: AbortOnDrop,
     meta: ResponseMeta,
 ) -> Result<Response, ApiError> {
-    let mut choices: Vec<Choice> = (0..meta.n).map(|_| Choice::default()).collect();
-    let mut open = meta.n;
-    let mut echoed: Option<Vec<PromptLogprob>> = None;
+    let mut choices: Vec<Choice> = (0..meta.choices()).map(|_| Choice::default()).collect();
+    let mut open = choices.len();
+    let mut echoed: Vec<Option<Vec<PromptLogprob>>> = vec![None; meta.prompt_lens.len()];
     while let Some(ev) = rx.recv().await {
         match ev {
             StreamEvent::Token {
@@ -404,7 +510,7 @@ async fn collect(
                 prompt_logprobs,
             } => {
                 if prompt_logprobs.is_some() {
-                    echoed = prompt_logprobs;
+                    echoed[index / meta.n] = prompt_logprobs;
                 }
                 let c = &mut choices[index];
                 if meta.keep_generated {
@@ -422,17 +528,16 @@ async fn collect(
                     continue;
                 }
                 guard.done = true;
-                let finished: Vec<Finish> = choices.iter().filter_map(|c| c.finish).collect();
-                if let Some(echo) = &meta.echo {
-                    // Each choice repeats the prompt first.
-                    let parts = match (&echoed, meta.logprobs) {
+                let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
+                for (i, c) in choices.iter_mut().enumerate() {
+                    // Each choice repeats its prompt first.
+                    let Some(echo) = meta.echo(i) else { break };
+                    let parts = match (&echoed[i / meta.n], meta.logprobs) {
                         (Some(lps), true) => meta.prompt_logprob_parts(echo, lps),
                         _ => Vec::new(),
                     };
-                    for c in &mut choices {
-                        c.text.insert_str(0, &echo.text);
-                        c.logprobs.splice(0..0, parts.iter().cloned());
-                    }
+                    c.text.insert_str(0, &echo.text);
+                    c.logprobs.splice(0..0, parts);
                 }
                 let body: Vec<Value> = choices
                     .iter()
@@ -469,7 +574,7 @@ impl ResponseMeta {
     /// A finished choice of a non-streaming response.
     fn choice(&self, index: usize, c: &Choice) -> Value {
         let logprobs = if self.logprobs {
-            merge_logprobs(self.endpoint, &c.logprobs)
+            merge_logprobs(self.endpoint, &c.logprobs, 0)
         } else {
             Value::Null
         };
@@ -485,8 +590,11 @@ impl ResponseMeta {
     }
 }
 
-/// Per-token logprob objects → one object, as the non-streaming response carries them.
-fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
+/// Per-token logprob objects → one object, as a response or chunk carries them. A
+/// completion's also gets `text_offset`: where each token starts in the choice's text, in
+/// characters, the first at `start` (what the choice sent before), counted as vLLM does
+/// from each token's own text.
+fn merge_logprobs(endpoint: Endpoint, parts: &[Value], start: usize) -> Value {
     match endpoint {
         Endpoint::Completions => {
             let cat = |k: &str| {
@@ -495,7 +603,17 @@ fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
                     .flat_map(|p| p[k].as_array().cloned().unwrap_or_default())
                     .collect::<Vec<_>>()
             };
-            json!({"tokens": cat("tokens"), "token_logprobs": cat("token_logprobs"), "top_logprobs": cat("top_logprobs")})
+            let tokens = cat("tokens");
+            let text_offset: Vec<usize> = tokens
+                .iter()
+                .scan(start, |at, t| {
+                    let here = *at;
+                    *at += t.as_str().map_or(0, |t| t.chars().count());
+                    Some(here)
+                })
+                .collect();
+            json!({"tokens": tokens, "token_logprobs": cat("token_logprobs"),
+                   "top_logprobs": cat("top_logprobs"), "text_offset": text_offset})
         }
         Endpoint::Chat => {
             json!({"content": parts.iter().flat_map(|p| p["content"].as_array().cloned().unwrap_or_default()).collect::<Vec<_>>()})
@@ -504,22 +622,21 @@ fn merge_logprobs(endpoint: Endpoint, parts: &[Value]) -> Value {
 }
 
 /// Log-probabilities a response may carry: about 25 MB of JSON. A response's size follows
-/// `n` × (echoed prompt + completion) × (1 + top log-probabilities), so without a bound a
-/// 22 KB request (`echo`, `logprobs: 20`, `n: 64`, a 4,000-token prompt) makes the server
-/// build 124 MB.
+/// `n` × (echoed prompt + completion) × (1 + top log-probabilities), summed over its
+/// prompts, so without a bound a 22 KB request (`echo`, `logprobs: 20`, `n: 64`, a
+/// 4,000-token prompt) makes the server build 124 MB.
 pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
 
 /// Refuses a request whose log-probabilities would pass [`MAX_LOGPROB_ENTRIES`], naming
 /// what multiplies to it.
-fn check_response_size(
-    req: &GenerationRequest,
-    prompt_tokens: usize,
-    max_tokens: usize,
-) -> Result<(), ApiError> {
+fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(), ApiError> {
     let Some(top) = req.params.logprobs else {
         return Ok(());
     };
-    let positions = max_tokens + if req.echo { prompt_tokens } else { 0 };
+    let positions: usize = planned
+        .iter()
+        .map(|p| p.max_tokens + if req.echo { p.tokens.len() } else { 0 })
+        .sum();
     let entries = req
         .n
         .saturating_mul(positions)
@@ -527,15 +644,22 @@ fn check_response_size(
     if entries <= MAX_LOGPROB_ENTRIES {
         return Ok(());
     }
+    let prompt_tokens: usize = planned.iter().map(|p| p.tokens.len()).sum();
+    let max_tokens: usize = planned.iter().map(|p| p.max_tokens).sum();
     Err(ApiError::bad_request(
         Some("logprobs"),
         format!(
-            "n {} x {positions} positions ({}max_tokens {max_tokens}) x (1 + {top} top \
+            "n {} x {positions} positions ({}max_tokens {max_tokens}{}) x (1 + {top} top \
              log-probabilities) = {entries} log-probabilities, more than the {MAX_LOGPROB_ENTRIES} \
              a response may carry: lower n, logprobs or max_tokens",
             req.n,
             if req.echo {
                 format!("the echoed prompt's {prompt_tokens} and ")
+            } else {
+                String::new()
+            },
+            if planned.len() > 1 {
+                format!(" over {} prompts", planned.len())
             } else {
                 String::new()
             },

@@ -18,12 +18,17 @@ use crate::runtime::model::LoadedModel;
 pub struct NewRequest {
     pub id: u64,
     pub request: EngineRequest,
+    /// The response's choice index of its first sequence (its forks follow): a batch of
+    /// prompts numbers its choices prompt by prompt, `n` each.
+    pub first_index: usize,
     pub arrival: Instant,
     pub events: UnboundedSender<StreamEvent>,
 }
 
 pub enum Command {
-    Add(Box<NewRequest>),
+    /// The prompts of one HTTP request, added together: each gets `Accepted` or `Rejected`
+    /// before any of them runs a step.
+    Add(Vec<NewRequest>),
     /// The client went away: free its KV now.
     Abort(u64),
     /// Empty the prefix cache; the answer says whether it was (not while in use).
@@ -38,7 +43,7 @@ pub enum StreamEvent {
     Accepted,
     Rejected(AddError),
     Token {
-        /// Which of the request's `n` choices this token belongs to.
+        /// Which of the response's choices this token belongs to.
         index: usize,
         text: String,
         token: u32,
@@ -60,11 +65,11 @@ pub struct Finish {
     pub cached_tokens: usize,
 }
 
-/// A sequence's client side: where its tokens go (one channel per request, shared by its
-/// `n` choices), and its timings for the metrics.
+/// A sequence's client side: where its tokens go (one channel per HTTP request, shared by
+/// all its choices), and its timings for the metrics.
 struct Client {
     events: UnboundedSender<StreamEvent>,
-    /// Its choice among the request's `n`.
+    /// Its choice among the response's.
     index: usize,
     arrival: Instant,
     first_token: Option<Instant>,
@@ -169,7 +174,11 @@ impl EngineLoop {
     /// False on shutdown.
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
-            Command::Add(r) => self.add(*r),
+            Command::Add(batch) => {
+                for r in batch {
+                    self.add(r);
+                }
+            }
             Command::Abort(id) => {
                 if self.clients.remove(&id).is_some() && self.core.abort(id).is_some() {
                     self.metrics.lock().unwrap().finished(FinishReason::Abort);
@@ -200,10 +209,10 @@ impl EngineLoop {
             m.params_n.observe(ids.len() as f64);
             m.params_max_tokens.observe(max_tokens as f64);
         }
-        for (index, id) in ids.into_iter().enumerate() {
+        for (fork, id) in ids.into_iter().enumerate() {
             let client = Client {
                 events: r.events.clone(),
-                index,
+                index: r.first_index + fork,
                 arrival: r.arrival,
                 first_token: None,
                 last_token: None,
@@ -396,6 +405,7 @@ mod tests {
             engine.add(NewRequest {
                 id,
                 request,
+                first_index: 0,
                 arrival: Instant::now(),
                 events: tx,
             });

@@ -62,6 +62,21 @@ pub struct ServeConfig {
     pub kv_events: Option<kv_events::KvEventsConfig>,
     /// Keys of which a request under `/v1` must present one (see [`auth`]); none: open.
     pub api_keys: Vec<String>,
+    /// The shape of `GET /get_load`.
+    pub load_format: LoadFormat,
+}
+
+/// The shape of `GET /get_load`: vllm-router and sglang-router poll the same path and read
+/// incompatible answers, so the server is told which router it stands behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoadFormat {
+    /// An object whose `load` is the requests running or waiting (vllm-router), with
+    /// SGLang's newer token-load keys beside it.
+    #[default]
+    Vllm,
+    /// A list with one `{dp_rank, num_reqs, num_waiting_reqs, num_tokens}` per
+    /// data-parallel rank, as SGLang serves it (sglang-router 0.3 sums `num_tokens`).
+    Sglang,
 }
 
 impl ServeConfig {
@@ -80,6 +95,7 @@ impl ServeConfig {
             step_log: None,
             kv_events: None,
             api_keys: Vec::new(),
+            load_format: LoadFormat::default(),
         }
     }
 }
@@ -116,6 +132,7 @@ struct Shared {
     kv_events: Option<kv_events::KvEventsConfig>,
     /// `--api-key`: what `/v1` requests must present.
     api_keys: Option<auth::ApiKeys>,
+    load_format: LoadFormat,
     /// Set when the device is lost: the server stops.
     health: Arc<health::Health>,
 }
@@ -229,6 +246,7 @@ impl Engine {
                 ),
                 kv_events: cfg.kv_events.clone(),
                 api_keys,
+                load_format: cfg.load_format,
                 health,
             }),
         };
@@ -297,11 +315,16 @@ fn router(state: AppState, limits: http::HttpLimits) -> Router {
     ));
     let cheap = Router::new()
         .route("/health", get(health))
+        // SageMaker's health check, as vLLM serves it.
+        .route("/ping", get(health).post(health))
+        .route("/version", get(version))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
+        .route("/tokenizer_info", get(tokenizer_info))
         .route("/metrics", get(metrics_text))
         // What routers in front of replicas read (SGLang's router and vllm-router).
         .route("/get_load", get(get_load))
-        .route("/v1/loads", get(get_load))
+        .route("/v1/loads", get(loads))
         .route("/get_model_info", get(get_model_info))
         .route("/model_info", get(get_model_info))
         .route("/get_server_info", get(get_server_info))

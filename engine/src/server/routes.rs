@@ -4,7 +4,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,25 +14,78 @@ use super::api::{self, ApiError, Endpoint, Prompt};
 use super::completions::generate;
 use super::engine_loop::Command;
 use super::prompt::{body_or_error, off_thread, prompt_tokens};
-use super::AppState;
+use super::{AppState, LoadFormat, Shared};
 
-pub(super) async fn models(State(s): State<AppState>) -> Json<Value> {
-    let s = &s.inner;
-    Json(json!({"object": "list", "data": [{
+fn model_card(s: &Shared) -> Value {
+    json!({
         "id": s.model_name, "object": "model", "created": s.created, "owned_by": "infer",
         "root": s.root, "parent": null, "max_model_len": s.max_model_len,
-    }]}))
+    })
 }
 
-/// The replica's load as routers read it: `load` (requests running or waiting: vllm-router,
-/// older SGLang routers) and SGLang's token load (`loads[].num_total_tokens` per data-parallel
-/// rank and `aggregate.total_tokens`, which sglang-router 0.3's power-of-two compares: here
-/// the KV tokens held), at `/get_load` and SGLang's newer `/v1/loads`.
+pub(super) async fn models(State(s): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_card(&s.inner)]}))
+}
+
+/// OpenAI's `GET /v1/models/{model}`: the served model's card, or 404.
+pub(super) async fn model(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id != s.inner.model_name {
+        return Err(ApiError::not_found(
+            "model",
+            format!(
+                "the model `{id}` does not exist; this server serves `{}`",
+                s.inner.model_name
+            ),
+        ));
+    }
+    Ok(Json(model_card(&s.inner)))
+}
+
+/// vLLM's `GET /version`.
+pub(super) async fn version() -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION"), "engine": "infer"}))
+}
+
+/// vLLM's `/tokenizer_info`: the tokenizer's special tokens and chat template, so that a
+/// client (lm-eval's remote tokenizer) tokenises as the server does without the files.
+pub(super) async fn tokenizer_info(State(s): State<AppState>) -> Json<Value> {
+    Json(s.inner.tokenizer.info(s.inner.max_model_len))
+}
+
+/// The replica's load as routers read it, at `/get_load` in the form `--load-format`
+/// names (the two routers read incompatible ones; see [`LoadFormat`]). SGLang's newer
+/// `/v1/loads` always has its own form.
 pub(super) async fn get_load(State(s): State<AppState>) -> Json<Value> {
-    let metrics = s.inner.metrics.lock().unwrap();
+    match s.inner.load_format {
+        LoadFormat::Vllm => loads(State(s)).await,
+        LoadFormat::Sglang => {
+            let (m, used_tokens) = load_now(&s.inner);
+            // One entry per data-parallel rank, as SGLang's scheduler answers; `num_tokens`:
+            // the KV tokens held, what sglang-router's power-of-two compares.
+            Json(json!([{
+                "dp_rank": 0, "num_reqs": m.num_running, "num_waiting_reqs": m.num_waiting,
+                "num_tokens": used_tokens,
+            }]))
+        }
+    }
+}
+
+/// The scheduler's counts now, and the KV tokens its used blocks hold.
+fn load_now(s: &Shared) -> (infer_core::SchedulerStats, usize) {
+    let metrics = s.metrics.lock().unwrap();
     let (m, block_size) = (metrics.sched, metrics.block_size);
     drop(metrics);
-    let used_tokens = (m.num_blocks - m.num_free_blocks) * block_size;
+    (m, (m.num_blocks - m.num_free_blocks) * block_size)
+}
+
+/// `load` (requests running or waiting: vllm-router) beside SGLang's newer token load
+/// (`loads[].num_total_tokens` per data-parallel rank and `aggregate.total_tokens`: here the
+/// KV tokens held), at `/v1/loads` and, by default, `/get_load`.
+pub(super) async fn loads(State(s): State<AppState>) -> Json<Value> {
+    let (m, used_tokens) = load_now(&s.inner);
     Json(json!({
         "load": m.num_running + m.num_waiting,
         "num_reqs": m.num_running,
@@ -140,7 +193,7 @@ pub(super) async fn tokenize(
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body).await?;
     let prompt = if body.contains_key("messages") {
-        api::parse_request(&body, Endpoint::Chat)?.prompt
+        api::parse_request(&body, Endpoint::Chat)?.prompts.remove(0)
     } else {
         match body.get("prompt") {
             Some(Value::String(p)) => Prompt::Text(p.clone()),
