@@ -6,7 +6,8 @@ asserted, so that a failure names what broke.
     engine serve &                      # builtin:tiny on 127.0.0.1:8000
     python3 scripts/openai_client_check.py [BASE_URL]
 
-Checks: `n=2` (completions, chat, chat streaming), `logit_bias` (a +100 bias makes the
+Checks: `n=2` (completions, chat, chat streaming), a batch of prompts (texts and token-id
+lists, with `n=2`, streamed too), `logit_bias` (a +100 bias makes the
 token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` and
 `max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
 reproducible, and an unsupported parameter refused with 400 naming it.
@@ -50,6 +51,26 @@ for chunk in client.chat.completions.create(model=model, messages=[{"role": "use
                                             max_tokens=6, n=2, stream=True, temperature=1.0, seed=3):
     seen.update(c.index for c in chunk.choices)
 check("chat n=2 streaming", seen == {0, 1}, seen)
+
+# A batch of prompts with n = 2: choices prompt by prompt, each prompt's alone as greedy
+# decoding gives it; texts and token-id lists alike, streamed too.
+texts = [prompt, "Down at the old mill", "A letter came"]
+alone = [client.completions.create(model=model, prompt=p, max_tokens=5, temperature=0).choices[0].text
+         for p in texts]
+r = client.completions.create(model=model, prompt=texts, max_tokens=5, n=2, temperature=0)
+check("prompt=[texts] with n=2", [c.index for c in r.choices] == list(range(6))
+      and [c.text for c in r.choices] == [a for a in alone for _ in range(2)]
+      and r.usage.completion_tokens == 30, [c.text for c in r.choices])
+ids = [post("/tokenize", {"prompt": p})["tokens"] for p in texts]
+r = client.completions.create(model=model, prompt=ids, max_tokens=5, n=2, temperature=0)
+check("prompt=[token ids] with n=2", [c.text for c in r.choices] == [a for a in alone for _ in range(2)],
+      [c.text for c in r.choices])
+streamed = [""] * 6
+for chunk in client.completions.create(model=model, prompt=ids, max_tokens=5, n=2, temperature=0,
+                                       stream=True):
+    for c in chunk.choices:
+        streamed[c.index] += c.text
+check("prompt=[token ids] with n=2, streamed", streamed == [a for a in alone for _ in range(2)], streamed)
 
 # Seeded sampling is reproducible.
 a = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=1.0, seed=11)
