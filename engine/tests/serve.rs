@@ -44,6 +44,13 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// A GET's status and JSON body (null when the body is not JSON).
+async fn get_json(client: &reqwest::Client, url: String) -> (u16, Value) {
+    let r = client.get(url).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json::<Value>().await.unwrap_or(Value::Null))
+}
+
 /// A streamed response: its text and its `data:` chunks but `[DONE]`, parsed.
 async fn stream(client: &reqwest::Client, url: &str, body: &Value) -> (String, Vec<Value>) {
     let text = client
@@ -534,14 +541,7 @@ async fn router_facing_endpoints_report_load_and_health() {
         .unwrap();
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
-    let get = |path: &str| {
-        let (client, url) = (client.clone(), format!("{base}{path}"));
-        async move {
-            let r = client.get(url).send().await.unwrap();
-            let status = r.status().as_u16();
-            (status, r.json::<Value>().await.unwrap_or(Value::Null))
-        }
-    };
+    let get = |path: &str| get_json(&client, format!("{base}{path}"));
     let (status, idle) = get("/get_load").await;
     assert_eq!((status, idle["load"].as_u64()), (200, Some(0)), "{idle}");
     let body =
@@ -1271,14 +1271,7 @@ async fn vllm_endpoints_checks_and_sglang_loads() {
     let (addr, server) = spawn_local(cfg).await.unwrap();
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
-    let get = |path: &str| {
-        let (client, url) = (client.clone(), format!("{base}{path}"));
-        async move {
-            let r = client.get(url).send().await.unwrap();
-            let status = r.status().as_u16();
-            (status, r.json::<Value>().await.unwrap_or(Value::Null))
-        }
-    };
+    let get = |path: &str| get_json(&client, format!("{base}{path}"));
     let (status, v) = get("/version").await;
     assert_eq!(
         (status, v["version"].as_str()),
