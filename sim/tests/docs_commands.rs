@@ -15,7 +15,7 @@
 //! * the engine (`./target/release/engine …`): another crate's binary, and most of its
 //!   commands need a model, a server or a port (its `--help` examples are its own test);
 //! * what needs a server: `curl`, `until`, `kill`, `for` loops starting servers, routers;
-//! * a GPU (`scripts/gpu-pack.sh`, `gpu-check.sh`) and Python (`pip`, `python3`);
+//! * a GPU (`scripts/gpu-pack.sh`, `gpu-check.sh`) and Python (`pip`, `python3`, `lm_eval`);
 //! * long runs: `sim calibrate` (half a minute in a release build, far more here).
 //!
 //! A line of a kind not listed fails the test, so that a new command is classified here.
@@ -60,7 +60,7 @@ fn classify(line: &str, sim: &str) -> Kind {
         "curl" | "until" | "kill" | "for" | "vllm-router" | "sglang-router" => {
             Kind::Skip("needs a server")
         }
-        "pip" | "python3" => Kind::Skip("needs Python"),
+        "pip" | "python3" | "lm_eval" => Kind::Skip("needs Python"),
         "scripts/gpu-pack.sh" | "bash" if line.contains("gpu-") => Kind::Skip("needs a GPU"),
         _ => panic!("a documented command of no known kind (classify it here): {line}"),
     }
