@@ -497,6 +497,7 @@ fn parse_stop(body: &Map<String, Value>) -> Result<(Vec<String>, Vec<u32>), ApiE
 }
 
 /// What `stream_options` asks of a stream's usage.
+#[derive(Default)]
 struct StreamUsage {
     /// A last chunk with the whole response's usage.
     include: bool,
@@ -508,12 +509,7 @@ struct StreamUsage {
 /// (vLLM refuses a non-empty `stream_options` otherwise, with this message).
 fn parse_stream_options(v: Option<&Value>, stream: bool) -> Result<StreamUsage, ApiError> {
     let o = match v {
-        None | Some(Value::Null) => {
-            return Ok(StreamUsage {
-                include: false,
-                continuous: false,
-            })
-        }
+        None | Some(Value::Null) => return Ok(StreamUsage::default()),
         Some(Value::Object(o)) => o,
         Some(_) => {
             return Err(ApiError::bad_request(

@@ -76,14 +76,8 @@ pub(super) async fn generate(
     let body = body_or_error(body).await?;
     let mut req: GenerationRequest = api::parse_request(&body, endpoint)?;
     let s = &state.inner;
-    if !req.model.is_empty() && req.model != s.model_name {
-        return Err(ApiError::not_found(
-            "model",
-            format!(
-                "the model `{}` does not exist; this server serves `{}`",
-                req.model, s.model_name
-            ),
-        ));
+    if !req.model.is_empty() {
+        s.check_model(&req.model)?;
     }
     let count = req.prompts.len();
     for (i, p) in req.prompts.iter().enumerate() {

@@ -36,8 +36,9 @@ pub enum Command {
     Shutdown,
 }
 
-/// What a request's stream receives, in order: `Accepted` or `Rejected`, then one `Token`
-/// per generated token — the last one carrying `finish` — or an `Error`.
+/// What an HTTP request's stream receives, in order: `Accepted` or `Rejected` for each of
+/// its prompts, then one `Token` per generated token of each choice — a choice's last
+/// carrying `finish` — or an `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
     Accepted,

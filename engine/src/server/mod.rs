@@ -137,6 +137,22 @@ struct Shared {
     health: Arc<health::Health>,
 }
 
+impl Shared {
+    /// A request naming a model must name the served one (404 otherwise, as OpenAI).
+    fn check_model(&self, id: &str) -> Result<(), ApiError> {
+        if id == self.model_name {
+            return Ok(());
+        }
+        Err(ApiError::not_found(
+            "model",
+            format!(
+                "the model `{id}` does not exist; this server serves `{}`",
+                self.model_name
+            ),
+        ))
+    }
+}
+
 /// A running engine: the HTTP app state plus the engine thread.
 pub struct Engine {
     pub state: AppState,

@@ -32,15 +32,7 @@ pub(super) async fn model(
     State(s): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if id != s.inner.model_name {
-        return Err(ApiError::not_found(
-            "model",
-            format!(
-                "the model `{id}` does not exist; this server serves `{}`",
-                s.inner.model_name
-            ),
-        ));
-    }
+    s.inner.check_model(&id)?;
     Ok(Json(model_card(&s.inner)))
 }
 
@@ -55,7 +47,7 @@ pub(super) async fn tokenizer_info(State(s): State<AppState>) -> Json<Value> {
     Json(s.inner.tokenizer.info(s.inner.max_model_len))
 }
 
-/// The replica's load as routers read it, at `/get_load` in the form `--load-format`
+/// The replica's load as routers read it, at `/get_load` in the form `--get-load-format`
 /// names (the two routers read incompatible ones; see [`LoadFormat`]). SGLang's newer
 /// `/v1/loads` always has its own form.
 pub(super) async fn get_load(State(s): State<AppState>) -> Json<Value> {
