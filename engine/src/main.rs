@@ -255,6 +255,12 @@ struct ServeArgs {
     /// `{dp_rank, num_reqs, num_waiting_reqs, num_tokens}`, which sglang-router reads).
     #[arg(long = "get-load-format", value_enum, default_value_t = LoadFormatArg::Vllm)]
     get_load_format: LoadFormatArg,
+    /// Structured JSON output is compact: no optional whitespace between its tokens (vLLM's
+    /// `disable_any_whitespace`; by default a model may put whitespace anywhere JSON allows,
+    /// which a weak model can repeat until `max_tokens`). A request's
+    /// `structured_outputs.disable_any_whitespace` asks the same for itself.
+    #[arg(long = "structured-outputs-disable-any-whitespace")]
+    structured_outputs_disable_any_whitespace: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -580,6 +586,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
         api_keys: a.api_key,
+        compact_json: a.structured_outputs_disable_any_whitespace,
         load_format: match a.get_load_format {
             LoadFormatArg::Vllm => infer_engine::server::LoadFormat::Vllm,
             LoadFormatArg::Sglang => infer_engine::server::LoadFormat::Sglang,
@@ -715,6 +722,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         forks: Vec::new(),
         prompt_logprobs: None,
+        constraint: None,
     };
     let start = std::time::Instant::now();
     let out = generate(&lm, &[req], GenerateOptions::default(), |_, delta| {

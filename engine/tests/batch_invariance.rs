@@ -30,6 +30,7 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
             ignore_eos: true,
             forks: Vec::new(),
             prompt_logprobs: None,
+            constraint: None,
         })
         .collect()
 }

@@ -29,6 +29,7 @@ fn request(prompt: Vec<u32>, params: SamplingParams, stop: Stop) -> GenerateRequ
         ignore_eos: stop.ignore_eos,
         forks: Vec::new(),
         prompt_logprobs: None,
+        constraint: None,
     }
 }
 

@@ -186,6 +186,7 @@ fn chat_template_special_tokens_and_eos_ids() -> Result<()> {
             ChatMessage::new("system", "Be brief. "),
             ChatMessage::new("user", "Hi"),
         ],
+        None,
         true,
     )?;
     assert_eq!(
@@ -211,6 +212,7 @@ fn chat_template_special_tokens_and_eos_ids() -> Result<()> {
             ChatMessage::new("user", "Hi"),
             ChatMessage::new("assistant", "Yo"),
         ],
+        None,
         false,
     )?;
     assert_eq!(

@@ -20,6 +20,7 @@ use crate::runtime::batch::{ForwardBatch, SeqChunk};
 use crate::runtime::detokenize::OutputStream;
 use crate::runtime::model::{KvCache, LoadedModel};
 use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
+use crate::runtime::structured::Constraint;
 
 /// A tokenised request.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,6 +42,8 @@ pub struct EngineRequest {
     /// alternatives (`echo` with `logprobs`): every prompt token is then computed, none
     /// taken from the prefix cache.
     pub prompt_logprobs: Option<usize>,
+    /// The grammar every sequence's output follows (structured output), fresh.
+    pub constraint: Option<Constraint>,
 }
 
 /// The logprob of one prompt token given the tokens before it.
@@ -112,6 +115,8 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     default_seed: u64,
     start: Instant,
     trace: bool,
+    /// Sequences whose sampling failed this step (their grammar), with why.
+    sample_failed: HashMap<u64, String>,
     /// The next forward's error, in place of running it.
     #[cfg(test)]
     pub(crate) inject_failure: Option<anyhow::Error>,
@@ -136,6 +141,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             default_seed,
             start: Instant::now(),
             trace: false,
+            sample_failed: HashMap::new(),
             #[cfg(test)]
             inject_failure: None,
         })
@@ -209,8 +215,11 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             .map(|(i, sid)| {
                 let mut params = r.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
-                let sampler =
+                let mut sampler =
                     Sampler::new(params, &req.prompt, request_seed(self.default_seed, sid));
+                if let Some(c) = &r.constraint {
+                    sampler.constrain(c.clone());
+                }
                 let want_logprobs = sampler.params().logprobs.is_some();
                 let prompt_logprobs = r.prompt_logprobs.filter(|_| i == 0).map(|k| {
                     (
@@ -302,6 +311,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         }
         let mut sampled = sampled.into_iter();
         let mut out = Vec::with_capacity(tokens.len());
+        let mut failed = Vec::new();
         let mut events = events.into_iter().peekable();
         while let Some(e) = events.next() {
             let Event::Token {
@@ -325,6 +335,15 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 },
                 _ => None,
             };
+            if let Some(why) = self.sample_failed.remove(&request.0) {
+                self.live.remove(&request.0);
+                let stats = match finish {
+                    Some((_, stats)) => Some(stats),
+                    None => self.sched.abort(request),
+                };
+                failed.extend(stats.map(|stats| (request.0, stats, why)));
+                continue;
+            }
             let first = prev_token_time.is_none();
             out.push(self.token_output(request.0, s, first, finish));
         }
@@ -332,7 +351,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             idle: false,
             tokens: out,
             ended,
-            failed: Vec::new(),
+            failed,
             shape,
             num_tokens,
             forward_s,
@@ -390,7 +409,16 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             }
             if s.samples {
                 let row = last.ok_or_else(|| anyhow!("no logits for a sampled row"))?;
-                out.push((id, live.sampler.sample(row)));
+                match live.sampler.sample(row) {
+                    Ok(t) => out.push((id, t)),
+                    Err(e) => {
+                        // Only a grammar fails here: this request ends with the error after
+                        // the step (its placeholder token is never shown), the others go on.
+                        self.sample_failed
+                            .insert(id, format!("structured output: {e:#}"));
+                        out.push((id, SampledToken::placeholder()));
+                    }
+                }
             }
         }
         Ok(out)
@@ -514,6 +542,7 @@ mod tests {
             ignore_eos: true,
             forks: Vec::new(),
             prompt_logprobs: None,
+            constraint: None,
         }
     }
 

@@ -8,4 +8,5 @@ pub mod host;
 pub mod memory_plan;
 pub mod model;
 pub mod sampling;
+pub mod structured;
 pub mod tokenizer;

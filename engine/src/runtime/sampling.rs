@@ -1,10 +1,13 @@
 //! Token sampling from one sequence's logits, with vLLM's parameter semantics:
 //! penalties, then temperature (0 = greedy), then min-p, top-k, top-p, then a draw from a
 //! per-request seeded generator. Logprobs are those of the raw model distribution.
+//! A structured-output request's grammar masks the logits first (see `structured`).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
+
+use crate::runtime::structured::Constraint;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -67,6 +70,17 @@ pub struct SampledToken {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+impl SampledToken {
+    /// Stands for a token that could not be sampled (its request ends with an error).
+    pub fn placeholder() -> Self {
+        Self {
+            token: 0,
+            logprob: None,
+            top_logprobs: Vec::new(),
+        }
+    }
+}
+
 /// Per-request sampling state: the generator and the token counts penalties need.
 pub struct Sampler {
     params: SamplingParams,
@@ -75,6 +89,8 @@ pub struct Sampler {
     seen: HashMap<u32, u32>,
     /// Occurrences in the output so far (presence / frequency penalties).
     output_counts: HashMap<u32, u32>,
+    /// The grammar the output must follow, if any.
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
@@ -89,31 +105,50 @@ impl Sampler {
             rng,
             seen,
             output_counts: HashMap::new(),
+            constraint: None,
         }
+    }
+
+    /// Sample only what `constraint` allows from now on.
+    pub fn constrain(&mut self, constraint: Constraint) {
+        self.constraint = Some(constraint);
+    }
+
+    pub fn constraint(&self) -> Option<&Constraint> {
+        self.constraint.as_ref()
     }
 
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }
 
-    /// Chooses the next token from `logits` (one row, vocab long) and records it.
-    pub fn sample(&mut self, logits: &[f32]) -> SampledToken {
+    /// Chooses the next token from `logits` (one row, vocab long) and records it. Errs only
+    /// when the request's grammar fails (it then cannot go on).
+    pub fn sample(&mut self, logits: &[f32]) -> anyhow::Result<SampledToken> {
         let p = &self.params;
-        let penalised = (p.repetition_penalty != 1.0
+        let adjusted = (p.repetition_penalty != 1.0
             || p.presence_penalty != 0.0
             || p.frequency_penalty != 0.0
-            || !p.logit_bias.is_empty())
+            || !p.logit_bias.is_empty()
+            || self.constraint.is_some())
         .then(|| {
             let mut l = logits.to_vec();
             self.apply_penalties(&mut l);
             l
         });
-        let l = penalised.as_deref().unwrap_or(logits);
-        let token = if p.temperature <= 0.0 {
+        let mut adjusted = adjusted;
+        if let (Some(c), Some(l)) = (&mut self.constraint, &mut adjusted) {
+            c.mask(l)?;
+        }
+        let l = adjusted.as_deref().unwrap_or(logits);
+        let token = if self.params.temperature <= 0.0 {
             argmax(l)
         } else {
             self.draw(l)
         };
+        if let Some(c) = &mut self.constraint {
+            c.accept(token)?;
+        }
         let (logprob, top_logprobs) = match self.params.logprobs {
             Some(top_n) => {
                 let (lp, top) = raw_logprobs(logits, token, top_n);
@@ -123,11 +158,11 @@ impl Sampler {
         };
         *self.seen.entry(token).or_insert(0) += 1;
         *self.output_counts.entry(token).or_insert(0) += 1;
-        SampledToken {
+        Ok(SampledToken {
             token,
             logprob,
             top_logprobs,
-        }
+        })
     }
 
     fn apply_penalties(&self, l: &mut [f32]) {
@@ -252,7 +287,7 @@ mod tests {
             &[],
             0,
         );
-        let want = plain.sample(&logits);
+        let want = plain.sample(&logits).unwrap();
         assert_eq!(want.token, 0);
         let mut biased = Sampler::new(
             SamplingParams {
@@ -263,7 +298,7 @@ mod tests {
             &[],
             0,
         );
-        let got = biased.sample(&logits);
+        let got = biased.sample(&logits).unwrap();
         assert_eq!(
             got.token, 3,
             "-1 + 2.5 beats 1.0 once token 0 is pushed down"
@@ -282,7 +317,7 @@ mod tests {
 
     fn draws(params: SamplingParams, n: usize) -> Vec<u32> {
         let mut s = Sampler::new(params, &[], 7);
-        (0..n).map(|_| s.sample(&logits()).token).collect()
+        (0..n).map(|_| s.sample(&logits()).unwrap().token).collect()
     }
 
     #[test]
@@ -358,7 +393,7 @@ mod tests {
             &[1],
             0,
         );
-        assert_eq!(s.sample(&logits()).token, 5);
+        assert_eq!(s.sample(&logits()).unwrap().token, 5);
         // Presence penalty: after emitting 1, it loses 0.2 and 5 wins; then 5 is penalised too.
         let mut s = Sampler::new(
             SamplingParams {
@@ -368,9 +403,9 @@ mod tests {
             &[],
             0,
         );
-        assert_eq!(s.sample(&logits()).token, 1);
-        assert_eq!(s.sample(&logits()).token, 5);
-        assert_eq!(s.sample(&logits()).token, 1);
+        assert_eq!(s.sample(&logits()).unwrap().token, 1);
+        assert_eq!(s.sample(&logits()).unwrap().token, 5);
+        assert_eq!(s.sample(&logits()).unwrap().token, 1);
         // Frequency penalty grows with each occurrence.
         let mut s = Sampler::new(
             SamplingParams {
@@ -380,13 +415,15 @@ mod tests {
             &[],
             0,
         );
-        let tokens: Vec<u32> = (0..4).map(|_| s.sample(&logits()).token).collect();
+        let tokens: Vec<u32> = (0..4).map(|_| s.sample(&logits()).unwrap().token).collect();
         assert_eq!(tokens, vec![1, 5, 1, 2]);
     }
 
     #[test]
     fn logprobs_only_when_asked() {
-        let out = Sampler::new(SamplingParams::greedy(), &[], 0).sample(&logits());
+        let out = Sampler::new(SamplingParams::greedy(), &[], 0)
+            .sample(&logits())
+            .unwrap();
         assert_eq!((out.logprob, out.top_logprobs.len()), (None, 0));
     }
 
@@ -400,7 +437,7 @@ mod tests {
             &[],
             0,
         );
-        let out = s.sample(&logits());
+        let out = s.sample(&logits()).unwrap();
         let l = logits();
         let z: f32 = l.iter().map(|x| x.exp()).sum::<f32>().ln();
         assert!((out.logprob.unwrap() - (3.0 - z)).abs() < 1e-5);

@@ -10,6 +10,12 @@ use std::path::Path;
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls (OpenAI's `tool_calls`, as the template reads them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    /// A `tool` turn: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -17,6 +23,8 @@ impl ChatMessage {
         Self {
             role: role.to_string(),
             content: content.to_string(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -143,10 +151,12 @@ impl TextTokenizer {
             .map_err(|e| anyhow!("tokenizer decode: {e}"))
     }
 
-    /// Renders the chat template (minijinja, with Python string methods as HF templates use).
+    /// Renders the chat template (minijinja, with Python string methods as HF templates use);
+    /// `tools` (OpenAI's list) is the template's `tools`, as transformers passes it.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let template = self
@@ -173,6 +183,7 @@ impl TextTokenizer {
             .context("invalid chat_template")?;
         let ctx = minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
@@ -290,11 +301,11 @@ mod tests {
             ChatMessage::new("assistant", "<think>x</think> yo"),
         ];
         assert_eq!(
-            t.apply_chat_template(&msgs, true)?,
+            t.apply_chat_template(&msgs, None, true)?,
             "<s>USER(True):\"hi\"ASSISTANT(False):\"yo\"ASSISTANT:"
         );
         let err = t
-            .apply_chat_template(&[ChatMessage::new("user", "!x")], false)
+            .apply_chat_template(&[ChatMessage::new("user", "!x")], None, false)
             .unwrap_err();
         assert!(format!("{err:#}").contains("no bangs"), "{err:#}");
         Ok(())

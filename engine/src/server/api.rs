@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
+use super::structured::StructuredRequest;
 use crate::runtime::sampling::SamplingParams;
 
 /// An error as OpenAI and vLLM return it: `{"error": {message, type, param, code}}`.
@@ -116,6 +117,10 @@ pub struct GenerationRequest {
     pub n: usize,
     /// Repeat the prompt before the completion (completions only).
     pub echo: bool,
+    /// The grammar the output follows (structured output, a forced tool call).
+    pub structured: Option<StructuredRequest>,
+    /// Chat's `tools`, for the chat template.
+    pub tools: Option<Value>,
 }
 
 /// The most choices one request may ask for per prompt.
@@ -142,7 +147,11 @@ impl Prompt {
             Prompt::Tokens(t) => 4 * t.len(),
             Prompt::Chat(messages) => messages
                 .iter()
-                .map(|m| m.role.len() + m.content.len())
+                .map(|m| {
+                    m.role.len()
+                        + m.content.len()
+                        + m.tool_calls.as_ref().map_or(0, |c| c.to_string().len())
+                })
                 .sum(),
         }
     }
@@ -176,9 +185,6 @@ type IsUnused = fn(&Value) -> bool;
 const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("suffix", |v| v.as_str() == Some("")),
     ("best_of", |v| v.as_u64() == Some(1)),
-    ("response_format", |v| v["type"] == "text"),
-    ("tools", |v| v.as_array().is_some_and(Vec::is_empty)),
-    ("tool_choice", |v| v == "none"),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v == "none"),
     ("prompt_logprobs", |v| v.as_u64() == Some(0)),
@@ -186,11 +192,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("use_beam_search", |v| v == &Value::Bool(false)),
     ("include_stop_str_in_output", |v| v == &Value::Bool(false)),
     ("skip_special_tokens", |v| v == &Value::Bool(true)),
-    ("guided_json", |_| false),
-    ("guided_regex", |_| false),
-    ("guided_choice", |_| false),
-    ("guided_grammar", |_| false),
-    ("structured_outputs", |_| false),
 ];
 
 fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
@@ -303,6 +304,14 @@ pub fn parse_request(
     let (stop, stop_token_ids) = parse_stop(body)?;
     let stream = f.bool("stream")?.unwrap_or(false);
     let usage = parse_stream_options(body.get("stream_options"), stream)?;
+    let (structured, tools) = super::structured::parse(body, endpoint)?;
+    let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    if ignore_eos && structured.is_some() {
+        return Err(ApiError::bad_request(
+            Some("ignore_eos"),
+            "ignore_eos cannot be combined with structured output: the grammar ends the output",
+        ));
+    }
     Ok(GenerationRequest {
         model,
         prompts,
@@ -310,12 +319,14 @@ pub fn parse_request(
         params: parse_sampling(&f, endpoint)?,
         stop,
         stop_token_ids,
-        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        ignore_eos,
         stream,
         include_usage: usage.include,
         continuous_usage: usage.continuous,
         n: n as usize,
         echo,
+        structured,
+        tools,
     })
 }
 
@@ -630,7 +641,29 @@ fn parse_messages(
                     ))
                 }
             };
-            Ok(crate::runtime::tokenizer::ChatMessage::new(role, &content))
+            let mut message = crate::runtime::tokenizer::ChatMessage::new(role, &content);
+            // A conversation that used tools: the calls made and the answers they got.
+            message.tool_calls = match m.get("tool_calls") {
+                None | Some(Value::Null) => None,
+                Some(calls @ Value::Array(_)) => Some(calls.clone()),
+                Some(other) => {
+                    return Err(ApiError::bad_request(
+                        Some(&param),
+                        format!("tool_calls must be a list, not {}", type_name(other)),
+                    ))
+                }
+            };
+            message.tool_call_id = match m.get("tool_call_id") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(id)) => Some(id.clone()),
+                Some(other) => {
+                    return Err(ApiError::bad_request(
+                        Some(&param),
+                        format!("tool_call_id must be a string, not {}", type_name(other)),
+                    ))
+                }
+            };
+            Ok(message)
         })
         .collect()
 }

@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use super::api::{self, ApiError, Endpoint, GenerationRequest, Prompt};
 use super::engine_loop::{Command, Finish, NewRequest, StreamEvent};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
+use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::runtime::engine_core::{EngineRequest, PromptLogprob};
 use crate::runtime::tokenizer::TextTokenizer;
@@ -100,15 +101,35 @@ pub(super) async fn generate(
             _ => None,
         })
         .collect();
-    let tokenized = {
+    // Tokenising and compiling the grammar both take a blocking thread, never the engine's.
+    let (tokenized, constraint) = {
         let prompts = std::mem::take(&mut req.prompts);
-        let bytes = prompts.iter().map(Prompt::bytes).sum();
+        let tools = req.tools.take();
+        let compact = s.compact_json;
+        let grammar = req.structured.as_ref().map(|r| {
+            let mut g = r.grammar.clone();
+            if compact {
+                g.disable_any_whitespace();
+            }
+            (g, r.param)
+        });
+        let bytes = prompts.iter().map(Prompt::bytes).sum::<usize>()
+            + tools.as_ref().map_or(0, |t| t.to_string().len());
         off_thread(&state, bytes, move |s| {
-            prompts
+            let tokens = prompts
                 .iter()
                 .enumerate()
-                .map(|(i, p)| prompt_tokens(s, p).map_err(|e| e.in_prompt(i, count)))
-                .collect::<Result<Vec<_>, _>>()
+                .map(|(i, p)| {
+                    prompt_tokens(s, p, tools.as_ref()).map_err(|e| e.in_prompt(i, count))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let constraint = match grammar {
+                Some((g, param)) => Some(s.grammars()?.compile(&g).map_err(|e| {
+                    ApiError::bad_request(Some(param), format!("invalid grammar: {e:#}"))
+                })?),
+                None => None,
+            };
+            Ok::<_, ApiError>((tokens, constraint))
         })
         .await??
     };
@@ -167,6 +188,7 @@ pub(super) async fn generate(
                     ignore_eos: req.ignore_eos,
                     forks: (first + 1..first + req.n as u64).collect(),
                     prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
+                    constraint: constraint.clone(),
                 },
                 first_index: i * req.n,
                 arrival,
@@ -214,6 +236,7 @@ pub(super) async fn generate(
         echoes,
         keep_generated,
         continuous_usage: req.continuous_usage,
+        tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
     };
     if req.stream {
         Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
@@ -276,6 +299,8 @@ struct ResponseMeta {
     keep_generated: bool,
     /// Every chunk carries its choice's usage so far.
     continuous_usage: bool,
+    /// The output is a forced tool call, answered as `tool_calls` (chat).
+    tool: Option<ToolChoice>,
 }
 
 /// The prompt an `echo` request gets back.
@@ -358,10 +383,79 @@ impl ResponseMeta {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                return self.chat_chunk(index, delta, logprobs, finish);
             }
         };
         self.body(true, json!([choice]), None)
+    }
+
+    fn chat_chunk(
+        &self,
+        index: usize,
+        delta: Value,
+        logprobs: Value,
+        finish: Option<&str>,
+    ) -> Value {
+        let choice =
+            json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish});
+        self.body(true, json!([choice]), None)
+    }
+
+    /// A chat chunk of a forced tool call, as vLLM streams it: a named function's
+    /// arguments as they are generated (its name and id with the first); `required`'s
+    /// calls whole at the end (their names are inside the list being generated), the
+    /// tokens before sent only for their logprobs or running usage, when asked. `held`
+    /// gathers the text so far.
+    fn tool_chunk(
+        &self,
+        tool: &ToolChoice,
+        index: usize,
+        text: &str,
+        held: &mut String,
+        logprobs: Value,
+        finish: Option<&'static str>,
+        first: bool,
+    ) -> Option<Value> {
+        held.push_str(text);
+        let silent = matches!(tool, ToolChoice::Required)
+            && finish.is_none()
+            && !first
+            && logprobs.is_null()
+            && !self.continuous_usage;
+        if silent {
+            return None;
+        }
+        let mut delta = match tool {
+            ToolChoice::Named(name) if first => json!({"tool_calls": [{
+                "index": 0, "id": tool_call_id(), "type": "function",
+                "function": {"name": name, "arguments": text}}]}),
+            ToolChoice::Named(_) => {
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
+            }
+            ToolChoice::Required => {
+                match finish.and_then(|_| structured::tool_calls(tool, held, tool_call_id)) {
+                    Some(calls) => {
+                        let calls: Vec<Value> = calls
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, mut c)| {
+                                c["index"] = json!(i);
+                                c
+                            })
+                            .collect();
+                        json!({"tool_calls": calls})
+                    }
+                    // Cut short: what was generated goes out as text.
+                    None if finish.is_some() => json!({"content": held}),
+                    None => json!({}),
+                }
+            }
+        };
+        if first {
+            delta["role"] = json!("assistant");
+        }
+        let finish = finish.map(|f| tool_finish_reason(tool, f, held));
+        Some(self.chat_chunk(index, delta, logprobs, finish))
     }
 
     /// A response or chunk around `choices` (and `usage` when given).
@@ -396,6 +490,8 @@ struct StreamedChoice {
     /// Tokens it has generated (and returned) so far.
     generated: usize,
     finish: Option<Finish>,
+    /// The text of a forced tool call so far.
+    held: String,
 }
 
 fn sse_stream(
@@ -408,7 +504,7 @@ fn sse_stream(
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
         let mut choices: Vec<StreamedChoice> = (0..meta.choices())
-            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None })
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new() })
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
@@ -445,9 +541,15 @@ fn sse_stream(
                         c.generated += 1;
                     }
                     let reason = finish.map(|f| f.reason.as_str());
-                    let chunk = meta.chunk(index, &text, lp, reason, c.first && meta.echo(index).is_none());
-                    let chunk = meta.with_running_usage(chunk, index, c.generated);
-                    yield Ok(SseEvent::default().data(chunk.to_string()));
+                    let first = c.first && meta.echo(index).is_none();
+                    let chunk = match &meta.tool {
+                        Some(tool) => meta.tool_chunk(tool, index, &text, &mut c.held, lp, reason, first),
+                        None => Some(meta.chunk(index, &text, lp, reason, first)),
+                    };
+                    if let Some(chunk) = chunk {
+                        let chunk = meta.with_running_usage(chunk, index, c.generated);
+                        yield Ok(SseEvent::default().data(chunk.to_string()));
+                    }
                     c.first = false;
                     c.sent_chars += text.chars().count();
                     if finish.is_some() {
@@ -578,9 +680,39 @@ impl ResponseMeta {
                 json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": reason})
             }
             Endpoint::Chat => {
-                json!({"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs, "finish_reason": reason})
+                let calls = self.tool.as_ref().and_then(|tool| {
+                    let calls = structured::tool_calls(tool, &c.text, tool_call_id)?;
+                    Some((calls, reason.map(|r| tool_finish_reason(tool, r, &c.text))))
+                });
+                let (message, reason) = match calls {
+                    // vLLM's shape: an empty content beside the calls.
+                    Some((calls, reason)) => (
+                        json!({"role": "assistant", "content": "", "tool_calls": calls}),
+                        reason,
+                    ),
+                    None => (json!({"role": "assistant", "content": c.text}), reason),
+                };
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason})
             }
         }
+    }
+}
+
+/// An id for a tool call, in vLLM's form.
+fn tool_call_id() -> String {
+    format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
+}
+
+/// vLLM's finish reason of a forced tool call: `tool_calls` when `required` produced whole
+/// calls, the generation's own otherwise (a named function's call ends with `stop`).
+fn tool_finish_reason(tool: &ToolChoice, reason: &'static str, text: &str) -> &'static str {
+    match tool {
+        ToolChoice::Required
+            if reason == "stop" && structured::tool_calls(tool, text, String::new).is_some() =>
+        {
+            "tool_calls"
+        }
+        _ => reason,
     }
 }
 

@@ -402,6 +402,7 @@ mod tests {
                 ignore_eos: true,
                 forks: Vec::new(),
                 prompt_logprobs: None,
+                constraint: None,
             };
             engine.add(NewRequest {
                 id,

@@ -17,6 +17,7 @@ mod pace;
 mod prompt;
 mod routes;
 pub mod step_log;
+pub mod structured;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -35,6 +36,7 @@ use engine_loop::{Command, EngineLoop};
 use metrics::ServerMetrics;
 
 use crate::runtime::model::LoadedModel;
+use crate::runtime::structured::GrammarCompiler;
 use crate::runtime::tokenizer::TextTokenizer;
 
 /// Everything `engine serve` needs.
@@ -64,6 +66,8 @@ pub struct ServeConfig {
     pub api_keys: Vec<String>,
     /// The shape of `GET /get_load`.
     pub load_format: LoadFormat,
+    /// Structured JSON output without optional whitespace, for every request.
+    pub compact_json: bool,
 }
 
 /// The shape of `GET /get_load`: vllm-router and sglang-router poll the same path and read
@@ -96,6 +100,7 @@ impl ServeConfig {
             kv_events: None,
             api_keys: Vec::new(),
             load_format: LoadFormat::default(),
+            compact_json: false,
         }
     }
 }
@@ -118,6 +123,10 @@ struct Shared {
     tokenizer_large: Arc<tokio::sync::Semaphore>,
     tokenizer: Arc<TextTokenizer>,
     vocab_size: usize,
+    /// The model's end-of-sequence ids (a finished grammar asks for them).
+    eos_token_ids: Vec<u32>,
+    /// Structured output's compiler, built at the first request that needs it.
+    grammars: std::sync::OnceLock<Result<GrammarCompiler, String>>,
     commands: Mutex<mpsc::Sender<Command>>,
     metrics: Arc<Mutex<ServerMetrics>>,
     next_id: AtomicU64,
@@ -133,11 +142,24 @@ struct Shared {
     /// `--api-key`: what `/v1` requests must present.
     api_keys: Option<auth::ApiKeys>,
     load_format: LoadFormat,
+    /// `--structured-outputs-disable-any-whitespace`.
+    compact_json: bool,
     /// Set when the device is lost: the server stops.
     health: Arc<health::Health>,
 }
 
 impl Shared {
+    /// The grammar compiler of the served vocabulary (built once, on a blocking thread).
+    fn grammars(&self) -> Result<&GrammarCompiler, ApiError> {
+        self.grammars
+            .get_or_init(|| {
+                GrammarCompiler::new(&self.tokenizer, self.vocab_size, &self.eos_token_ids)
+                    .map_err(|e| format!("structured output is unavailable for this model: {e:#}"))
+            })
+            .as_ref()
+            .map_err(|e| ApiError::bad_request(None, e.clone()))
+    }
+
     /// A request naming a model must name the served one (404 otherwise, as OpenAI).
     fn check_model(&self, id: &str) -> Result<(), ApiError> {
         if id == self.model_name {
@@ -200,6 +222,7 @@ impl Engine {
         let tokenizer = Arc::new(TextTokenizer::from_dir(&lm.dir)?);
         let root = lm.dir.display().to_string();
         let vocab_size = lm.config.vocab_size;
+        let eos_token_ids = lm.eos_token_ids.clone();
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
             &model_name,
             sched.block_size,
@@ -249,6 +272,8 @@ impl Engine {
                 tokenizer_large: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),
                 tokenizer,
                 vocab_size,
+                eos_token_ids,
+                grammars: std::sync::OnceLock::new(),
                 commands: Mutex::new(tx),
                 metrics,
                 next_id: AtomicU64::new(0),
@@ -263,6 +288,7 @@ impl Engine {
                 kv_events: cfg.kv_events.clone(),
                 api_keys,
                 load_format: cfg.load_format,
+                compact_json: cfg.compact_json,
                 health,
             }),
         };

@@ -121,7 +121,12 @@ pub(super) fn check_prompt_bytes(s: &Shared, prompt: &Prompt) -> Result<(), ApiE
     Ok(())
 }
 
-pub(super) fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+/// A prompt's tokens; a chat's `tools` go to its template.
+pub(super) fn prompt_tokens(
+    s: &Shared,
+    prompt: &Prompt,
+    tools: Option<&serde_json::Value>,
+) -> Result<Vec<u32>, ApiError> {
     let tokens = match prompt {
         Prompt::Text(t) => s.tokenizer.encode(t, true),
         Prompt::Tokens(t) => {
@@ -139,7 +144,7 @@ pub(super) fn prompt_tokens(s: &Shared, prompt: &Prompt) -> Result<Vec<u32>, Api
         Prompt::Chat(messages) => {
             let text = s
                 .tokenizer
-                .apply_chat_template(messages, true)
+                .apply_chat_template(messages, tools, true)
                 .map_err(|e| ApiError::bad_request(Some("messages"), format!("{e:#}")))?;
             s.tokenizer.encode(&text, false)
         }

@@ -214,7 +214,7 @@ pub(super) async fn tokenize(
                 .tokenizer
                 .encode(&p, add_special)
                 .map_err(|e| ApiError::internal(format!("{e:#}")))?,
-            other => prompt_tokens(s, &other)?,
+            other => prompt_tokens(s, &other, None)?,
         };
         let body = json!({
             "tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len,

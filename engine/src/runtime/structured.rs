@@ -1,0 +1,390 @@
+//! Structured output: a grammar (a JSON schema, a regex, a list of choices, a Lark grammar)
+//! constrains which tokens a sequence may sample next. llguidance, the grammar engine vLLM
+//! and SGLang also use, compiles the grammar against the vocabulary's bytes and computes
+//! each step's allowed-token mask; the sampler sets every other logit to −∞ before it
+//! applies temperature, top-k or top-p (so greedy picks the most likely allowed token).
+//!
+//! One [`GrammarCompiler`] per served model (its token trie is built once, lazily: it costs
+//! milliseconds at a 128k vocabulary); one [`Constraint`] per sequence, compiled off the
+//! engine thread when the request arrives, advanced by one token per step on it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+
+use crate::runtime::tokenizer::TextTokenizer;
+
+/// What a request constrains its output to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// Text that parses as JSON and validates against the schema. `any_whitespace`: JSON's
+    /// optional whitespace may appear anywhere (vLLM's default); off, the output is compact.
+    JsonSchema { schema: Value, any_whitespace: bool },
+    /// Text that the regular expression matches whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A Lark grammar in llguidance's dialect (vLLM's `grammar` with its guidance backend).
+    Lark(String),
+}
+
+impl Grammar {
+    /// Any JSON object (`response_format: {"type": "json_object"}`).
+    pub fn json_object(any_whitespace: bool) -> Self {
+        Grammar::JsonSchema {
+            schema: json!({"type": "object"}),
+            any_whitespace,
+        }
+    }
+
+    /// JSON without optional whitespace (other grammars say their own whitespace).
+    pub fn disable_any_whitespace(&mut self) {
+        if let Grammar::JsonSchema { any_whitespace, .. } = self {
+            *any_whitespace = false;
+        }
+    }
+
+    fn top_level(&self) -> Result<TopLevelGrammar> {
+        Ok(match self {
+            Grammar::JsonSchema {
+                schema,
+                any_whitespace,
+            } => {
+                if !schema.is_object() && !schema.is_boolean() {
+                    bail!("a JSON schema must be an object or a boolean");
+                }
+                let mut schema = schema.clone();
+                if let Value::Object(m) = &mut schema {
+                    // llguidance's own options ride in the schema; a client's are not taken.
+                    m.insert(
+                        "x-guidance".into(),
+                        json!({"whitespace_flexible": any_whitespace}),
+                    );
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Grammar::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Grammar::Choice(choices) => {
+                if choices.is_empty() {
+                    bail!("choice needs at least one string");
+                }
+                // Lark string literals take JSON's escapes.
+                let alternatives: Vec<String> = choices
+                    .iter()
+                    .map(|c| serde_json::to_string(c).expect("a string serialises"))
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
+            }
+            Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        })
+    }
+}
+
+/// The vocabulary as llguidance sees it: each token's bytes in a trie, and the model's own
+/// tokenizer for the text a grammar spells out.
+struct VocabEnv {
+    trie: TokTrie,
+    tokenizer: tokenizers::Tokenizer,
+}
+
+impl TokenizerEnv for VocabEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        match std::str::from_utf8(s) {
+            Ok(text) => match self.tokenizer.encode(text, false) {
+                Ok(e) => e.get_ids().to_vec(),
+                Err(_) => self.trie.greedy_tokenize(s),
+            },
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+/// Compiles grammars for one model's vocabulary.
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+}
+
+/// Bounds on what one grammar may cost, tighter than llguidance's defaults where those
+/// would let one request take hundreds of megabytes (its lexer states cost 1–2 kB each).
+fn limits() -> ParserLimits {
+    ParserLimits {
+        max_lexer_states: 50_000,
+        max_grammar_size: 200_000,
+        ..ParserLimits::default()
+    }
+}
+
+impl GrammarCompiler {
+    /// `n_vocab` is the width of the model's logits (at least the tokenizer's vocabulary:
+    /// ids past it are never allowed); `eos` the ids that end a sequence, the first the
+    /// one a finished grammar asks for.
+    pub fn new(tokenizer: &TextTokenizer, n_vocab: usize, eos: &[u32]) -> Result<Self> {
+        let json: Value = serde_json::from_str(
+            &tokenizer
+                .inner()
+                .to_string(false)
+                .map_err(|e| anyhow!("cannot serialise the tokenizer: {e}"))?,
+        )?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .context("structured output needs the bytes of every token")?;
+        if words.len() > n_vocab {
+            bail!(
+                "the tokenizer has {} tokens, more than the model's {n_vocab} logits",
+                words.len()
+            );
+        }
+        words.resize(n_vocab, Vec::new());
+        let eos: Vec<u32> = eos
+            .iter()
+            .copied()
+            .filter(|&t| (t as usize) < n_vocab)
+            .collect();
+        let Some(&first_eos) = eos.first() else {
+            bail!("structured output needs an end-of-sequence token");
+        };
+        let info = TokRxInfo::new(n_vocab as u32, first_eos);
+        let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
+        let env: llguidance::toktrie::TokEnv = Arc::new(VocabEnv {
+            trie,
+            tokenizer: tokenizer.inner().clone(),
+        });
+        let mut factory = ParserFactory::new_simple(&env)?;
+        factory.quiet();
+        *factory.limits_mut() = limits();
+        Ok(Self { factory })
+    }
+
+    /// A fresh constraint for one sequence; an invalid grammar is an error naming why.
+    pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        let parser = self.factory.create_parser(grammar.top_level()?)?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            bail!("{e}");
+        }
+        Ok(Constraint {
+            grammar: grammar.clone(),
+            matcher,
+            mask_s: 0.0,
+            masks: 0,
+        })
+    }
+}
+
+/// One sequence's grammar state.
+#[derive(Clone)]
+pub struct Constraint {
+    /// What it was compiled from (to describe and compare it).
+    grammar: Grammar,
+    matcher: Matcher,
+    /// Seconds spent computing masks and advancing, and masks computed: the host cost of
+    /// constrained decoding per token (`engine profile` reads it).
+    mask_s: f64,
+    masks: u64,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("grammar", &self.grammar)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Constraint {
+    /// Two constraints compiled from the same grammar (whatever their state).
+    fn eq(&self, other: &Self) -> bool {
+        self.grammar == other.grammar
+    }
+}
+
+impl Constraint {
+    /// Sets every logit the grammar does not allow next to −∞. A finished grammar allows
+    /// only the end-of-sequence tokens. Errs if the grammar is in an error state.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        let t = Instant::now();
+        let allowed = self.matcher.compute_mask_or_eos();
+        let out = allowed.and_then(|m| {
+            if m.is_zero() {
+                bail!("the grammar allows no token here");
+            }
+            apply(&m, logits);
+            Ok(())
+        });
+        self.mask_s += t.elapsed().as_secs_f64();
+        self.masks += 1;
+        out
+    }
+
+    /// Advances past the sampled `token`.
+    pub fn accept(&mut self, token: u32) -> Result<()> {
+        let t = Instant::now();
+        let out = if self.matcher.is_stopped() {
+            Ok(())
+        } else {
+            self.matcher.consume_token(token)
+        };
+        self.mask_s += t.elapsed().as_secs_f64();
+        out
+    }
+
+    /// (seconds spent, masks computed) so far.
+    pub fn cost(&self) -> (f64, u64) {
+        (self.mask_s, self.masks)
+    }
+}
+
+/// −∞ at every position `allowed` does not set (positions past its length included).
+fn apply(allowed: &SimpleVob, logits: &mut [f32]) {
+    let words = allowed.as_slice();
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let bits = words.get(w).copied().unwrap_or(0);
+        if bits == u32::MAX {
+            continue;
+        }
+        for (b, x) in chunk.iter_mut().enumerate() {
+            if bits & (1 << b) == 0 {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::model::Arch;
+    use crate::tools::make_model::{make_model, ModelSpec};
+
+    fn tokenizer(arch: Arch, vocab: usize) -> (tempfile::TempDir, TextTokenizer) {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ModelSpec {
+            vocab,
+            ..ModelSpec::new(arch)
+        };
+        make_model(&spec, dir.path()).unwrap();
+        let tok = TextTokenizer::from_dir(dir.path()).unwrap();
+        (dir, tok)
+    }
+
+    /// Greedy decoding over `logits_of(step)`, constrained: the text it spells.
+    fn greedy(c: &mut Constraint, tok: &TextTokenizer, n_vocab: usize, eos: u32) -> String {
+        let mut out = Vec::new();
+        for step in 0..200 {
+            // A fixed pseudo-random preference over the vocabulary, different every step.
+            let mut logits: Vec<f32> = (0..n_vocab)
+                .map(|i| ((i * 7919 + step * 104_729) % 1013) as f32 / 1013.0)
+                .collect();
+            c.mask(&mut logits).unwrap();
+            let t = crate::runtime::sampling::argmax(&logits);
+            if t == eos {
+                break;
+            }
+            c.accept(t).unwrap();
+            out.push(t);
+        }
+        tok.decode(&out).unwrap()
+    }
+
+    #[test]
+    fn every_token_spells_its_bytes() {
+        // The mask is only right if each token's bytes are: the tokens of a text must spell
+        // it back, byte for byte.
+        let (_d, tok) = tokenizer(Arch::Qwen3, 2000);
+        let json: Value = serde_json::from_str(&tok.inner().to_string(false).unwrap()).unwrap();
+        let words = llguidance::token_bytes_from_tokenizer_json(&json).unwrap();
+        for text in [
+            "Hello, world! {\"a\": [1, 2.5e-3, null]}\n\ttabs",
+            "naïve café — 東京 🚀",
+        ] {
+            let ids = tok.encode(text, false).unwrap();
+            let spelled: Vec<u8> = ids
+                .iter()
+                .flat_map(|&t| words[t as usize].clone())
+                .collect();
+            assert_eq!(spelled, text.as_bytes(), "{ids:?}");
+        }
+    }
+
+    #[test]
+    fn json_schema_output_validates() {
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1024, &[eos]).unwrap();
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 12},
+                "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}
+            },
+            "required": ["name", "age", "tags"],
+            "additionalProperties": false
+        });
+        let mut c = compiler
+            .compile(&Grammar::JsonSchema {
+                schema,
+                any_whitespace: false,
+            })
+            .unwrap();
+        let text = greedy(&mut c, &tok, 1024, eos);
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(v["name"].as_str().unwrap().chars().count() <= 12, "{text}");
+        assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{text}");
+        assert!(v["tags"].as_array().unwrap().len() <= 3, "{text}");
+        assert_eq!(v.as_object().unwrap().len(), 3, "{text}");
+        assert!(c.cost().1 > 3);
+    }
+
+    #[test]
+    fn choices_regexes_and_errors() {
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1000, &[eos]).unwrap();
+        let choices = vec!["yes \"quoted\"".to_string(), "no\\way".to_string()];
+        let mut c = compiler.compile(&Grammar::Choice(choices.clone())).unwrap();
+        let text = greedy(&mut c, &tok, 1000, eos);
+        assert!(choices.contains(&text), "{text:?}");
+        let mut c = compiler
+            .compile(&Grammar::Regex("[0-9]{3}-[a-z]{2}".into()))
+            .unwrap();
+        let text = greedy(&mut c, &tok, 1000, eos);
+        assert!(
+            text.len() == 6
+                && text[..3].bytes().all(|b| b.is_ascii_digit())
+                && &text[3..4] == "-"
+                && text[4..].bytes().all(|b| b.is_ascii_lowercase()),
+            "{text:?}"
+        );
+        for bad in [
+            Grammar::Regex("(".into()),
+            Grammar::Lark("start: undefined_rule".into()),
+            Grammar::JsonSchema {
+                schema: json!({"type": "no-such-type"}),
+                any_whitespace: true,
+            },
+            Grammar::Choice(Vec::new()),
+        ] {
+            assert!(compiler.compile(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mask_covers_the_whole_row() {
+        let mut v = SimpleVob::alloc(70);
+        v.allow_token(3);
+        v.allow_token(64);
+        let mut logits = vec![1.0f32; 80];
+        apply(&v, &mut logits);
+        let kept: Vec<usize> = (0..80).filter(|&i| logits[i].is_finite()).collect();
+        assert_eq!(kept, vec![3, 64]);
+    }
+}
