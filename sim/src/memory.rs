@@ -237,6 +237,8 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
         attention_pairs: prompts as f64 * (c * (n - c) + c * (c + 1.0) / 2.0)
             + decode_context as f64,
         chunk_self_pairs: prompts as f64 * c * c,
+        // Activations do not depend on it.
+        constrained_seqs: 0,
     }
 }
 

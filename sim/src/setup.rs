@@ -150,6 +150,19 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             Arc::new(fit)
         }
     };
+    let constrained = scenario
+        .workload
+        .structured_output
+        .is_some_and(|s| s.fraction > 0.0);
+    if constrained && cost.constrained_token_s().is_none() {
+        return Err(at(
+            "workload.structured_output",
+            "the cost model has no cost for structured output: use a profile that measured \
+             it (`engine profile` writes `structured_output`; sim.cost_model = \"profiled\")"
+                .to_string(),
+        )
+        .into());
+    }
     let memory = with_largest_step(memory, &*cost, &scenario);
     warnings.splice(0..0, memory.warning());
     let trace = infer_core::workload::Trace::of_scenario(&scenario, file)?;

@@ -410,6 +410,8 @@ struct Sim<'a> {
     /// Per-step scratch, reused: the sampled tokens.
     sampled: Vec<u32>,
     live: FxHashSet<u64>,
+    /// Live requests whose output follows a grammar (structured output).
+    constrained: FxHashSet<u64>,
     metrics: MetricsRecorder,
     interval: f64,
     tally: Tally,
@@ -555,6 +557,7 @@ pub fn run_with(
         transit: FxHashMap::default(),
         sampled: Vec::new(),
         live: FxHashSet::default(),
+        constrained: FxHashSet::default(),
         metrics: MetricsRecorder::new().with_slo(sc.slo),
         interval: setup.settings.timeseries_interval(),
         sink,
@@ -730,6 +733,9 @@ impl Sim<'_> {
         match rep.sched.add_request(request, now) {
             Ok(()) => {
                 self.live.insert(id);
+                if req.structured {
+                    self.constrained.insert(id);
+                }
                 rep.record(now, delay);
                 if !rep.busy {
                     rep.busy = true;
@@ -777,7 +783,14 @@ impl Sim<'_> {
             rep.busy = false;
             return;
         }
-        let shape = StepShape::of(&plan);
+        let mut shape = StepShape::of(&plan);
+        if !self.constrained.is_empty() {
+            shape.constrained_seqs = plan
+                .seqs
+                .iter()
+                .filter(|q| q.samples && self.constrained.contains(&q.request.0))
+                .count();
+        }
         let bytes = self.cost.activation_bytes(&shape);
         let spilled = rep.activations.observe(bytes, shape.context_tokens);
         let stats = &mut self.tally.stats;
@@ -848,6 +861,7 @@ impl Sim<'_> {
                 Event::Finished { request, stats, .. } => {
                     let id = request.0;
                     self.live.remove(&id);
+                    self.constrained.remove(&id);
                     self.cluster.finished(r);
                     let queue = stats.first_scheduled_time.map(|f| f - stats.arrival_time);
                     if self.measured(id) {

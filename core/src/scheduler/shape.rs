@@ -38,6 +38,10 @@ pub struct StepShape {
     /// Σ over prompt chunks of chunk length²: the square block of a chunk attending to
     /// itself, masked half included (what an attention without causal skipping computes).
     pub chunk_self_pairs: f64,
+    /// Sampled sequences whose output follows a grammar (structured output): each pays
+    /// the grammar's host cost for its token. The plan does not know it; the driver that
+    /// knows which requests are constrained sets it.
+    pub constrained_seqs: usize,
 }
 
 impl StepShape {

@@ -28,6 +28,8 @@ pub struct GeneratedRequest {
     pub group: Option<usize>,
     /// (conversation, turn) for multi-turn workloads.
     pub turn: Option<(usize, usize)>,
+    /// Its output follows the structured-output grammar (`workload.structured_output`).
+    pub structured: bool,
 }
 
 pub struct WorkloadGenerator {
@@ -71,6 +73,7 @@ const CONV_SYSTEM: u64 = 5;
 const USER_TURN: u64 = 6;
 const REPLY: u64 = 7;
 const ARRIVALS: u64 = 8;
+const STRUCTURED: u64 = 9;
 
 impl WorkloadGenerator {
     pub fn new(spec: WorkloadSpec, tokenizer: Arc<dyn Tokenizer>) -> Self {
@@ -241,6 +244,10 @@ impl WorkloadGenerator {
             ignore_eos: w.ignore_eos,
             group,
             turn,
+            // Its own stream: adding structured output changes no other draw.
+            structured: w
+                .structured_output
+                .is_some_and(|s| self.rng(STRUCTURED, index, 0).gen::<f64>() < s.fraction),
         }
     }
 

@@ -65,6 +65,20 @@ pub struct WorkloadSpec {
     /// drivers read the file ([`super::Trace::load`]).
     #[serde(default)]
     pub trace: Option<super::TraceSpec>,
+    /// Some requests ask for structured output (a JSON schema their output follows).
+    #[serde(default)]
+    pub structured_output: Option<StructuredOutputSpec>,
+}
+
+/// Requests whose output follows a grammar: in `engine bench` they send
+/// `structured_outputs` with a fixed JSON schema that cannot end before `max_tokens`
+/// (so their lengths are the workload's, as `ignore_eos` would make them); in the
+/// simulator each of their tokens pays the profiled grammar cost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputSpec {
+    /// The share of requests that are constrained, 0 to 1 (each drawn from the seed).
+    pub fraction: f64,
 }
 
 fn default_seed() -> u64 {
@@ -310,6 +324,14 @@ impl Scenario {
                     w.warmup_requests, w.num_requests
                 ),
             ));
+        }
+        if let Some(s) = &w.structured_output {
+            if !(0.0..=1.0).contains(&s.fraction) {
+                return Err((
+                    at("workload", "structured_output.fraction"),
+                    format!("must be between 0 and 1, got {}", s.fraction),
+                ));
+            }
         }
         if w.trace.is_some() {
             for (key, dist) in [

@@ -219,7 +219,13 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
             );
         }
     }
-    target.check(scenario.workload.ignore_eos).await?;
+    let structured = scenario
+        .workload
+        .structured_output
+        .is_some_and(|s| s.fraction > 0.0);
+    target
+        .check(scenario.workload.ignore_eos, structured)
+        .await?;
     // Warm-up, one at a time, not counted.
     for i in 0..scenario.workload.warmup_requests {
         let mut scratch = Timelines::default();
@@ -486,7 +492,7 @@ impl Target {
     /// send (a field it does not know, a model name) is reported once, clearly, instead of
     /// failing every request of the run. It is short (it fills no KV block, so it leaves no
     /// prefix in the server's cache that a simulation of the scenario would not have).
-    async fn check(&self, ignore_eos: bool) -> Result<()> {
+    async fn check(&self, ignore_eos: bool, structured: bool) -> Result<()> {
         let mut probe = Timelines::default();
         let first = GeneratedRequest {
             index: usize::MAX,
@@ -497,6 +503,7 @@ impl Target {
             ignore_eos,
             group: None,
             turn: None,
+            structured,
         };
         self.send(&first, 0, &mut Recorder::Local(&mut probe), Instant::now())
             .await;
@@ -534,9 +541,15 @@ impl Target {
             "stream": true,
             "stream_options": { "include_usage": true },
         });
-        // vLLM's extension: sent only when asked for, since other servers refuse fields
-        // they do not know (transformers serve: 422).
-        if req.ignore_eos {
+        // vLLM's extensions: sent only when asked for, since other servers refuse fields
+        // they do not know (transformers serve: 422). A structured request's grammar cannot
+        // end before max_tokens, so it needs no ignore_eos (which vLLM refuses beside it).
+        if req.structured {
+            body["structured_outputs"] = json!({
+                "json": crate::runtime::structured::workload_schema(),
+                "disable_any_whitespace": true,
+            });
+        } else if req.ignore_eos {
             body["ignore_eos"] = Value::Bool(true);
         }
         let post = self.client.post(format!("{}/v1/completions", self.base));

@@ -117,6 +117,8 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     trace: bool,
     /// Sequences whose sampling failed this step (their grammar), with why.
     sample_failed: HashMap<u64, String>,
+    /// Seconds and tokens of structured output's host work so far.
+    constraint_cost: (f64, u64),
     /// The next forward's error, in place of running it.
     #[cfg(test)]
     pub(crate) inject_failure: Option<anyhow::Error>,
@@ -142,6 +144,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             start: Instant::now(),
             trace: false,
             sample_failed: HashMap::new(),
+            constraint_cost: (0.0, 0),
             #[cfg(test)]
             inject_failure: None,
         })
@@ -179,6 +182,12 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     /// Bytes of the KV store.
     pub fn kv_bytes(&self) -> usize {
         self.kv.size_bytes()
+    }
+
+    /// Seconds the grammars of structured output took on this thread, and the tokens they
+    /// constrained, since the core started.
+    pub fn constraint_cost(&self) -> (f64, u64) {
+        self.constraint_cost
     }
 
     pub fn stats(&self) -> SchedulerStats {
@@ -269,7 +278,17 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 ..StepOutput::default()
             };
         }
-        let shape = self.trace.then(|| StepShape::of(&plan));
+        let shape = self.trace.then(|| {
+            let mut shape = StepShape::of(&plan);
+            shape.constrained_seqs = plan
+                .seqs
+                .iter()
+                .filter(|q| q.samples)
+                .filter_map(|q| self.live.get(&q.request.0))
+                .filter(|l| l.sampler.constraint().is_some())
+                .count();
+            shape
+        });
         let num_tokens = plan.num_tokens();
         let t_forward = Instant::now();
         let sampled = match self.forward_and_sample(&plan) {
@@ -410,7 +429,13 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             if s.samples {
                 let row = last.ok_or_else(|| anyhow!("no logits for a sampled row"))?;
                 match live.sampler.sample(row) {
-                    Ok(t) => out.push((id, t)),
+                    Ok(t) => {
+                        if live.sampler.constraint().is_some() {
+                            self.constraint_cost.0 += t.constraint_s;
+                            self.constraint_cost.1 += 1;
+                        }
+                        out.push((id, t))
+                    }
                     Err(e) => {
                         // Only a grammar fails here: this request ends with the error after
                         // the step (its placeholder token is never shown), the others go on.

@@ -124,6 +124,8 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 decode_shared_context_tokens: u(11)?,
                 attention_pairs: x(12)?,
                 chunk_self_pairs: x(13)?,
+                // Not logged: the profile's calibration load has no structured output.
+                constrained_seqs: 0,
             },
             forward_s: x(14)?,
             step_s: x(15)?,
@@ -163,6 +165,7 @@ mod tests {
                 decode_shared_context_tokens: 512,
                 attention_pairs: 900.0 + 64.0 * 256.0 + 64.0 * 65.0 / 2.0,
                 chunk_self_pairs: 4096.0,
+                constrained_seqs: 0,
             },
             forward_s: 0.012,
             step_s: 0.0135,

@@ -21,7 +21,7 @@ use crate::Device;
 use infer_core::StepShape;
 use infer_sim::cost::CostModel;
 
-pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint};
+pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput};
 
 /// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`, the first
 /// `shared` tokens of which every decode reads from the same blocks (a prefix-cache hit).
@@ -117,18 +117,23 @@ pub fn describe(profile: &Profile) -> String {
 
 pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<Profile> {
     let m = model.to_string();
-    let (lm, mut points) = tokio::task::spawn_blocking(move || {
+    let (lm, points) = tokio::task::spawn_blocking(move || {
         let lm = crate::runtime::model::load_model(&m, None, target.device)?;
         if target.cuda_graphs {
             // The grid's decode batches go up to 32; contexts stay below 4,096.
             let max_len = lm.config.max_position_embeddings.min(4096);
             lm.model.enable_cuda_graphs(32, max_len)?;
         }
-        let points =
-            crate::runtime::host::run_in_compute_pool("profile", || profile_steps(&lm, quick, 6))??;
-        anyhow::Ok((lm, points))
+        let (points, structured) = crate::runtime::host::run_in_compute_pool("profile", || {
+            anyhow::Ok((
+                profile_steps(&lm, quick, 6)?,
+                measure_structured_output(&lm, quick)?,
+            ))
+        })??;
+        anyhow::Ok((lm, (points, structured)))
     })
     .await??;
+    let (mut points, structured_output) = points;
     drop(lm);
     let client = measure_client_path(model, target, &mut points).await?;
     Ok(Profile {
@@ -136,7 +141,72 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
         device: target.label(),
         points,
         client: Some(client),
+        structured_output,
     })
+}
+
+/// Structured output's host cost per token: sequences decode under the workload grammar
+/// ([`workload_schema`], compact) through the engine core, greedy, and every constrained
+/// token's grammar work — copying the logits, llguidance's mask, applying it, advancing the
+/// grammar — is timed inside the sampler. The mean is what each constrained sequence adds
+/// to a step (the engine thread does it between the forward and the next step, serially).
+/// `None` when the model's vocabulary cannot be read as bytes (no grammar can run).
+pub fn measure_structured_output(
+    lm: &LoadedModel,
+    quick: bool,
+) -> Result<Option<ProfileStructuredOutput>> {
+    use crate::runtime::engine_core::{EngineCore, EngineRequest};
+    use crate::runtime::sampling::SamplingParams;
+    use crate::runtime::structured::{workload_schema, Grammar, GrammarCompiler, WORKLOAD_GRAMMAR};
+    let compiler =
+        match GrammarCompiler::new(&lm.tokenizer, lm.config.vocab_size, &lm.eos_token_ids) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("structured output not profiled: {e:#}");
+                return Ok(None);
+            }
+        };
+    let grammar = Grammar::JsonSchema {
+        schema: workload_schema(),
+        any_whitespace: false,
+    };
+    let (seqs, tokens) = if quick { (4, 64) } else { (8, 256) };
+    let vocab = lm.config.vocab_size as u32;
+    let requests = (0..seqs)
+        .map(|i| {
+            anyhow::Ok(EngineRequest {
+                prompt: (0..32)
+                    .map(|k| ((k * 17 + i * 101 + 3) as u32) % vocab)
+                    .collect(),
+                params: SamplingParams::greedy(),
+                max_tokens: tokens,
+                stop_strings: Vec::new(),
+                stop_token_ids: Vec::new(),
+                ignore_eos: false,
+                forks: Vec::new(),
+                prompt_logprobs: None,
+                constraint: Some(compiler.compile(&grammar)?),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let opts = crate::tools::generate::GenerateOptions::default();
+    let mut core = EngineCore::new(lm, opts.scheduler_config(lm, &requests), 0)?;
+    for (i, request) in requests.into_iter().enumerate() {
+        core.add(i as u64, request, Instant::now())
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    while core.has_unfinished() {
+        let out = core.step();
+        if let Some((_, _, why)) = out.failed.first() {
+            return Err(anyhow!("structured output failed while profiling: {why}"));
+        }
+    }
+    let (seconds, tokens) = core.constraint_cost();
+    Ok(Some(ProfileStructuredOutput {
+        token_s: seconds / tokens.max(1) as f64,
+        tokens,
+        grammar: WORKLOAD_GRAMMAR.to_string(),
+    }))
 }
 
 fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
@@ -381,6 +451,7 @@ async fn measure_client_path(
             device: target.label(),
             points: points.to_vec(),
             client: None,
+            structured_output: None,
         },
         Default::default(),
     )
@@ -560,6 +631,7 @@ mod tests {
                 device: "d".into(),
                 points: points.clone(),
                 client: None,
+                structured_output: None,
             };
             let fit = Profiled::fit(&profile, Default::default())
                 .unwrap_or_else(|e| panic!("quick={quick}: {e}"));

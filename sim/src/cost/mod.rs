@@ -10,7 +10,7 @@ mod least_squares;
 mod profiled;
 
 pub use analytic::Analytic;
-pub use profiled::{Profile, ProfileClient, ProfilePoint, Profiled};
+pub use profiled::{Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput, Profiled};
 
 pub use infer_core::StepShape;
 
@@ -56,6 +56,12 @@ pub trait CostModel: Send + Sync {
         0.0
     }
     fn client_path(&self) -> ClientPath;
+    /// Seconds a constrained sequence (structured output) adds to a step for its token,
+    /// included in `step_time`; `None`: the model has no such cost (a scenario with
+    /// structured output is then refused).
+    fn constrained_token_s(&self) -> Option<f64> {
+        None
+    }
     /// Static batching only: how long an idle engine waits after a request arrives before
     /// starting the batch (to fill it).
     fn static_batch_window(&self) -> f64 {

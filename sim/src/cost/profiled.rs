@@ -92,6 +92,22 @@ pub struct Profile {
     pub points: Vec<ProfilePoint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<ProfileClient>,
+    /// The host cost of structured output, when profiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<ProfileStructuredOutput>,
+}
+
+/// What one constrained token costs the engine thread beyond an unconstrained one: the
+/// grammar's mask (llguidance), applying it to the logits, and advancing the grammar.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileStructuredOutput {
+    /// Mean seconds per constrained token.
+    pub token_s: f64,
+    /// Tokens it was measured over.
+    pub tokens: u64,
+    /// The grammar measured (a name; the engine documents it).
+    pub grammar: String,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -196,6 +212,8 @@ pub struct Profiled {
     /// Seconds per pair of a chunk with itself.
     per_self_pair: f64,
     client: ClientPath,
+    /// Seconds each constrained sampled sequence adds to a step (structured output).
+    constrained_token_s: Option<f64>,
     /// Mean random pause per step (`[sim] step_jitter_s`; a profile's steps are its
     /// measurements' typical times, so none by default).
     pub step_jitter_s: f64,
@@ -284,6 +302,7 @@ impl Profiled {
             per_cross_pair: coef[k + 2],
             per_self_pair: coef[k + 3],
             client,
+            constrained_token_s: profile.structured_output.as_ref().map(|s| s.token_s),
             step_jitter_s: 0.0,
             rms_rel_error: 0.0,
         };
@@ -341,6 +360,11 @@ impl CostModel for Profiled {
         let shared = s.decode_shared_context_tokens.min(s.decode_context_tokens);
         let ctx = ((s.decode_context_tokens - shared) as f64, shared as f64);
         self.predict(s.new_tokens(), ctx, pairs)
+            + s.constrained_seqs as f64 * self.constrained_token_s.unwrap_or(0.0)
+    }
+
+    fn constrained_token_s(&self) -> Option<f64> {
+        self.constrained_token_s
     }
 
     fn step_jitter(&self) -> f64 {
@@ -441,6 +465,7 @@ mod tests {
             device: "d".into(),
             points,
             client: None,
+            structured_output: None,
         }
     }
 
@@ -577,5 +602,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("step_s must be positive"), "{e}");
+    }
+
+    #[test]
+    fn each_constrained_sequence_adds_the_profiled_grammar_cost() {
+        let mut profile = profile();
+        let plain = Profiled::fit(&profile, Default::default()).unwrap();
+        assert_eq!(plain.constrained_token_s(), None);
+        profile.structured_output = Some(ProfileStructuredOutput {
+            token_s: 20e-6,
+            tokens: 2048,
+            grammar: "g".into(),
+        });
+        let fit = Profiled::fit(&profile, Default::default()).unwrap();
+        let mut s = shape(0, 0, 16, 512);
+        let base = fit.step_time(&s);
+        assert_eq!(base, plain.step_time(&s));
+        s.constrained_seqs = 10;
+        assert!((fit.step_time(&s) - base - 200e-6).abs() < 1e-12);
     }
 }
