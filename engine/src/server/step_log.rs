@@ -14,7 +14,8 @@ use infer_core::StepShape;
 /// model reads back the shape the scheduler planned, whatever mechanisms it prices.
 pub const HEADER: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
 max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
-max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,forward_s,step_s";
+max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,constrained_seqs,\
+forward_s,step_s";
 
 /// One step of the trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +57,7 @@ impl StepLog {
         let s = &r.shape;
         let _ = writeln!(
             self.out,
-            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6}",
+            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6}",
             r.t_s,
             s.num_seqs,
             s.prefill_tokens,
@@ -71,6 +72,7 @@ impl StepLog {
             s.decode_shared_context_tokens,
             s.attention_pairs,
             s.chunk_self_pairs,
+            s.constrained_seqs,
             r.forward_s,
             r.step_s
         );
@@ -103,7 +105,7 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 i + 2
             )
         };
-        if f.len() != 16 {
+        if f.len() != 17 {
             return Err(bad());
         }
         let u = |j: usize| f[j].parse::<usize>().map_err(|_| bad());
@@ -124,11 +126,10 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 decode_shared_context_tokens: u(11)?,
                 attention_pairs: x(12)?,
                 chunk_self_pairs: x(13)?,
-                // Not logged: the profile's calibration load has no structured output.
-                constrained_seqs: 0,
+                constrained_seqs: u(14)?,
             },
-            forward_s: x(14)?,
-            step_s: x(15)?,
+            forward_s: x(15)?,
+            step_s: x(16)?,
         });
     }
     Ok(steps)
@@ -165,7 +166,7 @@ mod tests {
                 decode_shared_context_tokens: 512,
                 attention_pairs: 900.0 + 64.0 * 256.0 + 64.0 * 65.0 / 2.0,
                 chunk_self_pairs: 4096.0,
-                constrained_seqs: 0,
+                constrained_seqs: 2,
             },
             forward_s: 0.012,
             step_s: 0.0135,
