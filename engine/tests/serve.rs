@@ -1361,3 +1361,154 @@ async fn vllm_endpoints_checks_and_sglang_loads() {
     drop(resp);
     server.stop().await;
 }
+
+/// Structured output end to end: sampled JSON always validates against its schema; a
+/// grammar that allows any text changes no greedy token; forced tool calls come back as
+/// `tool_calls`, streamed as generated; choices, and every malformed or unsupported ask a
+/// 400 naming its field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
+    let (addr, server) = spawn_local(ServeConfig {
+        compact_json: true,
+        ..config(SchedulerConfig::default())
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let chat = format!("{base}/v1/chat/completions");
+    let completions = format!("{base}/v1/completions");
+    let user = |text: &str| json!([{"role": "user", "content": text}]);
+
+    // Sampled (temperature 1, a seed each): every output parses and validates.
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 10},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "role": {"enum": ["admin", "user", "guest"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3}
+        },
+        "required": ["name", "age", "role", "tags"],
+        "additionalProperties": false
+    });
+    for seed in 0..12 {
+        let body = json!({"messages": user("A person, please."), "max_tokens": 120,
+            "temperature": 1.0, "seed": seed,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "person", "schema": schema, "strict": true}}});
+        let (status, v) = post(&client, &chat, body).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let p: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let o = p.as_object().unwrap();
+        assert_eq!(o.len(), 4, "{text}");
+        assert!(p["name"].as_str().unwrap().chars().count() <= 10, "{text}");
+        assert!((0..=120).contains(&p["age"].as_i64().unwrap()), "{text}");
+        assert!(["admin", "user", "guest"].contains(&p["role"].as_str().unwrap()), "{text}");
+        let tags = p["tags"].as_array().unwrap();
+        assert!(tags.len() <= 3 && tags.iter().all(|t| t.as_str().unwrap().chars().count() <= 5));
+    }
+
+    // A grammar that allows any text and every token without text (builtin:tiny's five
+    // special tokens, ids 0-4, and the ids past its tokenizer's vocabulary up to the 4,096
+    // logits: a random model picks those too): greedy output is the unconstrained one,
+    // token for token. Only right if every token's bytes are (the text lexeme is matched
+    // on them).
+    let dir = infer_engine::tools::builtin::resolve("builtin:tiny").unwrap();
+    let words = infer_engine::runtime::tokenizer::TextTokenizer::from_dir(&dir)
+        .unwrap()
+        .vocab_size();
+    let any_text = format!("start: (TEXT | <[0-4,{words}-4095]>)*\nTEXT: /(.|\\n)+/");
+    for prompt in ["The harbour at dawn", "Once upon", "1, 2, 3,", "{\"a\":"] {
+        let body = |structured: bool| {
+            let mut b = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0,
+                               "logprobs": 0});
+            if structured {
+                b["structured_outputs"] = json!({"grammar": any_text.clone()});
+            }
+            b
+        };
+        let (_, free) = post(&client, &completions, body(false)).await;
+        let (_, constrained) = post(&client, &completions, body(true)).await;
+        assert_eq!(
+            free["choices"][0]["logprobs"]["tokens"], constrained["choices"][0]["logprobs"]["tokens"],
+            "{prompt:?}"
+        );
+        assert_eq!(free["choices"][0]["text"], constrained["choices"][0]["text"]);
+    }
+
+    // One of the choices, exactly.
+    let (_, v) = post(&client, &completions, json!({"prompt": "Colour:", "max_tokens": 10,
+        "temperature": 1.0, "seed": 3, "structured_outputs": {"choice": ["red", "green", "blue"]}})).await;
+    assert!(["red", "green", "blue"].contains(&v["choices"][0]["text"].as_str().unwrap()), "{v}");
+
+    // Forced tool calls.
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"], "additionalProperties": false}}}
+    ]);
+    let body = |choice: Value, stream: bool| {
+        json!({"messages": user("Weather in Oslo?"), "max_tokens": 80, "temperature": 0,
+               "tools": tools, "tool_choice": choice, "stream": stream})
+    };
+    let (status, v) = post(&client, &chat, body(json!("required"), false)).await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty());
+    for c in calls {
+        assert_eq!(c["type"], "function");
+        assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+        let name = c["function"]["name"].as_str().unwrap();
+        assert!(["get_weather", "get_time"].contains(&name), "{v}");
+        let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(args.get(if name == "get_weather" { "city" } else { "zone" }).is_some(), "{v}");
+    }
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    let (_, v) = post(&client, &chat, body(named.clone(), false)).await;
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_time", "{v}");
+    let args = call["function"]["arguments"].as_str().unwrap().to_string();
+    let zone: Value = serde_json::from_str(&args).unwrap();
+    assert!(zone["zone"] == "UTC" || zone["zone"] == "CET", "{v}");
+    // Streamed, the arguments arrive as they are generated and add up to the same call.
+    let (_, chunks) = stream(&client, &chat, &body(named, true)).await;
+    let first = &chunks[0]["choices"][0]["delta"]["tool_calls"][0];
+    assert_eq!(first["function"]["name"], "get_time");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(streamed, args);
+    // `required` streams its calls whole, at the end.
+    let (_, chunks) = stream(&client, &chat, &body(json!("required"), true)).await;
+    let last = chunks.iter().rev().find(|c| !c["choices"][0].is_null()).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{last}");
+    assert_eq!(last["choices"][0]["delta"]["tool_calls"].as_array().map(Vec::len), Some(calls.len()));
+
+    // Refusals, each naming its field.
+    let cases = [
+        (json!({"prompt": "x", "structured_outputs": {"regex": "("}}), "structured_outputs"),
+        (json!({"prompt": "x", "structured_outputs": {"grammar": "start: nope"}}), "structured_outputs"),
+        (json!({"prompt": "x", "response_format": {"type": "json_object"}, "ignore_eos": true}), "ignore_eos"),
+        (json!({"prompt": "x", "tools": tools}), "tools"),
+        (json!({"messages": user("x"), "tools": tools}), "tool_choice"),
+    ];
+    for (body, param) in cases {
+        let url = if body.get("messages").is_some() { &chat } else { &completions };
+        let (status, v) = post(&client, url, body.clone()).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+    // The server goes on serving.
+    let (status, _) = post(&client, &completions, json!({"prompt": "x", "max_tokens": 2})).await;
+    assert_eq!(status, 200);
+    server.stop().await;
+}
