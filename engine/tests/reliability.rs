@@ -277,18 +277,18 @@ async fn unsupported_parameters_are_refused_and_errors_name_what_was_sent() {
         ),
         (
             "/v1/completions",
-            completion(json!({"guided_json": {}})),
+            completion(json!({"guided_json": 5})),
             "guided_json",
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"response_format": {"type": "json_object"}})),
+            chat(json!({"response_format": {"type": "json_schema"}})),
             "response_format",
         ),
         (
             "/v1/chat/completions",
             chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
-            "tools",
+            "tool_choice",
         ),
         (
             "/v1/chat/completions",
@@ -528,12 +528,13 @@ fn bad_cases() -> Vec<BadCase> {
         COMPLETIONS,
         &json!({"max_tokens": 2}),
     ));
-    // Parameters this server does not implement, switched on.
+    // Parameters this server does not implement, switched on, and structured output asked
+    // for in ways that cannot work.
     for (key, v) in [
         ("echo", json!("yes")), // a boolean, not a string
         ("suffix", json!("end")),
         ("best_of", json!(3)),
-        ("response_format", json!({"type": "json_object"})),
+        ("response_format", json!({"type": "yaml"})),
         ("tools", json!([{"type": "function"}])),
         ("tool_choice", json!("auto")),
         ("functions", json!([{"name": "f"}])),
@@ -543,11 +544,15 @@ fn bad_cases() -> Vec<BadCase> {
         ("use_beam_search", json!(true)),
         ("include_stop_str_in_output", json!(true)),
         ("skip_special_tokens", json!(false)),
-        ("guided_json", json!({})),
-        ("guided_regex", json!("a+")),
-        ("guided_choice", json!(["a"])),
-        ("guided_grammar", json!("root ::= x")),
-        ("structured_outputs", json!({"json": {}})),
+        ("guided_json", json!(5)),
+        ("guided_regex", json!("(")),
+        ("guided_choice", json!([])),
+        ("guided_grammar", json!("start: undefined_rule")),
+        ("structured_outputs", json!({"json": {}, "regex": "a"})),
+        (
+            "structured_outputs",
+            json!({"json": {"type": "no-such-type"}}),
+        ),
     ] {
         cases.push(BadCase::post(
             format!("{key} = {v}"),

@@ -1406,9 +1406,17 @@ async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
         assert_eq!(o.len(), 4, "{text}");
         assert!(p["name"].as_str().unwrap().chars().count() <= 10, "{text}");
         assert!((0..=120).contains(&p["age"].as_i64().unwrap()), "{text}");
-        assert!(["admin", "user", "guest"].contains(&p["role"].as_str().unwrap()), "{text}");
+        assert!(
+            ["admin", "user", "guest"].contains(&p["role"].as_str().unwrap()),
+            "{text}"
+        );
         let tags = p["tags"].as_array().unwrap();
-        assert!(tags.len() <= 3 && tags.iter().all(|t| t.as_str().unwrap().chars().count() <= 5));
+        assert!(
+            tags.len() <= 3
+                && tags
+                    .iter()
+                    .all(|t| t.as_str().unwrap().chars().count() <= 5)
+        );
     }
 
     // A grammar that allows any text and every token without text (builtin:tiny's five
@@ -1433,16 +1441,28 @@ async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
         let (_, free) = post(&client, &completions, body(false)).await;
         let (_, constrained) = post(&client, &completions, body(true)).await;
         assert_eq!(
-            free["choices"][0]["logprobs"]["tokens"], constrained["choices"][0]["logprobs"]["tokens"],
+            free["choices"][0]["logprobs"]["tokens"],
+            constrained["choices"][0]["logprobs"]["tokens"],
             "{prompt:?}"
         );
-        assert_eq!(free["choices"][0]["text"], constrained["choices"][0]["text"]);
+        assert_eq!(
+            free["choices"][0]["text"],
+            constrained["choices"][0]["text"]
+        );
     }
 
     // One of the choices, exactly.
-    let (_, v) = post(&client, &completions, json!({"prompt": "Colour:", "max_tokens": 10,
-        "temperature": 1.0, "seed": 3, "structured_outputs": {"choice": ["red", "green", "blue"]}})).await;
-    assert!(["red", "green", "blue"].contains(&v["choices"][0]["text"].as_str().unwrap()), "{v}");
+    let (_, v) = post(
+        &client,
+        &completions,
+        json!({"prompt": "Colour:", "max_tokens": 10,
+        "temperature": 1.0, "seed": 3, "structured_outputs": {"choice": ["red", "green", "blue"]}}),
+    )
+    .await;
+    assert!(
+        ["red", "green", "blue"].contains(&v["choices"][0]["text"].as_str().unwrap()),
+        "{v}"
+    );
 
     // Forced tool calls.
     let tools = json!([
@@ -1468,8 +1488,17 @@ async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
         assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
         let name = c["function"]["name"].as_str().unwrap();
         assert!(["get_weather", "get_time"].contains(&name), "{v}");
-        let args: Value = serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
-        assert!(args.get(if name == "get_weather" { "city" } else { "zone" }).is_some(), "{v}");
+        let args: Value =
+            serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(
+            args.get(if name == "get_weather" {
+                "city"
+            } else {
+                "zone"
+            })
+            .is_some(),
+            "{v}"
+        );
     }
     let named = json!({"type": "function", "function": {"name": "get_time"}});
     let (_, v) = post(&client, &chat, body(named.clone(), false)).await;
@@ -1489,26 +1518,56 @@ async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
     assert_eq!(streamed, args);
     // `required` streams its calls whole, at the end.
     let (_, chunks) = stream(&client, &chat, &body(json!("required"), true)).await;
-    let last = chunks.iter().rev().find(|c| !c["choices"][0].is_null()).unwrap();
+    let last = chunks
+        .iter()
+        .rev()
+        .find(|c| !c["choices"][0].is_null())
+        .unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{last}");
-    assert_eq!(last["choices"][0]["delta"]["tool_calls"].as_array().map(Vec::len), Some(calls.len()));
+    assert_eq!(
+        last["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .map(Vec::len),
+        Some(calls.len())
+    );
 
     // Refusals, each naming its field.
     let cases = [
-        (json!({"prompt": "x", "structured_outputs": {"regex": "("}}), "structured_outputs"),
-        (json!({"prompt": "x", "structured_outputs": {"grammar": "start: nope"}}), "structured_outputs"),
-        (json!({"prompt": "x", "response_format": {"type": "json_object"}, "ignore_eos": true}), "ignore_eos"),
+        (
+            json!({"prompt": "x", "structured_outputs": {"regex": "("}}),
+            "structured_outputs",
+        ),
+        (
+            json!({"prompt": "x", "structured_outputs": {"grammar": "start: nope"}}),
+            "structured_outputs",
+        ),
+        (
+            json!({"prompt": "x", "response_format": {"type": "json_object"}, "ignore_eos": true}),
+            "ignore_eos",
+        ),
         (json!({"prompt": "x", "tools": tools}), "tools"),
-        (json!({"messages": user("x"), "tools": tools}), "tool_choice"),
+        (
+            json!({"messages": user("x"), "tools": tools}),
+            "tool_choice",
+        ),
     ];
     for (body, param) in cases {
-        let url = if body.get("messages").is_some() { &chat } else { &completions };
+        let url = if body.get("messages").is_some() {
+            &chat
+        } else {
+            &completions
+        };
         let (status, v) = post(&client, url, body.clone()).await;
         assert_eq!(status, 400, "{body}: {v}");
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
     }
     // The server goes on serving.
-    let (status, _) = post(&client, &completions, json!({"prompt": "x", "max_tokens": 2})).await;
+    let (status, _) = post(
+        &client,
+        &completions,
+        json!({"prompt": "x", "max_tokens": 2}),
+    )
+    .await;
     assert_eq!(status, 200);
     server.stop().await;
 }

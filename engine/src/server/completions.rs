@@ -408,7 +408,6 @@ impl ResponseMeta {
     /// gathers the text so far.
     fn tool_chunk(
         &self,
-        tool: &ToolChoice,
         index: usize,
         text: &str,
         held: &mut String,
@@ -416,6 +415,7 @@ impl ResponseMeta {
         finish: Option<&'static str>,
         first: bool,
     ) -> Option<Value> {
+        let tool = self.tool.as_ref()?;
         held.push_str(text);
         let silent = matches!(tool, ToolChoice::Required)
             && finish.is_none()
@@ -543,7 +543,7 @@ fn sse_stream(
                     let reason = finish.map(|f| f.reason.as_str());
                     let first = c.first && meta.echo(index).is_none();
                     let chunk = match &meta.tool {
-                        Some(tool) => meta.tool_chunk(tool, index, &text, &mut c.held, lp, reason, first),
+                        Some(_) => meta.tool_chunk(index, &text, &mut c.held, lp, reason, first),
                         None => Some(meta.chunk(index, &text, lp, reason, first)),
                     };
                     if let Some(chunk) = chunk {
