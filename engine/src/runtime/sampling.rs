@@ -132,7 +132,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &[f32]) -> anyhow::Result<SampledToken> {
         let p = &self.params;
         let t_constraint = self.constraint.is_some().then(Instant::now);
-        let adjusted = (p.repetition_penalty != 1.0
+        let mut adjusted = (p.repetition_penalty != 1.0
             || p.presence_penalty != 0.0
             || p.frequency_penalty != 0.0
             || !p.logit_bias.is_empty()
@@ -142,7 +142,6 @@ impl Sampler {
             self.apply_penalties(&mut l);
             l
         });
-        let mut adjusted = adjusted;
         if let (Some(c), Some(l)) = (&mut self.constraint, &mut adjusted) {
             c.mask(l)?;
         }

@@ -80,9 +80,6 @@ impl Grammar {
                 schema,
                 any_whitespace,
             } => {
-                if !schema.is_object() && !schema.is_boolean() {
-                    bail!("a JSON schema must be an object or a boolean");
-                }
                 let mut schema = schema.clone();
                 if let Value::Object(m) = &mut schema {
                     // llguidance's own options ride in the schema; a client's are not taken.

@@ -425,6 +425,8 @@ impl ResponseMeta {
         if silent {
             return None;
         }
+        // Whether the text so far is a whole list of calls (asked only at the end).
+        let mut whole_calls = false;
         let mut delta = match tool {
             ToolChoice::Named(name) if first => json!({"tool_calls": [{
                 "index": 0, "id": tool_call_id(), "type": "function",
@@ -435,6 +437,7 @@ impl ResponseMeta {
             ToolChoice::Required => {
                 match finish.and_then(|_| structured::tool_calls(tool, held, tool_call_id)) {
                     Some(calls) => {
+                        whole_calls = true;
                         let calls: Vec<Value> = calls
                             .into_iter()
                             .enumerate()
@@ -454,7 +457,7 @@ impl ResponseMeta {
         if first {
             delta["role"] = json!("assistant");
         }
-        let finish = finish.map(|f| tool_finish_reason(tool, f, held));
+        let finish = finish.map(|f| tool_finish_reason(tool, f, whole_calls));
         Some(self.chat_chunk(index, delta, logprobs, finish))
     }
 
@@ -682,7 +685,7 @@ impl ResponseMeta {
             Endpoint::Chat => {
                 let calls = self.tool.as_ref().and_then(|tool| {
                     let calls = structured::tool_calls(tool, &c.text, tool_call_id)?;
-                    Some((calls, reason.map(|r| tool_finish_reason(tool, r, &c.text))))
+                    Some((calls, reason.map(|r| tool_finish_reason(tool, r, true))))
                 });
                 let (message, reason) = match calls {
                     // vLLM's shape: an empty content beside the calls.
@@ -703,15 +706,11 @@ fn tool_call_id() -> String {
     format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
 }
 
-/// vLLM's finish reason of a forced tool call: `tool_calls` when `required` produced whole
-/// calls, the generation's own otherwise (a named function's call ends with `stop`).
-fn tool_finish_reason(tool: &ToolChoice, reason: &'static str, text: &str) -> &'static str {
+/// vLLM's finish reason of a forced tool call: `tool_calls` when `required` produced
+/// `whole_calls`, the generation's own otherwise (a named function's call ends with `stop`).
+fn tool_finish_reason(tool: &ToolChoice, reason: &'static str, whole_calls: bool) -> &'static str {
     match tool {
-        ToolChoice::Required
-            if reason == "stop" && structured::tool_calls(tool, text, String::new).is_some() =>
-        {
-            "tool_calls"
-        }
+        ToolChoice::Required if reason == "stop" && whole_calls => "tool_calls",
         _ => reason,
     }
 }
