@@ -546,26 +546,31 @@ impl Slo {
 
     /// `--goodput ttft:MS tpot:MS e2el:MS` as scenario overrides (`slo.ttft_ms=MS`, …).
     pub fn overrides(args: &[String]) -> Result<Vec<String>, BadSlo> {
+        Self::overrides_of("--goodput", args)
+    }
+
+    /// The same objectives given under another flag (`sim plan --slo`), named in errors.
+    pub fn overrides_of(flag: &str, args: &[String]) -> Result<Vec<String>, BadSlo> {
         args.iter()
             .map(|a| {
                 let (k, v) = a.split_once(':').ok_or_else(|| {
-                    BadSlo(format!("--goodput {a}: expected METRIC:MS, e.g. ttft:500"))
+                    BadSlo(format!("{flag} {a}: expected METRIC:MS, e.g. ttft:500"))
                 })?;
                 if !matches!(k, "ttft" | "tpot" | "e2el") {
                     return Err(BadSlo(format!(
-                        "--goodput {a}: the metric must be ttft, tpot or e2el (as vLLM's)"
+                        "{flag} {a}: the metric must be ttft, tpot or e2el (as vLLM's)"
                     )));
                 }
                 let ms: f64 = v
                     .parse()
-                    .map_err(|_| BadSlo(format!("--goodput {a}: `{v}` is not a number of ms")))?;
+                    .map_err(|_| BadSlo(format!("{flag} {a}: `{v}` is not a number of ms")))?;
                 Ok(format!("slo.{k}_ms={ms:?}"))
             })
             .collect()
     }
 }
 
-/// A `--goodput` argument that cannot be used, and why.
+/// A `--goodput` (or `--slo`) argument that cannot be used, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct BadSlo(pub String);

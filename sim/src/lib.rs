@@ -16,7 +16,8 @@
 //! * [`output`]: console text, and runs streamed into run directories (`infer_reports`'
 //!   writer);
 //! * [`stages`]: per-stage figures of staged arrival schedules;
-//! * [`sweep`]: grids of runs in parallel.
+//! * [`sweep`]: grids of runs in parallel;
+//! * [`plan`]: `sim plan`, the best configuration under latency objectives, and capacity.
 
 pub mod calibration;
 pub mod catalog;
@@ -25,6 +26,7 @@ pub mod error;
 pub mod fit;
 pub mod memory;
 pub mod output;
+pub mod plan;
 pub mod settings;
 pub mod setup;
 pub mod simulate;

@@ -4,6 +4,9 @@
 //! sim run SCENARIO [--set key=value]… [--goodput ttft:MS …] [--out DIR] [--seed N] [--quiet]
 //! sim sweep SCENARIO --vary key=v1,v2,… [--vary …] [--set …] [--goodput …] [--out DIR]
 //!     [--threads N]
+//! sim plan SCENARIO [--slo ttft:MS tpot:MS e2el:MS] [--attainment F] [--vary key=v1,v2,…]…
+//!     [--config NAME:key=v,key=v]… [--capacity] [--target-rate R] [--set …] [--out DIR]
+//!     [--threads N]
 //! sim catalog
 //! sim calibrate [RUN_DIR…] [--published FILE]… [--hold-out RUN_DIR]… [--fit P,…]
 //!     [--prefill-batching packed|padded] [--logits sampled|all]
@@ -22,7 +25,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use infer_sim::{calibration, catalog, fit, output, sweep};
+use infer_sim::{calibration, catalog, fit, output, plan, sweep};
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +84,55 @@ enum Command {
         /// Worker threads (default: the machine's cores).
         #[arg(long)]
         threads: Option<usize>,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Find the best configuration under latency objectives: simulate every configuration
+    /// (named bundles of settings, each crossed with the varied keys) in parallel and print
+    /// and write (plan.csv, plan.md) its goodput, SLO attainment, GPUs and the Pareto front;
+    /// with --capacity, the highest arrival rate each holds; with --target-rate, the fewest
+    /// replicas that hold it. A scenario's `[plan]` table gives the same.
+    #[command(
+        after_help = "Example: three batch sizes under TTFT 2 s and TPOT 60 ms for 90% of requests\n  \
+        sim plan scenarios/chunked_prefill.toml --slo ttft:2000 tpot:60 --vary server.max_batch_size=8,16,24 --out runs/plan-batch"
+    )]
+    Plan {
+        scenario: String,
+        /// The objectives a request must meet, as vLLM's --goodput: `ttft:MS tpot:MS
+        /// e2el:MS` (any of them), added to the scenario's `[slo]` table.
+        #[arg(long, num_args = 1.., value_name = "METRIC:MS")]
+        slo: Vec<String>,
+        /// The fraction of requests that must meet every objective, in (0, 1] (default:
+        /// `[plan] attainment`, else 0.9).
+        #[arg(long, value_name = "F")]
+        attainment: Option<f64>,
+        /// A varied key: key=v1,v2,… (repeatable; the grid is their product). Replaces
+        /// `[plan] vary`.
+        #[arg(long = "vary", value_name = "KEY=V1,V2,…")]
+        vary: Vec<String>,
+        /// A named configuration: NAME:key=value,key=value (repeatable); each is crossed
+        /// with the grid. Replaces `[plan.configs]`.
+        #[arg(long = "config", value_name = "NAME:KEY=V,…")]
+        config: Vec<String>,
+        /// Search each configuration's capacity: the highest arrival rate (same process)
+        /// at which the attainment holds.
+        #[arg(long)]
+        capacity: bool,
+        /// Find each configuration's fewest replicas that hold this many requests per second
+        /// (the scenario needs a [cluster] table).
+        #[arg(long, value_name = "REQ_PER_S")]
+        target_rate: Option<f64>,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Plan directory (default: runs/<name>-plan-<unix time>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Worker threads (default: the machine's cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Print only the answer and the files.
         #[arg(long)]
         quiet: bool,
     },
@@ -420,6 +472,94 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 print!("{}", output::console(&setup, &result));
             }
             println!("run directory: {}", dir.display());
+            Ok(())
+        }
+        Command::Plan {
+            scenario,
+            slo,
+            attainment,
+            vary,
+            config,
+            capacity,
+            target_rate,
+            set,
+            out,
+            seed,
+            threads,
+            quiet,
+        } => {
+            let started = std::time::Instant::now();
+            let text =
+                std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
+            let mut base = overrides(set, seed, &[])?;
+            base.extend(infer_core::metrics::Slo::overrides_of("--slo", &slo)?);
+            let sc = infer_core::workload::Scenario::parse(&scenario, &text, &base)?;
+            let table = match &sc.plan {
+                Some(t) => plan::PlanTable::parse(&scenario, t)?,
+                None => plan::PlanTable::default(),
+            };
+            let spec = plan::PlanSpec {
+                slo: sc.slo.unwrap_or_default(),
+                attainment: attainment.or(table.attainment).unwrap_or(0.9),
+                axes: if vary.is_empty() {
+                    table.axes
+                } else {
+                    vary.iter()
+                        .map(|v| sweep::parse_axis(v))
+                        .collect::<Result<_, _>>()?
+                },
+                configs: if config.is_empty() {
+                    table.configs
+                } else {
+                    config
+                        .iter()
+                        .map(|c| plan::parse_config(c))
+                        .collect::<Result<_, _>>()?
+                },
+                capacity: capacity || table.capacity.unwrap_or(false),
+                target_rate: target_rate.or(table.target_rate),
+            };
+            spec.validate()?;
+            let configurations = spec.configurations()?;
+            let base = plan::Base {
+                file: &scenario,
+                text: &text,
+                overrides: &base,
+            };
+            plan::check_space(&base, &spec)?;
+            let threads = threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let outcomes =
+                sweep::par_map(&configurations, threads, (!quiet).then_some("plan"), |c| {
+                    plan::Outcome {
+                        configuration: c.clone(),
+                        result: plan::evaluate(&base, &spec, c),
+                    }
+                });
+            let plan = plan::Plan::new(spec, outcomes);
+            let dir = out.unwrap_or_else(|| default_run_dir(&format!("{}-plan", sc.name)));
+            std::fs::create_dir_all(&dir).map_err(FileError::at(&dir, "create"))?;
+            let command: Vec<String> = std::env::args().skip(1).collect();
+            for (name, body) in [
+                ("plan.csv", plan::csv(&plan)),
+                (
+                    "plan.md",
+                    plan::report(&plan, &scenario, &format!("sim {}", command.join(" "))),
+                ),
+            ] {
+                let path = dir.join(name);
+                std::fs::write(&path, body).map_err(FileError::at(&path, "write"))?;
+            }
+            if quiet {
+                print!("{}", plan::answer(&plan));
+            } else {
+                print!("{}", plan::console(&plan, 20));
+            }
+            println!(
+                "plan files: {0}/plan.csv, {0}/plan.md ({1:.1} s)",
+                dir.display(),
+                started.elapsed().as_secs_f64()
+            );
             Ok(())
         }
         Command::Sweep {

@@ -23,9 +23,23 @@ pub fn parse_axis(s: &str) -> Result<Axis, SimError> {
     let (key, values) = s
         .split_once('=')
         .ok_or_else(|| SimError::Invalid(format!("--vary `{s}`: expected key=v1,v2,…")))?;
+    let values = split_list(values);
+    if key.trim().is_empty() || values.iter().any(|v| v.is_empty()) {
+        return Err(SimError::Invalid(format!(
+            "--vary `{s}`: empty key or value"
+        )));
+    }
+    Ok(Axis {
+        key: key.trim().to_string(),
+        values,
+    })
+}
+
+/// Split `a,b,c` on the commas outside brackets, braces and quotes; each part trimmed.
+pub fn split_list(s: &str) -> Vec<String> {
     let mut out = Vec::new();
     let (mut depth, mut quoted, mut cur) = (0i32, false, String::new());
-    for c in values.chars() {
+    for c in s.chars() {
         match c {
             '"' => quoted = !quoted,
             '[' | '{' if !quoted => depth += 1,
@@ -39,15 +53,7 @@ pub fn parse_axis(s: &str) -> Result<Axis, SimError> {
         cur.push(c);
     }
     out.push(cur.trim().to_string());
-    if key.trim().is_empty() || out.iter().any(|v| v.is_empty()) {
-        return Err(SimError::Invalid(format!(
-            "--vary `{s}`: empty key or value"
-        )));
-    }
-    Ok(Axis {
-        key: key.trim().to_string(),
-        values: out,
-    })
+    out
 }
 
 /// Every combination, the first axis varying slowest.
@@ -75,6 +81,19 @@ pub struct Point {
     pub outcome: Result<(Summary, RunStats), SimError>,
 }
 
+/// Simulate the scenario `text` (from `file`) with `overrides`: its summary and run
+/// statistics.
+pub fn simulate(
+    file: &str,
+    text: &str,
+    overrides: &[String],
+) -> Result<(Summary, RunStats), SimError> {
+    Scenario::parse(file, text, overrides)
+        .map_err(SimError::from)
+        .and_then(|sc| crate::setup::prepare(file, sc))
+        .and_then(|setup| crate::simulate::run(&setup).map(|r| (r.summary, r.stats)))
+}
+
 /// Run every point of the grid over `threads` workers; `progress` draws a bar on stderr.
 pub fn run(
     file: &str,
@@ -85,17 +104,40 @@ pub fn run(
     progress: bool,
 ) -> Vec<Point> {
     let points = grid(axes);
-    let total = points.len();
+    par_map(
+        &points,
+        threads,
+        progress.then_some("sweep"),
+        |assignment| {
+            let mut overrides = base.to_vec();
+            overrides.extend(assignment.iter().map(|(k, v)| format!("{k}={v}")));
+            Point {
+                assignment: assignment.clone(),
+                outcome: simulate(file, text, &overrides),
+            }
+        },
+    )
+}
+
+/// `f` of every item, in order, computed by `threads` workers taking the next item as they
+/// finish one; with a `label`, a progress bar on stderr.
+pub fn par_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    label: Option<&str>,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let total = items.len();
     let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Point>>> = Mutex::new((0..total).map(|_| None).collect());
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..total).map(|_| None).collect());
     let draw = |n: usize| {
-        if progress {
+        if let Some(label) = label {
             let width = 30;
             let filled = n * width / total.max(1);
             let bar = "#".repeat(filled) + &".".repeat(width - filled);
             let mut err = std::io::stderr().lock();
-            let _ = write!(err, "\rsweep [{bar}] {n}/{total}");
+            let _ = write!(err, "\r{label} [{bar}] {n}/{total}");
             if n == total {
                 let _ = writeln!(err);
             }
@@ -109,17 +151,8 @@ pub fn run(
                 if i >= total {
                     break;
                 }
-                let assignment = points[i].clone();
-                let mut overrides = base.to_vec();
-                overrides.extend(assignment.iter().map(|(k, v)| format!("{k}={v}")));
-                let outcome = Scenario::parse(file, text, &overrides)
-                    .map_err(SimError::from)
-                    .and_then(|sc| crate::setup::prepare(file, sc))
-                    .and_then(|setup| crate::simulate::run(&setup).map(|r| (r.summary, r.stats)));
-                results.lock().expect("no panics while held")[i] = Some(Point {
-                    assignment,
-                    outcome,
-                });
+                let r = f(&items[i]);
+                results.lock().expect("no panics while held")[i] = Some(r);
                 draw(done.fetch_add(1, Ordering::SeqCst) + 1);
             });
         }
@@ -128,7 +161,7 @@ pub fn run(
         .into_inner()
         .expect("workers done")
         .into_iter()
-        .map(|p| p.expect("every point ran"))
+        .map(|r| r.expect("every item ran"))
         .collect()
 }
 
@@ -203,7 +236,8 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
     s
 }
 
-fn csv_field(v: &str) -> String {
+/// A CSV field, quoted where it must be.
+pub fn csv_field(v: &str) -> String {
     if v.contains([',', '"', '\n']) {
         format!("\"{}\"", v.replace('"', "\"\"").replace('\n', " "))
     } else {

@@ -29,6 +29,10 @@ pub struct Scenario {
     /// Simulator-only settings (cost model, …), checked by the simulator.
     #[serde(default)]
     pub sim: Option<toml::Table>,
+    /// A deployment plan (`sim plan`: objectives' attainment, keys to vary, named
+    /// configurations), checked by the simulator.
+    #[serde(default)]
+    pub plan: Option<toml::Table>,
     /// The whole scenario as parsed, overrides applied: what a run directory keeps
     /// (`scenario.toml`) so that the run can be simulated again (`sim calibrate`).
     #[serde(skip)]

@@ -1,0 +1,1139 @@
+//! `sim plan`: which configuration to run under latency objectives, and how much traffic
+//! each configuration holds.
+//!
+//! A plan's configurations are named bundles of settings (`--config NAME:key=v,…` or the
+//! scenario's `[plan.configs]`; the benchmark log's phases are such bundles), each crossed
+//! with the product of the varied keys (`--vary key=v1,v2,…` or `[plan] vary`), all on the
+//! scenario's workload. Each is simulated (in parallel, as `sim sweep` does) and given:
+//!
+//! * goodput: requests per second within every objective (vLLM's `request_goodput`), SLO
+//!   attainment (the fraction of requests within them) and cost (GPUs: one per replica);
+//! * with `--capacity`, its capacity: the highest arrival rate of the same arrival process
+//!   at which the attainment still reaches the target, found by bracketing the rate;
+//! * with `--target-rate R`, the fewest replicas that hold R.
+//!
+//! The best configuration is the one that holds the target rate on the fewest GPUs (with a
+//! target rate), else the most capacity per GPU (with `--capacity`), else the most goodput
+//! per GPU among those whose attainment reaches the target. The Pareto front is the set of
+//! configurations no other beats at the scenario's rate on goodput per GPU and on the P99
+//! of every metric the SLO names at once.
+
+use std::fmt::Write as _;
+
+use infer_core::metrics::{Slo, Summary};
+use infer_core::workload::{ArrivalKind, Scenario};
+
+use crate::error::SimError;
+use crate::simulate::RunStats;
+use crate::sweep::{self, Axis};
+
+/// The most configurations a plan may have: at a few milliseconds each that is minutes,
+/// and a larger space is a typo (an axis of a thousand values) more often than a plan.
+pub const MAX_CONFIGS: usize = 100_000;
+/// The most replicas `--target-rate` tries.
+pub const MAX_REPLICAS: usize = 256;
+/// Capacity is found to within this ratio of rates.
+const RATE_PRECISION: f64 = 1.02;
+/// Doublings (or halvings) of the rate tried before giving up on a bracket: a factor of
+/// 1,024 either way (lower, a run of the same requests outlasts any sensible clock).
+const MAX_BRACKET_STEPS: usize = 10;
+
+/// A named bundle of settings (`--config NAME:key=v,key=v`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedConfig {
+    pub name: String,
+    /// `key=value` overrides, as `--set` takes them.
+    pub settings: Vec<String>,
+}
+
+/// Parse `NAME:key=v,key=v`; commas inside brackets, braces or quotes do not split.
+pub fn parse_config(s: &str) -> Result<NamedConfig, SimError> {
+    let bad = |why: &str| SimError::Invalid(format!("--config `{s}`: {why}"));
+    let (name, settings) = s
+        .split_once(':')
+        .ok_or_else(|| bad("expected NAME:key=value,key=value"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(bad("the configuration has no name"));
+    }
+    let settings = sweep::split_list(settings);
+    if let Some(v) = settings.iter().find(|v| !v.contains('=')) {
+        return Err(bad(&format!("`{v}` is not key=value")));
+    }
+    Ok(NamedConfig {
+        name: name.to_string(),
+        settings,
+    })
+}
+
+/// What a plan searches and for what, from the scenario's `[plan]` table and the command
+/// line (which replaces the table's entries it gives).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSpec {
+    /// The objectives a request must meet (the scenario's `[slo]` or `--slo`).
+    pub slo: Slo,
+    /// The fraction of requests that must meet them, in (0, 1].
+    pub attainment: f64,
+    pub axes: Vec<Axis>,
+    pub configs: Vec<NamedConfig>,
+    /// Search each configuration's capacity.
+    pub capacity: bool,
+    /// Find each configuration's fewest replicas that hold this rate.
+    pub target_rate: Option<f64>,
+}
+
+/// The `[plan]` table's entries (all optional).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlanTable {
+    pub attainment: Option<f64>,
+    pub axes: Vec<Axis>,
+    pub configs: Vec<NamedConfig>,
+    pub capacity: Option<bool>,
+    pub target_rate: Option<f64>,
+}
+
+impl PlanTable {
+    /// Read a scenario's `[plan]` table; an error names `plan.<key>`.
+    pub fn parse(file: &str, table: &toml::Table) -> Result<PlanTable, SimError> {
+        let key_err = |key: &str, reason: String| SimError::Key {
+            file: file.to_string(),
+            key: format!("plan.{key}"),
+            reason,
+        };
+        let mut out = PlanTable::default();
+        for (key, value) in table {
+            match key.as_str() {
+                "attainment" => {
+                    out.attainment = Some(number(value).ok_or_else(|| {
+                        key_err(key, format!("expected a number in (0, 1], got {value}"))
+                    })?)
+                }
+                "target_rate" => {
+                    out.target_rate = Some(number(value).ok_or_else(|| {
+                        key_err(key, format!("expected requests per second, got {value}"))
+                    })?)
+                }
+                "capacity" => {
+                    out.capacity = Some(value.as_bool().ok_or_else(|| {
+                        key_err(key, format!("expected true or false, got {value}"))
+                    })?)
+                }
+                "vary" => {
+                    for v in strings(value).ok_or_else(|| {
+                        key_err(key, "expected a list of \"key=v1,v2,…\" strings".into())
+                    })? {
+                        out.axes
+                            .push(sweep::parse_axis(&v).map_err(|e| key_err(key, e.to_string()))?);
+                    }
+                }
+                "configs" => {
+                    let t = value.as_table().ok_or_else(|| {
+                        key_err(key, "expected a table of NAME = [\"key=value\", …]".into())
+                    })?;
+                    for (name, settings) in t {
+                        let settings = strings(settings)
+                            .filter(|s| s.iter().all(|v| v.contains('=')))
+                            .ok_or_else(|| {
+                                key_err(
+                                    &format!("configs.{name}"),
+                                    "expected a list of \"key=value\" strings".into(),
+                                )
+                            })?;
+                        out.configs.push(NamedConfig {
+                            name: name.clone(),
+                            settings,
+                        });
+                    }
+                }
+                _ => {
+                    return Err(key_err(
+                        key,
+                        "unknown key (expected attainment, vary, configs, capacity, target_rate)"
+                            .into(),
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn number(v: &toml::Value) -> Option<f64> {
+    v.as_float().or_else(|| v.as_integer().map(|i| i as f64))
+}
+
+fn strings(v: &toml::Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(str::to_string))
+        .collect()
+}
+
+impl PlanSpec {
+    /// Check what no simulation can fix: an objective, an attainment in (0, 1], distinct
+    /// keys and names, a positive target rate.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |s: String| Err(SimError::Invalid(s));
+        if let Err((key, why)) = self.slo.validate() {
+            return bad(format!(
+                "a plan needs latency objectives (--slo ttft:MS tpot:MS e2el:MS, or the \
+                 scenario's [slo] table): slo.{key}: {why}"
+            ));
+        }
+        if !(self.attainment > 0.0 && self.attainment <= 1.0) {
+            return bad(format!(
+                "--attainment (plan.attainment) must be in (0, 1], got {}",
+                self.attainment
+            ));
+        }
+        for (i, a) in self.axes.iter().enumerate() {
+            if self.axes[..i].iter().any(|b| b.key == a.key) {
+                return bad(format!("--vary {}: the key is varied twice", a.key));
+            }
+        }
+        for (i, c) in self.configs.iter().enumerate() {
+            if self.configs[..i].iter().any(|d| d.name == c.name) {
+                return bad(format!("--config {}: the name is used twice", c.name));
+            }
+        }
+        if let Some(r) = self.target_rate {
+            if !(r > 0.0 && r.is_finite()) {
+                return bad(format!("--target-rate must be > 0 requests/s, got {r}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every configuration: each named one (or the scenario as it is) crossed with the
+    /// grid of the varied keys.
+    pub fn configurations(&self) -> Result<Vec<Configuration>, SimError> {
+        let named = if self.configs.is_empty() {
+            vec![NamedConfig {
+                name: String::new(),
+                settings: Vec::new(),
+            }]
+        } else {
+            self.configs.clone()
+        };
+        let points: usize = self.axes.iter().map(|a| a.values.len()).product();
+        let total = points.saturating_mul(named.len());
+        if total > MAX_CONFIGS {
+            let sizes: Vec<String> = self
+                .axes
+                .iter()
+                .map(|a| format!("{} ({} values)", a.key, a.values.len()))
+                .collect();
+            return Err(SimError::Invalid(format!(
+                "the plan has {total} configurations, more than {MAX_CONFIGS}: {} named × {}",
+                named.len(),
+                sizes.join(" × ")
+            )));
+        }
+        let grid = sweep::grid(&self.axes);
+        Ok(named
+            .iter()
+            .flat_map(|c| {
+                grid.iter().map(move |point| {
+                    let mut name = c.name.clone();
+                    for (k, v) in point {
+                        if !name.is_empty() {
+                            name.push(' ');
+                        }
+                        let short = k.rsplit('.').next().unwrap_or(k);
+                        let _ = write!(name, "{short}={v}");
+                    }
+                    if name.is_empty() {
+                        name = "as given".into();
+                    }
+                    Configuration {
+                        name,
+                        config: c.name.clone(),
+                        assignment: point.clone(),
+                        settings: c
+                            .settings
+                            .iter()
+                            .cloned()
+                            .chain(point.iter().map(|(k, v)| format!("{k}={v}")))
+                            .collect(),
+                    }
+                })
+            })
+            .collect())
+    }
+}
+
+/// One configuration of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Configuration {
+    /// The named configuration and the varied values, e.g. `P8 max_batch_size=16`.
+    pub name: String,
+    /// The named configuration's name (empty without named configurations).
+    pub config: String,
+    /// The varied keys' values.
+    pub assignment: Vec<(String, String)>,
+    /// Every override it adds to the scenario.
+    pub settings: Vec<String>,
+}
+
+/// A configuration's figures at the scenario's rate (latencies in ms).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Figures {
+    pub gpus: usize,
+    pub goodput: f64,
+    pub attainment: f64,
+    pub output_throughput: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    pub tpot_p50_ms: f64,
+    pub tpot_p99_ms: f64,
+    pub e2el_p99_ms: f64,
+}
+
+impl Figures {
+    fn of(s: &Summary, st: &RunStats) -> Figures {
+        let g = s.goodput.unwrap_or_default();
+        Figures {
+            gpus: st.replicas.max(1),
+            goodput: g.request_goodput,
+            attainment: g.slo_attainment,
+            output_throughput: s.output_throughput,
+            ttft_p50_ms: s.ttft.median * 1e3,
+            ttft_p99_ms: s.ttft.p99 * 1e3,
+            tpot_p50_ms: s.tpot.median * 1e3,
+            tpot_p99_ms: s.tpot.p99 * 1e3,
+            e2el_p99_ms: s.e2el.p99 * 1e3,
+        }
+    }
+
+    /// The P99 of each metric the SLO names (lower is better), for the Pareto front.
+    fn latencies(&self, slo: &Slo) -> Vec<f64> {
+        let mut v = Vec::new();
+        if slo.ttft_ms.is_some() {
+            v.push(self.ttft_p99_ms);
+        }
+        if slo.tpot_ms.is_some() {
+            v.push(self.tpot_p99_ms);
+        }
+        if slo.e2el_ms.is_some() {
+            v.push(self.e2el_p99_ms);
+        }
+        v
+    }
+}
+
+/// The highest rate at which a configuration holds its SLO attainment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    /// Requests per second; 0 when even the lowest rate tried misses the target.
+    pub rate: f64,
+    /// False when the attainment held at the highest rate tried (the capacity is at least
+    /// `rate`).
+    pub bounded: bool,
+    /// Simulations the search ran.
+    pub simulations: usize,
+}
+
+/// Bracket then bisect the rate (geometrically, to within [`RATE_PRECISION`]) for the
+/// highest at which `holds` is true, starting from `start`. Assumes `holds` is true below
+/// some rate and false above it; where a simulation is not monotone the answer is a rate
+/// that holds with a higher one within the precision that does not.
+pub fn search_capacity(
+    start: f64,
+    mut holds: impl FnMut(f64) -> Result<bool, SimError>,
+) -> Result<Capacity, SimError> {
+    let mut simulations = 0;
+    let mut test = |r: f64| {
+        simulations += 1;
+        holds(r)
+    };
+    let (mut lo, mut hi);
+    if test(start)? {
+        lo = start;
+        hi = start * 2.0;
+        let mut steps = 0;
+        while test(hi)? {
+            lo = hi;
+            hi *= 2.0;
+            steps += 1;
+            if steps == MAX_BRACKET_STEPS {
+                return Ok(Capacity {
+                    rate: lo,
+                    bounded: false,
+                    simulations,
+                });
+            }
+        }
+    } else {
+        hi = start;
+        lo = start / 2.0;
+        let mut steps = 0;
+        while !test(lo)? {
+            hi = lo;
+            lo /= 2.0;
+            steps += 1;
+            if steps == MAX_BRACKET_STEPS {
+                return Ok(Capacity {
+                    rate: 0.0,
+                    bounded: true,
+                    simulations,
+                });
+            }
+        }
+    }
+    while hi / lo > RATE_PRECISION {
+        let mid = (lo * hi).sqrt();
+        if test(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Capacity {
+        rate: lo,
+        bounded: true,
+        simulations,
+    })
+}
+
+/// The fewest replicas in `1..=max` for which `holds` is true (doubling, then bisecting);
+/// `None` when even `max` does not hold.
+pub fn search_replicas(
+    max: usize,
+    mut holds: impl FnMut(usize) -> Result<bool, SimError>,
+) -> Result<Option<usize>, SimError> {
+    let mut lo = 0; // the most replicas known not to hold
+    let mut hi = 1;
+    while !holds(hi)? {
+        if hi >= max {
+            return Ok(None);
+        }
+        lo = hi;
+        hi = (hi * 2).min(max);
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if holds(mid)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some(hi))
+}
+
+/// A configuration's outcome.
+#[derive(Debug)]
+pub struct Outcome {
+    pub configuration: Configuration,
+    pub result: Result<Evaluated, SimError>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluated {
+    pub figures: Figures,
+    pub capacity: Option<Capacity>,
+    /// Fewest replicas holding the target rate (`Some(None)`: not within the maximum).
+    pub replicas_for_target: Option<Option<usize>>,
+}
+
+impl Evaluated {
+    pub fn meets(&self, attainment: f64) -> bool {
+        self.figures.attainment >= attainment
+    }
+
+    pub fn capacity_per_gpu(&self) -> Option<f64> {
+        self.capacity.map(|c| c.rate / self.figures.gpus as f64)
+    }
+
+    pub fn goodput_per_gpu(&self) -> f64 {
+        self.figures.goodput / self.figures.gpus as f64
+    }
+}
+
+/// The scenario a plan runs: its file, text and the overrides every configuration shares.
+pub struct Base<'a> {
+    pub file: &'a str,
+    pub text: &'a str,
+    pub overrides: &'a [String],
+}
+
+impl Base<'_> {
+    fn simulate(&self, extra: &[String]) -> Result<(Summary, RunStats), SimError> {
+        let mut overrides = self.overrides.to_vec();
+        overrides.extend_from_slice(extra);
+        sweep::simulate(self.file, self.text, &overrides)
+    }
+}
+
+/// Simulate one configuration, then search its capacity and replicas as the plan asks.
+pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evaluated, SimError> {
+    let (summary, stats) = base.simulate(&c.settings)?;
+    let figures = Figures::of(&summary, &stats);
+    let attainment_at = |extra: Vec<String>| -> Result<bool, SimError> {
+        let mut settings = c.settings.clone();
+        settings.extend(extra);
+        let (s, _) = base.simulate(&settings)?;
+        Ok(s.goodput
+            .is_some_and(|g| g.slo_attainment >= spec.attainment))
+    };
+    let capacity = if spec.capacity {
+        let sc = Scenario::parse(
+            base.file,
+            base.text,
+            &[base.overrides, &c.settings[..]].concat(),
+        )?;
+        let start = rate_of(base.file, &sc)?;
+        let known = figures.attainment >= spec.attainment;
+        Some(search_capacity(start, |r| {
+            if r == start {
+                return Ok(known);
+            }
+            attainment_at(vec![format!("arrival.rate={r:?}")])
+        })?)
+    } else {
+        None
+    };
+    let replicas_for_target = match spec.target_rate {
+        Some(rate) => Some(search_replicas(MAX_REPLICAS, |n| {
+            attainment_at(vec![
+                format!("arrival.rate={rate:?}"),
+                format!("cluster.replicas={n}"),
+            ])
+        })?),
+        None => None,
+    };
+    Ok(Evaluated {
+        figures,
+        capacity,
+        replicas_for_target,
+    })
+}
+
+/// The rate a capacity search starts from: the scenario's own, for the arrival kinds that
+/// have one.
+fn rate_of(file: &str, sc: &Scenario) -> Result<f64, SimError> {
+    match (sc.arrival.kind, sc.arrival.rate) {
+        (ArrivalKind::Poisson | ArrivalKind::Gamma | ArrivalKind::Uniform, Some(r)) => Ok(r),
+        (kind, _) => Err(SimError::Key {
+            file: file.to_string(),
+            key: "arrival.kind".into(),
+            reason: format!(
+                "a capacity search varies the arrival rate: it needs kind = \"poisson\", \
+                 \"gamma\" or \"uniform\" with a rate, not {kind:?}"
+            ),
+        }),
+    }
+}
+
+/// Check every varied value and every named configuration on its own before the plan runs,
+/// so that a bad key or value is named once rather than failing thousands of points.
+pub fn check_space(base: &Base, spec: &PlanSpec) -> Result<(), SimError> {
+    let check = |what: String, settings: &[String]| -> Result<(), SimError> {
+        let mut overrides = base.overrides.to_vec();
+        overrides.extend_from_slice(settings);
+        Scenario::parse(base.file, base.text, &overrides)
+            .map_err(SimError::from)
+            .and_then(|sc| crate::setup::prepare(base.file, sc))
+            .map(|_| ())
+            .map_err(|e| SimError::Invalid(format!("{what}: {e}")))
+    };
+    for c in &spec.configs {
+        check(format!("configuration {}", c.name), &c.settings)?;
+    }
+    for a in &spec.axes {
+        for v in &a.values {
+            check(format!("--vary {}={v}", a.key), &[format!("{}={v}", a.key)])?;
+        }
+    }
+    if spec.target_rate.is_some() {
+        let sc = Scenario::parse(base.file, base.text, base.overrides)?;
+        if sc.cluster.is_none()
+            && !spec
+                .configs
+                .iter()
+                .any(|c| c.settings.iter().any(|s| s.starts_with("cluster.")))
+        {
+            return Err(SimError::Invalid(
+                "--target-rate varies the number of replicas: the scenario needs a [cluster] \
+                 table (its router spreads the load), e.g. --set cluster.router=round_robin"
+                    .into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A plan's outcomes, ranked.
+pub struct Plan {
+    pub spec: PlanSpec,
+    pub outcomes: Vec<Outcome>,
+    /// Index of the best configuration, if any holds the SLO.
+    pub best: Option<usize>,
+    /// Whether each outcome is on the Pareto front.
+    pub pareto: Vec<bool>,
+}
+
+impl Plan {
+    pub fn new(spec: PlanSpec, outcomes: Vec<Outcome>) -> Plan {
+        let best = best(&spec, &outcomes);
+        let pareto = pareto_front(&spec, &outcomes);
+        Plan {
+            spec,
+            outcomes,
+            best,
+            pareto,
+        }
+    }
+
+    fn meeting(&self) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|o| {
+                o.result
+                    .as_ref()
+                    .is_ok_and(|e| e.meets(self.spec.attainment))
+            })
+            .count()
+    }
+}
+
+/// The figure a configuration is ranked by (higher is better), `None` when it cannot be
+/// chosen (a failed simulation, the SLO missed, the target rate not held).
+fn merit(spec: &PlanSpec, e: &Evaluated) -> Option<f64> {
+    if let Some(r) = e.replicas_for_target {
+        // A replica is one GPU.
+        return r.map(|n| -(n as f64));
+    }
+    if let Some(c) = e.capacity_per_gpu() {
+        return (c > 0.0).then_some(c);
+    }
+    e.meets(spec.attainment).then(|| e.goodput_per_gpu())
+}
+
+/// The best configuration: the highest merit; ties go to the lower P99 latencies summed,
+/// then to the earlier configuration.
+fn best(spec: &PlanSpec, outcomes: &[Outcome]) -> Option<usize> {
+    let mut best: Option<(usize, f64, f64)> = None;
+    for (i, o) in outcomes.iter().enumerate() {
+        let Ok(e) = &o.result else { continue };
+        let Some(m) = merit(spec, e) else { continue };
+        let lat: f64 = e.figures.latencies(&spec.slo).iter().sum();
+        if best.is_none_or(|(_, bm, bl)| m > bm || (m == bm && lat < bl)) {
+            best = Some((i, m, lat));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+/// Whether each outcome is on the Pareto front of goodput per GPU against the P99 of each
+/// metric the SLO names, all at the scenario's rate (a capacity is each configuration's own
+/// rate, so latencies there compare nothing).
+fn pareto_front(spec: &PlanSpec, outcomes: &[Outcome]) -> Vec<bool> {
+    let objective = |e: &Evaluated| -> Vec<f64> {
+        let mut v = vec![-e.goodput_per_gpu()];
+        v.extend(e.figures.latencies(&spec.slo));
+        v
+    };
+    let points: Vec<Option<Vec<f64>>> = outcomes
+        .iter()
+        .map(|o| o.result.as_ref().ok().map(objective))
+        .collect();
+    let dominates = |a: &[f64], b: &[f64]| {
+        a.iter().zip(b).all(|(x, y)| x <= y) && a.iter().zip(b).any(|(x, y)| x < y)
+    };
+    points
+        .iter()
+        .map(|p| {
+            p.as_ref()
+                .is_some_and(|p| !points.iter().flatten().any(|q| dominates(q, p)))
+        })
+        .collect()
+}
+
+const HEADER: [&str; 12] = [
+    "gpus",
+    "goodput_req_per_s",
+    "goodput_per_gpu",
+    "slo_attainment",
+    "meets_slo",
+    "out_tok_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "e2el_p99_ms",
+    "pareto",
+];
+
+/// The plan as CSV: a row per configuration, in plan order.
+pub fn csv(plan: &Plan) -> String {
+    let mut s = String::new();
+    let mut head: Vec<String> = vec!["configuration".into(), "config".into()];
+    head.extend(plan.spec.axes.iter().map(|a| a.key.clone()));
+    head.extend(HEADER.iter().map(|h| h.to_string()));
+    if plan.spec.capacity {
+        head.extend(["capacity_req_per_s".into(), "capacity_per_gpu".into()]);
+    }
+    if plan.spec.target_rate.is_some() {
+        head.push("replicas_for_target".into());
+    }
+    head.extend(["best".into(), "error".into()]);
+    let _ = writeln!(s, "{}", head.join(","));
+    for (i, o) in plan.outcomes.iter().enumerate() {
+        let c = &o.configuration;
+        let mut row = vec![sweep::csv_field(&c.name), sweep::csv_field(&c.config)];
+        row.extend(c.assignment.iter().map(|(_, v)| sweep::csv_field(v)));
+        match &o.result {
+            Ok(e) => {
+                let f = &e.figures;
+                row.push(f.gpus.to_string());
+                row.extend(
+                    [f.goodput, e.goodput_per_gpu(), f.attainment]
+                        .iter()
+                        .map(|v| format!("{v:.4}")),
+                );
+                row.push(e.meets(plan.spec.attainment).to_string());
+                row.extend(
+                    [
+                        f.output_throughput,
+                        f.ttft_p50_ms,
+                        f.ttft_p99_ms,
+                        f.tpot_p50_ms,
+                        f.tpot_p99_ms,
+                        f.e2el_p99_ms,
+                    ]
+                    .iter()
+                    .map(|v| format!("{v:.4}")),
+                );
+                row.push(plan.pareto[i].to_string());
+                if plan.spec.capacity {
+                    match e.capacity {
+                        Some(cap) => {
+                            let bound = if cap.bounded { "" } else { ">=" };
+                            row.push(format!("{bound}{:.4}", cap.rate));
+                            row.push(format!("{:.4}", cap.rate / f.gpus as f64));
+                        }
+                        None => row.extend([String::new(), String::new()]),
+                    }
+                }
+                if plan.spec.target_rate.is_some() {
+                    row.push(match e.replicas_for_target {
+                        Some(Some(n)) => n.to_string(),
+                        _ => String::new(),
+                    });
+                }
+                row.push((plan.best == Some(i)).to_string());
+                row.push(String::new());
+            }
+            Err(err) => {
+                let blanks = HEADER.len()
+                    + if plan.spec.capacity { 2 } else { 0 }
+                    + usize::from(plan.spec.target_rate.is_some())
+                    + 1;
+                row.extend(std::iter::repeat_n(String::new(), blanks));
+                row.push(sweep::csv_field(&err.to_string()));
+            }
+        }
+        let _ = writeln!(s, "{}", row.join(","));
+    }
+    s
+}
+
+/// The objectives in words, e.g. `TTFT ≤ 2000 ms, TPOT ≤ 60 ms for 99% of requests`.
+pub fn describe_slo(spec: &PlanSpec) -> String {
+    let mut parts = Vec::new();
+    for (name, v) in [
+        ("TTFT", spec.slo.ttft_ms),
+        ("TPOT", spec.slo.tpot_ms),
+        ("E2EL", spec.slo.e2el_ms),
+    ] {
+        if let Some(v) = v {
+            parts.push(format!("{name} ≤ {v} ms"));
+        }
+    }
+    format!(
+        "{} for {}% of requests",
+        parts.join(", "),
+        spec.attainment * 100.0
+    )
+}
+
+/// A table of the given outcomes (markdown: aligned enough for a console too).
+fn table(plan: &Plan, rows: &[usize]) -> String {
+    let mut s = String::new();
+    let mut head = vec![
+        "configuration",
+        "GPUs",
+        "goodput (req/s)",
+        "attainment",
+        "TTFT P99 (ms)",
+        "TPOT P99 (ms)",
+    ];
+    if plan.spec.capacity {
+        head.push("capacity (req/s)");
+    }
+    if plan.spec.target_rate.is_some() {
+        head.push("replicas for target");
+    }
+    head.push("");
+    let _ = writeln!(s, "| {} |", head.join(" | "));
+    let _ = writeln!(s, "|{}", "---|".repeat(head.len()));
+    for &i in rows {
+        let o = &plan.outcomes[i];
+        let mut cells = vec![o.configuration.name.clone()];
+        match &o.result {
+            Ok(e) => {
+                let f = &e.figures;
+                cells.push(f.gpus.to_string());
+                cells.push(format!("{:.3}", f.goodput));
+                cells.push(format!("{:.1}%", f.attainment * 100.0));
+                cells.push(format!("{:.0}", f.ttft_p99_ms));
+                cells.push(format!("{:.1}", f.tpot_p99_ms));
+                if plan.spec.capacity {
+                    cells.push(match e.capacity {
+                        Some(c) if !c.bounded => format!("≥ {:.2}", c.rate),
+                        Some(c) => format!("{:.2}", c.rate),
+                        None => String::new(),
+                    });
+                }
+                if plan.spec.target_rate.is_some() {
+                    cells.push(match e.replicas_for_target {
+                        Some(Some(n)) => n.to_string(),
+                        _ => format!("> {MAX_REPLICAS}"),
+                    });
+                }
+                let mut marks = Vec::new();
+                if plan.best == Some(i) {
+                    marks.push("best");
+                }
+                if plan.pareto[i] {
+                    marks.push("Pareto");
+                }
+                if !e.meets(plan.spec.attainment) {
+                    marks.push("misses SLO");
+                }
+                cells.push(marks.join(", "));
+            }
+            Err(err) => {
+                cells.push(format!("error: {err}"));
+            }
+        }
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    }
+    s
+}
+
+/// Outcomes in rank order: chosen ones by merit, then the rest in plan order.
+fn ranked(plan: &Plan) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..plan.outcomes.len()).collect();
+    let key = |i: usize| {
+        plan.outcomes[i]
+            .result
+            .as_ref()
+            .ok()
+            .and_then(|e| merit(&plan.spec, e))
+    };
+    idx.sort_by(|&a, &b| match (key(a), key(b)) {
+        (Some(x), Some(y)) => y.total_cmp(&x).then(a.cmp(&b)),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => a.cmp(&b),
+    });
+    idx
+}
+
+/// The plan's answer in words: the best configuration and its settings, or why none.
+pub fn answer(plan: &Plan) -> String {
+    let spec = &plan.spec;
+    let n = plan.outcomes.len();
+    let mut s = format!(
+        "{n} configurations, {} meet {} at the scenario's rate\n",
+        plan.meeting(),
+        describe_slo(spec)
+    );
+    match plan.best {
+        Some(i) => {
+            let o = &plan.outcomes[i];
+            let e = o.result.as_ref().expect("the best ran");
+            let why = if let Some(Some(r)) = e.replicas_for_target {
+                format!(
+                    "holds {} req/s on {r} GPU(s), the fewest",
+                    spec.target_rate.unwrap_or_default(),
+                )
+            } else if let Some(c) = e.capacity {
+                format!(
+                    "capacity {}{:.2} req/s on {} GPU(s), the most per GPU",
+                    if c.bounded { "" } else { "≥ " },
+                    c.rate,
+                    e.figures.gpus
+                )
+            } else {
+                format!(
+                    "goodput {:.3} req/s per GPU, attainment {:.1}%, the most goodput per GPU",
+                    e.goodput_per_gpu(),
+                    e.figures.attainment * 100.0
+                )
+            };
+            let _ = writeln!(s, "best: {} ({why})", o.configuration.name);
+            if !o.configuration.settings.is_empty() {
+                let _ = writeln!(s, "  settings: {}", o.configuration.settings.join(" "));
+            }
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "no configuration holds the SLO{}",
+                if spec.target_rate.is_some() {
+                    format!(" at the target rate with up to {MAX_REPLICAS} replicas")
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    s
+}
+
+/// What `sim plan` prints: the answer, then the ranked table (the first `limit` rows) and
+/// the Pareto front.
+pub fn console(plan: &Plan, limit: usize) -> String {
+    let mut s = answer(plan);
+    let order = ranked(plan);
+    let shown: Vec<usize> = order.iter().copied().take(limit).collect();
+    s.push('\n');
+    s.push_str(&table(plan, &shown));
+    if order.len() > limit {
+        let _ = writeln!(s, "({} more in plan.csv)", order.len() - limit);
+    }
+    s
+}
+
+/// `plan.md`: the question, the answer, the Pareto front and every configuration ranked.
+pub fn report(plan: &Plan, scenario: &str, command: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Plan: {scenario}\n");
+    let _ = writeln!(s, "Command: `{command}`\n");
+    let _ = writeln!(s, "Objectives: {}.\n", describe_slo(&plan.spec));
+    let _ = writeln!(s, "```\n{}```\n", answer(plan));
+    let front: Vec<usize> = ranked(plan)
+        .into_iter()
+        .filter(|&i| plan.pareto[i])
+        .collect();
+    let _ = writeln!(
+        s,
+        "## Pareto front\n\nGoodput per GPU against the P99 of each metric the objectives name, \
+         at the scenario's rate: no other configuration is better on all of them at once.\n"
+    );
+    s.push_str(&table(plan, &front));
+    let _ = writeln!(s, "\n## Every configuration, ranked\n");
+    s.push_str(&table(plan, &ranked(plan)));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PlanSpec {
+        PlanSpec {
+            slo: Slo {
+                ttft_ms: Some(500.0),
+                tpot_ms: Some(50.0),
+                e2el_ms: None,
+            },
+            attainment: 0.9,
+            axes: Vec::new(),
+            configs: Vec::new(),
+            capacity: false,
+            target_rate: None,
+        }
+    }
+
+    #[test]
+    fn named_configurations_cross_the_grid() {
+        let mut s = spec();
+        s.configs = vec![
+            parse_config("P6:server.chunked_prefill=false,server.prefix_caching=false").unwrap(),
+            parse_config("P8:server.chunked_prefill=true").unwrap(),
+        ];
+        s.axes = vec![sweep::parse_axis("server.max_batch_size=8,16").unwrap()];
+        let c = s.configurations().unwrap();
+        assert_eq!(c.len(), 4);
+        assert_eq!(c[1].name, "P6 max_batch_size=16");
+        assert_eq!(
+            c[1].settings,
+            vec![
+                "server.chunked_prefill=false",
+                "server.prefix_caching=false",
+                "server.max_batch_size=16"
+            ]
+        );
+        assert_eq!(c[2].config, "P8");
+        // Without named configurations the scenario itself is crossed with the grid.
+        s.configs.clear();
+        assert_eq!(s.configurations().unwrap().len(), 2);
+        s.axes.clear();
+        assert_eq!(s.configurations().unwrap()[0].name, "as given");
+    }
+
+    #[test]
+    fn bad_plans_are_named() {
+        for (bad, says) in [
+            ("P6", "NAME:key=value"),
+            (":server.x=1", "no name"),
+            ("P6:server.x", "not key=value"),
+        ] {
+            let e = parse_config(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let mut s = spec();
+        s.attainment = 1.5;
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--attainment"));
+        s.attainment = 0.0;
+        assert!(s.validate().is_err());
+        s.attainment = 1.0;
+        s.validate().unwrap();
+        s.slo = Slo::default();
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("latency objectives"));
+        let mut s = spec();
+        s.axes = vec![
+            sweep::parse_axis("server.max_batch_size=8").unwrap(),
+            sweep::parse_axis("server.max_batch_size=16").unwrap(),
+        ];
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("varied twice"));
+        let mut s = spec();
+        s.axes = (0..6)
+            .map(|k| sweep::parse_axis(&format!("k{k}=1,2,3,4,5,6,7,8,9,10")).unwrap())
+            .collect();
+        assert!(s
+            .configurations()
+            .unwrap_err()
+            .to_string()
+            .contains("1000000 configurations"));
+    }
+
+    #[test]
+    fn plan_tables_parse_and_refuse_unknown_keys() {
+        let t: toml::Table = toml::from_str(
+            r#"
+            attainment = 0.99
+            vary = ["server.max_batch_size=8,16"]
+            capacity = true
+            [configs]
+            P6 = ["server.chunked_prefill=false"]
+            "#,
+        )
+        .unwrap();
+        let p = PlanTable::parse("f.toml", &t).unwrap();
+        assert_eq!(p.attainment, Some(0.99));
+        assert_eq!(p.axes[0].values, vec!["8", "16"]);
+        assert_eq!(p.configs[0].name, "P6");
+        assert_eq!(p.capacity, Some(true));
+        for (text, key) in [
+            ("atainment = 0.9", "plan.atainment"),
+            ("attainment = \"high\"", "plan.attainment"),
+            ("vary = \"server.x=1\"", "plan.vary"),
+            ("vary = [\"server.x=\"]", "plan.vary"),
+            ("[configs]\nP6 = [\"server.x\"]", "plan.configs.P6"),
+        ] {
+            let t: toml::Table = toml::from_str(text).unwrap();
+            let e = PlanTable::parse("f.toml", &t).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("f.toml"), "{text}: {e}");
+        }
+    }
+
+    /// The search finds a monotone threshold to within its precision, from either side,
+    /// and says when the threshold is beyond what it tried.
+    #[test]
+    fn capacity_search_brackets_the_threshold() {
+        for threshold in [0.013, 0.7, 3.0, 5.9, 6.0, 6.1, 47.0, 1000.0] {
+            let c = search_capacity(6.0, |r| Ok(r <= threshold)).unwrap();
+            assert!(c.bounded);
+            assert!(c.rate <= threshold, "{threshold}: {c:?}");
+            assert!(c.rate * RATE_PRECISION > threshold, "{threshold}: {c:?}");
+            assert!(c.simulations < 30, "{threshold}: {c:?}");
+        }
+        let always = search_capacity(1.0, |_| Ok(true)).unwrap();
+        assert!(!always.bounded && always.rate >= 1000.0);
+        let never = search_capacity(1.0, |_| Ok(false)).unwrap();
+        assert_eq!(never.rate, 0.0);
+    }
+
+    #[test]
+    fn replica_search_finds_the_fewest() {
+        for need in 1..=40 {
+            let mut tried = Vec::new();
+            let n = search_replicas(64, |n| {
+                tried.push(n);
+                Ok(n >= need)
+            })
+            .unwrap();
+            assert_eq!(n, Some(need));
+            assert!(tried.len() <= 14, "{need}: {tried:?}");
+        }
+        assert_eq!(search_replicas(64, |n| Ok(n > 64)).unwrap(), None);
+    }
+
+    fn outcome(name: &str, gpus: usize, goodput: f64, attainment: f64, ttft: f64) -> Outcome {
+        Outcome {
+            configuration: Configuration {
+                name: name.into(),
+                config: String::new(),
+                assignment: Vec::new(),
+                settings: Vec::new(),
+            },
+            result: Ok(Evaluated {
+                figures: Figures {
+                    gpus,
+                    goodput,
+                    attainment,
+                    output_throughput: 0.0,
+                    ttft_p50_ms: ttft / 2.0,
+                    ttft_p99_ms: ttft,
+                    tpot_p50_ms: 10.0,
+                    tpot_p99_ms: 20.0,
+                    e2el_p99_ms: 0.0,
+                },
+                capacity: None,
+                replicas_for_target: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn best_holds_the_slo_and_the_front_is_undominated() {
+        let plan = Plan::new(
+            spec(),
+            vec![
+                outcome("fast but misses", 1, 5.0, 0.5, 100.0),
+                outcome("good", 1, 4.0, 0.95, 300.0),
+                outcome("good, two GPUs", 2, 6.0, 0.99, 200.0),
+                outcome("dominated", 1, 3.0, 0.95, 400.0),
+            ],
+        );
+        assert_eq!(plan.best, Some(1));
+        assert_eq!(plan.pareto, vec![true, true, true, false]);
+        let csv = csv(&plan);
+        assert_eq!(csv.lines().count(), 5);
+        assert!(csv.lines().nth(2).unwrap().ends_with(",true,"));
+        let text = console(&plan, 10);
+        assert!(text
+            .contains("4 configurations, 3 meet TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests"));
+        assert!(text.contains("best: good ("), "{text}");
+        let none = Plan::new(spec(), vec![outcome("misses", 1, 5.0, 0.5, 100.0)]);
+        assert_eq!(none.best, None);
+        assert!(answer(&none).contains("no configuration holds the SLO"));
+    }
+}
