@@ -519,7 +519,8 @@ fn rate_of(file: &str, sc: &Scenario) -> Result<f64, SimError> {
             key: "arrival.kind".into(),
             reason: format!(
                 "a capacity search varies the arrival rate: it needs kind = \"poisson\", \
-                 \"gamma\" or \"uniform\" with a rate, not {kind:?}"
+                 \"gamma\" or \"uniform\" with a rate, not \"{}\"",
+                format!("{kind:?}").to_lowercase()
             ),
         }),
     }
@@ -545,20 +546,22 @@ pub fn check_space(base: &Base, spec: &PlanSpec) -> Result<(), SimError> {
             check(format!("--vary {}={v}", a.key), &[format!("{}={v}", a.key)])?;
         }
     }
-    if spec.target_rate.is_some() {
-        let sc = Scenario::parse(base.file, base.text, base.overrides)?;
-        if sc.cluster.is_none()
-            && !spec
-                .configs
-                .iter()
-                .any(|c| c.settings.iter().any(|s| s.starts_with("cluster.")))
-        {
-            return Err(SimError::Invalid(
-                "--target-rate varies the number of replicas: the scenario needs a [cluster] \
-                 table (its router spreads the load), e.g. --set cluster.router=round_robin"
-                    .into(),
-            ));
-        }
+    let sc = Scenario::parse(base.file, base.text, base.overrides)?;
+    if spec.capacity {
+        rate_of(base.file, &sc)?;
+    }
+    let has_cluster = sc.cluster.is_some()
+        || spec
+            .configs
+            .iter()
+            .any(|c| c.settings.iter().any(|s| s.starts_with("cluster.")));
+    if spec.target_rate.is_some() && !has_cluster {
+        return Err(SimError::Invalid(
+            "--target-rate varies the number of replicas: the scenario needs a [cluster] \
+             table (its router spreads the load), e.g. --set cluster.replicas=1 \
+             --set cluster.router=round-robin"
+                .into(),
+        ));
     }
     Ok(())
 }
@@ -677,7 +680,7 @@ pub fn csv(plan: &Plan) -> String {
     if plan.spec.target_rate.is_some() {
         head.push("replicas_for_target".into());
     }
-    head.extend(["best".into(), "error".into()]);
+    head.extend(["best".into(), "settings".into(), "error".into()]);
     let _ = writeln!(s, "{}", head.join(","));
     for (i, o) in plan.outcomes.iter().enumerate() {
         let c = &o.configuration;
@@ -723,6 +726,7 @@ pub fn csv(plan: &Plan) -> String {
                     });
                 }
                 row.push((plan.best == Some(i)).to_string());
+                row.push(settings_field(c));
                 row.push(String::new());
             }
             Err(err) => {
@@ -731,12 +735,19 @@ pub fn csv(plan: &Plan) -> String {
                     + usize::from(plan.spec.target_rate.is_some())
                     + 1;
                 row.extend(std::iter::repeat_n(String::new(), blanks));
+                row.push(settings_field(c));
                 row.push(sweep::csv_field(&err.to_string()));
             }
         }
         let _ = writeln!(s, "{}", row.join(","));
     }
     s
+}
+
+/// A configuration's overrides as one CSV field, `;`-separated: what `--set` takes, so
+/// that a script can serve or measure the configuration (scripts/plan_check.sh).
+fn settings_field(c: &Configuration) -> String {
+    sweep::csv_field(&c.settings.join(";"))
 }
 
 /// The objectives in words, e.g. `TTFT ≤ 2000 ms, TPOT ≤ 60 ms for 99% of requests`.
@@ -851,6 +862,16 @@ pub fn answer(plan: &Plan) -> String {
         plan.meeting(),
         describe_slo(spec)
     );
+    let failed: Vec<&Outcome> = plan.outcomes.iter().filter(|o| o.result.is_err()).collect();
+    if let Some(first) = failed.first() {
+        let _ = writeln!(
+            s,
+            "{} configurations failed to simulate; the first, {}: {}",
+            failed.len(),
+            first.configuration.name,
+            first.result.as_ref().expect_err("failed")
+        );
+    }
     match plan.best {
         Some(i) => {
             let o = &plan.outcomes[i];
@@ -1117,7 +1138,7 @@ mod tests {
         let plan = Plan::new(
             spec(),
             vec![
-                outcome("fast but misses", 1, 5.0, 0.5, 100.0),
+                outcome("fast but misses", 1, 5.0, 0.5, 3000.0),
                 outcome("good", 1, 4.0, 0.95, 300.0),
                 outcome("good, two GPUs", 2, 6.0, 0.99, 200.0),
                 outcome("dominated", 1, 3.0, 0.95, 400.0),
@@ -1127,7 +1148,7 @@ mod tests {
         assert_eq!(plan.pareto, vec![true, true, true, false]);
         let csv = csv(&plan);
         assert_eq!(csv.lines().count(), 5);
-        assert!(csv.lines().nth(2).unwrap().ends_with(",true,"));
+        assert!(csv.lines().nth(2).unwrap().ends_with(",true,,"));
         let text = console(&plan, 10);
         assert!(text
             .contains("4 configurations, 3 meet TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests"));

@@ -30,7 +30,7 @@ fn the_cpu_plan_ranks_eight_configurations_and_is_deterministic() {
     let (a, b) = (tmp("a"), tmp("b"));
     let mut csv = Vec::new();
     for out in [&a, &b] {
-        let o = sim(&["plan", &scenario, "--out", out, "--quiet"]);
+        let o = sim(&["plan", &scenario, "--capacity", "--out", out, "--quiet"]);
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),
@@ -112,6 +112,10 @@ fn bad_plans_are_refused_naming_the_key() {
             "--config `P1`: expected NAME:key=value",
         ),
         (
+            vec!["plan", &chunked, "--slo", "ttft:500", "--capacity", "--set", "arrival.kind=\"burst\""],
+            "a capacity search varies the arrival rate",
+        ),
+        (
             vec!["plan", &scenario, "--target-rate", "8"],
             "needs a [cluster] table",
         ),
@@ -181,7 +185,7 @@ fn capacity(spec: &PlanSpec, replicas: usize, settings: &[String]) -> f64 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
 
     /// More replicas never lower capacity, and looser objectives never lower it.
     #[test]
