@@ -11,19 +11,24 @@
 #   bash scripts/plan_check.sh [SCENARIO] [OUT_DIR]
 #       (scenarios/plan_cpu.toml: N=8 ROUNDS=3, about five minutes on 2 cores)
 #   PROFILE=profile.json bash scripts/plan_check.sh …   (reuse a profile of this machine)
+#   DEVICE=cuda bash scripts/plan_check.sh …   (on a GPU machine, with target/release/ built
+#       with --features cuda beforehand: nothing is built there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenario=${1:-scenarios/plan_cpu.toml}
 out=${2:-runs/plan-check}
 n=${N:-8}
 rounds=${ROUNDS:-3}
+device=${DEVICE:-cpu}
 mkdir -p "$out"
-cargo build --release -q -p infer-sim -p infer-engine
+if [ "$device" = cpu ]; then
+  cargo build --release -q -p infer-sim -p infer-engine
+fi
 sim=target/release/sim
 engine=target/release/engine
 profile=${PROFILE:-$out/profile.json}
 if [ -z "${PROFILE:-}" ]; then
-  $engine profile --out "$profile" > "$out/profile.log" 2>&1
+  $engine profile --device "$device" --out "$profile" > "$out/profile.log" 2>&1
 fi
 profile=$(cd "$(dirname "$profile")" && pwd)/$(basename "$profile")
 $sim plan "$scenario" --set "sim.cost_model=\"profiled\"" --set "sim.profile=\"$profile\"" \
@@ -51,7 +56,7 @@ for round in $(seq 1 "$rounds"); do
     IFS=';' read -ra parts <<< "$settings"
     for s in "${parts[@]}"; do sets+=(--set "$s"); done
     echo "round $round, configuration $i ($name)" >&2
-    $engine verify "$scenario" --profile "$profile" "${sets[@]}" \
+    $engine verify "$scenario" --device "$device" --profile "$profile" "${sets[@]}" \
       --out "$out/measure/c$i-r$round" > "$out/measure-c$i-r$round.log" 2>&1
   done < "$out/chosen.tsv"
 done
