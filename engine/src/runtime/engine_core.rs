@@ -91,6 +91,8 @@ pub struct StepOutput {
     pub num_tokens: usize,
     /// Seconds in the model's forward and sampling.
     pub forward_s: f64,
+    /// Of those, seconds of structured output's grammar work (part of sampling).
+    pub constraint_s: f64,
     /// The step failed because the device is lost ([`crate::runtime::backend::DeviceLost`]):
     /// no later step can run.
     pub fatal: Option<String>,
@@ -320,6 +322,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             }
         };
         let forward_s = t_forward.elapsed().as_secs_f64();
+        let constraint_s = sampled.iter().map(|s| s.1.constraint_s).sum();
         let tokens: Vec<u32> = sampled.iter().map(|s| s.1.token).collect();
         let now = self.now();
         let events = self.sched.complete(plan, &tokens, now);
@@ -374,6 +377,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             shape,
             num_tokens,
             forward_s,
+            constraint_s,
             fatal: None,
         }
     }

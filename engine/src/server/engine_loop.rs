@@ -266,6 +266,7 @@ impl EngineLoop {
                 t_s: t_start.duration_since(self.core.start()).as_secs_f64(),
                 shape,
                 forward_s: out.forward_s,
+                constraint_s: out.constraint_s,
                 step_s: t_start.elapsed().as_secs_f64(),
             });
         }

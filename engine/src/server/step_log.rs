@@ -15,7 +15,7 @@ use infer_core::StepShape;
 pub const HEADER: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
 max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
 max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,constrained_seqs,\
-forward_s,step_s";
+forward_s,constraint_s,step_s";
 
 /// One step of the trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +25,8 @@ pub struct StepRecord {
     pub shape: StepShape,
     /// The model's forward, logits to the host and sampling.
     pub forward_s: f64,
+    /// Of `forward_s`, structured output's grammar work (the mask and its bookkeeping).
+    pub constraint_s: f64,
     /// The whole step: schedule, forward, sampling, scheduler update, streaming the tokens.
     pub step_s: f64,
 }
@@ -57,7 +59,7 @@ impl StepLog {
         let s = &r.shape;
         let _ = writeln!(
             self.out,
-            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6}",
+            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6}",
             r.t_s,
             s.num_seqs,
             s.prefill_tokens,
@@ -74,6 +76,7 @@ impl StepLog {
             s.chunk_self_pairs,
             s.constrained_seqs,
             r.forward_s,
+            r.constraint_s,
             r.step_s
         );
     }
@@ -105,7 +108,7 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 i + 2
             )
         };
-        if f.len() != 17 {
+        if f.len() != 18 {
             return Err(bad());
         }
         let u = |j: usize| f[j].parse::<usize>().map_err(|_| bad());
@@ -129,7 +132,8 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 constrained_seqs: u(14)?,
             },
             forward_s: x(15)?,
-            step_s: x(16)?,
+            constraint_s: x(16)?,
+            step_s: x(17)?,
         });
     }
     Ok(steps)
@@ -169,6 +173,7 @@ mod tests {
                 constrained_seqs: 2,
             },
             forward_s: 0.012,
+            constraint_s: 0.00025,
             step_s: 0.0135,
         };
         let mut log = StepLog::create(&path).unwrap();

@@ -378,6 +378,7 @@ mod tests {
                 ..StepShape::default()
             },
             forward_s: step_s,
+            constraint_s: 0.0,
             step_s,
         }
     }
