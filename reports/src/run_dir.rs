@@ -33,6 +33,10 @@ pub struct RunInfo {
     pub router: Option<infer_core::router::RouterKind>,
     /// The cost model (sim) or the device and model path (engine).
     pub backend: String,
+    /// Where the prediction is fragile (sim: near saturation, extrapolation, uncalibrated),
+    /// as printed with the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The scenario as run (overrides applied), as TOML: written beside run.json as
     /// `scenario.toml`.
     #[serde(skip)]
@@ -52,6 +56,7 @@ impl RunInfo {
             replicas: scenario.cluster.as_ref().map_or(1, |c| c.replicas),
             router: scenario.cluster.as_ref().map(|c| c.router),
             backend,
+            warnings: Vec::new(),
             scenario_toml: toml::to_string(&scenario.resolved).unwrap_or_default(),
         }
     }

@@ -525,6 +525,9 @@ impl Mechanisms {
     }
 }
 
+/// The `source` of [`Calibration::default_for`]'s coefficients.
+pub const UNCALIBRATED: &str = "uncalibrated defaults";
+
 impl Calibration {
     /// Generic coefficients for a pair nobody calibrated: a vLLM-class server.
     pub fn default_for(hw: &HardwareSpec) -> Calibration {
@@ -554,7 +557,7 @@ impl Calibration {
             spill_bandwidth: None,
             reserved_gib: None,
             graph_replay_factor: 1.0,
-            source: "uncalibrated defaults".into(),
+            source: UNCALIBRATED.into(),
             label: "uncalibrated defaults".into(),
         }
     }

@@ -17,7 +17,8 @@
 //!   writer);
 //! * [`stages`]: per-stage figures of staged arrival schedules;
 //! * [`sweep`]: grids of runs in parallel;
-//! * [`plan`]: `sim plan`, the best configuration under latency objectives, and capacity.
+//! * [`plan`]: `sim plan`, the best configuration under latency objectives, and capacity;
+//! * [`trust`]: how far to trust a prediction: warnings where it is fragile.
 
 pub mod calibration;
 pub mod catalog;
@@ -32,6 +33,7 @@ pub mod setup;
 pub mod simulate;
 pub mod stages;
 pub mod sweep;
+pub mod trust;
 
 pub use error::SimError;
 pub use setup::{load, prepare, Setup};

@@ -456,13 +456,19 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             goodput,
             quiet,
         } => {
-            let setup = infer_sim::load(&scenario, &overrides(set, seed, &goodput)?)?;
+            let mut setup = infer_sim::load(&scenario, &overrides(set, seed, &goodput)?)?;
+            // Saturation needs the capacity, another simulation: `sim run` only, not every
+            // point of a sweep or plan.
+            setup.warnings.extend(infer_sim::trust::saturation(&setup)?);
             let dir = out.unwrap_or_else(|| default_run_dir(&setup.scenario.name));
             let mut files = RunDirWriter::create(&dir)?
                 .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
             let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
             let result = infer_sim::run_with(&setup, tokenizer, &mut files)?;
-            let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
+            let info = RunInfo {
+                warnings: setup.warnings.clone(),
+                ..RunInfo::new("sim", &setup.scenario, setup.cost.describe())
+            };
             files.finish(&result.summary, &info)?;
             if quiet {
                 for w in &setup.warnings {

@@ -107,6 +107,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     };
     apply_overrides(&mut cal, &settings);
     let cal = cal.for_server(&cfg);
+    let uncalibrated = cal.source == crate::calibration::UNCALIBRATED;
     let memory =
         plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
     let mut warnings: Vec<String> = Vec::new();
@@ -123,12 +124,17 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         }
     }
     let cost: Arc<dyn CostModel> = match settings.cost_model {
-        CostModelKind::Analytic => Arc::new(Analytic::new(
-            hardware.clone(),
-            model.clone(),
-            cal,
-            scenario.server.cuda_graphs,
-        )),
+        CostModelKind::Analytic => {
+            if uncalibrated {
+                warnings.push(crate::trust::uncalibrated(hardware.name, model.name));
+            }
+            Arc::new(Analytic::new(
+                hardware.clone(),
+                model.clone(),
+                cal,
+                scenario.server.cuda_graphs,
+            ))
+        }
         CostModelKind::Profiled => {
             let p = settings.profile.as_deref().expect("validated");
             let path = resolve(p, file);
@@ -147,6 +153,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
                     fit.rms_rel_error * 100.0
                 ));
             }
+            warnings.extend(crate::trust::extrapolation(&fit.coverage, &scenario));
             Arc::new(fit)
         }
     };

@@ -10,7 +10,9 @@ mod least_squares;
 mod profiled;
 
 pub use analytic::Analytic;
-pub use profiled::{Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput, Profiled};
+pub use profiled::{
+    Profile, ProfileClient, ProfileCoverage, ProfilePoint, ProfileStructuredOutput, Profiled,
+};
 
 pub use infer_core::StepShape;
 

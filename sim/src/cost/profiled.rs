@@ -219,6 +219,37 @@ pub struct Profiled {
     pub step_jitter_s: f64,
     /// Root-mean-square relative error of the fit over the profile's points.
     pub rms_rel_error: f64,
+    /// The largest steps the profile measured.
+    pub coverage: ProfileCoverage,
+}
+
+/// The largest step the profile measured in each dimension a scenario can outgrow: a step
+/// beyond them is priced by extrapolation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProfileCoverage {
+    /// New tokens of one step (prompt tokens + decodes).
+    pub new_tokens: usize,
+    /// Decodes in one step.
+    pub decode_seqs: usize,
+    /// The context of one sequence: a decode's (a step's context over its decodes), or a
+    /// prompt chunk's with what came before it.
+    pub sequence_context: usize,
+}
+
+impl ProfileCoverage {
+    fn of(points: &[ProfilePoint]) -> ProfileCoverage {
+        let mut c = ProfileCoverage::default();
+        for p in points {
+            c.new_tokens = c.new_tokens.max(p.new_tokens());
+            c.decode_seqs = c.decode_seqs.max(p.decode_seqs);
+            let per_sequence = match p.decode_seqs {
+                0 => p.context_tokens,
+                d => p.decode_context() / d,
+            };
+            c.sequence_context = c.sequence_context.max(per_sequence);
+        }
+        c
+    }
 }
 
 impl Profiled {
@@ -305,6 +336,7 @@ impl Profiled {
             constrained_token_s: profile.structured_output.as_ref().map(|s| s.token_s),
             step_jitter_s: 0.0,
             rms_rel_error: 0.0,
+            coverage: ProfileCoverage::of(pts),
         };
         let sq: f64 = pts
             .iter()

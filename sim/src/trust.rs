@@ -1,0 +1,145 @@
+//! How far to trust a prediction: warnings where it is fragile, printed with the run and
+//! kept in its `run.json`.
+//!
+//! * near saturation: the offered load is close to (or past) the predicted capacity, where a
+//!   small change of load or of a cost moves latency by a large factor;
+//! * extrapolation: the scenario's steps are larger than anything the profile measured;
+//! * uncalibrated: the analytic model prices a hardware and model pair no calibration
+//!   covers (the catalog's roofline with generic efficiencies).
+
+use infer_core::workload::{ArrivalKind, ArrivalSpec, Scenario};
+
+use crate::cost::ProfileCoverage;
+use crate::error::SimError;
+use crate::setup::Setup;
+
+/// The offered load, as a fraction of the capacity, from which a run is near saturation.
+pub const NEAR_SATURATION: f64 = 0.8;
+
+/// The predicted capacity: requests per second the server completes of the scenario's
+/// requests when it is kept full (a closed loop of twice as many clients as all replicas'
+/// batches hold), so that the arrival process no longer limits it. The workload's first
+/// 1,000 requests, or ten per client if that is more, are run (a trace's rows as they
+/// are): enough that the end of the run, where the last requests drain with the batch no
+/// longer full, weighs little, and few enough that a run of millions pays little for it.
+pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
+    let mut scenario = setup.scenario.clone();
+    let replicas = scenario.cluster.as_ref().map_or(1, |c| c.replicas);
+    let clients = 2 * scenario.server.max_batch_size * replicas;
+    scenario.arrival = ArrivalSpec {
+        kind: ArrivalKind::Concurrency,
+        rate: None,
+        burstiness: None,
+        max_concurrency: Some(clients),
+        stages: Vec::new(),
+    };
+    let w = &mut scenario.workload;
+    if w.trace.is_none() {
+        w.num_requests = (10 * clients).max(1000) + w.warmup_requests;
+    }
+    scenario.slo = None;
+    let full = crate::setup::prepare(&setup.file, scenario)?;
+    Ok(crate::simulate::run(&full)?.summary.request_throughput)
+}
+
+/// The saturation warning for an open-loop scenario with a rate (Poisson, gamma, uniform):
+/// `None` below [`NEAR_SATURATION`] of the capacity, or for other arrivals.
+pub fn saturation(setup: &Setup) -> Result<Option<String>, SimError> {
+    let a = &setup.scenario.arrival;
+    let rate = match (a.kind, a.rate) {
+        (ArrivalKind::Poisson | ArrivalKind::Gamma | ArrivalKind::Uniform, Some(r)) => r,
+        _ => return Ok(None),
+    };
+    let capacity = capacity(setup)?;
+    Ok(saturation_warning(rate, capacity))
+}
+
+/// The warning for an offered `rate` against a predicted `capacity` (requests/s).
+pub fn saturation_warning(rate: f64, capacity: f64) -> Option<String> {
+    let load = rate / capacity;
+    if load.is_nan() || load < NEAR_SATURATION {
+        return None;
+    }
+    let (what, consequence) = if load >= 1.0 {
+        (
+            "over capacity",
+            "the queue grows for the whole run, so latencies grow with num_requests",
+        )
+    } else {
+        (
+            "near saturation",
+            "here small changes of load or of a step's cost move latencies by large factors",
+        )
+    };
+    Some(format!(
+        "warning: {what}: the offered {rate} requests/s are {:.0}% of the predicted capacity, \
+         {capacity:.3} requests/s\n  (this workload with the server kept full): {consequence}",
+        load * 100.0
+    ))
+}
+
+/// Where a profiled scenario outgrows its profile: one warning per dimension.
+pub fn extrapolation(coverage: &ProfileCoverage, scenario: &Scenario) -> Vec<String> {
+    let cfg = scenario.server.scheduler_config();
+    let w = &scenario.workload;
+    let (_, longest_prompt) = scenario.prompt_range();
+    let step = crate::memory::largest_step(&cfg, scenario.prompt_range());
+    let mut batch = cfg.max_batch_size.min(w.num_requests.max(1));
+    if let Some(c) = scenario.arrival.max_concurrency {
+        batch = batch.min(c);
+    }
+    let context = (longest_prompt + w.output_tokens.max()).min(cfg.max_model_len);
+    [
+        (
+            "a step's new tokens",
+            step.prefill_tokens + step.decode_seqs,
+            coverage.new_tokens,
+        ),
+        ("the decode batch", batch, coverage.decode_seqs),
+        ("a sequence's context", context, coverage.sequence_context),
+    ]
+    .into_iter()
+    .filter(|&(_, reach, measured)| reach > measured)
+    .map(|(what, reach, measured)| {
+        format!(
+            "warning: extrapolation: {what} can reach {reach}, the profile measured at most \
+             {measured}:\n  the cost model extrapolates there (profile a larger grid, or read \
+             the figures as rough)"
+        )
+    })
+    .collect()
+}
+
+/// The warning for the analytic model on a pair no calibration covers.
+pub fn uncalibrated(hardware: &str, model: &str) -> String {
+    format!(
+        "warning: uncalibrated: no calibration covers {model} on {hardware}: steps are priced by \
+         the catalog's roofline\n  with generic efficiencies, and figures can be off by a \
+         factor (fit one with `sim calibrate`, or price steps with an `engine profile`)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saturation_is_named_from_80_percent() {
+        assert_eq!(saturation_warning(4.0, 10.0), None);
+        assert_eq!(saturation_warning(7.9, 10.0), None);
+        let near = saturation_warning(9.5, 10.0).unwrap();
+        assert!(
+            near.contains("near saturation") && near.contains("95%"),
+            "{near}"
+        );
+        let over = saturation_warning(12.0, 10.0).unwrap();
+        assert!(
+            over.contains("over capacity") && over.contains("120%"),
+            "{over}"
+        );
+        // No capacity at all (nothing completes): over it.
+        assert!(saturation_warning(1.0, 0.0)
+            .unwrap()
+            .contains("over capacity"));
+    }
+}
