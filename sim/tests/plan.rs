@@ -210,3 +210,28 @@ proptest! {
         prop_assert!(loose >= one, "tight: {one} req/s, {looser}x looser: {loose} req/s");
     }
 }
+
+/// A plan says which of its configurations rest on fragile predictions.
+#[test]
+fn a_plan_names_the_warnings_of_its_configurations() {
+    let scenario = common::path("plan_cpu");
+    let out = tmp("warnings");
+    let o = sim(&[
+        "plan",
+        &scenario,
+        "--vary",
+        "server.max_batch_size=16,64",
+        "--out",
+        &out,
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("warning: extrapolation: the decode batch can reach 64")
+            && stdout.contains("(1 of 2 configurations)"),
+        "{stdout}"
+    );
+    let md = std::fs::read_to_string(format!("{out}/plan.md")).unwrap();
+    assert!(md.contains("the cost model extrapolates there"), "{md}");
+    std::fs::remove_dir_all(out).unwrap();
+}

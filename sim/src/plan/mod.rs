@@ -336,6 +336,8 @@ pub struct Evaluated {
     pub capacity: Option<Capacity>,
     /// Fewest replicas holding the target rate (`Some(None)`: not within the maximum).
     pub replicas_for_target: Option<Option<usize>>,
+    /// What preparing the configuration warned of (uncalibrated, extrapolation, memory).
+    pub warnings: Vec<String>,
 }
 
 impl Evaluated {
@@ -360,17 +362,21 @@ pub struct Base<'a> {
 }
 
 impl Base<'_> {
+    fn overrides(&self, extra: &[String]) -> Vec<String> {
+        [self.overrides, extra].concat()
+    }
+
     fn simulate(&self, extra: &[String]) -> Result<(Summary, RunStats), SimError> {
-        let mut overrides = self.overrides.to_vec();
-        overrides.extend_from_slice(extra);
-        sweep::simulate(self.file, self.text, &overrides)
+        sweep::simulate(self.file, self.text, &self.overrides(extra))
     }
 }
 
 /// Simulate one configuration, then search its capacity and replicas as the plan asks.
 pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evaluated, SimError> {
-    let (summary, stats) = base.simulate(&c.settings)?;
-    let figures = Figures::of(&summary, &stats);
+    let scenario = Scenario::parse(base.file, base.text, &base.overrides(&c.settings))?;
+    let setup = crate::setup::prepare(base.file, scenario)?;
+    let run = crate::simulate::run(&setup)?;
+    let figures = Figures::of(&run.summary, &run.stats);
     let attainment_at = |extra: Vec<String>| -> Result<bool, SimError> {
         let mut settings = c.settings.clone();
         settings.extend(extra);
@@ -379,12 +385,7 @@ pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evalu
             .is_some_and(|g| g.slo_attainment >= spec.attainment))
     };
     let capacity = if spec.capacity {
-        let sc = Scenario::parse(
-            base.file,
-            base.text,
-            &[base.overrides, &c.settings[..]].concat(),
-        )?;
-        let start = rate_of(base.file, &sc)?;
+        let start = rate_of(base.file, &setup.scenario)?;
         let known = figures.attainment >= spec.attainment;
         Some(search_capacity(start, |r| {
             if r == start {
@@ -408,6 +409,7 @@ pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evalu
         figures,
         capacity,
         replicas_for_target,
+        warnings: setup.warnings,
     })
 }
 
@@ -701,6 +703,7 @@ mod tests {
                 },
                 capacity: None,
                 replicas_for_target: None,
+                warnings: Vec::new(),
             }),
         }
     }

@@ -268,10 +268,34 @@ pub fn answer(plan: &Plan) -> String {
     s
 }
 
+/// The configurations' warnings, each once with how many configurations it concerns
+/// (`first_line`: the first line of each, for a console).
+fn warnings(plan: &Plan, first_line: bool) -> String {
+    let mut seen: Vec<(&str, usize)> = Vec::new();
+    for e in plan.outcomes.iter().filter_map(|o| o.result.as_ref().ok()) {
+        for w in &e.warnings {
+            let w = if first_line {
+                w.lines().next().unwrap_or(w)
+            } else {
+                w.as_str()
+            };
+            match seen.iter_mut().find(|(v, _)| *v == w) {
+                Some((_, n)) => *n += 1,
+                None => seen.push((w, 1)),
+            }
+        }
+    }
+    let n = plan.outcomes.len();
+    seen.iter()
+        .map(|(w, k)| format!("{w} ({k} of {n} configurations)\n"))
+        .collect()
+}
+
 /// What `sim plan` prints: the answer, then the ranked table (the first `limit` rows) and
 /// the Pareto front.
 pub fn console(plan: &Plan, limit: usize) -> String {
     let mut s = answer(plan);
+    s.push_str(&warnings(plan, true));
     let order = ranked(plan);
     let shown: Vec<usize> = order.iter().copied().take(limit).collect();
     s.push('\n');
@@ -288,7 +312,7 @@ pub fn report(plan: &Plan, scenario: &str, command: &str) -> String {
     let _ = writeln!(s, "# Plan: {scenario}\n");
     let _ = writeln!(s, "Command: `{command}`\n");
     let _ = writeln!(s, "Objectives: {}.\n", describe_slo(&plan.spec));
-    let _ = writeln!(s, "```\n{}```\n", answer(plan));
+    let _ = writeln!(s, "```\n{}{}```\n", answer(plan), warnings(plan, false));
     let front: Vec<usize> = ranked(plan)
         .into_iter()
         .filter(|&i| plan.pareto[i])
