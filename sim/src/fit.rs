@@ -276,7 +276,7 @@ impl Param {
     }
 
     /// (lowest, highest) value the fit may give.
-    fn bounds(self) -> (f64, f64) {
+    pub(crate) fn bounds(self) -> (f64, f64) {
         match self {
             // No GEMM or attention kernel sustains more than ~80% of the dense peak.
             Param::ComputeEfficiency | Param::AttentionEfficiency => (0.01, 0.8),

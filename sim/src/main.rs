@@ -456,10 +456,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             goodput,
             quiet,
         } => {
-            let mut setup = infer_sim::load(&scenario, &overrides(set, seed, &goodput)?)?;
-            // Saturation needs the capacity, another simulation: `sim run` only, not every
+            let overrides = overrides(set, seed, &goodput)?;
+            let mut setup = infer_sim::load(&scenario, &overrides)?;
+            // Saturation and knife-edges take more simulations: `sim run` only, not every
             // point of a sweep or plan.
             setup.warnings.extend(infer_sim::trust::saturation(&setup)?);
+            let text =
+                std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
+            setup
+                .warnings
+                .extend(infer_sim::trust::knife_edge(&setup, &text, &overrides)?);
             let dir = out.unwrap_or_else(|| default_run_dir(&setup.scenario.name));
             let mut files = RunDirWriter::create(&dir)?
                 .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");

@@ -23,6 +23,9 @@ pub struct Setup {
     pub model: ModelSpec,
     pub memory: MemoryPlan,
     pub cost: Arc<dyn CostModel>,
+    /// The analytic model's calibration as it prices this scenario (overrides applied);
+    /// `None` for a profiled cost model.
+    pub calibration: Option<Calibration>,
     /// Things the user should know before reading the numbers (memory over-commit, …).
     pub warnings: Vec<String>,
     /// The trace the workload replays (`[workload] trace`), read from its file.
@@ -37,6 +40,7 @@ impl Setup {
         let cfg = self.scenario.server.scheduler_config();
         let cal = cal.for_server(&cfg);
         let memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
+        self.calibration = Some(cal.clone());
         self.cost = Arc::new(Analytic::new(
             self.hardware.clone(),
             self.model.clone(),
@@ -123,6 +127,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             ));
         }
     }
+    let calibration = (settings.cost_model == CostModelKind::Analytic).then(|| cal.clone());
     let cost: Arc<dyn CostModel> = match settings.cost_model {
         CostModelKind::Analytic => {
             if uncalibrated {
@@ -195,6 +200,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         model,
         memory,
         cost,
+        calibration,
         warnings,
     })
 }

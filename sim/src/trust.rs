@@ -5,10 +5,14 @@
 //!   small change of load or of a cost moves latency by a large factor;
 //! * extrapolation: the scenario's steps are larger than anything the profile measured;
 //! * uncalibrated: the analytic model prices a hardware and model pair no calibration
-//!   covers (the catalog's roofline with generic efficiencies).
+//!   covers (the catalog's roofline with generic efficiencies);
+//! * a knife-edge: moving one calibrated coefficient within its spread moves a headline
+//!   figure by more than a factor (detected by re-running the scenario so perturbed).
 
+use infer_core::metrics::Summary;
 use infer_core::workload::{ArrivalKind, ArrivalSpec, Scenario};
 
+use crate::calibration::Calibration;
 use crate::cost::ProfileCoverage;
 use crate::error::SimError;
 use crate::setup::Setup;
@@ -108,6 +112,127 @@ pub fn extrapolation(coverage: &ProfileCoverage, scenario: &Scenario) -> Vec<Str
         )
     })
     .collect()
+}
+
+/// How far each coefficient is moved, either way, to look for a knife-edge: the spread a
+/// calibration's coefficients are assumed to have until the calibration records its own.
+pub const DEFAULT_SPREAD: f64 = 0.10;
+/// A headline figure moving by more than this factor makes a knife-edge.
+pub const KNIFE_EDGE_FACTOR: f64 = 1.5;
+/// The most requests a knife-edge check simulates (the workload's first ones).
+const KNIFE_EDGE_REQUESTS: usize = 1000;
+
+/// A calibrated coefficient's value.
+type Coefficient = fn(&Calibration) -> f64;
+
+/// The calibrated coefficients a knife-edge check moves, by their `[sim]` keys.
+const COEFFICIENTS: [(&str, Coefficient); 6] = [
+    ("compute_efficiency", |c| c.compute_efficiency),
+    ("attention_efficiency", |c| c.attention_efficiency),
+    ("decode_attention_efficiency", |c| {
+        c.decode_attention_efficiency
+    }),
+    ("bandwidth_efficiency", |c| c.bandwidth_efficiency),
+    ("step_overhead_s", |c| c.step_overhead_s),
+    ("per_seq_overhead_s", |c| c.per_seq_overhead_s),
+];
+
+/// The headline figures a knife-edge is looked for in (`engine verify`'s: throughput and
+/// the medians of TTFT, ITL and end-to-end latency).
+fn headline(s: &Summary) -> [(&'static str, f64, &'static str); 4] {
+    [
+        ("output throughput", s.output_throughput, "tok/s"),
+        ("TTFT P50", s.ttft.median * 1e3, "ms"),
+        ("ITL P50", s.itl.median * 1e3, "ms"),
+        ("E2EL P50", s.e2el.median * 1e3, "ms"),
+    ]
+}
+
+/// The knife-edge warning of an analytically priced scenario: each calibrated coefficient
+/// is moved by ±[`DEFAULT_SPREAD`] in turn, within the bounds a fit may give it (the
+/// scenario's first
+/// [`KNIFE_EDGE_REQUESTS`] requests simulated each time), and the move of the most
+/// sensitive one is named if it moves a headline figure by more than [`KNIFE_EDGE_FACTOR`].
+pub fn knife_edge(
+    setup: &Setup,
+    text: &str,
+    overrides: &[String],
+) -> Result<Option<String>, SimError> {
+    let Some(cal) = &setup.calibration else {
+        return Ok(None);
+    };
+    let w = &setup.scenario.workload;
+    let capped = if w.trace.is_none() {
+        Some(format!(
+            "workload.num_requests={}",
+            w.num_requests.min(KNIFE_EDGE_REQUESTS + w.warmup_requests)
+        ))
+    } else {
+        None
+    };
+    let run = |extra: Option<String>| -> Result<Summary, SimError> {
+        let mut o = overrides.to_vec();
+        o.extend(capped.clone());
+        o.extend(extra);
+        crate::sweep::simulate(&setup.file, text, &o).map(|(s, _)| s)
+    };
+    let base = headline(&run(None)?);
+    let mut worst: Option<Move> = None;
+    for (key, value) in COEFFICIENTS {
+        let v = value(cal);
+        // Within what a fit may give (an efficiency at its ceiling only moves down).
+        let (min, max) = crate::fit::Param::parse(key)?.bounds();
+        let (lo, hi) = (
+            (v * (1.0 - DEFAULT_SPREAD)).max(min.min(v)),
+            (v * (1.0 + DEFAULT_SPREAD)).min(max.max(v)),
+        );
+        let low = headline(&run(Some(format!("sim.{key}={lo:?}")))?);
+        let high = headline(&run(Some(format!("sim.{key}={hi:?}")))?);
+        for ((b, l), h) in base.iter().zip(&low).zip(&high) {
+            let (a, z) = (l.1.min(h.1), l.1.max(h.1));
+            // Against the figure at the calibration's own value, too.
+            let factor = (z / a).max(z / b.1).max(b.1 / a);
+            if factor.is_finite() && worst.as_ref().is_none_or(|w| factor > w.factor) {
+                worst = Some(Move {
+                    factor,
+                    key,
+                    range: (lo, hi),
+                    figure: b.0,
+                    values: (l.1, h.1),
+                    unit: b.2,
+                });
+            }
+        }
+    }
+    Ok(worst.filter(|w| w.factor > KNIFE_EDGE_FACTOR).map(|w| {
+        format!(
+            "warning: knife-edge: {} from {:.4} to {:.4} (up to ±{:.0}%) moves {} from {:.1} to \
+             {:.1} {} (×{:.2}):\n  the prediction rests on a coefficient the calibration does \
+             not pin down that finely (the spread is a default: the calibration records none)",
+            w.key,
+            w.range.0,
+            w.range.1,
+            DEFAULT_SPREAD * 100.0,
+            w.figure,
+            w.values.0,
+            w.values.1,
+            w.unit,
+            w.factor
+        )
+    }))
+}
+
+/// The largest move of a headline figure a knife-edge check found.
+struct Move {
+    /// Largest over smallest of the figure at the two ends and at the calibration's value.
+    factor: f64,
+    /// The coefficient moved, and its two ends.
+    key: &'static str,
+    range: (f64, f64),
+    /// The figure, its values at the two ends, and its unit.
+    figure: &'static str,
+    values: (f64, f64),
+    unit: &'static str,
 }
 
 /// The warning for the analytic model on a pair no calibration covers.

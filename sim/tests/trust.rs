@@ -105,3 +105,28 @@ fn sim_run_prints_the_warnings_and_keeps_them_in_run_json() {
     assert!(kept.iter().any(|w| w.contains("over capacity")), "{kept:?}");
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+fn knife_edge(name: &str, overrides: &[&str]) -> Option<String> {
+    let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let setup = common::setup(name, overrides);
+    let text = std::fs::read_to_string(common::path(name)).unwrap();
+    trust::knife_edge(&setup, &text, &o).unwrap()
+}
+
+/// The benchmark log's Phase 6 collapse on chunked_prefill hangs on one coefficient (the
+/// prompt attention efficiency): the check finds it there and nowhere on Phase 8.
+#[test]
+fn the_knife_edge_fires_on_phase_6_chunked_prefill_and_not_on_phase_8() {
+    let p6 = knife_edge(
+        "chunked_prefill",
+        &[
+            "server.chunked_prefill=false",
+            "server.prefix_caching=false",
+        ],
+    )
+    .expect("Phase 6 is a knife-edge");
+    assert!(p6.contains("knife-edge: attention_efficiency"), "{p6}");
+    assert_eq!(knife_edge("chunked_prefill", &[]), None, "Phase 8");
+    // A profile has no calibrated coefficients to move.
+    assert_eq!(knife_edge("plan_cpu", &[]), None);
+}
