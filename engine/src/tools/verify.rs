@@ -41,6 +41,8 @@ pub struct VerifyResult {
     pub verification: infer_reports::Verification,
     /// The cost model against the steps the measured run took.
     pub steps: Vec<StepFidelity>,
+    /// Where the prediction is fragile (`sim run`'s warnings: saturation, extrapolation, …).
+    pub warnings: Vec<String>,
     pub report: PathBuf,
 }
 
@@ -127,6 +129,7 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
                 scenario: res.scenario.clone(),
                 verification: infer_reports::Verification::combine(&verifications),
                 steps: combine_steps(&reps),
+                warnings: res.warnings.clone(),
                 report: res.report.clone(),
             }
         })
@@ -196,11 +199,15 @@ async fn verify_once(
             "sim.profile={:?}",
             profile_abs.display().to_string()
         ));
-        let setup = infer_sim::load(&file, &sim_overrides)?;
+        let mut setup = infer_sim::load(&file, &sim_overrides)?;
+        setup.warnings.extend(infer_sim::trust::saturation(&setup)?);
         let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?
             .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files)?;
-        let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
+        let info = RunInfo {
+            warnings: setup.warnings.clone(),
+            ..RunInfo::new("sim", &setup.scenario, setup.cost.describe())
+        };
         files.finish(&predicted.summary, &info)?;
 
         // Measure.
@@ -235,6 +242,7 @@ async fn verify_once(
             scenario: scenario.name.clone(),
             verification,
             steps,
+            warnings: setup.warnings.clone(),
             report,
         });
     }
@@ -320,6 +328,19 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
         ),
         None => String::new(),
     };
+    let warnings: String = results
+        .iter()
+        .flat_map(|r| {
+            r.warnings
+                .iter()
+                .map(move |w| format!("- {}: {w}\n", r.scenario))
+        })
+        .collect();
+    let warnings = if warnings.is_empty() {
+        warnings
+    } else {
+        format!("\nWarnings on the predictions (how far to trust them):\n\n{warnings}")
+    };
     let reps = if opts.repeat > 1 {
         format!(
             "Medians of {} repetitions (profile, predict, measure).\n\n",
@@ -331,11 +352,11 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
     std::fs::write(
         opts.out.join("fidelity.md"),
         format!(
-            "{reps}{table}\n{headline}\nStep times, the cost model against the measured run's \
-             steps:\n\n{steps}"
+            "{reps}{table}\n{headline}{warnings}\nStep times, the cost model against the measured \
+             run's steps:\n\n{steps}"
         ),
     )?;
-    let mut printed = format!("{reps}{table}\n{headline}\n{steps}");
+    let mut printed = format!("{reps}{table}\n{headline}{warnings}\n{steps}");
     for r in results {
         if let Some(e) = r.verification.median_abs_error_pct {
             printed.push_str(&format!("median_abs_error_pct[{}]: {e:.1} %\n", r.scenario));
@@ -402,6 +423,7 @@ mod tests {
                 median_abs_error_pct: None,
             },
             steps: f,
+            warnings: Vec::new(),
             report: PathBuf::new(),
         }]);
         assert!(
@@ -433,6 +455,7 @@ mod tests {
                 predicted_s: 1.1,
                 median_error_pct: errors.len() as f64,
             }],
+            warnings: Vec::new(),
             report: PathBuf::new(),
         }
     }
