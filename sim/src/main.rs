@@ -530,6 +530,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 },
                 capacity: capacity || table.capacity.unwrap_or(false),
                 target_rate: target_rate.or(table.target_rate),
+                sustained_requests: table.sustained_requests.unwrap_or(1000),
             };
             spec.validate()?;
             let configurations = spec.configurations()?;

@@ -394,6 +394,8 @@ impl Tally {
 struct Sim<'a> {
     gen: WorkloadGenerator,
     sink: &'a mut dyn RunSink,
+    /// The sink asked to stop when it took a request.
+    sink_stopped: bool,
     stages: Option<StageTally>,
     cost: Arc<dyn CostModel>,
     client: ClientPath,
@@ -561,6 +563,7 @@ pub fn run_with(
         metrics: MetricsRecorder::new().with_slo(sc.slo),
         interval: setup.settings.timeseries_interval(),
         sink,
+        sink_stopped: false,
         stages: (sc.arrival.kind == ArrivalKind::Stages).then(|| StageTally::new(&sc.arrival)),
         tally: Tally {
             stats: RunStats {
@@ -645,7 +648,7 @@ impl Sim<'_> {
         while let Some(e) = self.events.pop() {
             let now = e.time;
             handled += 1;
-            if handled.is_multiple_of(Limits::CHECK_EVERY) {
+            if self.sink_stopped || handled.is_multiple_of(Limits::CHECK_EVERY) {
                 self.check_limits()?;
             }
             let t = self.rel(now);
@@ -953,6 +956,9 @@ impl Sim<'_> {
             s.add(&record);
         }
         self.sink.request(record);
+        // A sink that has seen enough stops the run at once (a search's, whose answer can
+        // no longer change), not at the next periodic check.
+        self.sink_stopped = self.sink_stopped || self.sink.stop_reason().is_some();
     }
 
     fn finish(mut self, max_concurrency: Option<usize>) -> SimResult {

@@ -39,7 +39,8 @@ pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
     };
     let w = &mut scenario.workload;
     if w.trace.is_none() {
-        w.num_requests = (10 * clients).max(1000) + w.warmup_requests;
+        // Measured requests; warm-up ones come on top.
+        w.num_requests = (10 * clients).max(1000);
     }
     scenario.slo = None;
     let full = crate::setup::prepare(&setup.file, scenario)?;
@@ -165,7 +166,7 @@ pub fn knife_edge(
     let capped = if w.trace.is_none() {
         Some(format!(
             "workload.num_requests={}",
-            w.num_requests.min(KNIFE_EDGE_REQUESTS + w.warmup_requests)
+            w.num_requests.min(KNIFE_EDGE_REQUESTS)
         ))
     } else {
         None

@@ -30,7 +30,17 @@ fn the_cpu_plan_ranks_eight_configurations_and_is_deterministic() {
     let (a, b) = (tmp("a"), tmp("b"));
     let mut csv = Vec::new();
     for out in [&a, &b] {
-        let o = sim(&["plan", &scenario, "--capacity", "--out", out, "--quiet"]);
+        let o = sim(&[
+            "plan",
+            &scenario,
+            "--capacity",
+            // Short searches for a debug build (the shipped plan's default is 1,000).
+            "--set",
+            "plan.sustained_requests=128",
+            "--out",
+            out,
+            "--quiet",
+        ]);
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(
             o.status.success(),
@@ -153,6 +163,8 @@ fn spec(ttft_ms: f64, tpot_ms: f64) -> PlanSpec {
         configs: Vec::new(),
         capacity: true,
         target_rate: None,
+        // Short searches: each case runs a few dozen simulations in a debug build.
+        sustained_requests: 64,
     }
 }
 

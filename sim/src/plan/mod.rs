@@ -9,7 +9,8 @@
 //! * goodput: requests per second within every objective (vLLM's `request_goodput`), SLO
 //!   attainment (the fraction of requests within them) and cost (GPUs: one per replica);
 //! * with `--capacity`, its capacity: the highest arrival rate of the same arrival process
-//!   at which the attainment still reaches the target, found by bracketing the rate;
+//!   at which the attainment still reaches the target over at least `sustained_requests`
+//!   requests (1,000 by default), found by bracketing the rate;
 //! * with `--target-rate R`, the fewest replicas that hold R.
 //!
 //! The best configuration is the one that holds the target rate on the fewest GPUs (with a
@@ -82,6 +83,10 @@ pub struct PlanSpec {
     pub capacity: bool,
     /// Find each configuration's fewest replicas that hold this rate.
     pub target_rate: Option<f64>,
+    /// Requests each simulation of a capacity or replica search runs, at least (the
+    /// workload's first ones): a rate held for 48 requests is a burst survived, not a load
+    /// sustained.
+    pub sustained_requests: usize,
 }
 
 /// The `[plan]` table's entries (all optional).
@@ -92,6 +97,7 @@ pub struct PlanTable {
     pub configs: Vec<NamedConfig>,
     pub capacity: Option<bool>,
     pub target_rate: Option<f64>,
+    pub sustained_requests: Option<usize>,
 }
 
 impl PlanTable {
@@ -114,6 +120,17 @@ impl PlanTable {
                     out.target_rate = Some(number(value).ok_or_else(|| {
                         key_err(key, format!("expected requests per second, got {value}"))
                     })?)
+                }
+                "sustained_requests" => {
+                    out.sustained_requests = Some(
+                        value
+                            .as_integer()
+                            .and_then(|n| usize::try_from(n).ok())
+                            .filter(|&n| n >= 1)
+                            .ok_or_else(|| {
+                                key_err(key, format!("expected a number of requests, got {value}"))
+                            })?,
+                    )
                 }
                 "capacity" => {
                     out.capacity = Some(value.as_bool().ok_or_else(|| {
@@ -150,7 +167,8 @@ impl PlanTable {
                 _ => {
                     return Err(key_err(
                         key,
-                        "unknown key (expected attainment, vary, configs, capacity, target_rate)"
+                        "unknown key (expected attainment, vary, configs, capacity, target_rate, \
+                         sustained_requests)"
                             .into(),
                     ))
                 }
@@ -365,10 +383,6 @@ impl Base<'_> {
     fn overrides(&self, extra: &[String]) -> Vec<String> {
         [self.overrides, extra].concat()
     }
-
-    fn simulate(&self, extra: &[String]) -> Result<(Summary, RunStats), SimError> {
-        sweep::simulate(self.file, self.text, &self.overrides(extra))
-    }
 }
 
 /// Simulate one configuration, then search its capacity and replicas as the plan asks.
@@ -377,20 +391,25 @@ pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evalu
     let setup = crate::setup::prepare(base.file, scenario)?;
     let run = crate::simulate::run(&setup)?;
     let figures = Figures::of(&run.summary, &run.stats);
+    // The searches' runs: at least `sustained_requests` of the workload (a trace's rows as
+    // they are).
+    let w = &setup.scenario.workload;
+    let sustained = (w.trace.is_none() && w.num_requests < spec.sustained_requests).then(|| {
+        // Measured requests (warm-up ones come on top, and must be fewer).
+        format!(
+            "workload.num_requests={}",
+            spec.sustained_requests.max(w.warmup_requests + 1)
+        )
+    });
     let attainment_at = |extra: Vec<String>| -> Result<bool, SimError> {
         let mut settings = c.settings.clone();
+        settings.extend(sustained.clone());
         settings.extend(extra);
-        let (s, _) = base.simulate(&settings)?;
-        Ok(s.goodput
-            .is_some_and(|g| g.slo_attainment >= spec.attainment))
+        holds(base, &settings, spec.attainment)
     };
     let capacity = if spec.capacity {
         let start = rate_of(base.file, &setup.scenario)?;
-        let known = figures.attainment >= spec.attainment;
         Some(search_capacity(start, |r| {
-            if r == start {
-                return Ok(known);
-            }
             attainment_at(vec![format!("arrival.rate={r:?}")])
         })?)
     } else {
@@ -411,6 +430,62 @@ pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evalu
         replicas_for_target,
         warnings: setup.warnings,
     })
+}
+
+/// Whether the scenario with `settings` holds its objectives for `attainment` of its
+/// requests. The run stops early once too many requests have missed them for the answer
+/// to change (a search's runs report nothing else).
+fn holds(base: &Base, settings: &[String], attainment: f64) -> Result<bool, SimError> {
+    let scenario = Scenario::parse(base.file, base.text, &base.overrides(settings))?;
+    let setup = crate::setup::prepare(base.file, scenario)?;
+    let mut watch = SloWatch {
+        slo: setup.scenario.slo.unwrap_or_default(),
+        requests: setup.scenario.workload.num_requests,
+        attainment,
+        missed: 0,
+    };
+    let tokenizer = crate::simulate::approx_tokenizer(&setup);
+    match crate::simulate::run_with(&setup, tokenizer, &mut watch) {
+        Ok(r) => Ok(r
+            .summary
+            .goodput
+            .is_some_and(|g| g.slo_attainment >= attainment)),
+        Err(SimError::Output(_)) if watch.lost() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Counts the requests of a run that miss the objectives, and stops the run once the
+/// attainment can no longer reach its target.
+struct SloWatch {
+    slo: Slo,
+    requests: usize,
+    attainment: f64,
+    missed: usize,
+}
+
+impl SloWatch {
+    /// The attainment is below target even if every request still to come meets the
+    /// objectives (the recorder's own formula: met over all measured requests).
+    fn lost(&self) -> bool {
+        let n = self.requests;
+        (n.saturating_sub(self.missed) as f64 / n.max(1) as f64) < self.attainment
+    }
+}
+
+impl crate::simulate::RunSink for SloWatch {
+    fn request(&mut self, r: infer_core::metrics::RequestRecord) {
+        if !self.slo.met_by(&r) {
+            self.missed += 1;
+        }
+    }
+
+    fn sample(&mut self, _: infer_core::metrics::TimePoint) {}
+
+    fn stop_reason(&self) -> Option<String> {
+        self.lost()
+            .then(|| "stopped early: the objectives' attainment is lost".to_string())
+    }
 }
 
 /// The rate a capacity search starts from: the scenario's own, for the arrival kinds that
@@ -573,7 +648,44 @@ mod tests {
             configs: Vec::new(),
             capacity: false,
             target_rate: None,
+            sustained_requests: 1000,
         }
+    }
+
+    /// Stopping a search's run once its attainment is lost gives the answer the whole run
+    /// gives, at every rate from well below capacity to far above it.
+    #[test]
+    fn early_stopping_never_changes_whether_a_rate_holds() {
+        let file = format!(
+            "{}/../scenarios/chunked_prefill.toml",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&file).unwrap();
+        let overrides = vec![
+            "slo.ttft_ms=2000.0".to_string(),
+            "slo.tpot_ms=60.0".to_string(),
+        ];
+        let base = Base {
+            file: &file,
+            text: &text,
+            overrides: &overrides,
+        };
+        let mut both = [0, 0];
+        for rate in [0.5, 1.0, 1.3, 1.4, 1.6, 3.0, 6.0] {
+            for attainment in [0.5, 0.9, 0.99] {
+                let settings = vec![format!("arrival.rate={rate:?}")];
+                let (summary, _) =
+                    sweep::simulate(&file, &text, &base.overrides(&settings)).unwrap();
+                let whole = summary.goodput.unwrap().slo_attainment >= attainment;
+                assert_eq!(
+                    holds(&base, &settings, attainment).unwrap(),
+                    whole,
+                    "rate {rate}, attainment {attainment}"
+                );
+                both[usize::from(whole)] += 1;
+            }
+        }
+        assert!(both[0] > 0 && both[1] > 0, "both answers occur: {both:?}");
     }
 
     #[test]
