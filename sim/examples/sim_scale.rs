@@ -17,7 +17,6 @@ use std::process::Command;
 use std::time::Instant;
 
 use infer_core::workload::Scenario;
-use infer_reports::RunInfo;
 
 /// Poisson load on one H100 replica of Llama-3.1-8B (about 30 in flight), shared with
 /// `sim_bench`.
@@ -58,7 +57,7 @@ fn child(case: &str, size: usize, dir: &str) {
     let mut files = infer_reports::RunDirWriter::create(dir).expect("run directory");
     let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
     let r = infer_sim::run_with(&setup, tokenizer, &mut files).expect("the run ends");
-    let info = RunInfo::new("sim", &setup.scenario, setup.cost.describe());
+    let info = infer_sim::output::run_info(&setup);
     files.finish(&r.summary, &info).expect("run directory");
     let wall = t.elapsed().as_secs_f64();
     let n = r.summary.completed + r.summary.failed;

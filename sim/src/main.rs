@@ -19,7 +19,7 @@
 //! ```
 
 use infer_core::FileError;
-use infer_reports::{default_run_dir, RunDirWriter, RunInfo};
+use infer_reports::{default_run_dir, RunDirWriter};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -457,25 +457,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             quiet,
         } => {
             let overrides = overrides(set, seed, &goodput)?;
-            let mut setup = infer_sim::load(&scenario, &overrides)?;
-            // Saturation and knife-edges take more simulations: `sim run` only, not every
-            // point of a sweep or plan.
-            setup.warnings.extend(infer_sim::trust::saturation(&setup)?);
             let text =
                 std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
-            setup
-                .warnings
-                .extend(infer_sim::trust::knife_edge(&setup, &text, &overrides)?);
+            let sc = infer_core::workload::Scenario::parse(&scenario, &text, &overrides)?;
+            let mut setup = infer_sim::prepare(&scenario, sc)?;
+            infer_sim::trust::check_fragility(&mut setup, &text, &overrides)?;
             let dir = out.unwrap_or_else(|| default_run_dir(&setup.scenario.name));
             let mut files = RunDirWriter::create(&dir)?
                 .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
             let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
             let result = infer_sim::run_with(&setup, tokenizer, &mut files)?;
-            let info = RunInfo {
-                warnings: setup.warnings.clone(),
-                ..RunInfo::new("sim", &setup.scenario, setup.cost.describe())
-            };
-            files.finish(&result.summary, &info)?;
+            files.finish(&result.summary, &output::run_info(&setup))?;
             if quiet {
                 for w in &setup.warnings {
                     eprintln!("{w}");

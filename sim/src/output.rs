@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 pub use infer_core::metrics::{requests_csv, timeseries_csv};
 use infer_core::metrics::{RequestRecord, TimePoint};
-use infer_reports::RunDirWriter;
+use infer_reports::{RunDirWriter, RunInfo};
 
 use crate::setup::Setup;
 use crate::simulate::{RunSink, SimResult};
@@ -23,6 +23,15 @@ impl RunSink for RunDirWriter {
 
     fn stop_reason(&self) -> Option<String> {
         self.error().map(ToString::to_string)
+    }
+}
+
+/// What a simulated run directory's `run.json` says: the scenario, the cost model in full
+/// and the warnings on the prediction.
+pub fn run_info(setup: &Setup) -> RunInfo {
+    RunInfo {
+        warnings: setup.warnings.clone(),
+        ..RunInfo::new("sim", &setup.scenario, setup.cost.describe())
     }
 }
 

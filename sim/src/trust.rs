@@ -47,6 +47,22 @@ pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
     Ok(crate::simulate::run(&full)?.summary.request_throughput)
 }
 
+/// Add the warnings that take more simulations (saturation, knife-edge) to `setup`'s: for
+/// one prediction (`sim run`, `engine verify`), not every point of a sweep or plan.
+/// `text` and `overrides` are the scenario's, as `setup` was made from them.
+pub fn check_fragility(
+    setup: &mut Setup,
+    text: &str,
+    overrides: &[String],
+) -> Result<(), SimError> {
+    let saturation = saturation(setup)?;
+    let knife_edge = knife_edge(setup, text, overrides)?;
+    setup
+        .warnings
+        .extend(saturation.into_iter().chain(knife_edge));
+    Ok(())
+}
+
 /// The saturation warning for an open-loop scenario with a rate (Poisson, gamma, uniform):
 /// `None` below [`NEAR_SATURATION`] of the capacity, or for other arrivals.
 pub fn saturation(setup: &Setup) -> Result<Option<String>, SimError> {

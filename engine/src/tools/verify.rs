@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use infer_core::workload::{Scenario, Tokenizer};
-use infer_reports::RunInfo;
 
 use infer_reports::verify::median;
 
@@ -199,16 +198,12 @@ async fn verify_once(
             "sim.profile={:?}",
             profile_abs.display().to_string()
         ));
-        let mut setup = infer_sim::load(&file, &sim_overrides)?;
-        setup.warnings.extend(infer_sim::trust::saturation(&setup)?);
+        let mut setup = infer_sim::prepare(&file, Scenario::parse(&file, &text, &sim_overrides)?)?;
+        infer_sim::trust::check_fragility(&mut setup, &text, &sim_overrides)?;
         let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?
             .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files)?;
-        let info = RunInfo {
-            warnings: setup.warnings.clone(),
-            ..RunInfo::new("sim", &setup.scenario, setup.cost.describe())
-        };
-        files.finish(&predicted.summary, &info)?;
+        files.finish(&predicted.summary, &infer_sim::output::run_info(&setup))?;
 
         // Measure.
         let steps_path = dir.join("measured-steps.csv");
