@@ -399,8 +399,25 @@ impl Summary {
 
 impl Serialize for Summary {
     fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
-        let entries = self.entries();
-        let mut m = ser.serialize_map(Some(entries.len() + 1))?;
+        SummaryJson {
+            summary: self,
+            extra: &[],
+        }
+        .serialize(ser)
+    }
+}
+
+/// `summary.json`: vLLM's keys, then figures of ours after them (a prediction's interval,
+/// `median_ttft_ms_lo` and `median_ttft_ms_hi`, …).
+pub struct SummaryJson<'a> {
+    pub summary: &'a Summary,
+    pub extra: &'a [(String, f64)],
+}
+
+impl Serialize for SummaryJson<'_> {
+    fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let entries = self.summary.entries();
+        let mut m = ser.serialize_map(Some(entries.len() + 1 + self.extra.len()))?;
         for (k, v) in &entries {
             // Counts as integers, like vLLM's JSON.
             if matches!(
@@ -416,7 +433,10 @@ impl Serialize for Summary {
                 m.serialize_entry(k, v)?;
             }
         }
-        m.serialize_entry("max_concurrency", &self.max_concurrency)?;
+        m.serialize_entry("max_concurrency", &self.summary.max_concurrency)?;
+        for (k, v) in self.extra {
+            m.serialize_entry(k, v)?;
+        }
         m.end()
     }
 }

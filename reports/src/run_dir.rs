@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use infer_core::metrics::{RequestRecord, RequestsCsvWriter, Summary, TimePoint};
+use infer_core::metrics::{RequestRecord, RequestsCsvWriter, Summary, SummaryJson, TimePoint};
 use infer_core::scheduler::{BatchingMode, KvBackend};
 use infer_core::workload::{ArrivalSpec, Scenario, ServerSpec};
 
@@ -37,6 +37,9 @@ pub struct RunInfo {
     /// as printed with the run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What summary.json's intervals (`KEY_lo`, `KEY_hi`) are made of, where it has them.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub intervals: String,
     /// The scenario as run (overrides applied), as TOML: written beside run.json as
     /// `scenario.toml`.
     #[serde(skip)]
@@ -57,6 +60,7 @@ impl RunInfo {
             router: scenario.cluster.as_ref().map(|c| c.router),
             backend,
             warnings: Vec::new(),
+            intervals: String::new(),
             scenario_toml: toml::to_string(&scenario.resolved).unwrap_or_default(),
         }
     }
@@ -290,7 +294,18 @@ impl RunDirWriter {
 
     /// Write the summary and run.json, flush the streamed files, and move them all into the
     /// run directory.
-    pub fn finish(mut self, summary: &Summary, info: &RunInfo) -> Result<(), ReportError> {
+    pub fn finish(self, summary: &Summary, info: &RunInfo) -> Result<(), ReportError> {
+        self.finish_with(summary, &[], info)
+    }
+
+    /// [`finish`](Self::finish), with figures of ours after vLLM's keys in summary.json (a
+    /// prediction's interval).
+    pub fn finish_with(
+        mut self,
+        summary: &Summary,
+        extra: &[(String, f64)],
+        info: &RunInfo,
+    ) -> Result<(), ReportError> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
@@ -313,8 +328,8 @@ impl RunDirWriter {
             line: None,
             reason: e.to_string(),
         };
-        let json =
-            serde_json::to_string_pretty(summary).map_err(|e| unwritable("summary.json", e))?;
+        let json = serde_json::to_string_pretty(&SummaryJson { summary, extra })
+            .map_err(|e| unwritable("summary.json", e))?;
         write("summary.json", json + "\n")?;
         if !info.scenario_toml.is_empty() {
             let header =

@@ -57,7 +57,7 @@ fn child(case: &str, size: usize, dir: &str) {
     let mut files = infer_reports::RunDirWriter::create(dir).expect("run directory");
     let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
     let r = infer_sim::run_with(&setup, tokenizer, &mut files).expect("the run ends");
-    let info = infer_sim::output::run_info(&setup);
+    let info = infer_sim::output::run_info(&setup, None);
     files.finish(&r.summary, &info).expect("run directory");
     let wall = t.elapsed().as_secs_f64();
     let n = r.summary.completed + r.summary.failed;

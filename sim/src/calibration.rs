@@ -44,11 +44,13 @@
 
 use crate::error::SimError;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{HardwareSpec, ModelSpec};
 use crate::cost::ClientPath;
+use crate::interval::Residual;
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +121,9 @@ pub struct Calibration {
     /// The same in one short line: the file's name, what was measured and how many runs
     /// the fit used (the console's).
     pub label: String,
+    /// The file's model errors on the runs it was fitted and checked on (every model's:
+    /// the intervals pool them).
+    pub residuals: Arc<[Residual]>,
 }
 
 /// How an engine runs a step that has both prompt work and decodes.
@@ -220,6 +225,10 @@ pub struct CalibrationFile {
     #[serde(default)]
     pub mechanisms: Mechanisms,
     pub models: BTreeMap<String, Coefficients>,
+    /// `ln(measured / predicted)` of each run the fit was fitted or checked on (`sim
+    /// calibrate` writes them): the model-error part of a prediction's interval.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub residuals: Vec<Residual>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize, Serialize)]
@@ -412,6 +421,7 @@ impl CalibrationFile {
         let mut cal = Calibration::default_for(hw).with(&self.mechanisms, c);
         cal.source = format!("{file}: {}", self.source);
         cal.label = self.label(file);
+        cal.residuals = Arc::from(self.residuals.clone());
         Ok(cal)
     }
 
@@ -436,9 +446,36 @@ impl CalibrationFile {
         }
     }
 
-    /// The file as TOML text.
+    /// The file as TOML text: the residuals last, one `[[residuals]]` entry per run with its
+    /// errors on one line.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("a calibration file serialises")
+        let head = CalibrationFile {
+            residuals: Vec::new(),
+            ..self.clone()
+        };
+        let mut text = toml::to_string(&head).expect("a calibration file serialises");
+        if !self.residuals.is_empty() {
+            text.push_str(
+                "\n# ln(measured / predicted) of each run the coefficients were fitted to or \
+                 checked on:\n# the model's error in a prediction's interval (`group`: runs of \
+                 one configuration).\n",
+            );
+        }
+        for r in &self.residuals {
+            let errors: toml::Table = r
+                .errors
+                .iter()
+                .map(|(k, v)| (k.clone(), toml::Value::Float(*v)))
+                .collect();
+            text.push_str(&format!(
+                "\n[[residuals]]\nrun = {}\ngroup = {}\nheld_out = {}\nerrors = {}\n",
+                toml::Value::String(r.run.clone()),
+                toml::Value::String(r.group.clone()),
+                r.held_out,
+                toml::Value::Table(errors)
+            ));
+        }
+        text
     }
 }
 
@@ -559,6 +596,7 @@ impl Calibration {
             graph_replay_factor: 1.0,
             source: UNCALIBRATED.into(),
             label: "uncalibrated defaults".into(),
+            residuals: Arc::from([]),
         }
     }
 
@@ -620,6 +658,7 @@ impl Calibration {
             graph_replay_factor: mechanisms.graph_replay_factor.unwrap_or(1.0),
             source: self.source.clone(),
             label: self.label.clone(),
+            residuals: self.residuals.clone(),
         }
     }
 }

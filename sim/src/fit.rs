@@ -26,7 +26,9 @@ use crate::calibration::{
     AttentionScores, ContiguousDecode, ContiguousKv, PrefillBatching, Roofline,
 };
 use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
+use crate::interval::{self, Interval, Residual};
 use crate::setup::{self, Setup};
+use infer_core::metrics::Summary;
 
 /// The figures a fit compares, by their summary.json names.
 pub const FIT_METRICS: [&str; 5] = [
@@ -55,14 +57,10 @@ impl Target {
     /// order of `measured`; NaN where the configuration does not fit in memory under `cal`
     /// or the run passes a bound.
     pub fn predict(&mut self, cal: &Calibration) -> Vec<f64> {
-        if self.setup.set_calibration(cal.clone()).is_err() {
-            return vec![f64::NAN; self.measured.len()];
-        }
-        // A calibration that takes a run past `[sim]`'s bounds predicts nothing.
-        let Ok(result) = crate::run(&self.setup) else {
+        let Some(summary) = self.summary(cal) else {
             return vec![f64::NAN; self.measured.len()];
         };
-        let entries = result.summary.entries();
+        let entries = summary.entries();
         self.measured
             .iter()
             .map(|(k, _)| {
@@ -72,6 +70,23 @@ impl Target {
                     .map_or(f64::NAN, |(_, v)| *v)
             })
             .collect()
+    }
+}
+
+impl Target {
+    /// The run's whole summary under `cal`; `None` where the configuration does not fit
+    /// in memory under `cal` or the run passes a bound.
+    pub fn summary(&mut self, cal: &Calibration) -> Option<Summary> {
+        self.setup.set_calibration(cal.clone()).ok()?;
+        // A calibration that takes a run past `[sim]`'s bounds predicts nothing.
+        crate::run(&self.setup).ok().map(|r| r.summary)
+    }
+
+    /// The runs of one configuration (workload and server settings, any model): what a
+    /// coverage test leaves out together.
+    pub fn group(&self) -> String {
+        let sc = &self.setup.scenario;
+        format!("{}, {}", sc.name, infer_reports::phase_of(&sc.server))
     }
 }
 
@@ -500,6 +515,7 @@ impl Fit {
                 .iter()
                 .map(|m| (m.model.clone(), m.coefficients.rounded()))
                 .collect(),
+            residuals: Vec::new(),
         }
     }
 
@@ -736,6 +752,119 @@ pub fn rows(targets: &mut [Target], fit: &Fit) -> Vec<Row> {
         }
     }
     out
+}
+
+/// Each target's model error, `ln(measured / predicted)` per metric `rows` has for it (a
+/// figure the calibration cannot predict is left out): the calibration file's
+/// `[[residuals]]`.
+pub fn residuals(targets: &[Target], rows: &[Row]) -> Vec<Residual> {
+    targets
+        .iter()
+        .map(|t| Residual {
+            run: t.label.clone(),
+            group: t.group(),
+            held_out: t.held_out,
+            errors: rows
+                .iter()
+                .filter(|r| r.label == t.label)
+                .map(|r| (r.metric.clone(), (r.measured / r.predicted).ln()))
+                .filter(|(_, e)| e.is_finite())
+                // Four significant digits: the file is read by people too.
+                .map(|(m, e)| (m, format!("{e:.3e}").parse().expect("a number")))
+                .collect(),
+        })
+        .collect()
+}
+
+/// One held-out figure against its interval.
+#[derive(Debug, Clone)]
+pub struct Covered {
+    pub label: String,
+    pub metric: String,
+    pub measured: f64,
+    pub interval: Interval,
+}
+
+/// Each held-out target's figures against their 90% intervals: the target run under
+/// `seeds` seeds with the fitted calibration, and the errors of `residuals` *except* those
+/// of the target's own configuration (its group: the runs of the other models too). So no
+/// interval is built from the figure that tests it, nor from its siblings.
+pub fn coverage(
+    targets: &mut [Target],
+    fit: &Fit,
+    residuals: &[Residual],
+    seeds: usize,
+) -> Vec<Covered> {
+    let mut out = Vec::new();
+    for t in targets.iter_mut().filter(|t| t.held_out) {
+        let Some(m) = fit.models.iter().find(|m| m.model == t.model()) else {
+            continue;
+        };
+        let cal =
+            Calibration::default_for(&t.setup.hardware).with(&fit.mechanisms, &m.coefficients);
+        let Some(central) = t.summary(&cal) else {
+            continue;
+        };
+        let others: Vec<Summary> = interval::other_seeds(&t.setup, seeds)
+            .iter()
+            .filter_map(|s| crate::run(s).ok().map(|r| r.summary))
+            .collect();
+        let group = t.group();
+        let intervals = interval::intervals(&central, &others, residuals, Some(&group));
+        for (metric, measured) in &t.measured {
+            if let Some(i) = intervals.iter().find(|i| i.key == *metric) {
+                out.push(Covered {
+                    label: t.label.clone(),
+                    metric: metric.clone(),
+                    measured: *measured,
+                    interval: i.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The coverage in lines: per metric and pooled, how many held-out figures fell inside
+/// their interval and the intervals' median width (percent of the predicted figure).
+pub fn render_coverage(covered: &[Covered], seeds: usize) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if covered.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "\n{:.0}% intervals on the held-out runs ({seeds} seeds; each from the errors of the \
+         runs of the other configurations):",
+        interval::LEVEL * 100.0
+    );
+    let line = |s: &mut String, name: &str, rows: Vec<&Covered>| {
+        let inside = rows
+            .iter()
+            .filter(|c| c.interval.contains(c.measured))
+            .count();
+        let mut widths: Vec<f64> = rows
+            .iter()
+            .map(|c| c.interval.relative_width() * 100.0)
+            .collect();
+        widths.sort_by(f64::total_cmp);
+        let _ = writeln!(
+            s,
+            "  {name:<18} {inside:>4}/{:<4} inside ({:.0}%), median width {:.0}%",
+            rows.len(),
+            inside as f64 / rows.len() as f64 * 100.0,
+            median(&widths)
+        );
+    };
+    for m in FIT_METRICS {
+        let rows: Vec<&Covered> = covered.iter().filter(|c| c.metric == m).collect();
+        if !rows.is_empty() {
+            line(&mut s, m, rows);
+        }
+    }
+    line(&mut s, "pooled", covered.iter().collect());
+    s
 }
 
 /// ", static batching's host X ms + Y ms per sequence" where a calibration has its own.

@@ -18,13 +18,16 @@
 //! * [`stages`]: per-stage figures of staged arrival schedules;
 //! * [`sweep`]: grids of runs in parallel;
 //! * [`plan`]: `sim plan`, the best configuration under latency objectives, and capacity;
-//! * [`trust`]: how far to trust a prediction: warnings where it is fragile.
+//! * [`trust`]: how far to trust a prediction: warnings where it is fragile;
+//! * [`interval`]: how far a figure may be off: 90% intervals from the workload's
+//!   randomness and the calibration's measured errors.
 
 pub mod calibration;
 pub mod catalog;
 pub mod cost;
 pub mod error;
 pub mod fit;
+pub mod interval;
 pub mod memory;
 pub mod output;
 pub mod plan;

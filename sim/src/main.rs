@@ -25,6 +25,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use infer_sim::interval::RunIntervals;
 use infer_sim::{calibration, catalog, fit, output, plan, sweep};
 
 #[derive(Parser)]
@@ -64,6 +65,10 @@ enum Command {
         /// Print only the run directory.
         #[arg(long)]
         quiet: bool,
+        /// Seeds to run for the figures' 90% intervals: the given one (whose figures are
+        /// vLLM's keys) and the N − 1 after it. 1: no intervals.
+        #[arg(long, default_value_t = infer_sim::interval::DEFAULT_SEEDS, value_name = "N")]
+        seeds: usize,
     },
     /// Simulate the grid of --vary values in parallel and write sweep.csv.
     #[command(after_help = "Example:\n  \
@@ -164,8 +169,13 @@ enum Command {
         /// last two only for a model whose fitted runs batch both statically and
         /// continuously).  With `--start`, name the few a second stage refits. Also:
         /// decode_attention_efficiency, bandwidth_efficiency, client_stream_s, step_jitter_s.
+        /// `none` with `--start`: keep every coefficient, and only record the start file's
+        /// errors on the runs (its `[[residuals]]`) and check its intervals.
         #[arg(long, value_delimiter = ',', value_name = "PARAM,…")]
         fit: Vec<String>,
+        /// Seeds each held-out run is simulated with for the intervals' coverage check.
+        #[arg(long, default_value_t = infer_sim::interval::DEFAULT_SEEDS, value_name = "N")]
+        seeds: usize,
         /// How the measured engine batches prompts: packed (vLLM, infer; the default),
         /// padded or sequential (one prompt per pass).
         #[arg(long, value_enum)]
@@ -280,6 +290,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             hold_out,
             published,
             fit,
+            seeds,
             prefill_batching,
             logits,
             attention_scores,
@@ -294,6 +305,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             engine,
             out,
         } => {
+            if seeds == 0 {
+                anyhow::bail!("--seeds must be at least 1");
+            }
             let mut targets = Vec::new();
             for p in &published {
                 targets.extend(fit::load_published(p)?);
@@ -306,6 +320,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let params = if fit.is_empty() {
                 fit::DEFAULT_PARAMS.to_vec()
+            } else if fit == ["none"] {
+                if start.is_none() {
+                    anyhow::bail!("--fit none keeps the --start file's coefficients: give --start");
+                }
+                Vec::new()
             } else {
                 let named = fit
                     .iter()
@@ -398,17 +417,32 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let best = best.expect("at least one candidate");
             let rows = fit::rows(&mut targets, &best);
             print!("{}", fit::render(&rows, &best));
+            let residuals = fit::residuals(&targets, &rows);
+            let covered = fit::coverage(&mut targets, &best, &residuals, seeds);
+            print!("{}", fit::render_coverage(&covered, seeds));
             if let Some(out) = out {
                 let command: Vec<String> = std::env::args().skip(1).collect();
-                let held_out = targets.iter().filter(|t| t.held_out).count();
-                let fitted = targets.len() - held_out;
+                let mut held_out = targets.iter().filter(|t| t.held_out).count();
+                let mut fitted = targets.len() - held_out;
                 let mut source = format!(
                     "`sim {}`: {fitted} runs fitted, {held_out} held out",
                     command.join(" "),
                 );
-                if let Some(start) = &start {
+                match &start {
+                    // Nothing refitted: the file is the start's, with the errors recorded.
+                    Some(start) if params.is_empty() => {
+                        source = format!(
+                            "{}; errors recorded by `sim {}` on {} runs",
+                            start.source,
+                            command.join(" "),
+                            targets.len()
+                        );
+                        fitted = start.runs_fitted.unwrap_or(fitted);
+                        held_out = start.runs_held_out.unwrap_or(held_out);
+                    }
                     // The first stage, so that the file says how to make it from nothing.
-                    source = format!("{source}; started from {}", start.source);
+                    Some(start) => source = format!("{source}; started from {}", start.source),
+                    None => {}
                 }
                 // A second stage describes the engine its start file does, unless told.
                 let engine = match &start {
@@ -418,6 +452,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 let file = calibration::CalibrationFile {
                     runs_fitted: Some(fitted),
                     runs_held_out: Some(held_out),
+                    residuals,
                     ..best.file(&engine, &source)
                 };
                 let text = format!(
@@ -455,7 +490,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             seed,
             goodput,
             quiet,
+            seeds,
         } => {
+            if seeds == 0 {
+                anyhow::bail!("--seeds must be at least 1");
+            }
             let overrides = overrides(set, seed, &goodput)?;
             let text =
                 std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
@@ -467,13 +506,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
             let tokenizer = infer_sim::simulate::approx_tokenizer(&setup);
             let result = infer_sim::run_with(&setup, tokenizer, &mut files)?;
-            files.finish(&result.summary, &output::run_info(&setup))?;
+            let intervals = RunIntervals::of_run(&setup, &result.summary, seeds)?;
+            let keys = intervals.as_ref().map_or(Vec::new(), |i| i.summary_keys());
+            let info = output::run_info(&setup, intervals.as_ref());
+            files.finish_with(&result.summary, &keys, &info)?;
             if quiet {
                 for w in &setup.warnings {
                     eprintln!("{w}");
                 }
             } else {
-                print!("{}", output::console(&setup, &result));
+                print!("{}", output::console(&setup, &result, intervals.as_ref()));
             }
             println!("run directory: {}", dir.display());
             Ok(())

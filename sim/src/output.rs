@@ -7,6 +7,7 @@ pub use infer_core::metrics::{requests_csv, timeseries_csv};
 use infer_core::metrics::{RequestRecord, TimePoint};
 use infer_reports::{RunDirWriter, RunInfo};
 
+use crate::interval::{RunIntervals, LEVEL};
 use crate::setup::Setup;
 use crate::simulate::{RunSink, SimResult};
 use crate::stages::stage_table;
@@ -28,16 +29,23 @@ impl RunSink for RunDirWriter {
 
 /// What a simulated run directory's `run.json` says: the scenario, the cost model in full
 /// and the warnings on the prediction.
-pub fn run_info(setup: &Setup) -> RunInfo {
+pub fn run_info(setup: &Setup, intervals: Option<&RunIntervals>) -> RunInfo {
     RunInfo {
         warnings: setup.warnings.clone(),
+        intervals: intervals.map_or(String::new(), |i| {
+            format!(
+                "{:.0}% intervals from {}",
+                LEVEL * 100.0,
+                i.basis.describe()
+            )
+        }),
         ..RunInfo::new("sim", &setup.scenario, setup.cost.describe())
     }
 }
 
-/// What `sim run` prints: the setup, warnings, vLLM's block, the extra line and, for a
-/// staged arrival schedule, one row per stage.
-pub fn console(setup: &Setup, result: &SimResult) -> String {
+/// What `sim run` prints: the setup, warnings, vLLM's block, the intervals, the extra line
+/// and, for a staged arrival schedule, one row per stage.
+pub fn console(setup: &Setup, result: &SimResult, intervals: Option<&RunIntervals>) -> String {
     let mut s = String::new();
     let sc = &setup.scenario;
     let replicas = sc.cluster.as_ref().map_or(String::new(), |c| {
@@ -55,6 +63,9 @@ pub fn console(setup: &Setup, result: &SimResult) -> String {
         let _ = writeln!(s, "{w}");
     }
     s.push_str(&result.summary.render());
+    if let Some(i) = intervals {
+        s.push_str(&i.render());
+    }
     let _ = writeln!(s, "{}", result.stats.lines());
     if !result.stages.is_empty() {
         s.push_str(&stage_table(&result.stages));

@@ -15,6 +15,7 @@ use crate::memory::{self, DoesNotFit, MemoryPlan};
 use crate::settings::{CostModelKind, SimSettings};
 
 /// A scenario made ready to simulate.
+#[derive(Clone)]
 pub struct Setup {
     pub file: String,
     pub scenario: Scenario,

@@ -272,6 +272,43 @@ fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
             assert!(err.contains("fitted under other mechanisms"), "{err}");
         }
     }
+    // `--fit none`: the start file's coefficients kept, its errors on the runs recorded,
+    // and the intervals checked on the held-out ones.
+    let o = calibrate(
+        &[
+            "--start",
+            &start,
+            "--fit",
+            "none",
+            "--hold-out",
+            &run.display().to_string(),
+        ],
+        &second,
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        stdout.contains("90% intervals on the held-out runs"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("pooled"), "{stdout}");
+    let text = std::fs::read_to_string(&second).unwrap();
+    let first_text = std::fs::read_to_string(&first).unwrap();
+    let models = |t: &str| {
+        t[t.find("[models").unwrap()..t.find("[[residuals]]").unwrap_or(t.len())]
+            .trim()
+            .to_string()
+    };
+    assert_eq!(models(&text), models(&first_text), "coefficients kept");
+    assert_eq!(text.matches("[[residuals]]").count(), 2, "{text}");
+    assert!(text.contains("errors recorded by `sim calibrate"), "{text}");
+    let o = sim([
+        "calibrate".as_ref(),
+        run.as_os_str(),
+        "--fit".as_ref(),
+        "none".as_ref(),
+    ]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--fit none keeps the --start file"));
     std::fs::remove_dir_all(&run).unwrap();
     for f in [first, second] {
         std::fs::remove_file(f).unwrap();

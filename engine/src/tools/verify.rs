@@ -203,7 +203,10 @@ async fn verify_once(
         let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?
             .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files)?;
-        files.finish(&predicted.summary, &infer_sim::output::run_info(&setup))?;
+        files.finish(
+            &predicted.summary,
+            &infer_sim::output::run_info(&setup, None),
+        )?;
 
         // Measure.
         let steps_path = dir.join("measured-steps.csv");

@@ -1,0 +1,481 @@
+//! How far a predicted figure may be off: a 90% interval around each figure of a run.
+//!
+//! An interval combines two things, in log space (errors of a latency or a throughput are
+//! multiplicative):
+//!
+//! * the workload's randomness: the same scenario run again with other seeds (`--seeds N`:
+//!   the given seed and the `N − 1` that follow it), taken as a normal spread of the log
+//!   figures around the given seed's;
+//! * the model's error: how far the calibration's predictions were from the measurements
+//!   of the runs it was fitted and checked on (`ln(measured / predicted)` per metric, kept
+//!   in the calibration file as `[[residuals]]`), taken as they are (their bias too: a
+//!   model that always predicts ITL P99 low gets an interval above its figure).
+//!
+//! The interval is the 5th to 95th percentile of the sum of the two. Without residuals (a
+//! profiled cost model, an uncalibrated pair) it is the workload's alone: said beside it.
+//!
+//! The figure itself stays the given seed's (vLLM's summary keys keep their meaning); the
+//! interval goes beside it as `KEY_lo` and `KEY_hi`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use infer_core::metrics::Summary;
+
+use crate::error::SimError;
+use crate::setup::Setup;
+
+/// How many seeds `sim run` and `engine verify` run by default: enough for a spread, few
+/// enough that the main command stays fast.
+pub const DEFAULT_SEEDS: usize = 5;
+
+/// The interval's coverage: the 5th to the 95th percentile.
+pub const LEVEL: f64 = 0.90;
+
+/// One calibration run's model error: `ln(measured / predicted)` per fitted metric
+/// (`fit::FIT_METRICS`), as `sim calibrate` found it.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Residual {
+    /// The run's label.
+    pub run: String,
+    /// Runs of one configuration (workload, server settings; any model): left out together
+    /// when the intervals' coverage is tested on one of them.
+    pub group: String,
+    /// Whether the fit held the run out (its errors are out-of-sample).
+    #[serde(default)]
+    pub held_out: bool,
+    pub errors: BTreeMap<String, f64>,
+}
+
+/// A figure with its interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interval {
+    /// The summary key (`median_ttft_ms`, …).
+    pub key: String,
+    /// The given seed's figure.
+    pub value: f64,
+    pub lo: f64,
+    pub hi: f64,
+}
+
+impl Interval {
+    pub fn contains(&self, x: f64) -> bool {
+        self.lo <= x && x <= self.hi
+    }
+
+    /// Width as a fraction of the figure.
+    pub fn relative_width(&self) -> f64 {
+        (self.hi - self.lo) / self.value
+    }
+}
+
+/// What the intervals of a run are made of, in words (the console's and run.json's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Basis {
+    pub seeds: usize,
+    /// Runs whose errors were used (0: none, the workload's randomness only).
+    pub residual_runs: usize,
+}
+
+impl Basis {
+    pub fn describe(&self) -> String {
+        let seeds = format!(
+            "{} seed{}",
+            self.seeds,
+            if self.seeds == 1 { "" } else { "s" }
+        );
+        match self.residual_runs {
+            0 => format!(
+                "{seeds}; the workload's randomness only: no calibration errors to add (the \
+                 model's own error is not in it)"
+            ),
+            n => format!("{seeds} and the calibration's errors on {n} measured runs"),
+        }
+    }
+}
+
+/// The residual metric (one of `fit::FIT_METRICS`) whose errors a summary key's interval
+/// takes: a mean or median takes the median's, the upper percentiles the P99's. TPOT takes
+/// ITL's; end-to-end latency, which no fit measures, both TTFT's and ITL's (a request's
+/// latency is its first token and its decodes). `None`: a key with no interval (counts,
+/// spreads, fractions).
+pub fn residual_metrics(key: &str) -> Option<&'static [&'static str]> {
+    let upper = key.starts_with("p90_") || key.starts_with("p95_") || key.starts_with("p99_");
+    let central = key.starts_with("mean_") || key.starts_with("median_");
+    Some(match key {
+        "request_throughput" | "output_throughput" | "total_token_throughput" => {
+            &["output_throughput"]
+        }
+        k if k.ends_with("_ttft_ms") && central => &["median_ttft_ms"],
+        k if k.ends_with("_ttft_ms") && upper => &["p99_ttft_ms"],
+        k if (k.ends_with("_itl_ms") || k.ends_with("_tpot_ms")) && central => &["median_itl_ms"],
+        k if (k.ends_with("_itl_ms") || k.ends_with("_tpot_ms")) && upper => &["p99_itl_ms"],
+        k if k.ends_with("_e2el_ms") && central => &["median_ttft_ms", "median_itl_ms"],
+        k if k.ends_with("_e2el_ms") && upper => &["p99_ttft_ms", "p99_itl_ms"],
+        _ => return None,
+    })
+}
+
+/// The errors of `metric` over `residuals`, leaving out the runs of group `leave_out`.
+fn errors_of(residuals: &[Residual], metrics: &[&str], leave_out: Option<&str>) -> Vec<f64> {
+    residuals
+        .iter()
+        .filter(|r| Some(r.group.as_str()) != leave_out)
+        .flat_map(|r| metrics.iter().filter_map(|m| r.errors.get(*m).copied()))
+        .filter(|e| e.is_finite())
+        .collect()
+}
+
+/// Every figure of `central` that has an interval, with it: `others` are the same scenario
+/// under the other seeds, `residuals` the calibration's errors (the runs of group
+/// `leave_out` left out: a coverage test's). Figures that are zero or missing, or with
+/// neither a seed spread nor errors to widen them, get none.
+pub fn intervals(
+    central: &Summary,
+    others: &[Summary],
+    residuals: &[Residual],
+    leave_out: Option<&str>,
+) -> Vec<Interval> {
+    let other_entries: Vec<Vec<(String, f64)>> = others.iter().map(Summary::entries).collect();
+    let mut out = Vec::new();
+    for (key, value) in central.entries() {
+        let Some(metrics) = residual_metrics(&key) else {
+            continue;
+        };
+        if !(value > 0.0 && value.is_finite()) {
+            continue;
+        }
+        let mut logs = vec![0.0];
+        for entries in &other_entries {
+            if let Some((_, v)) = entries.iter().find(|(k, _)| *k == key) {
+                if *v > 0.0 && v.is_finite() {
+                    logs.push((v / value).ln());
+                }
+            }
+        }
+        let errors = errors_of(residuals, metrics, leave_out);
+        if logs.len() < 2 && errors.is_empty() {
+            continue;
+        }
+        let (lo, hi) = log_bounds(&errors, spread(&logs));
+        out.push(Interval {
+            key,
+            value,
+            lo: value * lo.exp(),
+            hi: value * hi.exp(),
+        });
+    }
+    out
+}
+
+/// The sample standard deviation (0 for fewer than two values).
+fn spread(xs: &[f64]) -> f64 {
+    let n = xs.len();
+    if n < 2 {
+        return 0.0;
+    }
+    let mean = xs.iter().sum::<f64>() / n as f64;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    var.sqrt()
+}
+
+/// Points of a standard normal, one per equal-probability slice: adding `sd` × each to a
+/// sample convolves it with a normal of that spread.
+const NORMAL_POINTS: usize = 41;
+
+/// The [`LEVEL`] interval of `e + η` in log space, `e` drawn from `errors` (0 where there
+/// are none) and `η` normal with standard deviation `sd`.
+fn log_bounds(errors: &[f64], sd: f64) -> (f64, f64) {
+    let errors = if errors.is_empty() {
+        &[0.0][..]
+    } else {
+        errors
+    };
+    let points: Vec<f64> = if sd > 0.0 {
+        (0..NORMAL_POINTS)
+            .map(|k| sd * normal_quantile((k as f64 + 0.5) / NORMAL_POINTS as f64))
+            .collect()
+    } else {
+        vec![0.0]
+    };
+    let mut sum: Vec<f64> = errors
+        .iter()
+        .flat_map(|e| points.iter().map(move |p| e + p))
+        .collect();
+    sum.sort_by(f64::total_cmp);
+    let tail = (1.0 - LEVEL) / 2.0;
+    (quantile(&sum, tail), quantile(&sum, 1.0 - tail))
+}
+
+/// The `p` quantile of sorted values, interpolated between neighbours.
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    let pos = p * (sorted.len() - 1) as f64;
+    let (i, frac) = (pos.floor() as usize, pos.fract());
+    match sorted.get(i + 1) {
+        Some(next) => sorted[i] + frac * (next - sorted[i]),
+        None => sorted[i],
+    }
+}
+
+/// The standard normal's quantile function (Acklam's rational approximation: relative
+/// error below 1.2e-9).
+pub fn normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969683028665376e1,
+        2.209460984245205e2,
+        -2.759285104469687e2,
+        1.383_577_518_672_69e2,
+        -3.066479806614716e1,
+        2.506628277459239,
+    ];
+    const B: [f64; 5] = [
+        -5.447609879822406e1,
+        1.615858368580409e2,
+        -1.556989798598866e2,
+        6.680131188771972e1,
+        -1.328068155288572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784894002430293e-3,
+        -3.223964580411365e-1,
+        -2.400758277161838,
+        -2.549732539343734,
+        4.374664141464968,
+        2.938163982698783,
+    ];
+    const D: [f64; 4] = [
+        7.784695709041462e-3,
+        3.224671290700398e-1,
+        2.445134137142996,
+        3.754408661907416,
+    ];
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < 0.02425 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.02425 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    }
+}
+
+/// The seeds after the scenario's, `seeds − 1` of them: the workload seed (and a cluster's
+/// router seed) moved by 1, 2, … (wrapping).
+pub fn other_seeds(setup: &Setup, seeds: usize) -> Vec<Setup> {
+    (1..seeds as u64)
+        .map(|i| {
+            let mut s = setup.clone();
+            s.scenario.workload.seed = s.scenario.workload.seed.wrapping_add(i);
+            if let Some(c) = s.scenario.cluster.as_mut() {
+                c.router_seed = c.router_seed.wrapping_add(i);
+            }
+            s
+        })
+        .collect()
+}
+
+/// The summaries of `setup` under the other seeds (in parallel on every core; each seed's
+/// run is deterministic, so the result does not depend on the threads).
+pub fn seeded_summaries(setup: &Setup, seeds: usize) -> Result<Vec<Summary>, SimError> {
+    let setups = other_seeds(setup, seeds);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    crate::sweep::par_map(&setups, threads, None, |s| {
+        crate::simulate::run(s).map(|r| r.summary)
+    })
+    .into_iter()
+    .collect()
+}
+
+/// A run's intervals and what they are made of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunIntervals {
+    pub intervals: Vec<Interval>,
+    pub basis: Basis,
+}
+
+impl RunIntervals {
+    /// The intervals of the run of `setup` whose summary is `central`: `setup` simulated
+    /// under `seeds − 1` more seeds, the calibration's errors added. `None` for one seed (the
+    /// run's files as they were before intervals existed).
+    pub fn of_run(
+        setup: &Setup,
+        central: &Summary,
+        seeds: usize,
+    ) -> Result<Option<RunIntervals>, SimError> {
+        if seeds <= 1 {
+            return Ok(None);
+        }
+        let others = seeded_summaries(setup, seeds)?;
+        let residuals = residuals_of(setup);
+        Ok(Some(RunIntervals {
+            intervals: intervals(central, &others, residuals, None),
+            basis: Basis {
+                seeds,
+                residual_runs: residuals.len(),
+            },
+        }))
+    }
+
+    /// summary.json's keys: `KEY_lo` and `KEY_hi` for each figure with an interval.
+    pub fn summary_keys(&self) -> Vec<(String, f64)> {
+        self.intervals
+            .iter()
+            .flat_map(|i| {
+                [
+                    (format!("{}_lo", i.key), i.lo),
+                    (format!("{}_hi", i.key), i.hi),
+                ]
+            })
+            .collect()
+    }
+
+    /// The figure of `key`'s interval, if it has one.
+    pub fn get(&self, key: &str) -> Option<&Interval> {
+        self.intervals.iter().find(|i| i.key == key)
+    }
+
+    /// The console's lines.
+    pub fn render(&self) -> String {
+        render(&self.intervals, &self.basis)
+    }
+}
+
+/// The residuals of the calibration `setup` prices with (none for a profiled cost model or
+/// a pair no calibration file covers).
+pub fn residuals_of(setup: &Setup) -> &[Residual] {
+    setup
+        .calibration
+        .as_ref()
+        .map_or(&[][..], |c| &c.residuals[..])
+}
+
+/// The intervals as console lines: `label  value  [lo, hi]`, for the figures vLLM's block
+/// prints.
+fn render(intervals: &[Interval], basis: &Basis) -> String {
+    use std::fmt::Write as _;
+    const SHOWN: [(&str, &str); 10] = [
+        ("request_throughput", "Request throughput (req/s)"),
+        ("output_throughput", "Output token throughput (tok/s)"),
+        ("mean_ttft_ms", "Mean TTFT (ms)"),
+        ("median_ttft_ms", "Median TTFT (ms)"),
+        ("p99_ttft_ms", "P99 TTFT (ms)"),
+        ("median_tpot_ms", "Median TPOT (ms)"),
+        ("median_itl_ms", "Median ITL (ms)"),
+        ("p99_itl_ms", "P99 ITL (ms)"),
+        ("median_e2el_ms", "Median E2EL (ms)"),
+        ("p99_e2el_ms", "P99 E2EL (ms)"),
+    ];
+    let mut s = String::new();
+    if intervals.is_empty() {
+        return s;
+    }
+    let _ = writeln!(s, "{:-^50}", format!(" {:.0}% interval ", LEVEL * 100.0));
+    let _ = writeln!(s, "({})", basis.describe());
+    for (key, label) in SHOWN {
+        if let Some(i) = intervals.iter().find(|i| i.key == key) {
+            let _ = writeln!(
+                s,
+                "{:<33} {:>9.2}  [{:.2}, {:.2}]",
+                format!("{label}:"),
+                i.value,
+                i.lo,
+                i.hi
+            );
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normal_quantile_matches_known_values() {
+        for (p, z) in [
+            (0.5, 0.0),
+            (0.95, 1.6448536269514722),
+            (0.05, -1.6448536269514722),
+            (0.975, 1.959963984540054),
+            (0.001, -3.090232306167813),
+        ] {
+            assert!((normal_quantile(p) - z).abs() < 1e-7, "p {p}");
+        }
+    }
+
+    #[test]
+    fn a_normal_spread_alone_gives_its_ninety_percent_interval() {
+        // Only the discretised normal: its 5th-95th percentile is ±1.645 sd up to the grid.
+        let (lo, hi) = log_bounds(&[], 0.1);
+        assert!((hi - 0.1645).abs() < 0.01, "hi {hi}");
+        assert!((lo + 0.1645).abs() < 0.01, "lo {lo}");
+    }
+
+    #[test]
+    fn errors_alone_give_their_percentiles_bias_included() {
+        // 101 errors from 0.0 to 1.0: every one under-predicted, so the interval lies above.
+        let errors: Vec<f64> = (0..=100).map(|i| i as f64 / 100.0).collect();
+        let (lo, hi) = log_bounds(&errors, 0.0);
+        assert!(
+            (lo - 0.05).abs() < 1e-9 && (hi - 0.95).abs() < 1e-9,
+            "{lo} {hi}"
+        );
+    }
+
+    #[test]
+    fn the_seed_spread_widens_the_errors_interval() {
+        let errors: Vec<f64> = (0..=100).map(|i| (i as f64 - 50.0) / 500.0).collect();
+        let (lo0, hi0) = log_bounds(&errors, 0.0);
+        let (lo1, hi1) = log_bounds(&errors, 0.05);
+        assert!(lo1 < lo0 && hi1 > hi0);
+        // But by less than the two widths added (they combine, they do not stack).
+        assert!(hi1 - hi0 < 1.645 * 0.05);
+    }
+
+    #[test]
+    fn every_latency_and_throughput_key_has_its_metric_and_counts_have_none() {
+        assert_eq!(residual_metrics("p95_tpot_ms"), Some(&["p99_itl_ms"][..]));
+        assert_eq!(
+            residual_metrics("mean_ttft_ms"),
+            Some(&["median_ttft_ms"][..])
+        );
+        assert_eq!(
+            residual_metrics("request_throughput"),
+            Some(&["output_throughput"][..])
+        );
+        for k in [
+            "completed",
+            "std_ttft_ms",
+            "duration",
+            "slo_attainment",
+            "peak_kv_usage",
+        ] {
+            assert_eq!(residual_metrics(k), None, "{k}");
+        }
+    }
+
+    #[test]
+    fn a_left_out_group_gives_none_of_its_errors() {
+        let r = |group: &str, e: f64| Residual {
+            run: format!("{group} run"),
+            group: group.into(),
+            held_out: false,
+            errors: [("median_ttft_ms".to_string(), e)].into(),
+        };
+        let residuals = [r("a", 0.5), r("b", -0.1), r("b", 0.1)];
+        assert_eq!(
+            errors_of(&residuals, &["median_ttft_ms"], Some("a")),
+            vec![-0.1, 0.1]
+        );
+        assert_eq!(errors_of(&residuals, &["median_ttft_ms"], None).len(), 3);
+        assert!(errors_of(&residuals, &["p99_itl_ms"], None).is_empty());
+    }
+}
