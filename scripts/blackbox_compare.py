@@ -1,6 +1,8 @@
 """The black-box loop's last step: each workload's prediction (OUT/predicted/W) against the
 mean of its measured repeats (OUT/measured/W, OUT/measured-2/W, ...), and the repeats'
-spread, (max - min) / mean: how far the measurement itself moves on this machine.
+spread, (max - min) / mean: how far the measurement itself moves on this machine; and how
+many of the repeats fell inside the prediction's 90% interval (its summary.json's `KEY_lo`
+and `KEY_hi`: `sim run`'s seeds and the calibration's recorded errors on the probes).
 
     python3 scripts/blackbox_compare.py OUT REPEATS WORKLOAD...
 """
@@ -24,8 +26,8 @@ def main(out, repeats, workloads):
             return json.load(f)
 
     print(f"{'workload':<20} {'metric':<18} {'measured':>10} {'repeats':>22} "
-          f"{'predicted':>10} {'error%':>7} {'spread%':>8}")
-    errors, spreads = {}, {}
+          f"{'predicted':>10} {'error%':>7} {'spread%':>8} {'in 90%':>7}")
+    errors, spreads, inside = {}, {}, {}
     for w in workloads:
         p = load("predicted", w)
         runs = [load(d, w) for d in dirs]
@@ -40,13 +42,26 @@ def main(out, repeats, workloads):
             errors.setdefault(k, []).append(abs(err))
             spreads.setdefault(k, []).append(spread)
             shown = "/".join(f"{v:.1f}" for v in m)
+            covered = "-"
+            if f"{k}_lo" in p:
+                hits = sum(p[f"{k}_lo"] <= v <= p[f"{k}_hi"] for v in m)
+                width = (p[f"{k}_hi"] - p[f"{k}_lo"]) / p[k] * 100
+                inside.setdefault(k, []).append((hits, len(m), width))
+                covered = f"{hits}/{len(m)}"
             print(f"{w:<20} {k:<18} {mean:>10.1f} {shown:>22} {p[k]:>10.1f} "
-                  f"{err:>+7.0f} {spread:>8.0f}")
+                  f"{err:>+7.0f} {spread:>8.0f} {covered:>7}")
     print("median |error| against the repeats' mean:",
           ", ".join(f"{k} {median(v):.0f}%" for k, v in errors.items()))
     if repeats > 1:
         print("median spread of the repeats:",
               ", ".join(f"{k} {median(v):.0f}%" for k, v in spreads.items()))
+    if inside:
+        rows = [r for v in inside.values() for r in v]
+        hits, n = sum(r[0] for r in rows), sum(r[1] for r in rows)
+        print(f"measurements inside the prediction's 90% interval: {hits} of {n} "
+              f"({hits / n * 100:.0f}%), median width {median([r[2] for r in rows]):.0f}%;",
+              ", ".join(f"{k} {sum(r[0] for r in v)}/{sum(r[1] for r in v)}"
+                        for k, v in inside.items()))
 
 
 if __name__ == "__main__":

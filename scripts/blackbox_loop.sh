@@ -52,9 +52,11 @@ URL="http://127.0.0.1:$PORT"
 # attention that grows with context. Fitted without the bandwidth, the decode attention made
 # held-out ITL P50 worse in three measurements of four; with it, the server's own step log
 # agrees better (median decode step +13% -> +1%, runs/blackbox-9; docs/results/blackbox-cpu.md).
+# Its last step also refits those four on 8 bootstrap resamples of the probes: their spread,
+# which the predictions' intervals take (with the fit's errors on the probes).
 "$BIN/sim" calibrate "$OUT"/probe/*/ --start "$OUT/calibration.toml" \
   --fit step_jitter_s,step_overhead_s,bandwidth_efficiency,decode_attention_efficiency \
-  --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
+  --bootstrap 8 --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
 
 # Each workload is measured REPEATS times, round-robin (so that the repeats sample the
 # machine's state minutes apart), each from an empty prefix cache as its simulation starts

@@ -125,6 +125,9 @@ struct VerifyArgs {
     /// drifts between runs).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Seeds each prediction runs under for its 90% interval (as `sim run --seeds`).
+    #[arg(long, default_value_t = infer_sim::interval::DEFAULT_SEEDS, value_name = "N")]
+    seeds: usize,
     #[command(flatten)]
     target: TargetArgs,
 }
@@ -533,6 +536,7 @@ fn run(cli: Cli) -> Result<()> {
                 overrides: a.set,
                 quick_profile: a.quick_profile,
                 repeat: a.repeat,
+                seeds: a.seeds.max(1),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

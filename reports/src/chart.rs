@@ -21,6 +21,9 @@ const MAX_POINTS: usize = 2000;
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    /// A shaded band under the line, `(x, lo, hi)`: a prediction's 90% interval (empty:
+    /// none).
+    pub band: Vec<(f64, f64, f64)>,
 }
 
 /// One set of axes.
@@ -139,6 +142,19 @@ fn draw_panel<DB: DrawingBackend>(
         .draw()?;
     for (i, s) in panel.series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
+        if !s.band.is_empty() {
+            // The upper edge left to right, then the lower one back.
+            let edge: Vec<(f64, f64)> = s
+                .band
+                .iter()
+                .map(|&(x, _, hi)| (x, hi))
+                .chain(s.band.iter().rev().map(|&(x, lo, _)| (x, lo)))
+                .collect();
+            chart.draw_series(std::iter::once(Polygon::new(
+                edge,
+                color.mix(0.18).filled(),
+            )))?;
+        }
         let points = thin(&s.points);
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
@@ -163,9 +179,18 @@ fn draw_panel<DB: DrawingBackend>(
 /// Axis ranges covering every point; y starts at zero (all our figures are non-negative
 /// and a floating origin exaggerates small differences).
 fn ranges(panel: &Panel) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
-    let pts = panel.series.iter().flat_map(|s| &s.points);
+    let bands = panel
+        .series
+        .iter()
+        .flat_map(|s| &s.band)
+        .map(|&(x, _, hi)| (x, hi));
+    let pts = panel
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .chain(bands);
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
-    for &(x, y) in pts.filter(|(x, y)| x.is_finite() && y.is_finite()) {
+    for (x, y) in pts.filter(|(x, y)| x.is_finite() && y.is_finite()) {
         x0 = x0.min(x);
         x1 = x1.max(x);
         y1 = y1.max(y);
@@ -249,7 +274,7 @@ mod tests {
     }
 
     #[test]
-    fn ranges_start_at_zero_and_cover_the_points() {
+    fn ranges_start_at_zero_and_cover_the_points_and_bands() {
         let panel = Panel {
             title: String::new(),
             x_label: String::new(),
@@ -257,12 +282,13 @@ mod tests {
             series: vec![Series {
                 name: "a".into(),
                 points: vec![(2.0, 5.0), (4.0, 10.0)],
+                band: vec![(2.0, 4.0, 6.0), (4.0, 8.0, 30.0)],
             }],
             markers: false,
         };
         let (x, y) = ranges(&panel);
         assert_eq!((x.start, x.end), (2.0, 4.0));
         assert_eq!(y.start, 0.0);
-        assert!(y.end >= 10.0);
+        assert!(y.end >= 30.0, "the band's top is in view: {y:?}");
     }
 }

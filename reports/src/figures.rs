@@ -20,6 +20,7 @@ pub fn cdf_panel(runs: &[&Run], labels: &[String], column: &str, what: &str) -> 
             .map(|(r, l)| Series {
                 name: l.clone(),
                 points: cdf(r.successful().values(column)),
+                band: Vec::new(),
             })
             .collect(),
         markers: false,
@@ -111,6 +112,7 @@ fn series(runs: &[&Run], labels: &[String], f: impl Fn(&Run) -> Vec<(f64, f64)>)
         .map(|(r, l)| Series {
             name: l.clone(),
             points: f(r),
+            band: Vec::new(),
         })
         .collect()
 }
@@ -134,6 +136,7 @@ pub fn replica_load(run: &Run, label: &str, name: &str) -> Figure {
                 Series {
                     name: format!("replica {id}"),
                     points: f(&rows),
+                    band: Vec::new(),
                 }
             })
             .collect()
@@ -186,6 +189,7 @@ pub fn qps_figures(series: &[(String, Vec<LoadPoint>)]) -> Vec<Figure> {
             .map(|(name, pts)| Series {
                 name: name.clone(),
                 points: pts.iter().map(|p| (p.qps, y(p))).collect(),
+                band: Vec::new(),
             })
             .collect(),
         markers: true,
@@ -226,6 +230,18 @@ pub fn concurrency_figure(runs: &[&Run], names: &[String]) -> Figure {
     }
     let single = groups.len() == 1;
     let line = |name: &str, what: &str, key: &str| Series {
+        band: groups
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, g)| {
+                g.iter()
+                    .filter_map(|(c, r)| {
+                        let lo = r.metric(&format!("{key}_lo"))?;
+                        Some((*c, lo, r.metric(&format!("{key}_hi"))?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         name: match single {
             true => what.to_string(),
             false => format!("{name} {what}"),

@@ -107,6 +107,21 @@ impl Metric {
         v.map_or_else(|| "–".into(), |v| format!("{v:.*}", self.decimals))
     }
 
+    /// The value as a table cell: with its 90% interval, `value [lo–hi]`, where the run has
+    /// one (a prediction's summary.json keeps it as `KEY_lo` and `KEY_hi`).
+    pub fn cell(&self, run: &Run) -> String {
+        let value = self.format(self.value(run));
+        let bound = |end: &str| run.metric(&format!("{}_{end}", self.key));
+        match (bound("lo"), bound("hi")) {
+            (Some(lo), Some(hi)) => format!(
+                "{value} [{}–{}]",
+                self.format(Some(lo * self.scale)),
+                self.format(Some(hi * self.scale))
+            ),
+            _ => value,
+        }
+    }
+
     /// How much worse `cand` is than `base`, in percent (negative: better); infinite when
     /// the baseline is zero and the candidate is worse.
     pub fn worse_pct(&self, base: f64, cand: f64) -> f64 {

@@ -6,11 +6,12 @@ use crate::metric::LOG_ROWS;
 use crate::run::Run;
 
 /// The log's per-workload table: Throughput, TTFT P50/P99, ITL P50/P99, Latency P50,
-/// Errors, one column per run headed by `labels`.
+/// Errors, one column per run headed by `labels`; a prediction's figures with their 90%
+/// intervals.
 pub fn workload_table(runs: &[&Run], labels: &[String]) -> Table {
     let mut t = Table::new(std::iter::once("Metric".to_string()).chain(labels.iter().cloned()));
     for m in LOG_ROWS {
-        t.row(std::iter::once(m.name.to_string()).chain(runs.iter().map(|r| m.format(m.value(r)))));
+        t.row(std::iter::once(m.name.to_string()).chain(runs.iter().map(|r| m.cell(r))));
     }
     t
 }

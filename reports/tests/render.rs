@@ -75,6 +75,64 @@ fn workload_table_holds_the_summary_figures() {
     );
 }
 
+/// A copy of fixture `name` whose summary.json holds `extra` keys too (a prediction's
+/// interval).
+fn with_keys(name: &str, extra: &[(&str, f64)]) -> Run {
+    let dir = out_dir(&format!("keys-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let text = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+    let mut summary: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&text).unwrap();
+    for (k, v) in extra {
+        summary.insert(k.to_string(), (*v).into());
+    }
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string(&summary).unwrap(),
+    )
+    .unwrap();
+    Run::load(&dir).unwrap()
+}
+
+#[test]
+fn a_predictions_interval_is_shown_in_its_cell_and_drawn_as_a_band() {
+    let p6 = with_keys(
+        "cp_p6",
+        &[
+            ("output_throughput_lo", 300.0),
+            ("output_throughput_hi", 410.25),
+        ],
+    );
+    let p7 = load("cp_p7");
+    let runs = [&p6, &p7];
+    let t = workload_table(&runs, &labels(&runs));
+    assert_eq!(
+        t.cell("Throughput (tok/s)", "P6 paged").unwrap(),
+        "356.8 [300.0–410.2]"
+    );
+    assert_eq!(t.cell("Throughput (tok/s)", "P7 chunked").unwrap(), "361.4");
+    let band = |lo: f64, hi: f64| [("median_ttft_ms_lo", lo), ("median_ttft_ms_hi", hi)];
+    let (c1, c4) = (
+        with_keys("l4_c1", &band(10.0, 20.0)),
+        with_keys("l4_c4", &band(30.0, 50.0)),
+    );
+    let runs = [&c1, &c4];
+    let names = vec!["sweep".to_string(); 2];
+    let figure = infer_reports::figures::concurrency_figure(&runs, &names);
+    let ttft = &figure.panels[1].series[0];
+    assert_eq!(ttft.band.len(), 2, "{ttft:?}");
+    assert_eq!((ttft.band[0].1, ttft.band[1].2), (10.0, 50.0));
+    assert!(
+        figure.panels[0].series[0].band.is_empty(),
+        "no interval, no band"
+    );
+    figure.render(&out_dir("band-chart")).unwrap();
+}
+
 #[test]
 fn csv_percentiles_agree_with_the_summary() {
     // requests.csv rounds to the microsecond; summary.json is computed before rounding.

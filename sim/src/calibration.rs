@@ -49,7 +49,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::{HardwareSpec, ModelSpec};
-use crate::cost::ClientPath;
+use crate::cost::{ClientPath, ProfileCoverage};
 use crate::interval::Residual;
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 
@@ -124,6 +124,11 @@ pub struct Calibration {
     /// The file's model errors on the runs it was fitted and checked on (every model's:
     /// the intervals pool them).
     pub residuals: Arc<[Residual]>,
+    /// This model's coefficients refitted on bootstrap resamples of the fitted runs: how far
+    /// they could move on other measurements like these (an interval's seeds each take one).
+    pub draws: Arc<[Coefficients]>,
+    /// How far the file's runs reached (steps, batch, context): beyond it, a warning.
+    pub reach: Option<ProfileCoverage>,
 }
 
 /// How an engine runs a step that has both prompt work and decodes.
@@ -229,6 +234,22 @@ pub struct CalibrationFile {
     /// calibrate` writes them): the model-error part of a prediction's interval.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub residuals: Vec<Residual>,
+    /// Each model's coefficients refitted on bootstrap resamples of its fitted runs (`sim
+    /// calibrate --bootstrap N`): the coefficients' spread.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draws: Vec<Draw>,
+    /// How far the runs it was fitted to or checked on reached: their largest step's new
+    /// tokens, decode batch and sequence context (`sim calibrate` writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reach: Option<ProfileCoverage>,
+}
+
+/// One bootstrap refit of one model's coefficients.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Draw {
+    pub model: String,
+    pub coefficients: Coefficients,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize, Serialize)]
@@ -422,6 +443,13 @@ impl CalibrationFile {
         cal.source = format!("{file}: {}", self.source);
         cal.label = self.label(file);
         cal.residuals = Arc::from(self.residuals.clone());
+        cal.draws = self
+            .draws
+            .iter()
+            .filter(|d| d.model == model.name)
+            .map(|d| d.coefficients)
+            .collect();
+        cal.reach = self.reach;
         Ok(cal)
     }
 
@@ -451,9 +479,23 @@ impl CalibrationFile {
     pub fn to_toml(&self) -> String {
         let head = CalibrationFile {
             residuals: Vec::new(),
+            draws: Vec::new(),
             ..self.clone()
         };
         let mut text = toml::to_string(&head).expect("a calibration file serialises");
+        if !self.draws.is_empty() {
+            text.push_str(
+                "\n# Each model's coefficients refitted on bootstrap resamples of its fitted runs:\n\
+                 # how far they could move (a prediction's seeds each take one).\n",
+            );
+        }
+        for d in &self.draws {
+            let c = toml::Value::try_from(d.coefficients).expect("coefficients serialise");
+            text.push_str(&format!(
+                "\n[[draws]]\nmodel = {}\ncoefficients = {c}\n",
+                toml::Value::String(d.model.clone()),
+            ));
+        }
         if !self.residuals.is_empty() {
             text.push_str(
                 "\n# ln(measured / predicted) of each run the coefficients were fitted to or \
@@ -597,6 +639,8 @@ impl Calibration {
             source: UNCALIBRATED.into(),
             label: "uncalibrated defaults".into(),
             residuals: Arc::from([]),
+            draws: Arc::from([]),
+            reach: None,
         }
     }
 
@@ -659,6 +703,8 @@ impl Calibration {
             source: self.source.clone(),
             label: self.label.clone(),
             residuals: self.residuals.clone(),
+            draws: self.draws.clone(),
+            reach: self.reach,
         }
     }
 }

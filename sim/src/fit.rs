@@ -25,7 +25,7 @@ use serde::Deserialize;
 use crate::calibration::{
     AttentionScores, ContiguousDecode, ContiguousKv, PrefillBatching, Roofline,
 };
-use crate::calibration::{Calibration, CalibrationFile, Coefficients, LogitRows, Mechanisms};
+use crate::calibration::{Calibration, CalibrationFile, Coefficients, Draw, LogitRows, Mechanisms};
 use crate::interval::{self, Interval, Residual};
 use crate::setup::{self, Setup};
 use infer_core::metrics::Summary;
@@ -40,6 +40,7 @@ pub const FIT_METRICS: [&str; 5] = [
 ];
 
 /// One measured run to fit to (or to check against).
+#[derive(Clone)]
 pub struct Target {
     pub label: String,
     pub setup: Setup,
@@ -516,6 +517,8 @@ impl Fit {
                 .map(|m| (m.model.clone(), m.coefficients.rounded()))
                 .collect(),
             residuals: Vec::new(),
+            draws: Vec::new(),
+            reach: None,
         }
     }
 
@@ -754,6 +757,46 @@ pub fn rows(targets: &mut [Target], fit: &Fit) -> Vec<Row> {
     out
 }
 
+/// `resamples` refits of `params` for each model of `fit`, each on a bootstrap resample of
+/// the model's fitted targets (as many, drawn with replacement; seeded, so the same every
+/// time), starting from the fitted coefficients: the coefficients' spread, as the
+/// calibration file's `[[draws]]`. The resamples run on every core.
+pub fn bootstrap(targets: &[Target], fit: &Fit, params: &[Param], resamples: usize) -> Vec<Draw> {
+    use rand::{Rng, SeedableRng};
+    let mut jobs: Vec<(usize, u64)> = Vec::new();
+    for (m, model) in fit.models.iter().enumerate() {
+        // A model without fitted runs has nothing to resample.
+        if targets
+            .iter()
+            .any(|t| t.model() == model.model && !t.held_out)
+        {
+            jobs.extend((0..resamples as u64).map(|b| (m, b)));
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    crate::sweep::par_map(&jobs, threads, Some("bootstrap"), |&(m, b)| {
+        let model = &fit.models[m];
+        let mine: Vec<&Target> = targets
+            .iter()
+            .filter(|t| t.model() == model.model && !t.held_out)
+            .collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(b);
+        let mut resample: Vec<Target> = (0..mine.len())
+            .map(|_| mine[rng.gen_range(0..mine.len())].clone())
+            .collect();
+        let params = params_for(params, batches_both_ways(resample.iter()));
+        let start = Calibration::default_for(&resample[0].setup.hardware)
+            .with(&fit.mechanisms, &model.coefficients);
+        let mut refs: Vec<&mut Target> = resample.iter_mut().collect();
+        Draw {
+            model: model.model.clone(),
+            coefficients: fit_model(&mut refs, &start, &fit.mechanisms, &params)
+                .coefficients
+                .rounded(),
+        }
+    })
+}
+
 /// Each target's model error, `ln(measured / predicted)` per metric `rows` has for it (a
 /// figure the calibration cannot predict is left out): the calibration file's
 /// `[[residuals]]`.
@@ -793,6 +836,7 @@ pub fn coverage(
     targets: &mut [Target],
     fit: &Fit,
     residuals: &[Residual],
+    draws: &[Draw],
     seeds: usize,
 ) -> Vec<Covered> {
     let mut out = Vec::new();
@@ -800,8 +844,13 @@ pub fn coverage(
         let Some(m) = fit.models.iter().find(|m| m.model == t.model()) else {
             continue;
         };
-        let cal =
+        let mut cal =
             Calibration::default_for(&t.setup.hardware).with(&fit.mechanisms, &m.coefficients);
+        cal.draws = draws
+            .iter()
+            .filter(|d| d.model == m.model)
+            .map(|d| d.coefficients)
+            .collect();
         let Some(central) = t.summary(&cal) else {
             continue;
         };
@@ -1055,6 +1104,62 @@ mod tests {
         for (m, e) in median_errors(&rows, false) {
             assert!(e.unwrap() < 2.0, "{m}: {e:?}");
         }
+    }
+
+    /// Bootstrap refits: the same every time (seeded), one per resample and model, each
+    /// moving only the coefficients named; and their residuals are ln(measured/predicted).
+    #[test]
+    fn bootstrap_refits_are_seeded_and_move_only_what_they_refit() {
+        let mut truth =
+            Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
+        truth.step_overhead_s = 4e-3;
+        let sets = [
+            vec!["server.model=llama-3.2-3b"],
+            vec!["server.model=llama-3.2-3b", "workload.prompt_tokens=1024"],
+            vec!["server.model=llama-3.2-3b", "workload.output_tokens=4"],
+        ];
+        let mut targets: Vec<Target> = sets
+            .iter()
+            .enumerate()
+            .map(|(i, o)| target(&format!("t{i}"), o, false))
+            .collect();
+        for t in &mut targets {
+            measure_under(t, &truth);
+        }
+        // Measurements a little off the truth, so resamples disagree.
+        for (t, f) in targets.iter_mut().zip([1.1, 0.9, 1.0]) {
+            for (_, v) in &mut t.measured {
+                *v *= f;
+            }
+        }
+        let params = [Param::StepOverhead];
+        let fit = fit_all(&mut targets, &Mechanisms::default(), &params, None).unwrap();
+        let draws = bootstrap(&targets, &fit, &params, 4);
+        assert_eq!(draws, bootstrap(&targets, &fit, &params, 4), "seeded");
+        assert_eq!(draws.len(), 4);
+        let fitted = fit.models[0].coefficients.rounded();
+        for d in &draws {
+            assert_eq!(d.model, "llama-3.2-3b");
+            let moved = Coefficients {
+                step_overhead_s: fitted.step_overhead_s,
+                ..d.coefficients
+            };
+            assert_eq!(moved, fitted, "only step_overhead_s moves");
+        }
+        let spread: Vec<f64> = draws
+            .iter()
+            .map(|d| d.coefficients.step_overhead_s)
+            .collect();
+        assert!(
+            spread.iter().any(|&v| v != spread[0]),
+            "resamples differ: {spread:?}"
+        );
+        let rows = rows(&mut targets, &fit);
+        let res = residuals(&targets, &rows);
+        assert_eq!(res.len(), 3);
+        let r = rows.iter().find(|r| r.label == "t0").unwrap();
+        let e = res[0].errors[&r.metric];
+        assert!((e - (r.measured / r.predicted).ln()).abs() < 1e-3, "{e}");
     }
 
     /// A second stage (`sim calibrate --start FILE --fit …`): the named coefficient moves

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use infer_core::metrics::Summary;
 
+use crate::calibration::Mechanisms;
 use crate::error::SimError;
 use crate::setup::Setup;
 
@@ -75,17 +76,26 @@ impl Interval {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Basis {
     pub seeds: usize,
+    /// Bootstrap draws of the coefficients the seeds took turns with (0: none).
+    pub draws: usize,
     /// Runs whose errors were used (0: none, the workload's randomness only).
     pub residual_runs: usize,
 }
 
 impl Basis {
     pub fn describe(&self) -> String {
-        let seeds = format!(
+        let mut seeds = format!(
             "{} seed{}",
             self.seeds,
             if self.seeds == 1 { "" } else { "s" }
         );
+        if self.draws > 0 && self.seeds > 1 {
+            seeds = format!(
+                "{seeds} (the others priced with bootstrap refits of the coefficients, {} \
+                 recorded)",
+                self.draws
+            );
+        }
         match self.residual_runs {
             0 => format!(
                 "{seeds}; the workload's randomness only: no calibration errors to add (the \
@@ -268,7 +278,9 @@ pub fn normal_quantile(p: f64) -> f64 {
 }
 
 /// The seeds after the scenario's, `seeds − 1` of them: the workload seed (and a cluster's
-/// router seed) moved by 1, 2, … (wrapping).
+/// router seed) moved by 1, 2, … (wrapping), each priced with the next of the calibration's
+/// bootstrap draws where it has them (the scenario's `[sim]` overrides still on top; under a
+/// draw with which the configuration no longer fits in memory, the fitted coefficients).
 pub fn other_seeds(setup: &Setup, seeds: usize) -> Vec<Setup> {
     (1..seeds as u64)
         .map(|i| {
@@ -276,6 +288,13 @@ pub fn other_seeds(setup: &Setup, seeds: usize) -> Vec<Setup> {
             s.scenario.workload.seed = s.scenario.workload.seed.wrapping_add(i);
             if let Some(c) = s.scenario.cluster.as_mut() {
                 c.router_seed = c.router_seed.wrapping_add(i);
+            }
+            if let Some(cal) = &setup.calibration {
+                if !cal.draws.is_empty() {
+                    let draw = &cal.draws[(i as usize - 1) % cal.draws.len()];
+                    let drawn = cal.with(&Mechanisms::of(cal), draw);
+                    let _ = s.set_calibration(drawn);
+                }
             }
             s
         })
@@ -314,14 +333,30 @@ impl RunIntervals {
             return Ok(None);
         }
         let others = seeded_summaries(setup, seeds)?;
-        let residuals = residuals_of(setup);
-        Ok(Some(RunIntervals {
-            intervals: intervals(central, &others, residuals, None),
+        let mut run = RunIntervals::of_summaries(central, &others, residuals_of(setup), None);
+        run.basis.draws = setup.calibration.as_ref().map_or(0, |c| c.draws.len());
+        Ok(Some(run))
+    }
+
+    /// The intervals of `central` from the same run under other seeds (`others`) and the
+    /// errors of `residuals` (the runs of group `leave_out` left out).
+    pub fn of_summaries(
+        central: &Summary,
+        others: &[Summary],
+        residuals: &[Residual],
+        leave_out: Option<&str>,
+    ) -> RunIntervals {
+        RunIntervals {
+            intervals: intervals(central, others, residuals, leave_out),
             basis: Basis {
-                seeds,
-                residual_runs: residuals.len(),
+                seeds: others.len() + 1,
+                draws: 0,
+                residual_runs: residuals
+                    .iter()
+                    .filter(|r| Some(r.group.as_str()) != leave_out)
+                    .count(),
             },
-        }))
+        }
     }
 
     /// summary.json's keys: `KEY_lo` and `KEY_hi` for each figure with an interval.
@@ -378,7 +413,7 @@ fn render(intervals: &[Interval], basis: &Basis) -> String {
         return s;
     }
     let _ = writeln!(s, "{:-^50}", format!(" {:.0}% interval ", LEVEL * 100.0));
-    let _ = writeln!(s, "({})", basis.describe());
+    let _ = writeln!(s, "from {}", basis.describe());
     for (key, label) in SHOWN {
         if let Some(i) = intervals.iter().find(|i| i.key == key) {
             let _ = writeln!(
@@ -460,6 +495,32 @@ mod tests {
         ] {
             assert_eq!(residual_metrics(k), None, "{k}");
         }
+    }
+
+    #[test]
+    fn other_seeds_move_the_seed_and_take_the_calibrations_draws_in_turn() {
+        use crate::calibration::Coefficients;
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        let mut setup = crate::setup::load(file, &[]).unwrap();
+        let mut cal = setup.calibration.clone().unwrap();
+        let draw = |e: f64| Coefficients {
+            compute_efficiency: e,
+            ..Coefficients::of(&cal)
+        };
+        cal.draws = std::sync::Arc::from([draw(0.2), draw(0.3)]);
+        setup.set_calibration(cal).unwrap();
+        let seed = setup.scenario.workload.seed;
+        let others = other_seeds(&setup, 4);
+        let got: Vec<(u64, f64)> = others
+            .iter()
+            .map(|s| {
+                let c = s.calibration.as_ref().unwrap();
+                (s.scenario.workload.seed - seed, c.compute_efficiency)
+            })
+            .collect();
+        assert_eq!(got, [(1, 0.2), (2, 0.3), (3, 0.2)]);
+        // The given seed's setup keeps the fitted coefficients.
+        assert_ne!(setup.calibration.unwrap().compute_efficiency, 0.2);
     }
 
     #[test]

@@ -91,6 +91,10 @@ enum Command {
         threads: Option<usize>,
         #[arg(long)]
         quiet: bool,
+        /// Seeds per point for the figures' 90% intervals (`COLUMN_lo`, `COLUMN_hi` in
+        /// sweep.csv), as `sim run --seeds`; 1 (the default): none, each point runs once.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        seeds: usize,
     },
     /// Find the best configuration under latency objectives: simulate every configuration
     /// (named bundles of settings, each crossed with the varied keys) in parallel and print
@@ -176,6 +180,14 @@ enum Command {
         /// Seeds each held-out run is simulated with for the intervals' coverage check.
         #[arg(long, default_value_t = infer_sim::interval::DEFAULT_SEEDS, value_name = "N")]
         seeds: usize,
+        /// Refit the coefficients on N bootstrap resamples of each model's fitted runs and
+        /// record them (`[[draws]]`): their spread, which a prediction's seeds take in turn.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        bootstrap: usize,
+        /// The coefficients the bootstrap refits (default: those `--fit` names; needed with
+        /// `--fit none`).
+        #[arg(long, value_delimiter = ',', value_name = "PARAM,…")]
+        bootstrap_fit: Vec<String>,
         /// How the measured engine batches prompts: packed (vLLM, infer; the default),
         /// padded or sequential (one prompt per pass).
         #[arg(long, value_enum)]
@@ -291,6 +303,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             published,
             fit,
             seeds,
+            bootstrap,
+            bootstrap_fit,
             prefill_batching,
             logits,
             attention_scores,
@@ -418,7 +432,21 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let rows = fit::rows(&mut targets, &best);
             print!("{}", fit::render(&rows, &best));
             let residuals = fit::residuals(&targets, &rows);
-            let covered = fit::coverage(&mut targets, &best, &residuals, seeds);
+            let bootstrap_params = if bootstrap_fit.is_empty() {
+                params.clone()
+            } else {
+                bootstrap_fit
+                    .iter()
+                    .map(|p| fit::Param::parse(p))
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            if bootstrap > 0 && bootstrap_params.is_empty() {
+                anyhow::bail!(
+                    "--bootstrap with --fit none: name what it refits with --bootstrap-fit"
+                );
+            }
+            let draws = fit::bootstrap(&targets, &best, &bootstrap_params, bootstrap);
+            let covered = fit::coverage(&mut targets, &best, &residuals, &draws, seeds);
             print!("{}", fit::render_coverage(&covered, seeds));
             if let Some(out) = out {
                 let command: Vec<String> = std::env::args().skip(1).collect();
@@ -453,6 +481,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     runs_fitted: Some(fitted),
                     runs_held_out: Some(held_out),
                     residuals,
+                    draws,
+                    reach: targets
+                        .iter()
+                        .map(|t| infer_sim::trust::reach(&t.setup.scenario))
+                        .reduce(|a, b| a.max(b)),
                     ..best.file(&engine, &source)
                 };
                 let text = format!(
@@ -618,6 +651,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             goodput,
             threads,
             quiet,
+            seeds,
         } => {
             let text =
                 std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
@@ -633,7 +667,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             )?;
             let threads = threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            let points = sweep::run(&scenario, &text, &base, &axes, threads, !quiet);
+            if seeds == 0 {
+                anyhow::bail!("--seeds must be at least 1");
+            }
+            let points = sweep::run(&scenario, &text, &base, &axes, threads, !quiet, seeds);
             let dir =
                 out.unwrap_or_else(|| default_run_dir(&format!("{}-sweep", first.scenario.name)));
             std::fs::create_dir_all(&dir).map_err(FileError::at(&dir, "create"))?;

@@ -134,6 +134,13 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             if uncalibrated {
                 warnings.push(crate::trust::uncalibrated(hardware.name, model.name));
             }
+            if let Some(reach) = &cal.reach {
+                warnings.extend(crate::trust::extrapolation(
+                    reach,
+                    &scenario,
+                    crate::trust::Measured::Calibration,
+                ));
+            }
             Arc::new(Analytic::new(
                 hardware.clone(),
                 model.clone(),
@@ -159,7 +166,11 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
                     fit.rms_rel_error * 100.0
                 ));
             }
-            warnings.extend(crate::trust::extrapolation(&fit.coverage, &scenario));
+            warnings.extend(crate::trust::extrapolation(
+                &fit.coverage,
+                &scenario,
+                crate::trust::Measured::Profile,
+            ));
             Arc::new(fit)
         }
     };

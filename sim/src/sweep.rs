@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use infer_core::metrics::Summary;
 use infer_core::workload::Scenario;
 
+use crate::interval::{self, Interval};
 use crate::simulate::RunStats;
 
 /// One `--vary` axis.
@@ -79,6 +80,8 @@ pub fn grid(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
 pub struct Point {
     pub assignment: Vec<(String, String)>,
     pub outcome: Result<(Summary, RunStats), SimError>,
+    /// The figures' 90% intervals (`--seeds` above 1 only).
+    pub intervals: Vec<Interval>,
 }
 
 /// Simulate the scenario `text` (from `file`) with `overrides`: its summary and run
@@ -95,6 +98,8 @@ pub fn simulate(
 }
 
 /// Run every point of the grid over `threads` workers; `progress` draws a bar on stderr.
+/// With `seeds` above 1, each point also runs under the next `seeds − 1` seeds for its
+/// figures' 90% intervals (as `sim run --seeds`).
 pub fn run(
     file: &str,
     text: &str,
@@ -102,6 +107,7 @@ pub fn run(
     axes: &[Axis],
     threads: usize,
     progress: bool,
+    seeds: usize,
 ) -> Vec<Point> {
     let points = grid(axes);
     par_map(
@@ -111,12 +117,39 @@ pub fn run(
         |assignment| {
             let mut overrides = base.to_vec();
             overrides.extend(assignment.iter().map(|(k, v)| format!("{k}={v}")));
+            let (outcome, intervals) = match simulate_with_intervals(file, text, &overrides, seeds)
+            {
+                Ok((summary, stats, intervals)) => (Ok((summary, stats)), intervals),
+                Err(e) => (Err(e), Vec::new()),
+            };
             Point {
                 assignment: assignment.clone(),
-                outcome: simulate(file, text, &overrides),
+                outcome,
+                intervals,
             }
         },
     )
+}
+
+/// [`simulate`], and the figures' intervals from `seeds` seeds (none for one), the other
+/// seeds run on this thread (a sweep's points already take every core).
+fn simulate_with_intervals(
+    file: &str,
+    text: &str,
+    overrides: &[String],
+    seeds: usize,
+) -> Result<(Summary, RunStats, Vec<Interval>), SimError> {
+    let setup = crate::setup::prepare(file, Scenario::parse(file, text, overrides)?)?;
+    let r = crate::simulate::run(&setup)?;
+    if seeds <= 1 {
+        return Ok((r.summary, r.stats, Vec::new()));
+    }
+    let others = interval::other_seeds(&setup, seeds)
+        .iter()
+        .map(|s| crate::simulate::run(s).map(|o| o.summary))
+        .collect::<Result<Vec<_>, _>>()?;
+    let intervals = interval::intervals(&r.summary, &others, interval::residuals_of(&setup), None);
+    Ok((r.summary, r.stats, intervals))
 }
 
 /// `f` of every item, in order, computed by `threads` workers taking the next item as they
@@ -182,6 +215,18 @@ const COLUMNS: [&str; 14] = [
     "slo_attainment",
 ];
 
+/// The summary key of each column that has an interval.
+const INTERVAL_COLUMNS: [(&str, &str); 8] = [
+    ("req_per_s", "request_throughput"),
+    ("out_tok_per_s", "output_throughput"),
+    ("ttft_p50_ms", "median_ttft_ms"),
+    ("ttft_p90_ms", "p90_ttft_ms"),
+    ("ttft_p99_ms", "p99_ttft_ms"),
+    ("itl_p50_ms", "median_itl_ms"),
+    ("itl_p99_ms", "p99_itl_ms"),
+    ("e2el_p50_ms", "median_e2el_ms"),
+];
+
 /// The figures of [`COLUMNS`]; goodput is NaN (an empty CSV field) without an SLO.
 fn values(s: &Summary, st: &RunStats) -> [f64; 14] {
     let g = s.goodput;
@@ -203,14 +248,22 @@ fn values(s: &Summary, st: &RunStats) -> [f64; 14] {
     ]
 }
 
-/// The sweep as CSV: one column per axis, then the figures (fixed formatting).
+/// The sweep as CSV: one column per axis, then the figures (fixed formatting), then, where
+/// any point has intervals, `COLUMN_lo` and `COLUMN_hi` of the figures that have them.
 pub fn csv(axes: &[Axis], points: &[Point]) -> String {
     let mut s = String::new();
+    let with_intervals = points.iter().any(|p| !p.intervals.is_empty());
+    let bounds: Vec<String> = INTERVAL_COLUMNS
+        .iter()
+        .filter(|_| with_intervals)
+        .flat_map(|(c, _)| [format!("{c}_lo"), format!("{c}_hi")])
+        .collect();
     let head: Vec<&str> = axes
         .iter()
         .map(|a| a.key.as_str())
         .chain(COLUMNS)
         .chain(["error"])
+        .chain(bounds.iter().map(String::as_str))
         .collect();
     let _ = writeln!(s, "{}", head.join(","));
     for p in points {
@@ -229,6 +282,14 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
             Err(e) => {
                 row.extend(COLUMNS.iter().map(|_| String::new()));
                 row.push(csv_field(&e.to_string()));
+            }
+        }
+        if with_intervals {
+            for (_, key) in INTERVAL_COLUMNS {
+                match p.intervals.iter().find(|i| i.key == key) {
+                    Some(i) => row.extend([format!("{:.4}", i.lo), format!("{:.4}", i.hi)]),
+                    None => row.extend([String::new(), String::new()]),
+                }
             }
         }
         let _ = writeln!(s, "{}", row.join(","));

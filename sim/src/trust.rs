@@ -3,7 +3,8 @@
 //!
 //! * near saturation: the offered load is close to (or past) the predicted capacity, where a
 //!   small change of load or of a cost moves latency by a large factor;
-//! * extrapolation: the scenario's steps are larger than anything the profile measured;
+//! * extrapolation: the scenario's steps are larger than anything the profile measured, or
+//!   than the calibration's runs reached;
 //! * uncalibrated: the analytic model prices a hardware and model pair no calibration
 //!   covers (the catalog's roofline with generic efficiencies);
 //! * a knife-edge: moving one calibrated coefficient within its spread moves a headline
@@ -12,7 +13,7 @@
 use infer_core::metrics::Summary;
 use infer_core::workload::{ArrivalKind, ArrivalSpec, Scenario};
 
-use crate::calibration::Calibration;
+use crate::calibration::{Calibration, Mechanisms};
 use crate::cost::ProfileCoverage;
 use crate::error::SimError;
 use crate::setup::Setup;
@@ -99,8 +100,50 @@ pub fn saturation_warning(rate: f64, capacity: f64) -> Option<String> {
     ))
 }
 
-/// Where a profiled scenario outgrows its profile: one warning per dimension.
-pub fn extrapolation(coverage: &ProfileCoverage, scenario: &Scenario) -> Vec<String> {
+/// What a cost model was measured on: a profile's steps, or a calibration's runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measured {
+    Profile,
+    Calibration,
+}
+
+/// Where a scenario outgrows what its cost model was measured on: one warning per
+/// dimension.
+pub fn extrapolation(
+    coverage: &ProfileCoverage,
+    scenario: &Scenario,
+    measured: Measured,
+) -> Vec<String> {
+    let r = reach(scenario);
+    [
+        ("a step's new tokens", r.new_tokens, coverage.new_tokens),
+        ("the decode batch", r.decode_seqs, coverage.decode_seqs),
+        (
+            "a sequence's context",
+            r.sequence_context,
+            coverage.sequence_context,
+        ),
+    ]
+    .into_iter()
+    .filter(|&(_, reach, measured)| reach > measured)
+    .map(|(what, reach, most)| match measured {
+        Measured::Profile => format!(
+            "warning: extrapolation: {what} can reach {reach}, the profile measured at most \
+             {most}:\n  the cost model extrapolates there (profile a larger grid, or read \
+             the figures as rough)"
+        ),
+        Measured::Calibration => format!(
+            "warning: extrapolation: {what} can reach {reach}, the calibration's runs reached \
+             at most {most}:\n  its coefficients and errors extrapolate there (calibrate on \
+             runs that reach it, or read the figures and intervals as rough)"
+        ),
+    })
+    .collect()
+}
+
+/// How far a scenario can reach in each dimension a cost model is measured in: its largest
+/// step's new tokens, its decode batch and a sequence's context.
+pub fn reach(scenario: &Scenario) -> ProfileCoverage {
     let cfg = scenario.server.scheduler_config();
     let w = &scenario.workload;
     let (_, longest_prompt) = scenario.prompt_range();
@@ -110,29 +153,17 @@ pub fn extrapolation(coverage: &ProfileCoverage, scenario: &Scenario) -> Vec<Str
         batch = batch.min(c);
     }
     let context = (longest_prompt + w.output_tokens.max()).min(cfg.max_model_len);
-    [
-        (
-            "a step's new tokens",
-            step.prefill_tokens + step.decode_seqs,
-            coverage.new_tokens,
-        ),
-        ("the decode batch", batch, coverage.decode_seqs),
-        ("a sequence's context", context, coverage.sequence_context),
-    ]
-    .into_iter()
-    .filter(|&(_, reach, measured)| reach > measured)
-    .map(|(what, reach, measured)| {
-        format!(
-            "warning: extrapolation: {what} can reach {reach}, the profile measured at most \
-             {measured}:\n  the cost model extrapolates there (profile a larger grid, or read \
-             the figures as rough)"
-        )
-    })
-    .collect()
+    ProfileCoverage {
+        new_tokens: step.prefill_tokens + step.decode_seqs,
+        decode_seqs: batch,
+        sequence_context: context,
+    }
 }
 
-/// How far each coefficient is moved, either way, to look for a knife-edge: the spread a
-/// calibration's coefficients are assumed to have until the calibration records its own.
+/// How far each coefficient is moved, at most, either way, to look for a knife-edge: a
+/// cliff within a small move. The calibration's bootstrap refits narrow it where they pin
+/// the coefficient down closer; a wider spread than this is the coefficient's uncertainty,
+/// which the intervals carry.
 pub const DEFAULT_SPREAD: f64 = 0.10;
 /// A headline figure moving by more than this factor makes a knife-edge.
 pub const KNIFE_EDGE_FACTOR: f64 = 1.5;
@@ -166,7 +197,8 @@ fn headline(s: &Summary) -> [(&'static str, f64, &'static str); 4] {
 }
 
 /// The knife-edge warning of an analytically priced scenario: each calibrated coefficient
-/// is moved by ±[`DEFAULT_SPREAD`] in turn, within the bounds a fit may give it (the
+/// is moved in turn by ±[`DEFAULT_SPREAD`], narrowed to the range of its calibration's
+/// bootstrap refits (`[[draws]]`) where they move it, within the bounds a fit may give it (the
 /// scenario's first
 /// [`KNIFE_EDGE_REQUESTS`] requests simulated each time), and the move of the most
 /// sensitive one is named if it moves a headline figure by more than [`KNIFE_EDGE_FACTOR`].
@@ -194,15 +226,30 @@ pub fn knife_edge(
         crate::sweep::simulate(&setup.file, text, &o).map(|(s, _)| s)
     };
     let base = headline(&run(None)?);
+    let cfg = setup.scenario.server.scheduler_config();
+    let drawn: Vec<Calibration> = cal
+        .draws
+        .iter()
+        .map(|d| cal.with(&Mechanisms::of(cal), d).for_server(&cfg))
+        .collect();
     let mut worst: Option<Move> = None;
     for (key, value) in COEFFICIENTS {
         let v = value(cal);
-        // Within what a fit may give (an efficiency at its ceiling only moves down).
+        // ±DEFAULT_SPREAD, narrowed to the bootstrap refits' range where they move it (a
+        // coefficient the runs pin down closer gets a smaller move; one they leave wide
+        // open is uncertain, which the intervals carry, not a cliff); within what a fit
+        // may give (an efficiency at its ceiling only moves down).
         let (min, max) = crate::fit::Param::parse(key)?.bounds();
-        let (lo, hi) = (
+        let (mut lo, mut hi) = (
             (v * (1.0 - DEFAULT_SPREAD)).max(min.min(v)),
             (v * (1.0 + DEFAULT_SPREAD)).min(max.max(v)),
         );
+        let refits = drawn.iter().map(value);
+        let (d_lo, d_hi) = refits.fold((v, v), |(a, b), x| (a.min(x), b.max(x)));
+        let measured = d_hi > d_lo;
+        if measured {
+            (lo, hi) = (lo.max(d_lo), hi.min(d_hi));
+        }
         let low = headline(&run(Some(format!("sim.{key}={lo:?}")))?);
         let high = headline(&run(Some(format!("sim.{key}={hi:?}")))?);
         for ((b, l), h) in base.iter().zip(&low).zip(&high) {
@@ -214,6 +261,7 @@ pub fn knife_edge(
                     factor,
                     key,
                     range: (lo, hi),
+                    refits: if measured { drawn.len() } else { 0 },
                     figure: b.0,
                     values: (l.1, h.1),
                     unit: b.2,
@@ -222,19 +270,24 @@ pub fn knife_edge(
         }
     }
     Ok(worst.filter(|w| w.factor > KNIFE_EDGE_FACTOR).map(|w| {
+        let (range, spread) = match w.refits {
+            0 => (
+                format!("up to ±{:.0}%", DEFAULT_SPREAD * 100.0),
+                " (the spread is a default: the calibration records none for it)",
+            ),
+            n => (
+                format!(
+                    "within its {n} bootstrap refits, at most ±{:.0}%",
+                    DEFAULT_SPREAD * 100.0
+                ),
+                "",
+            ),
+        };
         format!(
-            "warning: knife-edge: {} from {:.4} to {:.4} (up to ±{:.0}%) moves {} from {:.1} to \
+            "warning: knife-edge: {} from {:.4} to {:.4} ({range}) moves {} from {:.1} to \
              {:.1} {} (×{:.2}):\n  the prediction rests on a coefficient the calibration does \
-             not pin down that finely (the spread is a default: the calibration records none)",
-            w.key,
-            w.range.0,
-            w.range.1,
-            DEFAULT_SPREAD * 100.0,
-            w.figure,
-            w.values.0,
-            w.values.1,
-            w.unit,
-            w.factor
+             not pin down that finely{spread}",
+            w.key, w.range.0, w.range.1, w.figure, w.values.0, w.values.1, w.unit, w.factor
         )
     }))
 }
@@ -246,6 +299,8 @@ struct Move {
     /// The coefficient moved, and its two ends.
     key: &'static str,
     range: (f64, f64),
+    /// How many bootstrap refits gave the range (0: the default spread).
+    refits: usize,
     /// The figure, its values at the two ends, and its unit.
     figure: &'static str,
     values: (f64, f64),

@@ -81,7 +81,39 @@ fn sweep_writes_a_row_per_point() {
     // Throughput grows with concurrency (the L4 sweep's shape).
     let tput = |r: &str| r.split(',').nth(4).unwrap().parse::<f64>().unwrap();
     assert!(tput(rows[3]) > 3.0 * tput(rows[1]), "{csv}");
+    assert!(!rows[0].contains("_lo"), "one seed: no intervals");
+    // With seeds, each figure that has one gets its interval; the figures do not change.
+    let seeded = tmp("sweep-seeds");
+    sim_ok([
+        "sweep".as_ref(),
+        scenario.as_ref(),
+        "--vary".as_ref(),
+        "arrival.max_concurrency=1,4,16".as_ref(),
+        "--set".as_ref(),
+        "workload.num_requests=48".as_ref(),
+        "--seeds".as_ref(),
+        "3".as_ref(),
+        "--quiet".as_ref(),
+        "--out".as_ref(),
+        seeded.as_os_str(),
+    ]);
+    let with = std::fs::read_to_string(seeded.join("sweep.csv")).unwrap();
+    let head: Vec<&str> = with.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
+    for (a, b) in csv.lines().zip(with.lines()).skip(1) {
+        let b: Vec<&str> = b.split(',').collect();
+        assert!(b.join(",").starts_with(a), "{a} / {b:?}");
+        let (lo, v, hi) = (
+            b[col("out_tok_per_s_lo")].parse::<f64>().unwrap(),
+            b[col("out_tok_per_s")].parse::<f64>().unwrap(),
+            b[col("out_tok_per_s_hi")].parse::<f64>().unwrap(),
+        );
+        // An uncalibrated pair has no recorded errors: the seeds' spread alone, around
+        // the given seed's figure (none at all where every seed gives the same).
+        assert!(0.0 < lo && lo <= v && v <= hi, "{lo} {v} {hi}");
+    }
     std::fs::remove_dir_all(&out).unwrap();
+    std::fs::remove_dir_all(&seeded).unwrap();
 }
 
 #[test]

@@ -53,7 +53,8 @@ fn sim_run_writes_intervals_beside_vllms_keys_which_keep_their_meaning() {
     assert!(!with.contains_key("std_ttft_ms_lo") && !with.contains_key("completed_lo"));
     let info = std::fs::read_to_string(five.join("run.json")).unwrap();
     assert!(
-        info.contains("90% intervals from 5 seeds and the calibration's errors on"),
+        info.contains("90% intervals from 5 seeds (the others priced with bootstrap refits")
+            && info.contains("and the calibration's errors on 94 measured runs"),
         "{info}"
     );
     // The same scenario, seed and seeds: the same files, byte for byte.
@@ -84,7 +85,8 @@ fn the_console_shows_each_interval_and_what_it_is_made_of() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("90% interval"), "{out}");
     assert!(
-        out.contains("3 seeds and the calibration's errors on 94 measured runs"),
+        out.contains("from 3 seeds (the others priced with bootstrap refits of the coefficients, ")
+            && out.contains("recorded) and the calibration's errors on 94 measured runs"),
         "{out}"
     );
     let line = out
@@ -137,6 +139,7 @@ fn the_shipped_intervals_hold_the_held_out_phases_as_often_as_they_claim() {
         &mut targets,
         &fit::Fit::of_file(&file),
         &file.residuals,
+        &file.draws,
         infer_sim::interval::DEFAULT_SEEDS,
     );
     let n = covered.len();

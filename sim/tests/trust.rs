@@ -82,6 +82,28 @@ fn extrapolation_beyond_the_profile_is_named() {
 }
 
 #[test]
+fn extrapolation_beyond_the_calibrations_runs_is_named() {
+    // The shipped RTX 5080 calibration's runs (the log's Phases 4-9) batch at most 24.
+    for name in [
+        "chunked_prefill",
+        "baseline",
+        "paged_attention",
+        "prefix_caching",
+    ] {
+        let w = warnings(name, &[]);
+        assert!(!has(&w, "extrapolation"), "{name}: {w:?}");
+    }
+    let w = warnings("chunked_prefill", &["server.max_batch_size=48"]);
+    assert!(
+        has(
+            &w,
+            "the decode batch can reach 48, the calibration's runs reached at most 24"
+        ),
+        "{w:?}"
+    );
+}
+
+#[test]
 fn sim_run_prints_the_warnings_and_keeps_them_in_run_json() {
     let out = std::env::temp_dir().join(format!("infer-sim-trust-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use infer_core::metrics::Summary;
 use infer_core::workload::{Scenario, Tokenizer};
 
 use infer_reports::verify::median;
@@ -32,6 +33,8 @@ pub struct VerifyOptions {
     /// Profile, predict and measure this many times; the table compares the median
     /// prediction with the median measurement of each figure.
     pub repeat: usize,
+    /// Seeds each prediction runs under for its 90% interval (`sim run --seeds`).
+    pub seeds: usize,
 }
 
 /// One scenario's outcome.
@@ -43,6 +46,126 @@ pub struct VerifyResult {
     /// Where the prediction is fragile (`sim run`'s warnings: saturation, extrapolation, …).
     pub warnings: Vec<String>,
     pub report: PathBuf,
+    /// Each repetition's prediction beside its measurement, for the intervals' check.
+    pub samples: Vec<Sample>,
+}
+
+/// One repetition's prediction of a scenario and its measurement.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub predicted: Summary,
+    /// The prediction under the other seeds.
+    pub others: Vec<Summary>,
+    /// The measured figures, by summary key.
+    pub measured: Vec<(String, f64)>,
+}
+
+/// How often one scenario's measurements of one figure fell inside their 90% interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntervalCheck {
+    pub scenario: String,
+    /// The summary key.
+    pub metric: String,
+    pub inside: usize,
+    pub n: usize,
+    /// Each interval's width, percent of its predicted figure.
+    pub widths_pct: Vec<f64>,
+}
+
+/// Each repetition's measurements against their prediction's 90% interval. A profile has no
+/// recorded model errors, so a scenario's intervals take them from the *other* scenarios of
+/// this verification (every repetition's `ln(measured / predicted)`): leave one scenario
+/// out, so that no interval is built from the figures that test it. With one scenario there
+/// are none: the intervals are the seeds' alone.
+pub fn interval_checks(results: &[VerifyResult]) -> Vec<IntervalCheck> {
+    use infer_sim::interval::{self, Residual};
+    let residuals: Vec<Residual> = results
+        .iter()
+        .flat_map(|r| {
+            r.samples.iter().enumerate().map(|(i, s)| {
+                let predicted = s.predicted.entries();
+                Residual {
+                    run: format!("{} repetition {}", r.scenario, i + 1),
+                    group: r.scenario.clone(),
+                    held_out: true,
+                    errors: infer_sim::fit::FIT_METRICS
+                        .iter()
+                        .filter_map(|&k| {
+                            let m = s.measured.iter().find(|(key, _)| key == k)?.1;
+                            let p = predicted.iter().find(|(key, _)| key == k)?.1;
+                            let e = (m / p).ln();
+                            e.is_finite().then(|| (k.to_string(), e))
+                        })
+                        .collect(),
+                }
+            })
+        })
+        .collect();
+    let mut out: Vec<IntervalCheck> = Vec::new();
+    for r in results {
+        for s in &r.samples {
+            let ivs = interval::intervals(&s.predicted, &s.others, &residuals, Some(&r.scenario));
+            for (key, measured) in &s.measured {
+                let Some(iv) = ivs.iter().find(|i| i.key == *key) else {
+                    continue;
+                };
+                let at = match out
+                    .iter()
+                    .position(|c| c.scenario == r.scenario && c.metric == *key)
+                {
+                    Some(i) => i,
+                    None => {
+                        out.push(IntervalCheck {
+                            scenario: r.scenario.clone(),
+                            metric: key.clone(),
+                            inside: 0,
+                            n: 0,
+                            widths_pct: Vec::new(),
+                        });
+                        out.len() - 1
+                    }
+                };
+                let check = &mut out[at];
+                check.n += 1;
+                check.inside += usize::from(iv.contains(*measured));
+                check.widths_pct.push(iv.relative_width() * 100.0);
+            }
+        }
+    }
+    out
+}
+
+/// The checks as a table: one row per metric and a pooled one.
+fn coverage_lines(checks: &[IntervalCheck], seeds: usize) -> String {
+    if checks.is_empty() {
+        return String::new();
+    }
+    let mut s = format!(
+        "90% intervals ({seeds} seeds; each scenario's with the model errors of the other \
+         scenarios here):\n\n| metric | inside | of | share | median width % |\n\
+         |---|---:|---:|---:|---:|\n"
+    );
+    let mut metrics: Vec<&str> = Vec::new();
+    for c in checks {
+        if !metrics.contains(&c.metric.as_str()) {
+            metrics.push(&c.metric);
+        }
+    }
+    let row = |s: &mut String, name: &str, rows: Vec<&IntervalCheck>| {
+        let inside: usize = rows.iter().map(|c| c.inside).sum();
+        let n: usize = rows.iter().map(|c| c.n).sum();
+        let widths: Vec<f64> = rows.iter().flat_map(|c| c.widths_pct.clone()).collect();
+        s.push_str(&format!(
+            "| {name} | {inside} | {n} | {:.0}% | {:.0} |\n",
+            inside as f64 / n.max(1) as f64 * 100.0,
+            median(widths).unwrap_or(0.0)
+        ));
+    };
+    for m in metrics {
+        row(&mut s, m, checks.iter().filter(|c| c.metric == m).collect());
+    }
+    row(&mut s, "pooled", checks.iter().collect());
+    s
 }
 
 /// Predicted vs measured time of the steps of one kind in a step log.
@@ -130,6 +253,7 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
                 steps: combine_steps(&reps),
                 warnings: res.warnings.clone(),
                 report: res.report.clone(),
+                samples: reps.iter().flat_map(|r| r.samples.clone()).collect(),
             }
         })
         .collect())
@@ -203,9 +327,17 @@ async fn verify_once(
         let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?
             .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files)?;
-        files.finish(
+        let others = infer_sim::interval::seeded_summaries(&setup, opts.seeds)?;
+        let intervals = infer_sim::interval::RunIntervals::of_summaries(
             &predicted.summary,
-            &infer_sim::output::run_info(&setup, None),
+            &others,
+            infer_sim::interval::residuals_of(&setup),
+            None,
+        );
+        files.finish_with(
+            &predicted.summary,
+            &intervals.summary_keys(),
+            &infer_sim::output::run_info(&setup, Some(&intervals)),
         )?;
 
         // Measure.
@@ -236,27 +368,42 @@ async fn verify_once(
         let m = infer_reports::Run::load(dir.join("measured"))?;
         let verification = infer_reports::predicted_vs_measured(&p, &m);
         let steps = step_fidelity(&step_log::read(&steps_path)?, setup.cost.as_ref());
+        let measured = verification
+            .rows
+            .iter()
+            .filter_map(|row| Some((row.metric.key.to_string(), m.metric(row.metric.key)?)))
+            .collect();
         results.push(VerifyResult {
             scenario: scenario.name.clone(),
             verification,
             steps,
             warnings: setup.warnings.clone(),
             report,
+            samples: vec![Sample {
+                predicted: predicted.summary,
+                others,
+                measured,
+            }],
         });
     }
     Ok(results)
 }
 
 /// The fidelity table over several scenarios, in markdown.
-fn fidelity_table(results: &[VerifyResult]) -> String {
+fn fidelity_table(results: &[VerifyResult], checks: &[IntervalCheck]) -> String {
     let mut s = String::from(
-        "| scenario | metric | predicted | measured | error % |\n|---|---|---:|---:|---:|\n",
+        "| scenario | metric | predicted | measured | error % | in 90% interval |\n\
+         |---|---|---:|---:|---:|---:|\n",
     );
     for r in results {
         for row in &r.verification.rows {
             let f = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.1}"));
+            let inside = checks
+                .iter()
+                .find(|c| c.scenario == r.scenario && c.metric == row.metric.key)
+                .map_or("–".to_string(), |c| format!("{}/{}", c.inside, c.n));
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {inside} |\n",
                 r.scenario,
                 row.metric.name,
                 f(row.predicted),
@@ -317,7 +464,9 @@ fn step_table(results: &[VerifyResult]) -> String {
 /// Writes `fidelity.md` (the fidelity table, its headline and the step table) under the
 /// run's output directory and returns what `engine verify` prints.
 pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<String> {
-    let table = fidelity_table(results);
+    let checks = interval_checks(results);
+    let table = fidelity_table(results, &checks);
+    let coverage = coverage_lines(&checks, opts.seeds);
     let steps = step_table(results);
     let headline = match headline(results) {
         Some((median, max, over)) => format!(
@@ -350,11 +499,11 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
     std::fs::write(
         opts.out.join("fidelity.md"),
         format!(
-            "{reps}{table}\n{headline}{warnings}\nStep times, the cost model against the measured \
-             run's steps:\n\n{steps}"
+            "{reps}{table}\n{headline}\n{coverage}{warnings}\nStep times, the cost model against \
+             the measured run's steps:\n\n{steps}"
         ),
     )?;
-    let mut printed = format!("{reps}{table}\n{headline}{warnings}\n{steps}");
+    let mut printed = format!("{reps}{table}\n{headline}\n{coverage}{warnings}\n{steps}");
     for r in results {
         if let Some(e) = r.verification.median_abs_error_pct {
             printed.push_str(&format!("median_abs_error_pct[{}]: {e:.1} %\n", r.scenario));
@@ -423,6 +572,7 @@ mod tests {
             steps: f,
             warnings: Vec::new(),
             report: PathBuf::new(),
+            samples: Vec::new(),
         }]);
         assert!(
             table.contains("| s | decode | 2 | 0.01 | 0.01 | -50.0 | -50.0 |"),
@@ -455,7 +605,65 @@ mod tests {
             }],
             warnings: Vec::new(),
             report: PathBuf::new(),
+            samples: Vec::new(),
         }
+    }
+
+    /// A sample whose prediction has median TTFT `predicted` ms under every seed, measured
+    /// `measured` ms.
+    fn sample(predicted: f64, measured: f64) -> Sample {
+        let summary = Summary {
+            ttft: infer_core::metrics::Stats {
+                median: predicted / 1e3,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Sample {
+            others: vec![summary.clone(); 2],
+            predicted: summary,
+            measured: vec![("median_ttft_ms".into(), measured)],
+        }
+    }
+
+    #[test]
+    fn each_scenarios_interval_takes_the_model_errors_of_the_others_only() {
+        let with = |scenario: &str, samples: Vec<Sample>| VerifyResult {
+            scenario: scenario.into(),
+            samples,
+            ..result(&[])
+        };
+        // b's measurements sit 10-30% above its predictions; a's own errors (-50%) must
+        // not widen a's interval, so it is about 100 × [1.10, 1.30].
+        let a = with(
+            "a",
+            vec![
+                sample(100.0, 125.0),
+                sample(100.0, 105.0),
+                sample(100.0, 50.0),
+            ],
+        );
+        let b = with(
+            "b",
+            vec![
+                sample(100.0, 110.0),
+                sample(100.0, 120.0),
+                sample(100.0, 130.0),
+            ],
+        );
+        let checks = interval_checks(&[a, b]);
+        let of = |s: &str| checks.iter().find(|c| c.scenario == s).unwrap();
+        assert_eq!((of("a").inside, of("a").n), (1, 3), "{checks:?}");
+        // b's interval comes from a's errors: from -0.69 to +0.22 in log space, so 110 and
+        // 120 are in it and 130 is not.
+        assert_eq!((of("b").inside, of("b").n), (2, 3), "{checks:?}");
+        let widths = &of("a").widths_pct;
+        assert!(
+            widths.iter().all(|w| (15.0..20.0).contains(w)),
+            "{widths:?}"
+        );
+        let table = coverage_lines(&checks, 3);
+        assert!(table.contains("| pooled | 3 | 6 | 50% |"), "{table}");
     }
 
     #[test]

@@ -224,8 +224,10 @@ pub struct Profiled {
 }
 
 /// The largest step the profile measured in each dimension a scenario can outgrow: a step
-/// beyond them is priced by extrapolation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// beyond them is priced by extrapolation. A calibration file keeps the same of the runs it
+/// was fitted to or checked on (`[reach]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProfileCoverage {
     /// New tokens of one step (prompt tokens + decodes).
     pub new_tokens: usize,
@@ -237,6 +239,15 @@ pub struct ProfileCoverage {
 }
 
 impl ProfileCoverage {
+    /// The larger of the two in each dimension.
+    pub fn max(self, o: ProfileCoverage) -> ProfileCoverage {
+        ProfileCoverage {
+            new_tokens: self.new_tokens.max(o.new_tokens),
+            decode_seqs: self.decode_seqs.max(o.decode_seqs),
+            sequence_context: self.sequence_context.max(o.sequence_context),
+        }
+    }
+
     fn of(points: &[ProfilePoint]) -> ProfileCoverage {
         let mut c = ProfileCoverage::default();
         for p in points {
