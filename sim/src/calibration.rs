@@ -343,6 +343,24 @@ const SHIPPED: [(&str, &str); 1] = [(
     include_str!("../calibrations/rtx5080-seed-server.toml"),
 )];
 
+/// The shipped files, parsed once (a run's checks prepare the scenario a dozen times, and a
+/// file with its residuals and refits takes about a millisecond to parse).
+fn shipped() -> Result<&'static [(&'static str, CalibrationFile)], SimError> {
+    type Parsed = Result<Vec<(&'static str, CalibrationFile)>, String>;
+    static PARSED: std::sync::OnceLock<Parsed> = std::sync::OnceLock::new();
+    PARSED
+        .get_or_init(|| {
+            SHIPPED
+                .iter()
+                .map(|&(name, text)| CalibrationFile::parse(name, text).map(|f| (name, f)))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map(Vec::as_slice)
+        .map_err(|e| SimError::Invalid(e.clone()))
+}
+
 impl CalibrationFile {
     /// Parse and check a calibration file; errors name the file and the key.
     pub fn parse(file: &str, text: &str) -> Result<CalibrationFile, SimError> {
@@ -646,8 +664,7 @@ impl Calibration {
 
     /// The calibration for a pair: from the shipped file that lists it, else the defaults.
     pub fn for_pair(hw: &HardwareSpec, model: &ModelSpec) -> Result<Calibration, SimError> {
-        for (name, text) in SHIPPED {
-            let f = CalibrationFile::parse(name, text)?;
+        for (name, f) in shipped()? {
             if f.hardware == hw.name && f.models.contains_key(model.name) {
                 return f.calibration(name, hw, model);
             }

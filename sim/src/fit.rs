@@ -1048,6 +1048,19 @@ mod tests {
         }
     }
 
+    /// Targets `t0`, `t1`, … with the overrides of `sets`, "measured" under `truth`.
+    fn measured_targets(sets: &[Vec<&str>], truth: &Calibration) -> Vec<Target> {
+        let mut targets: Vec<Target> = sets
+            .iter()
+            .enumerate()
+            .map(|(i, o)| target(&format!("t{i}"), o, false))
+            .collect();
+        for t in &mut targets {
+            measure_under(t, truth);
+        }
+        targets
+    }
+
     /// A calibration file holding `c` for Llama on the RTX 5080, default mechanisms.
     fn llama_file(c: Coefficients) -> CalibrationFile {
         Fit {
@@ -1081,14 +1094,7 @@ mod tests {
         truth.compute_efficiency = 0.3;
         truth.step_overhead_s = 4e-3;
         truth.per_seq_overhead_s = 1e-3;
-        let mut targets: Vec<Target> = overrides
-            .iter()
-            .enumerate()
-            .map(|(i, o)| target(&format!("t{i}"), o, false))
-            .collect();
-        for t in &mut targets {
-            measure_under(t, &truth);
-        }
+        let mut targets = measured_targets(&overrides, &truth);
         let params = [
             Param::ComputeEfficiency,
             Param::StepOverhead,
@@ -1118,14 +1124,7 @@ mod tests {
             vec!["server.model=llama-3.2-3b", "workload.prompt_tokens=1024"],
             vec!["server.model=llama-3.2-3b", "workload.output_tokens=4"],
         ];
-        let mut targets: Vec<Target> = sets
-            .iter()
-            .enumerate()
-            .map(|(i, o)| target(&format!("t{i}"), o, false))
-            .collect();
-        for t in &mut targets {
-            measure_under(t, &truth);
-        }
+        let mut targets = measured_targets(&sets, &truth);
         // Measurements a little off the truth, so resamples disagree.
         for (t, f) in targets.iter_mut().zip([1.1, 0.9, 1.0]) {
             for (_, v) in &mut t.measured {

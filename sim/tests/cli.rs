@@ -61,20 +61,30 @@ fn run_writes_the_three_files_and_prints_vllms_block() {
 
 #[test]
 fn sweep_writes_a_row_per_point() {
-    let out = tmp("sweep");
     let scenario = common::path("l4_concurrency_sweep");
-    sim_ok([
-        "sweep".as_ref(),
-        scenario.as_ref(),
-        "--vary".as_ref(),
-        "arrival.max_concurrency=1,4,16".as_ref(),
-        "--set".as_ref(),
-        "workload.num_requests=48".as_ref(),
-        "--quiet".as_ref(),
-        "--out".as_ref(),
-        out.as_os_str(),
-    ]);
-    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    // The L4 sweep at three concurrencies, with `extra` arguments: its sweep.csv.
+    let sweep = |name: &str, extra: &[&str]| {
+        let out = tmp(name);
+        let mut args: Vec<std::ffi::OsString> = [
+            "sweep",
+            scenario.as_str(),
+            "--vary",
+            "arrival.max_concurrency=1,4,16",
+            "--set",
+            "workload.num_requests=48",
+            "--quiet",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| std::ffi::OsString::from(*a))
+        .collect();
+        args.extend(["--out".into(), out.clone().into_os_string()]);
+        sim_ok(args);
+        let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+        std::fs::remove_dir_all(&out).unwrap();
+        csv
+    };
+    let csv = sweep("sweep", &[]);
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 4, "{csv}");
     assert!(rows[0].starts_with("arrival.max_concurrency,completed"));
@@ -83,21 +93,7 @@ fn sweep_writes_a_row_per_point() {
     assert!(tput(rows[3]) > 3.0 * tput(rows[1]), "{csv}");
     assert!(!rows[0].contains("_lo"), "one seed: no intervals");
     // With seeds, each figure that has one gets its interval; the figures do not change.
-    let seeded = tmp("sweep-seeds");
-    sim_ok([
-        "sweep".as_ref(),
-        scenario.as_ref(),
-        "--vary".as_ref(),
-        "arrival.max_concurrency=1,4,16".as_ref(),
-        "--set".as_ref(),
-        "workload.num_requests=48".as_ref(),
-        "--seeds".as_ref(),
-        "3".as_ref(),
-        "--quiet".as_ref(),
-        "--out".as_ref(),
-        seeded.as_os_str(),
-    ]);
-    let with = std::fs::read_to_string(seeded.join("sweep.csv")).unwrap();
+    let with = sweep("sweep-seeds", &["--seeds", "3"]);
     let head: Vec<&str> = with.lines().next().unwrap().split(',').collect();
     let col = |name: &str| head.iter().position(|h| *h == name).unwrap();
     for (a, b) in csv.lines().zip(with.lines()).skip(1) {
@@ -112,8 +108,6 @@ fn sweep_writes_a_row_per_point() {
         // the given seed's figure (none at all where every seed gives the same).
         assert!(0.0 < lo && lo <= v && v <= hi, "{lo} {v} {hi}");
     }
-    std::fs::remove_dir_all(&out).unwrap();
-    std::fs::remove_dir_all(&seeded).unwrap();
 }
 
 #[test]
