@@ -20,6 +20,8 @@
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
 //! graph_replay_factor = 2.1    # a CUDA-graph decode pass: × its eager time w/o decode attention (>= 1)
+//! micro_batch_tokens = 512     # a packed step runs as passes of at most this many tokens
+//!                              #   (llama.cpp's n_ubatch), each reading the weights
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
@@ -115,6 +117,11 @@ pub struct Calibration {
     /// save launches, as in vLLM; the benchmark log's decode steps replayed 1.8× slower at
     /// batch 1 and 2.4× at batch 8, its long-context workloads not at all).
     pub graph_replay_factor: f64,
+    /// A packed step of more new tokens than this runs as that many physical passes, each
+    /// as large as the others and each reading the weights (llama.cpp's server splits its
+    /// logical batch, `n_batch`, into micro-batches of `n_ubatch` tokens and samples after
+    /// the last: `llama-batch.cpp`, `server-context.cpp`). `None`: one pass (vLLM, infer).
+    pub micro_batch_tokens: Option<usize>,
     /// Where the numbers come from, in full (the calibration file and the `sim calibrate`
     /// commands that made it: run.json keeps it).
     pub source: String,
@@ -273,6 +280,8 @@ pub struct Mechanisms {
     pub reserved_gib: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub graph_replay_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<usize>,
 }
 
 impl Mechanisms {
@@ -280,7 +289,8 @@ impl Mechanisms {
     pub fn describe(&self) -> String {
         format!(
             "prefill_batching={:?} logits={:?} attention_scores={:?} contiguous_kv={:?} \
-             contiguous_decode={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} graph_replay_factor={}",
+             contiguous_decode={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} graph_replay_factor={} \
+             micro_batch_tokens={}",
             self.prefill_batching,
             self.logits,
             self.attention_scores,
@@ -291,7 +301,9 @@ impl Mechanisms {
                 .map_or("host link".to_string(), |v| v.to_string()),
             self.reserved_gib
                 .map_or("the catalog's".to_string(), |v| v.to_string()),
-            self.graph_replay_factor.unwrap_or(1.0)
+            self.graph_replay_factor.unwrap_or(1.0),
+            self.micro_batch_tokens
+                .map_or("none".to_string(), |v| v.to_string())
         )
     }
 }
@@ -419,6 +431,13 @@ impl CalibrationFile {
                     reason: format!("must be >= 0 GiB, got {v}"),
                 });
             }
+        }
+        if f.mechanisms.micro_batch_tokens == Some(0) {
+            return Err(SimError::Key {
+                file: file.to_string(),
+                key: "mechanisms.micro_batch_tokens".into(),
+                reason: "must be at least 1 token".into(),
+            });
         }
         if let Some(reason) = f
             .mechanisms
@@ -618,6 +637,7 @@ impl Mechanisms {
             spill_bandwidth_gb_s: c.spill_bandwidth.map(|b| b / 1e9),
             reserved_gib: c.reserved_gib,
             graph_replay_factor: (c.graph_replay_factor != 1.0).then_some(c.graph_replay_factor),
+            micro_batch_tokens: c.micro_batch_tokens,
         }
     }
 }
@@ -654,6 +674,7 @@ impl Calibration {
             spill_bandwidth: None,
             reserved_gib: None,
             graph_replay_factor: 1.0,
+            micro_batch_tokens: None,
             source: UNCALIBRATED.into(),
             label: "uncalibrated defaults".into(),
             residuals: Arc::from([]),
@@ -717,6 +738,7 @@ impl Calibration {
             spill_bandwidth: mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
             reserved_gib: mechanisms.reserved_gib,
             graph_replay_factor: mechanisms.graph_replay_factor.unwrap_or(1.0),
+            micro_batch_tokens: mechanisms.micro_batch_tokens,
             source: self.source.clone(),
             label: self.label.clone(),
             residuals: self.residuals.clone(),
@@ -837,6 +859,25 @@ mod tests {
             e.contains("fast.toml") && e.contains("graph_replay_factor"),
             "{e}"
         );
+        // Micro-batches: kept through a round trip and into the calibration; 0 refused.
+        let micro = text.replace(
+            "graph_replay_factor = 2.1",
+            "graph_replay_factor = 2.1\nmicro_batch_tokens = 512",
+        );
+        let m = CalibrationFile::parse("micro.toml", &micro).unwrap();
+        assert_eq!(m.mechanisms.micro_batch_tokens, Some(512));
+        assert_eq!(
+            CalibrationFile::parse("again.toml", &m.to_toml()).unwrap(),
+            m
+        );
+        let c = m.calibration("micro.toml", &hw, &llama).unwrap();
+        assert_eq!(c.micro_batch_tokens, Some(512));
+        assert_eq!(Mechanisms::of(&c).micro_batch_tokens, Some(512));
+        let zero = micro.replace("micro_batch_tokens = 512", "micro_batch_tokens = 0");
+        let e = CalibrationFile::parse("zero.toml", &zero)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mechanisms.micro_batch_tokens"), "{e}");
         let e = f
             .calibration(name, &find_hardware("l4").unwrap(), &llama)
             .unwrap_err()

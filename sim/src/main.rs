@@ -229,6 +229,11 @@ enum Command {
         /// (default 1: graphs only save kernel launches).
         #[arg(long, value_name = "FACTOR")]
         graph_replay_factor: Option<f64>,
+        /// A packed step of more new tokens than this runs as several passes of at most
+        /// this many, each reading the weights (llama.cpp's server: `--ubatch-size`, 512 by
+        /// default). Default: one pass.
+        #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+        micro_batch_tokens: Option<u64>,
         /// Start from this calibration file's coefficients and keep those `--fit` does not
         /// name (a second stage: refit a few coefficients of an existing calibration). Its
         /// mechanisms are the fit's: every mechanism flag left out takes the file's value
@@ -315,6 +320,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             spill_bandwidth_gb_s,
             reserved_gib,
             graph_replay_factor,
+            micro_batch_tokens,
             start,
             engine,
             out,
@@ -396,6 +402,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 spill_bandwidth_gb_s: spill_bandwidth_gb_s.or(base.spill_bandwidth_gb_s),
                 reserved_gib: reserved_gib.or(base.reserved_gib),
                 graph_replay_factor: graph_replay_factor.or(base.graph_replay_factor),
+                micro_batch_tokens: micro_batch_tokens
+                    .map(|u| u as usize)
+                    .or(base.micro_batch_tokens),
             };
             let candidates = if search_mechanisms {
                 // The mechanisms the flags give are facts about the server; search the rest,

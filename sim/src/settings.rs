@@ -31,6 +31,7 @@
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
 //!                                  # catalog's estimate; a desktop's display takes more)
 //! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its time w/o decode attention (>= 1)
+//! micro_batch_tokens = 512         # a packed step as passes of at most this many tokens
 //! # bounds of a run (a run past one ends with an error naming its key):
 //! max_simulated_s = 2592000        # simulated time (default 30 days)
 //! max_output_mib = 4096            # run directory's streamed files (requests, timeseries)
@@ -82,6 +83,8 @@ pub struct SimSettings {
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
     pub graph_replay_factor: Option<f64>,
+    /// Whole tokens (read as a number, as every key of the table).
+    pub micro_batch_tokens: Option<f64>,
     pub max_simulated_s: Option<f64>,
     pub max_output_mib: Option<f64>,
     pub max_memory_mib: Option<f64>,
@@ -163,6 +166,14 @@ impl SimSettings {
         {
             return Err(("sim.graph_replay_factor".into(), reason));
         }
+        if let Some(u) = s.micro_batch_tokens {
+            if !(u >= 1.0 && u.fract() == 0.0 && u <= 1e9) {
+                return Err((
+                    "sim.micro_batch_tokens".into(),
+                    format!("must be a whole number of tokens, at least 1, got {u}"),
+                ));
+            }
+        }
         if let Some(v) = s.timeseries_interval_s {
             // Finer points than a millisecond would be rows by the billion for long runs.
             if !(v >= 1e-3 && v.is_finite()) {
@@ -220,7 +231,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 29] = [
+    const KNOWN: [&str; 30] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -247,6 +258,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "spill_bandwidth_gb_s",
         "reserved_gib",
         "graph_replay_factor",
+        "micro_batch_tokens",
         "max_simulated_s",
         "max_output_mib",
         "max_memory_mib",
@@ -348,6 +360,15 @@ mod tests {
             SimSettings::from_scenario(&scenario("graph_replay_factor = 0.8")).unwrap_err();
         assert_eq!(k, "sim.graph_replay_factor");
         assert!(r.contains(">= 1") && r.contains("0.8"), "{r}");
+        for bad in ["0", "0.5", "-16"] {
+            let (k, r) =
+                SimSettings::from_scenario(&scenario(&format!("micro_batch_tokens = {bad}")))
+                    .unwrap_err();
+            assert_eq!(k, "sim.micro_batch_tokens", "{bad}");
+            assert!(r.contains("whole number of tokens"), "{r}");
+        }
+        let s = SimSettings::from_scenario(&scenario("micro_batch_tokens = 512")).unwrap();
+        assert_eq!(s.micro_batch_tokens, Some(512.0));
         let s = SimSettings::from_scenario(&scenario("roofline = \"serial\"\nreserved_gib = 3"))
             .unwrap();
         assert_eq!(s.roofline, Some(crate::calibration::Roofline::Serial));

@@ -303,6 +303,9 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         cal.reserved_gib = Some(g);
     }
     set(&mut cal.graph_replay_factor, s.graph_replay_factor);
+    if let Some(u) = s.micro_batch_tokens {
+        cal.micro_batch_tokens = Some(u as usize);
+    }
     cal.prefill = s.prefill_batching.unwrap_or(cal.prefill);
     cal.logits = s.logits.unwrap_or(cal.logits);
     cal.attention_scores = s.attention_scores.unwrap_or(cal.attention_scores);

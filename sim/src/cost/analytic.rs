@@ -121,6 +121,28 @@ struct Pass {
     count: f64,
 }
 
+impl Pass {
+    /// The pass run as `n` equal passes one after another (micro-batches): each does
+    /// `1/n` of the work and holds `1/n` of the memory, and reads the weights again.
+    fn split(self, n: f64) -> Pass {
+        Pass {
+            tokens: self.tokens / n,
+            logit_rows: self.logit_rows / n,
+            kv_tokens: self.kv_tokens / n,
+            attention_pairs: self.attention_pairs / n,
+            decode_pairs: self.decode_pairs / n,
+            score_elements: self.score_elements / n,
+            held: Held {
+                tokens: self.held.tokens / n,
+                logit_rows: self.held.logit_rows / n,
+                score_elements: self.held.score_elements / n,
+            },
+            decode_only: self.decode_only,
+            count: self.count * n,
+        }
+    }
+}
+
 /// What a pass holds in device memory at its peak, beside weights and KV.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Held {
@@ -208,7 +230,16 @@ impl Analytic {
             }
         };
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
-            return [Some(packed()), None];
+            let pass = packed();
+            return [
+                Some(match self.cal.micro_batch_tokens {
+                    Some(u) if pass.tokens > u as f64 => {
+                        pass.split((pass.tokens / u as f64).ceil())
+                    }
+                    _ => pass,
+                }),
+                None,
+            ];
         }
         let prompt_sampled = s.sampled.saturating_sub(s.decode_seqs) as f64;
         let prompt_kv = (s.context_tokens - s.decode_context_tokens) as f64;
@@ -453,6 +484,9 @@ fn engine_mechanisms(c: &Calibration) -> String {
     }
     if c.roofline == Roofline::Serial {
         out.push_str(", serial roofline");
+    }
+    if let Some(u) = c.micro_batch_tokens {
+        out.push_str(&format!(", micro-batches of {u} tokens"));
     }
     out
 }
@@ -728,6 +762,54 @@ mod tests {
         assert!(padded.activation_bytes(&four) > 3.9 * seq.activation_bytes(&four));
         // The same single prompt costs the same however prompts are batched.
         assert_eq!(seq.terms(&one), padded.terms(&one));
+    }
+
+    /// llama.cpp's micro-batches: a packed step larger than `u` tokens runs as ⌈T / u⌉
+    /// passes, each reading the weights; the work is the same, so a memory-bound step slows
+    /// by the passes and a step of at most `u` tokens does not change.
+    #[test]
+    fn micro_batches_read_the_weights_once_per_pass() {
+        let (one, micro) = (
+            rtx5080_llama(|c| c),
+            rtx5080_llama(|c| Calibration {
+                micro_batch_tokens: Some(16),
+                ..c
+            }),
+        );
+        let small = decode(16, 512);
+        assert_eq!(
+            one.terms(&small),
+            micro.terms(&small),
+            "16 tokens: one pass"
+        );
+        let batch = decode(48, 512);
+        let (t1, t3) = (one.terms(&batch), micro.terms(&batch));
+        assert!(t1.memory > t1.compute, "decodes are memory-bound: {t1:?}");
+        let weights = one.model.weight_bytes() / (one.hw.bandwidth * one.cal.bandwidth_efficiency);
+        assert!(
+            (t3.memory - t1.memory - 2.0 * weights).abs() / t3.memory < 1e-9,
+            "two more weight reads: {t1:?} {t3:?}"
+        );
+        assert!(
+            (t3.compute - t1.compute).abs() / t1.compute < 1e-9,
+            "the same work"
+        );
+        assert!(
+            (t3.launch - 3.0 * t1.launch).abs() < 1e-12,
+            "three passes' launches"
+        );
+        // Its activations are a third's.
+        assert!(micro.activation_bytes(&batch) < one.activation_bytes(&batch));
+        // Other prefill batchings run their own passes: the option prices packed steps.
+        let padded = |u| {
+            rtx5080_llama(move |c| Calibration {
+                prefill: PrefillBatching::Padded,
+                micro_batch_tokens: u,
+                ..c
+            })
+        };
+        let s = mixed(1, 64);
+        assert_eq!(padded(None).terms(&s), padded(Some(16)).terms(&s));
     }
 
     #[test]
