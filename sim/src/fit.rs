@@ -803,20 +803,28 @@ pub fn bootstrap(targets: &[Target], fit: &Fit, params: &[Param], resamples: usi
 pub fn residuals(targets: &[Target], rows: &[Row]) -> Vec<Residual> {
     targets
         .iter()
-        .map(|t| Residual {
-            run: t.label.clone(),
-            group: t.group(),
-            held_out: t.held_out,
-            errors: rows
+        .map(|t| {
+            let figures = rows
                 .iter()
                 .filter(|r| r.label == t.label)
-                .map(|r| (r.metric.clone(), (r.measured / r.predicted).ln()))
-                .filter(|(_, e)| e.is_finite())
-                // Four significant digits: the file is read by people too.
-                .map(|(m, e)| (m, format!("{e:.3e}").parse().expect("a number")))
-                .collect(),
+                .map(|r| (r.metric.clone(), r.measured, r.predicted));
+            let mut r = Residual::new(t.label.clone(), t.group(), t.held_out, figures);
+            // Four significant digits: the file is read by people too.
+            for e in r.errors.values_mut() {
+                *e = format!("{e:.3e}").parse().expect("a number");
+            }
+            r
         })
         .collect()
+}
+
+/// How far the targets reach (their largest step, decode batch and context): a
+/// calibration file's `[reach]`, beyond which its predictions extrapolate.
+pub fn reach(targets: &[Target]) -> Option<crate::cost::ProfileCoverage> {
+    targets
+        .iter()
+        .map(|t| crate::trust::reach(&t.setup.scenario))
+        .reduce(|a, b| a.max(b))
 }
 
 /// One held-out figure against its interval.
@@ -854,10 +862,9 @@ pub fn coverage(
         let Some(central) = t.summary(&cal) else {
             continue;
         };
-        let others: Vec<Summary> = interval::other_seeds(&t.setup, seeds)
-            .iter()
-            .filter_map(|s| crate::run(s).ok().map(|r| r.summary))
-            .collect();
+        let Ok(others) = interval::seeded_summaries(&t.setup, seeds, 1) else {
+            continue;
+        };
         let group = t.group();
         let intervals = interval::intervals(&central, &others, residuals, Some(&group));
         for (metric, measured) in &t.measured {

@@ -50,6 +50,28 @@ pub struct Residual {
     pub errors: BTreeMap<String, f64>,
 }
 
+impl Residual {
+    /// The residual of run `run` from its `(metric, measured, predicted)` figures: the
+    /// finite `ln(measured / predicted)` of each (a figure not predicted is left out).
+    pub fn new(
+        run: String,
+        group: String,
+        held_out: bool,
+        figures: impl IntoIterator<Item = (String, f64, f64)>,
+    ) -> Residual {
+        Residual {
+            run,
+            group,
+            held_out,
+            errors: figures
+                .into_iter()
+                .map(|(metric, measured, predicted)| (metric, (measured / predicted).ln()))
+                .filter(|(_, e)| e.is_finite())
+                .collect(),
+        }
+    }
+}
+
 /// A figure with its interval.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Interval {
@@ -301,11 +323,15 @@ pub fn other_seeds(setup: &Setup, seeds: usize) -> Vec<Setup> {
         .collect()
 }
 
-/// The summaries of `setup` under the other seeds (in parallel on every core; each seed's
-/// run is deterministic, so the result does not depend on the threads).
-pub fn seeded_summaries(setup: &Setup, seeds: usize) -> Result<Vec<Summary>, SimError> {
+/// The summaries of `setup` under the other seeds ([`other_seeds`]), on `threads` workers
+/// (1 where the caller's work already takes every core; each seed's run is deterministic,
+/// so the result does not depend on the threads).
+pub fn seeded_summaries(
+    setup: &Setup,
+    seeds: usize,
+    threads: usize,
+) -> Result<Vec<Summary>, SimError> {
     let setups = other_seeds(setup, seeds);
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     crate::sweep::par_map(&setups, threads, None, |s| {
         crate::simulate::run(s).map(|r| r.summary)
     })
@@ -332,7 +358,8 @@ impl RunIntervals {
         if seeds <= 1 {
             return Ok(None);
         }
-        let others = seeded_summaries(setup, seeds)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let others = seeded_summaries(setup, seeds, cores)?;
         let mut run = RunIntervals::of_summaries(central, &others, residuals_of(setup), None);
         run.basis.draws = setup.calibration.as_ref().map_or(0, |c| c.draws.len());
         Ok(Some(run))

@@ -491,10 +491,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     runs_held_out: Some(held_out),
                     residuals,
                     draws,
-                    reach: targets
-                        .iter()
-                        .map(|t| infer_sim::trust::reach(&t.setup.scenario))
-                        .reduce(|a, b| a.max(b)),
+                    reach: fit::reach(&targets),
                     ..best.file(&engine, &source)
                 };
                 let text = format!(

@@ -91,10 +91,7 @@ pub fn simulate(
     text: &str,
     overrides: &[String],
 ) -> Result<(Summary, RunStats), SimError> {
-    Scenario::parse(file, text, overrides)
-        .map_err(SimError::from)
-        .and_then(|sc| crate::setup::prepare(file, sc))
-        .and_then(|setup| crate::simulate::run(&setup).map(|r| (r.summary, r.stats)))
+    simulate_with_intervals(file, text, overrides, 1).map(|(summary, stats, _)| (summary, stats))
 }
 
 /// Run every point of the grid over `threads` workers; `progress` draws a bar on stderr.
@@ -144,10 +141,7 @@ fn simulate_with_intervals(
     if seeds <= 1 {
         return Ok((r.summary, r.stats, Vec::new()));
     }
-    let others = interval::other_seeds(&setup, seeds)
-        .iter()
-        .map(|s| crate::simulate::run(s).map(|o| o.summary))
-        .collect::<Result<Vec<_>, _>>()?;
+    let others = interval::seeded_summaries(&setup, seeds, 1)?;
     let intervals = interval::intervals(&r.summary, &others, interval::residuals_of(&setup), None);
     Ok((r.summary, r.stats, intervals))
 }

@@ -72,17 +72,24 @@ fn sim_run_writes_intervals_beside_vllms_keys_which_keep_their_meaning() {
     }
 }
 
+/// `sim run SCENARIO ARGS… --out DIR`, which must succeed: its console.
+fn console(scenario: &str, args: &[&str], dir: &std::path::Path) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .arg("run")
+        .arg(common::path(scenario))
+        .args(args)
+        .arg("--out")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 #[test]
 fn the_console_shows_each_interval_and_what_it_is_made_of() {
     let dir = tmp("console");
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .arg("run")
-        .arg(common::path("chunked_prefill"))
-        .args(["--seeds", "3", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = console("chunked_prefill", &["--seeds", "3"], &dir);
     assert!(out.contains("90% interval"), "{out}");
     assert!(
         out.contains("from 3 seeds (the others priced with bootstrap refits of the coefficients, ")
@@ -95,19 +102,8 @@ fn the_console_shows_each_interval_and_what_it_is_made_of() {
         .unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains(", "), "{line}");
     // A profiled cost model has no calibration errors: the interval says so.
-    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .arg("run")
-        .arg(common::path("plan_cpu"))
-        .args(["--set", "workload.num_requests=40", "--out"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        out.contains("the workload's randomness only"),
-        "{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let out = console("plan_cpu", &["--set", "workload.num_requests=40"], &dir);
+    assert!(out.contains("the workload's randomness only"), "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

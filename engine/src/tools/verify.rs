@@ -84,20 +84,17 @@ pub fn interval_checks(results: &[VerifyResult]) -> Vec<IntervalCheck> {
         .flat_map(|r| {
             r.samples.iter().enumerate().map(|(i, s)| {
                 let predicted = s.predicted.entries();
-                Residual {
-                    run: format!("{} repetition {}", r.scenario, i + 1),
-                    group: r.scenario.clone(),
-                    held_out: true,
-                    errors: infer_sim::fit::FIT_METRICS
-                        .iter()
-                        .filter_map(|&k| {
-                            let m = s.measured.iter().find(|(key, _)| key == k)?.1;
-                            let p = predicted.iter().find(|(key, _)| key == k)?.1;
-                            let e = (m / p).ln();
-                            e.is_finite().then(|| (k.to_string(), e))
-                        })
-                        .collect(),
-                }
+                let figures = infer_sim::fit::FIT_METRICS.iter().filter_map(|&k| {
+                    let m = s.measured.iter().find(|(key, _)| key == k)?.1;
+                    let p = predicted.iter().find(|(key, _)| key == k)?.1;
+                    Some((k.to_string(), m, p))
+                });
+                Residual::new(
+                    format!("{} repetition {}", r.scenario, i + 1),
+                    r.scenario.clone(),
+                    true,
+                    figures,
+                )
             })
         })
         .collect();
@@ -327,7 +324,8 @@ async fn verify_once(
         let mut files = infer_reports::RunDirWriter::create(&dir.join("predicted"))?
             .with_limit(setup.settings.max_output_bytes(), "sim.max_output_mib");
         let predicted = infer_sim::run_with(&setup, tokenizer.clone(), &mut files)?;
-        let others = infer_sim::interval::seeded_summaries(&setup, opts.seeds)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let others = infer_sim::interval::seeded_summaries(&setup, opts.seeds, cores)?;
         let intervals = infer_sim::interval::RunIntervals::of_summaries(
             &predicted.summary,
             &others,
