@@ -1,6 +1,7 @@
 //! Property tests for the invariants of `docs/design.md`, over random request mixes, pool
-//! sizes, chunk sizes, both backends and batching modes, prefix caching on and off, both
-//! admission and both preemption policies, with aborts and preemption: every request
+//! sizes, chunk sizes, both backends and batching modes, prefix caching on and off (a paged
+//! pool's blocks, contiguous slots' last tokens), both admission and both preemption
+//! policies, with aborts and preemption: every request
 //! finishes or is aborted exactly once (INV-1); block references match the tables that hold
 //! them, free + used = total, waiting requests hold nothing and the prefix cache's index
 //! agrees with its blocks (INV-2, INV-3, INV-7, INV-8: checked every step by
@@ -62,7 +63,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     chunked_prefill: chunked,
                     prefill_chunk_size: chunk.max(batch),
                     max_num_batched_tokens: budget.map(|extra| mml.max(batch) + extra),
-                    prefix_caching: prefix && kv == KvBackend::Paged,
+                    prefix_caching: prefix,
                     max_model_len: mml,
                     max_waiting: None,
                     kv_admission: admission,
@@ -245,7 +246,7 @@ fn cases_cover_preemption_prefix_hits_and_aborts() {
     use proptest::test_runner::TestRunner;
     let mut runner = TestRunner::deterministic();
     let (mut preemptions, mut hits, mut aborted_live, mut stops, mut lengths) = (0, 0, 0, 0, 0);
-    let mut waits = 0;
+    let (mut waits, mut slot_hits) = (0, 0);
     for _ in 0..300 {
         let c = case().new_tree(&mut runner).unwrap().current();
         let (log, sched) = drive(
@@ -258,6 +259,9 @@ fn cases_cover_preemption_prefix_hits_and_aborts() {
         preemptions += st.num_preemptions;
         waits += st.num_kv_waits;
         hits += st.prefix_hits;
+        if c.cfg.kv_cache_backend == KvBackend::Contiguous {
+            slot_hits += st.prefix_hits;
+        }
         let finished: Vec<u64> = log.finished().iter().map(|f| f.0).collect();
         aborted_live += c
             .aborts
@@ -276,10 +280,14 @@ fn cases_cover_preemption_prefix_hits_and_aborts() {
             .filter(|f| f.1 == FinishReason::Length)
             .count();
     }
-    eprintln!("coverage: {preemptions} preemptions, {waits} waits for a block, {hits} hit tokens, {aborted_live} live aborts, {stops} stop, {lengths} length");
+    eprintln!("coverage: {preemptions} preemptions, {waits} waits for a block, {hits} hit tokens ({slot_hits} in slots), {aborted_live} live aborts, {stops} stop, {lengths} length");
     assert!(preemptions > 50, "preemptions {preemptions}");
     assert!(waits > 50, "waits for a block {waits}");
     assert!(hits > 1000, "prefix hit tokens {hits}");
+    assert!(
+        slot_hits > 100,
+        "prefix hit tokens in contiguous slots {slot_hits}"
+    );
     assert!(aborted_live > 20, "aborted live requests {aborted_live}");
     assert!(stops > 20 && lengths > 100, "stop {stops} length {lengths}");
 }

@@ -399,6 +399,51 @@ async fn a_client_dropping_its_stream_frees_its_blocks() {
     server.stop().await;
 }
 
+/// llama.cpp's slots as infer serves them (contiguous slots with prefix caching): a prompt
+/// that shares most of a slot's last tokens reuses them, and its output is the one a server
+/// without any reuse gives — the slot's KV beyond the shared prefix is overwritten, not read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contiguous_slots_reuse_their_last_tokens_without_changing_outputs() {
+    let slots = |prefix_caching| SchedulerConfig {
+        kv_cache_backend: infer_core::KvBackend::Contiguous,
+        num_gpu_blocks: 64,
+        block_size: 16,
+        max_model_len: 256,
+        prefix_caching,
+        ..SchedulerConfig::default()
+    };
+    let client = reqwest::Client::new();
+    let a: Vec<u32> = (10..110).collect();
+    let b: Vec<u32> = (10..90).chain(500..530).collect();
+    let mut outputs = Vec::new();
+    for reuse in [false, true] {
+        let (addr, server) = spawn_local(config(slots(reuse))).await.unwrap();
+        let url = format!("http://{addr}/v1/completions");
+        let mut cached = Vec::new();
+        let mut texts = Vec::new();
+        for p in [&a, &b, &b] {
+            let body = json!({"prompt": p, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+            let (status, v) = post(&client, &url, body).await;
+            assert_eq!(status, 200, "{v}");
+            cached.push(
+                v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0),
+            );
+            texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+        }
+        if reuse {
+            // b shares 80 of its 110 tokens with a's slot; then all of its own but the last.
+            assert_eq!(cached, [0, 80, 109], "cached tokens per request");
+        } else {
+            assert_eq!(cached, [0, 0, 0]);
+        }
+        outputs.push(texts);
+        server.stop().await;
+    }
+    assert_eq!(outputs[0], outputs[1], "reuse changes no output");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_gets_503s_and_every_accepted_request_completes() {
     let sched = SchedulerConfig {

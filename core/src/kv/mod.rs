@@ -2,7 +2,9 @@
 //!
 //! * [`ContiguousKv`]: each sequence reserves a whole `max_model_len` slot; a slot is
 //!   represented as a single block whose size is `max_model_len`, so the engine reads both
-//!   backends through the same block-table code.
+//!   backends through the same block-table code. With prefix caching a free slot keeps the
+//!   tokens it last held, and a prompt reuses the longest common prefix of one slot's (as
+//!   llama.cpp's server does).
 //! * [`PagedKv`]: a pool of fixed-size blocks with block tables, optionally with prefix
 //!   caching (content-addressed full blocks, LRU eviction of unreferenced cached blocks).
 
@@ -81,16 +83,20 @@ impl DroppedBlocks {
     }
 }
 
-/// Cached blocks that hold a prefix of a prompt, found by [`KvManager::lookup_prefix`].
+/// Cached KV that holds a prefix of a prompt, found by [`KvManager::lookup_prefix`]: the
+/// blocks holding it (a paged pool's full blocks; a contiguous pool's one slot) and how many
+/// of the prompt's tokens they hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrefixMatch {
     pub blocks: Vec<BlockId>,
     pub hashes: Vec<u64>,
+    /// The prompt's tokens found: whole blocks in a paged pool, any count in a slot.
+    pub tokens: usize,
 }
 
 impl PrefixMatch {
-    pub fn num_tokens(&self, block_size: usize) -> usize {
-        self.blocks.len() * block_size
+    pub fn num_tokens(&self) -> usize {
+        self.tokens
     }
 }
 
@@ -123,8 +129,9 @@ pub trait KvManager {
     fn capacity_tokens(&self) -> usize {
         self.num_blocks() * self.block_size()
     }
-    /// The longest run of cached full blocks that starts `tokens`, never covering the last
-    /// token (its logits must be computed). Changes nothing.
+    /// The longest cached prefix of `tokens` (a paged pool's run of full blocks; the slot
+    /// whose last tokens share the most), never covering the last token (its logits must be
+    /// computed). Changes nothing.
     fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch;
     /// Make `kv` hold enough blocks for positions `0..num_tokens`. For a sequence that holds
     /// nothing yet, `prefix` (from `lookup_prefix`) is reused first. On failure nothing changes.

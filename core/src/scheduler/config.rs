@@ -84,6 +84,9 @@ pub struct SchedulerConfig {
     /// `max_model_len`. `None`: no limit but the KV pool.
     #[serde(default)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Reuse the KV of earlier prompts' prefixes: a paged pool's content-addressed full
+    /// blocks (vLLM's), or with contiguous slots each slot's last tokens (llama.cpp's
+    /// server's: [`crate::kv::ContiguousKv`]).
     pub prefix_caching: bool,
     /// Longest sequence (prompt + output) in tokens.
     pub max_model_len: usize,
@@ -197,12 +200,6 @@ impl SchedulerConfig {
                     ),
                 ));
             }
-        }
-        if self.prefix_caching && self.kv_cache_backend == KvBackend::Contiguous {
-            return Err((
-                "prefix_caching",
-                "needs kv_cache_backend = \"paged\" (contiguous slots cannot share blocks)".into(),
-            ));
         }
         if let Some(budget) = self.max_num_batched_tokens {
             let need = self.max_model_len.max(self.max_batch_size);

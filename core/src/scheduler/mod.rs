@@ -220,6 +220,7 @@ impl Scheduler {
             KvBackend::Contiguous => Box::new(ContiguousKv::new(
                 cfg.num_gpu_blocks * cfg.block_size,
                 cfg.max_model_len,
+                cfg.prefix_caching,
             )),
         };
         Scheduler {
@@ -575,7 +576,7 @@ impl Scheduler {
             } else {
                 PrefixMatch::default()
             };
-            let hit = prefix.num_tokens(bs);
+            let hit = prefix.num_tokens();
             let rest = seq.tokens.len() - hit;
             if !chunked && rest > budget {
                 break; // prefilled whole or not at all; nobody overtakes the head
