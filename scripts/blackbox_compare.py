@@ -3,9 +3,13 @@ mean of its measured repeats (OUT/measured/W, OUT/measured-2/W, ...), and the re
 spread, (max - min) / mean: how far the measurement itself moves on this machine; and how
 many of the repeats fell inside the prediction's 90% interval (its summary.json's `KEY_lo`
 and `KEY_hi`: `sim run`'s seeds and the calibration's recorded errors on the probes).
+Last, how many measured requests failed or ended before the length the workload gave them
+(a server that refuses `ignore_eos` stops where the model ends an output; the simulation
+runs every output to its length).
 
     python3 scripts/blackbox_compare.py OUT REPEATS WORKLOAD...
 """
+import csv
 import json
 import sys
 
@@ -62,6 +66,19 @@ def main(out, repeats, workloads):
               f"({hits / n * 100:.0f}%), median width {median([r[2] for r in rows]):.0f}%;",
               ", ".join(f"{k} {sum(r[0] for r in v)}/{sum(r[1] for r in v)}"
                         for k, v in inside.items()))
+    short, failed, total = 0, 0, 0
+    for w in workloads:
+        with open(f"{out}/predicted/{w}/requests.csv") as f:
+            wanted = {r["id"]: int(r["output_tokens"]) for r in csv.DictReader(f)}
+        for d in dirs:
+            with open(f"{out}/{d}/{w}/requests.csv") as f:
+                for r in csv.DictReader(f):
+                    total += 1
+                    if r["success"] != "true":
+                        failed += 1
+                    elif int(r["output_tokens"]) < wanted.get(r["id"], 0):
+                        short += 1
+    print(f"measured requests: {total}, {failed} failed, {short} ended before their length")
 
 
 if __name__ == "__main__":

@@ -5,47 +5,130 @@
 # step jitter and the decode's costs as a second stage), predict the five seed workloads
 # with it (`sim run`) and measure them (`engine bench`, REPEATS times: default 2), then print
 # both side by side with the repeats' spread (`scripts/blackbox_compare.py`).
-# The server's step log ($OUT/steps.csv) is kept for a step-by-step check
-# (`cargo run --release -p infer-engine --example step_check`).
 #
-#   scripts/blackbox_loop.sh [MODEL_DIR] [OUT_DIR]
+#   [SERVER=infer|llama.cpp|transformers] scripts/blackbox_loop.sh [MODEL_DIR] [OUT_DIR]
 #
 # MODEL_DIR: a Hugging Face model directory (default: the 0.5B Llama that
 # `cargo run --release -p infer-engine --example runner_bench` generates). Needs the
 # release binaries (`cargo build --release -p infer-engine -p infer-sim`).
+#
+# SERVER picks the server measured, each with the configuration it is started with said
+# once more for the simulator (what a user knows of their own server):
+# - infer (default): `engine serve`; its step log ($OUT/steps.csv) is kept for a
+#   step-by-step check (`cargo run --release -p infer-engine --example step_check`);
+# - llama.cpp: `llama-server` ($LLAMA_SERVER) on the GGUF of the same weights ($GGUF), 16
+#   slots of 4,096 tokens, logical batch 2,048, micro-batch 512;
+# - transformers: `transformers serve --continuous-batching` on the model directory.
+# `scripts/foreign_servers.sh` installs the two foreign servers and writes the GGUF.
 set -euo pipefail
 MODEL=${1:-$HOME/.cache/infer/bench-llama-0.5b-v1}
 OUT=${2:-runs/blackbox-$(date +%s)}
+SERVER=${SERVER:-infer}
 PORT=${PORT:-8397}
 REQUESTS=${REQUESTS:-16}
 BIN=target/release
+URL="http://127.0.0.1:$PORT"
+FOREIGN=${FOREIGN:-$HOME/.cache/infer/foreign}
 mkdir -p "$OUT"
 
-# The server's configuration, said once for the server and once for the simulator.
-SERVE_FLAGS=(--max-batch-size 16 --num-gpu-blocks 2048 --block-size 16 --prefill-chunk-size 512
-  --max-model-len 4096 --dtype bf16)
-SERVER_SET=(--set "server.model=$MODEL" --set server.hardware=cpu-zen4-2c
-  --set server.max_batch_size=16 --set server.num_gpu_blocks=2048 --set server.block_size=16
-  --set server.prefill_chunk_size=512 --set server.max_model_len=4096
-  --set server.chunked_prefill=true --set server.prefix_caching=true)
+# Per server: how it starts, how its prefix cache is emptied before each measured workload
+# (the simulator starts each one from an empty cache; the workloads share seed 42, so
+# without it a workload or repeat finds the prompts of the one before cached), and the same
+# configuration for the simulator (SERVER_SET) and for `sim calibrate` (CALIBRATE_SET).
+NAME=()
+case $SERVER in
+  infer)
+    start_server() {
+      "$BIN/engine" serve --model "$MODEL" --port "$PORT" --max-batch-size 16 \
+        --num-gpu-blocks 2048 --block-size 16 --prefill-chunk-size 512 --max-model-len 4096 \
+        --dtype bf16 --step-log "$OUT/steps.csv" >> "$OUT/serve.log" 2>&1 &
+      SERVER_PID=$!
+    }
+    reset_cache() { curl -sf -X POST "$URL/reset_prefix_cache" > /dev/null; }
+    SERVER_SET=(--set server.max_batch_size=16 --set server.num_gpu_blocks=2048
+      --set server.block_size=16 --set server.prefill_chunk_size=512
+      --set server.max_model_len=4096 --set server.chunked_prefill=true
+      --set server.prefix_caching=true)
+    # The prompt batching is given — a fact about the server's kind, as its model is:
+    # infer, like vLLM, SGLang and TGI, packs prompts with the decodes — and the other
+    # mechanisms searched (searched too, noisy probes picked padded prompts in two
+    # measurements of five).
+    CALIBRATE_SET=(--prefill-batching packed)
+    ;;
+  llama.cpp)
+    LLAMA_SERVER=${LLAMA_SERVER:-$FOREIGN/llama-server}
+    GGUF=${GGUF:-$FOREIGN/$(basename "$MODEL")-bf16.gguf}
+    # Slots erased between workloads need --slot-save-path; the host-RAM prompt cache
+    # (--cache-ram) is off so that an erased slot's prompt does not come back from it.
+    start_server() {
+      mkdir -p "$OUT/slots"
+      "$LLAMA_SERVER" -m "$GGUF" --port "$PORT" -np 16 -c 65536 -b 2048 -ub 512 -t 2 \
+        --cache-ram 0 --slot-save-path "$OUT/slots" >> "$OUT/serve.log" 2>&1 &
+      SERVER_PID=$!
+    }
+    reset_cache() {
+      for slot in $(seq 0 15); do
+        curl -sf -X POST "$URL/slots/$slot?action=erase" > /dev/null
+      done
+    }
+    # llama.cpp's server as the core describes it: one 4,096-token slot per sequence (-c
+    # 65536 over -np 16) with per-slot prompt reuse, and every step's tokens up to the
+    # logical batch (-b 2048), decodes first, run as micro-batches of -ub 512 tokens.
+    SERVER_SET=(--set server.max_batch_size=16 --set server.kv_cache_backend=contiguous
+      --set server.num_gpu_blocks=4096 --set server.block_size=16
+      --set server.max_model_len=4096 --set server.chunked_prefill=true
+      --set server.prefill_chunk_size=2048 --set server.prefix_caching=true)
+    CALIBRATE_SET=(--prefill-batching packed --micro-batch-tokens 512)
+    ;;
+  transformers)
+    # Its defaults: 256-token pages, 8,192 batch tokens; the pool sized here (64 pages,
+    # 16,384 tokens: every seed workload's 16 sequences fit) rather than from free memory.
+    start_server() {
+      transformers serve "$MODEL" --continuous-batching --device cpu --port "$PORT" \
+        --cb-block-size 256 --cb-num-blocks 64 --cb-max-batch-tokens 8192 \
+        >> "$OUT/serve.log" 2>&1 &
+      SERVER_PID=$!
+    }
+    # No endpoint empties its prefix cache: the server is started again.
+    reset_cache() {
+      kill "$SERVER_PID"; wait "$SERVER_PID" 2> /dev/null || true
+      start_server; wait_ready
+    }
+    SERVER_SET=(--set server.max_batch_size=1024 --set server.num_gpu_blocks=64
+      --set server.block_size=256 --set server.max_model_len=4096
+      --set server.chunked_prefill=true --set server.prefill_chunk_size=8192
+      --set server.prefix_caching=true --set workload.ignore_eos=false)
+    CALIBRATE_SET=(--prefill-batching packed)
+    # Its /v1/models answers 500 for a local directory: the model is named.
+    NAME=(--model "$MODEL")
+    ;;
+  *)
+    echo "SERVER must be infer, llama.cpp or transformers, not \`$SERVER'" >&2
+    exit 2
+    ;;
+esac
+# SIM_SET: more `--set key=value` words for the simulator's description (e.g. to try
+# another reading of the server: SIM_SET="--set server.kv_cache_backend=paged").
+read -ra sim_set <<< "${SIM_SET:-}"
+SERVER_SET=(--set "server.model=$MODEL" --set server.hardware=cpu-zen4-2c "${SERVER_SET[@]}"
+  "${sim_set[@]}")
 
-"$BIN/engine" serve --model "$MODEL" --port "$PORT" "${SERVE_FLAGS[@]}" --step-log "$OUT/steps.csv" \
-  > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do
-  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  sleep 1
-done
+wait_ready() {
+  for _ in $(seq 1 300); do
+    curl -sf "$URL/health" > /dev/null && return 0
+    sleep 1
+  done
+  echo "$SERVER: no answer from $URL/health in 300 s (log: $OUT/serve.log)" >&2
+  exit 1
+}
+start_server
+trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
+wait_ready
 
-URL="http://127.0.0.1:$PORT"
 "$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
-  --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
-# The prompt batching is given — a fact about the server's kind, as its model is: infer, like
-# vLLM, SGLang and TGI, packs prompts with the decodes — and the other mechanisms searched
-# (searched too, noisy probes picked padded prompts in two measurements of five).
-"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --prefill-batching packed \
-  --engine "engine serve on cpu-zen4-2c" --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
+  "${NAME[@]}" --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
+"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms "${CALIBRATE_SET[@]}" \
+  --engine "$SERVER on cpu-zen4-2c" --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
 # Second stage, under the mechanisms just chosen: the random pause per step that puts a
 # single stream's ITL P99 above its P50 (with the step overhead, whose mean it shares), and
 # the decode's two costs — the bandwidth that sets a single stream's floor and the decode
@@ -69,8 +152,9 @@ SET=("${SERVER_SET[@]}" --set "workload.num_requests=$REQUESTS")
 for r in $(seq 1 "$REPEATS"); do
   dir=measured; [ "$r" -gt 1 ] && dir=measured-$r
   for w in "${WORKLOADS[@]}"; do
+    reset_cache
     "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
-      --tokenizer "$MODEL" --reset-prefix-cache --no-progress --out "$OUT/$dir/$w" > /dev/null
+      "${NAME[@]}" --tokenizer "$MODEL" --no-progress --out "$OUT/$dir/$w" > /dev/null
   done
 done
 for w in "${WORKLOADS[@]}"; do

@@ -102,10 +102,12 @@ pub fn scenario_text(base: &Scenario, probe: &Probe) -> Result<String> {
             .iter()
             .position(|p| p.name == probe.name)
             .unwrap_or(0);
+    // Outputs run to their length unless the base scenario says the server refuses
+    // `ignore_eos` (transformers' does): `--set workload.ignore_eos=false`.
     let mut out = format!(
         "name = \"probe-{}\"\ndescription = \"engine probe: {}\"\n\n[workload]\nseed = {seed}\n\
-         ignore_eos = true\n{}\n\n[arrival]\n{}\n",
-        probe.name, probe.name, probe.workload, probe.arrival
+         ignore_eos = {}\n{}\n\n[arrival]\n{}\n",
+        probe.name, probe.name, base.workload.ignore_eos, probe.workload, probe.arrival
     );
     for section in ["server", "sim"] {
         if let Some(v) = base.resolved.get(section) {
@@ -212,6 +214,13 @@ mod tests {
             assert_eq!(s.server, base.server, "{}", p.name);
             assert_eq!(s.server.max_batch_size, 7);
             assert!(s.workload.ignore_eos && s.workload.warmup_requests == 1);
+        }
+        // A server that refuses `ignore_eos` is probed without it.
+        let off = ["workload.ignore_eos=false".to_string()];
+        let base = Scenario::parse(file, &text, &off).unwrap();
+        for p in &PROBES {
+            let s = Scenario::parse(p.name, &scenario_text(&base, p).unwrap(), &[]).unwrap();
+            assert!(!s.workload.ignore_eos, "{}", p.name);
         }
         let seeds: std::collections::BTreeSet<u64> = PROBES
             .iter()
