@@ -68,12 +68,16 @@ impl BenchOptions {
         }
     }
 
-    /// The HTTP client every request of a run goes through. Idle connections are dropped
-    /// before servers close them (uvicorn, so vLLM, after 5 s; `engine serve` after 10 s):
-    /// reusing one the server is closing would fail a request.
+    /// The HTTP client every request of a run goes through. It keeps no idle connection:
+    /// each request opens its own, as vLLM's `benchmark_serving.py` long did (an aiohttp
+    /// session per request). A request sent on a connection the server is closing fails
+    /// unsent, and servers close idle ones on schedules of their own (uvicorn, so vLLM,
+    /// after 5 s; `engine serve` after 10 s): llama.cpp's server failed 1–2 requests of
+    /// some probes even with idle connections dropped after 4 s. A loopback connect costs
+    /// tens of microseconds.
     pub fn http_client(&self) -> Result<reqwest::Client> {
         Ok(reqwest::Client::builder()
-            .pool_idle_timeout(std::time::Duration::from_secs(4))
+            .pool_max_idle_per_host(0)
             .build()?)
     }
 
