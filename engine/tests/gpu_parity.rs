@@ -181,6 +181,10 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
             .collect(),
     };
     let mut logits = Vec::new();
+    // Each model's pool stays alive to the end, so the pool made below for the refusal lies
+    // elsewhere: a pool allocated after this one was freed may reuse its very addresses, and
+    // a graph replayed there reads and writes live memory of the right shape.
+    let mut pools = Vec::new();
     for lm in [&cpu, &gpu, &graphed] {
         let mut kv = lm.model.new_kv_cache(8, BLOCK)?;
         for i in 0..2 {
@@ -205,6 +209,7 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
             decodes.push(lm.model.forward(&batch, &mut kv)?);
         }
         logits.push((step, decodes));
+        pools.push(kv);
     }
     let (cpu_step, cpu_decodes) = &logits[0];
     let (gpu_step, gpu_decodes) = &logits[1];
@@ -241,7 +246,8 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
         1,
         "one bucket (2 sequences) captured"
     );
-    // A decode step of that bucket over another pool is refused, not replayed on the first.
+    // A decode step of that bucket over another live pool of the same shape is refused, not
+    // replayed on the first.
     let mut other = graphed.model.new_kv_cache(8, BLOCK)?;
     let batch = ForwardBatch {
         seqs: (0..2)
@@ -256,6 +262,7 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
     };
     let e = graphed.model.forward(&batch, &mut other).unwrap_err();
     assert!(e.to_string().contains("another KV pool"), "{e}");
+    drop(pools);
     println!("gpu_parity[mixed+graphs]: ok");
     Ok(())
 }
