@@ -36,6 +36,8 @@ mkdir -p "$OUT"
 # without it a workload or repeat finds the prompts of the one before cached), and the same
 # configuration for the simulator (SERVER_SET) and for `sim calibrate` (CALIBRATE_SET).
 NAME=()
+# FIT_MORE: coefficients the second stage fits beside its own (below), per server.
+FIT_MORE=""
 case $SERVER in
   infer)
     start_server() {
@@ -79,6 +81,11 @@ case $SERVER in
       --set server.max_model_len=4096 --set server.chunked_prefill=true
       --set server.prefill_chunk_size=2048 --set server.prefix_caching=true)
     CALIBRATE_SET=(--prefill-batching packed --micro-batch-tokens 512)
+    # Its CPU backend decodes one sequence by matrix-vector products, far faster than the
+    # line through larger batches (probes: 55-66 ms at one sequence, 134-159 at four,
+    # 173-196 at sixteen): that decode's own bandwidth, with the per-sequence and matmul
+    # costs that the first stage had bent to the single stream, fitted again beside it.
+    FIT_MORE=",single_decode_bandwidth_efficiency,per_seq_overhead_s,compute_efficiency"
     ;;
   transformers)
     # Its defaults: 256-token pages, 8,192 batch tokens; the pool sized here (64 pages,
@@ -138,7 +145,7 @@ wait_ready
 # Its last step also refits those four on 8 bootstrap resamples of the probes: their spread,
 # which the predictions' intervals take (with the fit's errors on the probes).
 "$BIN/sim" calibrate "$OUT"/probe/*/ --start "$OUT/calibration.toml" \
-  --fit step_jitter_s,step_overhead_s,bandwidth_efficiency,decode_attention_efficiency \
+  --fit "step_jitter_s,step_overhead_s,bandwidth_efficiency,decode_attention_efficiency$FIT_MORE" \
   --bootstrap 8 --out "$OUT/calibration.toml" | tee -a "$OUT/calibrate.txt"
 
 # Each workload is measured REPEATS times, round-robin (so that the repeats sample the

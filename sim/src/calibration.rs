@@ -28,6 +28,8 @@
 //! attention_efficiency = 0.3
 //! decode_attention_efficiency = 0.003  # optional (default: attention_efficiency)
 //! bandwidth_efficiency = 0.85
+//! single_decode_bandwidth_efficiency = 0.6  # optional: a decode pass of one sequence
+//!                              #   (matrix-vector products; default: bandwidth_efficiency)
 //! step_overhead_s = 0.003
 //! per_seq_overhead_s = 0.0013
 //! client_request_s = 0.003
@@ -69,6 +71,12 @@ pub struct Calibration {
     pub decode_attention_efficiency: f64,
     /// Fraction of the peak memory bandwidth streaming reads reach.
     pub bandwidth_efficiency: f64,
+    /// The same for a decode pass of a single sequence, where it differs (`None`:
+    /// `bandwidth_efficiency`). Engines run that pass as matrix-vector products, a kernel
+    /// path of its own, and on a CPU it can sit far off the line through larger batches:
+    /// llama.cpp's server decodes one sequence of the generated 0.5B Llama in 66 ms, four
+    /// in 159 and sixteen in 196 (two cores; docs/results/foreign-servers-cpu.md).
+    pub single_decode_bandwidth_efficiency: Option<f64>,
     /// Host time per step not hidden behind the GPU (scheduling, input preparation).
     pub step_overhead_s: f64,
     /// Host time per scheduled sequence (block tables, sampling, detokenising).
@@ -318,6 +326,9 @@ pub struct Coefficients {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decode_attention_efficiency: Option<f64>,
     pub bandwidth_efficiency: f64,
+    /// Absent: as `bandwidth_efficiency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub single_decode_bandwidth_efficiency: Option<f64>,
     pub step_overhead_s: f64,
     pub per_seq_overhead_s: f64,
     pub client_request_s: f64,
@@ -393,6 +404,11 @@ impl CalibrationFile {
                         .unwrap_or(c.attention_efficiency),
                 ),
                 ("bandwidth_efficiency", c.bandwidth_efficiency),
+                (
+                    "single_decode_bandwidth_efficiency",
+                    c.single_decode_bandwidth_efficiency
+                        .unwrap_or(c.bandwidth_efficiency),
+                ),
             ] {
                 if !(v > 0.0 && v <= 1.0) {
                     return Err(at(key, format!("must be in (0, 1], got {v}")));
@@ -579,6 +595,7 @@ impl Coefficients {
         };
         for v in [
             &mut self.decode_attention_efficiency,
+            &mut self.single_decode_bandwidth_efficiency,
             &mut self.static_step_overhead_s,
             &mut self.static_per_seq_overhead_s,
         ]
@@ -612,6 +629,7 @@ impl Coefficients {
             decode_attention_efficiency: (c.decode_attention_efficiency != c.attention_efficiency)
                 .then_some(c.decode_attention_efficiency),
             bandwidth_efficiency: c.bandwidth_efficiency,
+            single_decode_bandwidth_efficiency: c.single_decode_bandwidth_efficiency,
             step_overhead_s: c.step_overhead_s,
             per_seq_overhead_s: c.per_seq_overhead_s,
             client_request_s: c.client.request_s,
@@ -654,6 +672,7 @@ impl Calibration {
             attention_efficiency: 0.5,
             decode_attention_efficiency: 0.5,
             bandwidth_efficiency: 0.8,
+            single_decode_bandwidth_efficiency: None,
             step_overhead_s: 1.0e-3,
             per_seq_overhead_s: 30e-6,
             step_jitter_s: 0.0,
@@ -718,6 +737,7 @@ impl Calibration {
                 .decode_attention_efficiency
                 .unwrap_or(c.attention_efficiency),
             bandwidth_efficiency: c.bandwidth_efficiency,
+            single_decode_bandwidth_efficiency: c.single_decode_bandwidth_efficiency,
             step_overhead_s: c.step_overhead_s,
             per_seq_overhead_s: c.per_seq_overhead_s,
             step_jitter_s: c.step_jitter_s,
@@ -878,6 +898,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("mechanisms.micro_batch_tokens"), "{e}");
+        // A single sequence's decode bandwidth: kept through a round trip and into the
+        // calibration (the file's first model, Gemma 3); outside (0, 1] refused naming the
+        // key.
+        let gemv = text.replacen(
+            "bandwidth_efficiency = ",
+            "single_decode_bandwidth_efficiency = 0.314\nbandwidth_efficiency = ",
+            1,
+        );
+        let g = CalibrationFile::parse("gemv.toml", &gemv).unwrap();
+        assert_eq!(
+            CalibrationFile::parse("again.toml", &g.to_toml()).unwrap(),
+            g
+        );
+        let gemma = find_model("gemma-3-1b").unwrap();
+        let c = g.calibration("gemv.toml", &hw, &gemma).unwrap();
+        assert_eq!(c.single_decode_bandwidth_efficiency, Some(0.314));
+        let e = CalibrationFile::parse("fast.toml", &gemv.replace("= 0.314", "= 1.5"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("single_decode_bandwidth_efficiency"), "{e}");
         let e = f
             .calibration(name, &find_hardware("l4").unwrap(), &llama)
             .unwrap_err()

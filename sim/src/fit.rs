@@ -200,6 +200,7 @@ pub enum Param {
     AttentionEfficiency,
     DecodeAttentionEfficiency,
     BandwidthEfficiency,
+    SingleDecodeBandwidthEfficiency,
     StepOverhead,
     PerSeqOverhead,
     ClientRequest,
@@ -211,11 +212,12 @@ pub enum Param {
 }
 
 impl Param {
-    pub const ALL: [Param; 12] = [
+    pub const ALL: [Param; 13] = [
         Param::ComputeEfficiency,
         Param::AttentionEfficiency,
         Param::DecodeAttentionEfficiency,
         Param::BandwidthEfficiency,
+        Param::SingleDecodeBandwidthEfficiency,
         Param::StepOverhead,
         Param::PerSeqOverhead,
         Param::ClientRequest,
@@ -233,6 +235,7 @@ impl Param {
             Param::AttentionEfficiency => "attention_efficiency",
             Param::DecodeAttentionEfficiency => "decode_attention_efficiency",
             Param::BandwidthEfficiency => "bandwidth_efficiency",
+            Param::SingleDecodeBandwidthEfficiency => "single_decode_bandwidth_efficiency",
             Param::StepOverhead => "step_overhead_s",
             Param::PerSeqOverhead => "per_seq_overhead_s",
             Param::ClientRequest => "client_request_s",
@@ -265,6 +268,11 @@ impl Param {
                 .decode_attention_efficiency
                 .get_or_insert(c.attention_efficiency),
             Param::BandwidthEfficiency => &mut c.bandwidth_efficiency,
+            // Absent, a single sequence's decode reads as fast as any pass: a fit starts
+            // there.
+            Param::SingleDecodeBandwidthEfficiency => c
+                .single_decode_bandwidth_efficiency
+                .get_or_insert(c.bandwidth_efficiency),
             Param::StepOverhead => &mut c.step_overhead_s,
             Param::PerSeqOverhead => &mut c.per_seq_overhead_s,
             Param::ClientRequest => &mut c.client_request_s,
@@ -288,6 +296,7 @@ impl Param {
                 | Param::AttentionEfficiency
                 | Param::DecodeAttentionEfficiency
                 | Param::BandwidthEfficiency
+                | Param::SingleDecodeBandwidthEfficiency
         )
     }
 
@@ -298,7 +307,7 @@ impl Param {
             Param::ComputeEfficiency | Param::AttentionEfficiency => (0.01, 0.8),
             // A decode kernel that walks a long context block by block can be 100x off.
             Param::DecodeAttentionEfficiency => (1e-3, 0.8),
-            Param::BandwidthEfficiency => (0.01, 1.0),
+            Param::BandwidthEfficiency | Param::SingleDecodeBandwidthEfficiency => (0.01, 1.0),
             _ => (1e-6, 1.0),
         }
     }
@@ -924,6 +933,13 @@ pub fn render_coverage(covered: &[Covered], seeds: usize) -> String {
 }
 
 /// ", static batching's host X ms + Y ms per sequence" where a calibration has its own.
+/// ", single-sequence decode bandwidth_efficiency X" where the fit has its own, else "".
+fn single_decode_note(c: &Coefficients) -> String {
+    c.single_decode_bandwidth_efficiency
+        .map(|e| format!(", single-sequence decode bandwidth_efficiency {e:.3}"))
+        .unwrap_or_default()
+}
+
 fn static_host_note(c: &Coefficients) -> String {
     if c.static_step_overhead_s.is_none() && c.static_per_seq_overhead_s.is_none() {
         return String::new();
@@ -982,7 +998,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             s,
             "{}: compute_efficiency {:.3}, attention_efficiency {:.3} (decode {:.4}), \
              bandwidth_efficiency {:.3}, step_overhead {:.2} ms, per_seq_overhead {:.3} ms, client request {:.2} ms, \
-             stream {:.2} ms, static batch window {:.1} ms{}{} (loss {:.4}, {} evaluations)",
+             stream {:.2} ms, static batch window {:.1} ms{}{}{} (loss {:.4}, {} evaluations)",
             f.model,
             c.compute_efficiency,
             c.attention_efficiency,
@@ -995,6 +1011,7 @@ pub fn render(rows: &[Row], fit: &Fit) -> String {
             c.client_stream_s * 1e3,
             c.static_batch_window_s * 1e3,
             static_host_note(c),
+            single_decode_note(c),
             crate::calibration::jitter_note(c.step_jitter_s),
             f.loss,
             f.evaluations
@@ -1121,6 +1138,45 @@ mod tests {
 
     /// Bootstrap refits: the same every time (seeded), one per resample and model, each
     /// moving only the coefficients named; and their residuals are ln(measured/predicted).
+    /// A single stream's decode and a batch's decodes tell the two bandwidths apart: the fit
+    /// recovers a single-sequence efficiency far below the batches' (and leaves it absent
+    /// when not asked to fit it).
+    #[test]
+    fn a_fit_tells_a_single_sequences_decode_from_a_batchs() {
+        let overrides = [
+            vec!["server.model=llama-3.2-3b"],
+            vec![
+                "server.model=llama-3.2-3b",
+                "arrival.kind=concurrency",
+                "arrival.max_concurrency=4",
+                "workload.num_requests=8",
+            ],
+        ];
+        let mut truth =
+            Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
+        truth.bandwidth_efficiency = 0.7;
+        truth.single_decode_bandwidth_efficiency = Some(0.3);
+        let mut targets = measured_targets(&overrides, &truth);
+        let params = [
+            Param::BandwidthEfficiency,
+            Param::SingleDecodeBandwidthEfficiency,
+        ];
+        let fit = fit_all(&mut targets, &Mechanisms::default(), &params, None).unwrap();
+        let c = fit.models[0].coefficients;
+        let close = |a: f64, b: f64| (a - b).abs() / b < 0.1;
+        assert!(close(c.bandwidth_efficiency, 0.7), "{c:?}");
+        let single = c.single_decode_bandwidth_efficiency.expect("fitted");
+        assert!(close(single, 0.3), "{c:?}");
+        assert!(render(&rows(&mut targets, &fit), &fit).contains("single-sequence decode"));
+        let fit = fit_all(&mut targets, &Mechanisms::default(), &params[..1], None).unwrap();
+        assert_eq!(
+            fit.models[0]
+                .coefficients
+                .single_decode_bandwidth_efficiency,
+            None
+        );
+    }
+
     #[test]
     fn bootstrap_refits_are_seeded_and_move_only_what_they_refit() {
         let mut truth =

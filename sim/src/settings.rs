@@ -10,6 +10,7 @@
 //! attention_efficiency = 0.1
 //! decode_attention_efficiency = 0.003
 //! bandwidth_efficiency = 0.85
+//! single_decode_bandwidth_efficiency = 0.6  # a decode pass of one sequence (GEMV)
 //! step_overhead_s = 0.004
 //! per_seq_overhead_s = 0.0001
 //! step_jitter_s = 0.002            # mean random host pause per step
@@ -64,6 +65,7 @@ pub struct SimSettings {
     pub attention_efficiency: Option<f64>,
     pub decode_attention_efficiency: Option<f64>,
     pub bandwidth_efficiency: Option<f64>,
+    pub single_decode_bandwidth_efficiency: Option<f64>,
     pub step_overhead_s: Option<f64>,
     pub per_seq_overhead_s: Option<f64>,
     pub step_jitter_s: Option<f64>,
@@ -112,6 +114,10 @@ impl SimSettings {
             ("attention_efficiency", s.attention_efficiency),
             ("decode_attention_efficiency", s.decode_attention_efficiency),
             ("bandwidth_efficiency", s.bandwidth_efficiency),
+            (
+                "single_decode_bandwidth_efficiency",
+                s.single_decode_bandwidth_efficiency,
+            ),
         ];
         for (key, v) in fraction {
             if let Some(v) = v {
@@ -231,7 +237,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 30] = [
+    const KNOWN: [&str; 31] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -239,6 +245,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "attention_efficiency",
         "decode_attention_efficiency",
         "bandwidth_efficiency",
+        "single_decode_bandwidth_efficiency",
         "step_overhead_s",
         "per_seq_overhead_s",
         "step_jitter_s",

@@ -272,6 +272,9 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         s.decode_attention_efficiency,
     );
     set(&mut cal.bandwidth_efficiency, s.bandwidth_efficiency);
+    if s.single_decode_bandwidth_efficiency.is_some() {
+        cal.single_decode_bandwidth_efficiency = s.single_decode_bandwidth_efficiency;
+    }
     // `step_overhead_s` and `per_seq_overhead_s` set the host costs of whatever batching
     // the scenario runs; `static_…` ones set static batching's alone.
     if let Some(v) = s.step_overhead_s {

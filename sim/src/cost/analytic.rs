@@ -15,6 +15,8 @@
 //!          + layers × heads × score elements × 16 / tp   attention_scores = materialized:
 //!            every score written and read on its way through the softmax
 //! memory   = bytes / (bandwidth × bandwidth_efficiency)
+//!            (a decode pass of one sequence: × single_decode_bandwidth_efficiency where
+//!            the calibration has one; it runs matrix-vector products, a path of its own)
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
 //!          = graph_launch_s                                   CUDA graphs, decode-only pass
 //! pass     = max(compute, memory, launch)       (roofline = "serial": compute + memory)
@@ -326,8 +328,11 @@ impl Analytic {
                 (m.layers * m.heads) as f64 * p.score_elements * SCORE_TRAFFIC_BYTES
             }
         };
-        let memory =
-            (m.weight_bytes() + kv + scores) / tp / (hw.bandwidth * cal.bandwidth_efficiency);
+        let bandwidth_efficiency = match cal.single_decode_bandwidth_efficiency {
+            Some(e) if p.decode_only && p.tokens == 1.0 => e,
+            _ => cal.bandwidth_efficiency,
+        };
+        let memory = (m.weight_bytes() + kv + scores) / tp / (hw.bandwidth * bandwidth_efficiency);
         let graph = self.cuda_graphs && p.decode_only;
         let (launch, replay) = if graph {
             (hw.graph_launch_s, cal.graph_replay_factor)
@@ -810,6 +815,39 @@ mod tests {
         };
         let s = mixed(1, 64);
         assert_eq!(padded(None).terms(&s), padded(Some(16)).terms(&s));
+    }
+
+    /// A decode pass of one sequence reads at its own efficiency where the calibration has
+    /// one; a pass of two sequences, or one with a prompt, does not; without one, nothing
+    /// changes.
+    #[test]
+    fn a_single_sequence_decode_reads_at_its_own_efficiency() {
+        let (plain, gemv) = (
+            rtx5080_llama(|c| c),
+            rtx5080_llama(|c| Calibration {
+                single_decode_bandwidth_efficiency: Some(0.4),
+                ..c
+            }),
+        );
+        let one = decode(1, 512);
+        let (t, g) = (plain.terms(&one), gemv.terms(&one));
+        assert!(
+            (g.memory / t.memory - 0.8 / 0.4).abs() < 1e-9,
+            "half the bandwidth: {t:?} {g:?}"
+        );
+        assert_eq!(t.compute, g.compute, "the same work");
+        for shape in [decode(2, 512), mixed(1, 64)] {
+            assert_eq!(plain.terms(&shape), gemv.terms(&shape), "{shape:?}");
+        }
+        let tied = rtx5080_llama(|c| Calibration {
+            single_decode_bandwidth_efficiency: Some(c.bandwidth_efficiency),
+            ..c
+        });
+        assert_eq!(
+            tied.terms(&one),
+            t,
+            "equal to bandwidth_efficiency: no change"
+        );
     }
 
     #[test]
