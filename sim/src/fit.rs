@@ -1085,6 +1085,21 @@ mod tests {
         targets
     }
 
+    /// Overrides of three Llama runs: a single stream, a single stream of 1,024-token
+    /// prompts, and four streams at once.
+    fn llama_runs() -> [Vec<&'static str>; 3] {
+        [
+            vec!["server.model=llama-3.2-3b"],
+            vec!["server.model=llama-3.2-3b", "workload.prompt_tokens=1024"],
+            vec![
+                "server.model=llama-3.2-3b",
+                "arrival.kind=concurrency",
+                "arrival.max_concurrency=4",
+                "workload.num_requests=8",
+            ],
+        ]
+    }
+
     /// A calibration file holding `c` for Llama on the RTX 5080, default mechanisms.
     fn llama_file(c: Coefficients) -> CalibrationFile {
         Fit {
@@ -1103,16 +1118,8 @@ mod tests {
     #[test]
     fn a_fit_recovers_the_coefficients_that_made_its_targets() {
         // Make "measurements" with known coefficients, then fit from the defaults.
-        let overrides = [
-            vec!["server.model=llama-3.2-3b"],
-            vec!["server.model=llama-3.2-3b", "workload.prompt_tokens=1024"],
-            vec![
-                "server.model=llama-3.2-3b",
-                "arrival.kind=concurrency",
-                "arrival.max_concurrency=4",
-                "workload.num_requests=8",
-            ],
-        ];
+        let [single, long_prompt, batch_of_4] = llama_runs();
+        let overrides = [single, long_prompt, batch_of_4];
         let mut truth =
             Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
         truth.compute_efficiency = 0.3;
@@ -1143,15 +1150,8 @@ mod tests {
     /// when not asked to fit it).
     #[test]
     fn a_fit_tells_a_single_sequences_decode_from_a_batchs() {
-        let overrides = [
-            vec!["server.model=llama-3.2-3b"],
-            vec![
-                "server.model=llama-3.2-3b",
-                "arrival.kind=concurrency",
-                "arrival.max_concurrency=4",
-                "workload.num_requests=8",
-            ],
-        ];
+        let [single, _, batch_of_4] = llama_runs();
+        let overrides = [single, batch_of_4];
         let mut truth =
             Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
         truth.bandwidth_efficiency = 0.7;

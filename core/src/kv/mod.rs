@@ -94,12 +94,6 @@ pub struct PrefixMatch {
     pub tokens: usize,
 }
 
-impl PrefixMatch {
-    pub fn num_tokens(&self) -> usize {
-        self.tokens
-    }
-}
-
 /// A broken invariant of the KV manager or the scheduler: a bug, described. The message
 /// starts with the invariant's number in `docs/design.md` (`INV-3: …`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

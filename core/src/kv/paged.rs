@@ -354,7 +354,7 @@ mod tests {
         let mut longer = prompt.clone();
         longer.extend([99, 98]);
         let m = kv.lookup_prefix(&longer);
-        assert_eq!(m.num_tokens(), 12);
+        assert_eq!(m.tokens, 12);
         let mut b = kv.new_seq();
         assert!(kv.allocate(&mut b, &m, 14));
         assert_eq!(&b.blocks[..3], &a.blocks[..]);

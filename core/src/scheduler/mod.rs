@@ -576,7 +576,7 @@ impl Scheduler {
             } else {
                 PrefixMatch::default()
             };
-            let hit = prefix.num_tokens();
+            let hit = prefix.tokens;
             let rest = seq.tokens.len() - hit;
             if !chunked && rest > budget {
                 break; // prefilled whole or not at all; nobody overtakes the head
