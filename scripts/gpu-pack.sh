@@ -6,6 +6,7 @@
 # from this folder alone:
 #   scripts/gpu-pack.sh                        # here
 #   (on the GPU machine, folder carried over)  bash gpu-pack/gpu-check.sh
+# or, through the device tool (one time-boxed call, logs packed): bash gpu-pack/gpu-device-run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=gpu-pack
@@ -32,6 +33,6 @@ cp "$(test_bin infer-engine gpu_parity)" "$out/bin/gpu_parity"
 strip "$out"/bin/*
 
 cp -r scenarios "$out/"
-cp scripts/gpu-check.sh scripts/oracle_check.py "$out/"
+cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py "$out/"
 du -sh "$out"
 echo "packed $out: run 'bash $out/gpu-check.sh' on the GPU machine"
