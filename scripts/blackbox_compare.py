@@ -5,7 +5,11 @@ many of the repeats fell inside the prediction's 90% interval (its summary.json'
 and `KEY_hi`: `sim run`'s seeds and the calibration's recorded errors on the probes).
 Last, how many measured requests failed or ended before the length the workload gave them
 (a server that refuses `ignore_eos` stops where the model ends an output; the simulation
-runs every output to its length).
+runs every output to its length), and how many streamed fewer chunks than tokens: a server
+that holds text ending mid-character back (llama.cpp's, transformers') sends such tokens late,
+together, so the client's TTFT and gaps time the holding (`engine bench --whole-characters`
+bans those tokens). A request's chunks are counted from its timeline: its gaps,
+(e2e - TTFT) / mean ITL (the stream's end follows its last chunk at once), plus one.
 
     python3 scripts/blackbox_compare.py OUT REPEATS WORKLOAD...
 """
@@ -66,7 +70,7 @@ def main(out, repeats, workloads):
               f"({hits / n * 100:.0f}%), median width {median([r[2] for r in rows]):.0f}%;",
               ", ".join(f"{k} {sum(r[0] for r in v)}/{sum(r[1] for r in v)}"
                         for k, v in inside.items()))
-    short, failed, total = 0, 0, 0
+    short, failed, total, held, chunks, tokens = 0, 0, 0, 0, 0, 0
     for w in workloads:
         with open(f"{out}/predicted/{w}/requests.csv") as f:
             wanted = {r["id"]: int(r["output_tokens"]) for r in csv.DictReader(f)}
@@ -78,7 +82,14 @@ def main(out, repeats, workloads):
                         failed += 1
                     elif int(r["output_tokens"]) < wanted.get(r["id"], 0):
                         short += 1
-    print(f"measured requests: {total}, {failed} failed, {short} ended before their length")
+                    if r["success"] == "true" and r["itl_mean_ms"]:
+                        n = int(r["output_tokens"])
+                        seen = round((float(r["e2e_ms"]) - float(r["ttft_ms"]))
+                                     / float(r["itl_mean_ms"])) + 1
+                        chunks, tokens = chunks + min(seen, n), tokens + n
+                        held += seen < n
+    print(f"measured requests: {total}, {failed} failed, {short} ended before their length, "
+          f"{held} streamed fewer chunks than tokens ({chunks} chunks for {tokens} tokens)")
 
 
 if __name__ == "__main__":

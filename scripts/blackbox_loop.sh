@@ -2,7 +2,8 @@
 # The black-box predict -> verify loop on this machine, as a user would run it against a
 # server that is not theirs: probe the server (`engine probe`), fit a calibration to the
 # probes (`sim calibrate`, no profile: the mechanisms and the main coefficients, then the
-# step jitter and the decode's costs as a second stage), predict the five seed workloads
+# step jitter and the decode's costs as a second stage; it also prints which KV layout the
+# probes support, paged blocks or slots, beside the one SERVER gives), predict the five seed workloads
 # with it (`sim run`) and measure them (`engine bench`, REPEATS times: default 2), then print
 # both side by side with the repeats' spread (`scripts/blackbox_compare.py`).
 #
@@ -36,6 +37,8 @@ mkdir -p "$OUT"
 # without it a workload or repeat finds the prompts of the one before cached), and the same
 # configuration for the simulator (SERVER_SET) and for `sim calibrate` (CALIBRATE_SET).
 NAME=()
+# CLIENT: more flags for `engine probe` and `engine bench`, per server.
+CLIENT=()
 # FIT_MORE: coefficients the second stage fits beside its own (below), per server.
 FIT_MORE=""
 case $SERVER in
@@ -86,8 +89,17 @@ case $SERVER in
     # 173-196 at sixteen): that decode's own bandwidth, with the per-sequence and matmul
     # costs that the first stage had bent to the single stream, fitted again beside it.
     FIT_MORE=",single_decode_bandwidth_efficiency,per_seq_overhead_s,compute_efficiency"
+    # It streams nothing while the text ends mid-character, and the random-weight model
+    # generates runs of partial-character tokens: one request's first chunk came 44 s after
+    # its first token (runs/bb-llama-2, paged_attention). Those tokens are banned.
+    CLIENT=(--whole-characters)
     ;;
   transformers)
+    # Its stream sends nothing for an id its tokenizer lacks, and a generated model's
+    # tokenizer has 3,043 entries for 32,768 ids: served with every id whole text
+    # (scripts/whole_vocab.py: the weights linked, the tokenizer filled).
+    python3 scripts/whole_vocab.py "$MODEL" "$OUT/model"
+    MODEL=$OUT/model
     # Its defaults: 256-token pages, 8,192 batch tokens; the pool sized here (64 pages,
     # 16,384 tokens: every seed workload's 16 sequences fit) rather than from free memory.
     start_server() {
@@ -133,8 +145,8 @@ trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
 wait_ready
 
 "$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
-  "${NAME[@]}" --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
-"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms "${CALIBRATE_SET[@]}" \
+  "${NAME[@]}" "${CLIENT[@]}" --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
+"$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --search-policies "${CALIBRATE_SET[@]}" \
   --engine "$SERVER on cpu-zen4-2c" --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
 # Second stage, under the mechanisms just chosen: the random pause per step that puts a
 # single stream's ITL P99 above its P50 (with the step overhead, whose mean it shares), and
@@ -161,7 +173,7 @@ for r in $(seq 1 "$REPEATS"); do
   for w in "${WORKLOADS[@]}"; do
     reset_cache
     "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
-      "${NAME[@]}" --tokenizer "$MODEL" --no-progress --out "$OUT/$dir/$w" > /dev/null
+      "${NAME[@]}" "${CLIENT[@]}" --tokenizer "$MODEL" --no-progress --out "$OUT/$dir/$w" > /dev/null
   done
 done
 for w in "${WORKLOADS[@]}"; do

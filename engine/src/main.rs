@@ -346,6 +346,12 @@ struct BenchArgs {
     /// tokenizer.json). Default: the simulator's approximate tokenizer (~4 characters a token).
     #[arg(long, value_name = "DIR")]
     tokenizer: Option<PathBuf>,
+    /// Ban (`logit_bias` -100) every token of the --tokenizer that alone is part of a
+    /// character, so that each token streams as it is generated: servers hold text that
+    /// ends mid-character back (llama.cpp's, transformers'), and a random-weight model
+    /// generates runs of such tokens.
+    #[arg(long = "whole-characters", requires = "tokenizer")]
+    whole_characters: bool,
     #[arg(long = "no-progress")]
     no_progress: bool,
     /// Read the server counters (prompt and generated tokens, prefix-cache hits,
@@ -373,6 +379,9 @@ struct ProbeArgs {
     /// Cut prompts in the served model's own tokens (its Hugging Face directory).
     #[arg(long, value_name = "DIR")]
     tokenizer: Option<PathBuf>,
+    /// As `engine bench --whole-characters`.
+    #[arg(long = "whole-characters", requires = "tokenizer")]
+    whole_characters: bool,
     /// Only these probes, comma-separated (default: all).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -669,6 +678,9 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     opts.metrics_from = a.metrics_from;
     if let Some(path) = &a.tokenizer {
         opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
+        if a.whole_characters {
+            opts.logit_bias = Some(infer_engine::loadgen::whole_character_bias(path)?);
+        }
     }
     let name = a
         .scenario
@@ -691,6 +703,9 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     opts.api_key = a.target.api_key;
     if let Some(path) = &a.tokenizer {
         opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
+        if a.whole_characters {
+            opts.logit_bias = Some(infer_engine::loadgen::whole_character_bias(path)?);
+        }
     }
     let out = a
         .out

@@ -53,6 +53,8 @@ fn completion(v: &Value) -> Response {
         "temperature",
         "stream",
         "stream_options",
+        // transformers serve takes it (and, on /v1/completions, ignores it).
+        "logit_bias",
     ];
     if let Some(k) = v
         .as_object()
@@ -117,6 +119,34 @@ async fn a_server_that_refuses_ignore_eos_is_benched_without_it_or_told_clearly(
             && e.contains("--set workload.ignore_eos=false"),
         "{e}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logit_bias_goes_with_every_request_and_an_empty_one_with_none() {
+    let (base, seen) = mock(StatusCode::OK).await;
+    let mut opts = BenchOptions::new(&base, scenario());
+    opts.overrides = vec![
+        "workload.num_requests=3".into(),
+        "workload.warmup_requests=1".into(),
+        "workload.output_tokens=4".into(),
+        "workload.ignore_eos=false".into(),
+    ];
+    let bias = json!({"7": -100, "9": -100});
+    opts.logit_bias = Some(bias.clone());
+    let r = loadgen::run(&opts).await.unwrap();
+    assert_eq!((r.summary.completed, r.summary.failed), (3, 0));
+    let bodies = std::mem::take(&mut *seen.lock().unwrap());
+    // The test request, the warm-up and the three measured.
+    assert_eq!(bodies.len(), 5);
+    assert!(bodies.iter().all(|b| b["logit_bias"] == bias), "{bodies:?}");
+
+    opts.logit_bias = Some(json!({}));
+    loadgen::run(&opts).await.unwrap();
+    assert!(seen
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|b| b.get("logit_bias").is_none()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@
 //! searched over: each combination is fitted and the best kept.
 
 use crate::error::SimError;
-use infer_core::FileError;
+use infer_core::{FileError, KvBackend};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -652,6 +652,61 @@ pub fn fit_all(
     })
 }
 
+/// The KV layouts `sim calibrate --search-policies` tries (`server.kv_cache_backend`, its
+/// name, what it is), each with its prefix reuse: how a server holds its sequences, which
+/// decides when a prompt is admitted (a free slot, or free blocks) and what it finds
+/// cached (its slot's last prompt, or any earlier prompt's full blocks).
+pub const KV_POLICIES: [(KvBackend, &str, &str); 2] = [
+    (
+        KvBackend::Paged,
+        "paged",
+        "paged blocks with a global prefix cache (vLLM, SGLang, transformers)",
+    ),
+    (
+        KvBackend::Contiguous,
+        "contiguous",
+        "contiguous slots each reusing its last prompt (llama.cpp's server)",
+    ),
+];
+
+/// `targets` with every run's `server.kv_cache_backend` set to `backend`.
+pub fn with_kv_backend(targets: &[Target], backend: KvBackend) -> Result<Vec<Target>, SimError> {
+    targets
+        .iter()
+        .map(|t| {
+            let mut scenario = t.setup.scenario.clone();
+            scenario.server.kv_cache_backend = backend;
+            Ok(Target {
+                setup: setup::prepare(&t.setup.file, scenario)?,
+                ..t.clone()
+            })
+        })
+        .collect()
+}
+
+/// Each run's loss in `rows`, as the fit counts it (the mean Huber loss of its figures' log
+/// errors; 10 for a figure not predicted), in the order the runs come.
+pub fn run_losses(rows: &[Row]) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64, usize)> = Vec::new();
+    for r in rows {
+        let e = if r.predicted > 0.0 && r.predicted.is_finite() {
+            (r.predicted / r.measured).ln()
+        } else {
+            10.0
+        };
+        match out.last_mut() {
+            Some((label, sum, n)) if *label == r.label => {
+                *sum += huber(e);
+                *n += 1;
+            }
+            _ => out.push((r.label.clone(), huber(e), 1)),
+        }
+    }
+    out.into_iter()
+        .map(|(label, sum, n)| (label, sum / n as f64))
+        .collect()
+}
+
 /// Which of the searched mechanisms are given, and so held at `given`'s value.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Held {
@@ -1141,6 +1196,47 @@ mod tests {
         for (m, e) in median_errors(&rows, false) {
             assert!(e.unwrap() < 2.0, "{m}: {e:?}");
         }
+    }
+
+    /// Runs made under contiguous slots are predicted as made under that layout and far
+    /// worse under paged blocks: four streams where two slots of `max_model_len` fit (the
+    /// paged pool admits all four at once). What `--search-policies` reports per run.
+    #[test]
+    fn runs_support_the_kv_layout_that_made_them() {
+        let truth = Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
+        let slots = vec![
+            "server.model=llama-3.2-3b",
+            "server.kv_cache_backend=contiguous",
+            "server.num_gpu_blocks=512",
+            "arrival.kind=concurrency",
+            "arrival.max_concurrency=4",
+            "workload.num_requests=8",
+        ];
+        let mut made = measured_targets(&[slots], &truth);
+        let fit = fit_all(
+            &mut made,
+            &Mechanisms::default(),
+            &[Param::StepOverhead],
+            None,
+        )
+        .unwrap();
+        let loss_under = |backend| {
+            let mut ts = with_kv_backend(&made, backend).unwrap();
+            assert_eq!(ts[0].setup.scenario.server.kv_cache_backend, backend);
+            let losses = run_losses(&rows(&mut ts, &fit));
+            assert_eq!(losses.len(), 1);
+            assert_eq!(losses[0].0, "t0");
+            losses[0].1
+        };
+        let (slots, paged) = (
+            loss_under(KvBackend::Contiguous),
+            loss_under(KvBackend::Paged),
+        );
+        assert!(slots < 1e-3, "{slots}");
+        assert!(
+            paged > 10.0 * slots.max(1e-3),
+            "slots {slots}, paged {paged}"
+        );
     }
 
     /// Bootstrap refits: the same every time (seeded), one per resample and model, each

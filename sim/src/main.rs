@@ -217,6 +217,13 @@ enum Command {
         /// give — and keep the best fit.
         #[arg(long)]
         search_mechanisms: bool,
+        /// Fit the runs again under each KV layout with its prefix reuse — paged blocks
+        /// with a global prefix cache, contiguous slots each reusing its last prompt
+        /// (`server.kv_cache_backend`) — and print which the runs support: each layout's
+        /// fit loss, the chosen one, and per run the layout that predicts it better. The
+        /// file keeps the fit under the layout the runs' scenarios give.
+        #[arg(long)]
+        search_policies: bool,
         /// Host paging speed once device memory spills, GB/s (default: the host link).
         #[arg(long, value_name = "GB_S")]
         spill_bandwidth_gb_s: Option<f64>,
@@ -268,6 +275,69 @@ enum Command {
     },
 }
 
+/// `sim calibrate --search-policies`: `targets` fitted (by `fit_best`) under each KV layout
+/// of [`fit::KV_POLICIES`]; prints each layout's loss, the chosen one, and per run the
+/// layout that predicts it better.
+fn search_kv_policies(
+    targets: &[fit::Target],
+    fit_best: &dyn Fn(&mut Vec<fit::Target>) -> anyhow::Result<fit::Fit>,
+) -> anyhow::Result<()> {
+    let given: Vec<_> = targets
+        .iter()
+        .map(|t| t.setup.scenario.server.kv_cache_backend)
+        .collect();
+    let mut tried = Vec::new();
+    for (backend, name, what) in fit::KV_POLICIES {
+        let mut ts = fit::with_kv_backend(targets, backend)?;
+        if backend == infer_core::KvBackend::Contiguous {
+            if let Some(t) = ts.iter().find(|t| {
+                let s = &t.setup.scenario.server;
+                s.num_gpu_blocks * s.block_size < s.max_model_len
+            }) {
+                println!(
+                    "policy {what}: not tried: `{}` has no room for one slot",
+                    t.label
+                );
+                continue;
+            }
+        }
+        let f = fit_best(&mut ts)?;
+        let runs = fit::run_losses(&fit::rows(&mut ts, &f));
+        let mark = if given.iter().all(|&g| g == backend) {
+            " (the runs' scenarios)"
+        } else {
+            ""
+        };
+        println!("policy {what}: fit loss {:.4}{mark}", f.loss());
+        tried.push((backend, name, what, f.loss(), runs));
+    }
+    let Some(&(chosen, name, what, _, _)) = tried.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
+        return Ok(());
+    };
+    println!("chosen policy: {what} (server.kv_cache_backend = \"{name}\")");
+    if let [a, b] = &tried[..] {
+        let mut support: [Vec<&str>; 2] = [Vec::new(), Vec::new()];
+        for ((label, la), (_, lb)) in a.4.iter().zip(&b.4) {
+            let run = label.rsplit('/').next().unwrap_or(label);
+            support[usize::from(lb < la)].push(run);
+        }
+        for (runs, (_, _, what, _, _)) in support.iter().zip([a, b]) {
+            println!(
+                "  runs predicted better by {what}: {} ({})",
+                runs.len(),
+                runs.join(", ")
+            );
+        }
+    }
+    if given.iter().any(|&g| g != chosen) {
+        println!(
+            "note: the runs' scenarios describe another layout; to predict with this one, \
+             give the runs `--set server.kv_cache_backend={name}` and calibrate again"
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -317,6 +387,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             contiguous_decode,
             roofline,
             search_mechanisms,
+            search_policies,
             spill_bandwidth_gb_s,
             reserved_gib,
             graph_replay_factor,
@@ -406,38 +477,45 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     .map(|u| u as usize)
                     .or(base.micro_batch_tokens),
             };
-            let candidates = if search_mechanisms {
-                // The mechanisms the flags give are facts about the server; search the rest,
-                // but not a contiguous cache's where no fitted run has one (nothing tells
-                // them apart).
-                let contiguous = targets.iter().any(|t| {
-                    !t.held_out
-                        && t.setup.scenario.server.kv_cache_backend
-                            == infer_core::KvBackend::Contiguous
-                });
-                let held = fit::Held {
-                    prefill_batching: prefill_batching.is_some(),
-                    logits: logits.is_some(),
-                    attention_scores: attention_scores.is_some(),
-                    contiguous_kv: contiguous_kv.is_some() || !contiguous,
-                    contiguous_decode: contiguous_decode.is_some() || !contiguous,
-                    roofline: roofline.is_some(),
+            // The best fit of `targets` over the mechanisms searched.
+            let fit_best = |targets: &mut Vec<fit::Target>| -> anyhow::Result<fit::Fit> {
+                let candidates = if search_mechanisms {
+                    // The mechanisms the flags give are facts about the server; search the
+                    // rest, but not a contiguous cache's where no fitted run has one
+                    // (nothing tells them apart).
+                    let contiguous = targets.iter().any(|t| {
+                        !t.held_out
+                            && t.setup.scenario.server.kv_cache_backend
+                                == infer_core::KvBackend::Contiguous
+                    });
+                    let held = fit::Held {
+                        prefill_batching: prefill_batching.is_some(),
+                        logits: logits.is_some(),
+                        attention_scores: attention_scores.is_some(),
+                        contiguous_kv: contiguous_kv.is_some() || !contiguous,
+                        contiguous_decode: contiguous_decode.is_some() || !contiguous,
+                        roofline: roofline.is_some(),
+                    };
+                    fit::mechanism_candidates(&given, held)
+                } else {
+                    vec![given]
                 };
-                fit::mechanism_candidates(&given, held)
-            } else {
-                vec![given]
+                let mut best: Option<fit::Fit> = None;
+                for m in candidates {
+                    let f = fit::fit_all(targets, &m, &params, start.as_ref())?;
+                    if search_mechanisms {
+                        println!("mechanisms {}: fit loss {:.4}", m.describe(), f.loss());
+                    }
+                    if best.as_ref().is_none_or(|b| f.loss() < b.loss()) {
+                        best = Some(f);
+                    }
+                }
+                Ok(best.expect("at least one candidate"))
             };
-            let mut best: Option<fit::Fit> = None;
-            for m in candidates {
-                let f = fit::fit_all(&mut targets, &m, &params, start.as_ref())?;
-                if search_mechanisms {
-                    println!("mechanisms {}: fit loss {:.4}", m.describe(), f.loss());
-                }
-                if best.as_ref().is_none_or(|b| f.loss() < b.loss()) {
-                    best = Some(f);
-                }
+            if search_policies {
+                search_kv_policies(&targets, &fit_best)?;
             }
-            let best = best.expect("at least one candidate");
+            let best = fit_best(&mut targets)?;
             let rows = fit::rows(&mut targets, &best);
             print!("{}", fit::render(&rows, &best));
             let residuals = fit::residuals(&targets, &rows);

@@ -49,6 +49,9 @@ pub struct BenchOptions {
     /// Empty the server's prefix cache first (vLLM's `POST /reset_prefix_cache`), so that
     /// the run starts as its simulation does: with nothing cached from earlier runs.
     pub reset_prefix_cache: bool,
+    /// OpenAI's `logit_bias` (`{"token id": bias}`), sent with every request:
+    /// [`whole_character_bias`] bans the tokens that are part of a character.
+    pub logit_bias: Option<Value>,
 }
 
 impl BenchOptions {
@@ -65,6 +68,7 @@ impl BenchOptions {
             tokenizer: None,
             api_key: None,
             reset_prefix_cache: false,
+            logit_bias: None,
         }
     }
 
@@ -186,6 +190,28 @@ fn failure_lines(records: &[RequestRecord]) -> Vec<String> {
         .take(3)
         .map(|(e, n)| format!("failed: {n} of {} requests: {e}", records.len()))
         .collect()
+}
+
+/// `--whole-characters`: a `logit_bias` of −100 on every token of the tokenizer at `path`
+/// (as `--tokenizer`) that alone is part of a character, so that every generated token is
+/// whole text. Servers hold streamed text that ends mid-character back until the character
+/// completes (llama.cpp's, transformers'); a random-weight model generates runs of such
+/// tokens, and their first chunk and gaps then time that holding, not the server's steps
+/// (llama.cpp: one request's first chunk 44 s after its first token). Real text seldom
+/// splits a character for long.
+pub fn whole_character_bias(path: &std::path::Path) -> Result<Value> {
+    let dir = if path.is_file() {
+        path.parent().unwrap_or(path)
+    } else {
+        path
+    };
+    let tok = crate::runtime::tokenizer::TextTokenizer::from_dir(dir)?;
+    Ok(Value::Object(
+        tok.partial_character_ids()
+            .into_iter()
+            .map(|id| (id.to_string(), json!(-100)))
+            .collect(),
+    ))
 }
 
 /// `--tokenizer`: a model directory, or its tokenizer.json.
@@ -436,6 +462,8 @@ struct Target {
     model: String,
     /// Base URLs whose `/metrics` are read (see [`BenchOptions::metrics_from`]).
     metrics: Vec<String>,
+    /// Sent with every request (see [`BenchOptions::logit_bias`]).
+    logit_bias: Option<Value>,
 }
 
 /// The timelines of a run's requests and the records of those that ended.
@@ -489,6 +517,7 @@ impl Target {
             base,
             model,
             metrics,
+            logit_bias: opts.logit_bias.clone(),
         })
     }
 
@@ -555,6 +584,13 @@ impl Target {
             });
         } else if req.ignore_eos {
             body["ignore_eos"] = Value::Bool(true);
+        }
+        if let Some(bias) = self
+            .logit_bias
+            .as_ref()
+            .filter(|b| b.as_object().is_some_and(|m| !m.is_empty()))
+        {
+            body["logit_bias"] = bias.clone();
         }
         let post = self.client.post(format!("{}/v1/completions", self.base));
         let resp = authorized(post, self.auth.as_ref())

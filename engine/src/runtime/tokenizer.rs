@@ -107,6 +107,21 @@ impl TextTokenizer {
             .max(1)
     }
 
+    /// The tokens that alone are not whole UTF-8 text (a byte-level token of part of a
+    /// character, a byte-fallback `<0xNN>` above 0x7F): decoded alone they end or begin
+    /// mid-character. A streaming server holds text that ends mid-character back until the
+    /// character completes (llama.cpp's, transformers' `DecodeStream`), so a run of such
+    /// tokens reaches the client late and in one chunk.
+    pub fn partial_character_ids(&self) -> Vec<u32> {
+        (0..self.vocab_size() as u32)
+            .filter(|&id| {
+                self.inner
+                    .decode(&[id], false)
+                    .is_ok_and(|text| text.contains('\u{FFFD}'))
+            })
+            .collect()
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
@@ -309,6 +324,25 @@ mod tests {
             .unwrap_err();
         assert!(format!("{err:#}").contains("no bangs"), "{err:#}");
         Ok(())
+    }
+
+    #[test]
+    fn partial_characters_are_the_tokens_that_alone_split_one() {
+        // Byte-level BPE: `Ã` is the byte 0xC3 (the lead byte of `é`), `©` the byte 0xA9
+        // (its continuation); `Ã©` is the whole `é`.
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],
+            "normalizer":null,"post_processor":null,
+            "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+            "decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+            "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
+              "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,
+              "vocab":{"a":0,"Ã":1,"©":2,"Ã©":3},"merges":[["Ã","©"]]}}"#;
+        let tok = TextTokenizer {
+            inner: tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap(),
+            ..with_template("")
+        };
+        assert_eq!(tok.decode(&[3]).unwrap(), "é");
+        assert_eq!(tok.partial_character_ids(), vec![1, 2]);
     }
 
     #[test]
