@@ -144,8 +144,19 @@ start_server
 trap 'kill $SERVER_PID 2>/dev/null || true' EXIT
 wait_ready
 
-"$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
-  "${NAME[@]}" "${CLIENT[@]}" --tokenizer "$MODEL" --out "$OUT/probe" | tee "$OUT/probe.txt"
+# Each probe from an emptied cache, as the simulator replays it: run together, a probe found
+# the slots holding the last one's prompts, which share their start (BOS, "Request N:") with
+# its own, and llama.cpp computed 1,019 of each 1,024-token decode-long prompt — enough to
+# fit two prompts and two decodes in one 2,048-token step where the simulation's 2,050 did
+# not (runs/bb-llama-3). The names are engine probe's (engine/src/loadgen/probe.rs).
+: > "$OUT/probe.txt"
+for probe in single-128 single-512 single-1024 decode-1 decode-4 decode-16 decode-long \
+  interference shared-prefix; do
+  reset_cache
+  "$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
+    "${NAME[@]}" "${CLIENT[@]}" --tokenizer "$MODEL" --only "$probe" --out "$OUT/probe" \
+    | tee -a "$OUT/probe.txt"
+done
 "$BIN/sim" calibrate "$OUT"/probe/*/ --search-mechanisms --search-policies "${CALIBRATE_SET[@]}" \
   --engine "$SERVER on cpu-zen4-2c" --out "$OUT/calibration.toml" | tee "$OUT/calibrate.txt"
 # Second stage, under the mechanisms just chosen: the random pause per step that puts a

@@ -277,16 +277,18 @@ enum Command {
 
 /// `sim calibrate --search-policies`: `targets` fitted (by `fit_best`) under each KV layout
 /// of [`fit::KV_POLICIES`]; prints each layout's loss, the chosen one, and per run the
-/// layout that predicts it better.
+/// layout that predicts it better. Returns the fit under the layout every run gives, if
+/// they give one.
 fn search_kv_policies(
     targets: &[fit::Target],
     fit_best: &dyn Fn(&mut Vec<fit::Target>) -> anyhow::Result<fit::Fit>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<fit::Fit>> {
     let given: Vec<_> = targets
         .iter()
         .map(|t| t.setup.scenario.server.kv_cache_backend)
         .collect();
     let mut tried = Vec::new();
+    let mut kept = None;
     for (backend, name, what) in fit::KV_POLICIES {
         let mut ts = fit::with_kv_backend(targets, backend)?;
         if backend == infer_core::KvBackend::Contiguous {
@@ -303,16 +305,16 @@ fn search_kv_policies(
         }
         let f = fit_best(&mut ts)?;
         let runs = fit::run_losses(&fit::rows(&mut ts, &f));
-        let mark = if given.iter().all(|&g| g == backend) {
-            " (the runs' scenarios)"
-        } else {
-            ""
-        };
+        let theirs = given.iter().all(|&g| g == backend);
+        let mark = if theirs { " (the runs' scenarios)" } else { "" };
         println!("policy {what}: fit loss {:.4}{mark}", f.loss());
         tried.push((backend, name, what, f.loss(), runs));
+        if theirs {
+            kept = Some(f);
+        }
     }
     let Some(&(chosen, name, what, _, _)) = tried.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
-        return Ok(());
+        return Ok(kept);
     };
     println!("chosen policy: {what} (server.kv_cache_backend = \"{name}\")");
     if let [a, b] = &tried[..] {
@@ -335,7 +337,7 @@ fn search_kv_policies(
              give the runs `--set server.kv_cache_backend={name}` and calibrate again"
         );
     }
-    Ok(())
+    Ok(kept)
 }
 
 fn main() -> ExitCode {
@@ -512,10 +514,16 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 }
                 Ok(best.expect("at least one candidate"))
             };
-            if search_policies {
-                search_kv_policies(&targets, &fit_best)?;
-            }
-            let best = fit_best(&mut targets)?;
+            // The search fits the runs' own layout too: that fit is kept, not redone.
+            let searched = if search_policies {
+                search_kv_policies(&targets, &fit_best)?
+            } else {
+                None
+            };
+            let best = match searched {
+                Some(fit) => fit,
+                None => fit_best(&mut targets)?,
+            };
             let rows = fit::rows(&mut targets, &best);
             print!("{}", fit::render(&rows, &best));
             let residuals = fit::residuals(&targets, &rows);

@@ -6,9 +6,12 @@
 //! sequence ends, as llama.cpp's server slots keep their last prompt and output: a new
 //! prompt takes the free slot whose tokens share the largest fraction of it (more than
 //! [`MIN_SIMILARITY`]) and reuses that common prefix; otherwise the free slot used least
-//! recently, whose tokens it overwrites (`get_available_slot` in llama.cpp's
-//! `tools/server/server-context.cpp`, its default `--slot-prompt-similarity`). A prompt
-//! finds only the slots' last contents: there is no cache beyond the slots.
+//! recently, of whose tokens it still reuses what it shares from the start, and overwrites
+//! the rest (`get_available_slot`, then the prompt's common prefix with the slot's tokens, in
+//! llama.cpp's `tools/server/server-context.cpp`, its default `--slot-prompt-similarity`).
+//! That common start is small but real: every prompt begins with the BOS token, and llama.cpp
+//! computes 1,019 of a probe's 1,024-token prompts. A prompt finds only the slots' last
+//! contents: there is no cache beyond the slots.
 
 use super::BrokenInvariant;
 use super::{BlockId, DroppedBlocks, KvManager, PrefixMatch, SeqKv};
@@ -109,6 +112,20 @@ impl KvManager for ContiguousKv {
                     hashes: Vec::new(),
                     tokens: common.min(most),
                 };
+            }
+        }
+        // None shares enough: the slot a new sequence takes still holds what it shares.
+        if best.blocks.is_empty() {
+            if let Some(at) = self.pick_free() {
+                let slot = self.free[at];
+                let common = common_prefix(&self.tokens[slot as usize], tokens).min(most);
+                if common > 0 {
+                    best = PrefixMatch {
+                        blocks: vec![slot],
+                        hashes: Vec::new(),
+                        tokens: common,
+                    };
+                }
             }
         }
         best
@@ -286,18 +303,29 @@ mod tests {
         let (hit, _) = run(&mut kv, &b);
         assert_eq!(hit.tokens, b.len() - 1);
         assert_eq!(kv.lookup_prefix(&a).tokens, 30);
-        // A prompt sharing no more than a tenth takes the slot used least recently instead,
-        // leaving the record of b where it was.
+        // A prompt sharing no more than a tenth takes the slot used least recently instead
+        // (here never used: nothing to reuse), leaving the record of b where it was.
         let c: Vec<u32> = (0..3).chain(200..240).collect();
         assert_eq!(kv.lookup_prefix(&c), PrefixMatch::default());
         let (_, slot_c) = run(&mut kv, &c);
         assert_ne!(slot_c, slot_a);
         assert_eq!(kv.lookup_prefix(&b).blocks, vec![slot_a]);
+        // Once every slot has held a prompt, one that shares little with all of them still
+        // reuses what it shares with the slot used least recently (llama.cpp: its BOS and the
+        // first words): here c's slot is never the least recent, so fill the other two.
+        for first in [300, 400] {
+            run(&mut kv, &(first..first + 40).collect::<Vec<u32>>());
+        }
+        let d: Vec<u32> = (0..2).chain(500..540).collect();
+        let lru = kv.lookup_prefix(&d);
+        assert_eq!((lru.blocks.clone(), lru.tokens), (vec![slot_a], 2));
         // A held slot is never offered.
         let mut held = kv.new_seq();
         let p = kv.lookup_prefix(&b);
         assert!(kv.allocate(&mut held, &p, b.len()));
-        assert_eq!(kv.lookup_prefix(&b), PrefixMatch::default());
+        // (b then finds only what it shares with the free slot used least recently: c's.)
+        let without = kv.lookup_prefix(&b);
+        assert_eq!((without.blocks, without.tokens), (vec![slot_c], 3));
         // Emptied: nothing is found, and an empty record is refused while a slot is held.
         assert!(!kv.reset_prefix_cache());
         kv.free(&mut held);
