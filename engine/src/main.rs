@@ -666,6 +666,22 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
     }
 }
 
+/// `--tokenizer` (and `--whole-characters`, which needs it): read once, for both.
+fn set_tokenizer(
+    opts: &mut BenchOptions,
+    path: Option<&std::path::Path>,
+    whole_characters: bool,
+) -> Result<()> {
+    if let Some(path) = path {
+        let tok = infer_engine::loadgen::prompt_tokenizer(path)?;
+        if whole_characters {
+            opts.logit_bias = Some(infer_engine::loadgen::whole_character_bias(&tok));
+        }
+        opts.tokenizer = Some(std::sync::Arc::new(tok));
+    }
+    Ok(())
+}
+
 fn run_bench(a: BenchArgs) -> Result<()> {
     let mut opts = BenchOptions::new(&a.target.server, &a.scenario);
     opts.overrides = a.set;
@@ -676,12 +692,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     opts.reset_prefix_cache = a.reset_prefix_cache;
     opts.progress = !a.no_progress;
     opts.metrics_from = a.metrics_from;
-    if let Some(path) = &a.tokenizer {
-        opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
-        if a.whole_characters {
-            opts.logit_bias = Some(infer_engine::loadgen::whole_character_bias(path)?);
-        }
-    }
+    set_tokenizer(&mut opts, a.tokenizer.as_deref(), a.whole_characters)?;
     let name = a
         .scenario
         .file_stem()
@@ -701,12 +712,7 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     opts.overrides = a.set;
     opts.model = a.model;
     opts.api_key = a.target.api_key;
-    if let Some(path) = &a.tokenizer {
-        opts.tokenizer = Some(infer_engine::loadgen::prompt_tokenizer(path)?);
-        if a.whole_characters {
-            opts.logit_bias = Some(infer_engine::loadgen::whole_character_bias(path)?);
-        }
-    }
+    set_tokenizer(&mut opts, a.tokenizer.as_deref(), a.whole_characters)?;
     let out = a
         .out
         .unwrap_or_else(|| infer_reports::default_run_dir("probe"));

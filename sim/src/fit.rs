@@ -401,12 +401,7 @@ fn loss(targets: &mut [&mut Target], cal: &Calibration) -> f64 {
     for t in targets.iter_mut().filter(|t| !t.held_out) {
         let predicted = t.predict(cal);
         for ((_, m), p) in t.measured.iter().zip(predicted) {
-            let e = if p > 0.0 && p.is_finite() {
-                (p / m).ln()
-            } else {
-                10.0 // a run that produced no figure is as wrong as can be
-            };
-            sum += huber(e);
+            sum += figure_loss(*m, p);
             n += 1;
         }
     }
@@ -415,6 +410,16 @@ fn loss(targets: &mut [&mut Target], cal: &Calibration) -> f64 {
     } else {
         sum / n as f64
     }
+}
+
+/// One figure's share of the loss: the Huber loss of its log error.
+fn figure_loss(measured: f64, predicted: f64) -> f64 {
+    let e = if predicted > 0.0 && predicted.is_finite() {
+        (predicted / measured).ln()
+    } else {
+        10.0 // a run that produced no figure is as wrong as can be
+    };
+    huber(e)
 }
 
 /// Where the loss turns from squared to linear: a log error of 0.25 (about 28%).
@@ -677,29 +682,27 @@ pub fn with_kv_backend(targets: &[Target], backend: KvBackend) -> Result<Vec<Tar
             let mut scenario = t.setup.scenario.clone();
             scenario.server.kv_cache_backend = backend;
             Ok(Target {
+                label: t.label.clone(),
                 setup: setup::prepare(&t.setup.file, scenario)?,
-                ..t.clone()
+                measured: t.measured.clone(),
+                held_out: t.held_out,
             })
         })
         .collect()
 }
 
-/// Each run's loss in `rows`, as the fit counts it (the mean Huber loss of its figures' log
-/// errors; 10 for a figure not predicted), in the order the runs come.
+/// Each run's loss in `rows`, as the fit counts it (the mean of its figures'
+/// [`figure_loss`]), in the order the runs come.
 pub fn run_losses(rows: &[Row]) -> Vec<(String, f64)> {
     let mut out: Vec<(String, f64, usize)> = Vec::new();
     for r in rows {
-        let e = if r.predicted > 0.0 && r.predicted.is_finite() {
-            (r.predicted / r.measured).ln()
-        } else {
-            10.0
-        };
+        let loss = figure_loss(r.measured, r.predicted);
         match out.last_mut() {
             Some((label, sum, n)) if *label == r.label => {
-                *sum += huber(e);
+                *sum += loss;
                 *n += 1;
             }
-            _ => out.push((r.label.clone(), huber(e), 1)),
+            _ => out.push((r.label.clone(), loss, 1)),
         }
     }
     out.into_iter()

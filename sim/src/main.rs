@@ -287,6 +287,14 @@ fn search_kv_policies(
         .iter()
         .map(|t| t.setup.scenario.server.kv_cache_backend)
         .collect();
+    /// One layout fitted: its loss and each run's.
+    struct Tried {
+        backend: infer_core::KvBackend,
+        name: &'static str,
+        what: &'static str,
+        loss: f64,
+        runs: Vec<(String, f64)>,
+    }
     let mut tried = Vec::new();
     let mut kept = None;
     for (backend, name, what) in fit::KV_POLICIES {
@@ -308,30 +316,54 @@ fn search_kv_policies(
         let theirs = given.iter().all(|&g| g == backend);
         let mark = if theirs { " (the runs' scenarios)" } else { "" };
         println!("policy {what}: fit loss {:.4}{mark}", f.loss());
-        tried.push((backend, name, what, f.loss(), runs));
+        tried.push(Tried {
+            backend,
+            name,
+            what,
+            loss: f.loss(),
+            runs,
+        });
         if theirs {
             kept = Some(f);
         }
     }
-    let Some(&(chosen, name, what, _, _)) = tried.iter().min_by(|a, b| a.3.total_cmp(&b.3)) else {
+    // The lowest loss; a tie (runs that do not tell the layouts apart) goes to theirs.
+    let theirs = |t: &Tried| given.iter().all(|&g| g == t.backend);
+    let Some(chosen) = tried
+        .iter()
+        .min_by(|a, b| a.loss.total_cmp(&b.loss).then(theirs(b).cmp(&theirs(a))))
+    else {
         return Ok(kept);
     };
-    println!("chosen policy: {what} (server.kv_cache_backend = \"{name}\")");
+    let name = chosen.name;
+    println!(
+        "chosen policy: {} (server.kv_cache_backend = \"{name}\")",
+        chosen.what
+    );
     if let [a, b] = &tried[..] {
-        let mut support: [Vec<&str>; 2] = [Vec::new(), Vec::new()];
-        for ((label, la), (_, lb)) in a.4.iter().zip(&b.4) {
+        // Per run: predicted better by a, by b, or alike under both.
+        let mut support: [Vec<&str>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        for ((label, la), (_, lb)) in a.runs.iter().zip(&b.runs) {
             let run = label.rsplit('/').next().unwrap_or(label);
-            support[usize::from(lb < la)].push(run);
+            let side = match la.total_cmp(lb) {
+                std::cmp::Ordering::Less => 0,
+                std::cmp::Ordering::Greater => 1,
+                std::cmp::Ordering::Equal => 2,
+            };
+            support[side].push(run);
         }
-        for (runs, (_, _, what, _, _)) in support.iter().zip([a, b]) {
-            println!(
-                "  runs predicted better by {what}: {} ({})",
-                runs.len(),
-                runs.join(", ")
-            );
+        let how = [
+            format!("predicted better by {}", a.what),
+            format!("predicted better by {}", b.what),
+            "predicted alike under both".to_string(),
+        ];
+        for (runs, how) in support.iter().zip(how) {
+            if !runs.is_empty() {
+                println!("  runs {how}: {} ({})", runs.len(), runs.join(", "));
+            }
         }
     }
-    if given.iter().any(|&g| g != chosen) {
+    if given.iter().any(|&g| g != chosen.backend) {
         println!(
             "note: the runs' scenarios describe another layout; to predict with this one, \
              give the runs `--set server.kv_cache_backend={name}` and calibrate again"

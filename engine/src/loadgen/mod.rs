@@ -199,33 +199,25 @@ fn failure_lines(records: &[RequestRecord]) -> Vec<String> {
 /// tokens, and their first chunk and gaps then time that holding, not the server's steps
 /// (llama.cpp: one request's first chunk 44 s after its first token). Real text seldom
 /// splits a character for long.
-pub fn whole_character_bias(path: &std::path::Path) -> Result<Value> {
-    let dir = if path.is_file() {
-        path.parent().unwrap_or(path)
-    } else {
-        path
-    };
-    let tok = crate::runtime::tokenizer::TextTokenizer::from_dir(dir)?;
-    Ok(Value::Object(
+pub fn whole_character_bias(tok: &crate::runtime::tokenizer::TextTokenizer) -> Value {
+    Value::Object(
         tok.partial_character_ids()
             .into_iter()
             .map(|id| (id.to_string(), json!(-100)))
             .collect(),
-    ))
+    )
 }
 
 /// `--tokenizer`: a model directory, or its tokenizer.json.
 pub fn prompt_tokenizer(
     path: &std::path::Path,
-) -> Result<std::sync::Arc<dyn infer_core::workload::Tokenizer>> {
+) -> Result<crate::runtime::tokenizer::TextTokenizer> {
     let dir = if path.is_file() {
         path.parent().unwrap_or(path)
     } else {
         path
     };
-    Ok(std::sync::Arc::new(
-        crate::runtime::tokenizer::TextTokenizer::from_dir(dir)?,
-    ))
+    crate::runtime::tokenizer::TextTokenizer::from_dir(dir)
 }
 
 pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
@@ -517,7 +509,11 @@ impl Target {
             base,
             model,
             metrics,
-            logit_bias: opts.logit_bias.clone(),
+            // An empty bias is not sent: some servers refuse an empty object.
+            logit_bias: opts
+                .logit_bias
+                .clone()
+                .filter(|b| b.as_object().is_some_and(|m| !m.is_empty())),
         })
     }
 
@@ -585,11 +581,7 @@ impl Target {
         } else if req.ignore_eos {
             body["ignore_eos"] = Value::Bool(true);
         }
-        if let Some(bias) = self
-            .logit_bias
-            .as_ref()
-            .filter(|b| b.as_object().is_some_and(|m| !m.is_empty()))
-        {
+        if let Some(bias) = &self.logit_bias {
             body["logit_bias"] = bias.clone();
         }
         let post = self.client.post(format!("{}/v1/completions", self.base));
