@@ -19,7 +19,8 @@
 #   step-by-step check (`cargo run --release -p infer-engine --example step_check`);
 # - llama.cpp: `llama-server` ($LLAMA_SERVER) on the GGUF of the same weights ($GGUF), 16
 #   slots of 4,096 tokens, logical batch 2,048, micro-batch 512;
-# - transformers: `transformers serve --continuous-batching` on the model directory.
+# - transformers: `transformers serve --continuous-batching` on the model directory, through
+#   scripts/transformers_step_log.py: each server start's steps in $OUT/steps/STAGE.csv.
 # `scripts/foreign_servers.sh` installs the two foreign servers and writes the GGUF.
 set -euo pipefail
 MODEL=${1:-$HOME/.cache/infer/bench-llama-0.5b-v1}
@@ -55,10 +56,10 @@ case $SERVER in
       --set server.max_model_len=4096 --set server.chunked_prefill=true
       --set server.prefix_caching=true)
     # The prompt batching is given — a fact about the server's kind, as its model is:
-    # infer, like vLLM, SGLang and TGI, packs prompts with the decodes — and the other
-    # mechanisms searched (searched too, noisy probes picked padded prompts in two
-    # measurements of five).
-    CALIBRATE_SET=(--prefill-batching packed)
+    # infer, like vLLM, SGLang and TGI, packs prompts with the decodes, each sequence's
+    # queries against its own keys — and the other mechanisms searched (searched too,
+    # noisy probes picked padded prompts in two measurements of five).
+    CALIBRATE_SET=(--prefill-batching packed --packed-attention ragged)
     ;;
   llama.cpp)
     LLAMA_SERVER=${LLAMA_SERVER:-$FOREIGN/llama-server}
@@ -101,10 +102,13 @@ case $SERVER in
     python3 scripts/whole_vocab.py "$MODEL" "$OUT/model"
     MODEL=$OUT/model
     # Its defaults: 256-token pages, 8,192 batch tokens; the pool sized here (64 pages,
-    # 16,384 tokens: every seed workload's 16 sequences fit) rather than from free memory.
+    # 16,384 tokens) rather than from free memory. Its scheduler's steps are logged, one
+    # file per start (STAGE: what the start is for).
+    mkdir -p "$OUT/steps"
     start_server() {
-      transformers serve "$MODEL" --continuous-batching --device cpu --port "$PORT" \
-        --cb-block-size 256 --cb-num-blocks 64 --cb-max-batch-tokens 8192 \
+      TRANSFORMERS_STEP_LOG="$OUT/steps/${STAGE:-start}.csv" python3 \
+        scripts/transformers_step_log.py serve "$MODEL" --continuous-batching --device cpu \
+        --port "$PORT" --cb-block-size 256 --cb-num-blocks 64 --cb-max-batch-tokens 8192 \
         >> "$OUT/serve.log" 2>&1 &
       SERVER_PID=$!
     }
@@ -113,10 +117,13 @@ case $SERVER in
       kill "$SERVER_PID"; wait "$SERVER_PID" 2> /dev/null || true
       start_server; wait_ready
     }
+    # Its FIFO scheduler: prompts join a step only while 15% of the pool is free (else one
+    # alone), a prompt that does not fit passed over; an evicted request recomputes.
     SERVER_SET=(--set server.max_batch_size=1024 --set server.num_gpu_blocks=64
       --set server.block_size=256 --set server.max_model_len=4096
       --set server.chunked_prefill=true --set server.prefill_chunk_size=8192
-      --set server.prefix_caching=true --set workload.ignore_eos=false)
+      --set server.prefix_caching=true --set server.kv_admission=free_margin
+      --set server.kv_watermark=0.15 --set workload.ignore_eos=false)
     CALIBRATE_SET=(--prefill-batching packed)
     # Its /v1/models answers 500 for a local directory: the model is named.
     NAME=(--model "$MODEL")
@@ -152,6 +159,7 @@ wait_ready
 : > "$OUT/probe.txt"
 for probe in single-128 single-512 single-1024 decode-1 decode-4 decode-16 decode-long \
   interference shared-prefix; do
+  STAGE=probe-$probe
   reset_cache
   "$BIN/engine" probe --server "$URL" --scenario scenarios/baseline.toml "${SERVER_SET[@]}" \
     "${NAME[@]}" "${CLIENT[@]}" --tokenizer "$MODEL" --only "$probe" --out "$OUT/probe" \
@@ -182,6 +190,7 @@ SET=("${SERVER_SET[@]}" --set "workload.num_requests=$REQUESTS")
 for r in $(seq 1 "$REPEATS"); do
   dir=measured; [ "$r" -gt 1 ] && dir=measured-$r
   for w in "${WORKLOADS[@]}"; do
+    STAGE=$dir-$w
     reset_cache
     "$BIN/engine" bench --server "$URL" --scenario "scenarios/$w.toml" "${SET[@]}" \
       "${NAME[@]}" "${CLIENT[@]}" --tokenizer "$MODEL" --no-progress --out "$OUT/$dir/$w" > /dev/null

@@ -45,7 +45,11 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         32usize..400,                  // max_model_len
         prop::option::of(0usize..200), // unchunked step budget beyond the minimum
         (
-            prop_oneof![Just(KvAdmission::Prompt), Just(KvAdmission::WholeSequence)],
+            prop_oneof![
+                Just(KvAdmission::Prompt),
+                Just(KvAdmission::WholeSequence),
+                Just(KvAdmission::FreeMargin)
+            ],
             prop_oneof![Just(KvPreemption::Recompute), Just(KvPreemption::Wait)],
             prop_oneof![Just(0.0), 0.0f64..0.6], // kv_watermark
             prop_oneof![Just(KvVictim::Newest), Just(KvVictim::FewestOutputs)],

@@ -177,7 +177,9 @@ struct ServeArgs {
     #[arg(long = "kv-cache-backend", value_enum, default_value_t = KvArg::Paged)]
     kv_cache_backend: KvArg,
     /// What admission asks of the KV pool: the prompt's blocks (vLLM; decodes preempt when
-    /// it runs dry) or the whole sequence's, max_tokens included (TGI; never preempts).
+    /// it runs dry), the whole sequence's, max_tokens included (TGI; never preempts), or
+    /// the prompt's while the pool keeps --kv-watermark of it free, else prompts only alone,
+    /// a prompt that does not fit passed over (free-margin: transformers, its margin 0.15).
     #[arg(long = "kv-admission", value_enum, default_value_t = KvAdmissionArg::Prompt)]
     kv_admission: KvAdmissionArg,
     /// What a sequence that finds no free block for its next tokens does: `recompute`
@@ -187,7 +189,8 @@ struct ServeArgs {
     kv_preemption: KvPreemptionArg,
     /// The fraction of the paged pool, in [0, 1) and rounded down to whole blocks, a waiting
     /// request's prompt must leave free to be admitted while others run: headroom for their
-    /// decodes (vLLM V0's watermark, 0.01 there; default 0).
+    /// decodes (vLLM V0's watermark, 0.01 there; default 0). With free-margin admission, the
+    /// free fraction under which prompts run only alone.
     #[arg(long = "kv-watermark", default_value_t = 0.0)]
     kv_watermark: f64,
     /// Which running sequence, of those not yet scheduled in the step, a preemption takes:
@@ -288,6 +291,7 @@ enum KvArg {
 enum KvAdmissionArg {
     Prompt,
     WholeSequence,
+    FreeMargin,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -653,6 +657,7 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         kv_admission: match a.kv_admission {
             KvAdmissionArg::Prompt => KvAdmission::Prompt,
             KvAdmissionArg::WholeSequence => KvAdmission::WholeSequence,
+            KvAdmissionArg::FreeMargin => KvAdmission::FreeMargin,
         },
         kv_preemption: match a.kv_preemption {
             KvPreemptionArg::Recompute => KvPreemption::Recompute,

@@ -16,6 +16,8 @@
 //! contiguous_kv = "grown"       # reserved | grown (a contiguous cache allocated as used)
 //! contiguous_decode = "padded"  # ragged | padded (decodes over a contiguous cache as one
 //!                              #   batch tensor, padded to the longest context)
+//! packed_attention = "masked"  # ragged | masked (a packed pass's sequences as one, kept
+//!                              #   apart by a mask: every query scored against every key)
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
@@ -112,6 +114,8 @@ pub struct Calibration {
     /// How decodes attend over a contiguous KV cache (a paged one is always ragged:
     /// [`Calibration::for_server`]).
     pub contiguous_decode: ContiguousDecode,
+    /// Which keys a packed pass's queries are scored against.
+    pub packed_attention: PackedAttention,
     /// Whether a pass's compute and memory traffic overlap.
     pub roofline: Roofline,
     /// Bytes/s at which memory spilled out of the device moves back and forth (host
@@ -216,6 +220,26 @@ pub enum ContiguousDecode {
     Padded,
 }
 
+/// Which keys the queries of a packed pass (every sequence's new tokens in one forward pass)
+/// are scored against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum PackedAttention {
+    /// Each sequence's queries against its own keys (a varlen or paged kernel: vLLM,
+    /// SGLang, llama.cpp, infer).
+    #[default]
+    Ragged,
+    /// The pass's sequences concatenated into one, kept apart by a dense block-diagonal
+    /// mask: every query of the pass is scored against every key the pass reads, the masked
+    /// pairs included. Transformers' continuous batching with `sdpa` or `paged|eager`
+    /// attention (what it runs without flash attention, a CPU's case): `build_attention_mask`
+    /// fills one mask of the step's query tokens × all its sequences' keys
+    /// (`continuous_batching/input_outputs.py`). A step of many prompts then costs far more
+    /// than the prompts apart: nine prompts of 3,300 tokens beside seven decodes score 22
+    /// million pairs per head and layer where their own keys are 1.2 million.
+    Masked,
+}
+
 /// How a forward pass's compute and memory time combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -281,6 +305,8 @@ pub struct Mechanisms {
     #[serde(default)]
     pub contiguous_decode: ContiguousDecode,
     #[serde(default)]
+    pub packed_attention: PackedAttention,
+    #[serde(default)]
     pub roofline: Roofline,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spill_bandwidth_gb_s: Option<f64>,
@@ -297,13 +323,14 @@ impl Mechanisms {
     pub fn describe(&self) -> String {
         format!(
             "prefill_batching={:?} logits={:?} attention_scores={:?} contiguous_kv={:?} \
-             contiguous_decode={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} graph_replay_factor={} \
-             micro_batch_tokens={}",
+             contiguous_decode={:?} packed_attention={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} \
+             graph_replay_factor={} micro_batch_tokens={}",
             self.prefill_batching,
             self.logits,
             self.attention_scores,
             self.contiguous_kv,
             self.contiguous_decode,
+            self.packed_attention,
             self.roofline,
             self.spill_bandwidth_gb_s
                 .map_or("host link".to_string(), |v| v.to_string()),
@@ -651,6 +678,7 @@ impl Mechanisms {
             attention_scores: c.attention_scores,
             contiguous_kv: c.contiguous_kv,
             contiguous_decode: c.contiguous_decode,
+            packed_attention: c.packed_attention,
             roofline: c.roofline,
             spill_bandwidth_gb_s: c.spill_bandwidth.map(|b| b / 1e9),
             reserved_gib: c.reserved_gib,
@@ -689,6 +717,7 @@ impl Calibration {
             attention_scores: AttentionScores::Fused,
             contiguous_kv: ContiguousKv::Reserved,
             contiguous_decode: ContiguousDecode::Ragged,
+            packed_attention: PackedAttention::Ragged,
             roofline: Roofline::Overlap,
             spill_bandwidth: None,
             reserved_gib: None,
@@ -754,6 +783,7 @@ impl Calibration {
             attention_scores: mechanisms.attention_scores,
             contiguous_kv: mechanisms.contiguous_kv,
             contiguous_decode: mechanisms.contiguous_decode,
+            packed_attention: mechanisms.packed_attention,
             roofline: mechanisms.roofline,
             spill_bandwidth: mechanisms.spill_bandwidth_gb_s.map(|g| g * 1e9),
             reserved_gib: mechanisms.reserved_gib,

@@ -23,7 +23,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::calibration::{
-    AttentionScores, ContiguousDecode, ContiguousKv, PrefillBatching, Roofline,
+    AttentionScores, ContiguousDecode, ContiguousKv, PackedAttention, PrefillBatching, Roofline,
 };
 use crate::calibration::{Calibration, CalibrationFile, Coefficients, Draw, LogitRows, Mechanisms};
 use crate::interval::{self, Interval, Residual};
@@ -718,6 +718,7 @@ pub struct Held {
     pub attention_scores: bool,
     pub contiguous_kv: bool,
     pub contiguous_decode: bool,
+    pub packed_attention: bool,
     pub roofline: bool,
 }
 
@@ -775,6 +776,12 @@ pub fn mechanism_candidates(given: &Mechanisms, held: Held) -> Vec<Mechanisms> {
         held.contiguous_decode,
         &[ContiguousDecode::Ragged, ContiguousDecode::Padded],
         |m, v| m.contiguous_decode = v,
+    );
+    out = times(
+        out,
+        held.packed_attention,
+        &[PackedAttention::Ragged, PackedAttention::Masked],
+        |m, v| m.packed_attention = v,
     );
     times(
         out,
@@ -1427,7 +1434,7 @@ mod tests {
             ..Mechanisms::default()
         };
         let all = mechanism_candidates(&given, Held::default());
-        assert_eq!(all.len(), 64);
+        assert_eq!(all.len(), 128);
         assert!(all
             .iter()
             .any(|m| m.prefill_batching == PrefillBatching::Padded));
@@ -1437,7 +1444,7 @@ mod tests {
             ..Held::default()
         };
         let some = mechanism_candidates(&given, held);
-        assert_eq!(some.len(), 16);
+        assert_eq!(some.len(), 32);
         assert!(some
             .iter()
             .all(|m| m.prefill_batching == PrefillBatching::Packed
@@ -1447,8 +1454,8 @@ mod tests {
             some.iter().map(Mechanisms::describe).collect();
         assert_eq!(
             distinct.len(),
-            16,
-            "every combination of the other four, once"
+            32,
+            "every combination of the other five, once"
         );
     }
 

@@ -208,13 +208,18 @@ enum Command {
         /// Hugging Face attention over a batched cache).
         #[arg(long, value_enum)]
         contiguous_decode: Option<calibration::ContiguousDecode>,
+        /// Which keys a packed pass's queries are scored against: ragged (each sequence's
+        /// own; the default) or masked (every key of the pass, the sequences kept apart by
+        /// a mask: transformers' continuous batching without flash attention).
+        #[arg(long, value_enum)]
+        packed_attention: Option<calibration::PackedAttention>,
         /// Whether the engine overlaps compute with memory traffic (a GPU; the default) or
         /// not (serial: a CPU engine on few cores).
         #[arg(long, value_enum)]
         roofline: Option<calibration::Roofline>,
         /// Try every combination of prefill batching (packed, padded), logits, attention
-        /// scores, contiguous KV, contiguous decode and roofline — those the flags do not
-        /// give — and keep the best fit.
+        /// scores, contiguous KV, contiguous decode, packed attention and roofline — those
+        /// the flags do not give — and keep the best fit.
         #[arg(long)]
         search_mechanisms: bool,
         /// Fit the runs again under each KV layout with its prefix reuse — paged blocks
@@ -419,6 +424,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             attention_scores,
             contiguous_kv,
             contiguous_decode,
+            packed_attention,
             roofline,
             search_mechanisms,
             search_policies,
@@ -503,6 +509,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 attention_scores: attention_scores.unwrap_or(base.attention_scores),
                 contiguous_kv: contiguous_kv.unwrap_or(base.contiguous_kv),
                 contiguous_decode: contiguous_decode.unwrap_or(base.contiguous_decode),
+                packed_attention: packed_attention.unwrap_or(base.packed_attention),
                 roofline: roofline.unwrap_or(base.roofline),
                 spill_bandwidth_gb_s: spill_bandwidth_gb_s.or(base.spill_bandwidth_gb_s),
                 reserved_gib: reserved_gib.or(base.reserved_gib),
@@ -528,6 +535,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                         attention_scores: attention_scores.is_some(),
                         contiguous_kv: contiguous_kv.is_some() || !contiguous,
                         contiguous_decode: contiguous_decode.is_some() || !contiguous,
+                        packed_attention: packed_attention.is_some(),
                         roofline: roofline.is_some(),
                     };
                     fit::mechanism_candidates(&given, held)

@@ -27,6 +27,7 @@
 //! attention_scores = "fused"       # fused | materialized
 //! contiguous_kv = "reserved"       # reserved | grown
 //! contiguous_decode = "ragged"     # ragged | padded (decodes over a contiguous cache)
+//! packed_attention = "ragged"      # ragged | masked (every query of a pass × all its keys)
 //! roofline = "overlap"             # overlap | serial
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
@@ -43,7 +44,8 @@ use infer_core::workload::Scenario;
 use serde::Deserialize;
 
 use crate::calibration::{
-    AttentionScores, ContiguousDecode, ContiguousKv, LogitRows, PrefillBatching, Roofline,
+    AttentionScores, ContiguousDecode, ContiguousKv, LogitRows, PackedAttention, PrefillBatching,
+    Roofline,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -81,6 +83,7 @@ pub struct SimSettings {
     pub attention_scores: Option<AttentionScores>,
     pub contiguous_kv: Option<ContiguousKv>,
     pub contiguous_decode: Option<ContiguousDecode>,
+    pub packed_attention: Option<PackedAttention>,
     pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
@@ -237,7 +240,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 31] = [
+    const KNOWN: [&str; 32] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -261,6 +264,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "attention_scores",
         "contiguous_kv",
         "contiguous_decode",
+        "packed_attention",
         "roofline",
         "spill_bandwidth_gb_s",
         "reserved_gib",

@@ -314,6 +314,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     cal.attention_scores = s.attention_scores.unwrap_or(cal.attention_scores);
     cal.contiguous_kv = s.contiguous_kv.unwrap_or(cal.contiguous_kv);
     cal.contiguous_decode = s.contiguous_decode.unwrap_or(cal.contiguous_decode);
+    cal.packed_attention = s.packed_attention.unwrap_or(cal.packed_attention);
     cal.roofline = s.roofline.unwrap_or(cal.roofline);
     if *cal != before {
         cal.source.push_str(", with [sim] overrides");

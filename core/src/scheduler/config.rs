@@ -34,6 +34,13 @@ pub enum KvAdmission {
     /// price of admitting fewer at once — a request without `max_tokens` (the server gives
     /// it `max_model_len` less its prompt) reserves a whole `max_model_len`.
     WholeSequence,
+    /// Its chunk's blocks, as [`KvAdmission::Prompt`], but prompt work — a waiting prompt or
+    /// the next chunk of a running one — joins a step only while `kv_watermark` of the pool
+    /// was free when the step began, or as the step's only work; and a waiting prompt that
+    /// finds no blocks for its chunk is passed over for the ones behind it. Transformers'
+    /// continuous batching (its FIFO scheduler, `safety_margin` 0.15 by default:
+    /// `generation/continuous_batching/scheduler.py`).
+    FreeMargin,
 }
 
 /// What a running sequence does when the paged pool has no free block for its next tokens.
@@ -104,7 +111,8 @@ pub struct SchedulerConfig {
     /// Paged cache: the fraction of the pool a waiting sequence's whole prompt must leave
     /// free to be admitted, in whole blocks rounded down (vLLM V0's `watermark`, 0.01
     /// there): headroom for the running sequences' decodes, so that fewer of them preempt.
-    /// Waived when nothing runs. 0: none (vLLM V1).
+    /// Waived when nothing runs. 0: none (vLLM V1). With [`KvAdmission::FreeMargin`], the
+    /// free fraction below which prompt work runs only alone (transformers: 0.15).
     #[serde(default)]
     pub kv_watermark: f64,
     /// Which running sequence is preempted when the pool runs dry.

@@ -12,6 +12,10 @@
 //!    a request's forks (OpenAI's `n`) wait in a lane of their own that alternates with
 //!    everyone else's (see [`waiting`]).
 //!
+//! With [`KvAdmission::FreeMargin`] (transformers'), prompt work of 2 and 3 joins a step
+//! only while the pool was free enough as it began, or alone; a waiting prompt that does
+//! not fit lets the ones behind it go first.
+//!
 //! When a running sequence needs a block and none is free, a running sequence not yet
 //! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to
 //! be recomputed later) and put at the front of the waiting queue — or, with
@@ -492,6 +496,13 @@ impl Scheduler {
             self.cfg.max_num_batched_tokens.unwrap_or(usize::MAX)
         };
 
+        // Free-margin admission looks at the pool as the step begins, before it takes a block
+        // (transformers checks its safety margin once per batch).
+        let margin = self.cfg.kv_admission == KvAdmission::FreeMargin;
+        let under_margin = margin
+            && (self.kv.num_free_blocks() as f64)
+                < self.cfg.kv_watermark * self.cfg.num_gpu_blocks as f64;
+
         // 1 and 2: running sequences, decodes before prompt chunks, oldest first.
         let mut order = std::mem::take(&mut self.order);
         order.clear();
@@ -517,6 +528,9 @@ impl Scheduler {
                 let seq = self.seq(slot);
                 if seq.state != SeqState::Running {
                     continue; // preempted earlier in this step
+                }
+                if under_margin && !seq.is_decode() && !plan.is_empty() {
+                    break; // prompt work only alone while the pool is under its margin
                 }
                 let n = (seq.tokens.len() - seq.num_computed).min(budget);
                 match self.grow(slot, n, &mut plan) {
@@ -545,13 +559,19 @@ impl Scheduler {
         // wait (memory is short; the admitted would only take the blocks the running need).
         let may_admit = plan.preempted.is_empty()
             && waiting == 0
+            && !(under_margin && !plan.is_empty())
             && match self.cfg.batching_mode {
                 BatchingMode::Continuous => true,
                 BatchingMode::Static => self.running.is_empty(),
             };
         let reserve_whole = self.cfg.kv_admission == KvAdmission::WholeSequence
             && self.cfg.kv_cache_backend == KvBackend::Paged;
-        let watermark = self.cfg.watermark_blocks();
+        // (Free-margin admission reads `kv_watermark` as its margin, checked above.)
+        let watermark = if margin {
+            0
+        } else {
+            self.cfg.watermark_blocks()
+        };
         // Blocks the running sequences may still take (whole-sequence admission only).
         let mut reserved = if reserve_whole {
             self.running
@@ -615,6 +635,10 @@ impl Scheduler {
                 }
             }
             if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {
+                if margin {
+                    self.waiting.pass_over(); // the next may fit
+                    continue;
+                }
                 break; // first come, first served: nobody overtakes the head
             }
             if self.cfg.prefix_caching {
@@ -629,7 +653,11 @@ impl Scheduler {
             self.running.push(slot);
             self.push_to_plan(slot, n, &mut plan);
             budget -= n;
+            if under_margin {
+                break; // the step's only work
+            }
         }
+        self.waiting.restore_passed();
         plan
     }
 
@@ -1242,6 +1270,88 @@ mod tests {
         assert_eq!(s.victim(), Some(2), "newest: C");
         s.cfg.kv_victim = KvVictim::FewestOutputs;
         assert_eq!(s.victim(), Some(1), "fewest outputs: B");
+    }
+
+    /// Runs a step at `t` and returns the requests it scheduled.
+    fn step_ids(s: &mut Scheduler, t: f64) -> Vec<u64> {
+        let plan = s.schedule(t);
+        let ids = plan.seqs.iter().map(|q| q.request.0).collect();
+        let sampled = vec![9; plan.num_sampling()];
+        s.complete(plan, &sampled, t + 0.5);
+        s.check_invariants().unwrap();
+        ids
+    }
+
+    /// Free-margin admission (transformers'): a pool of 16 blocks of 4 tokens with a margin
+    /// of a quarter. A (40 tokens) and B (12) leave 2 blocks free: C (4 tokens, one block)
+    /// joins their decodes under prompt admission, not under the margin, and runs once A's
+    /// blocks come back. A prompt alone runs under the margin: chunk by chunk, D fills the
+    /// pool past it without stalling. A waiting prompt that does not fit lets a smaller one
+    /// behind it in (E, 32 tokens, and F, 8, beside A), where prompt admission keeps order.
+    #[test]
+    fn the_free_margin_keeps_prompts_out_of_a_full_pool_but_lets_smaller_ones_by() {
+        let pool = |kv_admission, kv_watermark| {
+            Scheduler::new(SchedulerConfig {
+                num_gpu_blocks: 16,
+                block_size: 4,
+                max_model_len: 64,
+                prefix_caching: false,
+                kv_admission,
+                kv_watermark,
+                ..cfg()
+            })
+        };
+        for (admission, margin, c_joins) in [
+            (KvAdmission::Prompt, 0.0, true),
+            (KvAdmission::FreeMargin, 0.25, false),
+        ] {
+            let mut s = pool(admission, margin);
+            s.add_request(Request::new(1, vec![3; 40], 8), 0.0).unwrap();
+            assert_eq!(step_ids(&mut s, 1.0), [1]);
+            s.add_request(Request::new(2, vec![4; 12], 8), 1.0).unwrap();
+            assert_eq!(step_ids(&mut s, 2.0), [1, 2]);
+            assert_eq!(s.stats().num_free_blocks, 2);
+            s.add_request(Request::new(3, vec![5; 4], 2), 2.0).unwrap();
+            let ids = step_ids(&mut s, 3.0);
+            assert_eq!(ids.contains(&3), c_joins, "{admission:?}: {ids:?}");
+            let mut t = 4.0;
+            while s.has_unfinished() {
+                assert!(t < 30.0, "livelock");
+                step_ids(&mut s, t);
+                t += 1.0;
+            }
+            assert_eq!(s.stats().num_free_blocks, 16);
+        }
+        // Alone, a chunked prompt goes on under the margin: 60 tokens in chunks of 8.
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_batch_size: 4,
+            prefill_chunk_size: 8,
+            ..pool(KvAdmission::FreeMargin, 0.25).config().clone()
+        });
+        s.add_request(Request::new(4, vec![6; 60], 2), 0.0).unwrap();
+        for t in 1..=8 {
+            assert_eq!(step_ids(&mut s, t as f64), [4], "chunk {t}");
+        }
+        assert_eq!(s.stats().num_free_blocks, 1);
+        // Passing over: E does not fit beside A (11 blocks), F does.
+        for (admission, order) in [
+            (KvAdmission::Prompt, vec![1]),
+            (KvAdmission::FreeMargin, vec![1, 6]),
+        ] {
+            let mut s = pool(admission, 0.0);
+            s.add_request(Request::new(1, vec![3; 40], 4), 0.0).unwrap();
+            assert_eq!(step_ids(&mut s, 1.0), [1]);
+            s.add_request(Request::new(5, vec![7; 32], 4), 1.0).unwrap();
+            s.add_request(Request::new(6, vec![8; 8], 4), 1.0).unwrap();
+            assert_eq!(step_ids(&mut s, 2.0), order, "{admission:?}");
+            let mut t = 3.0;
+            while s.has_unfinished() {
+                assert!(t < 30.0, "livelock");
+                step_ids(&mut s, t);
+                t += 1.0;
+            }
+            assert_eq!(s.stats().num_free_blocks, 16);
+        }
     }
 
     /// The watermark: a pool of 16 blocks of 4 tokens, a quarter kept free at admission.

@@ -18,6 +18,8 @@ pub(super) struct WaitQueue {
     forks: VecDeque<u32>,
     /// When both lanes hold sequences, whether the forks' lane goes next.
     forks_turn: bool,
+    /// Sequences set aside by [`WaitQueue::pass_over`], with whether each was a fork.
+    passed: Vec<(u32, bool)>,
 }
 
 impl WaitQueue {
@@ -60,6 +62,32 @@ impl WaitQueue {
         }
     }
 
+    /// Set the sequence [`WaitQueue::front`] names aside, so that the one behind it comes
+    /// to the front (an admission that lets later sequences overtake one that does not
+    /// fit); [`WaitQueue::restore_passed`] puts it back.
+    pub fn pass_over(&mut self) {
+        let from_forks = self.forks_next();
+        let lane = if from_forks {
+            &mut self.forks
+        } else {
+            &mut self.main
+        };
+        if let Some(slot) = lane.pop_front() {
+            self.passed.push((slot, from_forks));
+        }
+    }
+
+    /// Put the sequences passed over back at the front of their lanes, in their order.
+    pub fn restore_passed(&mut self) {
+        for (slot, fork) in self.passed.drain(..).rev() {
+            if fork {
+                self.forks.push_front(slot);
+            } else {
+                self.main.push_front(slot);
+            }
+        }
+    }
+
     /// Take `slot` out wherever it waits (an ended request).
     pub fn remove(&mut self, slot: u32) {
         for lane in [&mut self.main, &mut self.forks] {
@@ -91,6 +119,23 @@ mod tests {
             popped
         })
         .collect()
+    }
+
+    /// Passed over, a sequence lets the next come to the front, and goes back where it was.
+    #[test]
+    fn passed_over_sequences_return_to_their_places() {
+        let mut q = WaitQueue::default();
+        for s in [1, 2, 3] {
+            q.push_back(s);
+        }
+        q.push_fork(10);
+        q.pass_over();
+        assert_eq!(q.front(), Some(2));
+        q.pass_over();
+        assert_eq!(q.front(), Some(3));
+        assert_eq!(q.len(), 2);
+        q.restore_passed();
+        assert_eq!(drain(&mut q), [1, 10, 2, 3]);
     }
 
     #[test]

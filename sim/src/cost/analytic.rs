@@ -56,7 +56,8 @@
 
 use super::{ClientPath, CostModel, StepShape};
 use crate::calibration::{
-    AttentionScores, Calibration, ContiguousDecode, LogitRows, PrefillBatching, Roofline,
+    AttentionScores, Calibration, ContiguousDecode, LogitRows, PackedAttention, PrefillBatching,
+    Roofline,
 };
 use crate::catalog::{HardwareSpec, ModelSpec};
 
@@ -213,7 +214,7 @@ impl Analytic {
             |pairs: f64| (pairs + (s.chunk_self_pairs - s.prefill_tokens as f64) / 2.0).max(0.0);
         let packed = || {
             let tokens = s.new_tokens() as f64;
-            Pass {
+            let ragged = Pass {
                 tokens,
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64 + decode_padding,
@@ -229,6 +230,25 @@ impl Analytic {
                 },
                 decode_only: s.prefill_tokens == 0,
                 count: 1.0,
+            };
+            match self.cal.packed_attention {
+                PackedAttention::Ragged => ragged,
+                // One mask over every query × every key of the pass: the decodes' rows
+                // (priced as decode attention) and the prompts' rows all span the keys of
+                // every sequence.
+                PackedAttention::Masked => {
+                    let rectangle = tokens * s.context_tokens as f64;
+                    Pass {
+                        attention_pairs: rectangle,
+                        decode_pairs: s.decode_seqs as f64 * s.context_tokens as f64,
+                        score_elements: rectangle,
+                        held: Held {
+                            score_elements: rectangle,
+                            ..ragged.held
+                        },
+                        ..ragged
+                    }
+                }
             }
         };
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
@@ -487,6 +507,9 @@ fn engine_mechanisms(c: &Calibration) -> String {
     if c.contiguous_decode == ContiguousDecode::Padded {
         out.push_str(", padded decodes");
     }
+    if c.packed_attention == PackedAttention::Masked {
+        out.push_str(", masked packed attention");
+    }
     if c.roofline == Roofline::Serial {
         out.push_str(", serial roofline");
     }
@@ -499,7 +522,9 @@ fn engine_mechanisms(c: &Calibration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::calibration::{AttentionScores, Calibration, LogitRows, PrefillBatching, Roofline};
+    use crate::calibration::{
+        AttentionScores, Calibration, LogitRows, PackedAttention, PrefillBatching, Roofline,
+    };
     use crate::catalog::{find_hardware, find_model};
 
     fn model(hw: &str, m: &str, graphs: bool) -> Analytic {
@@ -590,6 +615,46 @@ mod tests {
             };
             assert_eq!(padded.terms(&unknown), ragged.terms(&uneven));
         }
+    }
+
+    /// Masked packed attention scores every query of a pass against every key it reads: a
+    /// lone decode costs what it costs ragged; two 100-token prompts beside a decode at 900
+    /// score 201 × 1,100 pairs where their own keys give 2 × 5,050 + 900; the extra is
+    /// priced at the prompts' and the decodes' attention rates.
+    #[test]
+    fn masked_attention_scores_every_query_against_every_key() {
+        let with = |packed_attention| {
+            rtx5080_llama(|c| Calibration {
+                attention_efficiency: 0.3,
+                decode_attention_efficiency: 0.01,
+                packed_attention,
+                ..c
+            })
+        };
+        let (ragged, masked) = (with(PackedAttention::Ragged), with(PackedAttention::Masked));
+        assert_eq!(masked.terms(&decode(1, 700)), ragged.terms(&decode(1, 700)));
+        let mut step = decodes_at(&[900], 100);
+        step.num_seqs += 1;
+        step.prefill_seqs += 1;
+        step.prefill_tokens += 100;
+        step.sampled += 1;
+        step.context_tokens += 100;
+        step.attention_pairs += 5050.0;
+        assert_eq!(step.new_tokens(), 201);
+        assert_eq!(step.context_tokens, 1100);
+        let (r, m) = (ragged.terms(&step), masked.terms(&step));
+        let (model, hw) = (&masked.model, &masked.hw);
+        let per_pair = 4.0 * (model.layers * model.heads * model.head_dim) as f64
+            / hw.flops(model.weight_dtype);
+        let prompt_extra = (200.0 * 1100.0 - 2.0 * 5050.0) / 0.3;
+        let decode_extra = (1100.0 - 900.0) / 0.01;
+        let expected = per_pair * (prompt_extra + decode_extra) / model.tp as f64;
+        assert!(
+            ((m.compute - r.compute) - expected).abs() < 1e-9 * expected.max(1.0),
+            "{} vs {expected}",
+            m.compute - r.compute
+        );
+        assert_eq!(m.memory, r.memory);
     }
 
     fn prefill(n: usize) -> StepShape {
