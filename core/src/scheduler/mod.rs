@@ -559,7 +559,7 @@ impl Scheduler {
         // wait (memory is short; the admitted would only take the blocks the running need).
         let may_admit = plan.preempted.is_empty()
             && waiting == 0
-            && !(under_margin && !plan.is_empty())
+            && (!under_margin || plan.is_empty())
             && match self.cfg.batching_mode {
                 BatchingMode::Continuous => true,
                 BatchingMode::Static => self.running.is_empty(),
