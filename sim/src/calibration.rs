@@ -17,7 +17,7 @@
 //! contiguous_decode = "padded"  # ragged | padded (decodes over a contiguous cache as one
 //!                              #   batch tensor, padded to the longest context)
 //! packed_attention = "masked"  # ragged | masked (a packed pass's sequences as one, kept
-//!                              #   apart by a mask: every query scored against every key)
+//!                              #   apart by a mask: every prompt token against every key)
 //! roofline = "overlap"         # overlap | serial (compute and memory time summed)
 //! spill_bandwidth_gb_s = 50    # host paging once device memory spills
 //! reserved_gib = 2.5           # device memory the engine never gets (a desktop's display)
@@ -230,13 +230,15 @@ pub enum PackedAttention {
     #[default]
     Ragged,
     /// The pass's sequences concatenated into one, kept apart by a dense block-diagonal
-    /// mask: every query of the pass is scored against every key the pass reads, the masked
-    /// pairs included. Transformers' continuous batching with `sdpa` or `paged|eager`
+    /// mask: every prompt token of the pass is scored against every key the pass reads, the
+    /// masked pairs included. Transformers' continuous batching with `sdpa` or `paged|eager`
     /// attention (what it runs without flash attention, a CPU's case): `build_attention_mask`
     /// fills one mask of the step's query tokens × all its sequences' keys
     /// (`continuous_batching/input_outputs.py`). A step of many prompts then costs far more
-    /// than the prompts apart: nine prompts of 3,300 tokens beside seven decodes score 22
-    /// million pairs per head and layer where their own keys are 1.2 million.
+    /// than the prompts apart: nine prompts of 3,186 tokens beside seven decodes score 15
+    /// million pairs per head and layer where their own keys give 0.6 million, and took
+    /// 15.9 s where six prompts of 1,017 tokens took 3.4 s. A decode's row, bound by reading
+    /// the keys, is priced as ragged: decode-only steps grow with the step's keys.
     Masked,
 }
 

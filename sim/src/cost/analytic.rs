@@ -233,17 +233,18 @@ impl Analytic {
             };
             match self.cal.packed_attention {
                 PackedAttention::Ragged => ragged,
-                // One mask over every query × every key of the pass: the decodes' rows
-                // (priced as decode attention) and the prompts' rows all span the keys of
-                // every sequence.
+                // One mask over every query × every key of the pass: a prompt's rows are
+                // priced over all of them. A decode's row spans them too, but reading the
+                // keys bounds it, not its scores, and that read is the ragged one: decode-only
+                // steps of transformers' step log grow with the step's keys (308 / 523 / 944
+                // / 1,540 ms at 1.5k / 5.2k / 8.7k / 15.8k), not with batch × keys.
                 PackedAttention::Masked => {
-                    let rectangle = tokens * s.context_tokens as f64;
+                    let prompt_rows = s.prefill_tokens as f64 * s.context_tokens as f64;
                     Pass {
-                        attention_pairs: rectangle,
-                        decode_pairs: s.decode_seqs as f64 * s.context_tokens as f64,
-                        score_elements: rectangle,
+                        attention_pairs: prompt_rows + ragged.decode_pairs,
+                        score_elements: prompt_rows + decode_keys,
                         held: Held {
-                            score_elements: rectangle,
+                            score_elements: prompt_rows + decode_keys,
                             ..ragged.held
                         },
                         ..ragged
@@ -617,10 +618,10 @@ mod tests {
         }
     }
 
-    /// Masked packed attention scores every query of a pass against every key it reads: a
-    /// lone decode costs what it costs ragged; two 100-token prompts beside a decode at 900
-    /// score 201 × 1,100 pairs where their own keys give 2 × 5,050 + 900; the extra is
-    /// priced at the prompts' and the decodes' attention rates.
+    /// Masked packed attention scores every prompt token of a pass against every key it
+    /// reads: a lone decode costs what it costs ragged; two 100-token prompts beside a
+    /// decode at 900 score 200 × 1,100 pairs where their own keys give 2 × 5,050; the extra
+    /// is priced at the prompts' attention rate, the decode's row as ragged.
     #[test]
     fn masked_attention_scores_every_query_against_every_key() {
         let with = |packed_attention| {
@@ -646,9 +647,7 @@ mod tests {
         let (model, hw) = (&masked.model, &masked.hw);
         let per_pair = 4.0 * (model.layers * model.heads * model.head_dim) as f64
             / hw.flops(model.weight_dtype);
-        let prompt_extra = (200.0 * 1100.0 - 2.0 * 5050.0) / 0.3;
-        let decode_extra = (1100.0 - 900.0) / 0.01;
-        let expected = per_pair * (prompt_extra + decode_extra) / model.tp as f64;
+        let expected = per_pair * (200.0 * 1100.0 - 2.0 * 5050.0) / 0.3 / model.tp as f64;
         assert!(
             ((m.compute - r.compute) - expected).abs() < 1e-9 * expected.max(1.0),
             "{} vs {expected}",
