@@ -1282,6 +1282,15 @@ mod tests {
         ids
     }
 
+    /// Runs steps from `t` until every request has ended, failing on a livelock.
+    fn run_to_end(s: &mut Scheduler, mut t: f64) {
+        while s.has_unfinished() {
+            assert!(t < 30.0, "livelock");
+            step_ids(s, t);
+            t += 1.0;
+        }
+    }
+
     /// Free-margin admission (transformers'): a pool of 16 blocks of 4 tokens with a margin
     /// of a quarter. A (40 tokens) and B (12) leave 2 blocks free: C (4 tokens, one block)
     /// joins their decodes under prompt admission, not under the margin, and runs once A's
@@ -1314,12 +1323,7 @@ mod tests {
             s.add_request(Request::new(3, vec![5; 4], 2), 2.0).unwrap();
             let ids = step_ids(&mut s, 3.0);
             assert_eq!(ids.contains(&3), c_joins, "{admission:?}: {ids:?}");
-            let mut t = 4.0;
-            while s.has_unfinished() {
-                assert!(t < 30.0, "livelock");
-                step_ids(&mut s, t);
-                t += 1.0;
-            }
+            run_to_end(&mut s, 4.0);
             assert_eq!(s.stats().num_free_blocks, 16);
         }
         // Alone, a chunked prompt goes on under the margin: 60 tokens in chunks of 8.
@@ -1344,12 +1348,7 @@ mod tests {
             s.add_request(Request::new(5, vec![7; 32], 4), 1.0).unwrap();
             s.add_request(Request::new(6, vec![8; 8], 4), 1.0).unwrap();
             assert_eq!(step_ids(&mut s, 2.0), order, "{admission:?}");
-            let mut t = 3.0;
-            while s.has_unfinished() {
-                assert!(t < 30.0, "livelock");
-                step_ids(&mut s, t);
-                t += 1.0;
-            }
+            run_to_end(&mut s, 3.0);
             assert_eq!(s.stats().num_free_blocks, 16);
         }
     }
