@@ -41,6 +41,8 @@
 //! static_step_overhead_s = 0.002     # optional: static batching's host costs (default:
 //! static_per_seq_overhead_s = 0.001  #   step_overhead_s and per_seq_overhead_s)
 //! step_jitter_s = 0.001        # optional: mean host pause per step (default 0)
+//! page_fault_s_per_gib = 0.2   # optional: faulting in a buffer past the allocator's mmap
+//!                              #   threshold (default: none is faulted)
 //! ```
 //!
 //! A pair with no calibration file named gets the shipped one for its hardware when it
@@ -90,6 +92,16 @@ pub struct Calibration {
     /// the P50 while their TTFT P99, a whole prompt pass, sits only 1–3 ms above its P50:
     /// a pause that does not grow with the step.
     pub step_jitter_s: f64,
+    /// Seconds to fault in a GiB of a buffer the allocator maps afresh, where the engine
+    /// allocates such buffers every pass (`None`: none; an engine that keeps its buffers,
+    /// as every GPU engine's caching allocator does). On a CPU, glibc's malloc maps every
+    /// block past its mmap threshold (at most 32 MiB) anew and unmaps it on free, so each
+    /// allocation touches fresh pages; the only such buffers priced are a masked pass's
+    /// keys and values repeated for every query head ([`PackedAttention::Masked`]).
+    /// transformers serving on two cores: a decode step's time per key of context jumps
+    /// from 30 to 71 µs once those buffers pass 32 MiB, and back to 30 with the
+    /// threshold raised (`MALLOC_MMAP_THRESHOLD_`; docs/results/foreign-servers-cpu.md).
+    pub page_fault_s_per_gib: Option<f64>,
     pub client: ClientPath,
     /// Static batching only: how long the engine, idle, waits after a request arrives for
     /// more to fill the batch before starting it.
@@ -374,6 +386,9 @@ pub struct Coefficients {
     /// Absent: 0 (files written before it existed).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub step_jitter_s: f64,
+    /// Absent: no buffer is faulted in afresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_fault_s_per_gib: Option<f64>,
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -453,6 +468,10 @@ impl CalibrationFile {
                 ("static_step_overhead_s", c.static_host().0),
                 ("static_per_seq_overhead_s", c.static_host().1),
                 ("step_jitter_s", c.step_jitter_s),
+                (
+                    "page_fault_s_per_gib",
+                    c.page_fault_s_per_gib.unwrap_or(0.0),
+                ),
             ] {
                 if !(v >= 0.0 && v.is_finite()) {
                     return Err(at(key, format!("must be >= 0 seconds, got {v}")));
@@ -627,6 +646,7 @@ impl Coefficients {
             &mut self.single_decode_bandwidth_efficiency,
             &mut self.static_step_overhead_s,
             &mut self.static_per_seq_overhead_s,
+            &mut self.page_fault_s_per_gib,
         ]
         .into_iter()
         .flatten()
@@ -668,6 +688,7 @@ impl Coefficients {
             static_step_overhead_s: c.static_step_overhead_s,
             static_per_seq_overhead_s: c.static_per_seq_overhead_s,
             step_jitter_s: c.step_jitter_s,
+            page_fault_s_per_gib: c.page_fault_s_per_gib,
         }
     }
 }
@@ -706,6 +727,7 @@ impl Calibration {
             step_overhead_s: 1.0e-3,
             per_seq_overhead_s: 30e-6,
             step_jitter_s: 0.0,
+            page_fault_s_per_gib: None,
             client: ClientPath {
                 request_s: 2e-3,
                 per_prompt_token_s: 1e-6,
@@ -772,6 +794,7 @@ impl Calibration {
             step_overhead_s: c.step_overhead_s,
             per_seq_overhead_s: c.per_seq_overhead_s,
             step_jitter_s: c.step_jitter_s,
+            page_fault_s_per_gib: c.page_fault_s_per_gib,
             client: ClientPath {
                 request_s: c.client_request_s,
                 per_prompt_token_s: c.client_per_prompt_token_s,

@@ -14,8 +14,10 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const TFLOPS: f64 = 1e12;
 
 /// Element types of weights and KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dtype {
+    F32,
     Bf16,
     Fp8,
 }
@@ -23,6 +25,7 @@ pub enum Dtype {
 impl Dtype {
     pub fn bytes(self) -> f64 {
         match self {
+            Dtype::F32 => 4.0,
             Dtype::Bf16 => 2.0,
             Dtype::Fp8 => 1.0,
         }
@@ -30,6 +33,7 @@ impl Dtype {
 
     pub fn name(self) -> &'static str {
         match self {
+            Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
             Dtype::Fp8 => "fp8",
         }
@@ -66,7 +70,10 @@ pub struct HardwareSpec {
 impl HardwareSpec {
     pub fn flops(&self, dtype: Dtype) -> f64 {
         match dtype {
-            Dtype::Bf16 => self.bf16_flops,
+            // The catalog keeps no f32 peak: the bf16 one, and the fitted efficiencies
+            // take the difference (transformers' f32 prompts on two Zen 4 cores reach
+            // half the bf16 peak, where AVX-512 f32 FMAs give at most half).
+            Dtype::F32 | Dtype::Bf16 => self.bf16_flops,
             Dtype::Fp8 => self.fp8_flops.unwrap_or(self.bf16_flops),
         }
     }
@@ -406,7 +413,7 @@ pub fn find_model(name: &str) -> Result<ModelSpec, UnknownName> {
 
 /// A model by catalog name, or a local Hugging Face model directory (its `config.json`:
 /// decoder-only, gated MLP, grouped-query attention; priced as bf16 weights and KV, as
-/// `engine serve --dtype bf16` runs it). A directory's model is named by its last path
+/// `engine serve --dtype bf16` runs it, unless `[sim] dtype` says otherwise). A directory's model is named by its last path
 /// component, which is what calibration files key it by.
 pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     let dir = std::path::Path::new(name);

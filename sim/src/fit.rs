@@ -209,10 +209,11 @@ pub enum Param {
     StaticStepOverhead,
     StaticPerSeqOverhead,
     StepJitter,
+    PageFault,
 }
 
 impl Param {
-    pub const ALL: [Param; 13] = [
+    pub const ALL: [Param; 14] = [
         Param::ComputeEfficiency,
         Param::AttentionEfficiency,
         Param::DecodeAttentionEfficiency,
@@ -226,6 +227,7 @@ impl Param {
         Param::StaticStepOverhead,
         Param::StaticPerSeqOverhead,
         Param::StepJitter,
+        Param::PageFault,
     ];
 
     /// The calibration file's key.
@@ -244,6 +246,7 @@ impl Param {
             Param::StaticStepOverhead => "static_step_overhead_s",
             Param::StaticPerSeqOverhead => "static_per_seq_overhead_s",
             Param::StepJitter => "step_jitter_s",
+            Param::PageFault => "page_fault_s_per_gib",
         }
     }
 
@@ -285,6 +288,8 @@ impl Param {
                 .static_per_seq_overhead_s
                 .get_or_insert(c.per_seq_overhead_s),
             Param::StepJitter => &mut c.step_jitter_s,
+            // Absent, nothing is faulted in: a fit starts at 10 GB/s.
+            Param::PageFault => c.page_fault_s_per_gib.get_or_insert(0.1),
         }
     }
 

@@ -172,8 +172,8 @@ enum Command {
         /// static_batch_window_s, static_step_overhead_s, static_per_seq_overhead_s; the
         /// last two only for a model whose fitted runs batch both statically and
         /// continuously).  With `--start`, name the few a second stage refits. Also:
-        /// decode_attention_efficiency, bandwidth_efficiency, client_stream_s, step_jitter_s.
-        /// `none` with `--start`: keep every coefficient, and only record the start file's
+        /// decode_attention_efficiency, bandwidth_efficiency, single_decode_bandwidth_efficiency,
+        /// client_stream_s, step_jitter_s, page_fault_s_per_gib. `none` with `--start`: keep every coefficient, and only record the start file's
         /// errors on the runs (its `[[residuals]]`) and check its intervals.
         #[arg(long, value_delimiter = ',', value_name = "PARAM,…")]
         fit: Vec<String>,

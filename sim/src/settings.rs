@@ -14,6 +14,7 @@
 //! step_overhead_s = 0.004
 //! per_seq_overhead_s = 0.0001
 //! step_jitter_s = 0.002            # mean random host pause per step
+//! page_fault_s_per_gib = 0.2       # faulting in a buffer past the allocator's mmap threshold
 //! client_request_s = 0.003
 //! client_per_prompt_token_s = 1e-6
 //! client_stream_s = 0.001
@@ -28,6 +29,7 @@
 //! contiguous_kv = "reserved"       # reserved | grown
 //! contiguous_decode = "ragged"     # ragged | padded (decodes over a contiguous cache)
 //! packed_attention = "ragged"      # ragged | masked (every query of a pass × all its keys)
+//! dtype = "bf16"                   # f32 | bf16 | fp8: the weights and KV as the server holds them
 //! roofline = "overlap"             # overlap | serial
 //! spill_bandwidth_gb_s = 50        # host paging speed once memory spills
 //! reserved_gib = 1.5               # device memory the engine never gets (default: the
@@ -47,6 +49,7 @@ use crate::calibration::{
     AttentionScores, ContiguousDecode, ContiguousKv, LogitRows, PackedAttention, PrefillBatching,
     Roofline,
 };
+use crate::catalog::Dtype;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,6 +74,7 @@ pub struct SimSettings {
     pub step_overhead_s: Option<f64>,
     pub per_seq_overhead_s: Option<f64>,
     pub step_jitter_s: Option<f64>,
+    pub page_fault_s_per_gib: Option<f64>,
     pub client_request_s: Option<f64>,
     pub client_per_prompt_token_s: Option<f64>,
     pub client_stream_s: Option<f64>,
@@ -84,6 +88,7 @@ pub struct SimSettings {
     pub contiguous_kv: Option<ContiguousKv>,
     pub contiguous_decode: Option<ContiguousDecode>,
     pub packed_attention: Option<PackedAttention>,
+    pub dtype: Option<Dtype>,
     pub roofline: Option<Roofline>,
     pub spill_bandwidth_gb_s: Option<f64>,
     pub reserved_gib: Option<f64>,
@@ -133,6 +138,7 @@ impl SimSettings {
             ("step_overhead_s", s.step_overhead_s),
             ("per_seq_overhead_s", s.per_seq_overhead_s),
             ("step_jitter_s", s.step_jitter_s),
+            ("page_fault_s_per_gib", s.page_fault_s_per_gib),
             ("client_request_s", s.client_request_s),
             ("client_per_prompt_token_s", s.client_per_prompt_token_s),
             ("client_stream_s", s.client_stream_s),
@@ -240,7 +246,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 32] = [
+    const KNOWN: [&str; 34] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -252,6 +258,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "step_overhead_s",
         "per_seq_overhead_s",
         "step_jitter_s",
+        "page_fault_s_per_gib",
         "client_request_s",
         "client_per_prompt_token_s",
         "client_stream_s",
@@ -265,6 +272,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "contiguous_kv",
         "contiguous_decode",
         "packed_attention",
+        "dtype",
         "roofline",
         "spill_bandwidth_gb_s",
         "reserved_gib",
@@ -362,6 +370,14 @@ mod tests {
                 assert_eq!(k, format!("sim.{bound}"));
             }
         }
+        let s = SimSettings::from_scenario(&scenario("dtype = \"f32\"")).unwrap();
+        assert_eq!(s.dtype, Some(Dtype::F32));
+        let (k, r) = SimSettings::from_scenario(&scenario("dtype = \"f16\"")).unwrap_err();
+        assert_eq!(k, "sim.dtype");
+        assert!(r.contains("bf16"), "{r}");
+        let (k, _) =
+            SimSettings::from_scenario(&scenario("page_fault_s_per_gib = -0.1")).unwrap_err();
+        assert_eq!(k, "sim.page_fault_s_per_gib");
         let s = SimSettings::from_scenario(&scenario("max_output_mib = 1")).unwrap();
         assert_eq!(s.max_output_bytes(), 1 << 20);
         assert_eq!(s.max_simulated_s(), DEFAULT_MAX_SIMULATED_S);

@@ -94,8 +94,13 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     let settings = SimSettings::from_scenario(&scenario).map_err(|(k, r)| at(&k, r))?;
     let hardware = find_hardware(&scenario.server.hardware)
         .map_err(|e| at("server.hardware", e.to_string()))?;
-    let model =
+    let mut model =
         resolve_model(&scenario.server.model).map_err(|e| at("server.model", e.to_string()))?;
+    // The weights and KV as the server holds them (transformers on a CPU: the config's f32).
+    if let Some(dtype) = settings.dtype {
+        model.weight_dtype = dtype;
+        model.kv_dtype = dtype;
+    }
     let cfg = scenario.server.scheduler_config();
     let mut cal = match &settings.calibration {
         Some(p) => {
@@ -292,6 +297,9 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         cal.static_per_seq_overhead_s = s.static_per_seq_overhead_s;
     }
     set(&mut cal.step_jitter_s, s.step_jitter_s);
+    if s.page_fault_s_per_gib.is_some() {
+        cal.page_fault_s_per_gib = s.page_fault_s_per_gib;
+    }
     set(&mut cal.client.request_s, s.client_request_s);
     set(
         &mut cal.client.per_prompt_token_s,

@@ -14,7 +14,15 @@
 //!          + kv_bytes_per_token / tp × (context + new tokens)   KV read + written
 //!          + layers × heads × score elements × 16 / tp   attention_scores = materialized:
 //!            every score written and read on its way through the softmax
+//!          + 4 × layers × heads × head_dim × kv dtype × expanded keys / tp
+//!            packed_attention = masked with grouped-query heads and more than one
+//!            query: the pass's keys and values repeated for every query head, written
+//!            and read
 //! memory   = bytes / (bandwidth × bandwidth_efficiency)
+//!          + 2 × layers × heads × head_dim × kv dtype × expanded keys / GiB
+//!            × page_fault_s_per_gib / tp   where the calibration has it and one layer's
+//!            repeated K (or V) is at least 32 MiB: glibc maps such a block afresh on
+//!            every allocation, and its pages fault in one by one
 //!            (a decode pass of one sequence: × single_decode_bandwidth_efficiency where
 //!            the calibration has one; it runs matrix-vector products, a path of its own)
 //! launch   = layers × kernels_per_layer × kernel_launch_s     eager
@@ -72,6 +80,14 @@ const SCORE_BYTES: f64 = 6.0;
 /// so materialised attention is bound by this traffic, not by its FLOPs.
 const SCORE_TRAFFIC_BYTES: f64 = 16.0;
 
+/// glibc's largest mmap threshold on a 64-bit host (`DEFAULT_MMAP_THRESHOLD_MAX`): a block
+/// at least this large is always mapped afresh by malloc and unmapped by free, however often
+/// one like it was freed before (below it, the threshold rises to the freed block's size
+/// and later blocks are reused from the heap).
+const MMAP_THRESHOLD_MAX_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
 /// Latency of one all-reduce call, independent of size.
 const ALLREDUCE_LATENCY_S: f64 = 10e-6;
 
@@ -116,6 +132,10 @@ struct Pass {
     /// (eager attention computes the whole rectangle): what materialised scores move
     /// through memory, per layer and head.
     score_elements: f64,
+    /// Keys the pass repeats for every query head, per layer, keys and values each (a
+    /// masked pass with grouped-query heads and more than one query: [`PackedAttention::
+    /// Masked`]).
+    expanded_keys: f64,
     /// What the pass holds at its peak (for `count` passes: the largest one).
     held: Held,
     decode_only: bool,
@@ -135,6 +155,7 @@ impl Pass {
             attention_pairs: self.attention_pairs / n,
             decode_pairs: self.decode_pairs / n,
             score_elements: self.score_elements / n,
+            expanded_keys: self.expanded_keys / n,
             held: Held {
                 tokens: self.held.tokens / n,
                 logit_rows: self.held.logit_rows / n,
@@ -223,6 +244,7 @@ impl Analytic {
                 score_elements: prompt_rectangles(
                     s.attention_pairs - s.decode_context_tokens as f64,
                 ) + decode_keys,
+                expanded_keys: 0.0,
                 held: Held {
                     tokens,
                     logit_rows: if all_logits { tokens } else { s.sampled as f64 },
@@ -238,11 +260,21 @@ impl Analytic {
                 // keys bounds it, not its scores, and that read is the ragged one: decode-only
                 // steps of transformers' step log grow with the step's keys (308 / 523 / 944
                 // / 1,540 ms at 1.5k / 5.2k / 8.7k / 15.8k), not with batch × keys.
+                //
+                // With grouped-query heads and more than one query, the pass's keys and
+                // values are repeated for every query head first (transformers' sdpa with
+                // a mask: `repeat_kv`; one query is regrouped instead, `pack_gqa`).
                 PackedAttention::Masked => {
                     let prompt_rows = s.prefill_tokens as f64 * s.context_tokens as f64;
+                    let grouped = self.model.heads > self.model.kv_heads;
                     Pass {
                         attention_pairs: prompt_rows + ragged.decode_pairs,
                         score_elements: prompt_rows + decode_keys,
+                        expanded_keys: if grouped && tokens > 1.0 {
+                            s.context_tokens as f64
+                        } else {
+                            0.0
+                        },
                         held: Held {
                             score_elements: prompt_rows + decode_keys,
                             ..ragged.held
@@ -283,6 +315,7 @@ impl Analytic {
                 attention_pairs: prompt_pairs / n,
                 decode_pairs: 0.0,
                 score_elements: prompt_rectangles(prompt_pairs) / n,
+                expanded_keys: 0.0,
                 held: Held {
                     tokens: largest,
                     logit_rows: if all_logits { largest } else { 1.0 },
@@ -301,6 +334,7 @@ impl Analytic {
                 attention_pairs: prompt_pairs * pad,
                 decode_pairs: 0.0,
                 score_elements: prompt_scores,
+                expanded_keys: 0.0,
                 held: Held {
                     tokens: padded,
                     logit_rows: if all_logits { padded } else { prompt_sampled },
@@ -317,6 +351,7 @@ impl Analytic {
             attention_pairs: decode_keys,
             decode_pairs: decode_keys,
             score_elements: decode_keys,
+            expanded_keys: 0.0,
             held: Held {
                 tokens: s.decode_seqs as f64,
                 logit_rows: s.decode_seqs as f64,
@@ -353,7 +388,21 @@ impl Analytic {
             Some(e) if p.decode_only && p.tokens == 1.0 => e,
             _ => cal.bandwidth_efficiency,
         };
-        let memory = (m.weight_bytes() + kv + scores) / tp / (hw.bandwidth * bandwidth_efficiency);
+        // Repeated keys and values: written, then read by attention. Each layer's K or V
+        // buffer past the mmap threshold is faulted in afresh where the engine's allocator
+        // maps it anew (`page_fault_s_per_gib`).
+        let expanded_buffer = p.expanded_keys * (m.heads * m.head_dim) as f64 * m.kv_dtype.bytes();
+        let expanded = 2.0 * m.layers as f64 * expanded_buffer;
+        let faults = match cal.page_fault_s_per_gib {
+            Some(s_per_gib) if expanded_buffer >= MMAP_THRESHOLD_MAX_BYTES => {
+                expanded / GIB * s_per_gib
+            }
+            _ => 0.0,
+        };
+        let memory = (m.weight_bytes() + kv + scores + 2.0 * expanded)
+            / tp
+            / (hw.bandwidth * bandwidth_efficiency)
+            + faults / tp;
         let graph = self.cuda_graphs && p.decode_only;
         let (launch, replay) = if graph {
             (hw.graph_launch_s, cal.graph_replay_factor)
@@ -621,7 +670,8 @@ mod tests {
     /// Masked packed attention scores every prompt token of a pass against every key it
     /// reads: a lone decode costs what it costs ragged; two 100-token prompts beside a
     /// decode at 900 score 200 × 1,100 pairs where their own keys give 2 × 5,050; the extra
-    /// is priced at the prompts' attention rate, the decode's row as ragged.
+    /// is priced at the prompts' attention rate, the decode's row as ragged. The pass's
+    /// 1,100 keys and values, repeated for every query head, are written and read.
     #[test]
     fn masked_attention_scores_every_query_against_every_key() {
         let with = |packed_attention| {
@@ -653,7 +703,48 @@ mod tests {
             "{} vs {expected}",
             m.compute - r.compute
         );
-        assert_eq!(m.memory, r.memory);
+        let repeated = 2.0
+            * (model.layers * model.heads * model.head_dim) as f64
+            * 1100.0
+            * model.kv_dtype.bytes();
+        let traffic = 2.0 * repeated / model.tp as f64 / (hw.bandwidth * 0.8);
+        let extra = m.memory - r.memory;
+        assert!(
+            (extra - traffic).abs() < 1e-9 * traffic,
+            "{extra} vs {traffic}"
+        );
+    }
+
+    /// A masked pass's repeated keys fault in afresh only where the calibration says so
+    /// and only once one layer's K passes glibc's 32 MiB mmap threshold: Llama 3.2 3B
+    /// repeats 24 heads × 128 × 2 bytes = 6,144 bytes per key, so eight decodes at 682
+    /// keys each (5,456) stay under it and at 683 (5,464) pay every repeated byte.
+    #[test]
+    fn repeated_keys_fault_in_past_the_mmap_threshold() {
+        let with = |page_fault_s_per_gib| {
+            rtx5080_llama(|c| Calibration {
+                packed_attention: PackedAttention::Masked,
+                page_fault_s_per_gib,
+                ..c
+            })
+        };
+        let (kept, faulted) = (with(None), with(Some(0.25)));
+        let under = decode(8, 682);
+        assert_eq!(faulted.terms(&under), kept.terms(&under));
+        let over = decode(8, 683);
+        let m = &faulted.model;
+        let repeated = 2.0 * (m.layers * m.heads * m.head_dim) as f64 * 5464.0 * m.kv_dtype.bytes();
+        let expected = repeated / GIB * 0.25;
+        let extra = faulted.terms(&over).memory - kept.terms(&over).memory;
+        assert!(
+            (extra - expected).abs() < 1e-9 * expected,
+            "{extra} vs {expected}"
+        );
+        // One sequence's decode regroups its query heads and repeats nothing.
+        assert_eq!(
+            faulted.terms(&decode(1, 9000)),
+            kept.terms(&decode(1, 9000))
+        );
     }
 
     fn prefill(n: usize) -> StepShape {
