@@ -118,13 +118,16 @@ case $SERVER in
       start_server; wait_ready
     }
     # Its FIFO scheduler: prompts join a step only while 15% of the pool is free (else one
-    # alone), a prompt that does not fit passed over; an evicted request recomputes. Its
+    # alone), a prompt that does not fit passed over; an evicted request recomputes. A
+    # step reads at most the pool's 16,384 tokens of context, shared prefixes once per
+    # reader: without flash attention its keys go through an index of the pool's size. Its
     # weights and KV in the model's own f32 (the config's torch_dtype).
     SERVER_SET=(--set server.max_batch_size=1024 --set server.num_gpu_blocks=64
       --set server.block_size=256 --set server.max_model_len=4096
       --set server.chunked_prefill=true --set server.prefill_chunk_size=8192
       --set server.prefix_caching=true --set server.kv_admission=free_margin
-      --set server.kv_watermark=0.15 --set workload.ignore_eos=false --set sim.dtype=f32)
+      --set server.kv_watermark=0.15 --set server.max_step_read_tokens=16384
+      --set workload.ignore_eos=false --set sim.dtype=f32)
     # Its sdpa attention on a CPU runs PyTorch's fused kernel (no score matrix kept: the
     # materialised one planned 21-217 GiB of activations and failed a prediction,
     # runs/bb-tf-2). With a mask and grouped-query heads it repeats a pass's keys and

@@ -54,9 +54,23 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
             prop_oneof![Just(0.0), 0.0f64..0.6], // kv_watermark
             prop_oneof![Just(KvVictim::Newest), Just(KvVictim::FewestOutputs)],
         ),
+        prop::option::of(1usize..600), // max_step_read_tokens
     )
         .prop_map(
-            |(mode, kv, batch, blocks, bs, chunked, chunk, prefix, mml, budget, kv_policy)| {
+            |(
+                mode,
+                kv,
+                batch,
+                blocks,
+                bs,
+                chunked,
+                chunk,
+                prefix,
+                mml,
+                budget,
+                kv_policy,
+                reads,
+            )| {
                 let (admission, dry, watermark, victim) = kv_policy;
                 let mut c = SchedulerConfig {
                     batching_mode: mode,
@@ -74,6 +88,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     kv_preemption: dry,
                     kv_watermark: watermark,
                     kv_victim: victim,
+                    max_step_read_tokens: reads,
                 };
                 if blocks * bs < mml {
                     c.num_gpu_blocks = mml.div_ceil(bs) + blocks % 8;
@@ -145,6 +160,11 @@ proptest! {
             prop_assert!(s.num_tokens <= budget, "INV-5: step of {} tokens > budget {}", s.num_tokens, budget);
             prop_assert!(s.seqs.len() <= c.cfg.max_batch_size, "INV-5: batch limit");
             prop_assert!(s.num_running <= c.cfg.max_batch_size, "INV-5: batch limit");
+            // A step reads at most its limit of computed context, but for a lone sequence's.
+            let reads: usize = s.seqs.iter().map(|x| x.1).sum();
+            if let (Some(limit), true) = (c.cfg.max_step_read_tokens, s.seqs.len() > 1) {
+                prop_assert!(reads <= limit, "step reads {} > limit {}", reads, limit);
+            }
             // No request appears twice in a step (INV-5).
             let mut ids: Vec<u64> = s.seqs.iter().map(|x| x.0).collect();
             ids.sort_unstable();

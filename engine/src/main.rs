@@ -164,7 +164,7 @@ struct ServeArgs {
         "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
         "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
         "max_num_batched_tokens", "prefix_caching", "max_model_len", "kv_admission",
-        "kv_preemption", "kv_watermark", "kv_victim",
+        "kv_preemption", "kv_watermark", "kv_victim", "max_step_read_tokens",
     ])]
     scenario: Option<PathBuf>,
     /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.
@@ -198,6 +198,12 @@ struct ServeArgs {
     /// longest prompt among those (SGLang).
     #[arg(long = "kv-victim", value_enum, default_value_t = KvVictimArg::Newest)]
     kv_victim: KvVictimArg,
+    /// Context tokens a step may read from the cache at most, each sequence's computed
+    /// tokens counted: a sequence that would pass it sits the step out, a waiting one lets
+    /// those behind it go first (transformers' continuous batching without flash attention:
+    /// the pool's size).
+    #[arg(long = "max-step-read-tokens")]
+    max_step_read_tokens: Option<usize>,
     /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.
     #[arg(long = "num-gpu-blocks")]
     num_gpu_blocks: Option<usize>,
@@ -668,6 +674,7 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
             KvVictimArg::Newest => KvVictim::Newest,
             KvVictimArg::FewestOutputs => KvVictim::FewestOutputs,
         },
+        max_step_read_tokens: a.max_step_read_tokens,
     }
 }
 

@@ -23,14 +23,24 @@ pub const NEAR_SATURATION: f64 = 0.8;
 
 /// The predicted capacity: requests per second the server completes of the scenario's
 /// requests when it is kept full (a closed loop of twice as many clients as all replicas'
-/// batches hold), so that the arrival process no longer limits it. The workload's first
+/// batches hold, or their KV pools where those hold fewer), so that the arrival process no longer limits it. The workload's first
 /// 1,000 requests, or ten per client if that is more, are run (a trace's rows as they
 /// are): enough that the end of the run, where the last requests drain with the batch no
 /// longer full, weighs little, and few enough that a run of millions pays little for it.
 pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
     let mut scenario = setup.scenario.clone();
     let replicas = scenario.cluster.as_ref().map_or(1, |c| c.replicas);
-    let clients = 2 * scenario.server.max_batch_size * replicas;
+    // As many sequences as can run at once: the batch, or fewer where the KV pool holds
+    // fewer (a paged sequence holds a block of its own at least, a slot one sequence).
+    // Transformers' 1,024-sequence batch over a 64-block pool would otherwise keep 2,048
+    // clients in flight, and a step cap reading a dozen of them per step (its
+    // `max_step_read_tokens`) made that run take minutes.
+    let cfg = scenario.server.scheduler_config();
+    let resident = match cfg.kv_cache_backend {
+        infer_core::KvBackend::Paged => cfg.num_gpu_blocks,
+        infer_core::KvBackend::Contiguous => cfg.kv_capacity_tokens() / cfg.max_model_len,
+    };
+    let clients = 2 * cfg.max_batch_size.min(resident.max(1)) * replicas;
     scenario.arrival = ArrivalSpec {
         kind: ArrivalKind::Concurrency,
         rate: None,

@@ -118,6 +118,17 @@ pub struct SchedulerConfig {
     /// Which running sequence is preempted when the pool runs dry.
     #[serde(default)]
     pub kv_victim: KvVictim,
+    /// Context tokens a step may read from the cache at most, each sequence's computed
+    /// tokens counted (a prefix shared through the cache once per reader; a prompt just
+    /// admitted reads its prefix hit): a sequence that would pass it sits the step out, a
+    /// waiting one is passed over for those behind it, and the step's first sequence always
+    /// runs. `None`: no limit. Transformers' continuous
+    /// batching without its decode fast path (no flash attention: a CPU's case) reads a
+    /// step's keys through an index of the pool's size, and skips a request whose context
+    /// would overflow it (`cache_budget = max_tokens_read`, `scheduler.py`): with prefixes
+    /// shared, the running sequences' contexts can sum past the pool, and some sit out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_step_read_tokens: Option<usize>,
 }
 
 /// The waiting queue's default bound: far beyond what a server drains in any benchmark
@@ -148,6 +159,7 @@ impl Default for SchedulerConfig {
             kv_preemption: KvPreemption::Recompute,
             kv_watermark: 0.0,
             kv_victim: KvVictim::Newest,
+            max_step_read_tokens: None,
         }
     }
 }
@@ -208,6 +220,9 @@ impl SchedulerConfig {
                     ),
                 ));
             }
+        }
+        if self.max_step_read_tokens == Some(0) {
+            return Err(("max_step_read_tokens", "must be at least 1".into()));
         }
         if let Some(budget) = self.max_num_batched_tokens {
             let need = self.max_model_len.max(self.max_batch_size);

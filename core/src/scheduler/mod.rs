@@ -14,7 +14,9 @@
 //!
 //! With [`KvAdmission::FreeMargin`] (transformers'), prompt work of 2 and 3 joins a step
 //! only while the pool was free enough as it began, or alone; a waiting prompt that does
-//! not fit lets the ones behind it go first.
+//! not fit lets the ones behind it go first. With `max_step_read_tokens` (transformers'
+//! too), a sequence of 1–3 whose context would take the step's reads past it sits the
+//! step out, a waiting one letting those behind it go first.
 //!
 //! When a running sequence needs a block and none is free, a running sequence not yet
 //! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to
@@ -503,6 +505,10 @@ impl Scheduler {
             && (self.kv.num_free_blocks() as f64)
                 < self.cfg.kv_watermark * self.cfg.num_gpu_blocks as f64;
 
+        // Context tokens the step may still read from the cache (each sequence's computed
+        // tokens).
+        let mut reads = self.cfg.max_step_read_tokens.unwrap_or(usize::MAX);
+
         // 1 and 2: running sequences, decodes before prompt chunks, oldest first.
         let mut order = std::mem::take(&mut self.order);
         order.clear();
@@ -533,10 +539,15 @@ impl Scheduler {
                     break; // prompt work only alone while the pool is under its margin
                 }
                 let n = (seq.tokens.len() - seq.num_computed).min(budget);
+                let read = seq.num_computed;
+                if read > reads && !plan.is_empty() {
+                    continue; // its context would take the step's reads past the limit
+                }
                 match self.grow(slot, n, &mut plan) {
                     Growth::Grown => {
                         self.push_to_plan(slot, n, &mut plan);
                         budget -= n;
+                        reads = reads.saturating_sub(read);
                     }
                     Growth::Waits => waiting += 1,
                     Growth::Preempted => {}
@@ -602,6 +613,10 @@ impl Scheduler {
                 break; // prefilled whole or not at all; nobody overtakes the head
             }
             let n = rest.min(budget);
+            if hit > reads && !plan.is_empty() {
+                self.waiting.pass_over(); // its context would take the reads past the limit
+                continue;
+            }
             // The watermark keeps headroom for running decodes: with none running there is
             // nothing to keep it for (and a prompt larger than the pool less the watermark
             // would otherwise never be admitted).
@@ -653,6 +668,7 @@ impl Scheduler {
             self.running.push(slot);
             self.push_to_plan(slot, n, &mut plan);
             budget -= n;
+            reads = reads.saturating_sub(hit);
             if under_margin {
                 break; // the step's only work
             }
@@ -1351,6 +1367,37 @@ mod tests {
             run_to_end(&mut s, 3.0);
             assert_eq!(s.stats().num_free_blocks, 16);
         }
+    }
+
+    /// The step's reads (transformers' cache budget), at most 40 tokens of computed
+    /// context: A (16 tokens), B (30) and C (8) read nothing as they start together; then
+    /// A's decode reads 16 and C's 8 while B's 30 would pass the limit beside A's, so B sits
+    /// the step out and decodes when they have ended. A context past the limit runs alone:
+    /// D (50 tokens) decodes while E (8), started beside its prompt, waits.
+    #[test]
+    fn a_step_reads_at_most_its_limit_and_a_longer_context_runs_alone() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            block_size: 4,
+            max_model_len: 128,
+            prefix_caching: false,
+            max_step_read_tokens: Some(40),
+            ..cfg()
+        });
+        s.add_request(Request::new(1, vec![3; 16], 2), 0.0).unwrap();
+        s.add_request(Request::new(2, vec![4; 30], 2), 0.0).unwrap();
+        s.add_request(Request::new(3, vec![5; 8], 2), 0.0).unwrap();
+        assert_eq!(step_ids(&mut s, 1.0), [1, 2, 3]);
+        assert_eq!(step_ids(&mut s, 2.0), [1, 3]);
+        assert_eq!(step_ids(&mut s, 3.0), [2]);
+        run_to_end(&mut s, 4.0);
+        s.add_request(Request::new(4, vec![6; 50], 2), 10.0)
+            .unwrap();
+        s.add_request(Request::new(5, vec![7; 8], 2), 10.0).unwrap();
+        assert_eq!(step_ids(&mut s, 11.0), [4, 5]);
+        assert_eq!(step_ids(&mut s, 12.0), [4]);
+        assert_eq!(step_ids(&mut s, 13.0), [5]);
+        run_to_end(&mut s, 14.0);
+        assert_eq!(s.stats().num_free_blocks, 64);
     }
 
     /// The watermark: a pool of 16 blocks of 4 tokens, a quarter kept free at admission.

@@ -143,6 +143,9 @@ pub struct ServerSpec {
     pub kv_watermark: f64,
     /// `newest` (vLLM) or `fewest_outputs` (SGLang; see [`KvVictim`]).
     pub kv_victim: KvVictim,
+    /// Context tokens a step may read at most (see [`SchedulerConfig`]); absent: no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_step_read_tokens: Option<usize>,
 }
 
 impl Default for ServerSpec {
@@ -167,6 +170,7 @@ impl Default for ServerSpec {
             kv_preemption: s.kv_preemption,
             kv_watermark: s.kv_watermark,
             kv_victim: s.kv_victim,
+            max_step_read_tokens: s.max_step_read_tokens,
         }
     }
 }
@@ -189,6 +193,7 @@ impl ServerSpec {
             kv_preemption: self.kv_preemption,
             kv_watermark: self.kv_watermark,
             kv_victim: self.kv_victim,
+            max_step_read_tokens: self.max_step_read_tokens,
         }
     }
 }

@@ -76,6 +76,7 @@ impl GenerateOptions {
             kv_preemption: KvPreemption::Recompute,
             kv_watermark: 0.0,
             kv_victim: Default::default(),
+            max_step_read_tokens: None,
         }
     }
 }
