@@ -122,11 +122,11 @@ pub struct SchedulerConfig {
     /// tokens counted (a prefix shared through the cache once per reader; a prompt just
     /// admitted reads its prefix hit): a sequence that would pass it sits the step out, a
     /// waiting one is passed over for those behind it, and the step's first sequence always
-    /// runs. `None`: no limit. Transformers' continuous
-    /// batching without its decode fast path (no flash attention: a CPU's case) reads a
-    /// step's keys through an index of the pool's size, and skips a request whose context
-    /// would overflow it (`cache_budget = max_tokens_read`, `scheduler.py`): with prefixes
-    /// shared, the running sequences' contexts can sum past the pool, and some sit out.
+    /// runs. `None`: no limit. Transformers' continuous batching without its decode fast
+    /// path (no flash attention: a CPU's case) reads a step's keys through an index of the
+    /// pool's size, and skips a request whose context would overflow it (`cache_budget =
+    /// max_tokens_read`, `scheduler.py`): with prefixes shared, the running sequences'
+    /// contexts can sum past the pool, and some sit out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_step_read_tokens: Option<usize>,
 }
