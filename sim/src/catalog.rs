@@ -10,7 +10,8 @@ use infer_core::FileError;
 use std::fmt;
 
 const GB: f64 = 1e9;
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+/// Bytes in a GiB (memory plans and warnings print GiB).
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 const TFLOPS: f64 = 1e12;
 
 /// Element types of weights and KV cache.

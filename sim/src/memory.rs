@@ -34,9 +34,7 @@
 use infer_core::{KvBackend, SchedulerConfig, StepShape};
 
 use crate::calibration::ContiguousKv;
-use crate::catalog::{HardwareSpec, ModelSpec};
-
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+use crate::catalog::{HardwareSpec, ModelSpec, GIB};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryPlan {

@@ -37,6 +37,7 @@ use infer_core::workload::{
 };
 use infer_core::{BatchingMode, Event, Request, Scheduler, StepPlan, StopConditions};
 
+use crate::catalog::GIB;
 use crate::cost::{ClientPath, CostModel, StepShape};
 use crate::error::SimError;
 use crate::memory::ActivationPeak;
@@ -159,8 +160,6 @@ impl RunStats {
         )
     }
 }
-
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ev {

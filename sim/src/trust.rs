@@ -23,10 +23,11 @@ pub const NEAR_SATURATION: f64 = 0.8;
 
 /// The predicted capacity: requests per second the server completes of the scenario's
 /// requests when it is kept full (a closed loop of twice as many clients as all replicas'
-/// batches hold, or their KV pools where those hold fewer), so that the arrival process no longer limits it. The workload's first
-/// 1,000 requests, or ten per client if that is more, are run (a trace's rows as they
-/// are): enough that the end of the run, where the last requests drain with the batch no
-/// longer full, weighs little, and few enough that a run of millions pays little for it.
+/// batches hold, or their KV pools where those hold fewer), so that the arrival process
+/// no longer limits it. The workload's first 1,000 requests, or ten per client if that is
+/// more, are run (a trace's rows as they are): enough that the end of the run, where the
+/// last requests drain with the batch no longer full, weighs little, and few enough that a
+/// run of millions pays little for it.
 pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
     let mut scenario = setup.scenario.clone();
     let replicas = scenario.cluster.as_ref().map_or(1, |c| c.replicas);
@@ -90,7 +91,7 @@ pub fn saturation(setup: &Setup) -> Result<Option<String>, SimError> {
         Ok(capacity) => Ok(saturation_warning(rate, capacity)),
         Err(e) => Ok(Some(format!(
             "warning: capacity not estimated: this workload with the server kept full \
-             (twice its batch of clients) did not run within the bounds:\n  {e}"
+             (twice as many clients as it runs at once) did not run within the bounds:\n  {e}"
         ))),
     }
 }

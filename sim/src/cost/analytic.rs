@@ -67,7 +67,7 @@ use crate::calibration::{
     AttentionScores, Calibration, ContiguousDecode, LogitRows, PackedAttention, PrefillBatching,
     Roofline,
 };
-use crate::catalog::{HardwareSpec, ModelSpec};
+use crate::catalog::{HardwareSpec, ModelSpec, GIB};
 
 /// Device bytes per attention score while eager attention softmaxes a layer: the bf16
 /// scores and their fp32 softmax are alive together.
@@ -85,8 +85,6 @@ const SCORE_TRAFFIC_BYTES: f64 = 16.0;
 /// one like it was freed before (below it, the threshold rises to the freed block's size
 /// and later blocks are reused from the heap).
 const MMAP_THRESHOLD_MAX_BYTES: f64 = 32.0 * 1024.0 * 1024.0;
-
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 /// Latency of one all-reduce call, independent of size.
 const ALLREDUCE_LATENCY_S: f64 = 10e-6;
