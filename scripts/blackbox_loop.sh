@@ -64,27 +64,29 @@ case $SERVER in
   llama.cpp)
     LLAMA_SERVER=${LLAMA_SERVER:-$FOREIGN/llama-server}
     GGUF=${GGUF:-$FOREIGN/$(basename "$MODEL")-bf16.gguf}
-    # Slots erased between workloads need --slot-save-path; the host-RAM prompt cache
-    # (--cache-ram) is off so that an erased slot's prompt does not come back from it.
+    # The host-RAM prompt cache (--cache-ram) is off so that a slot's prompt lives only in
+    # the slot. Each probe and workload starts on a fresh server, as the simulator's does:
+    # a slot erased through the API keeps its place in the server's least-recently-used
+    # order, and that order decides which decodes share a micro-batch (below).
     start_server() {
-      mkdir -p "$OUT/slots"
       "$LLAMA_SERVER" -m "$GGUF" --port "$PORT" -np 16 -c 65536 -b 2048 -ub 512 -t 2 \
-        --cache-ram 0 --slot-save-path "$OUT/slots" >> "$OUT/serve.log" 2>&1 &
+        --cache-ram 0 >> "$OUT/serve.log" 2>&1 &
       SERVER_PID=$!
     }
     reset_cache() {
-      for slot in $(seq 0 15); do
-        curl -sf -X POST "$URL/slots/$slot?action=erase" > /dev/null
-      done
+      kill "$SERVER_PID"; wait "$SERVER_PID" 2> /dev/null || true
+      start_server; wait_ready
     }
     # llama.cpp's server as the core describes it: one 4,096-token slot per sequence (-c
     # 65536 over -np 16) with per-slot prompt reuse, and every step's tokens up to the
-    # logical batch (-b 2048), decodes first, run as micro-batches of -ub 512 tokens.
+    # logical batch (-b 2048), decodes first, run as micro-batches of -ub 512 tokens. With a
+    # KV stream per slot a micro-batch holds only sequences in consecutive slots: decodes in
+    # slots 0, 4, 8 and 12 run as four passes (scripts/llama_slot_passes.py).
     SERVER_SET=(--set server.max_batch_size=16 --set server.kv_cache_backend=contiguous
       --set server.num_gpu_blocks=4096 --set server.block_size=16
       --set server.max_model_len=4096 --set server.chunked_prefill=true
       --set server.prefill_chunk_size=2048 --set server.prefix_caching=true)
-    CALIBRATE_SET=(--prefill-batching packed --micro-batch-tokens 512)
+    CALIBRATE_SET=(--prefill-batching packed --micro-batch-tokens 512 --micro-batches slot-runs)
     # Its CPU backend decodes one sequence by matrix-vector products, far faster than the
     # line through larger batches (probes: 55-66 ms at one sequence, 134-159 at four,
     # 173-196 at sixteen): that decode's own bandwidth, with the per-sequence and matmul

@@ -23,5 +23,6 @@ pub use file_error::FileError;
 pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
 pub use scheduler::{
     AddError, AddOptions, BatchingMode, Event, KvAdmission, KvBackend, KvPreemption, KvVictim,
-    ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, StepPlan, StepShape,
+    PassSum, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SlotPasses, StepPlan,
+    StepShape, SLOT_KEY_PAD,
 };

@@ -24,6 +24,8 @@
 //! graph_replay_factor = 2.1    # a CUDA-graph decode pass: × its eager time w/o decode attention (>= 1)
 //! micro_batch_tokens = 512     # a packed step runs as passes of at most this many tokens
 //!                              #   (llama.cpp's n_ubatch), each reading the weights
+//! micro_batches = "slot_runs"  # tokens | slot_runs (a pass holds only sequences in
+//!                              #   consecutive slots of a contiguous cache: llama.cpp's)
 //!
 //! [models."llama-3.2-3b"]      # one table per model, every coefficient required
 //! compute_efficiency = 0.45
@@ -146,6 +148,8 @@ pub struct Calibration {
     /// logical batch, `n_batch`, into micro-batches of `n_ubatch` tokens and samples after
     /// the last: `llama-batch.cpp`, `server-context.cpp`). `None`: one pass (vLLM, infer).
     pub micro_batch_tokens: Option<usize>,
+    /// Which sequences a micro-batch may hold (with `micro_batch_tokens`).
+    pub micro_batches: MicroBatches,
     /// Where the numbers come from, in full (the calibration file and the `sim calibrate`
     /// commands that made it: run.json keeps it).
     pub source: String,
@@ -254,6 +258,21 @@ pub enum PackedAttention {
     Masked,
 }
 
+/// Which of a step's sequences one micro-batch (a pass of at most `micro_batch_tokens`)
+/// may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum MicroBatches {
+    /// Any: the step's tokens cut into equal passes.
+    #[default]
+    Tokens,
+    /// Only sequences in consecutive slots of a contiguous cache, an equal number of
+    /// tokens each ([`infer_core::SlotPasses`]): llama.cpp's server with a KV stream per
+    /// slot, where decodes in slots 0, 4, 8 and 12 run as four passes. Over a paged cache,
+    /// `tokens`.
+    SlotRuns,
+}
+
 /// How a forward pass's compute and memory time combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -330,6 +349,12 @@ pub struct Mechanisms {
     pub graph_replay_factor: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub micro_batch_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub micro_batches: MicroBatches,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 impl Mechanisms {
@@ -338,7 +363,7 @@ impl Mechanisms {
         format!(
             "prefill_batching={:?} logits={:?} attention_scores={:?} contiguous_kv={:?} \
              contiguous_decode={:?} packed_attention={:?} roofline={:?} spill_bandwidth_gb_s={} reserved_gib={} \
-             graph_replay_factor={} micro_batch_tokens={}",
+             graph_replay_factor={} micro_batch_tokens={} micro_batches={:?}",
             self.prefill_batching,
             self.logits,
             self.attention_scores,
@@ -352,7 +377,8 @@ impl Mechanisms {
                 .map_or("the catalog's".to_string(), |v| v.to_string()),
             self.graph_replay_factor.unwrap_or(1.0),
             self.micro_batch_tokens
-                .map_or("none".to_string(), |v| v.to_string())
+                .map_or("none".to_string(), |v| v.to_string()),
+            self.micro_batches
         )
     }
 }
@@ -707,6 +733,7 @@ impl Mechanisms {
             reserved_gib: c.reserved_gib,
             graph_replay_factor: (c.graph_replay_factor != 1.0).then_some(c.graph_replay_factor),
             micro_batch_tokens: c.micro_batch_tokens,
+            micro_batches: c.micro_batches,
         }
     }
 }
@@ -747,6 +774,7 @@ impl Calibration {
             reserved_gib: None,
             graph_replay_factor: 1.0,
             micro_batch_tokens: None,
+            micro_batches: MicroBatches::Tokens,
             source: UNCALIBRATED.into(),
             label: "uncalibrated defaults".into(),
             residuals: Arc::from([]),
@@ -767,10 +795,11 @@ impl Calibration {
 
     /// The calibration a server configured by `cfg` prices its steps with: under static
     /// batching, its own host costs where the calibration has them; over a paged KV cache,
-    /// ragged decodes.
+    /// ragged decodes and micro-batches of any sequences.
     pub fn for_server(mut self, cfg: &SchedulerConfig) -> Calibration {
         if cfg.kv_cache_backend != KvBackend::Contiguous {
             self.contiguous_decode = ContiguousDecode::Ragged;
+            self.micro_batches = MicroBatches::Tokens;
         }
         if cfg.batching_mode == BatchingMode::Static {
             self.step_overhead_s = self.static_step_overhead_s.unwrap_or(self.step_overhead_s);
@@ -814,6 +843,7 @@ impl Calibration {
             reserved_gib: mechanisms.reserved_gib,
             graph_replay_factor: mechanisms.graph_replay_factor.unwrap_or(1.0),
             micro_batch_tokens: mechanisms.micro_batch_tokens,
+            micro_batches: mechanisms.micro_batches,
             source: self.source.clone(),
             label: self.label.clone(),
             residuals: self.residuals.clone(),

@@ -246,6 +246,11 @@ enum Command {
         /// default). Default: one pass.
         #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
         micro_batch_tokens: Option<u64>,
+        /// Which sequences a micro-batch may hold: tokens (any; the default) or slot-runs
+        /// (only sequences in consecutive slots of a contiguous cache, an equal number of
+        /// tokens each: llama.cpp's server with a KV stream per slot).
+        #[arg(long, value_enum)]
+        micro_batches: Option<calibration::MicroBatches>,
         /// Start from this calibration file's coefficients and keep those `--fit` does not
         /// name (a second stage: refit a few coefficients of an existing calibration). Its
         /// mechanisms are the fit's: every mechanism flag left out takes the file's value
@@ -432,6 +437,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             reserved_gib,
             graph_replay_factor,
             micro_batch_tokens,
+            micro_batches,
             start,
             engine,
             out,
@@ -517,6 +523,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 micro_batch_tokens: micro_batch_tokens
                     .map(|u| u as usize)
                     .or(base.micro_batch_tokens),
+                micro_batches: micro_batches.unwrap_or(base.micro_batches),
             };
             // The best fit of `targets` over the mechanisms searched.
             let fit_best = |targets: &mut Vec<fit::Target>| -> anyhow::Result<fit::Fit> {

@@ -237,6 +237,9 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
         chunk_self_pairs: prompts as f64 * c * c,
         // Activations do not depend on it.
         constrained_seqs: 0,
+        // Unset: the step priced as its tokens cut into passes, whose largest is at least
+        // as large as a pass of consecutive slots.
+        slot_passes: Default::default(),
     }
 }
 

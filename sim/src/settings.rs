@@ -36,6 +36,7 @@
 //!                                  # catalog's estimate; a desktop's display takes more)
 //! graph_replay_factor = 2.1        # CUDA-graph decode pass: × its time w/o decode attention (>= 1)
 //! micro_batch_tokens = 512         # a packed step as passes of at most this many tokens
+//! micro_batches = "slot_runs"      # tokens | slot_runs (passes of consecutive slots only)
 //! # bounds of a run (a run past one ends with an error naming its key):
 //! max_simulated_s = 2592000        # simulated time (default 30 days)
 //! max_output_mib = 4096            # run directory's streamed files (requests, timeseries)
@@ -46,8 +47,8 @@ use infer_core::workload::Scenario;
 use serde::Deserialize;
 
 use crate::calibration::{
-    AttentionScores, ContiguousDecode, ContiguousKv, LogitRows, PackedAttention, PrefillBatching,
-    Roofline,
+    AttentionScores, ContiguousDecode, ContiguousKv, LogitRows, MicroBatches, PackedAttention,
+    PrefillBatching, Roofline,
 };
 use crate::catalog::Dtype;
 
@@ -95,6 +96,7 @@ pub struct SimSettings {
     pub graph_replay_factor: Option<f64>,
     /// Whole tokens (read as a number, as every key of the table).
     pub micro_batch_tokens: Option<f64>,
+    pub micro_batches: Option<MicroBatches>,
     pub max_simulated_s: Option<f64>,
     pub max_output_mib: Option<f64>,
     pub max_memory_mib: Option<f64>,
@@ -246,7 +248,7 @@ impl SimSettings {
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 34] = [
+    const KNOWN: [&str; 35] = [
         "cost_model",
         "profile",
         "timeseries_interval_s",
@@ -278,6 +280,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
         "reserved_gib",
         "graph_replay_factor",
         "micro_batch_tokens",
+        "micro_batches",
         "max_simulated_s",
         "max_output_mib",
         "max_memory_mib",

@@ -126,6 +126,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         let asked = [
             ("contiguous_kv", settings.contiguous_kv.is_some()),
             ("contiguous_decode", settings.contiguous_decode.is_some()),
+            ("micro_batches", settings.micro_batches.is_some()),
         ];
         for (key, _) in asked.iter().filter(|(_, set)| *set) {
             warnings.push(format!(
@@ -322,6 +323,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
     cal.attention_scores = s.attention_scores.unwrap_or(cal.attention_scores);
     cal.contiguous_kv = s.contiguous_kv.unwrap_or(cal.contiguous_kv);
     cal.contiguous_decode = s.contiguous_decode.unwrap_or(cal.contiguous_decode);
+    cal.micro_batches = s.micro_batches.unwrap_or(cal.micro_batches);
     cal.packed_attention = s.packed_attention.unwrap_or(cal.packed_attention);
     cal.roofline = s.roofline.unwrap_or(cal.roofline);
     if *cal != before {

@@ -35,7 +35,7 @@ use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
 use infer_core::workload::{
     ApproxTokenizer, ArrivalKind, ArrivalTimes, GeneratedRequest, Tokenizer, WorkloadGenerator,
 };
-use infer_core::{BatchingMode, Event, Request, Scheduler, StepPlan, StopConditions};
+use infer_core::{BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions};
 
 use crate::catalog::GIB;
 use crate::cost::{ClientPath, CostModel, StepShape};
@@ -786,6 +786,10 @@ impl Sim<'_> {
             return;
         }
         let mut shape = StepShape::of(&plan);
+        if let Some((tokens, padded)) = self.cost.slot_passes() {
+            let slot_tokens = rep.sched.config().max_model_len;
+            shape.slot_passes = SlotPasses::of(&plan, tokens, slot_tokens, padded);
+        }
         if !self.constrained.is_empty() {
             shape.constrained_seqs = plan
                 .seqs

@@ -63,12 +63,17 @@ impl ContiguousKv {
     }
 
     /// The free slot a new sequence takes without a prefix: the one freed longest ago
-    /// (never-used slots first, lowest id first among them) when slots keep their tokens,
-    /// else the lowest id.
+    /// (never-used slots first, the highest id first among them: llama.cpp's server keeps
+    /// the last slot of a tie, `get_available_slot`) when slots keep their tokens, else the
+    /// lowest id.
     fn pick_free(&self) -> Option<usize> {
         if self.reuse {
-            (0..self.free.len())
-                .min_by_key(|&i| (self.last_freed[self.free[i] as usize], self.free[i]))
+            (0..self.free.len()).min_by_key(|&i| {
+                (
+                    self.last_freed[self.free[i] as usize],
+                    std::cmp::Reverse(self.free[i]),
+                )
+            })
         } else {
             self.free.len().checked_sub(1)
         }
@@ -348,6 +353,33 @@ mod tests {
         let first = held.blocks[0].min(other);
         kv.free(&mut held);
         assert_eq!(kv.lookup_prefix(&a).blocks, vec![first]);
+    }
+
+    #[test]
+    fn with_reuse_never_used_slots_go_highest_id_first_then_least_recently_freed() {
+        // llama.cpp's server: 15, 14, 13, … on a fresh start; then the slot freed first.
+        let mut kv = ContiguousKv::new(4 * 64, 64, true);
+        let mut seqs: Vec<SeqKv> = (0..3).map(|_| kv.new_seq()).collect();
+        for s in &mut seqs {
+            assert!(kv.allocate(s, &PrefixMatch::default(), 10));
+        }
+        let slots: Vec<BlockId> = seqs.iter().map(|s| s.blocks[0]).collect();
+        assert_eq!(slots, vec![3, 2, 1]);
+        for i in [1, 0, 2] {
+            kv.free(&mut seqs[i]);
+        }
+        let order: Vec<BlockId> = (0..4)
+            .map(|_| {
+                let mut s = kv.new_seq();
+                assert!(kv.allocate(&mut s, &PrefixMatch::default(), 10));
+                s.blocks[0]
+            })
+            .collect();
+        assert_eq!(
+            order,
+            vec![0, 2, 3, 1],
+            "never used, then freed first to last"
+        );
     }
 
     #[test]

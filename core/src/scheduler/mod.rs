@@ -38,7 +38,7 @@ pub use config::{
     DEFAULT_MAX_WAITING, MAX_MODEL_LEN,
 };
 pub use plan::{Event, ScheduledSeq, StepPlan};
-pub use shape::StepShape;
+pub use shape::{PassSum, SlotPasses, StepShape, SLOT_KEY_PAD};
 use waiting::WaitQueue;
 
 use crate::kv::{
@@ -853,6 +853,7 @@ impl Scheduler {
             samples,
             seq.is_decode(),
             seq.cached_tokens.unwrap_or(0),
+            seq.kv.blocks.first().copied().unwrap_or(BlockId::MAX),
             blocks,
         );
     }

@@ -18,6 +18,9 @@ pub struct ScheduledSeq {
     /// Prompt tokens this sequence found in the prefix cache when admitted: context whose
     /// KV it shares with the sequence that computed it.
     pub cached_tokens: usize,
+    /// The first block of its KV: a contiguous cache's slot (set with or without block
+    /// tables in the plan).
+    pub first_block: BlockId,
     pub(crate) slot: u32,
     tokens: (u32, u32),
     blocks: (u32, u32),
@@ -70,6 +73,7 @@ impl StepPlan {
         samples: bool,
         is_decode: bool,
         cached_tokens: usize,
+        first_block: BlockId,
         block_table: &[BlockId],
     ) {
         let t0 = self.token_ids.len() as u32;
@@ -83,6 +87,7 @@ impl StepPlan {
             samples,
             is_decode,
             cached_tokens,
+            first_block,
             slot,
             tokens: (t0, self.token_ids.len() as u32),
             blocks: (b0, self.block_ids.len() as u32),

@@ -42,6 +42,10 @@ pub struct StepShape {
     /// the grammar's host cost for its token. The plan does not know it; the driver that
     /// knows which requests are constrained sets it.
     pub constrained_seqs: usize,
+    /// The step cut into passes of sequences in consecutive KV slots, as a server with one
+    /// KV stream per slot runs it ([`SlotPasses::of`]); empty unless the driver whose cost
+    /// model prices that sets it.
+    pub slot_passes: SlotPasses,
 }
 
 impl StepShape {
@@ -80,10 +84,302 @@ impl StepShape {
     }
 }
 
+/// Passes of one size class summed: [`SlotPasses`]' single-token passes or the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PassSum {
+    pub passes: usize,
+    /// New tokens over the passes.
+    pub tokens: usize,
+    /// The part of `tokens` that are prompt tokens (not decodes).
+    pub prompt_tokens: usize,
+    /// Sequences a token is sampled from in these passes (their last token is here).
+    pub sampled: usize,
+    /// KV tokens the passes read and write: per sequence the pass's key count plus its
+    /// new tokens (as the cost model counts a packed pass's).
+    pub kv_tokens: f64,
+    /// Query × key pairs attention scores over the passes.
+    pub attention_pairs: f64,
+    /// The part of `attention_pairs` in passes of one token per sequence (a decode's
+    /// kind of attention: one query row against each sequence's keys).
+    pub decode_pairs: f64,
+    /// The largest pass's new tokens and key count.
+    pub max_tokens: usize,
+    pub max_keys: usize,
+}
+
+/// A step as llama.cpp's server runs it with a KV stream per slot (`kv_unified = false`,
+/// its default for several slots): its batch — decodes in slot order, then prompt tokens
+/// in slot order — is cut into passes (`llama_batch_allocr::split_equal`, sequential),
+/// each of sequences in consecutive slots taking an equal number of tokens, at most
+/// `micro_batch_tokens` in all. Decodes in slots 0, 4, 8 and 12 run as four passes, each
+/// reading the weights (measured: 196 ms per token where slots 0–3 take 84 ms, docs/
+/// results/foreign-servers-cpu.md). A pass's keys span its streams' longest context,
+/// padded up to [`SLOT_KEY_PAD`] (`llama_kv_cache::get_n_kv`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SlotPasses {
+    /// Passes of one token: a decode alone.
+    pub single: PassSum,
+    /// Passes of more.
+    pub multi: PassSum,
+}
+
+/// llama.cpp pads a pass's key count to a multiple of this (`get_n_kv`).
+pub const SLOT_KEY_PAD: usize = 256;
+
+impl SlotPasses {
+    /// The passes of `plan` (a contiguous KV cache's plan: each sequence's first block is
+    /// its slot) with at most `micro_batch_tokens` tokens each and slots of `slot_tokens`.
+    /// `padded`: each sequence's keys are its pass's padded key count (else its own).
+    pub fn of(
+        plan: &StepPlan,
+        micro_batch_tokens: usize,
+        slot_tokens: usize,
+        padded: bool,
+    ) -> SlotPasses {
+        struct Seq {
+            slot: u32,
+            computed: usize,
+            left: usize,
+            samples: bool,
+            decode: bool,
+        }
+        let mut seqs: Vec<Seq> = plan
+            .seqs
+            .iter()
+            .map(|q| Seq {
+                slot: q.first_block,
+                computed: q.num_computed,
+                left: q.num_new_tokens,
+                samples: q.samples,
+                decode: q.is_decode,
+            })
+            .collect();
+        // The server's batch order: every decode in slot order, then prompts in slot order.
+        seqs.sort_by_key(|q| (!q.decode, q.slot));
+        let u = micro_batch_tokens.max(1);
+        let mut out = SlotPasses::default();
+        let mut set = Vec::new();
+        while let Some(first) = seqs.iter().position(|q| q.left > 0) {
+            // The sequences of the pass: the first with tokens left, then, in batch order,
+            // each whose slot follows the last one taken.
+            set.clear();
+            set.push(first);
+            for (i, q) in seqs.iter().enumerate().skip(first + 1) {
+                if set.len() == u {
+                    break;
+                }
+                if q.left > 0 && q.slot == seqs[*set.last().unwrap()].slot + 1 {
+                    set.push(i);
+                }
+            }
+            let least = set.iter().map(|&i| seqs[i].left).min().unwrap();
+            let n = least.min(u / set.len()).max(1);
+            let keys = set
+                .iter()
+                .map(|&i| seqs[i].computed + n)
+                .max()
+                .unwrap()
+                .div_ceil(SLOT_KEY_PAD)
+                .max(1)
+                * SLOT_KEY_PAD;
+            let keys = keys.min(slot_tokens.max(1));
+            let tokens = n * set.len();
+            let sum = if tokens == 1 {
+                &mut out.single
+            } else {
+                &mut out.multi
+            };
+            sum.passes += 1;
+            sum.tokens += tokens;
+            sum.max_tokens = sum.max_tokens.max(tokens);
+            sum.max_keys = sum.max_keys.max(keys);
+            for &i in &set {
+                let q = &mut seqs[i];
+                if !q.decode {
+                    sum.prompt_tokens += n;
+                }
+                let (own, c) = (q.computed + n, q.computed as f64);
+                let (kv, pairs) = if padded {
+                    (keys as f64, (n * keys) as f64)
+                } else {
+                    (own as f64, n as f64 * c + (n * (n + 1)) as f64 / 2.0)
+                };
+                sum.kv_tokens += kv + n as f64;
+                sum.attention_pairs += pairs;
+                if n == 1 {
+                    sum.decode_pairs += pairs;
+                }
+                q.computed = own;
+                q.left -= n;
+                if q.left == 0 && q.samples {
+                    sum.sampled += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether the step was cut (the driver set it).
+    pub fn is_set(&self) -> bool {
+        self.single.passes + self.multi.passes > 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Request, Scheduler, SchedulerConfig};
+
+    /// A plan of (slot, computed, new tokens, decode) entries, each sampling at its end.
+    fn slot_plan(seqs: &[(u32, usize, usize, bool)]) -> StepPlan {
+        let mut plan = StepPlan::default();
+        for (i, &(slot, computed, new, decode)) in seqs.iter().enumerate() {
+            let tokens = vec![1; new];
+            plan.push(
+                crate::RequestId(i as u64),
+                i as u32,
+                computed,
+                &tokens,
+                true,
+                decode,
+                0,
+                slot,
+                &[],
+            );
+        }
+        plan
+    }
+
+    #[test]
+    fn decodes_in_consecutive_slots_share_a_pass_and_others_run_alone() {
+        let together = SlotPasses::of(
+            &slot_plan(&[
+                (2, 99, 1, true),
+                (0, 99, 1, true),
+                (1, 99, 1, true),
+                (3, 99, 1, true),
+            ]),
+            512,
+            4096,
+            true,
+        );
+        assert_eq!(together.single, PassSum::default());
+        let m = together.multi;
+        assert_eq!((m.passes, m.tokens, m.sampled, m.max_tokens), (1, 4, 4, 4));
+        // 100 keys each, padded to 256.
+        assert_eq!(
+            (m.kv_tokens, m.attention_pairs, m.max_keys),
+            (1028.0, 1024.0, 256)
+        );
+
+        let apart = SlotPasses::of(
+            &slot_plan(&[
+                (0, 99, 1, true),
+                (4, 99, 1, true),
+                (8, 99, 1, true),
+                (12, 99, 1, true),
+            ]),
+            512,
+            4096,
+            false,
+        );
+        assert_eq!(apart.multi, PassSum::default());
+        let s = apart.single;
+        assert_eq!(
+            (s.passes, s.tokens, s.prompt_tokens, s.sampled),
+            (4, 4, 0, 4)
+        );
+        // Ragged: each its own 100 keys.
+        assert_eq!((s.kv_tokens, s.attention_pairs), (404.0, 400.0));
+        assert!(apart.is_set() && !SlotPasses::default().is_set());
+    }
+
+    #[test]
+    fn a_prompt_in_the_next_slot_joins_the_decodes_for_one_token_then_runs_in_micro_batches() {
+        // Decodes in slots 3 and 4, a 1,000-token prompt in slot 5: slot 5's first token
+        // joins the decodes (equal tokens per sequence), the rest runs 512 then 487.
+        let p = SlotPasses::of(
+            &slot_plan(&[(5, 0, 1000, false), (3, 600, 1, true), (4, 700, 1, true)]),
+            512,
+            4096,
+            true,
+        );
+        let m = p.multi;
+        assert_eq!(
+            (m.passes, m.tokens, m.prompt_tokens, m.sampled),
+            (3, 1002, 1000, 3)
+        );
+        assert_eq!((m.max_tokens, m.max_keys), (512, 1024));
+        // Keys: 768 (slots 3–5, longest 701) × 3; 768 (513) for 512 queries; 1,024 for 487.
+        assert_eq!(m.kv_tokens, (3 * 768 + 768 + 1024 + 1002) as f64);
+        assert_eq!(m.attention_pairs, (3 * 768 + 512 * 768 + 487 * 1024) as f64);
+        // Ragged: the prompt's causal pairs, the decodes' own keys.
+        let r = SlotPasses::of(
+            &slot_plan(&[(5, 0, 1000, false), (3, 600, 1, true), (4, 700, 1, true)]),
+            512,
+            4096,
+            false,
+        );
+        let causal = 1.0 + 512.0 * 1.0 + 512.0 * 513.0 / 2.0 + 487.0 * 513.0 + 487.0 * 488.0 / 2.0;
+        assert_eq!(r.multi.attention_pairs, 601.0 + 701.0 + causal);
+    }
+
+    #[test]
+    fn prompts_in_consecutive_slots_split_equally_and_keys_stop_at_the_slot() {
+        // 300 and 100 tokens in slots 5 and 6: 100 each, then slot 5's last 200.
+        let p = SlotPasses::of(
+            &slot_plan(&[(6, 0, 100, false), (5, 0, 300, false)]),
+            512,
+            4096,
+            true,
+        );
+        assert_eq!(
+            (p.multi.passes, p.multi.tokens, p.multi.max_tokens),
+            (2, 400, 200)
+        );
+        assert_eq!(p.multi.kv_tokens, (2 * 256 + 512 + 400) as f64);
+        // A slot of 300 tokens holds no more keys than that.
+        let small = SlotPasses::of(&slot_plan(&[(0, 280, 1, true)]), 512, 300, true);
+        assert_eq!(small.single.kv_tokens, 301.0);
+    }
+
+    proptest::proptest! {
+        /// Every new token runs in exactly one pass, no pass exceeds the micro-batch (a
+        /// pass's sequences each take at least one token), every sampling sequence samples
+        /// once, and decodes in slots that do not follow one another never share a pass.
+        #[test]
+        fn slot_passes_run_every_token_once(
+            seqs in proptest::collection::btree_map(
+                0u32..40,
+                (0usize..3000, 1usize..1500, proptest::bool::ANY),
+                1..20,
+            ),
+            u in 1usize..600,
+        ) {
+            let entries: Vec<(u32, usize, usize, bool)> = seqs
+                .iter()
+                .map(|(&slot, &(computed, new, decode))| {
+                    (slot, computed, if decode { 1 } else { new }, decode)
+                })
+                .collect();
+            let plan = slot_plan(&entries);
+            let p = SlotPasses::of(&plan, u, 4096, true);
+            let tokens: usize = entries.iter().map(|e| e.2).sum();
+            let prompt: usize = entries.iter().filter(|e| !e.3).map(|e| e.2).sum();
+            proptest::prop_assert_eq!(p.single.tokens + p.multi.tokens, tokens);
+            proptest::prop_assert_eq!(p.single.tokens, p.single.passes);
+            proptest::prop_assert_eq!(p.single.prompt_tokens + p.multi.prompt_tokens, prompt);
+            proptest::prop_assert_eq!(p.single.sampled + p.multi.sampled, entries.len());
+            proptest::prop_assert!(p.multi.max_tokens <= u);
+            let decodes: Vec<u32> = entries.iter().filter(|e| e.3).map(|e| e.0).collect();
+            let runs = decodes
+                .iter()
+                .enumerate()
+                .filter(|&(i, &s)| i == 0 || s != decodes[i - 1] + 1)
+                .count();
+            proptest::prop_assert!(p.single.passes + p.multi.passes >= runs.max(1));
+        }
+    }
 
     #[test]
     fn shapes_count_prefill_decode_and_attention() {

@@ -130,6 +130,8 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 attention_pairs: x(12)?,
                 chunk_self_pairs: x(13)?,
                 constrained_seqs: u(14)?,
+                // The log keeps the plan's totals, not its slots.
+                slot_passes: Default::default(),
             },
             forward_s: x(15)?,
             constraint_s: x(16)?,
@@ -171,6 +173,7 @@ mod tests {
                 attention_pairs: 900.0 + 64.0 * 256.0 + 64.0 * 65.0 / 2.0,
                 chunk_self_pairs: 4096.0,
                 constrained_seqs: 2,
+                slot_passes: Default::default(),
             },
             forward_s: 0.012,
             constraint_s: 0.00025,

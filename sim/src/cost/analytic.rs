@@ -64,10 +64,11 @@
 
 use super::{ClientPath, CostModel, StepShape};
 use crate::calibration::{
-    AttentionScores, Calibration, ContiguousDecode, LogitRows, PackedAttention, PrefillBatching,
-    Roofline,
+    AttentionScores, Calibration, ContiguousDecode, LogitRows, MicroBatches, PackedAttention,
+    PrefillBatching, Roofline,
 };
 use crate::catalog::{HardwareSpec, ModelSpec, GIB};
+use infer_core::PassSum;
 
 /// Device bytes per attention score while eager attention softmaxes a layer: the bf16
 /// scores and their fp32 softmax are alive together.
@@ -282,6 +283,9 @@ impl Analytic {
                 }
             }
         };
+        if let Some(p) = self.slot_passes_of(s) {
+            return p;
+        }
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
             let pass = packed();
             return [
@@ -359,6 +363,49 @@ impl Analytic {
             count: 1.0,
         });
         [Some(prompt), decodes]
+    }
+
+    /// The step's passes as the driver cut them into runs of consecutive slots
+    /// ([`MicroBatches::SlotRuns`]): the single-token passes, then the rest, each class
+    /// priced as its average pass.
+    fn slot_passes_of(&self, s: &StepShape) -> Option<[Option<Pass>; 2]> {
+        if self.cal.micro_batches != MicroBatches::SlotRuns || !s.slot_passes.is_set() {
+            return None;
+        }
+        let all_logits = self.cal.logits == LogitRows::All;
+        let class = |c: &PassSum| {
+            (c.passes > 0).then(|| {
+                let n = c.passes as f64;
+                let tokens = c.tokens as f64 / n;
+                let logit_rows = if all_logits {
+                    tokens
+                } else {
+                    c.sampled as f64 / n
+                };
+                let pairs = c.attention_pairs / n;
+                Pass {
+                    tokens,
+                    logit_rows,
+                    kv_tokens: c.kv_tokens / n,
+                    attention_pairs: pairs,
+                    decode_pairs: c.decode_pairs / n,
+                    score_elements: pairs,
+                    expanded_keys: 0.0,
+                    held: Held {
+                        tokens: c.max_tokens as f64,
+                        logit_rows: if all_logits {
+                            c.max_tokens as f64
+                        } else {
+                            logit_rows.ceil()
+                        },
+                        score_elements: (c.max_tokens * c.max_keys) as f64,
+                    },
+                    decode_only: c.prompt_tokens == 0,
+                    count: n,
+                }
+            })
+        };
+        Some([class(&s.slot_passes.single), class(&s.slot_passes.multi)])
     }
 
     fn pass_terms(&self, p: &Pass) -> Terms {
@@ -488,6 +535,15 @@ impl CostModel for Analytic {
         self.cal.client
     }
 
+    fn slot_passes(&self) -> Option<(usize, bool)> {
+        (self.cal.micro_batches == MicroBatches::SlotRuns).then(|| {
+            (
+                self.cal.micro_batch_tokens.unwrap_or(usize::MAX),
+                self.cal.contiguous_decode == ContiguousDecode::Padded,
+            )
+        })
+    }
+
     fn static_batch_window(&self) -> f64 {
         self.cal.static_batch_window_s
     }
@@ -564,6 +620,9 @@ fn engine_mechanisms(c: &Calibration) -> String {
     if let Some(u) = c.micro_batch_tokens {
         out.push_str(&format!(", micro-batches of {u} tokens"));
     }
+    if c.micro_batches == MicroBatches::SlotRuns {
+        out.push_str(" of consecutive slots");
+    }
     out
 }
 
@@ -574,6 +633,7 @@ mod tests {
         AttentionScores, Calibration, LogitRows, PackedAttention, PrefillBatching, Roofline,
     };
     use crate::catalog::{find_hardware, find_model};
+    use infer_core::SlotPasses;
 
     fn model(hw: &str, m: &str, graphs: bool) -> Analytic {
         let (hw, m) = (find_hardware(hw).unwrap(), find_model(m).unwrap());
@@ -968,6 +1028,79 @@ mod tests {
         };
         let s = mixed(1, 64);
         assert_eq!(padded(None).terms(&s), padded(Some(16)).terms(&s));
+    }
+
+    /// llama.cpp's passes of consecutive slots: four decodes in slots 0–3 are one pass,
+    /// in slots 0, 4, 8 and 12 four, each reading the weights at the single-sequence
+    /// decode's efficiency; unset slot passes, or micro-batches of any tokens, leave the
+    /// step as before.
+    #[test]
+    fn slot_runs_price_each_run_of_consecutive_slots_as_a_pass() {
+        let cal = |m| {
+            rtx5080_llama(move |c| Calibration {
+                micro_batch_tokens: Some(512),
+                micro_batches: m,
+                single_decode_bandwidth_efficiency: Some(0.5),
+                ..c
+            })
+        };
+        let (slots, tokens) = (cal(MicroBatches::SlotRuns), cal(MicroBatches::Tokens));
+        assert_eq!(slots.slot_passes(), Some((512, false)));
+        assert_eq!(tokens.slot_passes(), None);
+        let mut shape = decode(4, 512);
+        assert_eq!(
+            slots.terms(&shape),
+            tokens.terms(&shape),
+            "not cut by the driver: as before"
+        );
+        let together = SlotPasses {
+            multi: PassSum {
+                passes: 1,
+                tokens: 4,
+                sampled: 4,
+                kv_tokens: 4.0 * 513.0,
+                attention_pairs: 4.0 * 512.0,
+                decode_pairs: 4.0 * 512.0,
+                max_tokens: 4,
+                max_keys: 512,
+                ..PassSum::default()
+            },
+            ..SlotPasses::default()
+        };
+        shape.slot_passes = together;
+        let one = slots.terms(&shape);
+        assert_eq!(
+            one,
+            tokens.terms(&decode(4, 512)),
+            "one run: one packed pass"
+        );
+        shape.slot_passes = SlotPasses {
+            single: PassSum {
+                passes: 4,
+                tokens: 4,
+                sampled: 4,
+                kv_tokens: 4.0 * 513.0,
+                attention_pairs: 4.0 * 512.0,
+                decode_pairs: 4.0 * 512.0,
+                max_tokens: 1,
+                max_keys: 512,
+                ..PassSum::default()
+            },
+            ..SlotPasses::default()
+        };
+        let apart = slots.terms(&shape);
+        let single = slots.terms(&decode(1, 512));
+        for (a, b) in [
+            (apart.memory, 4.0 * single.memory),
+            (apart.compute, 4.0 * single.compute),
+            (apart.launch, 4.0 * single.launch),
+        ] {
+            assert!(
+                (a - b).abs() <= 1e-9 * b,
+                "four single passes: {apart:?} {single:?}"
+            );
+        }
+        assert!(apart.total() > 2.0 * one.total(), "{apart:?} {one:?}");
     }
 
     /// A decode pass of one sequence reads at its own efficiency where the calibration has

@@ -58,6 +58,12 @@ pub trait CostModel: Send + Sync {
         0.0
     }
     fn client_path(&self) -> ClientPath;
+    /// Where the model prices a step as passes of consecutive slots: the tokens a pass
+    /// holds at most and whether a pass's keys are padded to its longest context (the
+    /// driver then sets [`StepShape::slot_passes`]). `None`: it does not.
+    fn slot_passes(&self) -> Option<(usize, bool)> {
+        None
+    }
     /// Seconds a constrained sequence (structured output) adds to a step for its token,
     /// included in `step_time`; `None`: the model has no such cost (a scenario with
     /// structured output is then refused).
