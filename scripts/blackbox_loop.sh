@@ -86,7 +86,12 @@ case $SERVER in
       --set server.num_gpu_blocks=4096 --set server.block_size=16
       --set server.max_model_len=4096 --set server.chunked_prefill=true
       --set server.prefill_chunk_size=2048 --set server.prefix_caching=true)
-    CALIBRATE_SET=(--prefill-batching packed --micro-batch-tokens 512 --micro-batches slot-runs)
+    # Its CPU flash attention skips every key the mask hides (`ggml_compute_forward_flash_
+    # attn_ext_f16_one_chunk`: `mv == -INFINITY`), so a decode computes over its own keys
+    # however far its pass's key count is padded: ragged decodes, not searched (the probes'
+    # equal lengths hardly tell them apart, and chose padded in runs/bb-llama-5).
+    CALIBRATE_SET=(--prefill-batching packed --micro-batch-tokens 512 --micro-batches slot-runs
+      --contiguous-decode ragged)
     # Its CPU backend decodes one sequence by matrix-vector products, far faster than the
     # line through larger batches (probes: 55-66 ms at one sequence, 134-159 at four,
     # 173-196 at sixteen): that decode's own bandwidth, with the per-sequence and matmul
