@@ -95,7 +95,7 @@ memcheck() {
     [ -n "$sanitizer" ] || { echo "compute-sanitizer not found"; return 1; }
     dir="$(oracle_model llama)" || return 1
     "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 "$bin/engine" serve \
-        --device cuda --cuda-graphs --model "$dir" --max-model-len 2048 --port 8766 \
+        --device cuda --cuda-graphs --device-sampling --model "$dir" --max-model-len 2048 --port 8766 \
         >"$out/memcheck-serve.log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do

@@ -3,7 +3,8 @@
 //! - the bandwidth a read-only kernel reaches (the ceiling of a decode step, which only
 //!   reads) and, for reference, a device-to-device copy's (read plus written);
 //! - decode steps at batch 1 / 8 / 32 / 64 and contexts 512 / 2,048 / 4,096, eager and with
-//!   CUDA graphs, greedy and at temperature 1 with top-p 0.9 (sampling is part of a step):
+//!   CUDA graphs, greedy and at temperature 1 with top-p 0.9, sampled on the host and on the
+//!   device (sampling is part of a step):
 //!   ms per step, tok/s, the bytes the step must read (every weight but the gathered
 //!   embedding table, the output head, each sequence's K/V once) per second, and their
 //!   fraction of the read-only bandwidth;
@@ -22,6 +23,7 @@ use infer_engine::tools::make_model::{make_model, ModelSpec};
 use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
 use infer_kernels::cuda::cudarc::driver::CudaContext;
 use infer_kernels::cuda::{Kernels, Span};
+use infer_kernels::sampling::SamplingBatch;
 
 const BLOCK: usize = 16;
 
@@ -64,9 +66,9 @@ fn fresh_prompt(len: usize) -> ForwardBatch {
     }
 }
 
-/// Seconds per decode step (the forward and sampling each row) over `steps` steps, after
-/// one that may capture a graph. Every step rewrites position `context`, so the context
-/// stays `context + 1` tokens.
+/// Seconds per decode step (the forward and sampling each row, on the host or the device)
+/// over `steps` steps, after one that may capture a graph. Every step rewrites position
+/// `context`, so the context stays `context + 1` tokens.
 fn decode_step_s(
     lm: &LoadedModel,
     kv: &mut KvCache,
@@ -74,6 +76,7 @@ fn decode_step_s(
     context: usize,
     steps: usize,
     samplers: &mut [Sampler],
+    on_device: bool,
 ) -> Result<f64> {
     let mut times = Vec::new();
     for j in 0..=steps {
@@ -90,9 +93,21 @@ fn decode_step_s(
                 .collect(),
         };
         let t = Instant::now();
-        let logits = lm.model.forward(&b, kv)?;
-        for (row, sampler) in logits.iter().zip(samplers.iter_mut()) {
-            std::hint::black_box(sampler.sample(row).unwrap());
+        if on_device {
+            let mut batch = SamplingBatch::new();
+            for sampler in samplers.iter_mut() {
+                let (row, adjust) = sampler.device_row().expect("no grammar");
+                batch.push(&row, &adjust)?;
+            }
+            let out = lm.model.forward_sampled(&b, kv, &batch)?;
+            for (&token, sampler) in out.tokens.iter().zip(samplers.iter_mut()) {
+                sampler.record(token as u32);
+            }
+        } else {
+            let logits = lm.model.forward(&b, kv)?;
+            for (row, sampler) in logits.iter().zip(samplers.iter_mut()) {
+                std::hint::black_box(sampler.sample(row).unwrap());
+            }
         }
         if j > 0 {
             times.push(t.elapsed().as_secs_f64());
@@ -146,8 +161,8 @@ fn read_only_bandwidth_gbs() -> Result<f64> {
 }
 
 /// Decode steps at batch 1 / 8 / 32 / 64 and contexts 512 / 2,048 / 4,096, eager and graphed,
-/// greedy and sampled at temperature 1 with top-p 0.9 (the host sampler, as served): the
-/// step's time (forward + sampling every row), the bytes it must read
+/// greedy and sampled at temperature 1 with top-p 0.9, on the host (logits copied back) and
+/// on the device: the step's time (forward + sampling every row), the bytes it must read
 /// (`ModelConfig::decode_read_bytes`) over that time, and their fraction of `read_gbs`.
 fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
     const CONTEXTS: [usize; 3] = [512, 2048, 4096];
@@ -169,14 +184,17 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
                 let max_context = CONTEXTS[2] + 64;
                 lm.model
                     .enable_cuda_graphs(if graphs { 64 } else { 0 }, max_context)?;
-                for (sampling, params) in [
-                    ("greedy", SamplingParams::greedy()),
-                    ("top_p", top_p.clone()),
+                for (sampling, params, on_device) in [
+                    ("greedy", SamplingParams::greedy(), false),
+                    ("top_p", top_p.clone(), false),
+                    ("greedy_device", SamplingParams::greedy(), true),
+                    ("top_p_device", top_p.clone(), true),
                 ] {
                     let mut samplers: Vec<Sampler> = (0..batch)
                         .map(|_| Sampler::new(params.clone(), &[], 0))
                         .collect();
-                    let s = decode_step_s(lm, &mut kv, &tables, context, 10, &mut samplers)?;
+                    let s =
+                        decode_step_s(lm, &mut kv, &tables, context, 10, &mut samplers, on_device)?;
                     let at = format!(
                         "[{label},batch={batch},ctx={context},{},{sampling}]",
                         if graphs { "graphs" } else { "eager" }

@@ -89,6 +89,10 @@ struct TargetArgs {
     /// Replay decode steps from CUDA graphs (CUDA only).
     #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     cuda_graphs: bool,
+    /// Sample on the GPU, so only token ids come back (CUDA only; requests with a grammar
+    /// or prompt logprobs still sample on the host).
+    #[arg(long = "device-sampling", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    device_sampling: bool,
 }
 
 impl TargetArgs {
@@ -97,9 +101,13 @@ impl TargetArgs {
         if self.cuda_graphs && device.is_cpu() {
             bail!("--cuda-graphs needs --device cuda");
         }
+        if self.device_sampling && device.is_cpu() {
+            bail!("--device-sampling needs --device cuda");
+        }
         Ok(infer_engine::tools::profile::Target {
             device,
             cuda_graphs: self.cuda_graphs,
+            device_sampling: self.device_sampling,
         })
     }
 }
@@ -606,6 +614,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         dtype: a.dtype.map(Into::into),
         device: target.device,
         cuda_graphs: target.cuda_graphs,
+        device_sampling: target.device_sampling,
         gpu_memory_utilization: a.gpu_memory_utilization,
         step_log: a.step_log,
         api_keys: a.api_key,
@@ -739,10 +748,7 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
 fn run_generate(a: GenerateArgs) -> Result<()> {
     let target = a.target.target()?;
     let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), target.device)?;
-    if target.cuda_graphs {
-        lm.model
-            .enable_cuda_graphs(1, lm.config.max_position_embeddings)?;
-    }
+    target.apply(&lm.model, 1, lm.config.max_position_embeddings)?;
     let prompt = infer_engine::tools::generate::prompt_tokens(&lm, &a.prompt, a.chat)?;
     let req = GenerateRequest {
         prompt,

@@ -25,6 +25,7 @@ pub mod bf16;
 pub mod decode_split;
 pub mod layout;
 pub mod reference;
+pub mod sampling;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

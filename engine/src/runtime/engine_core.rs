@@ -21,6 +21,7 @@ use crate::runtime::detokenize::OutputStream;
 use crate::runtime::model::{KvCache, LoadedModel};
 use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
 use crate::runtime::structured::Constraint;
+use infer_kernels::sampling::SamplingBatch;
 
 /// A tokenised request.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +125,9 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     /// The next forward's error, in place of running it.
     #[cfg(test)]
     pub(crate) inject_failure: Option<anyhow::Error>,
+    /// Take the device-sampling path on the CPU backend (its reference sampler).
+    #[cfg(test)]
+    pub(crate) force_device_sampling: bool,
 }
 
 impl<M: Borrow<LoadedModel>> EngineCore<M> {
@@ -149,6 +153,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             constraint_cost: (0.0, 0),
             #[cfg(test)]
             inject_failure: None,
+            #[cfg(test)]
+            force_device_sampling: false,
         })
     }
 
@@ -401,6 +407,9 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 chunk.all_logits = s.num_computed + 1 < prompt.len();
             }
         }
+        if self.samples_on_device(plan, &batch) {
+            return self.forward_and_sample_on_device(plan, &batch);
+        }
         let logits = self.model.borrow().model.forward(&batch, &mut self.kv)?;
         let mut out = Vec::with_capacity(plan.num_sampling());
         let mut rows = logits.iter();
@@ -449,6 +458,76 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     }
                 }
             }
+        }
+        Ok(out)
+    }
+
+    /// Whether this step samples on the device: the model was told to, and every sampled row
+    /// can be (no grammar, which masks on the host; no prompt logprobs, which need every
+    /// row's logits there).
+    fn samples_on_device(&self, plan: &StepPlan, batch: &ForwardBatch) -> bool {
+        #[cfg(test)]
+        let forced = self.force_device_sampling;
+        #[cfg(not(test))]
+        let forced = false;
+        (forced || self.model.borrow().model.samples_on_device())
+            && batch.seqs.iter().all(|c| !c.all_logits)
+            && plan.seqs.iter().filter(|s| s.samples).all(|s| {
+                self.live
+                    .get(&s.request.0)
+                    .is_some_and(|l| l.sampler.constraint().is_none())
+            })
+    }
+
+    /// [`Self::forward_and_sample`] with the sampling done where the logits are: each
+    /// sampler gives its row's parameters and draw, and records the token that comes back.
+    fn forward_and_sample_on_device(
+        &mut self,
+        plan: &StepPlan,
+        batch: &ForwardBatch,
+    ) -> Result<Vec<(u64, SampledToken)>> {
+        let mut sampling = SamplingBatch::new();
+        let mut ids = Vec::with_capacity(plan.num_sampling());
+        for s in plan.seqs.iter().filter(|s| s.samples) {
+            let id = s.request.0;
+            let live = self
+                .live
+                .get_mut(&id)
+                .ok_or_else(|| anyhow!("request {id} has no state"))?;
+            let (row, adjust) = live
+                .sampler
+                .device_row()
+                .ok_or_else(|| anyhow!("request {id} samples on the host"))?;
+            sampling.push(&row, &adjust)?;
+            ids.push(id);
+        }
+        let sampled = self
+            .model
+            .borrow()
+            .model
+            .forward_sampled(batch, &mut self.kv, &sampling)?;
+        anyhow::ensure!(
+            sampled.rows() == ids.len(),
+            "{} tokens sampled for {} sequences",
+            sampled.rows(),
+            ids.len()
+        );
+        let mut out = Vec::with_capacity(ids.len());
+        for (r, id) in ids.into_iter().enumerate() {
+            let token = u32::try_from(sampled.tokens[r])
+                .map_err(|_| anyhow!("the device sampled no token for request {id}"))?;
+            let live = self.live.get_mut(&id).expect("looked up above");
+            live.sampler.record(token);
+            let asked = live.sampler.params().logprobs.is_some();
+            out.push((
+                id,
+                SampledToken {
+                    token,
+                    logprob: asked.then_some(sampled.logprobs[r]),
+                    top_logprobs: sampled.top(r),
+                    constraint_s: 0.0,
+                },
+            ));
         }
         Ok(out)
     }
@@ -662,6 +741,47 @@ mod tests {
         assert_ne!(a[&0], a[&1], "same prompt, no seed: different samples");
         assert_eq!(sample(0)?, a, "the same engine seed reproduces them");
         assert_ne!(sample(1)?, a);
+        Ok(())
+    }
+
+    /// The device-sampling path (packed rows, the batched sampler, the tokens recorded back)
+    /// gives what the host samplers give: the same greedy tokens, logprobs and alternatives,
+    /// step after step, with penalties and bias moving the choices.
+    #[test]
+    fn device_sampling_gives_the_host_samplers_tokens() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        // (request, token, logprob, alternatives) of every token, in order.
+        type Tokens = Vec<(u64, u32, f32, Vec<(u32, f32)>)>;
+        let run = |device: bool| -> Result<Tokens> {
+            let mut core = EngineCore::new(&lm, config(), 0)?;
+            core.force_device_sampling = device;
+            for id in 0..3u64 {
+                let mut r = request(12 + 5 * id as usize, 10);
+                r.params = SamplingParams {
+                    repetition_penalty: 1.2,
+                    presence_penalty: 0.3 * id as f32,
+                    frequency_penalty: 0.2,
+                    logit_bias: vec![(17, 0.5), (23, -1.0)],
+                    logprobs: Some(id as usize * 2),
+                    ..SamplingParams::greedy()
+                };
+                core.add(id, r, Instant::now()).unwrap();
+            }
+            let mut out = Vec::new();
+            while core.has_unfinished() {
+                let step = core.step();
+                assert!(step.failed.is_empty());
+                out.extend(
+                    step.tokens
+                        .into_iter()
+                        .map(|t| (t.id, t.token, t.logprob, t.top_logprobs)),
+                );
+            }
+            Ok(out)
+        };
+        let host = run(false)?;
+        assert_eq!(host.len(), 30);
+        assert_eq!(run(true)?, host);
         Ok(())
     }
 

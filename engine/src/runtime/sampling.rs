@@ -3,9 +3,11 @@
 //! per-request seeded generator. Logprobs are those of the raw model distribution.
 //! A structured-output request's grammar masks the logits first (see `structured`).
 
+use infer_kernels::reference;
+use infer_kernels::sampling::{Adjustment, RowParams};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use crate::runtime::structured::Constraint;
@@ -164,8 +166,7 @@ impl Sampler {
             }
             None => (None, Vec::new()),
         };
-        *self.seen.entry(token).or_insert(0) += 1;
-        *self.output_counts.entry(token).or_insert(0) += 1;
+        self.record(token);
         Ok(SampledToken {
             token,
             logprob,
@@ -175,30 +176,64 @@ impl Sampler {
     }
 
     fn apply_penalties(&self, l: &mut [f32]) {
+        reference::adjust_logits(l, &self.adjustments());
+    }
+
+    /// The penalties and bias as one change per token, in token order: what the device
+    /// sampler applies, and the host one through the same function.
+    fn adjustments(&self) -> Vec<Adjustment> {
         let p = &self.params;
+        let mut by_token: BTreeMap<u32, Adjustment> = BTreeMap::new();
+        fn entry(map: &mut BTreeMap<u32, Adjustment>, token: u32) -> &mut Adjustment {
+            map.entry(token).or_insert(Adjustment {
+                token,
+                repetition: 1.0,
+                penalty: 0.0,
+                bias: 0.0,
+            })
+        }
         if p.repetition_penalty != 1.0 {
             for &t in self.seen.keys() {
-                if let Some(x) = l.get_mut(t as usize) {
-                    *x = if *x > 0.0 {
-                        *x / p.repetition_penalty
-                    } else {
-                        *x * p.repetition_penalty
-                    };
-                }
+                entry(&mut by_token, t).repetition = p.repetition_penalty;
             }
         }
         if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
             for (&t, &n) in &self.output_counts {
-                if let Some(x) = l.get_mut(t as usize) {
-                    *x -= p.presence_penalty + p.frequency_penalty * n as f32;
-                }
+                entry(&mut by_token, t).penalty =
+                    p.presence_penalty + p.frequency_penalty * n as f32;
             }
         }
         for &(t, bias) in &p.logit_bias {
-            if let Some(x) = l.get_mut(t as usize) {
-                *x += bias;
-            }
+            entry(&mut by_token, t).bias += bias;
         }
+        by_token.into_values().collect()
+    }
+
+    /// This step's row for the device sampler, its uniform drawn from the request's
+    /// generator as a host draw would be (so a seeded request gives the same stream either
+    /// way); `None` when a grammar constrains the output (its mask needs the logits on the
+    /// host). Follow it with [`Sampler::record`] of the token the device chose.
+    pub fn device_row(&mut self) -> Option<(RowParams, Vec<Adjustment>)> {
+        if self.constraint.is_some() {
+            return None;
+        }
+        let p = &self.params;
+        let greedy = p.temperature <= 0.0;
+        let row = RowParams {
+            temperature: p.temperature,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            uniform: if greedy { 0.0 } else { self.rng.gen::<f32>() },
+            top_logprobs: p.logprobs,
+        };
+        Some((row, self.adjustments()))
+    }
+
+    /// Records a token sampled on the device (see [`Sampler::device_row`]).
+    pub fn record(&mut self, token: u32) {
+        *self.seen.entry(token).or_insert(0) += 1;
+        *self.output_counts.entry(token).or_insert(0) += 1;
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
@@ -426,6 +461,72 @@ mod tests {
         );
         let tokens: Vec<u32> = (0..4).map(|_| s.sample(&logits()).unwrap().token).collect();
         assert_eq!(tokens, vec![1, 5, 1, 2]);
+    }
+
+    /// Logits that change with the step, so penalties and bias keep changing the choice.
+    fn step_logits(step: usize) -> Vec<f32> {
+        (0..40)
+            .map(|i| ((i * 7 + step * 3) % 11) as f32 * 0.37 - ((i * i) % 5) as f32 * 0.21)
+            .collect()
+    }
+
+    /// The device path (pack a row, sample it with the kernels' reference, record the token)
+    /// makes the host sampler's greedy choices and logprobs, step after step, with every
+    /// penalty and bias changing them.
+    #[test]
+    fn device_rows_choose_as_the_host_sampler_does() {
+        let params = SamplingParams {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.2,
+            frequency_penalty: 0.15,
+            logit_bias: vec![(3, 1.5), (39, -0.5), (1000, 2.0)],
+            logprobs: Some(4),
+            ..SamplingParams::greedy()
+        };
+        let prompt = [1, 5, 5, 9];
+        let mut host = Sampler::new(params.clone(), &prompt, 3);
+        let mut device = Sampler::new(params, &prompt, 3);
+        let mut tokens = Vec::new();
+        for step in 0..30 {
+            let logits = step_logits(step);
+            let want = host.sample(&logits).unwrap();
+            let (row, adjust) = device.device_row().expect("no grammar");
+            let mut batch = infer_kernels::sampling::SamplingBatch::new();
+            batch.push(&row, &adjust).unwrap();
+            let got = reference::sample_rows(&mut logits.clone(), logits.len(), &batch);
+            assert_eq!(got.tokens[0] as u32, want.token, "step {step}");
+            assert_eq!(Some(got.logprobs[0]), want.logprob, "step {step}");
+            assert_eq!(got.top(0), want.top_logprobs, "step {step}");
+            device.record(want.token);
+            tokens.push(want.token);
+        }
+        // The penalties did their work: the choice moved around.
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert!(tokens.len() >= 4, "{tokens:?}");
+    }
+
+    #[test]
+    fn device_rows_draw_the_requests_own_uniforms() {
+        let seeded = SamplingParams {
+            seed: Some(42),
+            ..Default::default()
+        };
+        let mut a = Sampler::new(seeded.clone(), &[], 0);
+        let mut b = Sampler::new(seeded, &[], 9);
+        let mut rng = ChaCha8Rng::seed_from_u64(42);
+        for _ in 0..5 {
+            let want = rng.gen::<f32>();
+            assert_eq!(a.device_row().unwrap().0.uniform, want);
+            assert_eq!(b.device_row().unwrap().0.uniform, want);
+        }
+        // Greedy rows draw nothing: the generator stays where it was.
+        let mut g = Sampler::new(SamplingParams::greedy(), &[], 0);
+        assert_eq!(g.device_row().unwrap().0.uniform, 0.0);
+        assert_eq!(
+            g.rng.gen::<f32>(),
+            ChaCha8Rng::seed_from_u64(0).gen::<f32>()
+        );
     }
 
     #[test]

@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub device: crate::Device,
     /// Replay decode steps from captured CUDA graphs (CUDA only).
     pub cuda_graphs: bool,
+    /// Sample on the GPU: only token ids come back (CUDA only).
+    pub device_sampling: bool,
     /// Size the KV pool to this fraction of the GPU's memory (minus what is in use),
     /// replacing `sched.num_gpu_blocks` (CUDA only; see `memory_plan`).
     pub gpu_memory_utilization: Option<f64>,
@@ -93,6 +95,7 @@ impl ServeConfig {
             dtype: None,
             device: crate::Device::Cpu,
             cuda_graphs: false,
+            device_sampling: false,
             gpu_memory_utilization: None,
             http: http::HttpLimits::default(),
             shutdown_timeout: std::time::Duration::from_secs(30),
@@ -215,6 +218,9 @@ impl Engine {
         if cfg.cuda_graphs && !cfg.device.is_cpu() {
             lm.model
                 .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
+        }
+        if cfg.device_sampling {
+            lm.model.enable_device_sampling()?;
         }
         sched
             .validate()

@@ -14,7 +14,7 @@ use anyhow::{anyhow, Result};
 
 use crate::loadgen::{self, BenchOptions};
 use crate::runtime::batch::{ForwardBatch, SeqChunk};
-use crate::runtime::model::LoadedModel;
+use crate::runtime::model::{LoadedModel, Model};
 use crate::server::step_log::{self, StepRecord};
 use crate::server::{spawn_local, ServeConfig};
 use crate::Device;
@@ -58,26 +58,45 @@ impl Shape {
     }
 }
 
-/// Where a profile runs: the device, and whether decode steps replay CUDA graphs.
+/// Where a profile runs: the device, whether decode steps replay CUDA graphs, and whether
+/// tokens are sampled on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target {
     pub device: Device,
     pub cuda_graphs: bool,
+    pub device_sampling: bool,
 }
 
 impl Target {
     pub const CPU: Target = Target {
         device: Device::Cpu,
         cuda_graphs: false,
+        device_sampling: false,
     };
 
-    /// The profile's device label: `cpu`, `cuda:0`, `cuda:0+graphs`.
+    /// The profile's device label: `cpu`, `cuda:0`, `cuda:0+graphs`,
+    /// `cuda:0+graphs+device-sampling`.
     pub fn label(&self) -> String {
+        let mut label = self.device.to_string();
         if self.cuda_graphs {
-            format!("{}+graphs", self.device)
-        } else {
-            self.device.to_string()
+            label += "+graphs";
         }
+        if self.device_sampling {
+            label += "+device-sampling";
+        }
+        label
+    }
+
+    /// Sets the model up as the target says (graphs of up to `max_batch` sequences of
+    /// `max_context` tokens).
+    pub fn apply(&self, model: &Model, max_batch: usize, max_context: usize) -> Result<()> {
+        if self.cuda_graphs {
+            model.enable_cuda_graphs(max_batch, max_context)?;
+        }
+        if self.device_sampling {
+            model.enable_device_sampling()?;
+        }
+        Ok(())
     }
 }
 
@@ -119,11 +138,9 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
     let m = model.to_string();
     let (lm, points) = tokio::task::spawn_blocking(move || {
         let lm = crate::runtime::model::load_model(&m, None, target.device)?;
-        if target.cuda_graphs {
-            // The grid's decode batches go up to 32; contexts stay below 4,096.
-            let max_len = lm.config.max_position_embeddings.min(4096);
-            lm.model.enable_cuda_graphs(32, max_len)?;
-        }
+        // The grid's decode batches go up to 32; contexts stay below 4,096.
+        let max_len = lm.config.max_position_embeddings.min(4096);
+        target.apply(&lm.model, 32, max_len)?;
         let (points, structured) = crate::runtime::host::run_in_compute_pool("profile", || {
             anyhow::Ok((
                 profile_steps(&lm, quick, 6)?,
@@ -464,6 +481,7 @@ async fn measure_client_path(
         step_log: Some(log.clone()),
         device: target.device,
         cuda_graphs: target.cuda_graphs,
+        device_sampling: target.device_sampling,
         ..ServeConfig::new(model)
     };
     let chunk = cfg.sched.prefill_chunk_size;

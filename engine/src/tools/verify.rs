@@ -346,6 +346,7 @@ async fn verify_once(
             step_log: Some(steps_path.clone()),
             device: opts.target.device,
             cuda_graphs: opts.target.cuda_graphs,
+            device_sampling: opts.target.device_sampling,
             ..ServeConfig::new(&opts.model)
         };
         let (addr, server) = spawn_local(cfg).await?;

@@ -25,6 +25,7 @@ use super::span::Span;
 use crate::decode_split;
 use crate::layout::{AttentionConfig, KvCacheShape};
 use crate::reference::RmsWeight;
+use crate::sampling::MAX_TOP_LOGPROBS;
 
 #[derive(Debug)]
 pub enum KernelError {
@@ -184,6 +185,7 @@ pub struct Kernels {
     bias_add: CudaFunction,
     logits_f32: CudaFunction,
     read_only: CudaFunction,
+    sample_rows: CudaFunction,
 }
 
 impl Kernels {
@@ -245,6 +247,7 @@ impl Kernels {
             bias_add: take("bias_add_bf16"),
             logits_f32: take("logits_f32"),
             read_only: take("read_only_u128"),
+            sample_rows: take("sample_rows_f32"),
             stream,
         };
         Ok(kernels)
@@ -745,6 +748,73 @@ impl Kernels {
         // SAFETY: matches logits_f32 (a grid-stride loop bounded by n).
         unsafe { launch.launch(grid::flat(x.len())) }.map(drop)
     }
+
+    /// Samples each row of `logits` (`[rows, vocab]`, adjusted in place) as `input` says
+    /// (a [`crate::sampling::SamplingBatch`] uploaded) into `out`. See
+    /// [`crate::reference::sample_rows`]. Not for graph capture: the adjustment count is a
+    /// launch argument.
+    pub fn sample_rows(
+        &self,
+        logits: Span<f32>,
+        vocab: usize,
+        input: &DeviceSamplingBatch,
+        out: &DeviceSampledRows,
+    ) -> Result<(), DriverError> {
+        let rows = rows_of(logits.len(), vocab, "sample_rows logits");
+        if rows == 0 {
+            return Ok(());
+        }
+        let n = input.adjust_token.len();
+        assert_eq!(input.floats.len(), rows * 4);
+        assert_eq!(input.ints.len(), rows * 2);
+        assert_eq!(input.adjust_start.len(), rows + 1);
+        assert_eq!(input.adjust_values.len(), n * 3);
+        assert_eq!(input.adjust_raw.len(), n);
+        assert_eq!(out.tokens.len(), rows);
+        assert_eq!(out.logprobs.len(), rows);
+        assert_eq!(out.top_ids.len(), rows * MAX_TOP_LOGPROBS);
+        assert_eq!(out.top_logprobs.len(), rows * MAX_TOP_LOGPROBS);
+        let (vocab_arg, n_arg) = (int(vocab), int(n));
+        let mut launch = self.stream.launch_builder(&self.sample_rows);
+        launch
+            .arg(&logits)
+            .arg(&vocab_arg)
+            .arg(&input.floats)
+            .arg(&input.ints)
+            .arg(&input.adjust_start)
+            .arg(&input.adjust_token)
+            .arg(&input.adjust_values)
+            .arg(&input.adjust_raw)
+            .arg(&n_arg)
+            .arg(&out.tokens)
+            .arg(&out.logprobs)
+            .arg(&out.top_ids)
+            .arg(&out.top_logprobs);
+        // SAFETY: matches sample_rows_f32; lengths checked above, the kernel clamps the
+        // adjustment ranges to n and skips tokens outside the vocabulary.
+        unsafe { launch.launch(grid::per_row(rows, vocab)) }.map(drop)
+    }
+}
+
+/// A [`crate::sampling::SamplingBatch`] on the device (same arrays), plus `adjust_raw`
+/// (`[adjustments]`, written: the logits the adjustments replaced).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSamplingBatch {
+    pub floats: Span<f32>,
+    pub ints: Span<i32>,
+    pub adjust_start: Span<i32>,
+    pub adjust_token: Span<i32>,
+    pub adjust_values: Span<f32>,
+    pub adjust_raw: Span<f32>,
+}
+
+/// Where [`Kernels::sample_rows`] writes a [`crate::sampling::SampledRows`].
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceSampledRows {
+    pub tokens: Span<i32>,
+    pub logprobs: Span<f32>,
+    pub top_ids: Span<i32>,
+    pub top_logprobs: Span<f32>,
 }
 
 #[cfg(test)]

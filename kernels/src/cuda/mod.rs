@@ -18,6 +18,8 @@ pub mod span;
 
 pub use cudarc;
 pub use gemm::Gemm;
-pub use kernels::{DeviceBlockTables, DeviceKv, KernelError, Kernels};
+pub use kernels::{
+    DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, KernelError, Kernels,
+};
 pub use nvrtc::{compile, nvrtc_version, ComputeCapability};
 pub use span::Span;

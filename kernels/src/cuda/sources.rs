@@ -4,6 +4,8 @@
 /// kernel's shared-memory layout and the launch's block size come from this one constant.
 pub const ATTENTION_WARPS: u32 = 8;
 
+use crate::sampling::MAX_TOP_LOGPROBS;
+
 /// Head dimensions the attention kernels are instantiated for.
 pub const ATTENTION_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
@@ -22,7 +24,7 @@ impl KernelSource {
     /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
     pub fn program(&self) -> String {
         format!(
-            "#define ATTN_WARPS {ATTENTION_WARPS}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{COMMON}\n// ---- {}.cu ----\n{}",
             self.name, self.source
         )
     }
@@ -87,7 +89,13 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
     entry_points: &["add_bf16", "logits_f32", "bias_add_bf16", "read_only_u128"],
 };
 
-pub const ALL: [KernelSource; 7] = [
+pub const SAMPLING: KernelSource = KernelSource {
+    name: "sampling",
+    source: include_str!("sampling.cu"),
+    entry_points: &["sample_rows_f32"],
+};
+
+pub const ALL: [KernelSource; 8] = [
     PAGED_ATTENTION,
     KV_CACHE,
     RMS_NORM,
@@ -95,6 +103,7 @@ pub const ALL: [KernelSource; 7] = [
     ACTIVATION,
     GATHER,
     ELEMENTWISE,
+    SAMPLING,
 ];
 
 /// Entry-point names of the attention kernels for one head dimension.

@@ -11,6 +11,7 @@ mod kv_cache;
 mod matmul;
 mod norm;
 mod rope;
+mod sampling;
 
 pub use activation::{
     erf, gelu_erf, gelu_erf_and_mul, gelu_tanh, gelu_tanh_and_mul, silu, silu_and_mul,
@@ -24,3 +25,4 @@ pub use kv_cache::reshape_and_cache;
 pub use matmul::matmul_xwt;
 pub use norm::{fused_add_rms_norm, rms_norm, RmsWeight};
 pub use rope::{default_inv_freq, rope_neox, RopeTable};
+pub use sampling::{adjust_logits, draw_target, keep_threshold, mass_target, sample_rows, weights};

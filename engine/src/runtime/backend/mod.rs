@@ -22,6 +22,7 @@ pub mod step_inputs;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
+use infer_kernels::sampling::{SampledRows, SamplingBatch};
 
 use crate::runtime::batch::ForwardBatch;
 use crate::runtime::model::config::Activation;
@@ -177,6 +178,11 @@ impl Logits {
     pub fn iter(&self) -> impl Iterator<Item = &[f32]> {
         self.data.chunks_exact(self.vocab)
     }
+
+    /// The rows, flat.
+    pub fn into_vec(self) -> Vec<f32> {
+        self.data
+    }
 }
 
 /// RoPE angles `[max_positions, inv_freq.len()]`, computed in f32 like HF: every backend's
@@ -310,6 +316,18 @@ pub trait Backend: Sized {
     fn sampled_rows(&self, x: &Self::Act, step: &Self::Step) -> Result<Option<Self::Act>>;
     /// f32 logits on the host, soft-capped when `softcap` is set.
     fn logits(&self, x: &Self::Act, softcap: Option<f32>) -> Result<Logits>;
+    /// Samples the rows of `x` (one per row of `batch`) where the logits are, so only the
+    /// choices come back; `None` when this backend samples on the host (from
+    /// [`Backend::logits`]).
+    fn sample(
+        &self,
+        x: &Self::Act,
+        softcap: Option<f32>,
+        batch: &SamplingBatch,
+    ) -> Result<Option<SampledRows>> {
+        let _ = (x, softcap, batch);
+        Ok(None)
+    }
     /// Copies the KV of block `src` into block `dst` in every layer.
     fn copy_block(&self, kv: &mut Self::Kv, src: usize, dst: usize) -> Result<()>;
     /// Fills every slot with deterministic values of real K/V magnitude (profiling reads

@@ -12,6 +12,7 @@ use crate::runtime::backend::cpu::{CpuBackend, CpuKv};
 use crate::runtime::backend::cuda::{CudaBackend, CudaKv};
 use crate::runtime::backend::{Backend, Device, Logits};
 use crate::runtime::batch::ForwardBatch;
+use infer_kernels::sampling::{SampledRows, SamplingBatch};
 
 // One model per process, moved once: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
@@ -187,6 +188,55 @@ impl Model {
 
     fn forward_unclassified(&self, batch: &ForwardBatch, kv: &mut KvCache) -> Result<Logits> {
         with_kv!(self, kv, |m, k| m.forward(batch, k))
+    }
+
+    /// Runs one step as [`Self::forward`] does and samples its rows where the logits are
+    /// (see [`Self::enable_device_sampling`]): only the choices come back.
+    pub fn forward_sampled(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        sampling: &SamplingBatch,
+    ) -> Result<SampledRows> {
+        let out = self.forward_sampled_unclassified(batch, kv, sampling);
+        match self {
+            Model::Cpu(_) => out,
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) => out.map_err(crate::runtime::backend::cuda::classify_step_error),
+        }
+    }
+
+    fn forward_sampled_unclassified(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut KvCache,
+        sampling: &SamplingBatch,
+    ) -> Result<SampledRows> {
+        with_kv!(self, kv, |m, k| m.forward_sampled(batch, k, sampling))
+    }
+
+    /// Samples on the GPU from now on: the engine sends each step's sampling parameters
+    /// and gets token ids (and the logprobs asked for) back, not the logits. Only the CUDA
+    /// backend samples on its device; requests with a grammar and prompt logprobs still
+    /// take their step's logits to the host.
+    pub fn enable_device_sampling(&self) -> Result<()> {
+        match self {
+            Model::Cpu(_) => bail!("device sampling needs a CUDA device"),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => {
+                m.backend().set_device_sampling(true);
+                Ok(())
+            }
+        }
+    }
+
+    /// Whether [`Self::enable_device_sampling`] was called.
+    pub fn samples_on_device(&self) -> bool {
+        match self {
+            Model::Cpu(_) => false,
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => m.backend().device_sampling(),
+        }
     }
 
     /// Copies the KV of block `src` into block `dst` in every layer (copy-on-write of a

@@ -10,7 +10,8 @@ use super::rope::inv_frequencies;
 use super::weights::WeightStore;
 use crate::runtime::backend::{AttnKind, Backend, Heads, KvLayout, Logits, Role};
 use crate::runtime::batch::ForwardBatch;
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use infer_kernels::sampling::{SampledRows, SamplingBatch};
 
 /// A projection and its optional bias.
 struct Linear<B: Backend> {
@@ -275,7 +276,42 @@ impl<B: Backend> Transformer<B> {
     /// each sequence's [`crate::runtime::batch::SeqChunk::logit_rows`] (the last token of a sampling
     /// chunk, every token of an `all_logits` one), in batch order.
     pub fn forward(&self, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Logits> {
-        let (b, c) = (&self.backend, &self.cfg);
+        let c = &self.cfg;
+        match self.head(batch, kv)? {
+            Some(x) => self.backend.logits(&x, self.softcap()),
+            None => Ok(Logits::empty(c.vocab_size)),
+        }
+    }
+
+    /// Runs one step as [`Self::forward`] does, then samples each row of `sampling` (one
+    /// per sampling sequence, in batch order; the batch asks for no other logits) on the
+    /// backend. Errs if the backend samples only on the host.
+    pub fn forward_sampled(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut B::Kv,
+        sampling: &SamplingBatch,
+    ) -> Result<SampledRows> {
+        ensure!(
+            batch.seqs.iter().all(|s| !s.all_logits),
+            "prompt logprobs need the logits on the host"
+        );
+        match self.head(batch, kv)? {
+            Some(x) => self
+                .backend
+                .sample(&x, self.softcap(), sampling)?
+                .ok_or_else(|| anyhow!("this backend samples on the host only")),
+            None => Ok(SampledRows::new(0)),
+        }
+    }
+
+    fn softcap(&self) -> Option<f32> {
+        self.cfg.final_logit_softcapping.map(|c| c as f32)
+    }
+
+    /// The step up to the head: its output for the rows whose next token is sampled.
+    fn head(&self, batch: &ForwardBatch, kv: &mut B::Kv) -> Result<Option<B::Act>> {
+        let b = &self.backend;
         self.validate(batch, &B::kv_layout(kv))?;
         let kinds: Vec<AttnKind<'_, B::Rope>> = self
             .kinds
@@ -286,11 +322,7 @@ impl<B: Backend> Transformer<B> {
             })
             .collect();
         let step = b.prepare(batch, kv, &kinds)?;
-        let head = b.execute(&step, &mut || self.run(&step, kv))?;
-        match head {
-            Some(x) => b.logits(&x, c.final_logit_softcapping.map(|c| c as f32)),
-            None => Ok(Logits::empty(c.vocab_size)),
-        }
+        b.execute(&step, &mut || self.run(&step, kv))
     }
 
     /// Embedding to head: the head's output for the rows whose next token is sampled.

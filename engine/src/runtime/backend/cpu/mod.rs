@@ -17,6 +17,7 @@ use candle_core::{DType, Device, Tensor};
 use super::{Activation, AttnKind, Backend, Heads, KvLayout, Logits, Role};
 use crate::runtime::batch::ForwardBatch;
 use attention::AttnPlan;
+use infer_kernels::sampling::{SampledRows, SamplingBatch};
 pub use kv::CpuKv;
 use matmul::Weights;
 
@@ -386,6 +387,23 @@ impl Backend for CpuBackend {
             logits = ((logits / cap)?.tanh()? * cap)?;
         }
         Ok(Logits::new(logits.flatten_all()?.to_vec1()?, vocab))
+    }
+
+    /// The kernels' reference sampler over the host logits: what the GPU computes. The
+    /// engine samples CPU steps per request with its [`crate::runtime::sampling::Sampler`];
+    /// this lets the batched path be run, and tested, without a GPU.
+    fn sample(
+        &self,
+        x: &Tensor,
+        softcap: Option<f32>,
+        batch: &SamplingBatch,
+    ) -> Result<Option<SampledRows>> {
+        let logits = self.logits(x, softcap)?;
+        let vocab = logits.vocab();
+        let mut data = logits.into_vec();
+        Ok(Some(infer_kernels::reference::sample_rows(
+            &mut data, vocab, batch,
+        )))
     }
 
     fn copy_block(&self, kv: &mut CpuKv, src: usize, dst: usize) -> Result<()> {

@@ -10,6 +10,7 @@
 mod arena;
 mod graphs;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
 
@@ -18,9 +19,12 @@ use candle_core::{DType, Tensor};
 use infer_kernels::cuda::cudarc::driver::{
     result as cu, CudaContext, CudaSlice, CudaStream, DriverError,
 };
-use infer_kernels::cuda::{DeviceBlockTables, DeviceKv, Gemm, Kernels, Span};
+use infer_kernels::cuda::{
+    DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm, Kernels, Span,
+};
 use infer_kernels::layout::{AttentionConfig, KvCacheShape};
 use infer_kernels::reference::RmsWeight;
+use infer_kernels::sampling::{SampledRows, SamplingBatch, MAX_TOP_LOGPROBS};
 
 use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
 use super::{
@@ -141,6 +145,8 @@ pub struct CudaBackend {
     /// Step inputs of eager steps (grown as needed, reused).
     inputs: Mutex<Option<CudaSlice<i32>>>,
     graphs: Mutex<Graphs>,
+    /// Whether the engine samples here ([`Backend::sample`]) rather than on the host.
+    device_sampling: AtomicBool,
 }
 
 impl CudaBackend {
@@ -160,6 +166,7 @@ impl CudaBackend {
             arena: Mutex::new(Arena::new(stream.clone())),
             inputs: Mutex::new(None),
             graphs: Mutex::new(Graphs::default()),
+            device_sampling: AtomicBool::new(false),
             stream,
             kernels,
             gemm,
@@ -178,6 +185,32 @@ impl CudaBackend {
             .lock()
             .unwrap()
             .configure(max_batch, max_context);
+    }
+
+    pub fn set_device_sampling(&self, on: bool) {
+        self.device_sampling.store(on, Ordering::Relaxed);
+    }
+
+    pub fn device_sampling(&self) -> bool {
+        self.device_sampling.load(Ordering::Relaxed)
+    }
+
+    /// Copies `host` into `span` (of the step arena), in stream order.
+    fn upload_to<T>(&self, span: Span<T>, host: &[T]) -> Result<()> {
+        assert_eq!(span.len(), host.len());
+        if host.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `span` is host.len() elements of the arena. A copy from pageable memory
+        // returns once `host` has been read, so it may be dropped after.
+        driver(unsafe { cu::memcpy_htod_async(span.ptr(), host, self.stream.cu_stream()) })
+    }
+
+    /// Copies `span` into `host`; read `host` only after the stream synchronises.
+    fn download_from<T>(&self, host: &mut [T], span: Span<T>) -> Result<()> {
+        assert_eq!(span.len(), host.len());
+        // SAFETY: `span` is host.len() elements of the arena, written by work queued before.
+        driver(unsafe { cu::memcpy_dtoh_async(host, span.ptr(), self.stream.cu_stream()) })
     }
 
     /// (free, total) bytes of device memory, once the stream's work (and so its
@@ -641,6 +674,63 @@ impl Backend for CudaBackend {
         driver(unsafe { cu::memcpy_dtoh_async(&mut host, out.ptr(), self.stream.cu_stream()) })?;
         driver(self.stream.synchronize())?;
         Ok(Logits::new(host, x.cols))
+    }
+
+    fn sample(
+        &self,
+        x: &CudaAct,
+        softcap: Option<f32>,
+        batch: &SamplingBatch,
+    ) -> Result<Option<SampledRows>> {
+        ensure!(
+            batch.rows() == x.rows,
+            "{} sampling rows for {} rows of logits",
+            batch.rows(),
+            x.rows
+        );
+        let (rows, n) = (x.rows, batch.adjustments());
+        // Empty arrays still get one element: a kernel argument needs an address.
+        let (logits, input, out) = {
+            let mut arena = self.arena.lock().unwrap();
+            let mut f32s = |len: usize| -> Result<Span<f32>> {
+                Ok(arena.alloc::<f32>(len.max(1))?.slice(0, len))
+            };
+            let logits = f32s(rows * x.cols)?;
+            let (floats, values, raw) = (f32s(rows * 4)?, f32s(n * 3)?, f32s(n)?);
+            let (logprobs, top_logprobs) = (f32s(rows)?, f32s(rows * MAX_TOP_LOGPROBS)?);
+            let mut i32s = |len: usize| -> Result<Span<i32>> {
+                Ok(arena.alloc::<i32>(len.max(1))?.slice(0, len))
+            };
+            let input = DeviceSamplingBatch {
+                floats,
+                ints: i32s(rows * 2)?,
+                adjust_start: i32s(rows + 1)?,
+                adjust_token: i32s(n)?,
+                adjust_values: values,
+                adjust_raw: raw,
+            };
+            let out = DeviceSampledRows {
+                tokens: i32s(rows)?,
+                logprobs,
+                top_ids: i32s(rows * MAX_TOP_LOGPROBS)?,
+                top_logprobs,
+            };
+            (logits, input, out)
+        };
+        driver(self.kernels.logits_f32(logits, x.span, softcap))?;
+        self.upload_to(input.floats, &batch.floats)?;
+        self.upload_to(input.ints, &batch.ints)?;
+        self.upload_to(input.adjust_start, &batch.adjust_start)?;
+        self.upload_to(input.adjust_token, &batch.adjust_token)?;
+        self.upload_to(input.adjust_values, &batch.adjust_values)?;
+        driver(self.kernels.sample_rows(logits, x.cols, &input, &out))?;
+        let mut host = SampledRows::new(rows);
+        self.download_from(&mut host.tokens, out.tokens)?;
+        self.download_from(&mut host.logprobs, out.logprobs)?;
+        self.download_from(&mut host.top_ids, out.top_ids)?;
+        self.download_from(&mut host.top_logprobs, out.top_logprobs)?;
+        driver(self.stream.synchronize())?;
+        Ok(Some(host))
     }
 
     fn copy_block(&self, kv: &mut CudaKv, src: usize, dst: usize) -> Result<()> {
