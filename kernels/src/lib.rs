@@ -22,6 +22,7 @@
 //! touch memory outside their buffers; the CPU references follow the same rules.
 
 pub mod bf16;
+pub mod compat;
 pub mod decode_split;
 pub mod layout;
 pub mod reference;

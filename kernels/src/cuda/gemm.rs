@@ -15,9 +15,24 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::kernels::KernelError;
 use super::span::Span;
+use crate::compat::{self, Version};
 
 /// cuBLAS workspace preallocated for the handle (what cuBLAS recommends for Hopper).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The loaded cuBLAS's version.
+pub fn cublas_version() -> Version {
+    let get = |property| {
+        let mut v = 0;
+        // SAFETY: an out-parameter; needs no handle.
+        unsafe { cublas::cublasGetProperty(property, &mut v) };
+        v
+    };
+    Version(
+        get(cublas::libraryPropertyType::MAJOR_VERSION),
+        get(cublas::libraryPropertyType::MINOR_VERSION),
+    )
+}
 
 /// A cuBLAS handle bound to one stream, with its own workspace.
 pub struct Gemm {
@@ -40,6 +55,12 @@ impl Gemm {
             return Err(KernelError::CublasMissing);
         }
         stream.context().bind_to_thread()?;
+        let (major, minor) = stream.context().compute_capability()?;
+        compat::check_cublas(
+            compat::arch_code(major as u32, minor as u32),
+            cublas_version(),
+        )
+        .map_err(KernelError::Unsupported)?;
         // SAFETY: allocation on the stream; cuBLAS never reads the workspace before writing it.
         let workspace = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }?;
         let handle = blas::create_handle()?;

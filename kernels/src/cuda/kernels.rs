@@ -13,15 +13,17 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::cublas::result::CublasError;
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::CompileError;
+use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, ComputeCapability};
 use super::sources::{self, ATTENTION_WARPS};
 use super::span::Span;
+use crate::compat::{self, CodeTarget, Version};
 use crate::decode_split;
 use crate::layout::{AttentionConfig, KvCacheShape};
 use crate::reference::RmsWeight;
@@ -30,9 +32,11 @@ use crate::sampling::MAX_TOP_LOGPROBS;
 #[derive(Debug)]
 pub enum KernelError {
     NvrtcMissing(&'static str),
+    /// This machine cannot run the kernels on this GPU: what to install.
+    Unsupported(String),
     Compile {
         source: &'static str,
-        error: CompileError,
+        log: String,
     },
     Driver(DriverError),
     /// libcublas could not be loaded.
@@ -44,7 +48,8 @@ impl fmt::Display for KernelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelError::NvrtcMissing(why) => write!(f, "NVRTC unavailable: {why}"),
-            KernelError::Compile { source, error } => write!(f, "compiling {source}.cu: {error}"),
+            KernelError::Unsupported(why) => write!(f, "{why}"),
+            KernelError::Compile { source, log } => write!(f, "compiling {source}.cu: {log}"),
             KernelError::Driver(e) => write!(f, "CUDA driver: {e}"),
             KernelError::CublasMissing => write!(f, "cuBLAS unavailable: libcublas not found"),
             KernelError::Cublas(e) => write!(f, "cuBLAS: {e}"),
@@ -189,8 +194,16 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Compile every source with NVRTC for the stream's device and load it.
+    /// Compile every source with NVRTC for the stream's device and load it (no cache).
     pub fn load(stream: Arc<CudaStream>) -> Result<Self, KernelError> {
+        Self::load_cached(stream, None)
+    }
+
+    /// [`Self::load`], keeping what NVRTC produced in `cache` (a directory) and reusing it:
+    /// a cubin for the device's architecture when NVRTC knows it, else PTX for the newest it
+    /// knows below (the driver compiles that); the driver's and NVRTC's versions are checked
+    /// first ([`compat::choose_target`]).
+    pub fn load_cached(stream: Arc<CudaStream>, cache: Option<&Path>) -> Result<Self, KernelError> {
         nvrtc::ensure_loaded().map_err(KernelError::NvrtcMissing)?;
         let ctx = stream.context().clone();
         let (major, minor) = ctx.compute_capability()?;
@@ -198,13 +211,26 @@ impl Kernels {
             major: major as u32,
             minor: minor as u32,
         };
+        let (nv_major, nv_minor) = nvrtc::nvrtc_version();
+        let target = compat::choose_target(
+            compat::arch_code(arch.major, arch.minor),
+            Version(nv_major, nv_minor),
+            &nvrtc::supported_archs(),
+            nvrtc::driver_version()?,
+        )
+        .map_err(KernelError::Unsupported)?;
         let mut functions = HashMap::new();
         for source in sources::ALL {
-            let ptx = nvrtc::compile(&source, arch).map_err(|error| KernelError::Compile {
-                source: source.name,
-                error,
+            let code = nvrtc::compile_cached(&source, target, cache).map_err(|log| {
+                KernelError::Compile {
+                    source: source.name,
+                    log,
+                }
             })?;
-            let module = ctx.load_module(ptx)?;
+            let module = ctx.load_module(match target {
+                CodeTarget::Cubin(_) => Ptx::from_binary(code),
+                CodeTarget::Ptx(_) => Ptx::from_src(String::from_utf8_lossy(&code)),
+            })?;
             for &name in source.entry_points {
                 functions.insert(name, module.load_function(name)?);
             }

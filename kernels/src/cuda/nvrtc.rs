@@ -9,12 +9,14 @@
 //!
 //! Compiling needs only the library, never a GPU or a driver.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
 use super::sources::KernelSource;
+use crate::compat::{CodeTarget, Version};
 
 /// Path of libnvrtc (the `.so` itself or the directory holding it).
 pub const NVRTC_LIB_ENV: &str = "INFER_NVRTC_LIB";
@@ -103,12 +105,124 @@ pub fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
-/// The NVRTC options every source is compiled with, beyond the program name.
-fn options(arch: ComputeCapability) -> Vec<String> {
+/// The architectures this NVRTC compiles for, numbered as [`crate::compat::arch_code`]
+/// numbers them. Call [`ensure_loaded`] first.
+pub fn supported_archs() -> Vec<i32> {
+    use cudarc::nvrtc::sys::{nvrtcGetNumSupportedArchs, nvrtcGetSupportedArchs, nvrtcResult};
+    let mut n = 0;
+    // SAFETY: an out-parameter, then a buffer of the size NVRTC gave.
+    unsafe {
+        if nvrtcGetNumSupportedArchs(&mut n) != nvrtcResult::NVRTC_SUCCESS || n <= 0 {
+            return Vec::new();
+        }
+        let mut archs = vec![0; n as usize];
+        if nvrtcGetSupportedArchs(archs.as_mut_ptr()) != nvrtcResult::NVRTC_SUCCESS {
+            return Vec::new();
+        }
+        archs
+    }
+}
+
+/// The NVRTC options every source is compiled with, beyond the program name;
+/// `gpu_arch` is `compute_90`, `sm_120`, ….
+fn options(gpu_arch: &str) -> Vec<String> {
     vec![
-        format!("--gpu-architecture={}", arch.virtual_arch()),
+        format!("--gpu-architecture={gpu_arch}"),
         "-std=c++17".into(),
     ]
+}
+
+/// Compiles `source` for `target`: a cubin, or PTX text. An error carries NVRTC's log. Call
+/// [`ensure_loaded`] first.
+pub fn compile_to(source: &KernelSource, target: CodeTarget) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    use std::ffi::{CStr, CString};
+
+    let src = CString::new(source.program()).expect("no NUL in kernel sources");
+    let name = CString::new(format!("{}.cu", source.name)).expect("no NUL in names");
+    let prog = result::create_program(&src, Some(&name)).map_err(|e| e.to_string())?;
+    // SAFETY: `prog` is live until destroyed at the end; `src` and `name` outlive it; each
+    // buffer has the size NVRTC reported.
+    unsafe {
+        let out = match result::compile_program(prog, &options(&target.nvrtc_arch())) {
+            Err(e) => Err(match result::get_program_log(prog) {
+                Ok(log) => format!("{e}: {}", CStr::from_ptr(log.as_ptr()).to_string_lossy()),
+                Err(_) => e.to_string(),
+            }),
+            Ok(()) => match target {
+                CodeTarget::Cubin(_) => {
+                    let mut size = 0;
+                    let mut cubin = Vec::new();
+                    let mut status = sys::nvrtcGetCUBINSize(prog, &mut size);
+                    if status == sys::nvrtcResult::NVRTC_SUCCESS {
+                        cubin = vec![0u8; size];
+                        status = sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast());
+                    }
+                    match status {
+                        sys::nvrtcResult::NVRTC_SUCCESS => Ok(cubin),
+                        e => Err(format!("reading the cubin: {e:?}")),
+                    }
+                }
+                CodeTarget::Ptx(_) => result::get_ptx(prog)
+                    .map(|ptx| CStr::from_ptr(ptx.as_ptr()).to_bytes().to_vec())
+                    .map_err(|e| e.to_string()),
+            },
+        };
+        let _ = result::destroy_program(prog);
+        out
+    }
+}
+
+/// [`compile_to`] through `cache`, a directory: each result is kept under a name hashing
+/// everything it depends on (the program text, the target, NVRTC's version), so a start
+/// after the first compiles nothing. A cache that cannot be read or written is passed by
+/// (the code is compiled, as without one). Call [`ensure_loaded`] first.
+pub fn compile_cached(
+    source: &KernelSource,
+    target: CodeTarget,
+    cache: Option<&Path>,
+) -> Result<Vec<u8>, String> {
+    let Some(dir) = cache else {
+        return compile_to(source, target);
+    };
+    let mut h = DefaultHasher::new();
+    (
+        source.program(),
+        options(&target.nvrtc_arch()),
+        nvrtc_version(),
+    )
+        .hash(&mut h);
+    let ext = match target {
+        CodeTarget::Cubin(_) => "cubin",
+        CodeTarget::Ptx(_) => "ptx",
+    };
+    let path = dir.join(format!(
+        "{}-{}-{:016x}.{ext}",
+        source.name,
+        target.nvrtc_arch(),
+        h.finish()
+    ));
+    if let Ok(code) = std::fs::read(&path) {
+        if !code.is_empty() {
+            return Ok(code);
+        }
+    }
+    let code = compile_to(source, target)?;
+    // Written aside, then renamed: a reader never sees half a file.
+    let tmp = path.with_extension(format!("{ext}.{}.tmp", std::process::id()));
+    let _ = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, &code))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    let _ = std::fs::remove_file(&tmp);
+    Ok(code)
+}
+
+/// The CUDA version the driver supports.
+pub fn driver_version() -> Result<Version, cudarc::driver::DriverError> {
+    let mut v = 0;
+    // SAFETY: an out-parameter.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }.result()?;
+    Ok(Version::from_driver(v))
 }
 
 /// Compile one kernel source to PTX for `arch`. Call [`ensure_loaded`] first.
@@ -117,7 +231,7 @@ pub fn compile(source: &KernelSource, arch: ComputeCapability) -> Result<Ptx, Co
         name: Some(format!("{}.cu", source.name)),
         // Exact expf/division/sqrt: these kernels are bandwidth-bound, accuracy is free.
         use_fast_math: Some(false),
-        options: options(arch),
+        options: options(&arch.virtual_arch()),
         ..Default::default()
     };
     compile_ptx_with_opts(source.program(), opts)
@@ -136,7 +250,7 @@ pub fn compile_log(source: &KernelSource, arch: ComputeCapability) -> Result<Str
     let prog = result::create_program(&src, Some(&name)).map_err(|e| e.to_string())?;
     // SAFETY: `prog` is live until destroyed at the end; `src` and `name` outlive it.
     unsafe {
-        let compiled = result::compile_program(prog, &options(arch));
+        let compiled = result::compile_program(prog, &options(&arch.virtual_arch()));
         let log = result::get_program_log(prog).map(|raw| {
             CStr::from_ptr(raw.as_ptr())
                 .to_string_lossy()

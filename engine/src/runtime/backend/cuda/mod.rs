@@ -159,7 +159,10 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         // Not the legacy default stream: it cannot be captured into a graph.
         let stream = ctx.new_stream()?;
-        let kernels = Kernels::load(stream.clone()).map_err(|e| anyhow!("{e}"))?;
+        // Compiled once per machine: later starts load the cached code.
+        let cache = crate::tools::builtin::cache_dir().join("kernels");
+        let kernels =
+            Kernels::load_cached(stream.clone(), Some(&cache)).map_err(|e| anyhow!("{e}"))?;
         let gemm = Gemm::new(stream.clone()).map_err(|e| anyhow!("{e}"))?;
         Ok(Self {
             ordinal,
