@@ -784,11 +784,17 @@ fn device_sample(
     (sampled, stream.clone_dtoh(&dev_logits).unwrap())
 }
 
-/// Uniforms in [0, 1) from a fixed generator.
+/// Uniforms in [0, 1) from a fixed generator, at f32's full 24 bits (not bf16-rounded as
+/// [`random`]'s: a coarse grid would give rare tokens all or nothing).
 fn uniforms(n: usize, seed: u64) -> Vec<f32> {
-    random(n, seed, 1.0)
-        .into_iter()
-        .map(|x| ((x + 1.0) / 2.0).min(0.999_999))
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        })
         .collect()
 }
 
@@ -844,13 +850,14 @@ fn sampling_params(uniform: f32, i: usize) -> RowParams {
 /// The same tokens as the reference at Llama 3's 128,256-token vocabulary, on bf16-valued
 /// logits (ties everywhere, as a real head's output has): greedy, every filter, penalties,
 /// logit bias and top logprobs. A draw may differ only where `expf` and Rust's `exp` round a
-/// weight differently at the exact boundary of the draw: at most 1% of the draws.
+/// weight differently at the exact boundary of the draw (about one chance in a thousand per
+/// draw): at most one of the 128 rows.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sampling_matches_reference_at_a_128k_vocabulary() {
     let (kernels, stream) = kernels();
     let vocab = 128_256;
-    let rows = 64;
+    let rows = 128;
     let logits = random(rows * vocab, 11, 12.0);
     let u = uniforms(rows, 12);
     let mut batch = SamplingBatch::new();
@@ -902,7 +909,7 @@ fn sampling_matches_reference_at_a_128k_vocabulary() {
             None => assert!(got.logprobs[r].is_nan(), "row {r}: a logprob not asked for"),
         }
     }
-    assert!(differ * 100 <= rows, "{differ} of {rows} draws differ");
+    assert!(differ <= 1, "{differ} of {rows} draws differ");
 }
 
 /// Draws from fixed logits follow the distribution the filters leave: a chi-square test over

@@ -192,7 +192,7 @@ __device__ unsigned int radix_select(const float* x, int vocab, float max, float
 // receives the logits they replaced. Writes out_token [rows], out_logprob [rows] (NaN unless
 // asked), out_top_ids / out_top_logprobs [rows, SAMPLE_MAX_TOP] (-1 / NaN past the count).
 // Grid: one block per row.
-extern "C" __global__ void sample_rows_f32(
+extern "C" __global__ void __launch_bounds__(1024) sample_rows_f32(
     float* __restrict__ logits, int vocab, const float* __restrict__ params_f,
     const int* __restrict__ params_i, const int* __restrict__ adjust_start,
     const int* __restrict__ adjust_token, const float* __restrict__ adjust_values,
@@ -251,7 +251,10 @@ extern "C" __global__ void sample_rows_f32(
                 out_top_ids[row * SAMPLE_MAX_TOP + j] = b.i;
                 out_top_logprobs[row * SAMPLE_MAX_TOP + j] = b.i >= 0 ? b.v - log_z : nan;
             }
-            prev = b;
+            // Past the vocabulary's end every later slot stays -1 (none would follow "none").
+            if (b.i >= 0) {
+                prev = b;
+            }
         }
     }
     for (int j = max(n_top, 0) + threadIdx.x; j < SAMPLE_MAX_TOP; j += blockDim.x) {
@@ -269,8 +272,10 @@ extern "C" __global__ void sample_rows_f32(
         adjust_raw[j] = raw;
         float v = raw;
         const float rep = adjust_values[3 * j];
+        // _rn intrinsics: never contracted with the subtraction below into an FMA, so the
+        // result is the reference's, rounding for rounding.
         if (rep != 1.0f) {
-            v = v > 0.0f ? v / rep : v * rep;
+            v = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
         }
         v -= adjust_values[3 * j + 1];
         v += adjust_values[3 * j + 2];
@@ -292,7 +297,8 @@ extern "C" __global__ void sample_rows_f32(
     int token = greedy.i;
     if (temperature > 0.0f) {
         const float m = greedy.v;  // the largest logit, every thread's
-        unsigned int floor = max(__float_as_uint(fmaxf(min_p, 0.0f)), 1u);
+        // A weight of 0 is never drawn; min_p <= 0 (either zero) is off.
+        unsigned int floor = min_p > 0.0f ? __float_as_uint(min_p) : 1u;
         if (top_k > 0) {
             const unsigned int kth = radix_select(x, vocab, m, temperature, floor, false,
                                                   (unsigned long long)top_k, hist, &selected);

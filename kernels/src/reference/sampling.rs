@@ -95,8 +95,8 @@ pub fn weights(row: &[f32], temperature: f32) -> Vec<f32> {
 /// The smallest weight a token may have and still be drawn: min-p, then top-k, then top-p,
 /// each a threshold on the weights (as bits: positive floats order as their bit patterns).
 pub fn keep_threshold(w: &[f32], p: &RowParams) -> u32 {
-    // A weight of 0 is never drawn, whatever min-p is.
-    let mut floor = p.min_p.max(0.0).to_bits().max(1);
+    // A weight of 0 is never drawn; min-p at or below 0 (either zero) is off.
+    let mut floor = if p.min_p > 0.0 { p.min_p.to_bits() } else { 1 };
     let mut kept: Vec<u32> = w
         .iter()
         .map(|x| x.to_bits())
@@ -356,6 +356,18 @@ mod tests {
         for u in [0.0, 0.5, 0.999_999_9] {
             let (token, _) = one_row(&LOGITS, RowParams { uniform: u, ..p }, &[]);
             assert_eq!(token, 1);
+        }
+    }
+
+    #[test]
+    fn min_p_at_either_zero_is_off() {
+        let w = [1.0, 0.5, 1e-30];
+        for min_p in [0.0, -0.0, -1.0] {
+            let p = RowParams {
+                min_p,
+                ..params(1.0)
+            };
+            assert_eq!(keep_threshold(&w, &p), 1, "min_p {min_p}");
         }
     }
 
