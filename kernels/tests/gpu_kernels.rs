@@ -30,18 +30,26 @@ fn kernels() -> (Kernels, Arc<CudaStream>) {
     )
 }
 
-/// Deterministic values in [-scale, scale), already rounded to bf16 so the GPU (bf16 storage)
-/// and the reference (f32) see the very same numbers.
-fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+/// Uniforms in [0, 1) from a fixed generator, at f32's full 24 bits (the sampling tests' draws:
+/// bf16-rounded ones, as [`random`]'s, would give rare tokens all or nothing).
+fn uniforms(n: usize, seed: u64) -> Vec<f32> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
         .map(|_| {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            let unit = (state >> 40) as f32 / (1u64 << 24) as f32;
-            bf16::round((2.0 * unit - 1.0) * scale)
+            (state >> 40) as f32 / (1u64 << 24) as f32
         })
+        .collect()
+}
+
+/// Deterministic values in [-scale, scale), already rounded to bf16 so the GPU (bf16 storage)
+/// and the reference (f32) see the very same numbers.
+fn random(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    uniforms(n, seed)
+        .into_iter()
+        .map(|unit| bf16::round((2.0 * unit - 1.0) * scale))
         .collect()
 }
 
@@ -782,20 +790,6 @@ fn device_sample(
         top_logprobs: stream.clone_dtoh(&out_top).unwrap(),
     };
     (sampled, stream.clone_dtoh(&dev_logits).unwrap())
-}
-
-/// Uniforms in [0, 1) from a fixed generator, at f32's full 24 bits (not bf16-rounded as
-/// [`random`]'s: a coarse grid would give rare tokens all or nothing).
-fn uniforms(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32
-        })
-        .collect()
 }
 
 /// The rows the sampling tests run: greedy and every filter alone and together, with and
