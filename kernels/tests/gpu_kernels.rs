@@ -11,7 +11,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use infer_kernels::bf16;
 use infer_kernels::cuda::{
-    DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm, Kernels, Span,
+    DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm, Kernels,
+    PrefillKernel, Span,
 };
 use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape};
 use infer_kernels::reference::{self, PagedKv, RmsWeight, RopeTable};
@@ -95,6 +96,48 @@ fn decode(
             cfg,
             splits,
             span(&scratch),
+        )
+        .unwrap();
+    download(stream, &out)
+}
+
+/// The prefill kernels this device runs: the tensor-core one (sm_80+) and the row kernel.
+fn prefill_kernels(kernels: &Kernels) -> Vec<PrefillKernel> {
+    match kernels.prefill_kernel() {
+        PrefillKernel::Flash => vec![PrefillKernel::Flash, PrefillKernel::Rows],
+        PrefillKernel::Rows => vec![PrefillKernel::Rows],
+    }
+}
+
+/// Prefill attention with `kernel` into an output first filled with noise (so that an
+/// unwritten row shows); returns the whole output.
+#[allow(clippy::too_many_arguments)]
+fn prefill(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    kernel: PrefillKernel,
+    q: &CudaSlice<u16>,
+    kv: &DeviceKv,
+    tables: &DeviceBlockTables,
+    cu: &[i32],
+    start: &[i32],
+    cfg: &AttentionConfig,
+) -> Vec<f32> {
+    let out = upload(stream, &random(q.len(), 6, 1.0));
+    let (cu_dev, start_dev) = (
+        stream.clone_htod(cu).unwrap(),
+        stream.clone_htod(start).unwrap(),
+    );
+    kernels
+        .paged_attention_prefill_with(
+            kernel,
+            span(&out),
+            span(q),
+            kv,
+            tables,
+            span(&cu_dev),
+            span(&start_dev),
+            cfg,
         )
         .unwrap();
     download(stream, &out)
@@ -346,27 +389,100 @@ fn paged_attention_prefill_matches_reference() {
         );
 
         let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
-        let cu_dev = stream.clone_htod(&cu).unwrap();
-        let start_dev = stream.clone_htod(&start).unwrap();
         let q_dev = upload(&stream, &q);
-        let out = upload(&stream, &random(q.len(), 6, 1.0));
-        kernels
-            .paged_attention_prefill(
-                span(&out),
-                span(&q_dev),
+        for kernel in prefill_kernels(&kernels) {
+            let got = prefill(
+                &kernels,
+                &stream,
+                kernel,
+                &q_dev,
                 &kv_dev,
                 &tables_dev,
-                span(&cu_dev),
-                span(&start_dev),
+                &cu,
+                &start,
                 &cfg,
-            )
-            .unwrap();
-        let got = download(&stream, &out);
-        assert_close(&format!("prefill {cfg:?}"), &got[..real * row], &want);
-        assert!(
-            got[real * row..].iter().all(|&x| x == 0.0),
-            "padding tokens not zeroed"
-        );
+            );
+            assert_close(
+                &format!("prefill {kernel:?} {cfg:?}"),
+                &got[..real * row],
+                &want,
+            );
+            assert!(
+                got[real * row..].iter().all(|&x| x == 0.0),
+                "{kernel:?}: padding tokens not zeroed"
+            );
+        }
+    }
+}
+
+/// Prefill at the shapes users run: 32 query heads over 8 KV heads, a fresh 2,048-token
+/// prompt, a 512-token chunk after 1,536 cached tokens, and a step that mixes both with short
+/// prompts and single tokens (several query tiles per sequence, tiles ending mid-sequence),
+/// with and without a sliding window.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn paged_attention_prefill_at_user_shapes() {
+    let (kernels, stream) = kernels();
+    let steps: [(&[i32], &[i32]); 3] = [
+        (&[2048], &[0]),
+        (&[512], &[1536]),
+        (&[700, 1, 512, 65, 3], &[0, 4000, 1536, 64, 0]),
+    ];
+    for head_dim in [64, 128] {
+        for cfg in [
+            AttentionConfig::new(32, 8, head_dim),
+            AttentionConfig::new(32, 8, head_dim).with_sliding_window(1000),
+        ] {
+            let row = cfg.num_heads * cfg.head_dim;
+            for (lens, start) in steps {
+                let cu: Vec<i32> = std::iter::once(0)
+                    .chain(lens.iter().scan(0, |sum, &l| {
+                        *sum += l;
+                        Some(*sum)
+                    }))
+                    .collect();
+                let capacity: Vec<usize> = lens
+                    .iter()
+                    .zip(start)
+                    .map(|(&l, &s)| (l + s) as usize)
+                    .collect();
+                let setup = PagedSetup::new(cfg.num_kv_heads, head_dim, &capacity, 31);
+                let real = *cu.last().unwrap() as usize;
+                let q = random((real + 5) * row, 9, 1.0);
+                let (kv, tables) = setup.cpu();
+                let mut want = vec![0.0; real * row];
+                reference::paged_attention_prefill(
+                    &mut want,
+                    &q[..real * row],
+                    &kv,
+                    &tables,
+                    &cu,
+                    start,
+                    &cfg,
+                );
+                let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+                let q_dev = upload(&stream, &q);
+                for kernel in prefill_kernels(&kernels) {
+                    let got = prefill(
+                        &kernels,
+                        &stream,
+                        kernel,
+                        &q_dev,
+                        &kv_dev,
+                        &tables_dev,
+                        &cu,
+                        start,
+                        &cfg,
+                    );
+                    assert_close(
+                        &format!("prefill {kernel:?} lens {lens:?} after {start:?} {cfg:?}"),
+                        &got[..real * row],
+                        &want,
+                    );
+                    assert!(got[real * row..].iter().all(|&x| x == 0.0));
+                }
+            }
+        }
     }
 }
 
@@ -542,28 +658,24 @@ fn paged_attention_skips_bad_blocks() {
     let mut want = vec![f32::NAN; q.len()];
     reference::paged_attention_prefill(&mut want, &q, &kv, &tables, &cu, &start, &cfg);
     let q_dev = upload(&stream, &q);
-    let (cu_dev, start_dev) = (
-        stream.clone_htod(&cu).unwrap(),
-        stream.clone_htod(&start).unwrap(),
-    );
-    let out = upload(&stream, &random(q.len(), 11, 1.0));
-    kernels
-        .paged_attention_prefill(
-            span(&out),
-            span(&q_dev),
+    for kernel in prefill_kernels(&kernels) {
+        let got = prefill(
+            &kernels,
+            &stream,
+            kernel,
+            &q_dev,
             &kv_dev,
             &tables_dev,
-            span(&cu_dev),
-            span(&start_dev),
+            &cu,
+            &start,
             &cfg,
-        )
-        .unwrap();
-    let got = download(&stream, &out);
-    assert_close("prefill, bad blocks", &got, &want);
-    assert!(
-        got[100 * row..].iter().all(|&x| x == 0.0),
-        "no visible key: zeros"
-    );
+        );
+        assert_close(&format!("prefill {kernel:?}, bad blocks"), &got, &want);
+        assert!(
+            got[100 * row..].iter().all(|&x| x == 0.0),
+            "{kernel:?}: no visible key: zeros"
+        );
+    }
 }
 
 #[test]

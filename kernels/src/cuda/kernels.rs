@@ -21,7 +21,7 @@ use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, ComputeCapability};
-use super::sources::{self, ATTENTION_WARPS};
+use super::sources::{self, ATTENTION_WARPS, FLASH_WARPS};
 use super::span::Span;
 use crate::compat::{self, CodeTarget, Version};
 use crate::decode_split;
@@ -131,6 +131,27 @@ mod grid {
         }
     }
 
+    /// Query rows of one tensor-core prefill block (`FLASH_BLOCK_M` in `flash_prefill.cu`).
+    pub const FLASH_BLOCK_M: usize = FLASH_WARPS as usize * 16;
+
+    /// Tensor-core prefill: x over the query tiles (each sequence's tokens cut into tiles of
+    /// [`FLASH_BLOCK_M`], at most `num_seqs` more than whole tiles of all tokens) plus at least
+    /// one block that zeroes the padding rows; y over the heads.
+    pub fn flash_prefill(num_heads: usize, num_tokens: usize, num_seqs: usize) -> LaunchConfig {
+        let blocks = flash_prefill_blocks(num_tokens, num_seqs);
+        assert!(blocks <= i32::MAX as usize, "{num_tokens} tokens");
+        LaunchConfig {
+            grid_dim: (blocks as u32, dim(num_heads), 1),
+            block_dim: (FLASH_WARPS * 32, 1, 1),
+            shared_mem_bytes: 0, // static
+        }
+    }
+
+    /// Blocks along x of [`flash_prefill`]: enough for every sequence's tiles, and one more.
+    pub fn flash_prefill_blocks(num_tokens: usize, num_seqs: usize) -> usize {
+        num_tokens.div_ceil(FLASH_BLOCK_M) + num_seqs + 1
+    }
+
     /// The largest y (or z) dimension of a grid.
     pub const MAX_Y: usize = 65_535;
 
@@ -157,10 +178,21 @@ fn rows_of(len: usize, width: usize, what: &str) -> usize {
     len / width
 }
 
+/// Which kernel computes prefill attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// FlashAttention-2 style on the tensor cores (`flash_prefill.cu`): sm_80 and newer.
+    Flash,
+    /// One block per (head, query token) on the CUDA cores (`paged_attention.cu`): any GPU.
+    Rows,
+}
+
 /// The attention kernels of one head dimension.
 struct AttentionFns {
     decode: CudaFunction,
     prefill: CudaFunction,
+    /// The tensor-core prefill, where the device has bf16 `mma.sync` (sm_80+).
+    flash_prefill: Option<CudaFunction>,
     /// Combines decode splits (flash-decoding).
     merge: CudaFunction,
 }
@@ -244,9 +276,11 @@ impl Kernels {
             .iter()
             .map(|&d| {
                 let (decode, prefill, merge) = sources::attention_entry_points(d).unwrap();
+                let flash = take(sources::flash_prefill_entry_point(d).unwrap());
                 let fns = AttentionFns {
                     decode: take(decode),
                     prefill: take(prefill),
+                    flash_prefill: (arch.major >= 8).then_some(flash),
                     merge: take(merge),
                 };
                 (d, fns)
@@ -398,7 +432,18 @@ impl Kernels {
         Ok(())
     }
 
-    /// Prefill attention, see [`crate::reference::paged_attention_prefill`].
+    /// The prefill kernel [`Self::paged_attention_prefill`] runs on this device: the
+    /// tensor-core one where there is one.
+    pub fn prefill_kernel(&self) -> PrefillKernel {
+        if self.arch.major >= 8 {
+            PrefillKernel::Flash
+        } else {
+            PrefillKernel::Rows
+        }
+    }
+
+    /// Prefill attention, see [`crate::reference::paged_attention_prefill`], with
+    /// [`Self::prefill_kernel`].
     /// Writes `out`; `q`, `out`: `[num_tokens, num_heads, head_dim]`; `cu_seqlens_q`:
     /// `[num_seqs + 1]`; `start_pos`: `[num_seqs]`. Tokens past `cu_seqlens_q[num_seqs]` are
     /// padding (their `out` rows are zeros).
@@ -413,7 +458,32 @@ impl Kernels {
         start_pos: Span<i32>,
         cfg: &AttentionConfig,
     ) -> Result<(), DriverError> {
-        let prefill = &self.attention_fns(cfg, kv).prefill;
+        let kernel = self.prefill_kernel();
+        self.paged_attention_prefill_with(kernel, out, q, kv, tables, cu_seqlens_q, start_pos, cfg)
+    }
+
+    /// [`Self::paged_attention_prefill`] with the kernel named: tests and benchmarks compare the
+    /// two. Panics if `kernel` is [`PrefillKernel::Flash`] on a device older than sm_80.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_prefill_with(
+        &self,
+        kernel: PrefillKernel,
+        out: Span<u16>,
+        q: Span<u16>,
+        kv: &DeviceKv,
+        tables: &DeviceBlockTables,
+        cu_seqlens_q: Span<i32>,
+        start_pos: Span<i32>,
+        cfg: &AttentionConfig,
+    ) -> Result<(), DriverError> {
+        let fns = self.attention_fns(cfg, kv);
+        let prefill = match kernel {
+            PrefillKernel::Rows => &fns.prefill,
+            PrefillKernel::Flash => fns
+                .flash_prefill
+                .as_ref()
+                .expect("the tensor-core prefill needs sm_80 or newer"),
+        };
         let row = cfg.num_heads * cfg.head_dim;
         let num_seqs = start_pos.len();
         assert!(num_seqs > 0, "prefill needs at least one sequence");
@@ -450,10 +520,21 @@ impl Kernels {
             .arg(&cfg.scale)
             .arg(&window)
             .arg(&softcap);
-        // SAFETY: argument order and types match paged_attention_prefill_bf16_d*; lengths checked,
-        // and the kernel bounds every device-side index (block ids, table row).
-        // Blocks stride over the tokens past the grid's y limit.
-        let grid = grid::attention(cfg.num_heads, num_tokens.min(grid::MAX_Y));
+        let grid = match kernel {
+            // Blocks stride over the tokens past the grid's y limit.
+            PrefillKernel::Rows => grid::attention(cfg.num_heads, num_tokens.min(grid::MAX_Y)),
+            PrefillKernel::Flash => {
+                // Q and out are read and written as bf16 pairs.
+                assert!(
+                    q.ptr().is_multiple_of(4) && out.ptr().is_multiple_of(4),
+                    "prefill q and out must be 4-byte aligned"
+                );
+                grid::flash_prefill(cfg.num_heads, num_tokens, num_seqs)
+            }
+        };
+        // SAFETY: argument order and types match paged_attention_prefill_bf16_d* and
+        // flash_prefill_bf16_d* (the same parameters); lengths checked, and the kernels bound
+        // every device-side index (block ids, table row).
         unsafe { launch.launch(grid) }.map(drop)
     }
 
@@ -866,5 +947,40 @@ mod tests {
             grid::FLAT_MAX_BLOCKS
         );
         assert_eq!(grid::flat(5).block_dim.0, grid::FLAT_THREADS);
+    }
+
+    /// The tensor-core prefill numbers each sequence's tiles of `FLASH_BLOCK_M` query rows and
+    /// gives the blocks past them the padding rows: for any lengths that fit the step there is
+    /// a block for every tile and at least one left for the padding.
+    #[test]
+    fn flash_prefill_grid_covers_every_tile_and_the_padding() {
+        let m = grid::FLASH_BLOCK_M;
+        let mut state = 0x9e37_79b9_u64;
+        let mut next = |n: usize| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            (state >> 33) as usize % n
+        };
+        for _ in 0..10_000 {
+            let num_seqs = 1 + next(64);
+            let lens: Vec<usize> = (0..num_seqs)
+                .map(|_| match next(4) {
+                    0 => 0,
+                    1 => 1 + next(m),
+                    _ => next(5 * m),
+                })
+                .collect();
+            let real: usize = lens.iter().sum();
+            let num_tokens = real + next(2 * m);
+            if num_tokens == 0 {
+                continue;
+            }
+            let tiles: usize = lens.iter().map(|l| l.div_ceil(m)).sum();
+            let cfg = grid::flash_prefill(32, num_tokens, num_seqs);
+            assert!(cfg.grid_dim.0 as usize > tiles, "{lens:?} + {num_tokens}");
+            assert_eq!(cfg.grid_dim.1, 32);
+        }
+        assert_eq!(grid::flash_prefill_blocks(2048, 1), 2048 / m + 2);
     }
 }

@@ -20,6 +20,7 @@ pub use cudarc;
 pub use gemm::Gemm;
 pub use kernels::{
     DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, KernelError, Kernels,
+    PrefillKernel,
 };
 pub use nvrtc::{compile, nvrtc_version, ComputeCapability};
 pub use span::Span;

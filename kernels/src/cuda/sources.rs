@@ -4,6 +4,10 @@
 /// kernel's shared-memory layout and the launch's block size come from this one constant.
 pub const ATTENTION_WARPS: u32 = 8;
 
+/// Warps per block of the tensor-core prefill attention (`flash_prefill.cu`), 16 query rows
+/// each: injected as `FLASH_WARPS`, as [`ATTENTION_WARPS`] is.
+pub const FLASH_WARPS: u32 = 4;
+
 use crate::sampling::MAX_TOP_LOGPROBS;
 
 /// Head dimensions the attention kernels are instantiated for.
@@ -24,7 +28,7 @@ impl KernelSource {
     /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
     pub fn program(&self) -> String {
         format!(
-            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{COMMON}\n// ---- {}.cu ----\n{}",
             self.name, self.source
         )
     }
@@ -46,6 +50,17 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
         "paged_attention_merge_bf16_d96",
         "paged_attention_merge_bf16_d128",
         "paged_attention_merge_bf16_d256",
+    ],
+};
+
+pub const FLASH_PREFILL: KernelSource = KernelSource {
+    name: "flash_prefill",
+    source: include_str!("flash_prefill.cu"),
+    entry_points: &[
+        "flash_prefill_bf16_d64",
+        "flash_prefill_bf16_d96",
+        "flash_prefill_bf16_d128",
+        "flash_prefill_bf16_d256",
     ],
 };
 
@@ -95,8 +110,9 @@ pub const SAMPLING: KernelSource = KernelSource {
     entry_points: &["sample_rows_f32"],
 };
 
-pub const ALL: [KernelSource; 8] = [
+pub const ALL: [KernelSource; 9] = [
     PAGED_ATTENTION,
+    FLASH_PREFILL,
     KV_CACHE,
     RMS_NORM,
     ROPE,
@@ -105,6 +121,12 @@ pub const ALL: [KernelSource; 8] = [
     ELEMENTWISE,
     SAMPLING,
 ];
+
+/// The tensor-core prefill attention's entry point for one head dimension.
+pub fn flash_prefill_entry_point(head_dim: usize) -> Option<&'static str> {
+    let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
+    Some(FLASH_PREFILL.entry_points[i])
+}
 
 /// Entry-point names of the attention kernels for one head dimension.
 pub fn attention_entry_points(
@@ -127,10 +149,13 @@ mod tests {
         for src in ALL {
             for name in src.entry_points {
                 let defined = match name.rsplit_once("_bf16_d") {
-                    Some((_, dim)) => src
-                        .source
-                        .contains(&format!("DEFINE_PAGED_ATTENTION({dim})")),
-                    None => src.source.contains(&format!("void {name}(")),
+                    Some((_, dim)) => ["DEFINE_PAGED_ATTENTION", "DEFINE_FLASH_PREFILL"]
+                        .iter()
+                        .any(|m| src.source.contains(&format!("{m}({dim})"))),
+                    None => src.source.lines().any(|line| {
+                        line.starts_with("extern \"C\" __global__ void")
+                            && line.contains(&format!(" {name}("))
+                    }),
                 };
                 assert!(defined, "{name} not defined in {}.cu", src.name);
             }
@@ -148,5 +173,10 @@ mod tests {
             ))
         );
         assert_eq!(attention_entry_points(80), None);
+        assert_eq!(
+            flash_prefill_entry_point(64),
+            Some("flash_prefill_bf16_d64")
+        );
+        assert_eq!(flash_prefill_entry_point(80), None);
     }
 }
