@@ -10,7 +10,8 @@
 #      greedy and top-p, on 32k- and 128k-vocabulary models: ms, tok/s, and the bytes a step
 #      must read over a read-only kernel's bandwidth; prefill tok/s at 512 and 2,048 tokens
 #      (gpu_bench);
-#   4. kernel figures (kernel_bench);
+#   4. kernel figures (kernel_bench), then peers on the same GPU at the same shapes and
+#      infer / peer per figure (peers: scripts/gpu_peers.py);
 #   5. the engine on the GPU with a generated ~1B Llama (Llama-3.2-1B's shape, random
 #      weights): `engine generate` eager and with graphs, `engine serve
 #      --gpu-memory-utilization` driven by `engine bench`, `engine profile`, then
@@ -19,7 +20,7 @@
 #   6. the benchmark log's phase table (P4-P9) measured on the GPU with the same model.
 # QUICK=1 stops after step 4 (the engine steps take several minutes); ONLY="a b" runs only the
 # steps named (nvrtc_compile gpu_kernels gpu_parity oracle memcheck gpu_bench kernel_bench
-# generate generate_graphs serve_bench profile verify phase_table). The correctness check
+# peers generate generate_graphs serve_bench profile verify phase_table). The correctness check
 # first, on its own: ONLY="nvrtc_compile gpu_kernels gpu_parity oracle memcheck".
 # Steps run in order and the script goes on after a failure, so one run shows everything.
 set -uo pipefail
@@ -115,6 +116,22 @@ memcheck() {
 step memcheck memcheck
 step gpu_bench "$bin/gpu_bench"
 step kernel_bench "$bin/kernel_bench"
+# Peers on this GPU at the same shapes: PyTorch's flash SDPA at kernel_bench's prefill shapes,
+# transformers' decode on gpu_bench's model (PEERS_COMPILE=1 adds torch.compile with a static
+# cache: minutes of compiling); then infer / peer per figure from the three logs.
+peers() {
+    local model="$INFER_CACHE/bench-llama-1b-bf16-v1"
+    [ -f "$model/model.safetensors" ] || "$bin/engine" make-model --arch llama --layers 16 \
+        --hidden 2048 --heads 32 --kv-heads 8 --head-dim 64 --intermediate 8192 \
+        --vocab 32768 --max-pos 8192 --dtype bf16 --out "$model" >&2 || return 1
+    python3 "$here/gpu_peers.py" measure "$model" ${PEERS_COMPILE:+--compile} \
+        | tee "$out/peers.log" || return 1
+    awk '/^=== (gpu_bench|kernel_bench)$/{keep=1; next} /^=== /{keep=0} keep' "$out/check.log" \
+        > "$out/infer-bench.log"
+    python3 "$here/gpu_peers.py" table "$out/infer-bench.log" "$out/peers.log" \
+        | tee "$out/peers.md"
+}
+step peers peers
 
 if [ "${QUICK:-0}" != 1 ]; then
     engine="$bin/engine"

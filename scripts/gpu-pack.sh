@@ -33,6 +33,7 @@ cp "$(test_bin infer-engine gpu_parity)" "$out/bin/gpu_parity"
 strip "$out"/bin/*
 
 cp -r scenarios "$out/"
-cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py "$out/"
+cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py scripts/gpu_peers.py \
+    "$out/"
 du -sh "$out"
 echo "packed $out: run 'bash $out/gpu-check.sh' on the GPU machine"

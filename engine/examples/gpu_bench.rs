@@ -8,7 +8,8 @@
 //!   ms per step, tok/s, the bytes the step must read (every weight but the gathered
 //!   embedding table, the output head, each sequence's K/V once) per second, and their
 //!   fraction of the read-only bandwidth;
-//! - prefill tokens/s at 512 and 2,048 tokens, and a new prompt length vs a seen one.
+//! - prefill tokens/s and ms at 512 and 2,048 tokens, a 512-token chunk after 1,536 cached
+//!   tokens, and a new prompt length vs a seen one.
 //!
 //! `engine/examples/gpu_bench.rs`, run by scripts/gpu-check.sh:
 //!   gpu_bench [MODEL_DIR]   (default: generates the models under the builtin cache once)
@@ -252,11 +253,31 @@ fn main() -> Result<()> {
             lm.model.forward(&b, &mut kv)?;
             times.push(t.elapsed().as_secs_f64());
         }
-        line(
-            &format!("prefill_tok_s[{len}]"),
-            len as f64 / median(times),
-            "tok/s",
-        );
+        let s = median(times);
+        line(&format!("prefill_tok_s[{len}]"), len as f64 / s, "tok/s");
+        line(&format!("prefill_ms[{len}]"), s * 1e3, "ms");
+    }
+    // A 512-token chunk after 1,536 cached tokens (chunked prefill's steady state).
+    {
+        let mut kv = lm.model.new_kv_cache(2048 / BLOCK, BLOCK)?;
+        lm.model.forward(&fresh_prompt(1536), &mut kv)?;
+        let chunk = ForwardBatch {
+            seqs: vec![SeqChunk {
+                tokens: (0..512u32).map(|t| 10 + t % 1000).collect(),
+                start_pos: 1536,
+                block_table: (0..(2048 / BLOCK) as u32).collect(),
+                sample: true,
+                all_logits: false,
+            }],
+        };
+        lm.model.forward(&chunk, &mut kv)?;
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            lm.model.forward(&chunk, &mut kv)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        line("prefill_ms[512 after 1536]", median(times) * 1e3, "ms");
     }
     // A prompt length never seen before vs the same lengths again: a served prefill almost
     // always has a new length, so a one-time cost per shape (library heuristics, kernel

@@ -5,13 +5,17 @@
 //! Shapes are Llama-3.2-3B's (24 query heads, 8 KV heads, head_dim 128, hidden 3072,
 //! intermediate 8192), block size 16. Decode attention is also timed as a replayed CUDA graph,
 //! the Phase 9 question: does a captured launch run as fast as an eager one? The cuBLAS GEMMs
-//! are timed at the model's projection shapes.
+//! are timed at the model's projection shapes. Prefill attention, each kernel the device runs
+//! (the tensor-core one and the row kernel), is also timed at Llama-3.2-1B's heads (32 over 8,
+//! head_dim 64): a fresh 2,048-token prompt and a 512-token chunk after 1,536 cached tokens.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use infer_kernels::cuda::{DeviceBlockTables, DeviceKv, Gemm, Kernels, Span};
+use infer_kernels::cuda::{
+    DecodeKernel, DeviceBlockTables, DeviceKv, Gemm, Kernels, PrefillKernel, Span,
+};
 use infer_kernels::layout::{AttentionConfig, KvCacheShape};
 use infer_kernels::reference::{default_inv_freq, RmsWeight, RopeTable};
 
@@ -58,15 +62,33 @@ fn main() {
     );
 
     let cfg = AttentionConfig::new(24, 8, 128);
-    for batch in [1usize, 8, 32] {
-        bench_decode(&kernels, &stream, &cfg, batch);
+    let llama_1b = AttentionConfig::new(32, 8, 64);
+    for attention in [&cfg, &llama_1b] {
+        for batch in [1usize, 8, 32] {
+            for kernel in [DecodeKernel::Grouped, DecodeKernel::PerHead] {
+                bench_decode(&kernels, &stream, attention, batch, kernel);
+            }
+        }
     }
-    bench_prefill(&kernels, &stream, &cfg, 512);
+    for (attention, tokens, start) in [
+        (&cfg, 512, 0),
+        (&cfg, 2048, 0),
+        (&llama_1b, 2048, 0),
+        (&llama_1b, 512, 1536),
+    ] {
+        bench_prefill(&kernels, &stream, attention, tokens, start);
+    }
     bench_elementwise(&kernels, &stream, &cfg, 512);
     bench_gemm(&stream);
 }
 
-fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConfig, batch: usize) {
+fn bench_decode(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    cfg: &AttentionConfig,
+    batch: usize,
+    kernel: DecodeKernel,
+) {
     let blocks_per_seq = CONTEXT / BLOCK_SIZE;
     let shape = KvCacheShape {
         num_blocks: batch * blocks_per_seq,
@@ -92,13 +114,18 @@ fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConf
         table: Span::of(&table),
         max_blocks_per_seq: blocks_per_seq,
     };
-    let splits = kernels.decode_splits(batch, &tables, cfg, kv.shape.block_size);
+    let splits = kernels.decode_splits_with(kernel, batch, &tables, cfg, kv.shape.block_size);
     let scratch = stream
         .alloc_zeros::<f32>(Kernels::decode_scratch_len(batch, cfg, splits).max(1))
         .unwrap();
-    println!("paged_attention_decode_splits[batch={batch},ctx={CONTEXT}]: {splits}");
+    let tag = format!(
+        "{kernel:?},heads={}/{},head_dim={},batch={batch},ctx={CONTEXT}",
+        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    );
+    println!("paged_attention_decode_splits[{tag}]: {splits}");
     let launch = || {
-        kernels.paged_attention_decode(
+        kernels.paged_attention_decode_with(
+            kernel,
             Span::of(&out),
             Span::of(&q),
             &kv,
@@ -112,7 +139,6 @@ fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConf
     let eager = time_ms(stream, &launch);
     // Unique K+V bytes each step must read at least once.
     let bytes = (2 * batch * CONTEXT * cfg.num_kv_heads * cfg.head_dim * 2) as f64;
-    let tag = format!("batch={batch},ctx={CONTEXT}");
     println!("paged_attention_decode_us[{tag}]: {:.1} us", eager * 1e3);
     println!(
         "paged_attention_decode_gbps[{tag}]: {:.1} GB/s",
@@ -149,13 +175,18 @@ fn bench_decode(kernels: &Kernels, stream: &Arc<CudaStream>, cfg: &AttentionConf
     }
 }
 
+/// Prefill attention over one sequence: `tokens` queries after `start` cached keys, each kernel
+/// this device runs. TFLOP/s count the work causal attention must do: 4 · head_dim FLOPs per
+/// (query, visible key) and head (Q·K and P·V), for a fresh n-token prompt 2 · n² · head_dim
+/// per head (the causal half).
 fn bench_prefill(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
     cfg: &AttentionConfig,
     tokens: usize,
+    start: usize,
 ) {
-    let blocks = tokens.div_ceil(BLOCK_SIZE);
+    let blocks = (start + tokens).div_ceil(BLOCK_SIZE);
     let shape = KvCacheShape {
         num_blocks: blocks,
         block_size: BLOCK_SIZE,
@@ -170,7 +201,7 @@ fn bench_prefill(
         .clone_htod(&(0..blocks as i32).collect::<Vec<_>>())
         .unwrap();
     let cu = stream.clone_htod(&[0, tokens as i32]).unwrap();
-    let start = stream.clone_htod(&[0i32]).unwrap();
+    let start_pos = stream.clone_htod(&[start as i32]).unwrap();
     let q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
     let out = bf16_buffer(stream, q.len());
     let kv = DeviceKv {
@@ -182,27 +213,35 @@ fn bench_prefill(
         table: Span::of(&table),
         max_blocks_per_seq: blocks,
     };
-    let ms = time_ms(stream, || {
-        kernels.paged_attention_prefill(
-            Span::of(&out),
-            Span::of(&q),
-            &kv,
-            &tables,
-            Span::of(&cu),
-            Span::of(&start),
-            cfg,
-        )
-    });
-    // Causal attention: QK^T and PV each cost 2 * d flops per (query, key) pair, half the square.
-    let flops = 4.0 * (tokens * tokens) as f64 / 2.0 * (cfg.num_heads * cfg.head_dim) as f64;
-    println!(
-        "paged_attention_prefill_us[tokens={tokens}]: {:.1} us",
-        ms * 1e3
-    );
-    println!(
-        "paged_attention_prefill_tflops[tokens={tokens}]: {:.2} TFLOP/s",
-        flops / (ms * 1e-3) / 1e12
-    );
+    let visible_keys: usize = (1..=tokens).map(|i| start + i).sum();
+    let flops = 4.0 * (visible_keys * cfg.num_heads * cfg.head_dim) as f64;
+    let mut kinds = vec![PrefillKernel::Rows];
+    if kernels.prefill_kernel() == PrefillKernel::Flash {
+        kinds.insert(0, PrefillKernel::Flash);
+    }
+    for kernel in kinds {
+        let ms = time_ms(stream, || {
+            kernels.paged_attention_prefill_with(
+                kernel,
+                Span::of(&out),
+                Span::of(&q),
+                &kv,
+                &tables,
+                Span::of(&cu),
+                Span::of(&start_pos),
+                cfg,
+            )
+        });
+        let tag = format!(
+            "{kernel:?},heads={}/{},head_dim={},tokens={tokens},cached={start}",
+            cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        );
+        println!("paged_attention_prefill_us[{tag}]: {:.1} us", ms * 1e3);
+        println!(
+            "paged_attention_prefill_tflops[{tag}]: {:.2} TFLOP/s",
+            flops / (ms * 1e-3) / 1e12
+        );
+    }
 }
 
 fn bench_elementwise(

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use infer_kernels::bf16;
 use infer_kernels::cuda::{
-    DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm, Kernels,
-    PrefillKernel, Span,
+    DecodeKernel, DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm,
+    Kernels, PrefillKernel, Span,
 };
 use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape};
 use infer_kernels::reference::{self, PagedKv, RmsWeight, RopeTable};
@@ -66,12 +66,21 @@ fn span<T>(xs: &CudaSlice<T>) -> Span<T> {
     Span::of(xs)
 }
 
-/// Decode attention with `splits` (None: the kernels' own choice) into an output that
-/// starts as garbage (so rows the kernel must zero really are written), downloaded.
+/// The decode kernels for `cfg`: the grouped one where it serves the group, and the per-head.
+fn decode_kernels(cfg: &AttentionConfig) -> Vec<DecodeKernel> {
+    match Kernels::decode_kernel(cfg) {
+        DecodeKernel::Grouped => vec![DecodeKernel::Grouped, DecodeKernel::PerHead],
+        DecodeKernel::PerHead => vec![DecodeKernel::PerHead],
+    }
+}
+
+/// Decode attention with `kernel` and `splits` (None: the kernels' own choice) into an output
+/// that starts as garbage (so rows the kernel must zero really are written), downloaded.
 #[allow(clippy::too_many_arguments)]
 fn decode(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
+    kernel: DecodeKernel,
     q: &CudaSlice<u16>,
     kv: &DeviceKv,
     tables: &DeviceBlockTables,
@@ -80,14 +89,16 @@ fn decode(
     splits: Option<usize>,
 ) -> Vec<f32> {
     let num_seqs = lens.len();
-    let splits =
-        splits.unwrap_or_else(|| kernels.decode_splits(num_seqs, tables, cfg, kv.shape.block_size));
+    let splits = splits.unwrap_or_else(|| {
+        kernels.decode_splits_with(kernel, num_seqs, tables, cfg, kv.shape.block_size)
+    });
     let scratch = stream
         .alloc_zeros::<f32>(Kernels::decode_scratch_len(num_seqs, cfg, splits).max(1))
         .unwrap();
     let out = upload(stream, &random(q.len(), 4, 1.0));
     kernels
-        .paged_attention_decode(
+        .paged_attention_decode_with(
+            kernel,
             span(&out),
             span(q),
             kv,
@@ -252,6 +263,9 @@ fn configs() -> Vec<AttentionConfig> {
         all.push(AttentionConfig::new(4, 4, head_dim).with_sliding_window(24));
         // Scores of these inputs are O(1): a cap of 1 bends them hard.
         all.push(AttentionConfig::new(8, 4, head_dim).with_softcap(1.0));
+        // The widest group the grouped decode serves, and one past it (the per-head decode).
+        all.push(AttentionConfig::new(16, 2, head_dim));
+        all.push(AttentionConfig::new(16, 1, head_dim));
     }
     all
 }
@@ -288,10 +302,14 @@ fn paged_attention_decode_matches_reference() {
         let auto = kernels.decode_splits(seq_lens.len(), &tables_dev, &cfg, 16);
         assert!(auto > 1, "these shapes should split: {auto}");
         // One split (whole contexts), the kernels' choice, and more splits than keys need.
-        for splits in [Some(1), None, Some(9)] {
+        for (kernel, splits) in decode_kernels(&cfg)
+            .into_iter()
+            .flat_map(|k| [Some(1), None, Some(9)].map(|s| (k, s)))
+        {
             let got = decode(
                 &kernels,
                 &stream,
+                kernel,
                 &q_dev,
                 &kv_dev,
                 &tables_dev,
@@ -300,13 +318,13 @@ fn paged_attention_decode_matches_reference() {
                 splits,
             );
             assert_close(
-                &format!("decode splits {splits:?} {cfg:?}"),
+                &format!("decode {kernel:?} splits {splits:?} {cfg:?}"),
                 &got[..real * row],
                 &want,
             );
             assert!(
                 got[real * row..].iter().all(|&x| x == 0.0),
-                "padding row not zeroed (splits {splits:?})"
+                "{kernel:?}: padding row not zeroed (splits {splits:?})"
             );
         }
     }
@@ -338,24 +356,30 @@ fn paged_attention_decode_long_contexts_at_32_heads() {
             let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
             let lens_dev = stream.clone_htod(&lens_i32).unwrap();
             let q_dev = upload(&stream, &q);
-            let auto = kernels.decode_splits(lens.len(), &tables_dev, &cfg, 16);
-            println!("batch {} head_dim {head_dim}: {auto} splits", lens.len());
-            for splits in [None, Some(1), Some(auto + 5)] {
-                let got = decode(
-                    &kernels,
-                    &stream,
-                    &q_dev,
-                    &kv_dev,
-                    &tables_dev,
-                    &lens_dev,
-                    &cfg,
-                    splits,
+            for kernel in decode_kernels(&cfg) {
+                let auto = kernels.decode_splits_with(kernel, lens.len(), &tables_dev, &cfg, 16);
+                println!(
+                    "batch {} head_dim {head_dim} {kernel:?}: {auto} splits",
+                    lens.len()
                 );
-                assert_close(
-                    &format!("decode lens {lens:?} d{head_dim} splits {splits:?}"),
-                    &got,
-                    &want,
-                );
+                for splits in [None, Some(1), Some(auto + 5)] {
+                    let got = decode(
+                        &kernels,
+                        &stream,
+                        kernel,
+                        &q_dev,
+                        &kv_dev,
+                        &tables_dev,
+                        &lens_dev,
+                        &cfg,
+                        splits,
+                    );
+                    assert_close(
+                        &format!("decode {kernel:?} lens {lens:?} d{head_dim} splits {splits:?}"),
+                        &got,
+                        &want,
+                    );
+                }
             }
         }
     }
@@ -637,10 +661,14 @@ fn paged_attention_skips_bad_blocks() {
     reference::paged_attention_decode(&mut want, &q, &kv, &tables, &seq_lens, &cfg);
     assert!(want[2 * row..3 * row].iter().all(|&x| x == 0.0));
     let (q_dev, lens) = (upload(&stream, &q), stream.clone_htod(&seq_lens).unwrap());
-    for splits in [1, 3] {
+    for (kernel, splits) in decode_kernels(&cfg)
+        .into_iter()
+        .flat_map(|k| [1, 3].map(|s| (k, s)))
+    {
         let got = decode(
             &kernels,
             &stream,
+            kernel,
             &q_dev,
             &kv_dev,
             &tables_dev,
@@ -648,7 +676,11 @@ fn paged_attention_skips_bad_blocks() {
             &cfg,
             Some(splits),
         );
-        assert_close(&format!("decode, bad blocks, {splits} splits"), &got, &want);
+        assert_close(
+            &format!("decode {kernel:?}, bad blocks, {splits} splits"),
+            &got,
+            &want,
+        );
     }
 
     // Prefill over the same tables: whole sequences 0 and 2 as chunks.

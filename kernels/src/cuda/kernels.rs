@@ -21,7 +21,7 @@ use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKe
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, ComputeCapability};
-use super::sources::{self, ATTENTION_WARPS, FLASH_WARPS};
+use super::sources::{self, ATTENTION_WARPS, DECODE_MAX_GROUP, FLASH_WARPS};
 use super::span::Span;
 use crate::compat::{self, CodeTarget, Version};
 use crate::decode_split;
@@ -187,9 +187,30 @@ pub enum PrefillKernel {
     Rows,
 }
 
+/// Which kernel computes decode attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// A block per (KV head, sequence, split) serving the KV head's whole query-head group:
+    /// each K/V row read once per step. Groups of 2 to `DECODE_MAX_GROUP` heads.
+    Grouped,
+    /// A block per (query head, sequence, split): K/V rows read once per query head.
+    PerHead,
+}
+
+impl DecodeKernel {
+    /// Blocks per sequence and split: the pairs the split count has to fill the GPU with.
+    fn blocks_per_seq(self, cfg: &AttentionConfig) -> usize {
+        match self {
+            DecodeKernel::Grouped => cfg.num_kv_heads,
+            DecodeKernel::PerHead => cfg.num_heads,
+        }
+    }
+}
+
 /// The attention kernels of one head dimension.
 struct AttentionFns {
     decode: CudaFunction,
+    decode_grouped: CudaFunction,
     prefill: CudaFunction,
     /// The tensor-core prefill, where the device has bf16 `mma.sync` (sm_80+).
     flash_prefill: Option<CudaFunction>,
@@ -275,13 +296,14 @@ impl Kernels {
         let attention = sources::ATTENTION_HEAD_DIMS
             .iter()
             .map(|&d| {
-                let (decode, prefill, merge) = sources::attention_entry_points(d).unwrap();
+                let names = sources::attention_entry_points(d).unwrap();
                 let flash = take(sources::flash_prefill_entry_point(d).unwrap());
                 let fns = AttentionFns {
-                    decode: take(decode),
-                    prefill: take(prefill),
+                    decode: take(names.decode),
+                    decode_grouped: take(names.decode_grouped),
+                    prefill: take(names.prefill),
                     flash_prefill: (arch.major >= 8).then_some(flash),
-                    merge: take(merge),
+                    merge: take(names.merge),
                 };
                 (d, fns)
             })
@@ -336,9 +358,21 @@ impl Kernels {
         })
     }
 
+    /// The decode kernel [`Self::paged_attention_decode`] runs for `cfg`: the grouped one
+    /// where query heads share KV heads in groups it serves, else one block per query head.
+    pub fn decode_kernel(cfg: &AttentionConfig) -> DecodeKernel {
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        if (2..=DECODE_MAX_GROUP).contains(&group) {
+            DecodeKernel::Grouped
+        } else {
+            DecodeKernel::PerHead
+        }
+    }
+
     /// How many splits a decode step of `num_seqs` sequences over `tables` runs in on this
-    /// device ([`crate::decode_split::split_count`]): depends only on the shapes, so a captured
-    /// graph keeps its grid; the kernel cuts each split's keys from the real context.
+    /// device with [`Self::decode_kernel`] ([`crate::decode_split::split_count`]): depends
+    /// only on the shapes, so a captured graph keeps its grid; the kernel cuts each split's
+    /// keys from the real context.
     pub fn decode_splits(
         &self,
         num_seqs: usize,
@@ -346,8 +380,25 @@ impl Kernels {
         cfg: &AttentionConfig,
         block_size: usize,
     ) -> usize {
+        self.decode_splits_with(Self::decode_kernel(cfg), num_seqs, tables, cfg, block_size)
+    }
+
+    /// [`Self::decode_splits`] for the kernel named.
+    pub fn decode_splits_with(
+        &self,
+        kernel: DecodeKernel,
+        num_seqs: usize,
+        tables: &DeviceBlockTables,
+        cfg: &AttentionConfig,
+        block_size: usize,
+    ) -> usize {
         let max_keys = tables.max_blocks_per_seq * block_size;
-        decode_split::split_count(self.sm_count, cfg.num_heads, num_seqs, max_keys)
+        decode_split::split_count(
+            self.sm_count,
+            kernel.blocks_per_seq(cfg),
+            num_seqs,
+            max_keys,
+        )
     }
 
     /// f32s of scratch [`Self::paged_attention_decode`] needs for `splits` (0 for one split).
@@ -359,7 +410,8 @@ impl Kernels {
         }
     }
 
-    /// Decode attention, see [`crate::reference::paged_attention_decode`].
+    /// Decode attention, see [`crate::reference::paged_attention_decode`], with
+    /// [`Self::decode_kernel`].
     /// Writes `out`; `q`, `out`: `[num_seqs, num_heads, head_dim]`; `seq_lens`: `[num_seqs]`
     /// (≤ 0: padding, its `out` row is zeros). Block ids outside the pool are skipped.
     /// `splits` from [`Self::decode_splits`]; `scratch` holds at least
@@ -376,7 +428,33 @@ impl Kernels {
         splits: usize,
         scratch: Span<f32>,
     ) -> Result<(), DriverError> {
+        let kernel = Self::decode_kernel(cfg);
+        self.paged_attention_decode_with(kernel, out, q, kv, tables, seq_lens, cfg, splits, scratch)
+    }
+
+    /// [`Self::paged_attention_decode`] with the kernel named (`splits` from
+    /// [`Self::decode_splits_with`] for it): tests and benchmarks compare the two. Panics if
+    /// `kernel` is [`DecodeKernel::Grouped`] and the group is wider than it serves.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_decode_with(
+        &self,
+        kernel: DecodeKernel,
+        out: Span<u16>,
+        q: Span<u16>,
+        kv: &DeviceKv,
+        tables: &DeviceBlockTables,
+        seq_lens: Span<i32>,
+        cfg: &AttentionConfig,
+        splits: usize,
+        scratch: Span<f32>,
+    ) -> Result<(), DriverError> {
         let fns = self.attention_fns(cfg, kv);
+        if kernel == DecodeKernel::Grouped {
+            assert!(
+                cfg.num_heads / cfg.num_kv_heads <= DECODE_MAX_GROUP,
+                "grouped decode serves at most {DECODE_MAX_GROUP} query heads per KV head"
+            );
+        }
         let num_seqs = seq_lens.len();
         assert_eq!(q.len(), num_seqs * cfg.num_heads * cfg.head_dim);
         assert_eq!(out.len(), q.len());
@@ -394,7 +472,10 @@ impl Kernels {
             int(kv.shape.block_size),
         );
         let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
-        let mut launch = self.stream.launch_builder(&fns.decode);
+        let mut launch = self.stream.launch_builder(match kernel {
+            DecodeKernel::Grouped => &fns.decode_grouped,
+            DecodeKernel::PerHead => &fns.decode,
+        });
         launch
             .arg(&out)
             .arg(&scratch)
@@ -411,11 +492,12 @@ impl Kernels {
             .arg(&cfg.scale)
             .arg(&window)
             .arg(&softcap);
-        let mut grid = grid::attention(cfg.num_heads, num_seqs);
+        let mut grid = grid::attention(kernel.blocks_per_seq(cfg), num_seqs);
         grid.grid_dim.2 = splits as u32;
-        // SAFETY: argument order and types match paged_attention_decode_bf16_d*; lengths checked
-        // (the scratch holds every split's state), and the kernel bounds every device-side
-        // index (block ids, table row).
+        // SAFETY: argument order and types match paged_attention_decode_bf16_d* and
+        // paged_attention_decode_grouped_bf16_d* (the same parameters); lengths checked (the
+        // scratch holds every split's state of every query head), and the kernels bound every
+        // device-side index (block ids, table row).
         unsafe { launch.launch(grid) }?;
         if splits > 1 {
             let num_splits = int(splits);

@@ -19,8 +19,8 @@ pub mod span;
 pub use cudarc;
 pub use gemm::Gemm;
 pub use kernels::{
-    DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, KernelError, Kernels,
-    PrefillKernel,
+    DecodeKernel, DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, KernelError,
+    Kernels, PrefillKernel,
 };
 pub use nvrtc::{compile, nvrtc_version, ComputeCapability};
 pub use span::Span;

@@ -266,6 +266,251 @@ __device__ void paged_attention_decode(
         max_blocks_per_seq, num_blocks, scale, softcap);
 }
 
+// Decode serving a whole GQA group per block: grid (num_kv_heads, num_seqs, num_splits), one
+// block per (KV head, sequence, split) attending for all `group = num_heads / num_kv_heads`
+// query heads of the KV head (group <= DECODE_MAX_GROUP, checked by the host), so each key and
+// value row is read once per step instead of once per query head. The walk is
+// attend_one_query's (warps take 32-key tiles in turn, a lane scores its own key, lanes own
+// contiguous dimensions of the value rows) with the group's scores, softmax states and
+// accumulators side by side; the warps' states are merged head by head at the end. Splits,
+// padding and partial states are the per-head decode's: the same merge combines them.
+template <int HEAD_DIM>
+__device__ void paged_attention_decode_grouped(
+    bf16* out, float* partials, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
+    int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
+    static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of the warp size");
+    constexpr int G = DECODE_MAX_GROUP;
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    constexpr int VEC = 8;  // bf16 per 16-byte load
+    const unsigned full = 0xffffffffu;
+    const int kv_head = blockIdx.x;
+    const int seq = blockIdx.y;
+    const int split = blockIdx.z;
+    const int group = num_heads / num_kv_heads;
+    const int head0 = kv_head * group;
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int dim0 = lane * PER_LANE;
+    const int seq_len = seq_lens[seq];
+    // Where head h's result goes: its output row, or its split's state.
+    auto out_row = [&](int h) {
+        return out + ((long long)seq * num_heads + head0 + h) * HEAD_DIM;
+    };
+    auto partial_of = [&](int h) {
+        return partials +
+            (((long long)seq * num_heads + head0 + h) * gridDim.z + split) * (HEAD_DIM + 2);
+    };
+    int lo = 0;
+    int hi = 0x7fffffff;
+    if (seq_len > 0 && gridDim.z > 1) {
+        const int pos = seq_len - 1;
+        const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+        split_keys(first, pos, split, gridDim.z, &lo, &hi);
+    }
+    if (seq_len <= 0 || lo > seq_len - 1) {
+        for (int h = 0; h < group; ++h) {
+            if (gridDim.z > 1) {
+                if (threadIdx.x == 0) {
+                    partial_of(h)[0] = neg_infinity();
+                    partial_of(h)[1] = 0.0f;
+                }
+            } else {
+                zero_head<HEAD_DIM>(out_row(h));
+            }
+        }
+        return;
+    }
+    const int pos = seq_len - 1;
+    const int first = max(lo, window > 0 ? max(0, pos + 1 - window) : 0);
+    const int last = (int)min(min((long long)pos, (long long)hi),
+                              (long long)max_blocks_per_seq * block_size - 1);
+    const int* table = block_tables + (long long)seq * max_blocks_per_seq;
+
+    // The group's queries with the softmax scale folded in (broadcast reads).
+    __shared__ float q_shared[G][HEAD_DIM];
+    for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) {
+        q_shared[i / HEAD_DIM][i % HEAD_DIM] =
+            bf16_to_f32(q[((long long)seq * num_heads + head0) * HEAD_DIM + i]) * scale;
+    }
+    __syncthreads();
+
+    float running_max[G];
+    float running_sum[G];
+    float acc[G][PER_LANE];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        running_max[h] = neg_infinity();
+        running_sum[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            acc[h][i] = 0.0f;
+        }
+    }
+
+    for (int tile = first + warp * 32; tile <= last; tile += ATTN_WARPS * 32) {
+        // This lane's key: its pool slot (-1: no key) and its score for each head of the group.
+        const int j = tile + lane;
+        long long slot = -1;
+        float score[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            score[h] = neg_infinity();
+        }
+        if (j <= last) {
+            const long long block = table[j / block_size];
+            if (block >= 0 && block < num_blocks) {
+                slot = block * block_size + j % block_size;
+                const uint4* k_row = reinterpret_cast<const uint4*>(
+                    k_cache + (slot * num_kv_heads + kv_head) * HEAD_DIM);
+                float dot[G];
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    dot[h] = 0.0f;
+                }
+#pragma unroll
+                for (int c = 0; c < HEAD_DIM / VEC; ++c) {
+                    const uint4 packed = k_row[c];
+                    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+                    float key[VEC];
+#pragma unroll
+                    for (int w = 0; w < 4; ++w) {
+                        key[2 * w] = __uint_as_float(words[w] << 16);
+                        key[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+                    }
+#pragma unroll
+                    for (int h = 0; h < G; ++h) {
+                        if (h < group) {
+#pragma unroll
+                            for (int e = 0; e < VEC; ++e) {
+                                dot[h] += q_shared[h][c * VEC + e] * key[e];
+                            }
+                        }
+                    }
+                }
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    score[h] = softcap > 0.0f ? softcap * tanhf(dot[h] / softcap) : dot[h];
+                }
+            }
+        }
+        if (__ballot_sync(full, slot >= 0) == 0) {
+            continue;  // warp-uniform: no key in this tile
+        }
+        // Each head's online softmax update (every valid key has a finite score for every head).
+        float p[G];
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+            p[h] = 0.0f;
+            if (h < group) {
+                const float new_max = fmaxf(running_max[h], warp_reduce_max(score[h]));
+                const float correction = expf(running_max[h] - new_max);
+                p[h] = slot >= 0 ? expf(score[h] - new_max) : 0.0f;
+                running_sum[h] = running_sum[h] * correction + warp_sum(p[h]);
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) {
+                    acc[h][i] *= correction;
+                }
+                running_max[h] = new_max;
+            }
+        }
+        // Each value row once, weighed for every head.
+#pragma unroll 4
+        for (int k = 0; k < 32; ++k) {
+            const long long slot_k = __shfl_sync(full, slot, k);
+            if (slot_k >= 0) {  // warp-uniform
+                const bf16* v_row = v_cache + (slot_k * num_kv_heads + kv_head) * HEAD_DIM + dim0;
+                float value[PER_LANE];
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) {
+                    value[i] = bf16_to_f32(v_row[i]);
+                }
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    const float p_k = __shfl_sync(full, p[h], k);
+                    if (h < group) {
+#pragma unroll
+                        for (int i = 0; i < PER_LANE; ++i) {
+                            acc[h][i] += p_k * value[i];
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // Merge the warps, one head at a time through the same shared buffers (as
+    // attend_one_query does for its one head).
+    __shared__ float warp_max[ATTN_WARPS];
+    __shared__ float warp_sum_exp[ATTN_WARPS];
+    __shared__ float warp_acc[ATTN_WARPS][HEAD_DIM];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+        if (h >= group) {
+            break;  // block-uniform
+        }
+        __syncthreads();  // the previous head's merge is done reading
+        if (lane == 0) {
+            warp_max[warp] = running_max[h];
+            warp_sum_exp[warp] = running_sum[h];
+        }
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            warp_acc[warp][dim0 + i] = acc[h][i];
+        }
+        __syncthreads();
+        float global_max = neg_infinity();
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            global_max = fmaxf(global_max, warp_max[w]);
+        }
+        if (global_max == neg_infinity()) {
+            // No key for this block (bad blocks only): an empty state, or zeros.
+            if (gridDim.z > 1) {
+                if (threadIdx.x == 0) {
+                    partial_of(h)[0] = global_max;
+                    partial_of(h)[1] = 0.0f;
+                }
+            } else {
+                zero_head<HEAD_DIM>(out_row(h));
+            }
+            continue;
+        }
+        float total = 0.0f;
+        float weight[ATTN_WARPS];
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            weight[w] = expf(warp_max[w] - global_max);
+            total += warp_sum_exp[w] * weight[w];
+        }
+        if (gridDim.z > 1) {
+            float* partial = partial_of(h);
+            if (threadIdx.x == 0) {
+                partial[0] = global_max;
+                partial[1] = total;
+            }
+            for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+                float value = 0.0f;
+#pragma unroll
+                for (int w = 0; w < ATTN_WARPS; ++w) {
+                    value += warp_acc[w][d] * weight[w];
+                }
+                partial[2 + d] = value;
+            }
+        } else {
+            bf16* o = out_row(h);
+            for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+                float value = 0.0f;
+#pragma unroll
+                for (int w = 0; w < ATTN_WARPS; ++w) {
+                    value += warp_acc[w][d] * weight[w];
+                }
+                o[d] = f32_to_bf16(value / total);
+            }
+        }
+    }
+}
+
 // Grid (num_heads, num_seqs), HEAD_DIM threads at most per block: out = the splits' states
 // combined (each rescaled to the largest max); zeros when no split saw a key (padding rows).
 template <int HEAD_DIM>
@@ -353,6 +598,16 @@ __device__ void paged_attention_prefill(
         paged_attention_decode<D>(out, partials, q, k_cache, v_cache, block_tables, seq_lens,   \
                                   max_blocks_per_seq, num_blocks, num_heads, num_kv_heads,      \
                                   block_size, scale, window, softcap);                          \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
+        paged_attention_decode_grouped_bf16_d##D(                                               \
+            bf16* out, float* partials, const bf16* q, const bf16* k_cache,                     \
+            const bf16* v_cache, const int* block_tables, const int* seq_lens,                  \
+            int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
+            int block_size, float scale, int window, float softcap) {                           \
+        paged_attention_decode_grouped<D>(out, partials, q, k_cache, v_cache, block_tables,     \
+                                          seq_lens, max_blocks_per_seq, num_blocks, num_heads,  \
+                                          num_kv_heads, block_size, scale, window, softcap);    \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_merge_bf16_d##D(bf16* out, const float* partials, int num_heads,        \

@@ -4,6 +4,11 @@
 /// kernel's shared-memory layout and the launch's block size come from this one constant.
 pub const ATTENTION_WARPS: u32 = 8;
 
+/// Most query heads per KV head the grouped decode kernel serves in one block (its
+/// per-head registers are sized by it): injected as `DECODE_MAX_GROUP`. Wider groups run the
+/// per-head decode.
+pub const DECODE_MAX_GROUP: usize = 8;
+
 /// Warps per block of the tensor-core prefill attention (`flash_prefill.cu`), 16 query rows
 /// each: injected as `FLASH_WARPS`, as [`ATTENTION_WARPS`] is.
 pub const FLASH_WARPS: u32 = 4;
@@ -28,7 +33,7 @@ impl KernelSource {
     /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
     pub fn program(&self) -> String {
         format!(
-            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{COMMON}\n// ---- {}.cu ----\n{}",
             self.name, self.source
         )
     }
@@ -50,6 +55,10 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
         "paged_attention_merge_bf16_d96",
         "paged_attention_merge_bf16_d128",
         "paged_attention_merge_bf16_d256",
+        "paged_attention_decode_grouped_bf16_d64",
+        "paged_attention_decode_grouped_bf16_d96",
+        "paged_attention_decode_grouped_bf16_d128",
+        "paged_attention_decode_grouped_bf16_d256",
     ],
 };
 
@@ -128,14 +137,26 @@ pub fn flash_prefill_entry_point(head_dim: usize) -> Option<&'static str> {
     Some(FLASH_PREFILL.entry_points[i])
 }
 
+/// Entry-point names of `paged_attention.cu`'s kernels for one head dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionNames {
+    pub decode: &'static str,
+    pub prefill: &'static str,
+    pub merge: &'static str,
+    pub decode_grouped: &'static str,
+}
+
 /// Entry-point names of the attention kernels for one head dimension.
-pub fn attention_entry_points(
-    head_dim: usize,
-) -> Option<(&'static str, &'static str, &'static str)> {
+pub fn attention_entry_points(head_dim: usize) -> Option<AttentionNames> {
     let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
     let names = PAGED_ATTENTION.entry_points;
     let n = ATTENTION_HEAD_DIMS.len();
-    Some((names[i], names[i + n], names[i + 2 * n]))
+    Some(AttentionNames {
+        decode: names[i],
+        prefill: names[i + n],
+        merge: names[i + 2 * n],
+        decode_grouped: names[i + 3 * n],
+    })
 }
 
 #[cfg(test)]
@@ -166,11 +187,12 @@ mod tests {
     fn attention_names_by_head_dim() {
         assert_eq!(
             attention_entry_points(128),
-            Some((
-                "paged_attention_decode_bf16_d128",
-                "paged_attention_prefill_bf16_d128",
-                "paged_attention_merge_bf16_d128"
-            ))
+            Some(AttentionNames {
+                decode: "paged_attention_decode_bf16_d128",
+                prefill: "paged_attention_prefill_bf16_d128",
+                merge: "paged_attention_merge_bf16_d128",
+                decode_grouped: "paged_attention_decode_grouped_bf16_d128",
+            })
         );
         assert_eq!(attention_entry_points(80), None);
         assert_eq!(
