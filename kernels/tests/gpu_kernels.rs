@@ -607,6 +607,112 @@ fn rope_matches_reference() {
     assert_close("rope k", &download(&stream, &k_dev), &k);
 }
 
+/// The fused QKV split + RoPE + K/V write against its reference, and against the three
+/// kernels it replaces (column copies, `rope_neox`, `reshape_and_cache`): the same bits, bad
+/// positions (Q and K unrotated) and bad slots (nothing written) included.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qkv_rope_and_cache_matches_reference_and_the_unfused_kernels() {
+    let (kernels, stream) = kernels();
+    let (heads, kv_heads, head_dim) = (32, 8, 64);
+    let shape = KvCacheShape {
+        num_blocks: 9,
+        block_size: 16,
+        num_kv_heads: kv_heads,
+        head_dim,
+    };
+    let table = RopeTable::new(&reference::default_inv_freq(head_dim, 500_000.0), 4096);
+    let positions: Vec<i32> = vec![0, 1, 2, 17, 1000, 4095, 3, -1, 4096, 5];
+    let slots: Vec<i32> = vec![5, 140, -1, 16, 0, 143, 144, 77, 10_000, 6];
+    let n = positions.len();
+    let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
+    let qkv = random(n * (nq + 2 * nkv), 1, 2.0);
+    let pools = (random(shape.len(), 3, 1.0), random(shape.len(), 4, 1.0));
+
+    let mut q_want = vec![0.0; n * nq];
+    let (mut k_want, mut v_want) = pools.clone();
+    reference::qkv_rope_and_cache(
+        &mut q_want,
+        &qkv,
+        &mut k_want,
+        &mut v_want,
+        &positions,
+        &slots,
+        heads,
+        &table,
+        &shape,
+    );
+
+    let qkv_dev = upload(&stream, &qkv);
+    let (pos_dev, slots_dev) = (
+        stream.clone_htod(&positions).unwrap(),
+        stream.clone_htod(&slots).unwrap(),
+    );
+    let cos = stream.clone_htod(&table.cos).unwrap();
+    let sin = stream.clone_htod(&table.sin).unwrap();
+    // Fused.
+    let q_fused = upload(&stream, &vec![0.0; n * nq]);
+    let (k_fused, v_fused) = (upload(&stream, &pools.0), upload(&stream, &pools.1));
+    kernels
+        .qkv_rope_and_cache(
+            span(&q_fused),
+            span(&qkv_dev),
+            span(&k_fused),
+            span(&v_fused),
+            span(&pos_dev),
+            span(&slots_dev),
+            span(&cos),
+            span(&sin),
+            heads,
+            &shape,
+        )
+        .unwrap();
+    // Unfused, as the model ran before.
+    let parts: Vec<CudaSlice<u16>> = [nq, nkv, nkv]
+        .iter()
+        .map(|&w| upload(&stream, &vec![0.0; n * w]))
+        .collect();
+    for (part, col0) in parts.iter().zip([0, nq, nq + nkv]) {
+        kernels
+            .copy_columns(span(part), span(&qkv_dev), nq + 2 * nkv, col0)
+            .unwrap();
+    }
+    let (k_unfused, v_unfused) = (upload(&stream, &pools.0), upload(&stream, &pools.1));
+    kernels
+        .rope_neox(
+            span(&parts[0]),
+            span(&parts[1]),
+            span(&pos_dev),
+            span(&cos),
+            span(&sin),
+            heads,
+            kv_heads,
+        )
+        .unwrap();
+    kernels
+        .reshape_and_cache(
+            span(&parts[1]),
+            span(&parts[2]),
+            span(&k_unfused),
+            span(&v_unfused),
+            span(&slots_dev),
+            &shape,
+        )
+        .unwrap();
+
+    let (q_got, k_got, v_got) = (
+        download(&stream, &q_fused),
+        download(&stream, &k_fused),
+        download(&stream, &v_fused),
+    );
+    assert_close("fused q", &q_got, &q_want);
+    assert_close("fused k cache", &k_got, &k_want);
+    assert_close("fused v cache", &v_got, &v_want);
+    assert_eq!(q_got, download(&stream, &parts[0]), "fused q != unfused");
+    assert_eq!(k_got, download(&stream, &k_unfused), "fused k != unfused");
+    assert_eq!(v_got, download(&stream, &v_unfused), "fused v != unfused");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gated_activations_match_reference() {

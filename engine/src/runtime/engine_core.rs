@@ -10,7 +10,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, ensure, Result};
 use infer_core::{
     AddError, Event, FinishReason, Request, RequestId, RequestStats, Scheduler, SchedulerConfig,
     SchedulerStats, StepPlan, StepShape, StopConditions,
@@ -165,6 +165,30 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     /// When the core started: the scheduler's clock reads seconds since then.
     pub fn start(&self) -> Instant {
         self.start
+    }
+
+    /// Captures the CUDA graph of every decode bucket now, on this core's KV pool, rather than
+    /// at each bucket's first decode step (where the capture's cost would land on a request's
+    /// latency). Call before the first request: each bucket runs one decode step whose K/V go
+    /// to slot 0 of block 0, which no sequence holds yet. Returns the buckets captured.
+    pub fn capture_decode_graphs(&mut self) -> Result<usize> {
+        // Nothing admitted yet, so nothing holds or has cached block 0.
+        let stats = self.stats();
+        ensure!(
+            self.live.is_empty()
+                && stats.num_waiting + stats.num_running == 0
+                && stats.num_finished == 0
+                && stats.prefix_queries == 0,
+            "decode graphs are captured before the first request"
+        );
+        let buckets = self.model.borrow().model.cuda_graph_buckets();
+        for &seqs in &buckets {
+            let model = &self.model.borrow().model;
+            model
+                .forward(&graph_warmup_batch(seqs), &mut self.kv)
+                .map_err(|e| anyhow!("capturing the decode graph of {seqs} sequences: {e:#}"))?;
+        }
+        Ok(buckets.len())
     }
 
     /// Report each step's shape (for `--step-log`).
@@ -625,6 +649,22 @@ pub fn to_batch(plan: &StepPlan) -> ForwardBatch {
     }
 }
 
+/// A decode step of `seqs` sequences that writes nowhere a sequence lives yet: each decodes
+/// token 0 at position 0 into block 0 (the graph warm-up of [`EngineCore::capture_decode_graphs`]).
+fn graph_warmup_batch(seqs: usize) -> ForwardBatch {
+    ForwardBatch {
+        seqs: (0..seqs)
+            .map(|_| SeqChunk {
+                tokens: vec![0],
+                start_pos: 0,
+                block_table: vec![0],
+                sample: true,
+                all_logits: false,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,6 +739,46 @@ mod tests {
         assert_eq!(counts, HashMap::from([(2, 4), (3, 5)]));
         assert_eq!(core.stats().num_free_blocks, 64);
         assert!(core.live.is_empty());
+        Ok(())
+    }
+
+    /// The graph warm-up of each bucket is a decode step of exactly that bucket, laid out as
+    /// the CUDA backend lays it out, and writes only slot 0 (block 0).
+    #[test]
+    fn graph_warmups_are_decode_steps_of_their_bucket_writing_slot_0() {
+        use crate::runtime::backend::step_inputs::{
+            graph_bucket, is_decode_only, Padding, StepInputs, GRAPH_BUCKETS,
+        };
+        for bucket in GRAPH_BUCKETS {
+            let batch = graph_warmup_batch(bucket);
+            assert!(is_decode_only(&batch));
+            assert_eq!(graph_bucket(batch.seqs.len(), 256), Some(bucket));
+            let padding = Padding {
+                bucket,
+                max_blocks: 4,
+            };
+            let inputs = StepInputs::build(&batch, 16, 1, Some(padding)).unwrap();
+            assert!(inputs.decode_only);
+            let slots = &inputs.data[inputs.at.slots..][..bucket];
+            assert!(slots.iter().all(|&s| s == 0), "{slots:?}");
+        }
+    }
+
+    /// Capturing the graphs writes into block 0: refused once a request has come, and a no-op
+    /// on the CPU.
+    #[test]
+    fn decode_graphs_are_captured_before_the_first_request_only() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let mut core = EngineCore::new(&lm, config(), 0)?;
+        assert_eq!(core.capture_decode_graphs()?, 0, "no graphs on the CPU");
+        core.add(0, request(20, 2), Instant::now()).unwrap();
+        let e = core.capture_decode_graphs().unwrap_err();
+        assert!(e.to_string().contains("before the first request"), "{e}");
+        drain(&mut core);
+        assert!(
+            core.capture_decode_graphs().is_err(),
+            "blocks may be cached now"
+        );
         Ok(())
     }
 

@@ -110,6 +110,12 @@ impl EngineLoop {
         self.core.kv_bytes()
     }
 
+    /// Captures every decode bucket's CUDA graph on the engine's KV pool (see
+    /// [`EngineCore::capture_decode_graphs`]); before the first request.
+    pub fn capture_decode_graphs(&mut self) -> Result<usize> {
+        self.core.capture_decode_graphs()
+    }
+
     /// Trace every step from now on.
     pub fn log_steps(&mut self, log: super::step_log::StepLog) {
         self.core.trace_steps(true);

@@ -213,8 +213,8 @@ impl Engine {
         )?;
         // Only now: the plan's warm-up steps run over a scratch KV pool, and a graph captured
         // there would replay against freed memory (the graphs refuse another pool; see
-        // `graph_set`). The engine's own pool is allocated next and the graphs are captured
-        // on it, each at its bucket's first decode step.
+        // `graph_set`). The engine's own pool is allocated next and every bucket's graph is
+        // captured on it before the first request.
         if cfg.cuda_graphs && !cfg.device.is_cpu() {
             lm.model
                 .enable_cuda_graphs(sched.max_batch_size, sched.max_model_len)?;
@@ -237,6 +237,16 @@ impl Engine {
         let health = Arc::new(health::Health::default());
         let mut engine =
             EngineLoop::new(lm, sched.clone(), metrics.clone(), health.clone(), cfg.seed)?;
+        let started = std::time::Instant::now();
+        let graphs = engine.capture_decode_graphs()?;
+        let graphs_log = if graphs > 0 {
+            format!(
+                "\ncaptured {graphs} decode graphs in {:.0} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            )
+        } else {
+            String::new()
+        };
         if let Some(path) = &cfg.step_log {
             engine.log_steps(step_log::StepLog::create(path)?);
         }
@@ -244,7 +254,7 @@ impl Engine {
             engine.publish_kv_events(kv_events::start(events)?);
         }
         let startup_log = format!(
-            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}",
+            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}{graphs_log}",
             cfg.model,
             engine_description(&cfg.model, cfg.device),
             sched,

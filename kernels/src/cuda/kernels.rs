@@ -230,6 +230,7 @@ pub struct Kernels {
     /// Streaming multiprocessors: how many blocks fill the device (decode splits).
     sm_count: usize,
     reshape_and_cache: CudaFunction,
+    qkv_rope_cache: CudaFunction,
     rms_norm: CudaFunction,
     fused_add_rms_norm: CudaFunction,
     rope_neox: CudaFunction,
@@ -316,6 +317,7 @@ impl Kernels {
             attention,
             sm_count,
             reshape_and_cache: take("reshape_and_cache_bf16"),
+            qkv_rope_cache: take("qkv_rope_cache_bf16"),
             rms_norm: take("rms_norm_bf16"),
             fused_add_rms_norm: take("fused_add_rms_norm_bf16"),
             rope_neox: take("rope_neox_bf16"),
@@ -650,6 +652,62 @@ impl Kernels {
             .arg(&num_slots);
         // SAFETY: matches reshape_and_cache_bf16; the kernel skips slots outside the pool.
         unsafe { launch.launch(grid::per_row(num_tokens, token_len)) }.map(drop)
+    }
+
+    /// A fused QKV product's parts as attention takes them, in one launch (see
+    /// [`crate::reference::qkv_rope_and_cache`]): `q_out` (written, `[tokens, num_heads *
+    /// head_dim]`) is Q rotated at `positions`, and K rotated and V are written into the pools
+    /// at `slot_mapping` (slots outside the pool skipped). `qkv`: `[tokens, (num_heads + 2 *
+    /// num_kv_heads) * head_dim]`; `cos`, `sin`: `[max_positions, head_dim / 2]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qkv_rope_and_cache(
+        &self,
+        q_out: Span<u16>,
+        qkv: Span<u16>,
+        k_cache: Span<u16>,
+        v_cache: Span<u16>,
+        positions: Span<i32>,
+        slot_mapping: Span<i32>,
+        cos: Span<f32>,
+        sin: Span<f32>,
+        num_heads: usize,
+        shape: &KvCacheShape,
+    ) -> Result<(), DriverError> {
+        let (d, num_tokens) = (shape.head_dim, positions.len());
+        let (nq, nkv) = (num_heads * d, shape.num_kv_heads * d);
+        assert_eq!(qkv.len(), num_tokens * (nq + 2 * nkv));
+        assert_eq!(q_out.len(), num_tokens * nq);
+        assert_eq!(slot_mapping.len(), num_tokens);
+        assert_eq!(k_cache.len(), shape.len());
+        assert_eq!(v_cache.len(), shape.len());
+        let max_positions = rows_of(cos.len(), d / 2, "rope cos");
+        assert_eq!(sin.len(), cos.len());
+        let (heads, kv_heads, dim, positions_arg, num_slots) = (
+            int(num_heads),
+            int(shape.num_kv_heads),
+            int(d),
+            int(max_positions),
+            int(shape.num_slots()),
+        );
+        let mut launch = self.stream.launch_builder(&self.qkv_rope_cache);
+        launch
+            .arg(&qkv)
+            .arg(&q_out)
+            .arg(&k_cache)
+            .arg(&v_cache)
+            .arg(&positions)
+            .arg(&slot_mapping)
+            .arg(&cos)
+            .arg(&sin)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&dim)
+            .arg(&positions_arg)
+            .arg(&num_slots);
+        let pairs = (num_heads + shape.num_kv_heads) * d / 2;
+        // SAFETY: matches qkv_rope_cache_bf16; lengths checked, and the kernel bounds the
+        // positions and the slots.
+        unsafe { launch.launch(grid::per_row(num_tokens, pairs)) }.map(drop)
     }
 
     /// RMSNorm of each `weight.len()`-wide row of `x` into `out` (written).

@@ -28,3 +28,76 @@ extern "C" __global__ void reshape_and_cache_bf16(
         v_cache[dst + i] = value[src + i];
     }
 }
+
+// qkv_rope_cache: a fused QKV product's three parts as attention takes them, in one launch —
+// the column split, rope.cu's NeoX rotation of Q and K (the same arithmetic and rounding) and
+// reshape_and_cache's write of K and V into the pool.
+//
+// qkv:       [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]  (Q | K | V per token)
+// q_out:     [num_tokens, num_heads * head_dim], written: Q rotated
+// positions: [num_tokens]; a position outside [0, max_positions) leaves Q and K unrotated, as
+//            rope_neox_bf16 does; cos_table, sin_table: [max_positions, head_dim / 2], f32
+// slot_mapping: [num_tokens]; a slot outside [0, num_slots) writes nothing to the pool (Q is
+//            still written), as reshape_and_cache_bf16 does
+// Grid: one block per token; each thread owns whole (x1, x2) pairs, then V's elements.
+extern "C" __global__ void qkv_rope_cache_bf16(
+    const bf16* __restrict__ qkv,
+    bf16* __restrict__ q_out,
+    bf16* __restrict__ k_cache,
+    bf16* __restrict__ v_cache,
+    const int* __restrict__ positions,
+    const int* __restrict__ slot_mapping,
+    const float* __restrict__ cos_table,
+    const float* __restrict__ sin_table,
+    int num_heads,
+    int num_kv_heads,
+    int head_dim,
+    int max_positions,
+    int num_slots) {
+    const int token = blockIdx.x;
+    const int half = head_dim / 2;
+    const long long kv_len = (long long)num_kv_heads * head_dim;
+    const bf16* row = qkv + (long long)token * (num_heads * head_dim + 2 * kv_len);
+    const int position = positions[token];
+    const bool rotate = position >= 0 && position < max_positions;
+    const int slot = slot_mapping[token];
+    const bool write = slot >= 0 && slot < num_slots;
+    const long long angles = (long long)(rotate ? position : 0) * half;
+    const int q_pairs = num_heads * half;
+    const int all_pairs = (num_heads + num_kv_heads) * half;
+    for (int p = threadIdx.x; p < all_pairs; p += blockDim.x) {
+        const bf16* src;
+        bf16* dst;
+        int j;
+        if (p < q_pairs) {
+            src = row + (long long)(p / half) * head_dim;
+            dst = q_out + ((long long)token * num_heads + p / half) * head_dim;
+            j = p % half;
+        } else {
+            if (!write) {
+                break;  // the K pairs come last: nothing more to write
+            }
+            const int kp = p - q_pairs;
+            src = row + (long long)num_heads * head_dim + (long long)(kp / half) * head_dim;
+            dst = k_cache + (long long)slot * kv_len + (long long)(kp / half) * head_dim;
+            j = kp % half;
+        }
+        if (rotate) {
+            const float c = cos_table[angles + j];
+            const float s = sin_table[angles + j];
+            const float x1 = bf16_to_f32(src[j]);
+            const float x2 = bf16_to_f32(src[j + half]);
+            dst[j] = f32_to_bf16(x1 * c - x2 * s);
+            dst[j + half] = f32_to_bf16(x2 * c + x1 * s);
+        } else {
+            dst[j] = src[j];
+            dst[j + half] = src[j + half];
+        }
+    }
+    if (write) {
+        const bf16* v = row + (long long)num_heads * head_dim + kv_len;
+        for (long long i = threadIdx.x; i < kv_len; i += blockDim.x) {
+            v_cache[(long long)slot * kv_len + i] = v[i];
+        }
+    }
+}

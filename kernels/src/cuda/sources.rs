@@ -76,7 +76,7 @@ pub const FLASH_PREFILL: KernelSource = KernelSource {
 pub const KV_CACHE: KernelSource = KernelSource {
     name: "kv_cache",
     source: include_str!("kv_cache.cu"),
-    entry_points: &["reshape_and_cache_bf16"],
+    entry_points: &["reshape_and_cache_bf16", "qkv_rope_cache_bf16"],
 };
 
 pub const RMS_NORM: KernelSource = KernelSource {

@@ -1,5 +1,7 @@
 //! Writing new K/V tokens into the paged pool.
 
+use super::gather::copy_columns;
+use super::rope::{rope_neox, RopeTable};
 use crate::layout::KvCacheShape;
 
 /// Copy each new token's K and V (`[num_tokens, num_kv_heads, head_dim]`) into pool slot
@@ -28,6 +30,39 @@ pub fn reshape_and_cache(
         k_cache[dst..dst + token_len].copy_from_slice(&key[src..src + token_len]);
         v_cache[dst..dst + token_len].copy_from_slice(&value[src..src + token_len]);
     }
+}
+
+/// A fused QKV product (`[num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]`) as
+/// attention takes it: Q rotated into `q_out` (`[num_tokens, num_heads * head_dim]`), K rotated
+/// and V written into the pool at `slot_mapping` — [`copy_columns`], [`rope_neox`] and
+/// [`reshape_and_cache`] composed, which the CUDA kernel `qkv_rope_cache_bf16` does in one
+/// launch (the same skipped positions and slots).
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_and_cache(
+    q_out: &mut [f32],
+    qkv: &[f32],
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    positions: &[i32],
+    slot_mapping: &[i32],
+    num_heads: usize,
+    table: &RopeTable,
+    shape: &KvCacheShape,
+) {
+    let (nq, nkv) = (
+        num_heads * shape.head_dim,
+        shape.num_kv_heads * shape.head_dim,
+    );
+    let (tokens, cols) = (positions.len(), nq + 2 * nkv);
+    assert_eq!(qkv.len(), tokens * cols);
+    assert_eq!(slot_mapping.len(), tokens);
+    let (mut k, mut v) = (vec![0.0; tokens * nkv], vec![0.0; tokens * nkv]);
+    copy_columns(q_out, qkv, cols, 0);
+    copy_columns(&mut k, qkv, cols, nq);
+    copy_columns(&mut v, qkv, cols, nq + nkv);
+    rope_neox(q_out, positions, num_heads, table);
+    rope_neox(&mut k, positions, shape.num_kv_heads, table);
+    reshape_and_cache(&k, &v, k_cache, v_cache, slot_mapping, shape);
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ pub use attention::{
 };
 pub use elementwise::{add, bias_add, logits, softcap};
 pub use gather::{copy_columns, embedding, gather_rows};
-pub use kv_cache::reshape_and_cache;
+pub use kv_cache::{qkv_rope_and_cache, reshape_and_cache};
 pub use matmul::matmul_xwt;
 pub use norm::{fused_add_rms_norm, rms_norm, RmsWeight};
 pub use rope::{default_inv_freq, rope_neox, RopeTable};

@@ -299,6 +299,27 @@ pub trait Backend: Sized {
         step: &Self::Step,
         kind: usize,
     ) -> Result<()>;
+    /// A fused QKV product (`[tokens, (heads.q + 2 * heads.kv) * dim]`) as attention takes
+    /// it, for layers without Q/K norms: Q rotated (returned) and K and V written into
+    /// `layer`'s slots — [`Backend::split`] then [`Backend::rope_and_write_kv`], which a
+    /// backend may do in one pass.
+    fn qkv_rope_and_write_kv(
+        &self,
+        qkv: &Self::Act,
+        kv: &mut Self::Kv,
+        layer: usize,
+        heads: &Heads,
+        step: &Self::Step,
+        kind: usize,
+    ) -> Result<Self::Act> {
+        let (nq, nkv) = (heads.q * heads.dim, heads.kv * heads.dim);
+        let [mut q, k, v]: [Self::Act; 3] = self
+            .split(qkv, &[nq, nkv, nkv])?
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("split returned the wrong number of parts"))?;
+        self.rope_and_write_kv(&mut q, k, &v, kv, layer, heads, step, kind)?;
+        Ok(q)
+    }
     /// Causal attention of the step's queries over their sequences' context in `kv`
     /// (the step's own K/V already written), with the window of attention kind `kind`.
     fn attention(

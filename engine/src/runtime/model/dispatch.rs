@@ -163,6 +163,22 @@ impl Model {
         }
     }
 
+    /// The decode batch sizes that run from a CUDA graph of their own (none on the CPU or
+    /// with graphs off).
+    pub fn cuda_graph_buckets(&self) -> Vec<usize> {
+        match self {
+            Model::Cpu(_) => Vec::new(),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => match m.backend().cuda_graph_max_batch() {
+                Some(max) => crate::runtime::backend::step_inputs::GRAPH_BUCKETS
+                    .into_iter()
+                    .filter(|&b| b <= max)
+                    .collect(),
+                None => Vec::new(),
+            },
+        }
+    }
+
     /// A KV store of `num_blocks` blocks of `block_size` slots, shaped for this model.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<KvCache> {
         Ok(match self {

@@ -337,16 +337,22 @@ impl<B: Backend> Transformer<B> {
             // Everything but the residual `x` and the normed input `h` is this layer's.
             let scratch = b.scratch_mark();
             let qkv = layer.qkv.forward(b, &h)?;
-            let [mut q, mut k, v]: [B::Act; 3] = b
-                .split(&qkv, &[nq, nkv, nkv])?
-                .try_into()
-                .map_err(|_| anyhow::anyhow!("split returned the wrong number of parts"))?;
-            if let Some((qn, kn)) = &layer.qk_norm {
-                q = b.rms_norm(&q, qn, eps)?;
-                k = b.rms_norm(&k, kn, eps)?;
-            }
-            b.rope_and_write_kv(&mut q, k, &v, kv, li, heads, step, layer.kind)
-                .with_context(|| format!("layer {li}"))?;
+            let q = match &layer.qk_norm {
+                // Q and K normed between the split and the rotation (Qwen3, Gemma 3).
+                Some((qn, kn)) => {
+                    let [q, k, v]: [B::Act; 3] = b
+                        .split(&qkv, &[nq, nkv, nkv])?
+                        .try_into()
+                        .map_err(|_| anyhow::anyhow!("split returned the wrong number of parts"))?;
+                    let (mut q, k) = (b.rms_norm(&q, qn, eps)?, b.rms_norm(&k, kn, eps)?);
+                    b.rope_and_write_kv(&mut q, k, &v, kv, li, heads, step, layer.kind)
+                        .with_context(|| format!("layer {li}"))?;
+                    q
+                }
+                None => b
+                    .qkv_rope_and_write_kv(&qkv, kv, li, heads, step, layer.kind)
+                    .with_context(|| format!("layer {li}"))?,
+            };
             let attn = b.attention(&q, kv, li, heads, step, layer.kind)?;
             let mut o = layer.o.forward(b, &attn)?;
             if let Some(n) = &layer.attn_out_norm {

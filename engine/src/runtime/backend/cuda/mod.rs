@@ -190,6 +190,11 @@ impl CudaBackend {
             .configure(max_batch, max_context);
     }
 
+    /// The largest decode batch replayed from a graph; None: graphs off.
+    pub fn cuda_graph_max_batch(&self) -> Option<usize> {
+        self.graphs.lock().unwrap().max_batch()
+    }
+
     pub fn set_device_sampling(&self, on: bool) {
         self.device_sampling.store(on, Ordering::Relaxed);
     }
@@ -579,6 +584,42 @@ impl Backend for CudaBackend {
             step.array(s.at.slots, s.tokens),
             &pools.shape,
         ))
+    }
+
+    fn qkv_rope_and_write_kv(
+        &self,
+        qkv: &CudaAct,
+        kv: &mut CudaKv,
+        layer: usize,
+        heads: &Heads,
+        step: &CudaStep,
+        kind: usize,
+    ) -> Result<CudaAct> {
+        let (nq, nkv) = (heads.q * heads.dim, heads.kv * heads.dim);
+        ensure!(
+            qkv.cols == nq + 2 * nkv,
+            "qkv has {} columns, the heads {}",
+            qkv.cols,
+            nq + 2 * nkv
+        );
+        let s = &step.inputs;
+        let ks = &step.kinds[kind];
+        let q = self.act(qkv.rows, nq)?;
+        let pools = kv.layer(layer);
+        // One launch for what split, rope_neox and reshape_and_cache do in five.
+        driver(self.kernels.qkv_rope_and_cache(
+            q.span,
+            qkv.span,
+            pools.k_cache,
+            pools.v_cache,
+            step.array(s.at.positions, s.tokens),
+            step.array(s.at.slots, s.tokens),
+            ks.cos,
+            ks.sin,
+            heads.q,
+            &pools.shape,
+        ))?;
+        Ok(q)
     }
 
     fn attention(
