@@ -1,5 +1,9 @@
 # Lane-level emulation of flash_prefill.cu (mma.m16n8k16 / ldmatrix.trans per the PTX ISA's
-# fragment tables) against a plain reference. One-off check of the kernel's index math.
+# fragment tables) against a plain reference, on the CPU: a check of the kernel's index math
+# (tile schedule, fragments, masks, online softmax) to run after changing it, as no GPU may be
+# at hand. It does not check what it cannot emulate (the cvt operand order, pair loads,
+# barriers); gpu_kernels does, on a GPU.
+#   pip install numpy && python3 scripts/flash_prefill_lanes.py
 import numpy as np
 rng = np.random.default_rng(0)
 def bf(x):  # round to bf16 (RNE) and back
@@ -44,7 +48,7 @@ def kernel(out, q, K, V, table, cu, start, num_tokens, H, KVH, D, bs, scale, win
         for head in range(H):
             b = bx; seq = -1; first_row = 0
             for s in range(num_seqs):
-                ln = max(0, cu[s+1] - cu[s]); tiles = -(-ln // BM)
+                ln = max(0, min(cu[s+1], num_tokens) - cu[s]); tiles = -(-ln // BM)
                 if b < tiles: seq = s; first_row = (tiles - 1 - b) * BM; break
                 b -= tiles
             if seq < 0:
@@ -53,7 +57,7 @@ def kernel(out, q, K, V, table, cu, start, num_tokens, H, KVH, D, bs, scale, win
                 while tok < num_tokens:
                     out[tok, head] = 0; tok += pad_blocks
                 continue
-            seq_begin = cu[seq]; q_len = cu[seq+1] - seq_begin
+            seq_begin = cu[seq]; q_len = min(cu[seq+1], num_tokens) - seq_begin
             rows = min(BM, q_len - first_row); pos0 = start[seq] + first_row
             kvh = head // (H // KVH); key_limit = mbs * bs
             kv_hi = min(pos0 + rows - 1, key_limit - 1)
@@ -203,3 +207,6 @@ case(2, 1, 32, [0, 40, 40, 110, 111], [60, 5, 0, 200], [100, 5, 70, 201])
 case(2, 2, 32, [0, 70, 75], [0, 100], [70, 105], window=24)
 case(2, 1, 32, [0, 130], [10], [140], softcap=1.0, bad=True)
 case(1, 1, 64, [0, 20, 90], [300, 0], [320, 90], window=50)
+case(2, 1, 96, [0, 3, 90], [129, 7], [132, 97], window=33, softcap=30.0, bad=True)
+case(4, 1, 256, [0, 70], [40], [110], bad=True)
+case(2, 1, 128, [0, 300], [517], [817], bad=True)

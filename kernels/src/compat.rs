@@ -69,6 +69,14 @@ pub enum CodeTarget {
 }
 
 impl CodeTarget {
+    /// The architecture the code is compiled for (`__CUDA_ARCH__` / 10): what decides which
+    /// instructions the kernels may use, whatever the device is.
+    pub fn arch(&self) -> i32 {
+        match self {
+            CodeTarget::Cubin(a) | CodeTarget::Ptx(a) => *a,
+        }
+    }
+
     /// NVRTC's `--gpu-architecture` value.
     pub fn nvrtc_arch(&self) -> String {
         match self {
@@ -175,6 +183,8 @@ mod tests {
         let t = choose_target(120, Version(12, 4), &NVRTC_12_4, Version(12, 8));
         assert_eq!(t, Ok(CodeTarget::Ptx(90)));
         assert_eq!(t.unwrap().nvrtc_arch(), "compute_90");
+        // The code's architecture, not the device's, decides the tensor-core prefill.
+        assert_eq!(t.unwrap().arch(), 90);
         // Nothing at or below the device: refused, naming the NVRTC it needs.
         let e = choose_target(120, Version(11, 0), &[130], Version(12, 8)).unwrap_err();
         assert!(e.contains("use NVRTC 12.8 or newer"), "{e}");

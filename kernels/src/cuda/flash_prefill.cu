@@ -107,7 +107,8 @@ __device__ void flash_prefill(
         int seq = -1;
         int first_row = 0;
         for (int s = 0; s < num_seqs; ++s) {
-            const int len = max(0, cu_seqlens_q[s + 1] - cu_seqlens_q[s]);
+            // Rows past num_tokens (bad device data) are never read or written.
+            const int len = max(0, min(cu_seqlens_q[s + 1], num_tokens) - cu_seqlens_q[s]);
             const int tiles = (len + BLOCK_M - 1) / BLOCK_M;
             if (b < tiles) {
                 seq = s;
@@ -137,7 +138,7 @@ __device__ void flash_prefill(
     }
 
     const int seq_begin = cu_seqlens_q[seq];
-    const int q_len = cu_seqlens_q[seq + 1] - seq_begin;
+    const int q_len = min(cu_seqlens_q[seq + 1], num_tokens) - seq_begin;
     const int first_row = tile_of_block[1];
     const int rows = min(BLOCK_M, q_len - first_row);
     const int pos0 = start_pos[seq] + first_row;  // position of the tile's row 0

@@ -303,7 +303,9 @@ impl Kernels {
                     decode: take(names.decode),
                     decode_grouped: take(names.decode_grouped),
                     prefill: take(names.prefill),
-                    flash_prefill: (arch.major >= 8).then_some(flash),
+                    // The kernel's tensor-core body is compiled only for sm_80+ targets (a PTX
+                    // fallback for an older virtual architecture gets a trap).
+                    flash_prefill: (target.arch() >= 80).then_some(flash),
                     merge: take(names.merge),
                 };
                 (d, fns)
@@ -519,7 +521,8 @@ impl Kernels {
     /// The prefill kernel [`Self::paged_attention_prefill`] runs on this device: the
     /// tensor-core one where there is one.
     pub fn prefill_kernel(&self) -> PrefillKernel {
-        if self.arch.major >= 8 {
+        let any = self.attention.values().next();
+        if any.is_some_and(|fns| fns.flash_prefill.is_some()) {
             PrefillKernel::Flash
         } else {
             PrefillKernel::Rows

@@ -427,8 +427,8 @@ __device__ void paged_attention_decode_grouped(
                 }
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
-                    const float p_k = __shfl_sync(full, p[h], k);
-                    if (h < group) {
+                    if (h < group) {  // block-uniform: every lane shuffles or none
+                        const float p_k = __shfl_sync(full, p[h], k);
 #pragma unroll
                         for (int i = 0; i < PER_LANE; ++i) {
                             acc[h][i] += p_k * value[i];
