@@ -182,7 +182,7 @@ mod tests {
         // NVRTC 12.4 does not know sm_120: PTX for sm_90, compiled by the 12.8 driver.
         let t = choose_target(120, Version(12, 4), &NVRTC_12_4, Version(12, 8));
         assert_eq!(t, Ok(CodeTarget::Ptx(90)));
-        assert_eq!(t.unwrap().nvrtc_arch(), "compute_90");
+        assert_eq!(t.clone().unwrap().nvrtc_arch(), "compute_90");
         // The code's architecture, not the device's, decides the tensor-core prefill.
         assert_eq!(t.unwrap().arch(), 90);
         // Nothing at or below the device: refused, naming the NVRTC it needs.

@@ -44,6 +44,55 @@ __device__ __forceinline__ void zero_head(bf16* out) {
     }
 }
 
+// The block's result from its warps' softmax states (each warp's max, sum of exponentials and
+// accumulator, in shared memory, written before a barrier): rescaled to the largest max and
+// summed into `partial` (a split's state for paged_attention_merge: max, sum, unnormalised
+// accumulator) when it is not null, else normalised into `out`. A block whose warps saw no key
+// writes an empty state (max -inf, sum 0: the merge skips it) or zeros.
+template <int HEAD_DIM>
+__device__ void write_warps_state(const float* warp_max, const float* warp_sum_exp,
+                                  const float (*warp_acc)[HEAD_DIM], float* partial, bf16* out) {
+    float global_max = neg_infinity();
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        global_max = fmaxf(global_max, warp_max[w]);
+    }
+    if (global_max == neg_infinity()) {
+        if (partial != nullptr) {
+            if (threadIdx.x == 0) {
+                partial[0] = global_max;
+                partial[1] = 0.0f;
+            }
+        } else {
+            zero_head<HEAD_DIM>(out);
+        }
+        return;
+    }
+    float total = 0.0f;
+    float weight[ATTN_WARPS];
+#pragma unroll
+    for (int w = 0; w < ATTN_WARPS; ++w) {
+        weight[w] = expf(warp_max[w] - global_max);
+        total += warp_sum_exp[w] * weight[w];
+    }
+    if (partial != nullptr && threadIdx.x == 0) {
+        partial[0] = global_max;
+        partial[1] = total;
+    }
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        float value = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; ++w) {
+            value += warp_acc[w][d] * weight[w];
+        }
+        if (partial != nullptr) {
+            partial[2 + d] = value;
+        } else {
+            out[d] = f32_to_bf16(value / total);
+        }
+    }
+}
+
 template <int HEAD_DIM>
 __device__ void attend_one_query(
     bf16* __restrict__ out,
@@ -158,55 +207,7 @@ __device__ void attend_one_query(
         warp_acc[warp][dim0 + i] = acc[i];
     }
     __syncthreads();
-
-    float global_max = neg_infinity();
-#pragma unroll
-    for (int w = 0; w < ATTN_WARPS; ++w) {
-        global_max = fmaxf(global_max, warp_max[w]);
-    }
-    if (global_max == neg_infinity()) {
-        if (partial != nullptr) {
-            // An empty split: max -inf, sum 0 (the merge skips it).
-            if (threadIdx.x == 0) {
-                partial[0] = global_max;
-                partial[1] = 0.0f;
-            }
-            return;
-        }
-        zero_head<HEAD_DIM>(out);
-        return;
-    }
-    float total = 0.0f;
-    float weight[ATTN_WARPS];
-#pragma unroll
-    for (int w = 0; w < ATTN_WARPS; ++w) {
-        weight[w] = expf(warp_max[w] - global_max);
-        total += warp_sum_exp[w] * weight[w];
-    }
-    if (partial != nullptr) {
-        // A split's state for paged_attention_merge: max, sum, unnormalised accumulator.
-        if (threadIdx.x == 0) {
-            partial[0] = global_max;
-            partial[1] = total;
-        }
-        for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-            float value = 0.0f;
-#pragma unroll
-            for (int w = 0; w < ATTN_WARPS; ++w) {
-                value += warp_acc[w][d] * weight[w];
-            }
-            partial[2 + d] = value;
-        }
-        return;
-    }
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        float value = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) {
-            value += warp_acc[w][d] * weight[w];
-        }
-        out[d] = f32_to_bf16(value / total);
-    }
+    write_warps_state<HEAD_DIM>(warp_max, warp_sum_exp, warp_acc, partial, out);
 }
 
 // The keys split `split` of `num_splits` attends for a query at `pos` whose first visible key
@@ -459,55 +460,8 @@ __device__ void paged_attention_decode_grouped(
             warp_acc[warp][dim0 + i] = acc[h][i];
         }
         __syncthreads();
-        float global_max = neg_infinity();
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) {
-            global_max = fmaxf(global_max, warp_max[w]);
-        }
-        if (global_max == neg_infinity()) {
-            // No key for this block (bad blocks only): an empty state, or zeros.
-            if (gridDim.z > 1) {
-                if (threadIdx.x == 0) {
-                    partial_of(h)[0] = global_max;
-                    partial_of(h)[1] = 0.0f;
-                }
-            } else {
-                zero_head<HEAD_DIM>(out_row(h));
-            }
-            continue;
-        }
-        float total = 0.0f;
-        float weight[ATTN_WARPS];
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; ++w) {
-            weight[w] = expf(warp_max[w] - global_max);
-            total += warp_sum_exp[w] * weight[w];
-        }
-        if (gridDim.z > 1) {
-            float* partial = partial_of(h);
-            if (threadIdx.x == 0) {
-                partial[0] = global_max;
-                partial[1] = total;
-            }
-            for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-                float value = 0.0f;
-#pragma unroll
-                for (int w = 0; w < ATTN_WARPS; ++w) {
-                    value += warp_acc[w][d] * weight[w];
-                }
-                partial[2 + d] = value;
-            }
-        } else {
-            bf16* o = out_row(h);
-            for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-                float value = 0.0f;
-#pragma unroll
-                for (int w = 0; w < ATTN_WARPS; ++w) {
-                    value += warp_acc[w][d] * weight[w];
-                }
-                o[d] = f32_to_bf16(value / total);
-            }
-        }
+        write_warps_state<HEAD_DIM>(warp_max, warp_sum_exp, warp_acc,
+                                    gridDim.z > 1 ? partial_of(h) : nullptr, out_row(h));
     }
 }
 
