@@ -53,3 +53,14 @@ __device__ __forceinline__ float block_sum(float v) {
 __device__ __forceinline__ float neg_infinity() {
     return __uint_as_float(0xff800000u);
 }
+
+// NeoX rotary embedding of one (x1, x2) pair of a head — dimension j with j + half — from
+// `src` into `dst` (the same head in place, or another), by the angle whose cosine and sine
+// are c and s. rope.cu and kv_cache.cu's fused kernel both rotate through it: the same bits.
+__device__ __forceinline__ void rotate_pair(const bf16* src, bf16* dst, int j, int half, float c,
+                                            float s) {
+    const float x1 = bf16_to_f32(src[j]);
+    const float x2 = bf16_to_f32(src[j + half]);
+    dst[j] = f32_to_bf16(x1 * c - x2 * s);
+    dst[j + half] = f32_to_bf16(x2 * c + x1 * s);
+}

@@ -30,7 +30,7 @@ extern "C" __global__ void reshape_and_cache_bf16(
 }
 
 // qkv_rope_cache: a fused QKV product's three parts as attention takes them, in one launch —
-// the column split, rope.cu's NeoX rotation of Q and K (the same arithmetic and rounding) and
+// the column split, rope.cu's NeoX rotation of Q and K (the same rotate_pair) and
 // reshape_and_cache's write of K and V into the pool.
 //
 // qkv:       [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim]  (Q | K | V per token)
@@ -83,12 +83,7 @@ extern "C" __global__ void qkv_rope_cache_bf16(
             j = kp % half;
         }
         if (rotate) {
-            const float c = cos_table[angles + j];
-            const float s = sin_table[angles + j];
-            const float x1 = bf16_to_f32(src[j]);
-            const float x2 = bf16_to_f32(src[j + half]);
-            dst[j] = f32_to_bf16(x1 * c - x2 * s);
-            dst[j + half] = f32_to_bf16(x2 * c + x1 * s);
+            rotate_pair(src, dst, j, half, cos_table[angles + j], sin_table[angles + j]);
         } else {
             dst[j] = src[j];
             dst[j + half] = src[j + half];

@@ -44,6 +44,20 @@ __device__ __forceinline__ void zero_head(bf16* out) {
     }
 }
 
+// A result with no key: a split's empty state (max -inf, sum 0: the merge skips it) when
+// `partial` is not null, else zeros in `out`.
+template <int HEAD_DIM>
+__device__ __forceinline__ void write_empty(float* partial, bf16* out) {
+    if (partial != nullptr) {
+        if (threadIdx.x == 0) {
+            partial[0] = neg_infinity();
+            partial[1] = 0.0f;
+        }
+    } else {
+        zero_head<HEAD_DIM>(out);
+    }
+}
+
 // The block's result from its warps' softmax states (each warp's max, sum of exponentials and
 // accumulator, in shared memory, written before a barrier): rescaled to the largest max and
 // summed into `partial` (a split's state for paged_attention_merge: max, sum, unnormalised
@@ -58,14 +72,7 @@ __device__ void write_warps_state(const float* warp_max, const float* warp_sum_e
         global_max = fmaxf(global_max, warp_max[w]);
     }
     if (global_max == neg_infinity()) {
-        if (partial != nullptr) {
-            if (threadIdx.x == 0) {
-                partial[0] = global_max;
-                partial[1] = 0.0f;
-            }
-        } else {
-            zero_head<HEAD_DIM>(out);
-        }
+        write_empty<HEAD_DIM>(partial, out);
         return;
     }
     float total = 0.0f;
@@ -223,6 +230,25 @@ __device__ __forceinline__ void split_keys(int first, int pos, int split, int nu
     *hi = (int)min(start + per - 1, (long long)pos);
 }
 
+// The keys [lo, hi] split `split` of a decode step's `num_splits` attends for a sequence of
+// `seq_len` tokens (its query at seq_len - 1), with `window` (<= 0: none): its split_keys
+// range, or every key when the step is not split. False when it has none (a padding entry,
+// seq_len <= 0, or a split past the sequence's keys).
+__device__ __forceinline__ bool decode_split_range(int seq_len, int window, int split,
+                                                   int num_splits, int* lo, int* hi) {
+    *lo = 0;
+    *hi = 0x7fffffff;
+    if (seq_len <= 0) {
+        return false;
+    }
+    if (num_splits > 1) {
+        const int pos = seq_len - 1;
+        const int first = window > 0 ? max(0, pos + 1 - window) : 0;
+        split_keys(first, pos, split, num_splits, lo, hi);
+    }
+    return *lo <= seq_len - 1;
+}
+
 // Grid (num_heads, num_seqs, num_splits). seq_lens[s] counts the query's own token: it sits at
 // seq_len - 1. With num_splits == 1 each block attends the whole context and writes `out`.
 // Otherwise (flash-decoding: few sequences, long contexts, too few blocks to fill the GPU)
@@ -242,22 +268,10 @@ __device__ void paged_attention_decode(
     float* partial = gridDim.z == 1
         ? nullptr
         : partials + (((long long)seq * num_heads + head) * gridDim.z + split) * (HEAD_DIM + 2);
-    int lo = 0;
-    int hi = 0x7fffffff;
-    if (seq_len > 0 && gridDim.z > 1) {
-        const int pos = seq_len - 1;
-        const int first = window > 0 ? max(0, pos + 1 - window) : 0;
-        split_keys(first, pos, split, gridDim.z, &lo, &hi);
-    }
-    if (seq_len <= 0 || lo > seq_len - 1) {
-        if (partial != nullptr) {
-            if (threadIdx.x == 0) {
-                partial[0] = neg_infinity();
-                partial[1] = 0.0f;
-            }
-        } else {
-            zero_head<HEAD_DIM>(out + row);
-        }
+    int lo;
+    int hi;
+    if (!decode_split_range(seq_len, window, split, gridDim.z, &lo, &hi)) {
+        write_empty<HEAD_DIM>(partial, out + row);
         return;
     }
     attend_one_query<HEAD_DIM>(
@@ -294,31 +308,21 @@ __device__ void paged_attention_decode_grouped(
     const int warp = threadIdx.x / 32;
     const int dim0 = lane * PER_LANE;
     const int seq_len = seq_lens[seq];
-    // Where head h's result goes: its output row, or its split's state.
+    // Where head h's result goes: its split's state, or (unsplit: no state) its output row.
     auto out_row = [&](int h) {
         return out + ((long long)seq * num_heads + head0 + h) * HEAD_DIM;
     };
-    auto partial_of = [&](int h) {
-        return partials +
-            (((long long)seq * num_heads + head0 + h) * gridDim.z + split) * (HEAD_DIM + 2);
+    auto partial_of = [&](int h) -> float* {
+        return gridDim.z == 1
+            ? nullptr
+            : partials +
+                (((long long)seq * num_heads + head0 + h) * gridDim.z + split) * (HEAD_DIM + 2);
     };
-    int lo = 0;
-    int hi = 0x7fffffff;
-    if (seq_len > 0 && gridDim.z > 1) {
-        const int pos = seq_len - 1;
-        const int first = window > 0 ? max(0, pos + 1 - window) : 0;
-        split_keys(first, pos, split, gridDim.z, &lo, &hi);
-    }
-    if (seq_len <= 0 || lo > seq_len - 1) {
+    int lo;
+    int hi;
+    if (!decode_split_range(seq_len, window, split, gridDim.z, &lo, &hi)) {
         for (int h = 0; h < group; ++h) {
-            if (gridDim.z > 1) {
-                if (threadIdx.x == 0) {
-                    partial_of(h)[0] = neg_infinity();
-                    partial_of(h)[1] = 0.0f;
-                }
-            } else {
-                zero_head<HEAD_DIM>(out_row(h));
-            }
+            write_empty<HEAD_DIM>(partial_of(h), out_row(h));
         }
         return;
     }
@@ -460,8 +464,7 @@ __device__ void paged_attention_decode_grouped(
             warp_acc[warp][dim0 + i] = acc[h][i];
         }
         __syncthreads();
-        write_warps_state<HEAD_DIM>(warp_max, warp_sum_exp, warp_acc,
-                                    gridDim.z > 1 ? partial_of(h) : nullptr, out_row(h));
+        write_warps_state<HEAD_DIM>(warp_max, warp_sum_exp, warp_acc, partial_of(h), out_row(h));
     }
 }
 

@@ -38,11 +38,6 @@ extern "C" __global__ void rope_neox_bf16(
             head = k + ((long long)token * num_kv_heads + kp / half) * head_dim;
             j = kp % half;
         }
-        const float c = cos_table[angles + j];
-        const float s = sin_table[angles + j];
-        const float x1 = bf16_to_f32(head[j]);
-        const float x2 = bf16_to_f32(head[j + half]);
-        head[j] = f32_to_bf16(x1 * c - x2 * s);
-        head[j + half] = f32_to_bf16(x2 * c + x1 * s);
+        rotate_pair(head, head, j, half, cos_table[angles + j], sin_table[angles + j]);
     }
 }
