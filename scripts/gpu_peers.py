@@ -11,13 +11,22 @@
   batch 1 / 8 / 32 at 512 tokens of context: eager (sdpa attention, dynamic cache) and, with
   --compile, torch.compile with a static cache (mode reduce-overhead: CUDA graphs).
 
+- llama.cpp built with CUDA from its source (`llama`; gpu-check.sh's llama_cpp step builds it
+  and converts the same safetensors to a bf16 GGUF with llama.cpp's own converter), flash
+  attention on, every layer on the GPU: `llama-bench` for prefill (512 and 2,048 fresh
+  tokens, 512 after 1,536) and `llama-batched-bench` for decode at 1 / 8 / 32 parallel
+  sequences, each with a 512-token prompt of its own and 128 generated tokens (its decode
+  steps run at 512-640 tokens of context; infer's at 512).
+
 Prints `name: value unit` lines as infer's benchmarks do; `table` reads them beside infer's
 (kernel_bench's and gpu_bench's logs) and prints infer / peer for each pair of figures.
 
   python3 scripts/gpu_peers.py measure MODEL_DIR [--compile] > peers.log
-  python3 scripts/gpu_peers.py table kernel_bench.log gpu_bench.log peers.log
+  python3 scripts/gpu_peers.py llama BIN_DIR GGUF --vocab N [--prefill] > llama-cpp.log
+  python3 scripts/gpu_peers.py table kernel_bench.log gpu_bench.log peers.log llama-cpp.log
 """
 import argparse
+import os
 import re
 import time
 
@@ -118,6 +127,35 @@ def hf_decode(model_dir, compile_):
         line(f"hf_decode_tok_s[compile,batch={batch},ctx=512]", batch * 1e3 / ms, "tok/s")
 
 
+def llama_cpp(bin_dir, gguf, vocab, prefill):
+    """llama.cpp's figures on one GGUF, from its own benchmarks' JSON lines."""
+    import json
+    import subprocess
+
+    def jsonl(*args):
+        run = subprocess.run(args, capture_output=True, text=True, check=True)
+        return [json.loads(l) for l in run.stdout.splitlines() + run.stderr.splitlines()
+                if l.startswith("{")]
+
+    common = ["-m", gguf, "-ngl", "99", "-fa", "1"]
+    bench = f"{bin_dir}/llama-bench"
+    if prefill:
+        for tokens, depth in [(512, 0), (2048, 0), (512, 1536)]:
+            for r in jsonl(bench, *common, "-p", str(tokens), "-n", "0", "-d", str(depth),
+                           "-r", "5", "-o", "jsonl"):
+                tag = f"{tokens} after {depth}" if depth else f"{tokens}"
+                line(f"llama_cpp_prefill_ms[{tag}]", r["avg_ns"] / 1e6, "ms")
+    for r in jsonl(bench, *common, "-p", "0", "-n", "128", "-d", "512", "-r", "3", "-o", "jsonl"):
+        line(f"llama_cpp_bench_tg_tok_s[vocab={vocab},tg=128,depth=512]", r["avg_ts"], "tok/s")
+    batched = [f"{bin_dir}/llama-batched-bench", "-m", gguf, "-ngl", "99", "-fa", "on",
+               "-c", str(32 * 640 + 512), "-npp", "512", "-ntg", "128", "-npl", "1,8,32",
+               "--output-format", "jsonl"]
+    for r in jsonl(*batched):
+        at = f"[vocab={vocab},batch={r['pl']},ctx=512]"
+        line(f"llama_cpp_decode_step_ms{at}", r["t_tg"] / r["tg"] * 1e3, "ms")
+        line(f"llama_cpp_decode_tok_s{at}", r["speed_tg"], "tok/s")
+
+
 # (infer's figure, the peer's, what is better) for the ratio table.
 PAIRS = [
     (f"paged_attention_prefill_tflops[Flash,{tag}]", f"sdpa_flash_prefill_tflops[{tag}]", "higher")
@@ -135,12 +173,25 @@ PAIRS = [
     )
     for b in [1, 8, 32]
     for mode, peer in [("eager", "eager"), ("graphs", "compile")]
+] + [
+    (f"prefill_ms[{tag}]", f"llama_cpp_prefill_ms[{tag}]", "lower")
+    for tag in ["512", "2048", "512 after 1536"]
+] + [
+    (
+        f"decode_step_ms[vocab={v},batch={b},ctx=512,graphs,greedy_device]",
+        f"llama_cpp_decode_step_ms[vocab={v},batch={b},ctx=512]",
+        "lower",
+    )
+    for v in [32768, 128256]
+    for b in [1, 8, 32]
 ]
 
 
 def figures(paths):
     found = {}
     for path in paths:
+        if not os.path.exists(path):  # a step that did not run
+            continue
         for text in open(path, errors="replace"):
             m = re.match(r"^(\S.*?): (-?[0-9.]+)", text.strip())
             if m:
@@ -167,11 +218,19 @@ def main():
     measure = sub.add_parser("measure", help="time the peers")
     measure.add_argument("model_dir")
     measure.add_argument("--compile", action="store_true")
+    llama = sub.add_parser("llama", help="time llama.cpp's CUDA build on a GGUF")
+    llama.add_argument("bin_dir")
+    llama.add_argument("gguf")
+    llama.add_argument("--vocab", type=int, required=True)
+    llama.add_argument("--prefill", action="store_true", help="llama-bench's prefill too")
     pairs = sub.add_parser("table", help="infer / peer from the logs")
     pairs.add_argument("logs", nargs="+")
     args = ap.parse_args()
     if args.command == "table":
         table(args.logs)
+        return
+    if args.command == "llama":
+        llama_cpp(args.bin_dir, args.gguf, args.vocab, args.prefill)
         return
     import torch
 
