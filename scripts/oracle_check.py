@@ -58,6 +58,12 @@ def oracle_logits(model, prompts, decode, device):
     return np.stack(all_rows), np.stack(all_tokens)
 
 
+def log_softmax(rows):
+    rows = rows.astype(np.float64)
+    shifted = rows - rows.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def top2_margin(rows):
     part = np.partition(rows, -2, axis=-1)
     return part[..., -1] - part[..., -2]
@@ -75,6 +81,7 @@ def main():
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=512, help="the engine's prefill chunk")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's KV cache: auto or fp8")
     ap.add_argument("--tol", type=float, default=None, help="top-2 margin below which a flip is a tie")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="", help="a name for this run in the report")
@@ -106,7 +113,8 @@ def main():
     report, failed = [], False
     for mode in modes:
         outs = {name: os.path.join(a.out, f"{name}.{mode}.f32") for name, *_ in cases}
-        cmd = [a.runner, "--model", a.model, "--device", a.device, "--chunk", str(a.chunk)]
+        cmd = [a.runner, "--model", a.model, "--device", a.device, "--chunk", str(a.chunk),
+               "--kv-cache-dtype", a.kv_cache_dtype]
         if mode == "graphs":
             cmd.append("--cuda-graphs")
         for name, _, _, inp, _, _ in cases:
@@ -128,6 +136,10 @@ def main():
             margin = top2_margin(want)
             mismatch = got.argmax(axis=-1) != tokens
             unexplained = mismatch & (margin > tol)
+            # KL(oracle || engine) per position, in nats: how far the sampled distribution
+            # moves, which a lossy KV cache (fp8) is judged by beside the greedy flips.
+            log_p, log_q = log_softmax(want), log_softmax(got)
+            kl = (np.exp(log_p) * (log_p - log_q)).sum(axis=-1)
             row = {
                 "case": name,
                 "mode": mode,
@@ -139,6 +151,8 @@ def main():
                 "mismatch": int(mismatch.sum()),
                 "unexplained": int(unexplained.sum()),
                 "positions": int(mismatch.size),
+                "mean_kl": float(kl.mean()),
+                "max_kl": float(kl.max()),
             }
             if unexplained.any():
                 failed = True
@@ -148,19 +162,21 @@ def main():
             print(json.dumps(row), flush=True)
     for c in cases:
         os.remove(c[3])
-    label = a.label or f"{os.path.basename(os.path.normpath(a.model))} on {a.device}"
+    label = a.label or f"{os.path.basename(os.path.normpath(a.model))} on {a.device}" + (
+        f", KV {a.kv_cache_dtype}" if a.kv_cache_dtype != "auto" else "")
     with open(os.path.join(a.out, "oracle.json"), "a") as f:
         f.write(json.dumps({"label": label, "tol": tol, "cases": report}) + "\n")
     with open(os.path.join(a.out, "oracle.md"), "a") as f:
         f.write(f"\n### {label} (tolerance {tol} logits)\n\n")
-        f.write("| case | mode | max abs | max rel | greedy mismatches | unexplained (margin > tol) |\n"
-                "|---|---|---|---|---|---|\n")
+        f.write("| case | mode | max abs | max rel | greedy mismatches | unexplained (margin > tol) "
+                "| mean KL (nats) |\n|---|---|---|---|---|---|---|\n")
         for r in report:
             if "error" in r:
-                f.write(f"| {r['case']} | {r['mode']} | runner failed | | | |\n")
+                f.write(f"| {r['case']} | {r['mode']} | runner failed | | | | |\n")
             else:
                 f.write(f"| {r['case']} | {r['mode']} | {r['max_abs']:.3g} | {r['max_rel']:.3g} | "
-                        f"{r['mismatch']} / {r['positions']} | {r['unexplained']} |\n")
+                        f"{r['mismatch']} / {r['positions']} | {r['unexplained']} "
+                        f"| {r['mean_kl']:.2e} |\n")
     sys.exit(1 if failed else 0)
 
 

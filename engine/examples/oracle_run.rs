@@ -3,7 +3,8 @@
 //! then one decode step per fed token with every sequence in the step — and writes the logits
 //! the oracle (Hugging Face transformers on the same safetensors) is compared with.
 //!
-//!   oracle_run --model DIR --device cpu|cuda [--cuda-graphs] [--chunk 512] IN.json OUT.f32 ...
+//!   oracle_run --model DIR --device cpu|cuda [--cuda-graphs] [--chunk 512]
+//!       [--kv-cache-dtype auto|fp8] IN.json OUT.f32 ...
 //!
 //! (several IN OUT pairs: one process, so the model loads and the kernels compile once)
 //!
@@ -20,6 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
+use infer_core::workload::KvCacheDtype;
 use infer_engine::{load_model_dir, Device, ForwardBatch, LoadedModel, SeqChunk};
 
 const BLOCK: usize = 16;
@@ -29,6 +31,7 @@ struct Args {
     device: Device,
     graphs: bool,
     chunk: usize,
+    kv_cache_dtype: KvCacheDtype,
     /// (IN.json, OUT.f32) pairs.
     cases: Vec<(PathBuf, PathBuf)>,
 }
@@ -36,6 +39,7 @@ struct Args {
 fn args() -> Result<Args> {
     let mut it = std::env::args().skip(1);
     let (mut model, mut device, mut graphs, mut chunk) = (None, Device::Cpu, false, 512);
+    let mut kv_cache_dtype = KvCacheDtype::Auto;
     let mut files = Vec::new();
     while let Some(a) = it.next() {
         let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
@@ -44,6 +48,13 @@ fn args() -> Result<Args> {
             "--device" => device = Device::parse(&value("--device")?)?,
             "--cuda-graphs" => graphs = true,
             "--chunk" => chunk = value("--chunk")?.parse().context("--chunk")?,
+            "--kv-cache-dtype" => {
+                kv_cache_dtype = match value("--kv-cache-dtype")?.as_str() {
+                    "auto" => KvCacheDtype::Auto,
+                    "fp8" | "fp8_e4m3" => KvCacheDtype::Fp8,
+                    other => bail!("--kv-cache-dtype {other}: auto or fp8"),
+                }
+            }
             _ if a.starts_with("--") => bail!("unknown option {a}"),
             _ => files.push(PathBuf::from(a)),
         }
@@ -58,6 +69,7 @@ fn args() -> Result<Args> {
         device,
         graphs,
         chunk,
+        kv_cache_dtype,
         cases: files
             .chunks(2)
             .map(|p| (p[0].clone(), p[1].clone()))
@@ -67,7 +79,8 @@ fn args() -> Result<Args> {
 
 fn main() -> Result<()> {
     let a = args()?;
-    let lm = load_model_dir(&a.model, None, a.device)?;
+    let mut lm = load_model_dir(&a.model, None, a.device)?;
+    lm.model.set_kv_cache_dtype(a.kv_cache_dtype)?;
     for (input, output) in &a.cases {
         run_case(&lm, &a, input, output).with_context(|| format!("case {}", input.display()))?;
     }

@@ -4,12 +4,14 @@
 //! with weights held in f32 and in bf16, with the fraction of the roofline each reaches
 //! (at batch 1: of the measured memory-read bandwidth).
 //!
-//! `cargo run --release -p infer-engine --example runner_bench [-- --quick | --kernels]`
+//! `cargo run --release -p infer-engine --example runner_bench [-- --quick | --kernels | --kv]`
 //! (`--quick` skips the 0.5B model, whose first run also writes ~2 GB into the cache;
-//! `--kernels` stops after the linear kernel's own figures).
+//! `--kernels` stops after the linear kernel's own figures; `--kv` times only the 0.5B
+//! model's decode at 2,048 tokens of context with its KV cache in f32 and in fp8).
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
+use infer_core::workload::KvCacheDtype;
 use infer_engine::tools::builtin;
 use infer_engine::tools::make_model::{make_model, ModelSpec};
 use infer_engine::{load_model, Arch, ForwardBatch, LoadedModel, SeqChunk};
@@ -307,6 +309,21 @@ fn bench() -> Result<()> {
         ("f32", DType::F32, peak.max(f32_peak)),
         ("bf16", DType::BF16, peak.max(bf16_peak)),
     ];
+    if std::env::args().any(|a| a == "--kv") {
+        // bf16 weights, so the KV is a large share of what a step reads.
+        let dir = llama_05b()?;
+        for (label, kv) in [("f32", KvCacheDtype::Auto), ("fp8", KvCacheDtype::Fp8)] {
+            let mut lm = load_model(
+                dir.to_str().unwrap(),
+                Some(DType::BF16),
+                infer_engine::Device::Cpu,
+            )?;
+            lm.model.set_kv_cache_dtype(kv)?;
+            let name = format!("llama-0.5b,bf16,kv={label}");
+            bench_model(&name, &lm, &bw_buf, peak.max(bf16_peak), 2048, 512, 4)?;
+        }
+        return Ok(());
+    }
     for (label, dtype, peak) in dtypes {
         let tiny = load_model(builtin::TINY, Some(dtype), infer_engine::Device::Cpu)?;
         bench_model(
@@ -321,21 +338,7 @@ fn bench() -> Result<()> {
     }
 
     if !quick {
-        let dir = builtin::cache_dir().join("bench-llama-0.5b-v1");
-        if !dir.join("model.safetensors").exists() {
-            let spec = ModelSpec {
-                layers: 28,
-                hidden: 1024,
-                heads: 16,
-                kv_heads: 4,
-                intermediate: 4096,
-                vocab: 32768,
-                max_pos: 4096,
-                ..ModelSpec::new(Arch::Llama)
-            };
-            eprintln!("building {} (once)…", dir.display());
-            make_model(&spec, &dir)?;
-        }
+        let dir = llama_05b()?;
         for (label, dtype, peak) in dtypes {
             let lm = load_model(
                 dir.to_str().unwrap(),
@@ -354,4 +357,24 @@ fn bench() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The generated ~0.5B Llama under the builtin cache, built once.
+fn llama_05b() -> Result<std::path::PathBuf> {
+    let dir = builtin::cache_dir().join("bench-llama-0.5b-v1");
+    if !dir.join("model.safetensors").exists() {
+        let spec = ModelSpec {
+            layers: 28,
+            hidden: 1024,
+            heads: 16,
+            kv_heads: 4,
+            intermediate: 4096,
+            vocab: 32768,
+            max_pos: 4096,
+            ..ModelSpec::new(Arch::Llama)
+        };
+        eprintln!("building {} (once)…", dir.display());
+        make_model(&spec, &dir)?;
+    }
+    Ok(dir)
 }

@@ -3,6 +3,7 @@
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use infer_core::workload::KvCacheDtype;
 use infer_core::{BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig};
 use infer_engine::loadgen::BenchOptions;
 use infer_engine::runtime::sampling::SamplingParams;
@@ -244,6 +245,10 @@ struct ServeArgs {
     /// checkpoint's `torch_dtype` (bf16 stays bf16, others f32); CUDA: bf16.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
+    /// What the KV cache stores: `auto` (the compute dtype) or `fp8` (alias `fp8_e4m3`:
+    /// E4M3, unscaled as vLLM's default, a quarter of the CPU's f32 bytes). CPU only for now.
+    #[arg(long = "kv-cache-dtype", value_parser = parse_kv_cache_dtype)]
+    kv_cache_dtype: Option<KvCacheDtype>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Write a CSV trace of every engine step (its shape, forward and step seconds).
@@ -415,6 +420,17 @@ enum ArchArg {
     Gemma3,
 }
 
+/// vLLM's names: `auto`, `fp8`, `fp8_e4m3`; its `fp8_e5m2` (and anything else) is refused.
+fn parse_kv_cache_dtype(s: &str) -> Result<KvCacheDtype, String> {
+    match s {
+        "auto" => Ok(KvCacheDtype::Auto),
+        "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
+        other => Err(format!(
+            "`{other}` is not a KV cache dtype this engine stores (auto, fp8, fp8_e4m3)"
+        )),
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum DTypeArg {
     F32,
@@ -492,6 +508,10 @@ struct GenerateArgs {
     /// checkpoint's `torch_dtype` (bf16 stays bf16, others f32); CUDA: bf16.
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
+    /// What the KV cache stores: `auto` (the compute dtype) or `fp8` (alias `fp8_e4m3`:
+    /// E4M3, unscaled as vLLM's default, a quarter of the CPU's f32 bytes). CPU only for now.
+    #[arg(long = "kv-cache-dtype", value_parser = parse_kv_cache_dtype)]
+    kv_cache_dtype: Option<KvCacheDtype>,
     #[command(flatten)]
     target: TargetArgs,
 }
@@ -594,24 +614,26 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     if a.gpu_memory_utilization.is_some() && a.num_gpu_blocks.is_some() {
         bail!("--num-gpu-blocks and --gpu-memory-utilization both size the KV pool: give one");
     }
-    let sched = match &a.scenario {
+    let (sched, kv_cache_dtype) = match &a.scenario {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).map_err(infer_core::FileError::at(path, "read"))?;
             let scenario =
                 infer_core::workload::Scenario::parse(&path.display().to_string(), &text, &a.set)?;
-            SchedulerConfig {
+            let sched = SchedulerConfig {
                 max_waiting: a.max_waiting.or(scenario.server.max_waiting),
                 ..scenario.server.scheduler_config()
-            }
+            };
+            (sched, scenario.server.kv_cache_dtype)
         }
-        None => scheduler_flags(&a),
+        None => (scheduler_flags(&a), KvCacheDtype::Auto),
     };
     let cfg = ServeConfig {
         served_model_name: a.served_model_name,
         sched,
         seed: a.seed,
         dtype: a.dtype.map(Into::into),
+        kv_cache_dtype: a.kv_cache_dtype.unwrap_or(kv_cache_dtype),
         device: target.device,
         cuda_graphs: target.cuda_graphs,
         device_sampling: target.device_sampling,
@@ -747,7 +769,9 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
 
 fn run_generate(a: GenerateArgs) -> Result<()> {
     let target = a.target.target()?;
-    let lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), target.device)?;
+    let mut lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), target.device)?;
+    lm.model
+        .set_kv_cache_dtype(a.kv_cache_dtype.unwrap_or_default())?;
     target.apply(&lm.model, 1, lm.config.max_position_embeddings)?;
     let prompt = infer_engine::tools::generate::prompt_tokens(&lm, &a.prompt, a.chat)?;
     let req = GenerateRequest {

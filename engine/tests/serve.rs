@@ -144,6 +144,33 @@ async fn seed_scenarios_run_clean_and_counts_match_the_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fp8_kv_cache_serves_shared_prefixes_and_chunked_prompts() {
+    let (addr, server) = spawn_local(ServeConfig {
+        kv_cache_dtype: infer_core::workload::KvCacheDtype::Fp8,
+        ..config(SchedulerConfig::default())
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{addr}");
+    // Shared prefix blocks are read by many sequences (and copied on write); chunked
+    // prompts are written over several steps and read back by the prefill path.
+    for name in ["prefix_caching", "chunked_prefill"] {
+        let mut opts = BenchOptions::new(&base, scenario(name));
+        opts.overrides = vec![
+            "workload.num_requests=6".into(),
+            "workload.warmup_requests=1".into(),
+            "workload.output_tokens={ uniform = [4, 12] }".into(),
+        ];
+        let r = loadgen::run(&opts).await.unwrap();
+        assert_eq!((r.summary.completed, r.summary.failed), (6, 0), "{name}");
+        if name == "prefix_caching" {
+            assert!(r.summary.prefix_cache_hit_rate > 0.5, "{name}");
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_and_non_streaming_agree_and_chat_uses_the_template() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await

@@ -115,6 +115,26 @@ pub struct ConversationsSpec {
     pub system_tokens: usize,
 }
 
+/// What the KV cache stores (vLLM's `--kv-cache-dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// The model's own: what the server computes attention in.
+    #[default]
+    Auto,
+    /// FP8 E4M3 (1 byte per element), unscaled (vLLM's default scales of 1.0), rounded to
+    /// nearest and saturated at ±448: half of bf16's bytes, so twice the tokens per GiB and
+    /// half the KV a decode step reads.
+    #[serde(alias = "fp8_e4m3")]
+    Fp8,
+}
+
+impl KvCacheDtype {
+    pub fn is_auto(&self) -> bool {
+        *self == KvCacheDtype::Auto
+    }
+}
+
 /// The seed server's flags, snake_case. Defaults are the benchmark log's Phase 8.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -146,6 +166,9 @@ pub struct ServerSpec {
     /// Context tokens a step may read at most (see [`SchedulerConfig`]); absent: no limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_step_read_tokens: Option<usize>,
+    /// What the KV cache stores: `auto` or `fp8` (see [`KvCacheDtype`]).
+    #[serde(skip_serializing_if = "KvCacheDtype::is_auto")]
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for ServerSpec {
@@ -171,6 +194,7 @@ impl Default for ServerSpec {
             kv_watermark: s.kv_watermark,
             kv_victim: s.kv_victim,
             max_step_read_tokens: s.max_step_read_tokens,
+            kv_cache_dtype: KvCacheDtype::Auto,
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct MemoryPlan {
     pub kv_pool: usize,
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// What the KV pool stores.
+    pub kv_dtype: candle_core::DType,
     /// The measured activation peak; `None` where activations are allocated per step.
     pub activations: Option<usize>,
     /// Device memory the plan may use (F × total, or the total); `None` on the CPU.
@@ -60,13 +62,14 @@ impl MemoryPlan {
             None => "off".into(),
         };
         format!(
-            "memory plan on {}: weights {:.2} GiB + KV pool {:.2} GiB ({} blocks of {} tokens) \
-             + activations {activations}{usable}; CUDA graphs {graphs}",
+            "memory plan on {}: weights {:.2} GiB + KV pool {:.2} GiB ({} blocks of {} tokens, \
+             {}) + activations {activations}{usable}; CUDA graphs {graphs}",
             self.device,
             gib(self.weights),
             gib(self.kv_pool),
             self.kv_blocks,
             self.block_size,
+            dtype_name(self.kv_dtype),
         )
     }
 }
@@ -222,10 +225,19 @@ pub fn plan(
         kv_pool: kv_pool.unwrap_or(usize::MAX),
         kv_blocks: sched.num_gpu_blocks,
         block_size: sched.block_size,
+        kv_dtype: model.kv_dtype(),
         activations,
         usable,
         cuda_graphs: (cuda_graphs && !device.is_cpu()).then_some(sched.max_batch_size),
     })
+}
+
+/// The name users give a dtype (`--dtype`, `--kv-cache-dtype`).
+fn dtype_name(d: candle_core::DType) -> &'static str {
+    match d {
+        candle_core::DType::F8E4M3 => "fp8",
+        other => other.as_str(),
+    }
 }
 
 #[cfg(test)]

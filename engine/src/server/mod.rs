@@ -48,6 +48,8 @@ pub struct ServeConfig {
     pub sched: SchedulerConfig,
     pub seed: u64,
     pub dtype: Option<candle_core::DType>,
+    /// What the KV cache stores (`--kv-cache-dtype`).
+    pub kv_cache_dtype: infer_core::workload::KvCacheDtype,
     pub device: crate::Device,
     /// Replay decode steps from captured CUDA graphs (CUDA only).
     pub cuda_graphs: bool,
@@ -93,6 +95,7 @@ impl ServeConfig {
             sched: SchedulerConfig::default(),
             seed: 0,
             dtype: None,
+            kv_cache_dtype: Default::default(),
             device: crate::Device::Cpu,
             cuda_graphs: false,
             device_sampling: false,
@@ -196,7 +199,10 @@ impl Engine {
                 .validate()
                 .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
         }
-        let lm: LoadedModel = crate::runtime::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
+        let mut lm: LoadedModel =
+            crate::runtime::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
+        // Before the memory plan: its warm-up pool and the engine's are made in this dtype.
+        lm.model.set_kv_cache_dtype(cfg.kv_cache_dtype)?;
         let model_name = cfg
             .served_model_name
             .clone()

@@ -342,6 +342,7 @@ async fn verify_once(
         let steps_path = dir.join("measured-steps.csv");
         let cfg = ServeConfig {
             sched: scenario.server.scheduler_config(),
+            kv_cache_dtype: scenario.server.kv_cache_dtype,
             seed: 0,
             step_log: Some(steps_path.clone()),
             device: opts.target.device,

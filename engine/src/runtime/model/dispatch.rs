@@ -12,6 +12,7 @@ use crate::runtime::backend::cpu::{CpuBackend, CpuKv};
 use crate::runtime::backend::cuda::{CudaBackend, CudaKv};
 use crate::runtime::backend::{Backend, Device, Logits};
 use crate::runtime::batch::ForwardBatch;
+use infer_core::workload::KvCacheDtype;
 use infer_kernels::sampling::{SampledRows, SamplingBatch};
 
 // One model per process, moved once: the variants' sizes do not matter.
@@ -81,7 +82,20 @@ impl Model {
         }
     }
 
-    /// The dtype the KV cache (and activations) are held in.
+    /// What the KV caches made from now on store (vLLM's `--kv-cache-dtype`): before the
+    /// first cache is made. The CUDA backend stores bf16 only, for now.
+    pub fn set_kv_cache_dtype(&mut self, dtype: KvCacheDtype) -> Result<()> {
+        match self {
+            Model::Cpu(m) => m.backend_mut().set_kv_cache_dtype(dtype),
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) if dtype.is_auto() => {}
+            #[cfg(feature = "cuda")]
+            Model::Cuda(_) => bail!("--kv-cache-dtype fp8 is not supported on CUDA yet"),
+        }
+        Ok(())
+    }
+
+    /// The dtype the KV cache is held in.
     pub fn kv_dtype(&self) -> DType {
         match self {
             Model::Cpu(m) => m.backend().kv_dtype(),

@@ -209,6 +209,10 @@ impl<B: Backend> Transformer<B> {
         &self.backend
     }
 
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
     /// A KV store shaped for this model.
     pub fn new_kv_cache(&self, num_blocks: usize, block_size: usize) -> Result<B::Kv> {
         ensure!(

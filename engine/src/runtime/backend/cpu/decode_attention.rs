@@ -12,6 +12,7 @@
 //! (with Gemma's soft cap when set), then the weighted sum of V. (Sequence, KV head) pairs
 //! run in parallel.
 
+use float8::F8E4M3;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -70,6 +71,24 @@ impl KvElem for f16 {
         self.to_f32()
     }
 }
+impl KvElem for F8E4M3 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        FP8_E4M3_TO_F32[self.to_bits() as usize]
+    }
+}
+
+/// Every fp8 E4M3 value as f32: a table lookup in the decode loop, where the crate's
+/// conversion (through f16, with branches) would cost more than the byte it saves.
+static FP8_E4M3_TO_F32: [f32; 256] = {
+    let mut table = [0f32; 256];
+    let mut bits = 0;
+    while bits < 256 {
+        table[bits] = F8E4M3::from_bits(bits as u8).to_f32();
+        bits += 1;
+    }
+    table
+};
 
 /// Shapes of one call.
 #[derive(Clone, Copy)]

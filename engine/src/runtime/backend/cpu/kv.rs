@@ -12,6 +12,7 @@
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Storage, Tensor};
+use float8::F8E4M3;
 
 use super::decode_attention::{decode_attention, DecodeSet, Dims};
 
@@ -203,8 +204,11 @@ impl CpuKv {
             (Storage::Cpu(CpuStorage::F16(k)), Storage::Cpu(CpuStorage::F16(v))) => {
                 decode_attention(q, &k[ko..ko + n], &v[vo..vo + n], set, dims, scale, cap)
             }
+            (Storage::Cpu(CpuStorage::F8E4M3(k)), Storage::Cpu(CpuStorage::F8E4M3(v))) => {
+                decode_attention(q, &k[ko..ko + n], &v[vo..vo + n], set, dims, scale, cap)
+            }
             _ => bail!(
-                "decode attention in place needs a CPU store of f32, bf16 or f16, not {:?}",
+                "decode attention in place needs a CPU store of f32, bf16, f16 or fp8, not {:?}",
                 self.dtype()
             ),
         })
@@ -248,21 +252,38 @@ impl<F: Fn(usize, usize, &mut [f32]) + Sync> InplaceOp1 for FillSlots<'_, F> {
 
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
         use rayon::prelude::*;
-        let CpuStorage::F32(data) = storage else {
-            candle_core::bail!("the CPU KV store is f32, not {:?}", storage.dtype());
-        };
         let Some((start, end)) = layout.contiguous_offsets() else {
             candle_core::bail!("the KV store is not contiguous");
         };
         let d = self.head_dim;
-        data[start..end]
-            .par_chunks_mut(self.per_head)
-            .enumerate()
-            .for_each(|(h, head)| {
-                for (t, &slot) in self.slots.iter().enumerate() {
-                    (self.fill)(t, h, &mut head[slot as usize * d..][..d]);
-                }
-            });
+        match storage {
+            CpuStorage::F32(data) => data[start..end]
+                .par_chunks_mut(self.per_head)
+                .enumerate()
+                .for_each(|(h, head)| {
+                    for (t, &slot) in self.slots.iter().enumerate() {
+                        (self.fill)(t, h, &mut head[slot as usize * d..][..d]);
+                    }
+                }),
+            // Each row is computed in f32, then rounded to nearest, saturated at ±448 (as
+            // CUDA's __NV_SATFINITE conversion and vLLM's unscaled fp8 cache do).
+            CpuStorage::F8E4M3(data) => data[start..end]
+                .par_chunks_mut(self.per_head)
+                .enumerate()
+                .for_each(|(h, head)| {
+                    let mut row = vec![0f32; d];
+                    for (t, &slot) in self.slots.iter().enumerate() {
+                        (self.fill)(t, h, &mut row);
+                        for (dst, &x) in head[slot as usize * d..][..d].iter_mut().zip(&row) {
+                            *dst = F8E4M3::from_f32(x);
+                        }
+                    }
+                }),
+            other => candle_core::bail!(
+                "the CPU KV store is f32 or fp8 (e4m3), not {:?}",
+                other.dtype()
+            ),
+        }
         Ok(())
     }
 }
@@ -313,6 +334,56 @@ mod tests {
         cache.copy_block(3, 0)?;
         let (k_copy, _) = cache.gather(0, &Tensor::new(&[0u32, 1], &dev)?)?;
         assert_eq!(per_position(&k_copy)?, expect[..2].to_vec());
+        Ok(())
+    }
+
+    #[test]
+    fn an_fp8_store_rounds_to_nearest_saturates_and_reads_back_what_it_holds() -> Result<()> {
+        let dev = Device::Cpu;
+        // 2 KV heads of 4 values, 3 blocks of 2 slots.
+        let fp8 = CpuKv::new(1, 2, 4, 3, 2, DType::F8E4M3, &dev)?;
+        let f32 = CpuKv::new(1, 2, 4, 3, 2, DType::F32, &dev)?;
+        assert_eq!(fp8.size_bytes() * 4, f32.size_bytes());
+        // Per (token, head): exact, rounded (0.3 -> 0.3125; 17 ties to even 16), saturated.
+        let raw = |t: usize, h: usize, dst: &mut [f32]| {
+            let s = if h == 0 { 1.0 } else { -1.0 };
+            dst.copy_from_slice(&[s * (t as f32 + 1.0), 0.3 * s, 17.0 * s, 1000.0 * s]);
+        };
+        let rounded = |t: usize, h: usize, dst: &mut [f32]| {
+            let s = if h == 0 { 1.0 } else { -1.0 };
+            dst.copy_from_slice(&[s * (t as f32 + 1.0), 0.3125 * s, 16.0 * s, 448.0 * s]);
+        };
+        let slots = [5u32, 0, 3];
+        fp8.write_with(0, &slots, raw, raw)?;
+        f32.write_with(0, &slots, rounded, rounded)?;
+        let idx = Tensor::new(&slots, &dev)?;
+        let (k8, v8) = fp8.gather(0, &idx)?;
+        assert_eq!(k8.dtype(), DType::F8E4M3);
+        let (k32, _) = f32.gather(0, &idx)?;
+        assert_eq!(
+            per_position(&k8.to_dtype(DType::F32)?)?,
+            per_position(&k32)?
+        );
+        assert_eq!(
+            per_position(&v8.to_dtype(DType::F32)?)?,
+            per_position(&k32)?
+        );
+        // Decode attention in place reads the same values as the f32 store holding them.
+        let mut set = DecodeSet::new();
+        set.push(1, [5u32, 0, 3]);
+        set.push(0, [3u32]);
+        let q: Vec<f32> = (0..2 * 4 * 4).map(|i| (i as f32 * 0.37).sin()).collect();
+        let a = fp8.decode_attention(0, &q, &set, 4, 0.5, None)?;
+        let b = f32.decode_attention(0, &q, &set, 4, 0.5, None)?;
+        assert_eq!(a, b);
+        // A copied block keeps its bytes.
+        fp8.copy_block(1, 2)?;
+        let (copied, _) = fp8.gather(0, &Tensor::new(&[4u32, 5], &dev)?)?;
+        let (source, _) = fp8.gather(0, &Tensor::new(&[2u32, 3], &dev)?)?;
+        assert_eq!(
+            per_position(&copied.to_dtype(DType::F32)?)?,
+            per_position(&source.to_dtype(DType::F32)?)?
+        );
         Ok(())
     }
 
