@@ -31,5 +31,5 @@ pack() {
 }
 trap pack EXIT
 ONLY="${STEPS1:-nvrtc_compile gpu_kernels gpu_parity}" timeout "$(left)" bash "$here/gpu-check.sh"
-ONLY="${STEPS2:-oracle memcheck}" timeout "$(left)" bash "$here/gpu-check.sh"
+ONLY="${STEPS2:-oracle memcheck oracle_fp8}" timeout "$(left)" bash "$here/gpu-check.sh"
 ONLY="${STEPS3:-gpu_bench kernel_bench peers}" timeout "$(left)" bash "$here/gpu-check.sh"

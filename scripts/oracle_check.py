@@ -82,6 +82,9 @@ def main():
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=512, help="the engine's prefill chunk")
     ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's KV cache: auto or fp8")
+    ap.add_argument("--max-mean-kl", type=float, default=None,
+                    help="fail a case whose mean KL(oracle || engine) exceeds this (nats): the "
+                         "judge of a lossy KV cache, with --tol inf to report flips only")
     ap.add_argument("--tol", type=float, default=None, help="top-2 margin below which a flip is a tie")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="", help="a name for this run in the report")
@@ -154,6 +157,9 @@ def main():
                 "mean_kl": float(kl.mean()),
                 "max_kl": float(kl.max()),
             }
+            if a.max_mean_kl is not None and row["mean_kl"] > a.max_mean_kl:
+                failed = True
+                row["kl_over"] = a.max_mean_kl
             if unexplained.any():
                 failed = True
                 b, j = np.argwhere(unexplained)[0]

@@ -80,7 +80,7 @@ fn args() -> Result<Args> {
 fn main() -> Result<()> {
     let a = args()?;
     let mut lm = load_model_dir(&a.model, None, a.device)?;
-    lm.model.set_kv_cache_dtype(a.kv_cache_dtype)?;
+    lm.model.set_kv_cache_dtype(a.kv_cache_dtype);
     for (input, output) in &a.cases {
         run_case(&lm, &a, input, output).with_context(|| format!("case {}", input.display()))?;
     }

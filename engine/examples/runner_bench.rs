@@ -318,7 +318,7 @@ fn bench() -> Result<()> {
                 Some(DType::BF16),
                 infer_engine::Device::Cpu,
             )?;
-            lm.model.set_kv_cache_dtype(kv)?;
+            lm.model.set_kv_cache_dtype(kv);
             let name = format!("llama-0.5b,bf16,kv={label}");
             bench_model(&name, &lm, &bw_buf, peak.max(bf16_peak), 2048, 512, 4)?;
         }

@@ -246,7 +246,7 @@ struct ServeArgs {
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     /// What the KV cache stores: `auto` (the compute dtype) or `fp8` (alias `fp8_e4m3`:
-    /// E4M3, unscaled as vLLM's default, a quarter of the CPU's f32 bytes). CPU only for now.
+    /// E4M3, unscaled as vLLM's default: a quarter of the CPU's f32 bytes, half of CUDA's bf16).
     #[arg(long = "kv-cache-dtype", value_parser = parse_kv_cache_dtype)]
     kv_cache_dtype: Option<KvCacheDtype>,
     #[arg(long, default_value_t = 0)]
@@ -509,7 +509,7 @@ struct GenerateArgs {
     #[arg(long, value_enum)]
     dtype: Option<DTypeArg>,
     /// What the KV cache stores: `auto` (the compute dtype) or `fp8` (alias `fp8_e4m3`:
-    /// E4M3, unscaled as vLLM's default, a quarter of the CPU's f32 bytes). CPU only for now.
+    /// E4M3, unscaled as vLLM's default: a quarter of the CPU's f32 bytes, half of CUDA's bf16).
     #[arg(long = "kv-cache-dtype", value_parser = parse_kv_cache_dtype)]
     kv_cache_dtype: Option<KvCacheDtype>,
     #[command(flatten)]
@@ -771,7 +771,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
     let target = a.target.target()?;
     let mut lm = infer_engine::load_model(&a.model, a.dtype.map(Into::into), target.device)?;
     lm.model
-        .set_kv_cache_dtype(a.kv_cache_dtype.unwrap_or_default())?;
+        .set_kv_cache_dtype(a.kv_cache_dtype.unwrap_or_default());
     target.apply(&lm.model, 1, lm.config.max_position_embeddings)?;
     let prompt = infer_engine::tools::generate::prompt_tokens(&lm, &a.prompt, a.chat)?;
     let req = GenerateRequest {

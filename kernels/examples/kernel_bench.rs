@@ -8,6 +8,8 @@
 //! are timed at the model's projection shapes. Prefill attention, each kernel the device runs
 //! (the tensor-core one and the row kernel), is also timed at Llama-3.2-1B's heads (32 over 8,
 //! head_dim 64): a fresh 2,048-token prompt and a 512-token chunk after 1,536 cached tokens.
+//! Decode attention over an fp8 KV pool (`--kv-cache-dtype fp8`) is timed beside the bf16 one
+//! (names ending `,kv=fp8`): it reads half the bytes.
 
 use std::sync::Arc;
 
@@ -16,7 +18,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use infer_kernels::cuda::{
     DecodeKernel, DeviceBlockTables, DeviceKv, Gemm, Kernels, PrefillKernel, Span,
 };
-use infer_kernels::layout::{AttentionConfig, KvCacheShape};
+use infer_kernels::layout::{AttentionConfig, KvCacheShape, KvDtype};
 use infer_kernels::reference::{default_inv_freq, RmsWeight, RopeTable};
 
 const WARMUP: usize = 5;
@@ -50,6 +52,31 @@ fn bf16_buffer(stream: &Arc<CudaStream>, len: usize) -> CudaSlice<u16> {
     stream.clone_htod(&vec![0x3c00u16; len]).unwrap()
 }
 
+/// A K or V pool of `len` elements of `dtype`, as bytes: bf16 0.0078125 (0x3c00) or fp8
+/// 0.03125 (0x10), finite and nonzero, the same everywhere (timing only).
+fn kv_buffer(stream: &Arc<CudaStream>, len: usize, dtype: KvDtype) -> CudaSlice<u8> {
+    let bytes: Vec<u8> = match dtype {
+        KvDtype::Bf16 => [0x00u8, 0x3c].repeat(len),
+        KvDtype::Fp8E4m3 => vec![0x10u8; len],
+    };
+    stream.clone_htod(&bytes).unwrap()
+}
+
+/// `kv` of both pools, as the kernels take them.
+fn device_kv(
+    k: &CudaSlice<u8>,
+    v: &CudaSlice<u8>,
+    dtype: KvDtype,
+    shape: KvCacheShape,
+) -> DeviceKv {
+    DeviceKv {
+        k_cache: Span::of(k),
+        v_cache: Span::of(v),
+        dtype,
+        shape,
+    }
+}
+
 fn main() {
     let ctx = CudaContext::new(0).expect("a CUDA device");
     let stream = ctx.new_stream().unwrap();
@@ -66,7 +93,9 @@ fn main() {
     for attention in [&cfg, &llama_1b] {
         for batch in [1usize, 8, 32] {
             for kernel in [DecodeKernel::Grouped, DecodeKernel::PerHead] {
-                bench_decode(&kernels, &stream, attention, batch, kernel);
+                for dtype in [KvDtype::Bf16, KvDtype::Fp8E4m3] {
+                    bench_decode(&kernels, &stream, attention, batch, kernel, dtype);
+                }
             }
         }
     }
@@ -88,6 +117,7 @@ fn bench_decode(
     cfg: &AttentionConfig,
     batch: usize,
     kernel: DecodeKernel,
+    dtype: KvDtype,
 ) {
     let blocks_per_seq = CONTEXT / BLOCK_SIZE;
     let shape = KvCacheShape {
@@ -97,19 +127,15 @@ fn bench_decode(
         head_dim: cfg.head_dim,
     };
     let (k, v) = (
-        bf16_buffer(stream, shape.len()),
-        bf16_buffer(stream, shape.len()),
+        kv_buffer(stream, shape.len(), dtype),
+        kv_buffer(stream, shape.len(), dtype),
     );
     let table: Vec<i32> = (0..(batch * blocks_per_seq) as i32).collect();
     let table = stream.clone_htod(&table).unwrap();
     let lens = stream.clone_htod(&vec![CONTEXT as i32; batch]).unwrap();
     let q = bf16_buffer(stream, batch * cfg.num_heads * cfg.head_dim);
     let out = bf16_buffer(stream, q.len());
-    let kv = DeviceKv {
-        k_cache: Span::of(&k),
-        v_cache: Span::of(&v),
-        shape,
-    };
+    let kv = device_kv(&k, &v, dtype, shape);
     let tables = DeviceBlockTables {
         table: Span::of(&table),
         max_blocks_per_seq: blocks_per_seq,
@@ -119,8 +145,15 @@ fn bench_decode(
         .alloc_zeros::<f32>(Kernels::decode_scratch_len(batch, cfg, splits).max(1))
         .unwrap();
     let tag = format!(
-        "{kernel:?},heads={}/{},head_dim={},batch={batch},ctx={CONTEXT}",
-        cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        "{kernel:?},heads={}/{},head_dim={},batch={batch},ctx={CONTEXT}{}",
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        if dtype == KvDtype::Fp8E4m3 {
+            ",kv=fp8"
+        } else {
+            ""
+        }
     );
     println!("paged_attention_decode_splits[{tag}]: {splits}");
     let launch = || {
@@ -194,8 +227,8 @@ fn bench_prefill(
         head_dim: cfg.head_dim,
     };
     let (k, v) = (
-        bf16_buffer(stream, shape.len()),
-        bf16_buffer(stream, shape.len()),
+        kv_buffer(stream, shape.len(), KvDtype::Bf16),
+        kv_buffer(stream, shape.len(), KvDtype::Bf16),
     );
     let table = stream
         .clone_htod(&(0..blocks as i32).collect::<Vec<_>>())
@@ -204,11 +237,7 @@ fn bench_prefill(
     let start_pos = stream.clone_htod(&[start as i32]).unwrap();
     let q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
     let out = bf16_buffer(stream, q.len());
-    let kv = DeviceKv {
-        k_cache: Span::of(&k),
-        v_cache: Span::of(&v),
-        shape,
-    };
+    let kv = device_kv(&k, &v, KvDtype::Bf16, shape);
     let tables = DeviceBlockTables {
         table: Span::of(&table),
         max_blocks_per_seq: blocks,
@@ -330,8 +359,8 @@ fn bench_elementwise(
         head_dim: cfg.head_dim,
     };
     let (kc, vc) = (
-        bf16_buffer(stream, shape.len()),
-        bf16_buffer(stream, shape.len()),
+        kv_buffer(stream, shape.len(), KvDtype::Bf16),
+        kv_buffer(stream, shape.len(), KvDtype::Bf16),
     );
     let slots = stream
         .clone_htod(&(0..tokens as i32).collect::<Vec<_>>())
@@ -341,10 +370,8 @@ fn bench_elementwise(
         kernels.reshape_and_cache(
             Span::of(&key),
             Span::of(&key),
-            Span::of(&kc),
-            Span::of(&vc),
+            &device_kv(&kc, &vc, KvDtype::Bf16, shape),
             Span::of(&slots),
-            &shape,
         )
     });
     println!(

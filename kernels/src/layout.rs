@@ -37,6 +37,25 @@ impl KvCacheShape {
     }
 }
 
+/// What a KV pool's elements are: bf16, or fp8 E4M3 (`--kv-cache-dtype fp8`: unscaled, each
+/// bf16 value rounded to nearest even and saturated at ±448 on its way in; read back exactly).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    #[default]
+    Bf16,
+    Fp8E4m3,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::Bf16 => 2,
+            KvDtype::Fp8E4m3 => 1,
+        }
+    }
+}
+
 /// Per-sequence block tables, `[num_seqs, max_blocks_per_seq]`, entry = physical block index.
 /// Entries past a sequence's last block are never read and may hold anything.
 #[derive(Clone, Copy, Debug)]

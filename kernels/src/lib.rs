@@ -24,6 +24,7 @@
 pub mod bf16;
 pub mod compat;
 pub mod decode_split;
+pub mod fp8;
 pub mod layout;
 pub mod reference;
 pub mod sampling;

@@ -14,7 +14,8 @@ use infer_kernels::cuda::{
     DecodeKernel, DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm,
     Kernels, PrefillKernel, Span,
 };
-use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape};
+use infer_kernels::fp8;
+use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape, KvDtype};
 use infer_kernels::reference::{self, PagedKv, RmsWeight, RopeTable};
 use infer_kernels::sampling::{
     Adjustment, RowParams, SampledRows, SamplingBatch, MAX_TOP_LOGPROBS,
@@ -64,6 +65,54 @@ fn download(stream: &Arc<CudaStream>, xs: &CudaSlice<u16>) -> Vec<f32> {
 
 fn span<T>(xs: &CudaSlice<T>) -> Span<T> {
     Span::of(xs)
+}
+
+/// A KV pool of `dtype` holding `xs` (values it represents exactly), as raw bytes.
+fn kv_upload(stream: &Arc<CudaStream>, xs: &[f32], dtype: KvDtype) -> CudaSlice<u8> {
+    let bytes: Vec<u8> = match dtype {
+        KvDtype::Bf16 => bf16::slice_from_f32(xs)
+            .into_iter()
+            .flat_map(u16::to_le_bytes)
+            .collect(),
+        KvDtype::Fp8E4m3 => xs.iter().map(|&x| fp8::from_f32(x)).collect(),
+    };
+    stream.clone_htod(&bytes).unwrap()
+}
+
+/// A KV pool's values.
+fn kv_download(stream: &Arc<CudaStream>, pool: &CudaSlice<u8>, dtype: KvDtype) -> Vec<f32> {
+    let bytes = stream.clone_dtoh(pool).unwrap();
+    match dtype {
+        KvDtype::Bf16 => bf16::slice_to_f32(
+            &bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect::<Vec<_>>(),
+        ),
+        KvDtype::Fp8E4m3 => bytes.into_iter().map(fp8::to_f32).collect(),
+    }
+}
+
+/// What a pool of `dtype` holds of the (bf16) values `xs`.
+fn kv_round(xs: &[f32], dtype: KvDtype) -> Vec<f32> {
+    match dtype {
+        KvDtype::Bf16 => xs.to_vec(),
+        KvDtype::Fp8E4m3 => xs.iter().map(|&x| fp8::round(x)).collect(),
+    }
+}
+
+fn device_kv(
+    k: &CudaSlice<u8>,
+    v: &CudaSlice<u8>,
+    dtype: KvDtype,
+    shape: KvCacheShape,
+) -> DeviceKv {
+    DeviceKv {
+        k_cache: span(k),
+        v_cache: span(v),
+        dtype,
+        shape,
+    }
 }
 
 /// The decode kernels for `cfg`: the grouped one where it serves the group, and the per-head.
@@ -174,10 +223,13 @@ fn assert_close(name: &str, got: &[f32], want: &[f32]) {
 
 /// A pool filled with random K/V and block tables that scatter each sequence over shuffled
 /// blocks, on both sides.
+#[derive(Clone)]
 struct PagedSetup {
     shape: KvCacheShape,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// What the device pools hold; `k` and `v` are values it represents exactly.
+    dtype: KvDtype,
     table: Vec<i32>,
     max_blocks_per_seq: usize,
 }
@@ -204,10 +256,23 @@ impl PagedSetup {
         Self {
             k: random(shape.len(), seed, 1.0),
             v: random(shape.len(), seed + 1, 1.0),
+            dtype: KvDtype::Bf16,
             shape,
             table,
             max_blocks_per_seq,
         }
+    }
+
+    /// This setup with bf16 pools and with fp8 pools (the values rounded to fp8 on both
+    /// sides, so the reference reads what the kernels read).
+    fn both_dtypes(self) -> [Self; 2] {
+        let fp8 = Self {
+            k: kv_round(&self.k, KvDtype::Fp8E4m3),
+            v: kv_round(&self.v, KvDtype::Fp8E4m3),
+            dtype: KvDtype::Fp8E4m3,
+            ..self.clone()
+        };
+        [self, fp8]
     }
 
     /// Upload the pools and the table; the returned slices own the memory the spans point at.
@@ -217,16 +282,13 @@ impl PagedSetup {
     ) -> (
         DeviceKv,
         DeviceBlockTables,
-        [CudaSlice<u16>; 2],
+        [CudaSlice<u8>; 2],
         CudaSlice<i32>,
     ) {
-        let (k, v) = (upload(stream, &self.k), upload(stream, &self.v));
+        let k = kv_upload(stream, &self.k, self.dtype);
+        let v = kv_upload(stream, &self.v, self.dtype);
         let table = stream.clone_htod(&self.table).unwrap();
-        let kv = DeviceKv {
-            k_cache: span(&k),
-            v_cache: span(&v),
-            shape: self.shape,
-        };
+        let kv = device_kv(&k, &v, self.dtype, self.shape);
         let tables = DeviceBlockTables {
             table: span(&table),
             max_blocks_per_seq: self.max_blocks_per_seq,
@@ -278,54 +340,58 @@ fn paged_attention_decode_matches_reference() {
         // The last one is graph-bucket padding; 1,500 keys take several splits.
         let seq_lens = [1, 17, 100, 333, 1500, 0];
         let real = seq_lens.len() - 1;
-        let setup = PagedSetup::new(cfg.num_kv_heads, cfg.head_dim, &seq_lens, 7);
-        let row = cfg.num_heads * cfg.head_dim;
-        let q = random(seq_lens.len() * row, 3, 1.0);
+        for setup in PagedSetup::new(cfg.num_kv_heads, cfg.head_dim, &seq_lens, 7).both_dtypes() {
+            let row = cfg.num_heads * cfg.head_dim;
+            let q = random(seq_lens.len() * row, 3, 1.0);
 
-        let (kv, tables) = setup.cpu();
-        let mut want = vec![0.0; real * row];
-        reference::paged_attention_decode(
-            &mut want,
-            &q[..real * row],
-            &kv,
-            &tables,
-            &seq_lens[..real]
-                .iter()
-                .map(|&l| l as i32)
-                .collect::<Vec<_>>(),
-            &cfg,
-        );
-
-        let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
-        let lens = stream.clone_htod(&seq_lens.map(|l| l as i32)).unwrap();
-        let q_dev = upload(&stream, &q);
-        let auto = kernels.decode_splits(seq_lens.len(), &tables_dev, &cfg, 16);
-        assert!(auto > 1, "these shapes should split: {auto}");
-        // One split (whole contexts), the kernels' choice, and more splits than keys need.
-        for (kernel, splits) in decode_kernels(&cfg)
-            .into_iter()
-            .flat_map(|k| [Some(1), None, Some(9)].map(|s| (k, s)))
-        {
-            let got = decode(
-                &kernels,
-                &stream,
-                kernel,
-                &q_dev,
-                &kv_dev,
-                &tables_dev,
-                &lens,
+            let (kv, tables) = setup.cpu();
+            let mut want = vec![0.0; real * row];
+            reference::paged_attention_decode(
+                &mut want,
+                &q[..real * row],
+                &kv,
+                &tables,
+                &seq_lens[..real]
+                    .iter()
+                    .map(|&l| l as i32)
+                    .collect::<Vec<_>>(),
                 &cfg,
-                splits,
             );
-            assert_close(
-                &format!("decode {kernel:?} splits {splits:?} {cfg:?}"),
-                &got[..real * row],
-                &want,
-            );
-            assert!(
-                got[real * row..].iter().all(|&x| x == 0.0),
-                "{kernel:?}: padding row not zeroed (splits {splits:?})"
-            );
+
+            let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+            let lens = stream.clone_htod(&seq_lens.map(|l| l as i32)).unwrap();
+            let q_dev = upload(&stream, &q);
+            let auto = kernels.decode_splits(seq_lens.len(), &tables_dev, &cfg, 16);
+            assert!(auto > 1, "these shapes should split: {auto}");
+            // One split (whole contexts), the kernels' choice, and more splits than keys need.
+            for (kernel, splits) in decode_kernels(&cfg)
+                .into_iter()
+                .flat_map(|k| [Some(1), None, Some(9)].map(|s| (k, s)))
+            {
+                let got = decode(
+                    &kernels,
+                    &stream,
+                    kernel,
+                    &q_dev,
+                    &kv_dev,
+                    &tables_dev,
+                    &lens,
+                    &cfg,
+                    splits,
+                );
+                assert_close(
+                    &format!(
+                        "decode {kernel:?} splits {splits:?} {:?} {cfg:?}",
+                        setup.dtype
+                    ),
+                    &got[..real * row],
+                    &want,
+                );
+                assert!(
+                    got[real * row..].iter().all(|&x| x == 0.0),
+                    "{kernel:?}: padding row not zeroed (splits {splits:?})"
+                );
+            }
         }
     }
 }
@@ -346,39 +412,45 @@ fn paged_attention_decode_long_contexts_at_32_heads() {
             vec![600, 1_500, 3_000, 8_000],
             vec![600, 1_500, 3_000, 8_000, 8_000, 3_000, 1_500, 600],
         ] {
-            let setup = PagedSetup::new(cfg.num_kv_heads, head_dim, &vec![8_192; lens.len()], 17);
-            let lens_i32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
-            let q = random(lens.len() * row, 5, 1.0);
-            let (kv, tables) = setup.cpu();
-            let mut want = vec![0.0; q.len()];
-            reference::paged_attention_decode(&mut want, &q, &kv, &tables, &lens_i32, &cfg);
+            let setups = PagedSetup::new(cfg.num_kv_heads, head_dim, &vec![8_192; lens.len()], 17);
+            for setup in setups.both_dtypes() {
+                let lens_i32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+                let q = random(lens.len() * row, 5, 1.0);
+                let (kv, tables) = setup.cpu();
+                let mut want = vec![0.0; q.len()];
+                reference::paged_attention_decode(&mut want, &q, &kv, &tables, &lens_i32, &cfg);
 
-            let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
-            let lens_dev = stream.clone_htod(&lens_i32).unwrap();
-            let q_dev = upload(&stream, &q);
-            for kernel in decode_kernels(&cfg) {
-                let auto = kernels.decode_splits_with(kernel, lens.len(), &tables_dev, &cfg, 16);
-                println!(
-                    "batch {} head_dim {head_dim} {kernel:?}: {auto} splits",
-                    lens.len()
-                );
-                for splits in [None, Some(1), Some(auto + 5)] {
-                    let got = decode(
-                        &kernels,
-                        &stream,
-                        kernel,
-                        &q_dev,
-                        &kv_dev,
-                        &tables_dev,
-                        &lens_dev,
-                        &cfg,
-                        splits,
+                let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+                let lens_dev = stream.clone_htod(&lens_i32).unwrap();
+                let q_dev = upload(&stream, &q);
+                for kernel in decode_kernels(&cfg) {
+                    let auto =
+                        kernels.decode_splits_with(kernel, lens.len(), &tables_dev, &cfg, 16);
+                    println!(
+                        "batch {} head_dim {head_dim} {kernel:?}: {auto} splits",
+                        lens.len()
                     );
-                    assert_close(
-                        &format!("decode {kernel:?} lens {lens:?} d{head_dim} splits {splits:?}"),
-                        &got,
-                        &want,
-                    );
+                    for splits in [None, Some(1), Some(auto + 5)] {
+                        let got = decode(
+                            &kernels,
+                            &stream,
+                            kernel,
+                            &q_dev,
+                            &kv_dev,
+                            &tables_dev,
+                            &lens_dev,
+                            &cfg,
+                            splits,
+                        );
+                        assert_close(
+                            &format!(
+                            "decode {kernel:?} lens {lens:?} d{head_dim} splits {splits:?} {:?}",
+                            setup.dtype
+                        ),
+                            &got,
+                            &want,
+                        );
+                    }
                 }
             }
         }
@@ -395,46 +467,47 @@ fn paged_attention_prefill_matches_reference() {
         let cu = [0, 40, 40, 110, 111];
         let start = [60, 5, 0, 200];
         let capacity = [100, 5, 70, 201];
-        let setup = PagedSetup::new(cfg.num_kv_heads, cfg.head_dim, &capacity, 11);
-        let row = cfg.num_heads * cfg.head_dim;
-        let (real, padded) = (111, 115);
-        let q = random(padded * row, 5, 1.0);
+        for setup in PagedSetup::new(cfg.num_kv_heads, cfg.head_dim, &capacity, 11).both_dtypes() {
+            let row = cfg.num_heads * cfg.head_dim;
+            let (real, padded) = (111, 115);
+            let q = random(padded * row, 5, 1.0);
 
-        let (kv, tables) = setup.cpu();
-        let mut want = vec![0.0; real * row];
-        reference::paged_attention_prefill(
-            &mut want,
-            &q[..real * row],
-            &kv,
-            &tables,
-            &cu,
-            &start,
-            &cfg,
-        );
-
-        let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
-        let q_dev = upload(&stream, &q);
-        for kernel in prefill_kernels(&kernels) {
-            let got = prefill(
-                &kernels,
-                &stream,
-                kernel,
-                &q_dev,
-                &kv_dev,
-                &tables_dev,
+            let (kv, tables) = setup.cpu();
+            let mut want = vec![0.0; real * row];
+            reference::paged_attention_prefill(
+                &mut want,
+                &q[..real * row],
+                &kv,
+                &tables,
                 &cu,
                 &start,
                 &cfg,
             );
-            assert_close(
-                &format!("prefill {kernel:?} {cfg:?}"),
-                &got[..real * row],
-                &want,
-            );
-            assert!(
-                got[real * row..].iter().all(|&x| x == 0.0),
-                "{kernel:?}: padding tokens not zeroed"
-            );
+
+            let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+            let q_dev = upload(&stream, &q);
+            for kernel in prefill_kernels(&kernels) {
+                let got = prefill(
+                    &kernels,
+                    &stream,
+                    kernel,
+                    &q_dev,
+                    &kv_dev,
+                    &tables_dev,
+                    &cu,
+                    &start,
+                    &cfg,
+                );
+                assert_close(
+                    &format!("prefill {kernel:?} {:?} {cfg:?}", setup.dtype),
+                    &got[..real * row],
+                    &want,
+                );
+                assert!(
+                    got[real * row..].iter().all(|&x| x == 0.0),
+                    "{kernel:?}: padding tokens not zeroed"
+                );
+            }
         }
     }
 }
@@ -470,46 +543,53 @@ fn paged_attention_prefill_at_user_shapes() {
                     .zip(start)
                     .map(|(&l, &s)| (l + s) as usize)
                     .collect();
-                let setup = PagedSetup::new(cfg.num_kv_heads, head_dim, &capacity, 31);
-                let real = *cu.last().unwrap() as usize;
-                let q = random((real + 5) * row, 9, 1.0);
-                let (kv, tables) = setup.cpu();
-                let mut want = vec![0.0; real * row];
-                reference::paged_attention_prefill(
-                    &mut want,
-                    &q[..real * row],
-                    &kv,
-                    &tables,
-                    &cu,
-                    start,
-                    &cfg,
-                );
-                let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
-                let q_dev = upload(&stream, &q);
-                for kernel in prefill_kernels(&kernels) {
-                    let got = prefill(
-                        &kernels,
-                        &stream,
-                        kernel,
-                        &q_dev,
-                        &kv_dev,
-                        &tables_dev,
+                let setups = PagedSetup::new(cfg.num_kv_heads, head_dim, &capacity, 31);
+                for setup in setups.both_dtypes() {
+                    let real = *cu.last().unwrap() as usize;
+                    let q = random((real + 5) * row, 9, 1.0);
+                    let (kv, tables) = setup.cpu();
+                    let mut want = vec![0.0; real * row];
+                    reference::paged_attention_prefill(
+                        &mut want,
+                        &q[..real * row],
+                        &kv,
+                        &tables,
                         &cu,
                         start,
                         &cfg,
                     );
-                    assert_close(
-                        &format!("prefill {kernel:?} lens {lens:?} after {start:?} {cfg:?}"),
-                        &got[..real * row],
-                        &want,
-                    );
-                    assert!(got[real * row..].iter().all(|&x| x == 0.0));
+                    let (kv_dev, tables_dev, _pools, _table) = setup.device(&stream);
+                    let q_dev = upload(&stream, &q);
+                    for kernel in prefill_kernels(&kernels) {
+                        let got = prefill(
+                            &kernels,
+                            &stream,
+                            kernel,
+                            &q_dev,
+                            &kv_dev,
+                            &tables_dev,
+                            &cu,
+                            start,
+                            &cfg,
+                        );
+                        assert_close(
+                            &format!(
+                                "prefill {kernel:?} lens {lens:?} after {start:?} {:?} {cfg:?}",
+                                setup.dtype
+                            ),
+                            &got[..real * row],
+                            &want,
+                        );
+                        assert!(got[real * row..].iter().all(|&x| x == 0.0));
+                    }
                 }
             }
         }
     }
 }
 
+/// Both pool elements: bf16 pools get the very values (a copy), fp8 pools each value rounded
+/// as the host reference rounds it (bit for bit).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn reshape_and_cache_matches_reference() {
@@ -523,29 +603,38 @@ fn reshape_and_cache_matches_reference() {
     let token = shape.num_kv_heads * shape.head_dim;
     // -1: padding; 144 (= num_slots) and 10_000: past the pool, must be skipped too.
     let slots: Vec<i32> = vec![5, 140, -1, 16, 0, 143, 144, 77, 10_000];
-    let key = random(slots.len() * token, 1, 2.0);
+    // Up to ±600: fp8 saturates past 448.
+    let key = random(slots.len() * token, 1, 600.0);
     let value = random(slots.len() * token, 2, 2.0);
-    let mut k_want = random(shape.len(), 3, 1.0);
-    let mut v_want = random(shape.len(), 4, 1.0);
+    for dtype in [KvDtype::Bf16, KvDtype::Fp8E4m3] {
+        let mut k_want = kv_round(&random(shape.len(), 3, 1.0), dtype);
+        let mut v_want = kv_round(&random(shape.len(), 4, 1.0), dtype);
 
-    let k_dev = upload(&stream, &k_want);
-    let v_dev = upload(&stream, &v_want);
-    let (key_dev, value_dev) = (upload(&stream, &key), upload(&stream, &value));
-    let slots_dev = stream.clone_htod(&slots).unwrap();
-    kernels
-        .reshape_and_cache(
-            span(&key_dev),
-            span(&value_dev),
-            span(&k_dev),
-            span(&v_dev),
-            span(&slots_dev),
-            &shape,
-        )
-        .unwrap();
-    reference::reshape_and_cache(&key, &value, &mut k_want, &mut v_want, &slots, &shape);
-    // A copy: exact.
-    assert_eq!(download(&stream, &k_dev), k_want);
-    assert_eq!(download(&stream, &v_dev), v_want);
+        let k_dev = kv_upload(&stream, &k_want, dtype);
+        let v_dev = kv_upload(&stream, &v_want, dtype);
+        let (key_dev, value_dev) = (upload(&stream, &key), upload(&stream, &value));
+        let slots_dev = stream.clone_htod(&slots).unwrap();
+        kernels
+            .reshape_and_cache(
+                span(&key_dev),
+                span(&value_dev),
+                &device_kv(&k_dev, &v_dev, dtype, shape),
+                span(&slots_dev),
+            )
+            .unwrap();
+        reference::reshape_and_cache(&key, &value, &mut k_want, &mut v_want, &slots, &shape);
+        // Exact: a copy, or the same rounding.
+        assert_eq!(
+            kv_download(&stream, &k_dev, dtype),
+            kv_round(&k_want, dtype),
+            "{dtype:?} K"
+        );
+        assert_eq!(
+            kv_download(&stream, &v_dev, dtype),
+            kv_round(&v_want, dtype),
+            "{dtype:?} V"
+        );
+    }
 }
 
 #[test]
@@ -609,7 +698,8 @@ fn rope_matches_reference() {
 
 /// The fused QKV split + RoPE + K/V write against its reference, and against the three
 /// kernels it replaces (column copies, `rope_neox`, `reshape_and_cache`): the same bits, bad
-/// positions (Q and K unrotated) and bad slots (nothing written) included.
+/// positions (Q and K unrotated) and bad slots (nothing written) included, into bf16 pools
+/// and into fp8 pools (where the reference, rotating in f32, may land one fp8 step away).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn qkv_rope_and_cache_matches_reference_and_the_unfused_kernels() {
@@ -627,22 +717,6 @@ fn qkv_rope_and_cache_matches_reference_and_the_unfused_kernels() {
     let n = positions.len();
     let (nq, nkv) = (heads * head_dim, kv_heads * head_dim);
     let qkv = random(n * (nq + 2 * nkv), 1, 2.0);
-    let pools = (random(shape.len(), 3, 1.0), random(shape.len(), 4, 1.0));
-
-    let mut q_want = vec![0.0; n * nq];
-    let (mut k_want, mut v_want) = pools.clone();
-    reference::qkv_rope_and_cache(
-        &mut q_want,
-        &qkv,
-        &mut k_want,
-        &mut v_want,
-        &positions,
-        &slots,
-        heads,
-        &table,
-        &shape,
-    );
-
     let qkv_dev = upload(&stream, &qkv);
     let (pos_dev, slots_dev) = (
         stream.clone_htod(&positions).unwrap(),
@@ -650,67 +724,112 @@ fn qkv_rope_and_cache_matches_reference_and_the_unfused_kernels() {
     );
     let cos = stream.clone_htod(&table.cos).unwrap();
     let sin = stream.clone_htod(&table.sin).unwrap();
-    // Fused.
-    let q_fused = upload(&stream, &vec![0.0; n * nq]);
-    let (k_fused, v_fused) = (upload(&stream, &pools.0), upload(&stream, &pools.1));
-    kernels
-        .qkv_rope_and_cache(
-            span(&q_fused),
-            span(&qkv_dev),
-            span(&k_fused),
-            span(&v_fused),
-            span(&pos_dev),
-            span(&slots_dev),
-            span(&cos),
-            span(&sin),
+    for dtype in [KvDtype::Bf16, KvDtype::Fp8E4m3] {
+        let pools = (
+            kv_round(&random(shape.len(), 3, 1.0), dtype),
+            kv_round(&random(shape.len(), 4, 1.0), dtype),
+        );
+        let mut q_want = vec![0.0; n * nq];
+        let (mut k_want, mut v_want) = pools.clone();
+        reference::qkv_rope_and_cache(
+            &mut q_want,
+            &qkv,
+            &mut k_want,
+            &mut v_want,
+            &positions,
+            &slots,
             heads,
+            &table,
             &shape,
-        )
-        .unwrap();
-    // Unfused, as the model ran before.
-    let parts: Vec<CudaSlice<u16>> = [nq, nkv, nkv]
-        .iter()
-        .map(|&w| upload(&stream, &vec![0.0; n * w]))
-        .collect();
-    for (part, col0) in parts.iter().zip([0, nq, nq + nkv]) {
+        );
+        let upload_pools = || {
+            (
+                kv_upload(&stream, &pools.0, dtype),
+                kv_upload(&stream, &pools.1, dtype),
+            )
+        };
+        // Fused.
+        let q_fused = upload(&stream, &vec![0.0; n * nq]);
+        let (k_fused, v_fused) = upload_pools();
         kernels
-            .copy_columns(span(part), span(&qkv_dev), nq + 2 * nkv, col0)
+            .qkv_rope_and_cache(
+                span(&q_fused),
+                span(&qkv_dev),
+                &device_kv(&k_fused, &v_fused, dtype, shape),
+                span(&pos_dev),
+                span(&slots_dev),
+                span(&cos),
+                span(&sin),
+                heads,
+            )
             .unwrap();
-    }
-    let (k_unfused, v_unfused) = (upload(&stream, &pools.0), upload(&stream, &pools.1));
-    kernels
-        .rope_neox(
-            span(&parts[0]),
-            span(&parts[1]),
-            span(&pos_dev),
-            span(&cos),
-            span(&sin),
-            heads,
-            kv_heads,
-        )
-        .unwrap();
-    kernels
-        .reshape_and_cache(
-            span(&parts[1]),
-            span(&parts[2]),
-            span(&k_unfused),
-            span(&v_unfused),
-            span(&slots_dev),
-            &shape,
-        )
-        .unwrap();
+        // Unfused, as the model ran before.
+        let parts: Vec<CudaSlice<u16>> = [nq, nkv, nkv]
+            .iter()
+            .map(|&w| upload(&stream, &vec![0.0; n * w]))
+            .collect();
+        for (part, col0) in parts.iter().zip([0, nq, nq + nkv]) {
+            kernels
+                .copy_columns(span(part), span(&qkv_dev), nq + 2 * nkv, col0)
+                .unwrap();
+        }
+        let (k_unfused, v_unfused) = upload_pools();
+        kernels
+            .rope_neox(
+                span(&parts[0]),
+                span(&parts[1]),
+                span(&pos_dev),
+                span(&cos),
+                span(&sin),
+                heads,
+                kv_heads,
+            )
+            .unwrap();
+        kernels
+            .reshape_and_cache(
+                span(&parts[1]),
+                span(&parts[2]),
+                &device_kv(&k_unfused, &v_unfused, dtype, shape),
+                span(&slots_dev),
+            )
+            .unwrap();
 
-    let (q_got, k_got, v_got) = (
-        download(&stream, &q_fused),
-        download(&stream, &k_fused),
-        download(&stream, &v_fused),
-    );
-    assert_close("fused q", &q_got, &q_want);
-    assert_close("fused k cache", &k_got, &k_want);
-    assert_close("fused v cache", &v_got, &v_want);
-    assert_eq!(q_got, download(&stream, &parts[0]), "fused q != unfused");
-    assert_eq!(k_got, download(&stream, &k_unfused), "fused k != unfused");
-    assert_eq!(v_got, download(&stream, &v_unfused), "fused v != unfused");
+        let (q_got, k_got, v_got) = (
+            download(&stream, &q_fused),
+            kv_download(&stream, &k_fused, dtype),
+            kv_download(&stream, &v_fused, dtype),
+        );
+        assert_close("fused q", &q_got, &q_want);
+        match dtype {
+            KvDtype::Bf16 => {
+                assert_close("fused k cache", &k_got, &k_want);
+                assert_close("fused v cache", &v_got, &v_want);
+            }
+            KvDtype::Fp8E4m3 => {
+                // V is copied: its rounding is the reference's. K is rotated in f32 by both,
+                // then rounded to bf16 and to fp8 (3 mantissa bits: a step is at most 1/8 of
+                // the value, 2^-9 among the subnormals).
+                assert_eq!(v_got, kv_round(&v_want, dtype), "fused v cache");
+                for (i, (&got, &want)) in k_got.iter().zip(&k_want).enumerate() {
+                    assert!(
+                        (got - want).abs() <= want.abs() / 8.0 + 2f32.powi(-9),
+                        "fused k cache [{i}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        assert_eq!(q_got, download(&stream, &parts[0]), "fused q != unfused");
+        assert_eq!(
+            k_got,
+            kv_download(&stream, &k_unfused, dtype),
+            "{dtype:?}: fused k != unfused"
+        );
+        assert_eq!(
+            v_got,
+            kv_download(&stream, &v_unfused, dtype),
+            "{dtype:?}: fused v != unfused"
+        );
+    }
 }
 
 #[test]

@@ -202,7 +202,7 @@ impl Engine {
         let mut lm: LoadedModel =
             crate::runtime::model::load_model(&cfg.model, cfg.dtype, cfg.device)?;
         // Before the memory plan: its warm-up pool and the engine's are made in this dtype.
-        lm.model.set_kv_cache_dtype(cfg.kv_cache_dtype)?;
+        lm.model.set_kv_cache_dtype(cfg.kv_cache_dtype);
         let model_name = cfg
             .served_model_name
             .clone()

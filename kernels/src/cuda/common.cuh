@@ -18,6 +18,69 @@ __device__ __forceinline__ bf16 f32_to_bf16(float x) {
     return (bf16)(bits >> 16);
 }
 
+// ---- KV pool elements: bf16, or fp8 E4M3 (fp8.cuh, compiled in front of this file) ----
+// The attention and cache kernels are templates over the pool's element; these overloads are
+// all that differs.
+
+__device__ __forceinline__ float kv_to_f32(bf16 x) {
+    return bf16_to_f32(x);
+}
+
+__device__ __forceinline__ float kv_to_f32(fp8_e4m3 x) {
+    return fp8_e4m3_to_f32(x);
+}
+
+// A bf16 value as the pool holds it: an fp8 pool rounds it (to nearest even, saturated).
+__device__ __forceinline__ void kv_store(bf16* dst, bf16 x) {
+    *dst = x;
+}
+
+__device__ __forceinline__ void kv_store(fp8_e4m3* dst, bf16 x) {
+    *dst = f32_to_fp8_e4m3(bf16_to_f32(x));
+}
+
+// Eight consecutive elements as f32: one 16-byte load of bf16, one 8-byte load of fp8 (`p`
+// aligned to it). Element 0 sits in the lowest bits (little-endian).
+__device__ __forceinline__ void kv_load8(const bf16* p, float* out) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(p);
+    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        out[2 * w] = __uint_as_float(words[w] << 16);
+        out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ void kv_load8(const fp8_e4m3* p, float* out) {
+    const uint2 packed = *reinterpret_cast<const uint2*>(p);
+    const unsigned int words[2] = {packed.x, packed.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            out[4 * w + b] = fp8_e4m3_to_f32((fp8_e4m3)((words[w] >> (8 * b)) & 0xffu));
+        }
+    }
+}
+
+// Eight consecutive elements as the bf16 bits a 16-byte bf16 load gives (exact for fp8, whose
+// values have at most 4 significant bits): the tensor-core prefill's shared tiles are bf16.
+__device__ __forceinline__ uint4 kv_load8_bf16(const bf16* p) {
+    return *reinterpret_cast<const uint4*>(p);
+}
+
+__device__ __forceinline__ uint4 kv_load8_bf16(const fp8_e4m3* p) {
+    float f[8];
+    kv_load8(p, f);
+    unsigned int words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        words[w] =
+            (__float_as_uint(f[2 * w]) >> 16) | (__float_as_uint(f[2 * w + 1]) & 0xffff0000u);
+    }
+    return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -55,12 +118,14 @@ __device__ __forceinline__ float neg_infinity() {
 }
 
 // NeoX rotary embedding of one (x1, x2) pair of a head — dimension j with j + half — from
-// `src` into `dst` (the same head in place, or another), by the angle whose cosine and sine
-// are c and s. rope.cu and kv_cache.cu's fused kernel both rotate through it: the same bits.
-__device__ __forceinline__ void rotate_pair(const bf16* src, bf16* dst, int j, int half, float c,
+// `src` into `dst` (the same head in place, or another; bf16, or a KV pool's element), by the
+// angle whose cosine and sine are c and s, rounded to bf16 first. rope.cu and kv_cache.cu's
+// fused kernel both rotate through it: the same bits.
+template <typename T>
+__device__ __forceinline__ void rotate_pair(const bf16* src, T* dst, int j, int half, float c,
                                             float s) {
     const float x1 = bf16_to_f32(src[j]);
     const float x2 = bf16_to_f32(src[j + half]);
-    dst[j] = f32_to_bf16(x1 * c - x2 * s);
-    dst[j + half] = f32_to_bf16(x2 * c + x1 * s);
+    kv_store(dst + j, f32_to_bf16(x1 * c - x2 * s));
+    kv_store(dst + j + half, f32_to_bf16(x2 * c + x1 * s));
 }

@@ -6,7 +6,8 @@
 // Work split: one thread block of FLASH_WARPS warps per (tile of BLOCK_M = 16 * FLASH_WARPS
 // query tokens of one sequence, query head); warp w owns the tile's rows 16w .. 16w + 15. The
 // block walks the keys its queries see in tiles of BLOCK_N: all threads copy the tile's K and
-// V rows (gathered through the block table, 16-byte loads) into shared memory, then each warp
+// V rows (gathered through the block table, 16-byte loads; 8-byte from an fp8 pool, widened to
+// bf16) into shared memory, then each warp
 // computes its 16 x BLOCK_N scores with mma.sync m16n8k16 (bf16 in, f32 accumulate), applies
 // the scale, soft-cap and mask, updates its rows' online softmax (running max and sum in f32),
 // rounds the probabilities to bf16 and accumulates P V with mma.sync, V's fragments read with
@@ -72,10 +73,10 @@ __device__ __forceinline__ unsigned load_pair(const bf16* p) {
 
 #endif
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename KV>
 __device__ void flash_prefill(
-    bf16* __restrict__ out, const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const int* __restrict__ block_tables,
+    bf16* __restrict__ out, const bf16* __restrict__ q, const KV* __restrict__ k_cache,
+    const KV* __restrict__ v_cache, const int* __restrict__ block_tables,
     const int* __restrict__ cu_seqlens_q, const int* __restrict__ start_pos, int num_seqs,
     int num_tokens, int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,
     int block_size, float scale, int window, float softcap) {
@@ -87,7 +88,7 @@ __device__ void flash_prefill(
     constexpr int K_STEPS = HEAD_DIM / 16;  // k-steps of the score product
     constexpr int D_TILES = HEAD_DIM / 8;   // n-tiles of the output
     constexpr int N_TILES = BLOCK_N / 8;    // n-tiles of the scores
-    constexpr int CHUNKS = HEAD_DIM / 8;    // 16-byte pieces of a K/V row
+    constexpr int CHUNKS = HEAD_DIM / 8;    // 8-element pieces of a K/V row
     constexpr float LOG2E = 1.4426950408889634f;
     __shared__ __align__(16) bf16 k_tile[BLOCK_N * STRIDE];
     __shared__ __align__(16) bf16 v_tile[BLOCK_N * STRIDE];
@@ -207,8 +208,8 @@ __device__ void flash_prefill(
                 if (block >= 0 && block < num_blocks) {
                     const long long offset =
                         ((block * block_size + j % block_size) * num_kv_heads + kv_head) * HEAD_DIM + c * 8;
-                    k_piece = *reinterpret_cast<const uint4*>(k_cache + offset);
-                    v_piece = *reinterpret_cast<const uint4*>(v_cache + offset);
+                    k_piece = kv_load8_bf16(k_cache + offset);
+                    v_piece = kv_load8_bf16(v_cache + offset);
                     ok = true;
                 }
             }
@@ -349,17 +350,25 @@ __device__ void flash_prefill(
 #endif
 }
 
-// Grid (flash_prefill_blocks(num_tokens, num_seqs), num_heads), FLASH_WARPS * 32 threads.
-#define DEFINE_FLASH_PREFILL(D)                                                                 \
-    extern "C" __global__ void __launch_bounds__(FLASH_WARPS * 32) flash_prefill_bf16_d##D(     \
-        bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                     \
-        const int* block_tables, const int* cu_seqlens_q, const int* start_pos, int num_seqs,   \
-        int num_tokens, int max_blocks_per_seq, int num_blocks, int num_heads,                  \
-        int num_kv_heads, int block_size, float scale, int window, float softcap) {             \
-        flash_prefill<D>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q, start_pos,       \
-                         num_seqs, num_tokens, max_blocks_per_seq, num_blocks, num_heads,       \
-                         num_kv_heads, block_size, scale, window, softcap);                     \
+// Grid (flash_prefill_blocks(num_tokens, num_seqs), num_heads), FLASH_WARPS * 32 threads. One
+// entry point per head_dim and pool element: bf16, and fp8 E4M3 (`_kvfp8`: each piece widened
+// to bf16, exactly, on its way into the shared tiles).
+#define DEFINE_FLASH_PREFILL_KV(D, KV, SUFFIX)                                                  \
+    extern "C" __global__ void __launch_bounds__(FLASH_WARPS * 32)                              \
+        flash_prefill_bf16##SUFFIX##_d##D(                                                      \
+            bf16* out, const bf16* q, const KV* k_cache, const KV* v_cache,                     \
+            const int* block_tables, const int* cu_seqlens_q, const int* start_pos,             \
+            int num_seqs, int num_tokens, int max_blocks_per_seq, int num_blocks,               \
+            int num_heads, int num_kv_heads, int block_size, float scale, int window,           \
+            float softcap) {                                                                    \
+        flash_prefill<D, KV>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q, start_pos,   \
+                             num_seqs, num_tokens, max_blocks_per_seq, num_blocks, num_heads,   \
+                             num_kv_heads, block_size, scale, window, softcap);                 \
     }
+
+#define DEFINE_FLASH_PREFILL(D)                                                                 \
+    DEFINE_FLASH_PREFILL_KV(D, bf16, )                                                          \
+    DEFINE_FLASH_PREFILL_KV(D, fp8_e4m3, _kvfp8)
 
 DEFINE_FLASH_PREFILL(64)
 DEFINE_FLASH_PREFILL(96)

@@ -25,7 +25,7 @@ use super::sources::{self, ATTENTION_WARPS, DECODE_MAX_GROUP, FLASH_WARPS};
 use super::span::Span;
 use crate::compat::{self, CodeTarget, Version};
 use crate::decode_split;
-use crate::layout::{AttentionConfig, KvCacheShape};
+use crate::layout::{AttentionConfig, KvCacheShape, KvDtype};
 use crate::reference::RmsWeight;
 use crate::sampling::MAX_TOP_LOGPROBS;
 
@@ -71,12 +71,43 @@ impl From<CublasError> for KernelError {
     }
 }
 
-/// One layer's paged K/V pools on the device, each `shape.len()` elements.
+/// One layer's paged K/V pools on the device, each `shape.len()` elements of `dtype`, as raw
+/// bytes (the kernels are picked by `dtype`).
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceKv {
-    pub k_cache: Span<u16>,
-    pub v_cache: Span<u16>,
+    pub k_cache: Span<u8>,
+    pub v_cache: Span<u8>,
+    pub dtype: KvDtype,
     pub shape: KvCacheShape,
+}
+
+impl DeviceKv {
+    /// bf16 pools.
+    pub fn bf16(k_cache: Span<u16>, v_cache: Span<u16>, shape: KvCacheShape) -> Self {
+        Self {
+            k_cache: k_cache.as_bytes(),
+            v_cache: v_cache.as_bytes(),
+            dtype: KvDtype::Bf16,
+            shape,
+        }
+    }
+
+    /// fp8 E4M3 pools (bytes).
+    pub fn fp8(k_cache: Span<u8>, v_cache: Span<u8>, shape: KvCacheShape) -> Self {
+        Self {
+            k_cache,
+            v_cache,
+            dtype: KvDtype::Fp8E4m3,
+            shape,
+        }
+    }
+
+    /// Panics unless both pools hold exactly `shape.len()` elements of `dtype`.
+    fn check_len(&self) {
+        let bytes = self.shape.len() * self.dtype.bytes();
+        assert_eq!(self.k_cache.len(), bytes, "K pool bytes");
+        assert_eq!(self.v_cache.len(), bytes, "V pool bytes");
+    }
 }
 
 /// Block tables on the device, `[num_seqs, max_blocks_per_seq]`.
@@ -218,6 +249,9 @@ struct AttentionFns {
     merge: CudaFunction,
 }
 
+/// Every pool element the kernels are compiled for.
+const KV_DTYPES: [KvDtype; 2] = [KvDtype::Bf16, KvDtype::Fp8E4m3];
+
 // A split's fewest keys are one tile for each warp of an attention block.
 const _: () = assert!(decode_split::MIN_SPLIT_KEYS == ATTENTION_WARPS as usize * 32);
 
@@ -225,12 +259,13 @@ const _: () = assert!(decode_split::MIN_SPLIT_KEYS == ATTENTION_WARPS as usize *
 pub struct Kernels {
     stream: Arc<CudaStream>,
     pub arch: ComputeCapability,
-    /// head_dim -> its attention kernels.
-    attention: HashMap<usize, AttentionFns>,
+    /// (head_dim, pool element) -> its attention kernels.
+    attention: HashMap<(usize, KvDtype), AttentionFns>,
     /// Streaming multiprocessors: how many blocks fill the device (decode splits).
     sm_count: usize,
-    reshape_and_cache: CudaFunction,
-    qkv_rope_cache: CudaFunction,
+    /// Per pool element: the KV writers.
+    reshape_and_cache: HashMap<KvDtype, CudaFunction>,
+    qkv_rope_cache: HashMap<KvDtype, CudaFunction>,
     rms_norm: CudaFunction,
     fused_add_rms_norm: CudaFunction,
     rope_neox: CudaFunction,
@@ -294,11 +329,17 @@ impl Kernels {
                 .remove(name)
                 .expect("entry point listed in sources")
         };
-        let attention = sources::ATTENTION_HEAD_DIMS
-            .iter()
-            .map(|&d| {
-                let names = sources::attention_entry_points(d).unwrap();
-                let flash = take(sources::flash_prefill_entry_point(d).unwrap());
+        let mut attention = HashMap::new();
+        for &d in &sources::ATTENTION_HEAD_DIMS {
+            // One merge per head_dim: it reads only the splits' f32 states.
+            let merge = take(
+                sources::attention_entry_points(d, KvDtype::Bf16)
+                    .unwrap()
+                    .merge,
+            );
+            for kv in KV_DTYPES {
+                let names = sources::attention_entry_points(d, kv).unwrap();
+                let flash = take(sources::flash_prefill_entry_point(d, kv).unwrap());
                 let fns = AttentionFns {
                     decode: take(names.decode),
                     decode_grouped: take(names.decode_grouped),
@@ -306,11 +347,17 @@ impl Kernels {
                     // The kernel's tensor-core body is compiled only for sm_80+ targets (a PTX
                     // fallback for an older virtual architecture gets a trap).
                     flash_prefill: (target.arch() >= 80).then_some(flash),
-                    merge: take(names.merge),
+                    merge: merge.clone(),
                 };
-                (d, fns)
-            })
-            .collect();
+                attention.insert((d, kv), fns);
+            }
+        }
+        let (mut reshape_and_cache, mut qkv_rope_cache) = (HashMap::new(), HashMap::new());
+        for kv in KV_DTYPES {
+            let (reshape, fused) = sources::kv_cache_entry_points(kv);
+            reshape_and_cache.insert(kv, take(reshape));
+            qkv_rope_cache.insert(kv, take(fused));
+        }
         let sm_count = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
@@ -318,8 +365,8 @@ impl Kernels {
             arch,
             attention,
             sm_count,
-            reshape_and_cache: take("reshape_and_cache_bf16"),
-            qkv_rope_cache: take("qkv_rope_cache_bf16"),
+            reshape_and_cache,
+            qkv_rope_cache,
             rms_norm: take("rms_norm_bf16"),
             fused_add_rms_norm: take("fused_add_rms_norm_bf16"),
             rope_neox: take("rope_neox_bf16"),
@@ -346,20 +393,21 @@ impl Kernels {
     fn attention_fns(&self, cfg: &AttentionConfig, kv: &DeviceKv) -> &AttentionFns {
         assert_eq!(kv.shape.head_dim, cfg.head_dim);
         assert_eq!(kv.shape.num_kv_heads, cfg.num_kv_heads);
-        assert_eq!(kv.k_cache.len(), kv.shape.len());
-        assert_eq!(kv.v_cache.len(), kv.shape.len());
-        // The kernels read key rows with 16-byte loads.
+        kv.check_len();
+        // The kernels read key rows with 16-byte loads (8-byte from fp8 pools).
         assert!(
             kv.k_cache.ptr().is_multiple_of(16) && kv.v_cache.ptr().is_multiple_of(16),
             "KV pools must be 16-byte aligned"
         );
-        self.attention.get(&cfg.head_dim).unwrap_or_else(|| {
-            panic!(
-                "head_dim {} not in {:?}",
-                cfg.head_dim,
-                sources::ATTENTION_HEAD_DIMS
-            )
-        })
+        self.attention
+            .get(&(cfg.head_dim, kv.dtype))
+            .unwrap_or_else(|| {
+                panic!(
+                    "head_dim {} not in {:?}",
+                    cfg.head_dim,
+                    sources::ATTENTION_HEAD_DIMS
+                )
+            })
     }
 
     /// The decode kernel [`Self::paged_attention_decode`] runs for `cfg`: the grouped one
@@ -498,8 +546,9 @@ impl Kernels {
             .arg(&softcap);
         let mut grid = grid::attention(kernel.blocks_per_seq(cfg), num_seqs);
         grid.grid_dim.2 = splits as u32;
-        // SAFETY: argument order and types match paged_attention_decode_bf16_d* and
-        // paged_attention_decode_grouped_bf16_d* (the same parameters); lengths checked (the
+        // SAFETY: argument order and types match paged_attention_decode_bf16[_kvfp8]_d* and
+        // paged_attention_decode_grouped_bf16[_kvfp8]_d* (the same parameters; the pools'
+        // element picked the functions, attention_fns); lengths checked (the
         // scratch holds every split's state of every query head), and the kernels bound every
         // device-side index (block ids, table row).
         unsafe { launch.launch(grid) }?;
@@ -619,70 +668,71 @@ impl Kernels {
                 grid::flash_prefill(cfg.num_heads, num_tokens, num_seqs)
             }
         };
-        // SAFETY: argument order and types match paged_attention_prefill_bf16_d* and
-        // flash_prefill_bf16_d* (the same parameters); lengths checked, and the kernels bound
+        // SAFETY: argument order and types match paged_attention_prefill_bf16[_kvfp8]_d* and
+        // flash_prefill_bf16[_kvfp8]_d* (the same parameters; the pools' element picked the
+        // functions); lengths checked, and the kernels bound
         // every device-side index (block ids, table row).
         unsafe { launch.launch(grid) }.map(drop)
     }
 
-    /// Write new K/V (`[num_tokens, num_kv_heads, head_dim]`) into the pools `k_cache` and
-    /// `v_cache` (written) at `slot_mapping` (`[num_tokens]`). A slot outside
-    /// `[0, shape.num_slots())` (padding: -1) is skipped.
+    /// Write new K/V (`[num_tokens, num_kv_heads, head_dim]`, bf16) into the pools of `kv`
+    /// (written; an fp8 pool rounds each value) at `slot_mapping` (`[num_tokens]`). A slot
+    /// outside `[0, shape.num_slots())` (padding: -1) is skipped.
     pub fn reshape_and_cache(
         &self,
         key: Span<u16>,
         value: Span<u16>,
-        k_cache: Span<u16>,
-        v_cache: Span<u16>,
+        kv: &DeviceKv,
         slot_mapping: Span<i32>,
-        shape: &KvCacheShape,
     ) -> Result<(), DriverError> {
+        let shape = &kv.shape;
         let token_len = shape.num_kv_heads * shape.head_dim;
         let num_tokens = slot_mapping.len();
         assert_eq!(key.len(), num_tokens * token_len);
         assert_eq!(value.len(), key.len());
-        assert_eq!(k_cache.len(), shape.len());
-        assert_eq!(v_cache.len(), shape.len());
+        kv.check_len();
         let (token_len_arg, num_slots) = (int(token_len), int(shape.num_slots()));
-        let mut launch = self.stream.launch_builder(&self.reshape_and_cache);
+        let mut launch = self
+            .stream
+            .launch_builder(&self.reshape_and_cache[&kv.dtype]);
         launch
             .arg(&key)
             .arg(&value)
-            .arg(&k_cache)
-            .arg(&v_cache)
+            .arg(&kv.k_cache)
+            .arg(&kv.v_cache)
             .arg(&slot_mapping)
             .arg(&token_len_arg)
             .arg(&num_slots);
-        // SAFETY: matches reshape_and_cache_bf16; the kernel skips slots outside the pool.
+        // SAFETY: matches reshape_and_cache_bf16[_kvfp8] (the pools' element is kv.dtype, their
+        // lengths checked); the kernel skips slots outside the pool.
         unsafe { launch.launch(grid::per_row(num_tokens, token_len)) }.map(drop)
     }
 
     /// A fused QKV product's parts as attention takes them, in one launch (see
     /// [`crate::reference::qkv_rope_and_cache`]): `q_out` (written, `[tokens, num_heads *
     /// head_dim]`) is Q rotated at `positions`, and K rotated and V are written into the pools
-    /// at `slot_mapping` (slots outside the pool skipped). `qkv`: `[tokens, (num_heads + 2 *
-    /// num_kv_heads) * head_dim]`; `cos`, `sin`: `[max_positions, head_dim / 2]`.
+    /// at `slot_mapping` (slots outside the pool skipped; an fp8 pool rounds each value).
+    /// `qkv`: `[tokens, (num_heads + 2 * num_kv_heads) * head_dim]`; `cos`, `sin`:
+    /// `[max_positions, head_dim / 2]`.
     #[allow(clippy::too_many_arguments)]
     pub fn qkv_rope_and_cache(
         &self,
         q_out: Span<u16>,
         qkv: Span<u16>,
-        k_cache: Span<u16>,
-        v_cache: Span<u16>,
+        kv: &DeviceKv,
         positions: Span<i32>,
         slot_mapping: Span<i32>,
         cos: Span<f32>,
         sin: Span<f32>,
         num_heads: usize,
-        shape: &KvCacheShape,
     ) -> Result<(), DriverError> {
+        let shape = &kv.shape;
         let (d, num_tokens) = (shape.head_dim, positions.len());
         let (nq, nkv) = (num_heads * d, shape.num_kv_heads * d);
         assert_eq!(qkv.len(), num_tokens * (nq + 2 * nkv));
         assert_eq!(q_out.len(), num_tokens * nq);
         assert_eq!(slot_mapping.len(), num_tokens);
-        assert_eq!(k_cache.len(), shape.len());
-        assert_eq!(v_cache.len(), shape.len());
+        kv.check_len();
         let max_positions = rows_of(cos.len(), d / 2, "rope cos");
         assert_eq!(sin.len(), cos.len());
         let (heads, kv_heads, dim, positions_arg, num_slots) = (
@@ -692,12 +742,12 @@ impl Kernels {
             int(max_positions),
             int(shape.num_slots()),
         );
-        let mut launch = self.stream.launch_builder(&self.qkv_rope_cache);
+        let mut launch = self.stream.launch_builder(&self.qkv_rope_cache[&kv.dtype]);
         launch
             .arg(&qkv)
             .arg(&q_out)
-            .arg(&k_cache)
-            .arg(&v_cache)
+            .arg(&kv.k_cache)
+            .arg(&kv.v_cache)
             .arg(&positions)
             .arg(&slot_mapping)
             .arg(&cos)
@@ -708,8 +758,8 @@ impl Kernels {
             .arg(&positions_arg)
             .arg(&num_slots);
         let pairs = (num_heads + shape.num_kv_heads) * d / 2;
-        // SAFETY: matches qkv_rope_cache_bf16; lengths checked, and the kernel bounds the
-        // positions and the slots.
+        // SAFETY: matches qkv_rope_cache_bf16[_kvfp8] (the pools' element is kv.dtype); lengths
+        // checked, and the kernel bounds the positions and the slots.
         unsafe { launch.launch(grid::per_row(num_tokens, pairs)) }.map(drop)
     }
 

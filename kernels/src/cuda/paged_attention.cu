@@ -8,7 +8,8 @@
 // (window <= 0: no window). The current step's K/V must already be in the pool.
 // GQA: query head h reads kv head h / (num_heads / num_kv_heads).
 // Scores are q.k * scale, then soft-capped when softcap > 0: softcap * tanh(score / softcap)
-// (Gemma 2's attn_logit_softcapping), then softmax.
+// (Gemma 2's attn_logit_softcapping), then softmax. The pools hold bf16 or fp8 E4M3 (the
+// `_kvfp8` entry points; read through common.cuh's kv_load8 / kv_to_f32).
 //
 // Bounds: the kernels never read outside the pools or the table row, whatever the device data
 // says. A key whose logical block is past the row (j / block_size >= max_blocks_per_seq) or
@@ -17,9 +18,9 @@
 //
 // Work split: one thread block of ATTN_WARPS warps per (query head, query token). The warps
 // take tiles of 32 consecutive keys in turn (warp w: tiles w, w + ATTN_WARPS, ...). Within a
-// tile each lane scores its own key, reading the key's row with 16-byte loads against q held in
-// shared memory, so a warp has 32 rows in flight instead of one; the tile's softmax update is
-// two warp reductions. The value rows are then summed key by key with lanes owning HEAD_DIM/32
+// tile each lane scores its own key, reading the key's row with 16-byte (fp8: 8-byte) loads
+// against q held in shared memory, so a warp has 32 rows in flight instead of one; the tile's
+// softmax update is two warp reductions. The value rows are then summed key by key with lanes owning HEAD_DIM/32
 // contiguous dimensions (coalesced rows). Each warp keeps its own running max / sum /
 // accumulator (online softmax: the context length is unbounded and K/V are read once); the
 // warps' partial states are merged through shared memory at the end.
@@ -100,12 +101,12 @@ __device__ void write_warps_state(const float* warp_max, const float* warp_sum_e
     }
 }
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename KV>
 __device__ void attend_one_query(
     bf16* __restrict__ out,
     const bf16* __restrict__ q,
-    const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache,
+    const KV* __restrict__ k_cache,
+    const KV* __restrict__ v_cache,
     const int* __restrict__ block_table,
     int pos,
     int window,
@@ -121,7 +122,7 @@ __device__ void attend_one_query(
     float softcap) {
     static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of the warp size");
     constexpr int PER_LANE = HEAD_DIM / 32;
-    constexpr int VEC = 8;  // bf16 per 16-byte load
+    constexpr int VEC = 8;  // elements per kv_load8
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
@@ -156,17 +157,15 @@ __device__ void attend_one_query(
             const long long block = block_table[j / block_size];
             if (block >= 0 && block < num_blocks) {
                 slot = block * block_size + j % block_size;
-                const uint4* k_row = reinterpret_cast<const uint4*>(
-                    k_cache + (slot * num_kv_heads + kv_head) * HEAD_DIM);
+                const KV* k_row = k_cache + (slot * num_kv_heads + kv_head) * HEAD_DIM;
                 float dot = 0.0f;
 #pragma unroll
                 for (int c = 0; c < HEAD_DIM / VEC; ++c) {
-                    const uint4 packed = k_row[c];
-                    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
+                    float key[VEC];
+                    kv_load8(k_row + c * VEC, key);
 #pragma unroll
-                    for (int w = 0; w < 4; ++w) {
-                        dot += q_shared[c * VEC + 2 * w] * __uint_as_float(words[w] << 16);
-                        dot += q_shared[c * VEC + 2 * w + 1] * __uint_as_float(words[w] & 0xffff0000u);
+                    for (int e = 0; e < VEC; ++e) {
+                        dot += q_shared[c * VEC + e] * key[e];
                     }
                 }
                 score = softcap > 0.0f ? softcap * tanhf(dot / softcap) : dot;
@@ -190,10 +189,10 @@ __device__ void attend_one_query(
             const long long slot_k = __shfl_sync(full, slot, k);
             const float p_k = __shfl_sync(full, p, k);
             if (slot_k >= 0) {  // warp-uniform
-                const bf16* v_row = v_cache + (slot_k * num_kv_heads + kv_head) * HEAD_DIM + dim0;
+                const KV* v_row = v_cache + (slot_k * num_kv_heads + kv_head) * HEAD_DIM + dim0;
 #pragma unroll
                 for (int i = 0; i < PER_LANE; ++i) {
-                    acc[i] += p_k * bf16_to_f32(v_row[i]);
+                    acc[i] += p_k * kv_to_f32(v_row[i]);
                 }
             }
         }
@@ -255,9 +254,9 @@ __device__ __forceinline__ bool decode_split_range(int seq_len, int window, int 
 // split z attends its range of the sequence's visible keys (split_keys) and writes its softmax
 // state to partials[(seq * num_heads + head) * num_splits + z][HEAD_DIM + 2];
 // paged_attention_merge then combines the splits into `out`.
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename KV>
 __device__ void paged_attention_decode(
-    bf16* out, float* partials, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,
     const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
     int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
     const int head = blockIdx.x;
@@ -274,7 +273,7 @@ __device__ void paged_attention_decode(
         write_empty<HEAD_DIM>(partial, out + row);
         return;
     }
-    attend_one_query<HEAD_DIM>(
+    attend_one_query<HEAD_DIM, KV>(
         out + row, q + row, k_cache, v_cache,
         block_tables + (long long)seq * max_blocks_per_seq, seq_len - 1, window, lo, hi,
         partial, head / (num_heads / num_kv_heads), num_kv_heads, block_size,
@@ -289,15 +288,15 @@ __device__ void paged_attention_decode(
 // contiguous dimensions of the value rows) with the group's scores, softmax states and
 // accumulators side by side; the warps' states are merged head by head at the end. Splits,
 // padding and partial states are the per-head decode's: the same merge combines them.
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename KV>
 __device__ void paged_attention_decode_grouped(
-    bf16* out, float* partials, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,
     const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
     int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
     static_assert(HEAD_DIM % 32 == 0, "head_dim must be a multiple of the warp size");
     constexpr int G = DECODE_MAX_GROUP;
     constexpr int PER_LANE = HEAD_DIM / 32;
-    constexpr int VEC = 8;  // bf16 per 16-byte load
+    constexpr int VEC = 8;  // elements per kv_load8
     const unsigned full = 0xffffffffu;
     const int kv_head = blockIdx.x;
     const int seq = blockIdx.y;
@@ -366,8 +365,7 @@ __device__ void paged_attention_decode_grouped(
             const long long block = table[j / block_size];
             if (block >= 0 && block < num_blocks) {
                 slot = block * block_size + j % block_size;
-                const uint4* k_row = reinterpret_cast<const uint4*>(
-                    k_cache + (slot * num_kv_heads + kv_head) * HEAD_DIM);
+                const KV* k_row = k_cache + (slot * num_kv_heads + kv_head) * HEAD_DIM;
                 float dot[G];
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
@@ -375,14 +373,8 @@ __device__ void paged_attention_decode_grouped(
                 }
 #pragma unroll
                 for (int c = 0; c < HEAD_DIM / VEC; ++c) {
-                    const uint4 packed = k_row[c];
-                    const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
                     float key[VEC];
-#pragma unroll
-                    for (int w = 0; w < 4; ++w) {
-                        key[2 * w] = __uint_as_float(words[w] << 16);
-                        key[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
-                    }
+                    kv_load8(k_row + c * VEC, key);
 #pragma unroll
                     for (int h = 0; h < G; ++h) {
                         if (h < group) {
@@ -424,11 +416,11 @@ __device__ void paged_attention_decode_grouped(
         for (int k = 0; k < 32; ++k) {
             const long long slot_k = __shfl_sync(full, slot, k);
             if (slot_k >= 0) {  // warp-uniform
-                const bf16* v_row = v_cache + (slot_k * num_kv_heads + kv_head) * HEAD_DIM + dim0;
+                const KV* v_row = v_cache + (slot_k * num_kv_heads + kv_head) * HEAD_DIM + dim0;
                 float value[PER_LANE];
 #pragma unroll
                 for (int i = 0; i < PER_LANE; ++i) {
-                    value[i] = bf16_to_f32(v_row[i]);
+                    value[i] = kv_to_f32(v_row[i]);
                 }
 #pragma unroll
                 for (int h = 0; h < G; ++h) {
@@ -505,9 +497,9 @@ __device__ void paged_attention_merge(bf16* out, const float* partials, int num_
 // Grid (num_heads, min(num_tokens, 65535)): block y attends tokens y, y + gridDim.y, ... (a
 // grid's y dimension stops at 65535; a step may hold more tokens). Sequence s owns query tokens
 // cu_seqlens_q[s] .. cu_seqlens_q[s+1] and its first query token is at position start_pos[s].
-template <int HEAD_DIM>
+template <int HEAD_DIM, typename KV>
 __device__ void paged_attention_prefill(
-    bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+    bf16* out, const bf16* q, const KV* k_cache, const KV* v_cache,
     const int* block_tables, const int* cu_seqlens_q, const int* start_pos, int num_seqs,
     int num_tokens, int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,
     int block_size, float scale, int window, float softcap) {
@@ -533,7 +525,7 @@ __device__ void paged_attention_prefill(
         }
         const int seq = lo;
         const int pos = start_pos[seq] + token - cu_seqlens_q[seq];
-        attend_one_query<HEAD_DIM>(
+        attend_one_query<HEAD_DIM, KV>(
             out + row, q + row, k_cache, v_cache,
             block_tables + (long long)seq * max_blocks_per_seq, pos, window, 0, 0x7fffffff,
             nullptr, head / (num_heads / num_kv_heads), num_kv_heads, block_size,
@@ -544,44 +536,50 @@ __device__ void paged_attention_prefill(
     }
 }
 
-// One extern "C" entry point per supported head_dim (the Rust side picks by name).
-#define DEFINE_PAGED_ATTENTION(D)                                                               \
+// One extern "C" entry point per supported head_dim and pool element (the Rust side picks by
+// name): bf16 pools, and fp8 E4M3 pools (`_kvfp8`). The merge reads only f32 partial states.
+#define DEFINE_PAGED_ATTENTION_KV(D, KV, SUFFIX)                                                \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
-        paged_attention_decode_bf16_d##D(                                                       \
-            bf16* out, float* partials, const bf16* q, const bf16* k_cache,                     \
-            const bf16* v_cache, const int* block_tables, const int* seq_lens,                  \
-            int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
-            int block_size, float scale, int window, float softcap) {                           \
-        paged_attention_decode<D>(out, partials, q, k_cache, v_cache, block_tables, seq_lens,   \
-                                  max_blocks_per_seq, num_blocks, num_heads, num_kv_heads,      \
-                                  block_size, scale, window, softcap);                          \
+        paged_attention_decode_bf16##SUFFIX##_d##D(                                             \
+            bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,    \
+            const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
+            int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale,       \
+            int window, float softcap) {                                                        \
+        paged_attention_decode<D, KV>(out, partials, q, k_cache, v_cache, block_tables,         \
+                                      seq_lens, max_blocks_per_seq, num_blocks, num_heads,      \
+                                      num_kv_heads, block_size, scale, window, softcap);        \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
-        paged_attention_decode_grouped_bf16_d##D(                                               \
-            bf16* out, float* partials, const bf16* q, const bf16* k_cache,                     \
-            const bf16* v_cache, const int* block_tables, const int* seq_lens,                  \
-            int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
-            int block_size, float scale, int window, float softcap) {                           \
-        paged_attention_decode_grouped<D>(out, partials, q, k_cache, v_cache, block_tables,     \
-                                          seq_lens, max_blocks_per_seq, num_blocks, num_heads,  \
-                                          num_kv_heads, block_size, scale, window, softcap);    \
+        paged_attention_decode_grouped_bf16##SUFFIX##_d##D(                                     \
+            bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,    \
+            const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
+            int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale,       \
+            int window, float softcap) {                                                        \
+        paged_attention_decode_grouped<D, KV>(out, partials, q, k_cache, v_cache, block_tables, \
+                                              seq_lens, max_blocks_per_seq, num_blocks,         \
+                                              num_heads, num_kv_heads, block_size, scale,       \
+                                              window, softcap);                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
-        paged_attention_merge_bf16_d##D(bf16* out, const float* partials, int num_heads,        \
-                                        int num_splits) {                                       \
-        paged_attention_merge<D>(out, partials, num_heads, num_splits);                         \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
-        paged_attention_prefill_bf16_d##D(                                                      \
-            bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache,                 \
+        paged_attention_prefill_bf16##SUFFIX##_d##D(                                            \
+            bf16* out, const bf16* q, const KV* k_cache, const KV* v_cache,                     \
             const int* block_tables, const int* cu_seqlens_q, const int* start_pos,             \
             int num_seqs, int num_tokens, int max_blocks_per_seq, int num_blocks,               \
             int num_heads, int num_kv_heads, int block_size, float scale, int window,           \
             float softcap) {                                                                    \
-        paged_attention_prefill<D>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q,        \
-                                   start_pos, num_seqs, num_tokens, max_blocks_per_seq,         \
-                                   num_blocks, num_heads, num_kv_heads, block_size, scale,      \
-                                   window, softcap);                                            \
+        paged_attention_prefill<D, KV>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q,    \
+                                       start_pos, num_seqs, num_tokens, max_blocks_per_seq,     \
+                                       num_blocks, num_heads, num_kv_heads, block_size, scale,  \
+                                       window, softcap);                                        \
+    }
+
+#define DEFINE_PAGED_ATTENTION(D)                                                               \
+    DEFINE_PAGED_ATTENTION_KV(D, bf16, )                                                        \
+    DEFINE_PAGED_ATTENTION_KV(D, fp8_e4m3, _kvfp8)                                              \
+    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
+        paged_attention_merge_bf16_d##D(bf16* out, const float* partials, int num_heads,        \
+                                        int num_splits) {                                       \
+        paged_attention_merge<D>(out, partials, num_heads, num_splits);                         \
     }
 
 DEFINE_PAGED_ATTENTION(64)

@@ -13,12 +13,15 @@ pub const DECODE_MAX_GROUP: usize = 8;
 /// each: injected as `FLASH_WARPS`, as [`ATTENTION_WARPS`] is.
 pub const FLASH_WARPS: u32 = 4;
 
+use crate::layout::KvDtype;
 use crate::sampling::MAX_TOP_LOGPROBS;
 
 /// Head dimensions the attention kernels are instantiated for.
 pub const ATTENTION_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
-/// Shared by every kernel: bf16 conversion and reductions.
+/// Shared by every kernel: fp8 conversion (plain C, also compiled on the host by a test), then
+/// bf16 conversion, KV element access and reductions.
+pub const FP8: &str = include_str!("fp8.cuh");
 const COMMON: &str = include_str!("common.cuh");
 
 /// One `.cu` file: compiled as one NVRTC program and loaded as one module.
@@ -33,7 +36,7 @@ impl KernelSource {
     /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
     pub fn program(&self) -> String {
         format!(
-            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{FP8}\n{COMMON}\n// ---- {}.cu ----\n{}",
             self.name, self.source
         )
     }
@@ -59,6 +62,18 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
         "paged_attention_decode_grouped_bf16_d96",
         "paged_attention_decode_grouped_bf16_d128",
         "paged_attention_decode_grouped_bf16_d256",
+        "paged_attention_decode_bf16_kvfp8_d64",
+        "paged_attention_decode_bf16_kvfp8_d96",
+        "paged_attention_decode_bf16_kvfp8_d128",
+        "paged_attention_decode_bf16_kvfp8_d256",
+        "paged_attention_prefill_bf16_kvfp8_d64",
+        "paged_attention_prefill_bf16_kvfp8_d96",
+        "paged_attention_prefill_bf16_kvfp8_d128",
+        "paged_attention_prefill_bf16_kvfp8_d256",
+        "paged_attention_decode_grouped_bf16_kvfp8_d64",
+        "paged_attention_decode_grouped_bf16_kvfp8_d96",
+        "paged_attention_decode_grouped_bf16_kvfp8_d128",
+        "paged_attention_decode_grouped_bf16_kvfp8_d256",
     ],
 };
 
@@ -70,13 +85,22 @@ pub const FLASH_PREFILL: KernelSource = KernelSource {
         "flash_prefill_bf16_d96",
         "flash_prefill_bf16_d128",
         "flash_prefill_bf16_d256",
+        "flash_prefill_bf16_kvfp8_d64",
+        "flash_prefill_bf16_kvfp8_d96",
+        "flash_prefill_bf16_kvfp8_d128",
+        "flash_prefill_bf16_kvfp8_d256",
     ],
 };
 
 pub const KV_CACHE: KernelSource = KernelSource {
     name: "kv_cache",
     source: include_str!("kv_cache.cu"),
-    entry_points: &["reshape_and_cache_bf16", "qkv_rope_cache_bf16"],
+    entry_points: &[
+        "reshape_and_cache_bf16",
+        "qkv_rope_cache_bf16",
+        "reshape_and_cache_bf16_kvfp8",
+        "qkv_rope_cache_bf16_kvfp8",
+    ],
 };
 
 pub const RMS_NORM: KernelSource = KernelSource {
@@ -131,10 +155,26 @@ pub const ALL: [KernelSource; 9] = [
     SAMPLING,
 ];
 
-/// The tensor-core prefill attention's entry point for one head dimension.
-pub fn flash_prefill_entry_point(head_dim: usize) -> Option<&'static str> {
+/// The tensor-core prefill attention's entry point for one head dimension and pool element.
+pub fn flash_prefill_entry_point(head_dim: usize, kv: KvDtype) -> Option<&'static str> {
     let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
-    Some(FLASH_PREFILL.entry_points[i])
+    let n = ATTENTION_HEAD_DIMS.len();
+    Some(FLASH_PREFILL.entry_points[kv_index(kv) * n + i])
+}
+
+/// The KV cache writers' entry points for one pool element: (reshape_and_cache,
+/// qkv_rope_cache).
+pub fn kv_cache_entry_points(kv: KvDtype) -> (&'static str, &'static str) {
+    let names = KV_CACHE.entry_points;
+    (names[2 * kv_index(kv)], names[2 * kv_index(kv) + 1])
+}
+
+/// Which of each kernel's element variants, in the entry-point lists' order.
+fn kv_index(kv: KvDtype) -> usize {
+    match kv {
+        KvDtype::Bf16 => 0,
+        KvDtype::Fp8E4m3 => 1,
+    }
 }
 
 /// Entry-point names of `paged_attention.cu`'s kernels for one head dimension.
@@ -146,16 +186,26 @@ pub struct AttentionNames {
     pub decode_grouped: &'static str,
 }
 
-/// Entry-point names of the attention kernels for one head dimension.
-pub fn attention_entry_points(head_dim: usize) -> Option<AttentionNames> {
+/// Entry-point names of the attention kernels for one head dimension and pool element (the
+/// merge reads only f32 partial states: one for both).
+pub fn attention_entry_points(head_dim: usize, kv: KvDtype) -> Option<AttentionNames> {
     let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
     let names = PAGED_ATTENTION.entry_points;
     let n = ATTENTION_HEAD_DIMS.len();
-    Some(AttentionNames {
-        decode: names[i],
-        prefill: names[i + n],
-        merge: names[i + 2 * n],
-        decode_grouped: names[i + 3 * n],
+    let merge = names[i + 2 * n];
+    Some(match kv {
+        KvDtype::Bf16 => AttentionNames {
+            decode: names[i],
+            prefill: names[i + n],
+            merge,
+            decode_grouped: names[i + 3 * n],
+        },
+        KvDtype::Fp8E4m3 => AttentionNames {
+            decode: names[i + 4 * n],
+            prefill: names[i + 5 * n],
+            merge,
+            decode_grouped: names[i + 6 * n],
+        },
     })
 }
 
@@ -169,10 +219,17 @@ mod tests {
     fn entry_points_exist_in_sources() {
         for src in ALL {
             for name in src.entry_points {
-                let defined = match name.rsplit_once("_bf16_d") {
-                    Some((_, dim)) => ["DEFINE_PAGED_ATTENTION", "DEFINE_FLASH_PREFILL"]
+                // Per head_dim through DEFINE_PAGED_ATTENTION(D) / DEFINE_FLASH_PREFILL(D),
+                // per pool element through DEFINE_KV_CACHE (each defines both elements).
+                let dim = name.rsplit_once("_d").map(|(_, d)| d);
+                let defined = match dim.filter(|d| d.parse::<usize>().is_ok()) {
+                    Some(dim) => ["DEFINE_PAGED_ATTENTION", "DEFINE_FLASH_PREFILL"]
                         .iter()
                         .any(|m| src.source.contains(&format!("{m}({dim})"))),
+                    None if name.contains("cache_bf16") => {
+                        src.source.contains("DEFINE_KV_CACHE(fp8_e4m3, _kvfp8)")
+                            && src.source.contains("DEFINE_KV_CACHE(bf16, )")
+                    }
                     None => src.source.lines().any(|line| {
                         line.starts_with("extern \"C\" __global__ void")
                             && line.contains(&format!(" {name}("))
@@ -186,7 +243,7 @@ mod tests {
     #[test]
     fn attention_names_by_head_dim() {
         assert_eq!(
-            attention_entry_points(128),
+            attention_entry_points(128, KvDtype::Bf16),
             Some(AttentionNames {
                 decode: "paged_attention_decode_bf16_d128",
                 prefill: "paged_attention_prefill_bf16_d128",
@@ -194,11 +251,28 @@ mod tests {
                 decode_grouped: "paged_attention_decode_grouped_bf16_d128",
             })
         );
-        assert_eq!(attention_entry_points(80), None);
         assert_eq!(
-            flash_prefill_entry_point(64),
+            attention_entry_points(96, KvDtype::Fp8E4m3),
+            Some(AttentionNames {
+                decode: "paged_attention_decode_bf16_kvfp8_d96",
+                prefill: "paged_attention_prefill_bf16_kvfp8_d96",
+                merge: "paged_attention_merge_bf16_d96",
+                decode_grouped: "paged_attention_decode_grouped_bf16_kvfp8_d96",
+            })
+        );
+        assert_eq!(attention_entry_points(80, KvDtype::Bf16), None);
+        assert_eq!(
+            flash_prefill_entry_point(64, KvDtype::Bf16),
             Some("flash_prefill_bf16_d64")
         );
-        assert_eq!(flash_prefill_entry_point(80), None);
+        assert_eq!(
+            flash_prefill_entry_point(256, KvDtype::Fp8E4m3),
+            Some("flash_prefill_bf16_kvfp8_d256")
+        );
+        assert_eq!(flash_prefill_entry_point(80, KvDtype::Fp8E4m3), None);
+        assert_eq!(
+            kv_cache_entry_points(KvDtype::Fp8E4m3),
+            ("reshape_and_cache_bf16_kvfp8", "qkv_rope_cache_bf16_kvfp8")
+        );
     }
 }

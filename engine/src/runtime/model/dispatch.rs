@@ -83,16 +83,13 @@ impl Model {
     }
 
     /// What the KV caches made from now on store (vLLM's `--kv-cache-dtype`): before the
-    /// first cache is made. The CUDA backend stores bf16 only, for now.
-    pub fn set_kv_cache_dtype(&mut self, dtype: KvCacheDtype) -> Result<()> {
+    /// first cache is made.
+    pub fn set_kv_cache_dtype(&mut self, dtype: KvCacheDtype) {
         match self {
             Model::Cpu(m) => m.backend_mut().set_kv_cache_dtype(dtype),
             #[cfg(feature = "cuda")]
-            Model::Cuda(_) if dtype.is_auto() => {}
-            #[cfg(feature = "cuda")]
-            Model::Cuda(_) => bail!("--kv-cache-dtype fp8 is not supported on CUDA yet"),
+            Model::Cuda(m) => m.backend_mut().set_kv_cache_dtype(dtype),
         }
-        Ok(())
     }
 
     /// The dtype the KV cache is held in.
@@ -100,7 +97,7 @@ impl Model {
         match self {
             Model::Cpu(m) => m.backend().kv_dtype(),
             #[cfg(feature = "cuda")]
-            Model::Cuda(_) => DType::BF16,
+            Model::Cuda(m) => m.backend().kv_dtype(),
         }
     }
 

@@ -52,11 +52,21 @@ impl DecodeSet {
 /// A KV element type read as f32.
 pub(crate) trait KvElem: Copy + Send + Sync {
     fn f32(self) -> f32;
+
+    /// A row already of f32, read in place; `None`: widened into a buffer first, once per
+    /// row for every query head of its group.
+    fn as_f32(_row: &[Self]) -> Option<&[f32]> {
+        None
+    }
 }
 impl KvElem for f32 {
     #[inline(always)]
     fn f32(self) -> f32 {
         self
+    }
+
+    fn as_f32(row: &[f32]) -> Option<&[f32]> {
+        Some(row)
     }
 }
 impl KvElem for bf16 {
@@ -71,24 +81,25 @@ impl KvElem for f16 {
         self.to_f32()
     }
 }
+/// Branch-free (selects only), so that widening a row vectorises: the crate's conversion
+/// goes through f16 with branches, and a table lookup per element gathers.
 impl KvElem for F8E4M3 {
     #[inline(always)]
     fn f32(self) -> f32 {
-        FP8_E4M3_TO_F32[self.to_bits() as usize]
+        let bits = self.to_bits() as u32;
+        let (sign, magnitude) = ((bits & 0x80) << 24, bits & 0x7f);
+        // Normal: the exponent rebiased (7 to 127), the 3 mantissa bits moved up.
+        let normal = f32::from_bits(sign | ((magnitude << 20) + (120 << 23)));
+        // Exponent 0: m × 2^-9.
+        let subnormal = f32::from_bits(sign | (magnitude as f32 * (1.0 / 512.0)).to_bits());
+        let value = if magnitude < 8 { subnormal } else { normal };
+        if magnitude == 0x7f {
+            f32::NAN
+        } else {
+            value
+        }
     }
 }
-
-/// Every fp8 E4M3 value as f32: a table lookup in the decode loop, where the crate's
-/// conversion (through f16, with branches) would cost more than the byte it saves.
-static FP8_E4M3_TO_F32: [f32; 256] = {
-    let mut table = [0f32; 256];
-    let mut bits = 0;
-    while bits < 256 {
-        table[bits] = F8E4M3::from_bits(bits as u8).to_f32();
-        bits += 1;
-    }
-    table
-};
 
 /// Shapes of one call.
 #[derive(Clone, Copy)]
@@ -128,6 +139,7 @@ pub(crate) fn decode_attention<T: KvElem>(
             let slots = &set.slots[set.offsets[i]..set.offsets[i + 1]];
             let ctx = slots.len();
             let mut scores = vec![0f32; g * ctx];
+            let mut widened = vec![0f32; d];
             let head_k = &k[h * slots_per_head * d..(h + 1) * slots_per_head * d];
             let head_v = &v[h * slots_per_head * d..(h + 1) * slots_per_head * d];
             let q_h = &q[(i * heads + h * g) * d..(i * heads + (h + 1) * g) * d];
@@ -135,7 +147,7 @@ pub(crate) fn decode_attention<T: KvElem>(
                 if let Some(&ahead) = slots.get(c + PREFETCH_AHEAD) {
                     prefetch(&head_k[ahead as usize * d..][..d]);
                 }
-                let k_row = &head_k[slot as usize * d..][..d];
+                let k_row = widen(&head_k[slot as usize * d..][..d], &mut widened);
                 for j in 0..g {
                     let mut s = dot(&q_h[j * d..(j + 1) * d], k_row) * scale;
                     if let Some(cap) = softcap {
@@ -151,13 +163,25 @@ pub(crate) fn decode_attention<T: KvElem>(
                 if let Some(&ahead) = slots.get(c + PREFETCH_AHEAD) {
                     prefetch(&head_v[ahead as usize * d..][..d]);
                 }
-                let v_row = &head_v[slot as usize * d..][..d];
+                let v_row = widen(&head_v[slot as usize * d..][..d], &mut widened);
                 for j in 0..g {
                     axpy(&mut out_h[j * d..(j + 1) * d], scores[j * ctx + c], v_row);
                 }
             }
         });
     out
+}
+
+/// `row` as f32: itself, or widened into `buf`.
+#[inline(always)]
+fn widen<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
+    if let Some(row) = T::as_f32(row) {
+        return row;
+    }
+    for (out, x) in buf.iter_mut().zip(row) {
+        *out = x.f32();
+    }
+    buf
 }
 
 /// How many positions ahead rows are prefetched. Blocks are scattered through the store, so
@@ -184,26 +208,26 @@ fn prefetch<T>(row: &[T]) {
 
 /// Eight independent partial sums, so the compiler can vectorise.
 #[inline(always)]
-fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
-            acc[l] += x[l] * y[l].f32();
+            acc[l] += x[l] * y[l];
         }
     }
     let mut s: f32 = acc.iter().sum();
     for (x, y) in ra.iter().zip(rb) {
-        s += x * y.f32();
+        s += x * y;
     }
     s
 }
 
 #[inline(always)]
-fn axpy<T: KvElem>(out: &mut [f32], a: f32, x: &[T]) {
+fn axpy(out: &mut [f32], a: f32, x: &[f32]) {
     for (o, v) in out.iter_mut().zip(x) {
-        *o += a * v.f32();
+        *o += a * v;
     }
 }
 
@@ -223,6 +247,18 @@ fn softmax_in_place(s: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp8_reads_as_the_float8_crate_converts_every_code() {
+        for bits in 0..=255u8 {
+            let x = F8E4M3::from_bits(bits);
+            let (got, want) = (x.f32(), x.to_f32());
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{bits:#04x}: {got} vs {want}"
+            );
+        }
+    }
     use infer_kernels::layout::{AttentionConfig, BlockTables, KvCacheShape};
     use infer_kernels::reference::{paged_attention_decode, PagedKv};
 

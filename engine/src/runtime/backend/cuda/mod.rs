@@ -16,13 +16,14 @@ use std::sync::Mutex;
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};
+use infer_core::workload::KvCacheDtype;
 use infer_kernels::cuda::cudarc::driver::{
     result as cu, CudaContext, CudaSlice, CudaStream, DriverError,
 };
 use infer_kernels::cuda::{
     DeviceBlockTables, DeviceKv, DeviceSampledRows, DeviceSamplingBatch, Gemm, Kernels, Span,
 };
-use infer_kernels::layout::{AttentionConfig, KvCacheShape};
+use infer_kernels::layout::{AttentionConfig, KvCacheShape, KvDtype};
 use infer_kernels::reference::RmsWeight;
 use infer_kernels::sampling::{SampledRows, SamplingBatch, MAX_TOP_LOGPROBS};
 
@@ -74,9 +75,11 @@ pub struct CudaRope {
 }
 
 /// Per-layer K and V pools, `[num_blocks, block_size, kv_heads, head_dim]` each.
+/// Per layer, the K and V pools as raw bytes: `layout`'s elements of `dtype` each.
 pub struct CudaKv {
-    k: Vec<CudaSlice<u16>>,
-    v: Vec<CudaSlice<u16>>,
+    k: Vec<CudaSlice<u8>>,
+    v: Vec<CudaSlice<u8>>,
+    dtype: KvDtype,
     layout: KvLayout,
 }
 
@@ -108,6 +111,7 @@ impl CudaKv {
         DeviceKv {
             k_cache: Span::of(&self.k[layer]),
             v_cache: Span::of(&self.v[layer]),
+            dtype: self.dtype,
             shape: self.shape(),
         }
     }
@@ -147,6 +151,8 @@ pub struct CudaBackend {
     graphs: Mutex<Graphs>,
     /// Whether the engine samples here ([`Backend::sample`]) rather than on the host.
     device_sampling: AtomicBool,
+    /// What KV pools made from now on store.
+    kv_dtype: KvDtype,
 }
 
 impl CudaBackend {
@@ -170,6 +176,7 @@ impl CudaBackend {
             inputs: Mutex::new(None),
             graphs: Mutex::new(Graphs::default()),
             device_sampling: AtomicBool::new(false),
+            kv_dtype: KvDtype::Bf16,
             stream,
             kernels,
             gemm,
@@ -178,6 +185,22 @@ impl CudaBackend {
 
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// What KV pools made from now on store: bf16 (`auto`) or fp8 E4M3.
+    pub fn set_kv_cache_dtype(&mut self, dtype: KvCacheDtype) {
+        self.kv_dtype = match dtype {
+            KvCacheDtype::Auto => KvDtype::Bf16,
+            KvCacheDtype::Fp8 => KvDtype::Fp8E4m3,
+        };
+    }
+
+    /// What KV pools made from now on store, as candle names it.
+    pub fn kv_dtype(&self) -> DType {
+        match self.kv_dtype {
+            KvDtype::Bf16 => DType::BF16,
+            KvDtype::Fp8E4m3 => DType::F8E4M3,
+        }
     }
 
     /// Replay decode steps of up to `max_batch` sequences from CUDA graphs, one per bucket
@@ -358,14 +381,20 @@ impl Backend for CudaBackend {
             "{} KV slots do not fit the kernels' i32 slot ids",
             layout.num_blocks * layout.block_size
         );
-        let zeros = || -> Result<CudaSlice<u16>> { Ok(self.stream.alloc_zeros::<u16>(len)?) };
+        let bytes = len * self.kv_dtype.bytes();
+        let zeros = || -> Result<CudaSlice<u8>> { Ok(self.stream.alloc_zeros::<u8>(bytes)?) };
         let k = (0..layout.num_layers)
             .map(|_| zeros())
             .collect::<Result<_>>()?;
         let v = (0..layout.num_layers)
             .map(|_| zeros())
             .collect::<Result<_>>()?;
-        Ok(CudaKv { k, v, layout })
+        Ok(CudaKv {
+            k,
+            v,
+            dtype: self.kv_dtype,
+            layout,
+        })
     }
 
     fn kv_layout(kv: &CudaKv) -> KvLayout {
@@ -575,14 +604,11 @@ impl Backend for CudaBackend {
             heads.q,
             heads.kv,
         ))?;
-        let pools = kv.layer(layer);
         driver(self.kernels.reshape_and_cache(
             k.span,
             v.span,
-            pools.k_cache,
-            pools.v_cache,
+            &kv.layer(layer),
             step.array(s.at.slots, s.tokens),
-            &pools.shape,
         ))
     }
 
@@ -605,19 +631,16 @@ impl Backend for CudaBackend {
         let s = &step.inputs;
         let ks = &step.kinds[kind];
         let q = self.act(qkv.rows, nq)?;
-        let pools = kv.layer(layer);
         // One launch for what split, rope_neox and reshape_and_cache do in five.
         driver(self.kernels.qkv_rope_and_cache(
             q.span,
             qkv.span,
-            pools.k_cache,
-            pools.v_cache,
+            &kv.layer(layer),
             step.array(s.at.positions, s.tokens),
             step.array(s.at.slots, s.tokens),
             ks.cos,
             ks.sin,
             heads.q,
-            &pools.shape,
         ))?;
         Ok(q)
     }
@@ -779,7 +802,7 @@ impl Backend for CudaBackend {
 
     fn copy_block(&self, kv: &mut CudaKv, src: usize, dst: usize) -> Result<()> {
         let l = kv.layout;
-        let block = l.block_size * l.num_kv_heads * l.head_dim;
+        let block = l.block_size * l.num_kv_heads * l.head_dim * kv.dtype.bytes();
         for pool in kv.k.iter().chain(kv.v.iter()) {
             let all = Span::of(pool);
             let (from, to) = (all.slice(src * block, block), all.slice(dst * block, block));
@@ -792,10 +815,16 @@ impl Backend for CudaBackend {
     }
 
     fn fill_pattern(&self, kv: &mut CudaKv) -> Result<()> {
-        let n = kv.k.first().map_or(0, |p| p.len());
-        let pattern: Vec<u16> = (0..n)
-            .map(|i| half::bf16::from_f32(0.5 * (i as f32 * 0.618_034).sin()).to_bits())
-            .collect();
+        let n = kv.k.first().map_or(0, |p| p.len()) / kv.dtype.bytes();
+        let value = |i: usize| 0.5 * (i as f32 * 0.618_034).sin();
+        let pattern: Vec<u8> = match kv.dtype {
+            KvDtype::Bf16 => (0..n)
+                .flat_map(|i| half::bf16::from_f32(value(i)).to_bits().to_le_bytes())
+                .collect(),
+            KvDtype::Fp8E4m3 => (0..n)
+                .map(|i| infer_kernels::fp8::from_f32(value(i)))
+                .collect(),
+        };
         for pool in kv.k.iter_mut().chain(kv.v.iter_mut()) {
             driver(self.stream.memcpy_htod(&pattern, pool))?;
         }
@@ -803,6 +832,6 @@ impl Backend for CudaBackend {
     }
 
     fn kv_bytes(kv: &CudaKv) -> usize {
-        kv.k.iter().chain(kv.v.iter()).map(|p| p.len() * 2).sum()
+        kv.k.iter().chain(kv.v.iter()).map(|p| p.len()).sum()
     }
 }
