@@ -62,21 +62,6 @@ fn kv_buffer(stream: &Arc<CudaStream>, len: usize, dtype: KvDtype) -> CudaSlice<
     stream.clone_htod(&bytes).unwrap()
 }
 
-/// `kv` of both pools, as the kernels take them.
-fn device_kv(
-    k: &CudaSlice<u8>,
-    v: &CudaSlice<u8>,
-    dtype: KvDtype,
-    shape: KvCacheShape,
-) -> DeviceKv {
-    DeviceKv {
-        k_cache: Span::of(k),
-        v_cache: Span::of(v),
-        dtype,
-        shape,
-    }
-}
-
 fn main() {
     let ctx = CudaContext::new(0).expect("a CUDA device");
     let stream = ctx.new_stream().unwrap();
@@ -135,7 +120,7 @@ fn bench_decode(
     let lens = stream.clone_htod(&vec![CONTEXT as i32; batch]).unwrap();
     let q = bf16_buffer(stream, batch * cfg.num_heads * cfg.head_dim);
     let out = bf16_buffer(stream, q.len());
-    let kv = device_kv(&k, &v, dtype, shape);
+    let kv = DeviceKv::of(&k, &v, dtype, shape);
     let tables = DeviceBlockTables {
         table: Span::of(&table),
         max_blocks_per_seq: blocks_per_seq,
@@ -237,7 +222,7 @@ fn bench_prefill(
     let start_pos = stream.clone_htod(&[start as i32]).unwrap();
     let q = bf16_buffer(stream, tokens * cfg.num_heads * cfg.head_dim);
     let out = bf16_buffer(stream, q.len());
-    let kv = device_kv(&k, &v, KvDtype::Bf16, shape);
+    let kv = DeviceKv::of(&k, &v, KvDtype::Bf16, shape);
     let tables = DeviceBlockTables {
         table: Span::of(&table),
         max_blocks_per_seq: blocks,
@@ -370,7 +355,7 @@ fn bench_elementwise(
         kernels.reshape_and_cache(
             Span::of(&key),
             Span::of(&key),
-            &device_kv(&kc, &vc, KvDtype::Bf16, shape),
+            &DeviceKv::of(&kc, &vc, KvDtype::Bf16, shape),
             Span::of(&slots),
         )
     });

@@ -101,20 +101,6 @@ fn kv_round(xs: &[f32], dtype: KvDtype) -> Vec<f32> {
     }
 }
 
-fn device_kv(
-    k: &CudaSlice<u8>,
-    v: &CudaSlice<u8>,
-    dtype: KvDtype,
-    shape: KvCacheShape,
-) -> DeviceKv {
-    DeviceKv {
-        k_cache: span(k),
-        v_cache: span(v),
-        dtype,
-        shape,
-    }
-}
-
 /// The decode kernels for `cfg`: the grouped one where it serves the group, and the per-head.
 fn decode_kernels(cfg: &AttentionConfig) -> Vec<DecodeKernel> {
     match Kernels::decode_kernel(cfg) {
@@ -288,7 +274,7 @@ impl PagedSetup {
         let k = kv_upload(stream, &self.k, self.dtype);
         let v = kv_upload(stream, &self.v, self.dtype);
         let table = stream.clone_htod(&self.table).unwrap();
-        let kv = device_kv(&k, &v, self.dtype, self.shape);
+        let kv = DeviceKv::of(&k, &v, self.dtype, self.shape);
         let tables = DeviceBlockTables {
             table: span(&table),
             max_blocks_per_seq: self.max_blocks_per_seq,
@@ -618,7 +604,7 @@ fn reshape_and_cache_matches_reference() {
             .reshape_and_cache(
                 span(&key_dev),
                 span(&value_dev),
-                &device_kv(&k_dev, &v_dev, dtype, shape),
+                &DeviceKv::of(&k_dev, &v_dev, dtype, shape),
                 span(&slots_dev),
             )
             .unwrap();
@@ -755,7 +741,7 @@ fn qkv_rope_and_cache_matches_reference_and_the_unfused_kernels() {
             .qkv_rope_and_cache(
                 span(&q_fused),
                 span(&qkv_dev),
-                &device_kv(&k_fused, &v_fused, dtype, shape),
+                &DeviceKv::of(&k_fused, &v_fused, dtype, shape),
                 span(&pos_dev),
                 span(&slots_dev),
                 span(&cos),
@@ -789,7 +775,7 @@ fn qkv_rope_and_cache_matches_reference_and_the_unfused_kernels() {
             .reshape_and_cache(
                 span(&parts[1]),
                 span(&parts[2]),
-                &device_kv(&k_unfused, &v_unfused, dtype, shape),
+                &DeviceKv::of(&k_unfused, &v_unfused, dtype, shape),
                 span(&slots_dev),
             )
             .unwrap();

@@ -17,7 +17,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::cublas::result::CublasError;
-use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, ComputeCapability};
@@ -82,22 +84,18 @@ pub struct DeviceKv {
 }
 
 impl DeviceKv {
-    /// bf16 pools.
-    pub fn bf16(k_cache: Span<u16>, v_cache: Span<u16>, shape: KvCacheShape) -> Self {
+    /// Pools of `dtype` allocated as bytes (the whole of each slice). The spans do not keep
+    /// the slices alive (see [`Span::of`]).
+    pub fn of(
+        k_cache: &CudaSlice<u8>,
+        v_cache: &CudaSlice<u8>,
+        dtype: KvDtype,
+        shape: KvCacheShape,
+    ) -> Self {
         Self {
-            k_cache: k_cache.as_bytes(),
-            v_cache: v_cache.as_bytes(),
-            dtype: KvDtype::Bf16,
-            shape,
-        }
-    }
-
-    /// fp8 E4M3 pools (bytes).
-    pub fn fp8(k_cache: Span<u8>, v_cache: Span<u8>, shape: KvCacheShape) -> Self {
-        Self {
-            k_cache,
-            v_cache,
-            dtype: KvDtype::Fp8E4m3,
+            k_cache: Span::of(k_cache),
+            v_cache: Span::of(v_cache),
+            dtype,
             shape,
         }
     }

@@ -79,15 +79,6 @@ impl<T> Span<T> {
     pub fn bytes(&self) -> usize {
         self.len * size_of::<T>()
     }
-
-    /// The same memory as raw bytes (a KV pool of either element, say).
-    pub fn as_bytes(self) -> Span<u8> {
-        Span {
-            ptr: self.ptr,
-            len: self.bytes(),
-            _t: PhantomData,
-        }
-    }
 }
 
 // Written out rather than derived: derives would require `T: Clone` / `T: Eq` / ..., and

@@ -108,12 +108,7 @@ impl CudaKv {
     }
 
     fn layer(&self, layer: usize) -> DeviceKv {
-        DeviceKv {
-            k_cache: Span::of(&self.k[layer]),
-            v_cache: Span::of(&self.v[layer]),
-            dtype: self.dtype,
-            shape: self.shape(),
-        }
+        DeviceKv::of(&self.k[layer], &self.v[layer], self.dtype, self.shape())
     }
 }
 
