@@ -136,11 +136,19 @@ step kernel_bench "$bin/kernel_bench"
 # Peers on this GPU at the same shapes: PyTorch's flash SDPA at kernel_bench's prefill shapes,
 # transformers' decode on gpu_bench's model (PEERS_COMPILE=1 adds torch.compile with a static
 # cache: minutes of compiling); then infer / peer per figure from the three logs.
-peers() {
+# bench_model VOCAB: gpu_bench's model of that vocabulary (32768 or 128256), made once where
+# gpu_bench makes it; prints its folder.
+bench_model() {
     local model="$INFER_CACHE/bench-llama-1b-bf16-v1"
+    [ "$1" = 128256 ] && model="$INFER_CACHE/bench-llama-1b-v128k-bf16-v1"
     [ -f "$model/model.safetensors" ] || "$bin/engine" make-model --arch llama --layers 16 \
         --hidden 2048 --heads 32 --kv-heads 8 --head-dim 64 --intermediate 8192 \
-        --vocab 32768 --max-pos 8192 --dtype bf16 --out "$model" >&2 || return 1
+        --vocab "$1" --max-pos 8192 --dtype bf16 --out "$model" >&2 || return 1
+    echo "$model"
+}
+peers() {
+    local model
+    model="$(bench_model 32768)" || return 1
     python3 "$here/gpu_peers.py" measure "$model" ${PEERS_COMPILE:+--compile} \
         | tee "$out/peers.log" || return 1
     peer_table
@@ -171,11 +179,7 @@ llama_cpp() {
     : > "$out/llama-cpp.log"
     local vocab model gguf prefill=--prefill
     for vocab in 32768 128256; do
-        model="$INFER_CACHE/bench-llama-1b-bf16-v1"
-        [ "$vocab" = 128256 ] && model="$INFER_CACHE/bench-llama-1b-v128k-bf16-v1"
-        [ -f "$model/model.safetensors" ] || "$bin/engine" make-model --arch llama --layers 16 \
-            --hidden 2048 --heads 32 --kv-heads 8 --head-dim 64 --intermediate 8192 \
-            --vocab "$vocab" --max-pos 8192 --dtype bf16 --out "$model" >&2 || return 1
+        model="$(bench_model "$vocab")" || return 1
         gguf="$build/$(basename "$model").gguf"
         [ -f "$gguf" ] || python3 "$here/to_gguf.py" "$build/llama.cpp" "$model" "$gguf" \
             > "$out/to-gguf-$vocab.log" 2>&1 || { tail -20 "$out/to-gguf-$vocab.log"; return 1; }

@@ -49,11 +49,9 @@ fn args() -> Result<Args> {
             "--cuda-graphs" => graphs = true,
             "--chunk" => chunk = value("--chunk")?.parse().context("--chunk")?,
             "--kv-cache-dtype" => {
-                kv_cache_dtype = match value("--kv-cache-dtype")?.as_str() {
-                    "auto" => KvCacheDtype::Auto,
-                    "fp8" | "fp8_e4m3" => KvCacheDtype::Fp8,
-                    other => bail!("--kv-cache-dtype {other}: auto or fp8"),
-                }
+                kv_cache_dtype = value("--kv-cache-dtype")?
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!("--kv-cache-dtype: {e}"))?
             }
             _ if a.starts_with("--") => bail!("unknown option {a}"),
             _ => files.push(PathBuf::from(a)),

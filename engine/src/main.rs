@@ -247,7 +247,7 @@ struct ServeArgs {
     dtype: Option<DTypeArg>,
     /// What the KV cache stores: `auto` (the compute dtype) or `fp8` (alias `fp8_e4m3`:
     /// E4M3, unscaled as vLLM's default: a quarter of the CPU's f32 bytes, half of CUDA's bf16).
-    #[arg(long = "kv-cache-dtype", value_parser = parse_kv_cache_dtype)]
+    #[arg(long = "kv-cache-dtype")]
     kv_cache_dtype: Option<KvCacheDtype>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -420,17 +420,6 @@ enum ArchArg {
     Gemma3,
 }
 
-/// vLLM's names: `auto`, `fp8`, `fp8_e4m3`; its `fp8_e5m2` (and anything else) is refused.
-fn parse_kv_cache_dtype(s: &str) -> Result<KvCacheDtype, String> {
-    match s {
-        "auto" => Ok(KvCacheDtype::Auto),
-        "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
-        other => Err(format!(
-            "`{other}` is not a KV cache dtype this engine stores (auto, fp8, fp8_e4m3)"
-        )),
-    }
-}
-
 #[derive(Clone, Copy, ValueEnum)]
 enum DTypeArg {
     F32,
@@ -510,7 +499,7 @@ struct GenerateArgs {
     dtype: Option<DTypeArg>,
     /// What the KV cache stores: `auto` (the compute dtype) or `fp8` (alias `fp8_e4m3`:
     /// E4M3, unscaled as vLLM's default: a quarter of the CPU's f32 bytes, half of CUDA's bf16).
-    #[arg(long = "kv-cache-dtype", value_parser = parse_kv_cache_dtype)]
+    #[arg(long = "kv-cache-dtype")]
     kv_cache_dtype: Option<KvCacheDtype>,
     #[command(flatten)]
     target: TargetArgs,

@@ -135,6 +135,22 @@ impl KvCacheDtype {
     }
 }
 
+/// vLLM's names, as a flag takes them: `auto`, `fp8`, `fp8_e4m3`; its `fp8_e5m2` (and
+/// anything else) is refused. A scenario's key reads the same names through serde.
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KvCacheDtype::Auto),
+            "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
+            other => Err(format!(
+                "`{other}` is not a KV cache dtype this engine stores (auto, fp8, fp8_e4m3)"
+            )),
+        }
+    }
+}
+
 /// The seed server's flags, snake_case. Defaults are the benchmark log's Phase 8.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -553,6 +569,15 @@ fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_cache_dtypes_take_vllms_names_and_refuse_e5m2() {
+        assert_eq!("auto".parse(), Ok(KvCacheDtype::Auto));
+        assert_eq!("fp8".parse(), Ok(KvCacheDtype::Fp8));
+        assert_eq!("fp8_e4m3".parse(), Ok(KvCacheDtype::Fp8));
+        let refused = "fp8_e5m2".parse::<KvCacheDtype>().unwrap_err();
+        assert!(refused.contains("fp8_e5m2"), "{refused}");
+    }
 
     const BASE: &str = r#"
 name = "t"
