@@ -448,7 +448,13 @@ pub async fn serve(cfg: ServeConfig, addr: SocketAddr) -> Result<()> {
     };
     http::serve(listener, engine.app(cfg.http), cfg.http, first, drain).await;
     eprintln!("shutting down");
+    let stopping = std::time::Instant::now();
     tokio::task::block_in_place(|| engine.shutdown());
+    // Says where a slow exit is: in the engine (its loop, the model's device memory) or after.
+    eprintln!(
+        "engine stopped, its device memory released, in {:.1} s",
+        stopping.elapsed().as_secs_f64()
+    );
     match engine.state.inner.health.lost() {
         // A supervisor restarts a server that exits with an error, not one that goes on.
         Some(why) => anyhow::bail!("{why}"),
