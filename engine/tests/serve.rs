@@ -941,6 +941,86 @@ async fn recorded_conversations_replay_alike_in_both_drivers() {
     );
 }
 
+/// `return_tokens_as_token_ids` (vLLM's): every token a logprob entry names, generated,
+/// echoed or in a top list, is `token_id:N`, N the very id (the generated ones are the ids a
+/// plain request returns as text), in completions and chat alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_name_tokens_by_id_on_request() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let completions = format!("http://{addr}/v1/completions");
+    let ids: Vec<u32> = (0..12).map(|i| 300 + (i * 37) % 900).collect();
+    let ask = |as_ids: bool| {
+        json!({"prompt": ids, "max_tokens": 5, "echo": true, "logprobs": 3, "temperature": 0,
+               "ignore_eos": true, "return_tokens_as_token_ids": as_ids})
+    };
+    let (status, by_id) = post(&client, &completions, ask(true)).await;
+    assert_eq!(status, 200, "{by_id}");
+    let (_, by_text) = post(&client, &completions, ask(false)).await;
+    let id_of = |name: &str| -> u32 {
+        name.strip_prefix("token_id:")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name:?} is not token_id:N"))
+    };
+    let lp = &by_id["choices"][0]["logprobs"];
+    let tokens: Vec<u32> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| id_of(t.as_str().unwrap()))
+        .collect();
+    assert_eq!(tokens.len(), 12 + 5);
+    assert_eq!(tokens[..12], ids[..], "the echoed prompt, id for id");
+    let text_lp = &by_text["choices"][0]["logprobs"];
+    assert_eq!(
+        lp["token_logprobs"], text_lp["token_logprobs"],
+        "only the names change"
+    );
+    let tokenizer_says = |id: u32| {
+        let body = json!({"tokens": [id]});
+        let url = format!("http://{addr}/detokenize");
+        let client = client.clone();
+        async move {
+            let (_, v) = post(&client, &url, body).await;
+            v["prompt"].as_str().unwrap().to_string()
+        }
+    };
+    for (i, &id) in tokens.iter().enumerate().skip(12) {
+        assert_eq!(
+            tokenizer_says(id).await,
+            text_lp["tokens"][i].as_str().unwrap(),
+            "generated token {i}"
+        );
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 3);
+        assert!(top.keys().all(|k| id_of(k) < 1 << 20));
+        assert!(
+            top.contains_key(&format!("token_id:{id}")),
+            "greedy: the token is the top"
+        );
+    }
+    let (status, chat) = post(
+        &client,
+        &format!("http://{addr}/v1/chat/completions"),
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true,
+               "top_logprobs": 2, "temperature": 0, "return_tokens_as_token_ids": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    for entry in chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+    {
+        id_of(entry["token"].as_str().unwrap());
+        for t in entry["top_logprobs"].as_array().unwrap() {
+            id_of(t["token"].as_str().unwrap());
+        }
+    }
+    server.stop().await;
+}
+
 /// `echo` with `logprobs` and `max_tokens: 0` (how evaluation harnesses score a text): the
 /// completion is the prompt, its first token has no logprob and every other one has its
 /// logprob given the tokens before it — the same whatever follows it (a prefix of the

@@ -117,6 +117,9 @@ pub struct GenerationRequest {
     pub n: usize,
     /// Repeat the prompt before the completion (completions only).
     pub echo: bool,
+    /// Logprobs name each token `token_id:N` rather than by its text (vLLM's
+    /// `return_tokens_as_token_ids`): distinct ids that decode alike stay distinct.
+    pub tokens_as_ids: bool,
     /// The grammar the output follows (structured output, a forced tool call).
     pub structured: Option<StructuredRequest>,
     /// Chat's `tools`, for the chat template.
@@ -305,6 +308,7 @@ pub fn parse_request(
     let stream = f.bool("stream")?.unwrap_or(false);
     let usage = parse_stream_options(body.get("stream_options"), stream)?;
     let (structured, tools) = super::structured::parse(body, endpoint)?;
+    let tokens_as_ids = f.bool("return_tokens_as_token_ids")?.unwrap_or(false);
     let ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
     if ignore_eos && structured.is_some() {
         return Err(ApiError::bad_request(
@@ -325,6 +329,7 @@ pub fn parse_request(
         continuous_usage: usage.continuous,
         n: n as usize,
         echo,
+        tokens_as_ids,
         structured,
         tools,
     })

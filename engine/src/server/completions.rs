@@ -230,6 +230,7 @@ pub(super) async fn generate(
         model: s.model_name.clone(),
         endpoint,
         logprobs: req.params.logprobs.is_some(),
+        tokens_as_ids: req.tokens_as_ids,
         tokenizer: s.tokenizer.clone(),
         n: req.n,
         prompt_lens,
@@ -288,6 +289,8 @@ struct ResponseMeta {
     model: String,
     endpoint: Endpoint,
     logprobs: bool,
+    /// Logprobs name tokens `token_id:N` (`return_tokens_as_token_ids`).
+    tokens_as_ids: bool,
     tokenizer: Arc<TextTokenizer>,
     /// Choices per prompt: choice `i` is prompt `i / n`'s.
     n: usize,
@@ -351,8 +354,17 @@ impl ResponseMeta {
         Self::usage(prompt, completion, cached)
     }
 
+    /// How logprobs name a token: its text, or `token_id:N` as vLLM writes it.
+    fn token_name(&self, token: u32) -> String {
+        if self.tokens_as_ids {
+            format!("token_id:{token}")
+        } else {
+            self.tokenizer.decode(&[token]).unwrap_or_default()
+        }
+    }
+
     fn token_logprobs(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Value {
-        let text = |t: u32| self.tokenizer.decode(&[t]).unwrap_or_default();
+        let text = |t: u32| self.token_name(t);
         match self.endpoint {
             Endpoint::Completions => json!({
                 "tokens": [text(token)], "token_logprobs": [logprob],
@@ -659,8 +671,7 @@ impl ResponseMeta {
     /// The logprob entries of an echoed prompt: its first token without a logprob, then
     /// each token's given the tokens before it.
     fn prompt_logprob_parts(&self, echo: &Echo, lps: &[PromptLogprob]) -> Vec<Value> {
-        let text = |t: u32| self.tokenizer.decode(&[t]).unwrap_or_default();
-        let first = json!({"tokens": [text(echo.first_token)], "token_logprobs": [null],
+        let first = json!({"tokens": [self.token_name(echo.first_token)], "token_logprobs": [null],
                            "top_logprobs": [null]});
         std::iter::once(first)
             .chain(
