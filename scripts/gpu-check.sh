@@ -20,7 +20,7 @@
 #      fidelity table is copied to $OUT/fidelity-gpu.md.
 #   6. the benchmark log's phase table (P4-P9) measured on the GPU with the same model.
 # QUICK=1 stops after step 4 (the engine steps take several minutes); ONLY="a b" runs only the
-# steps named (nvrtc_compile gpu_kernels gpu_parity oracle oracle_fp8 memcheck gpu_bench kernel_bench
+# steps named (nvrtc_compile gpu_kernels gpu_parity oracle oracle_fp8 served_oracle memcheck gpu_bench kernel_bench
 # peers llama_cpp generate generate_graphs serve_bench profile verify phase_table). The correctness check
 # first, on its own: ONLY="nvrtc_compile gpu_kernels gpu_parity oracle memcheck".
 # Steps run in order and the script goes on after a failure, so one run shows everything.
@@ -53,6 +53,17 @@ step() { # name command...
         echo "FAILED: $*" | tee -a "$out/check.log"
         status=1
     fi
+}
+
+# wait_port PORT PID LOG: until a server (PID, logging to LOG) listens on PORT; its log's
+# tail and 1 when it dies first. The port opens once the model is loaded and the pool made.
+wait_port() {
+    for _ in $(seq 300); do
+        (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || { tail -30 "$3"; return 1; }
+        sleep 1
+    done
+    echo "nothing listens on port $1 after 300 s"; return 1
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -107,6 +118,31 @@ oracle_fp8() {
         --label "llama (4 layers, 32 heads)" --out "$out/oracle"
 }
 step oracle_fp8 oracle_fp8
+# The served path against the same oracle (scripts/served_oracle.py): 48 concurrent greedy
+# requests of 128 / 1,024 / 4,096 prompt tokens, a third sharing long prefixes, into a pool of
+# 16,384 tokens (so prefix hits and preemptions both happen, and must), eager and with graphs
+# and device sampling; each position's token and top-5 logprobs against transformers.
+served_oracle() {
+    local arch dir mode pid rc=0
+    for arch in ${SERVED_ARCHS:-llama qwen3 gemma3}; do
+        dir="$(oracle_model "$arch")" || return 1
+        for mode in eager graphs; do
+            local flags=()
+            [ "$mode" = graphs ] && flags=(--cuda-graphs --device-sampling)
+            "$bin/engine" serve --device cuda --model "$dir" --num-gpu-blocks 1024 \
+                --max-model-len 8192 --port 8767 "${flags[@]}" >"$out/served-$arch-$mode.log" 2>&1 &
+            pid=$!
+            wait_port 8767 $pid "$out/served-$arch-$mode.log" || { rc=1; continue; }
+            python3 "$here/served_oracle.py" --server http://127.0.0.1:8767 --model "$dir" \
+                --torch-device cuda --prompt-lens 128,1024,4096 --requests 48 --decode 32 \
+                --require-prefix-hits --require-preemption \
+                --label "$arch (4 layers, 32 heads), $mode" --out "$out/oracle" || rc=1
+            kill -INT $pid; wait $pid
+        done
+    done
+    return $rc
+}
+step served_oracle served_oracle
 # compute-sanitizer's memcheck over a short served run with graphs (the served path: memory
 # plan, live pool, graph capture and replay, preemption-free short load).
 memcheck() {
@@ -118,11 +154,7 @@ memcheck() {
         --device cuda --cuda-graphs --device-sampling --model "$dir" --max-model-len 2048 --port 8766 \
         >"$out/memcheck-serve.log" 2>&1 &
     pid=$!
-    for _ in $(seq 300); do
-        (echo >/dev/tcp/127.0.0.1/8766) 2>/dev/null && break
-        kill -0 $pid 2>/dev/null || { tail -30 "$out/memcheck-serve.log"; return 1; }
-        sleep 1
-    done
+    wait_port 8766 $pid "$out/memcheck-serve.log" || return 1
     "$bin/engine" bench --server http://127.0.0.1:8766 --scenario "$here/scenarios/chunked_prefill.toml" \
         --set workload.num_requests=24 --no-progress --out "$out/memcheck-bench" | tail -5
     # The server is stopped, not the sanitizer: signalled itself, the sanitizer leaves
@@ -223,12 +255,7 @@ if [ "${QUICK:-0}" != 1 ]; then
         "$engine" serve --device cuda --cuda-graphs --gpu-memory-utilization 0.85 \
             --model "$model" --port 8765 >"$out/serve.log" 2>&1 &
         local pid=$!
-        for _ in $(seq 120); do
-            # The port opens once the model is loaded and the KV pool allocated.
-            (echo >/dev/tcp/127.0.0.1/8765) 2>/dev/null && break
-            kill -0 $pid 2>/dev/null || { cat "$out/serve.log"; return 1; }
-            sleep 1
-        done
+        wait_port 8765 $pid "$out/serve.log" || return 1
         head -5 "$out/serve.log"
         "$engine" bench --server http://localhost:8765 \
             --scenario "$here/scenarios/chunked_prefill.toml" --no-progress --out "$out/bench-serve"

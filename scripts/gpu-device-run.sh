@@ -26,10 +26,10 @@ pack() {
     grep -E "^=== |test result|FAILED|panicked|ERROR SUMMARY|memcheck:|engine stopped|engine (eager|graphs)|oracle L" \
         "$OUT/check.log" | head -80
     for f in "$OUT"/oracle/*.md; do
-        [ -f "$f" ] && grep -E "^###|\| L" "$f" | awk -F'|' '{print $2,$3,$4,$6,$7}'
+        [ -f "$f" ] && grep -E "^###|^\| (L|[0-9])" "$f" | awk -F'|' '{print $2,$3,$4,$5,$6,$7}'
     done | head -80
 }
 trap pack EXIT
 ONLY="${STEPS1:-nvrtc_compile gpu_kernels gpu_parity}" timeout "$(left)" bash "$here/gpu-check.sh"
-ONLY="${STEPS2:-oracle memcheck oracle_fp8}" timeout "$(left)" bash "$here/gpu-check.sh"
+ONLY="${STEPS2:-oracle served_oracle memcheck oracle_fp8}" timeout "$(left)" bash "$here/gpu-check.sh"
 ONLY="${STEPS3:-gpu_bench kernel_bench peers}" timeout "$(left)" bash "$here/gpu-check.sh"

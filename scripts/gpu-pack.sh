@@ -36,7 +36,8 @@ tar cf - -C "$out" bin | xz -T0 -6 > "$out/bin.tar.xz"
 rm -rf "$out/bin"
 
 cp -r scenarios "$out/"
-cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py scripts/gpu_peers.py \
+cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py scripts/served_oracle.py \
+    scripts/gpu_peers.py \
     scripts/to_gguf.py "$out/"
 # llama.cpp's source, trimmed to what its CUDA benchmarks and converter need (~2 MB).
 scripts/llama_cpp_source.sh pack "$out/llama.cpp.tar.xz"
