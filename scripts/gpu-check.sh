@@ -170,8 +170,11 @@ memcheck() {
         for t in /proc/"$child"/task/*; do
             echo "  $(cat "$t/comm") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"
         done
-        command -v gdb >/dev/null && timeout 60 gdb -batch -ex "thread apply all bt 12" \
-            -p "$child" 2>/dev/null | grep -E "^Thread|^#" | head -150
+        # The GPU machines have no gdb; cuda-gdb attaches to a running program as gdb does.
+        local gdb
+        gdb="$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)"
+        [ -n "$gdb" ] && timeout 60 "$gdb" -batch -ex "thread apply all bt 12" -p "$child" \
+            2>/dev/null | grep -E "^Thread|^#" | head -150
         kill -9 "$child" $pid 2>/dev/null
     fi
     wait $pid; rc=$?
