@@ -220,8 +220,22 @@ step peers peers
 llama_cpp() {
     local build=${LLAMA_CPP_BUILD:-$here/../target/llama-cpp-build} arch
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .)
+    [ -d "$build/llama.cpp" ] || { mkdir -p "$build" && untar "$here/llama.cpp.tar.xz" "$build"; } \
+        || return 1
+    # Binaries built off this machine (scripts/llama_cpp_source.sh cuda-build: the same source,
+    # CUDA 13.0, one architecture) save minutes of nvcc here, when they are for this GPU and run.
+    local prebuilt="$here/llama-cpp-cuda-sm$arch.tar.xz"
+    if [ ! -x "$build/bin/llama-batched-bench" ] && [ -f "$prebuilt" ]; then
+        untar "$prebuilt" "$build" || return 1
+        if ! "$build/bin/llama-bench" --list-devices 2>&1 | grep -q CUDA0; then
+            "$build/bin/llama-bench" --list-devices 2>&1 | tail -5
+            echo "the prebuilt llama.cpp does not run here: building it"
+            rm -rf "$build/bin"
+        else
+            echo "llama.cpp: prebuilt for sm_$arch ($(cat "$build/bin/BUILD" 2>/dev/null))"
+        fi
+    fi
     if [ ! -x "$build/bin/llama-batched-bench" ]; then
-        mkdir -p "$build" && untar "$here/llama.cpp.tar.xz" "$build" || return 1
         cmake -S "$build/llama.cpp" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLLAMA_BUILD_TESTS=OFF \
             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \

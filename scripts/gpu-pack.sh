@@ -41,5 +41,10 @@ cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py script
     scripts/to_gguf.py "$out/"
 # llama.cpp's source, trimmed to what its CUDA benchmarks and converter need (~2 MB).
 scripts/llama_cpp_source.sh pack "$out/llama.cpp.tar.xz"
+# Its CUDA tools built here for Hopper (H100, H200), if made once with
+#   scripts/llama_cpp_source.sh cuda-build 90 ~/.cache/infer/foreign/llama-cpp-cuda-sm90.tar.xz
+# (tens of minutes; gpu-check.sh builds there when this is absent or does not run).
+prebuilt=${FOREIGN:-$HOME/.cache/infer/foreign}/llama-cpp-cuda-sm90.tar.xz
+[ -f "$prebuilt" ] && cp "$prebuilt" "$out/"
 du -sh "$out"
 echo "packed $out: run 'bash $out/gpu-check.sh' on the GPU machine"
