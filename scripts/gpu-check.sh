@@ -66,6 +66,18 @@ wait_port() {
     echo "nothing listens on port $1 after 300 s"; return 1
 }
 
+# stop_server PID: SIGINT, then at most 60 s for it to exit (a hung exit must not take the
+# steps after it), then SIGKILL; its exit status.
+stop_server() {
+    kill -INT "$1" 2>/dev/null
+    for _ in $(seq 60); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
+    if kill -0 "$1" 2>/dev/null; then
+        echo "server $1 had not exited 60 s after SIGINT: killed"
+        kill -9 "$1"
+    fi
+    wait "$1"
+}
+
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 # NVRTC from the toolkit (nvcc's), or from PyTorch's wheel when that is all there is.
 if [ -z "${INFER_NVRTC_LIB:-}" ]; then
@@ -137,7 +149,7 @@ served_oracle() {
                 --torch-device cuda --prompt-lens 128,1024,4096 --requests 48 --decode 32 \
                 --require-prefix-hits --require-preemption \
                 --label "$arch (4 layers, 32 heads), $mode" --out "$out/oracle" || rc=1
-            kill -INT $pid; wait $pid
+            stop_server $pid
         done
     done
     return $rc
@@ -277,7 +289,7 @@ if [ "${QUICK:-0}" != 1 ]; then
         "$engine" bench --server http://localhost:8765 \
             --scenario "$here/scenarios/chunked_prefill.toml" --no-progress --out "$out/bench-serve"
         local rc=$?
-        kill $pid; wait $pid
+        stop_server $pid
         return $rc
     }
     step serve_bench serve_and_bench
