@@ -66,16 +66,26 @@ wait_port() {
     echo "nothing listens on port $1 after 300 s"; return 1
 }
 
-# stop_server PID: SIGINT, then at most 60 s for it to exit (a hung exit must not take the
-# steps after it), then SIGKILL; its exit status.
+# stop_server PID [SECONDS] [TARGET]: SIGINT to TARGET (default PID; under a sanitizer, the
+# server it runs), then at most SECONDS (default 60) for PID to exit; past that, the server's
+# threads are shown (state, kernel wait channel, and stacks through gdb or cuda-gdb: the GPU
+# machines have only the latter) and both are killed, so a hung exit cannot take the steps
+# after it. PID's exit status.
 stop_server() {
-    kill -INT "$1" 2>/dev/null
-    for _ in $(seq 60); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
-    if kill -0 "$1" 2>/dev/null; then
-        echo "server $1 had not exited 60 s after SIGINT: killed"
-        kill -9 "$1"
+    local pid=$1 secs=${2:-60} target=${3:-$1} gdb t
+    kill -INT "$target" 2>/dev/null
+    for _ in $(seq "$secs"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "server $target: no exit $secs s after SIGINT; its threads (name, state, kernel wait):"
+        for t in /proc/"$target"/task/*; do
+            echo "  $(cat "$t/comm") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"
+        done
+        gdb="$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)"
+        [ -n "$gdb" ] && timeout 60 "$gdb" -batch -ex "thread apply all bt 12" -p "$target" \
+            2>/dev/null | grep -E "^Thread|^#" | head -150
+        kill -9 "$target" "$pid" 2>/dev/null
     fi
-    wait "$1"
+    wait "$pid"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
@@ -172,24 +182,8 @@ memcheck() {
     # The server is stopped, not the sanitizer: signalled itself, the sanitizer leaves
     # without its summary, and a run without "0 errors" proves nothing.
     # Its exit is bounded: twice on an H200 the sanitizer's run did not end within minutes of
-    # the server's "shutting down", so after 90 s the threads' states are shown and it is killed.
-    local child
-    child=$(pgrep -P $pid || echo $pid)
-    kill -INT "$child"
-    for _ in $(seq 90); do kill -0 $pid 2>/dev/null || break; sleep 1; done
-    if kill -0 $pid 2>/dev/null; then
-        echo "memcheck: no exit 90 s after SIGINT; the server's threads (name, state, kernel wait):"
-        for t in /proc/"$child"/task/*; do
-            echo "  $(cat "$t/comm") $(awk '{print $3}' "$t/stat") $(cat "$t/wchan" 2>/dev/null)"
-        done
-        # The GPU machines have no gdb; cuda-gdb attaches to a running program as gdb does.
-        local gdb
-        gdb="$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)"
-        [ -n "$gdb" ] && timeout 60 "$gdb" -batch -ex "thread apply all bt 12" -p "$child" \
-            2>/dev/null | grep -E "^Thread|^#" | head -150
-        kill -9 "$child" $pid 2>/dev/null
-    fi
-    wait $pid; rc=$?
+    # the server's "shutting down".
+    stop_server $pid 90 "$(pgrep -P $pid || echo $pid)"; rc=$?
     tail -4 "$out/memcheck-serve.log"
     grep -E "ERROR SUMMARY|Invalid|out of bounds" "$out/memcheck-serve.log" | head -20
     grep -q "ERROR SUMMARY: 0 errors" "$out/memcheck-serve.log" || rc=1

@@ -23,7 +23,7 @@ pack() {
     tar czf "$final/gc.tgz" --exclude='*.f32' --exclude='cache' --exclude='L*_B*.json' -C /tmp gc
     cp "$OUT/check.log" "$final/" 2>/dev/null
     echo "=== summary ($(($(date +%s) - start)) s)"
-    grep -E "^=== |test result|FAILED|panicked|ERROR SUMMARY|memcheck:|engine stopped|engine (eager|graphs)|oracle L" \
+    grep -E "^=== |test result|FAILED|panicked|ERROR SUMMARY|no exit .* after SIGINT|engine stopped|engine (eager|graphs)|oracle L" \
         "$OUT/check.log" | head -80
     for f in "$OUT"/oracle/*.md; do
         [ -f "$f" ] && grep -E "^###|^\| (L|[0-9])" "$f" | awk -F'|' '{print $2,$3,$4,$5,$6,$7}'

@@ -57,11 +57,17 @@ pub(crate) trait KvElem: Copy + Send + Sync {
     /// or (f32) the row itself.
     #[inline(always)]
     fn widen<'a>(row: &'a [Self], buf: &'a mut [f32]) -> &'a [f32] {
-        for (out, x) in buf.iter_mut().zip(row) {
-            *out = x.f32();
-        }
-        buf
+        widen_each(row, buf)
     }
+}
+
+/// `row` widened into `buf` one element at a time.
+#[inline(always)]
+fn widen_each<'a, T: KvElem>(row: &[T], buf: &'a mut [f32]) -> &'a [f32] {
+    for (out, x) in buf.iter_mut().zip(row) {
+        *out = x.f32();
+    }
+    buf
 }
 impl KvElem for f32 {
     #[inline(always)]
@@ -113,10 +119,7 @@ impl KvElem for F8E4M3 {
             unsafe { fp8_simd::widen(row, buf) };
             return buf;
         }
-        for (out, x) in buf.iter_mut().zip(row) {
-            *out = x.f32();
-        }
-        buf
+        widen_each(row, buf)
     }
 }
 
