@@ -97,12 +97,12 @@ fn decode_step_s(
         if on_device {
             let mut batch = SamplingBatch::new();
             for sampler in samplers.iter_mut() {
-                let (row, adjust) = sampler.device_row().expect("no grammar");
-                batch.push(&row, &adjust)?;
+                let row = sampler.device_row()?;
+                batch.push(&row.params, &row.adjust)?;
             }
             let out = lm.model.forward_sampled(&b, kv, &batch)?;
             for (&token, sampler) in out.tokens.iter().zip(samplers.iter_mut()) {
-                sampler.record(token as u32);
+                sampler.accept_device(token as u32)?;
             }
         } else {
             let logits = lm.model.forward(&b, kv)?;

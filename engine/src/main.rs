@@ -90,8 +90,8 @@ struct TargetArgs {
     /// Replay decode steps from CUDA graphs (CUDA only).
     #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     cuda_graphs: bool,
-    /// Sample on the GPU, so only token ids come back (CUDA only; requests with a grammar
-    /// or prompt logprobs still sample on the host).
+    /// Sample on the GPU, so only token ids come back (CUDA only; a grammar's mask goes to
+    /// the GPU with its row; steps with prompt logprobs still sample on the host).
     #[arg(long = "device-sampling", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     device_sampling: bool,
 }

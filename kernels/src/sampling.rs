@@ -4,12 +4,15 @@
 //!
 //! Semantics (vLLM's order, as the engine's host sampler applies them): the logit
 //! adjustments of a row (repetition penalty, then presence/frequency penalty, then
-//! `logit_bias`), then greedy when the temperature is 0, else weights
+//! `logit_bias`), then the row's grammar mask (structured output: every token it does not
+//! allow set to −∞), then greedy when the temperature is 0, else weights
 //! `w = exp((x - max) / T)` filtered by min-p, top-k and top-p, and a draw. The filters keep
 //! every token at or above a threshold weight, so tokens tied at a top-k or top-p boundary
 //! are all kept (the host sampler breaks such ties by id). The draw is exact integer
 //! arithmetic on weights in 40-bit fixed point ([`fixed_weight`]): the same inputs give the
 //! same token on every run and on both implementations, up to the last bit of `exp`.
+
+use std::ops::Range;
 
 /// The most `top_logprobs` a row may ask for (the server's limit, as OpenAI's).
 pub const MAX_TOP_LOGPROBS: usize = 20;
@@ -42,6 +45,20 @@ pub struct RowParams {
     pub top_logprobs: Option<usize>,
 }
 
+impl RowParams {
+    /// The most likely token, no logprobs.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            uniform: 0.0,
+            top_logprobs: None,
+        }
+    }
+}
+
 /// A change to one token's logit, applied as `rep(x) - penalty + bias` where `rep` divides a
 /// positive logit by `repetition` and multiplies a negative one (the host sampler's order).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,6 +80,8 @@ pub enum PackError {
     /// never write one logit twice).
     UnsortedAdjustments,
     TooLarge,
+    /// A grammar mask that allows nothing (the host refuses to sample from it).
+    EmptyMask,
 }
 
 impl std::fmt::Display for PackError {
@@ -78,6 +97,7 @@ impl std::fmt::Display for PackError {
                 )
             }
             PackError::TooLarge => write!(f, "more logit adjustments than an i32 counts"),
+            PackError::EmptyMask => write!(f, "a grammar mask that allows no token"),
         }
     }
 }
@@ -85,7 +105,8 @@ impl std::fmt::Display for PackError {
 impl std::error::Error for PackError {}
 
 /// One step's rows, flat. Row `r`'s adjustments are
-/// `adjust_start[r] .. adjust_start[r + 1]` of the adjustment arrays.
+/// `adjust_start[r] .. adjust_start[r + 1]` of the adjustment arrays, its grammar mask
+/// `mask_start[r] .. mask_start[r + 1]` of `mask_words` (none when that is empty).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingBatch {
     /// `[rows, 4]`: temperature, top_p, min_p, uniform.
@@ -98,6 +119,12 @@ pub struct SamplingBatch {
     pub adjust_token: Vec<i32>,
     /// `[adjustments, 3]`: repetition, penalty, bias.
     pub adjust_values: Vec<f32>,
+    /// `[rows + 1]`, in words of `mask_words`.
+    pub mask_start: Vec<i32>,
+    /// The masks of the rows that have one, each a bitset over token ids: bit `i % 32` of
+    /// word `i / 32` allows token `i`; ids past a mask's end are not allowed (llguidance's
+    /// layout, so a grammar's mask is copied as it is computed).
+    pub mask_words: Vec<u32>,
 }
 
 impl Default for SamplingBatch {
@@ -108,6 +135,8 @@ impl Default for SamplingBatch {
             adjust_start: vec![0],
             adjust_token: Vec::new(),
             adjust_values: Vec::new(),
+            mask_start: vec![0],
+            mask_words: Vec::new(),
         }
     }
 }
@@ -127,6 +156,22 @@ impl SamplingBatch {
 
     /// Appends a row; `adjust` in strictly increasing token order.
     pub fn push(&mut self, p: &RowParams, adjust: &[Adjustment]) -> Result<(), PackError> {
+        self.push_masked(p, adjust, None)
+    }
+
+    /// Appends a row that samples only what `mask` allows (see [`SamplingBatch::mask_words`]).
+    pub fn push_masked(
+        &mut self,
+        p: &RowParams,
+        adjust: &[Adjustment],
+        mask: Option<&[u32]>,
+    ) -> Result<(), PackError> {
+        if mask.is_some_and(|m| m.iter().all(|&w| w == 0)) {
+            return Err(PackError::EmptyMask);
+        }
+        let mask = mask.unwrap_or(&[]);
+        let mask_end =
+            i32::try_from(self.mask_words.len() + mask.len()).map_err(|_| PackError::TooLarge)?;
         if p.top_logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
             return Err(PackError::TooManyLogprobs(p.top_logprobs.unwrap()));
         }
@@ -149,7 +194,23 @@ impl SamplingBatch {
             self.adjust_values.extend([a.repetition, a.penalty, a.bias]);
         }
         self.adjust_start.push(end);
+        self.mask_words.extend_from_slice(mask);
+        self.mask_start.push(mask_end);
         Ok(())
+    }
+
+    /// Row `r`'s grammar mask, if it has one.
+    pub fn mask(&self, r: usize) -> Option<&[u32]> {
+        let (a, b) = (self.mask_start[r] as usize, self.mask_start[r + 1] as usize);
+        (b > a).then(|| &self.mask_words[a..b])
+    }
+
+    /// Whether row `r`'s mask allows `token` (true when the row has no mask).
+    pub fn allows(&self, r: usize, token: usize) -> bool {
+        self.mask(r).is_none_or(|m| {
+            m.get(token / 32)
+                .is_some_and(|w| w >> (token % 32) & 1 == 1)
+        })
     }
 
     /// Row `r` as it was pushed.
@@ -180,6 +241,81 @@ impl SamplingBatch {
     }
 }
 
+/// Where each array of a [`SamplingBatch`] lies in [`SamplingBatch::to_words`]: one buffer of
+/// 4-byte words, so a step uploads its sampling inputs with one copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchWords {
+    pub floats: Range<usize>,
+    pub ints: Range<usize>,
+    pub adjust_start: Range<usize>,
+    pub adjust_token: Range<usize>,
+    pub adjust_values: Range<usize>,
+    pub mask_start: Range<usize>,
+    pub mask_words: Range<usize>,
+    pub len: usize,
+}
+
+/// Where each array of a [`SampledRows`] of `rows` rows lies in one buffer of 4-byte words,
+/// so a step downloads what it sampled with one copy ([`SampledRows::from_words`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowsWords {
+    pub tokens: Range<usize>,
+    pub logprobs: Range<usize>,
+    pub top_ids: Range<usize>,
+    pub top_logprobs: Range<usize>,
+    pub len: usize,
+}
+
+impl RowsWords {
+    pub fn new(rows: usize) -> Self {
+        let mut at = Cursor(0);
+        Self {
+            tokens: at.take(rows),
+            logprobs: at.take(rows),
+            top_ids: at.take(rows * MAX_TOP_LOGPROBS),
+            top_logprobs: at.take(rows * MAX_TOP_LOGPROBS),
+            len: at.0,
+        }
+    }
+}
+
+/// Lays arrays out one after another.
+struct Cursor(usize);
+
+impl Cursor {
+    fn take(&mut self, len: usize) -> Range<usize> {
+        self.0 += len;
+        self.0 - len..self.0
+    }
+}
+
+impl SamplingBatch {
+    /// Every array in one buffer of 4-byte words (f32 as their bits), and where each lies.
+    pub fn to_words(&self) -> (Vec<u32>, BatchWords) {
+        let mut at = Cursor(0);
+        let layout = BatchWords {
+            floats: at.take(self.floats.len()),
+            ints: at.take(self.ints.len()),
+            adjust_start: at.take(self.adjust_start.len()),
+            adjust_token: at.take(self.adjust_token.len()),
+            adjust_values: at.take(self.adjust_values.len()),
+            mask_start: at.take(self.mask_start.len()),
+            mask_words: at.take(self.mask_words.len()),
+            len: at.0,
+        };
+        let mut words = Vec::with_capacity(layout.len);
+        words.extend(self.floats.iter().map(|x| x.to_bits()));
+        words.extend(self.ints.iter().map(|&x| x as u32));
+        words.extend(self.adjust_start.iter().map(|&x| x as u32));
+        words.extend(self.adjust_token.iter().map(|&x| x as u32));
+        words.extend(self.adjust_values.iter().map(|x| x.to_bits()));
+        words.extend(self.mask_start.iter().map(|&x| x as u32));
+        words.extend_from_slice(&self.mask_words);
+        debug_assert_eq!(words.len(), layout.len);
+        (words, layout)
+    }
+}
+
 /// What sampling returns, flat as the kernel writes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampledRows {
@@ -205,6 +341,30 @@ impl SampledRows {
 
     pub fn rows(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// The rows as [`RowsWords::new`] lays them out in `words`.
+    pub fn from_words(rows: usize, words: &[u32]) -> Self {
+        let at = RowsWords::new(rows);
+        assert_eq!(
+            words.len(),
+            at.len,
+            "{rows} sampled rows are {} words",
+            at.len
+        );
+        let ints = |r: &Range<usize>| words[r.clone()].iter().map(|&w| w as i32).collect();
+        let floats = |r: &Range<usize>| {
+            words[r.clone()]
+                .iter()
+                .map(|&w| f32::from_bits(w))
+                .collect()
+        };
+        Self {
+            tokens: ints(&at.tokens),
+            logprobs: floats(&at.logprobs),
+            top_ids: ints(&at.top_ids),
+            top_logprobs: floats(&at.top_logprobs),
+        }
     }
 
     /// Row `r`'s top tokens with their logprobs, most likely first.
@@ -256,6 +416,27 @@ mod tests {
         assert_eq!(b.row(1), (params(Some(5)), vec![]));
         assert_eq!(b.row(2), (params(Some(0)), vec![adj(0)]));
         assert_eq!(b.ints, vec![40, -1, 40, 5, 40, 0]);
+        assert_eq!(b.mask_start, vec![0, 0, 0, 0]);
+        assert!((0..3).all(|r| b.mask(r).is_none() && b.allows(r, 12_345)));
+    }
+
+    #[test]
+    fn masks_pack_per_row_and_allow_only_their_bits() {
+        let mut b = SamplingBatch::new();
+        b.push_masked(&params(None), &[], Some(&[0b101, 1 << 31]))
+            .unwrap();
+        b.push(&params(None), &[adj(2)]).unwrap();
+        b.push_masked(&params(Some(1)), &[adj(0)], Some(&[0, 0, 1 << 4]))
+            .unwrap();
+        assert_eq!(b.mask_start, vec![0, 2, 2, 5]);
+        assert_eq!(b.mask(0), Some(&[0b101, 1 << 31][..]));
+        assert_eq!(b.mask(1), None);
+        let allowed = |r| (0..100).filter(|&t| b.allows(r, t)).collect::<Vec<_>>();
+        // Ids past a mask's end are not allowed.
+        assert_eq!(allowed(0), vec![0, 2, 63]);
+        assert_eq!(allowed(1), (0..100).collect::<Vec<_>>());
+        assert_eq!(allowed(2), vec![68]);
+        assert_eq!(b.row(2), (params(Some(1)), vec![adj(0)]));
     }
 
     #[test]
@@ -275,6 +456,14 @@ mod tests {
             b.push(&params(None), &[adj(5), adj(2)]),
             Err(PackError::UnsortedAdjustments)
         );
+        assert_eq!(
+            b.push_masked(&params(None), &[], Some(&[0, 0])),
+            Err(PackError::EmptyMask)
+        );
+        assert_eq!(
+            b.push_masked(&params(Some(21)), &[], Some(&[1])),
+            Err(PackError::TooManyLogprobs(21))
+        );
         assert_eq!(b, before);
     }
 
@@ -286,6 +475,63 @@ mod tests {
         // Below 2^-40 a weight counts as nothing.
         assert_eq!(fixed_weight(2f32.powi(-41)), 0);
         assert_eq!(fixed_weight(2f32.powi(-40)), 1);
+    }
+
+    #[test]
+    fn a_batch_packs_into_words_where_its_layout_says() {
+        let mut b = SamplingBatch::new();
+        b.push(&params(Some(3)), &[adj(3), adj(9)]).unwrap();
+        b.push_masked(&params(None), &[], Some(&[7, u32::MAX]))
+            .unwrap();
+        let (words, at) = b.to_words();
+        assert_eq!(words.len(), at.len);
+        let floats: Vec<f32> = words[at.floats.clone()]
+            .iter()
+            .map(|&w| f32::from_bits(w))
+            .collect();
+        assert_eq!(floats, b.floats);
+        let ints = |r: Range<usize>| words[r].iter().map(|&w| w as i32).collect::<Vec<_>>();
+        assert_eq!(ints(at.ints), b.ints);
+        assert_eq!(ints(at.adjust_start), b.adjust_start);
+        assert_eq!(ints(at.adjust_token), b.adjust_token);
+        let values: Vec<f32> = words[at.adjust_values]
+            .iter()
+            .map(|&w| f32::from_bits(w))
+            .collect();
+        assert_eq!(values, b.adjust_values);
+        assert_eq!(ints(at.mask_start), b.mask_start);
+        assert_eq!(words[at.mask_words.clone()].to_vec(), b.mask_words);
+        // The arrays tile the buffer in order, with no gap.
+        assert_eq!(at.floats.start, 0);
+        assert_eq!(at.mask_words.end, at.len);
+    }
+
+    #[test]
+    fn sampled_rows_come_back_from_words() {
+        let mut want = SampledRows::new(3);
+        want.tokens = vec![5, -1, 70_000];
+        want.logprobs = vec![-0.25, f32::NAN, -3.5];
+        want.top_ids[2 * MAX_TOP_LOGPROBS] = 9;
+        want.top_logprobs[2 * MAX_TOP_LOGPROBS] = -0.125;
+        let at = RowsWords::new(3);
+        let mut words = vec![0u32; at.len];
+        for (i, r) in at.tokens.clone().enumerate() {
+            words[r] = want.tokens[i] as u32;
+        }
+        for (i, r) in at.logprobs.clone().enumerate() {
+            words[r] = want.logprobs[i].to_bits();
+        }
+        for (i, r) in at.top_ids.clone().enumerate() {
+            words[r] = want.top_ids[i] as u32;
+        }
+        for (i, r) in at.top_logprobs.clone().enumerate() {
+            words[r] = want.top_logprobs[i].to_bits();
+        }
+        let got = SampledRows::from_words(3, &words);
+        assert_eq!(got.tokens, want.tokens);
+        assert_eq!(got.top(2), vec![(9, -0.125)]);
+        assert!(got.logprobs[1].is_nan() && got.logprobs[2] == -3.5);
+        assert_eq!(at.len, 3 * (2 + 2 * MAX_TOP_LOGPROBS));
     }
 
     #[test]

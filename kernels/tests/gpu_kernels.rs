@@ -1117,6 +1117,10 @@ fn device_sample(
         .clone_htod(&[batch.adjust_values.clone(), vec![0.0; 3]].concat())
         .unwrap();
     let raw = stream.alloc_zeros::<f32>(n + 1).unwrap();
+    let mask_start = stream.clone_htod(&batch.mask_start).unwrap();
+    let mask_words = stream
+        .clone_htod(&[batch.mask_words.clone(), vec![0]].concat())
+        .unwrap();
     let out_tokens = stream.alloc_zeros::<i32>(rows).unwrap();
     let out_lp = stream.alloc_zeros::<f32>(rows).unwrap();
     let out_ids = stream.alloc_zeros::<i32>(rows * MAX_TOP_LOGPROBS).unwrap();
@@ -1128,6 +1132,8 @@ fn device_sample(
         adjust_token: span(&token).slice(0, n),
         adjust_values: span(&values).slice(0, 3 * n),
         adjust_raw: span(&raw).slice(0, n),
+        mask_start: span(&mask_start),
+        mask_words: span(&mask_words).slice(0, batch.mask_words.len()),
     };
     let out = DeviceSampledRows {
         tokens: span(&out_tokens),
@@ -1198,7 +1204,8 @@ fn sampling_params(uniform: f32, i: usize) -> RowParams {
 
 /// The same tokens as the reference at Llama 3's 128,256-token vocabulary, on bf16-valued
 /// logits (ties everywhere, as a real head's output has): greedy, every filter, penalties,
-/// logit bias and top logprobs. A draw may differ only where `expf` and Rust's `exp` round a
+/// logit bias, grammar masks (every third row, over and beside its penalties) and top
+/// logprobs. A draw may differ only where `expf` and Rust's `exp` round a
 /// weight differently at the exact boundary of the draw (about one chance in a thousand per
 /// draw): at most one of the 128 rows.
 #[test]
@@ -1229,7 +1236,16 @@ fn sampling_matches_reference_at_a_128k_vocabulary() {
                 .collect(),
             _ => Vec::new(),
         };
-        batch.push(&sampling_params(u, r), &adjust).unwrap();
+        // Every third row: a grammar mask allowing about one token in five, shorter than
+        // the vocabulary (the ids past its end are masked too).
+        let mask: Option<Vec<u32>> = (r % 3 == 2).then(|| {
+            (0..(vocab - 1000).div_ceil(32))
+                .map(|w| (w as u32).wrapping_mul(2_654_435_761) & 0x2108_4210 | 1)
+                .collect()
+        });
+        batch
+            .push_masked(&sampling_params(u, r), &adjust, mask.as_deref())
+            .unwrap();
     }
     let (got, adjusted) = device_sample(&kernels, &stream, &logits, vocab, &batch);
     let mut want_logits = logits.clone();
@@ -1238,6 +1254,11 @@ fn sampling_matches_reference_at_a_128k_vocabulary() {
     let mut differ = 0;
     for r in 0..rows {
         let (p, _) = batch.row(r);
+        assert!(
+            batch.allows(r, got.tokens[r] as usize),
+            "row {r}: token {} is masked",
+            got.tokens[r]
+        );
         if got.tokens[r] != want.tokens[r] {
             assert!(p.temperature > 0.0, "row {r}: greedy tokens differ");
             differ += 1;

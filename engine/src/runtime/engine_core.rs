@@ -21,7 +21,7 @@ use crate::runtime::detokenize::OutputStream;
 use crate::runtime::model::{KvCache, LoadedModel};
 use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
 use crate::runtime::structured::Constraint;
-use infer_kernels::sampling::SamplingBatch;
+use infer_kernels::sampling::{RowParams, SamplingBatch};
 
 /// A tokenised request.
 #[derive(Debug, Clone, PartialEq)]
@@ -431,7 +431,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 chunk.all_logits = s.num_computed + 1 < prompt.len();
             }
         }
-        if self.samples_on_device(plan, &batch) {
+        if self.samples_on_device(&batch) {
             return self.forward_and_sample_on_device(plan, &batch);
         }
         let logits = self.model.borrow().model.forward(&batch, &mut self.kv)?;
@@ -486,25 +486,21 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         Ok(out)
     }
 
-    /// Whether this step samples on the device: the model was told to, and every sampled row
-    /// can be (no grammar, which masks on the host; no prompt logprobs, which need every
-    /// row's logits there).
-    fn samples_on_device(&self, plan: &StepPlan, batch: &ForwardBatch) -> bool {
+    /// Whether this step samples on the device: the model was told to, and no row needs
+    /// every logit on the host (prompt logprobs). A grammar's mask goes to the device with
+    /// its row.
+    fn samples_on_device(&self, batch: &ForwardBatch) -> bool {
         #[cfg(test)]
         let forced = self.force_device_sampling;
         #[cfg(not(test))]
         let forced = false;
         (forced || self.model.borrow().model.samples_on_device())
             && batch.seqs.iter().all(|c| !c.all_logits)
-            && plan.seqs.iter().filter(|s| s.samples).all(|s| {
-                self.live
-                    .get(&s.request.0)
-                    .is_some_and(|l| l.sampler.constraint().is_none())
-            })
     }
 
     /// [`Self::forward_and_sample`] with the sampling done where the logits are: each
-    /// sampler gives its row's parameters and draw, and records the token that comes back.
+    /// sampler gives its row's parameters, draw and grammar mask, and accepts the token that
+    /// comes back. A grammar that fails ends its request after the step, as on the host.
     fn forward_and_sample_on_device(
         &mut self,
         plan: &StepPlan,
@@ -512,17 +508,28 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     ) -> Result<Vec<(u64, SampledToken)>> {
         let mut sampling = SamplingBatch::new();
         let mut ids = Vec::with_capacity(plan.num_sampling());
+        // Per row: the grammar's seconds so far, when a grammar constrains it.
+        let mut grammar_s = Vec::with_capacity(plan.num_sampling());
         for s in plan.seqs.iter().filter(|s| s.samples) {
             let id = s.request.0;
             let live = self
                 .live
                 .get_mut(&id)
                 .ok_or_else(|| anyhow!("request {id} has no state"))?;
-            let (row, adjust) = live
-                .sampler
-                .device_row()
-                .ok_or_else(|| anyhow!("request {id} samples on the host"))?;
-            sampling.push(&row, &adjust)?;
+            let constrained = live.sampler.constraint().is_some();
+            match live.sampler.device_row() {
+                Ok(row) => {
+                    sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
+                    grammar_s.push(constrained.then_some(row.constraint_s));
+                }
+                Err(e) => {
+                    // Its grammar failed: a greedy row holds its place, its token unused.
+                    self.sample_failed
+                        .insert(id, format!("structured output: {e:#}"));
+                    sampling.push(&RowParams::greedy(), &[])?;
+                    grammar_s.push(None);
+                }
+            }
             ids.push(id);
         }
         let sampled = self
@@ -538,10 +545,27 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         );
         let mut out = Vec::with_capacity(ids.len());
         for (r, id) in ids.into_iter().enumerate() {
+            if self.sample_failed.contains_key(&id) {
+                out.push((id, SampledToken::placeholder()));
+                continue;
+            }
             let token = u32::try_from(sampled.tokens[r])
                 .map_err(|_| anyhow!("the device sampled no token for request {id}"))?;
             let live = self.live.get_mut(&id).expect("looked up above");
-            live.sampler.record(token);
+            let accept_s = match live.sampler.accept_device(token) {
+                Ok(s) => s,
+                Err(e) => {
+                    self.sample_failed
+                        .insert(id, format!("structured output: {e:#}"));
+                    out.push((id, SampledToken::placeholder()));
+                    continue;
+                }
+            };
+            let constraint_s = grammar_s[r].map(|mask_s| mask_s + accept_s);
+            if let Some(seconds) = constraint_s {
+                self.constraint_cost.0 += seconds;
+                self.constraint_cost.1 += 1;
+            }
             let asked = live.sampler.params().logprobs.is_some();
             out.push((
                 id,
@@ -549,7 +573,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     token,
                     logprob: asked.then_some(sampled.logprobs[r]),
                     top_logprobs: sampled.top(r),
-                    constraint_s: 0.0,
+                    constraint_s: constraint_s.unwrap_or(0.0),
                 },
             ));
         }
@@ -826,12 +850,19 @@ mod tests {
 
     /// The device-sampling path (packed rows, the batched sampler, the tokens recorded back)
     /// gives what the host samplers give: the same greedy tokens, logprobs and alternatives,
-    /// step after step, with penalties and bias moving the choices.
+    /// step after step, with penalties and bias moving the choices, and a grammar's mask
+    /// (JSON) applied to its own row only.
     #[test]
     fn device_sampling_gives_the_host_samplers_tokens() -> Result<()> {
         let (_tmp, lm) = tiny()?;
-        // (request, token, logprob, alternatives) of every token, in order.
-        type Tokens = Vec<(u64, u32, f32, Vec<(u32, f32)>)>;
+        let json = crate::runtime::structured::GrammarCompiler::new(
+            &lm.tokenizer,
+            lm.config.vocab_size,
+            &lm.eos_token_ids,
+        )?
+        .compile(&crate::runtime::structured::Grammar::json_object(true))?;
+        // (request, token, logprob, alternatives, text) of every token, in order.
+        type Tokens = Vec<(u64, u32, f32, Vec<(u32, f32)>, String)>;
         let run = |device: bool| -> Result<Tokens> {
             let mut core = EngineCore::new(&lm, config(), 0)?;
             core.force_device_sampling = device;
@@ -845,6 +876,10 @@ mod tests {
                     logprobs: Some(id as usize * 2),
                     ..SamplingParams::greedy()
                 };
+                // The last one writes JSON, beside the others.
+                if id == 2 {
+                    r.constraint = Some(json.clone());
+                }
                 core.add(id, r, Instant::now()).unwrap();
             }
             let mut out = Vec::new();
@@ -854,7 +889,7 @@ mod tests {
                 out.extend(
                     step.tokens
                         .into_iter()
-                        .map(|t| (t.id, t.token, t.logprob, t.top_logprobs)),
+                        .map(|t| (t.id, t.token, t.logprob, t.top_logprobs, t.text)),
                 );
             }
             Ok(out)
@@ -862,6 +897,14 @@ mod tests {
         let host = run(false)?;
         assert_eq!(host.len(), 30);
         assert_eq!(run(true)?, host);
+        let text = |id| -> String {
+            host.iter()
+                .filter(|t| t.0 == id)
+                .map(|t| t.4.as_str())
+                .collect()
+        };
+        assert!(text(2).trim_start().starts_with('{'), "{:?}", text(2));
+        assert!(!text(0).trim_start().starts_with('{'), "{:?}", text(0));
         Ok(())
     }
 

@@ -211,12 +211,13 @@ impl Sampler {
 
     /// This step's row for the device sampler, its uniform drawn from the request's
     /// generator as a host draw would be (so a seeded request gives the same stream either
-    /// way); `None` when a grammar constrains the output (its mask needs the logits on the
-    /// host). Follow it with [`Sampler::record`] of the token the device chose.
-    pub fn device_row(&mut self) -> Option<(RowParams, Vec<Adjustment>)> {
-        if self.constraint.is_some() {
-            return None;
-        }
+    /// way), with the grammar's mask for this step when one constrains the output. Follow
+    /// it with [`Sampler::accept_device`] of the token the device chose. Errs only when the
+    /// grammar fails (as [`Sampler::sample`] would).
+    pub fn device_row(&mut self) -> anyhow::Result<DeviceRow> {
+        let t = Instant::now();
+        let mask = self.constraint.as_mut().map(|c| c.allowed()).transpose()?;
+        let constraint_s = mask.as_ref().map_or(0.0, |_| t.elapsed().as_secs_f64());
         let p = &self.params;
         let greedy = p.temperature <= 0.0;
         let row = RowParams {
@@ -227,11 +228,28 @@ impl Sampler {
             uniform: if greedy { 0.0 } else { self.rng.gen::<f32>() },
             top_logprobs: p.logprobs,
         };
-        Some((row, self.adjustments()))
+        Ok(DeviceRow {
+            params: row,
+            adjust: self.adjustments(),
+            mask,
+            constraint_s,
+        })
     }
 
-    /// Records a token sampled on the device (see [`Sampler::device_row`]).
-    pub fn record(&mut self, token: u32) {
+    /// Records a token sampled on the device (see [`Sampler::device_row`]) and advances the
+    /// grammar past it: the seconds that took. Errs when the grammar fails.
+    pub fn accept_device(&mut self, token: u32) -> anyhow::Result<f64> {
+        let mut constraint_s = 0.0;
+        if let Some(c) = &mut self.constraint {
+            let t = Instant::now();
+            c.accept(token)?;
+            constraint_s = t.elapsed().as_secs_f64();
+        }
+        self.record(token);
+        Ok(constraint_s)
+    }
+
+    fn record(&mut self, token: u32) {
         *self.seen.entry(token).or_insert(0) += 1;
         *self.output_counts.entry(token).or_insert(0) += 1;
     }
@@ -282,6 +300,19 @@ impl Sampler {
         }
         cand.last().map(|c| c.0).unwrap_or(0)
     }
+}
+
+/// One sequence's row of a step sampled on the device ([`Sampler::device_row`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceRow {
+    pub params: RowParams,
+    /// Penalties and bias, in token order.
+    pub adjust: Vec<Adjustment>,
+    /// The grammar's allowed tokens (bit `i % 32` of word `i / 32`), when one constrains
+    /// the output.
+    pub mask: Option<Vec<u32>>,
+    /// Seconds the grammar took to compute the mask.
+    pub constraint_s: f64,
 }
 
 /// Index of the largest logit; ties go to the lowest id.
@@ -490,14 +521,15 @@ mod tests {
         for step in 0..30 {
             let logits = step_logits(step);
             let want = host.sample(&logits).unwrap();
-            let (row, adjust) = device.device_row().expect("no grammar");
+            let row = device.device_row().unwrap();
+            assert_eq!(row.mask, None);
             let mut batch = infer_kernels::sampling::SamplingBatch::new();
-            batch.push(&row, &adjust).unwrap();
+            batch.push(&row.params, &row.adjust).unwrap();
             let got = reference::sample_rows(&mut logits.clone(), logits.len(), &batch);
             assert_eq!(got.tokens[0] as u32, want.token, "step {step}");
             assert_eq!(Some(got.logprobs[0]), want.logprob, "step {step}");
             assert_eq!(got.top(0), want.top_logprobs, "step {step}");
-            device.record(want.token);
+            assert_eq!(device.accept_device(want.token).unwrap(), 0.0);
             tokens.push(want.token);
         }
         // The penalties did their work: the choice moved around.
@@ -517,12 +549,12 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(42);
         for _ in 0..5 {
             let want = rng.gen::<f32>();
-            assert_eq!(a.device_row().unwrap().0.uniform, want);
-            assert_eq!(b.device_row().unwrap().0.uniform, want);
+            assert_eq!(a.device_row().unwrap().params.uniform, want);
+            assert_eq!(b.device_row().unwrap().params.uniform, want);
         }
         // Greedy rows draw nothing: the generator stays where it was.
         let mut g = Sampler::new(SamplingParams::greedy(), &[], 0);
-        assert_eq!(g.device_row().unwrap().0.uniform, 0.0);
+        assert_eq!(g.device_row().unwrap().params.uniform, 0.0);
         assert_eq!(
             g.rng.gen::<f32>(),
             ChaCha8Rng::seed_from_u64(0).gen::<f32>()

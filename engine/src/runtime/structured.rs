@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 
@@ -226,12 +226,19 @@ impl Constraint {
     /// Sets every logit the grammar does not allow next to −∞. A finished grammar allows
     /// only the end-of-sequence tokens. Errs if the grammar is in an error state.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
+        apply(&self.allowed()?, logits);
+        Ok(())
+    }
+
+    /// The tokens the grammar allows next, as a bitset (bit `i % 32` of word `i / 32`: token
+    /// `i`; ids past its end are not allowed): what [`Constraint::mask`] applies, for a
+    /// sampler that applies it elsewhere (the GPU's). Errs as `mask` does.
+    pub fn allowed(&mut self) -> Result<Vec<u32>> {
         let allowed = self.matcher.compute_mask_or_eos()?;
         if allowed.is_zero() {
             bail!("the grammar allows no token here");
         }
-        apply(&allowed, logits);
-        Ok(())
+        Ok(allowed.as_slice().to_vec())
     }
 
     /// Advances past the sampled `token`.
@@ -243,9 +250,8 @@ impl Constraint {
     }
 }
 
-/// −∞ at every position `allowed` does not set (positions past its length included).
-fn apply(allowed: &SimpleVob, logits: &mut [f32]) {
-    let words = allowed.as_slice();
+/// −∞ at every position `words` does not set (positions past its length included).
+fn apply(words: &[u32], logits: &mut [f32]) {
     for (w, chunk) in logits.chunks_mut(32).enumerate() {
         let bits = words.get(w).copied().unwrap_or(0);
         if bits == u32::MAX {
@@ -412,11 +418,12 @@ mod tests {
 
     #[test]
     fn mask_covers_the_whole_row() {
+        use llguidance::toktrie::SimpleVob;
         let mut v = SimpleVob::alloc(70);
         v.allow_token(3);
         v.allow_token(64);
         let mut logits = vec![1.0f32; 80];
-        apply(&v, &mut logits);
+        apply(v.as_slice(), &mut logits);
         let kept: Vec<usize> = (0..80).filter(|&i| logits[i].is_finite()).collect();
         assert_eq!(kept, vec![3, 64]);
     }

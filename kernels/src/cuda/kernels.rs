@@ -1068,11 +1068,13 @@ impl Kernels {
         assert_eq!(input.adjust_start.len(), rows + 1);
         assert_eq!(input.adjust_values.len(), n * 3);
         assert_eq!(input.adjust_raw.len(), n);
+        assert_eq!(input.mask_start.len(), rows + 1);
         assert_eq!(out.tokens.len(), rows);
         assert_eq!(out.logprobs.len(), rows);
         assert_eq!(out.top_ids.len(), rows * MAX_TOP_LOGPROBS);
         assert_eq!(out.top_logprobs.len(), rows * MAX_TOP_LOGPROBS);
         let (vocab_arg, n_arg) = (int(vocab), int(n));
+        let n_mask_arg = int(input.mask_words.len());
         let mut launch = self.stream.launch_builder(&self.sample_rows);
         launch
             .arg(&logits)
@@ -1084,12 +1086,15 @@ impl Kernels {
             .arg(&input.adjust_values)
             .arg(&input.adjust_raw)
             .arg(&n_arg)
+            .arg(&input.mask_start)
+            .arg(&input.mask_words)
+            .arg(&n_mask_arg)
             .arg(&out.tokens)
             .arg(&out.logprobs)
             .arg(&out.top_ids)
             .arg(&out.top_logprobs);
         // SAFETY: matches sample_rows_f32; lengths checked above, the kernel clamps the
-        // adjustment ranges to n and skips tokens outside the vocabulary.
+        // adjustment and mask ranges to their arrays and skips tokens outside the vocabulary.
         unsafe { launch.launch(grid::per_row(rows, vocab)) }.map(drop)
     }
 }
@@ -1104,6 +1109,8 @@ pub struct DeviceSamplingBatch {
     pub adjust_token: Span<i32>,
     pub adjust_values: Span<f32>,
     pub adjust_raw: Span<f32>,
+    pub mask_start: Span<i32>,
+    pub mask_words: Span<u32>,
 }
 
 /// Where [`Kernels::sample_rows`] writes a [`crate::sampling::SampledRows`].

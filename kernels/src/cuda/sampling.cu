@@ -189,14 +189,18 @@ __device__ unsigned int radix_select(const float* x, int vocab, float max, float
 // min_p, uniform); params_i: [rows, 2] (top_k, top_logprobs or -1). Row r's adjustments are
 // adjust_start[r] .. adjust_start[r + 1] (clamped to [0, n_adjust]) of adjust_token [n] and
 // adjust_values [n, 3] (repetition, penalty, bias), each token once per row; adjust_raw [n]
-// receives the logits they replaced. Writes out_token [rows], out_logprob [rows] (NaN unless
+// receives the logits they replaced. Row r's grammar mask, if mask_start[r] < mask_start[r + 1]
+// (clamped to [0, n_mask_words]), is those words of mask_words: bit i % 32 of word i / 32
+// allows token i, ids past its end are not allowed; every other logit becomes -inf after the
+// adjustments. Writes out_token [rows], out_logprob [rows] (NaN unless
 // asked), out_top_ids / out_top_logprobs [rows, SAMPLE_MAX_TOP] (-1 / NaN past the count).
 // Grid: one block per row.
 extern "C" __global__ void __launch_bounds__(1024) sample_rows_f32(
     float* __restrict__ logits, int vocab, const float* __restrict__ params_f,
     const int* __restrict__ params_i, const int* __restrict__ adjust_start,
     const int* __restrict__ adjust_token, const float* __restrict__ adjust_values,
-    float* __restrict__ adjust_raw, int n_adjust, int* __restrict__ out_token,
+    float* __restrict__ adjust_raw, int n_adjust, const int* __restrict__ mask_start,
+    const unsigned int* __restrict__ mask_words, int n_mask_words, int* __restrict__ out_token,
     float* __restrict__ out_logprob, int* __restrict__ out_top_ids,
     float* __restrict__ out_top_logprobs) {
     __shared__ float fscratch[32];
@@ -216,6 +220,8 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows_f32(
     const int n_top = min(params_i[2 * row + 1], SAMPLE_MAX_TOP);
     const int a0 = min(max(adjust_start[row], 0), n_adjust);
     const int a1 = min(max(adjust_start[row + 1], a0), n_adjust);
+    const int m0 = min(max(mask_start[row], 0), n_mask_words);
+    const int m1 = min(max(mask_start[row + 1], m0), n_mask_words);
     const float nan = __uint_as_float(0x7fc00000u);
 
     // 1. Logprobs of the raw model distribution, before any adjustment.
@@ -282,6 +288,18 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows_f32(
         x[t] = v;
     }
     __syncthreads();
+
+    // 2b. The grammar mask, after the adjustments (the host sampler's order).
+    if (m1 > m0) {
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            const int w = m0 + (i >> 5);
+            const unsigned int bits = w < m1 ? mask_words[w] : 0u;
+            if (((bits >> (i & 31)) & 1u) == 0u) {
+                x[i] = neg_infinity();
+            }
+        }
+        __syncthreads();
+    }
 
     // 3. The token: greedy, or a draw from the kept weights.
     Best greedy;

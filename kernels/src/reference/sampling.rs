@@ -6,8 +6,8 @@
 use crate::sampling::MAX_TOP_LOGPROBS;
 use crate::sampling::{fixed_weight, Adjustment, RowParams, SampledRows, SamplingBatch};
 
-/// Samples every row of `logits` (`[batch.rows(), vocab]`), adjusting them in place as the
-/// kernel does. An adjustment naming a token outside the vocabulary is skipped.
+/// Samples every row of `logits` (`[batch.rows(), vocab]`), adjusting and masking them in
+/// place as the kernel does. An adjustment naming a token outside the vocabulary is skipped.
 pub fn sample_rows(logits: &mut [f32], vocab: usize, batch: &SamplingBatch) -> SampledRows {
     assert_eq!(
         logits.len(),
@@ -26,6 +26,13 @@ pub fn sample_rows(logits: &mut [f32], vocab: usize, batch: &SamplingBatch) -> S
             }
         }
         adjust_logits(row, &adjust);
+        if batch.mask(r).is_some() {
+            for (t, x) in row.iter_mut().enumerate() {
+                if !batch.allows(r, t) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
         let token = match p.temperature > 0.0 {
             true => draw(row, &p),
             false => argmax(row),
@@ -294,6 +301,83 @@ mod tests {
         assert_eq!(one_row(&row, params(0.0), &[bias]).0, 3);
         // Tokens outside the vocabulary are skipped, not written.
         assert_eq!(one_row(&row, params(0.0), &[rep(9, 0.1)]).0, 1);
+    }
+
+    /// A grammar mask keeps only its tokens, after the adjustments: greedy takes the best
+    /// allowed one, draws follow the filtered distribution over the allowed ones, and the
+    /// logprobs stay the raw model's.
+    #[test]
+    fn a_mask_keeps_only_its_tokens_after_the_adjustments() {
+        // Tokens 0, 2, 5 and 7 allowed.
+        let mask = [0b1010_0101u32];
+        let masked = |p: RowParams, adjust: &[Adjustment]| {
+            let mut batch = SamplingBatch::new();
+            batch.push_masked(&p, adjust, Some(&mask)).unwrap();
+            let mut row = LOGITS.to_vec();
+            let out = sample_rows(&mut row, LOGITS.len(), &batch);
+            (out, row)
+        };
+        // Token 1 (3.0) is the best, but not allowed; 5 (2.9) is.
+        let (out, row) = masked(
+            RowParams {
+                top_logprobs: Some(1),
+                ..params(0.0)
+            },
+            &[],
+        );
+        assert_eq!(out.tokens[0], 5);
+        let z = log_z(&LOGITS);
+        assert!((out.logprobs[0] - (2.9 - z)).abs() < 1e-6);
+        assert_eq!(
+            out.top(0)[0].0,
+            1,
+            "the top logprob is the raw model's best"
+        );
+        let kept: Vec<usize> = (0..8).filter(|&t| row[t] > f32::NEG_INFINITY).collect();
+        assert_eq!(kept, vec![0, 2, 5, 7]);
+        // A bias on an allowed token applies before the mask; one on a masked token is moot.
+        let bias = |token| Adjustment {
+            token,
+            repetition: 1.0,
+            penalty: 0.0,
+            bias: 5.0,
+        };
+        assert_eq!(masked(params(0.0), &[bias(0)]).0.tokens[0], 0);
+        assert_eq!(masked(params(0.0), &[bias(3)]).0.tokens[0], 5);
+        // Draws: the filtered distribution of the masked row.
+        let p = RowParams {
+            top_p: 0.9,
+            ..params(1.0)
+        };
+        let n = 20_000;
+        let mut batch = SamplingBatch::new();
+        for k in 0..n {
+            let uniform = (k as f32 + 0.5) / n as f32;
+            batch
+                .push_masked(&RowParams { uniform, ..p }, &[], Some(&mask))
+                .unwrap();
+        }
+        let mut all: Vec<f32> = (0..n).flat_map(|_| LOGITS.iter().cloned()).collect();
+        let out = sample_rows(&mut all, LOGITS.len(), &batch);
+        let only_allowed: Vec<f32> = LOGITS
+            .iter()
+            .enumerate()
+            .map(|(t, &x)| {
+                if mask[0] >> t & 1 == 1 {
+                    x
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
+        let want = filtered(&only_allowed, &p);
+        let mut got = [0.0f64; 8];
+        for t in out.tokens {
+            got[t as usize] += 1.0 / n as f64;
+        }
+        for (t, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() < 1e-3, "token {t}: {g:.4}, expected {w:.4}");
+        }
     }
 
     #[test]

@@ -244,8 +244,8 @@ impl Model {
 
     /// Samples on the GPU from now on: the engine sends each step's sampling parameters
     /// and gets token ids (and the logprobs asked for) back, not the logits. Only the CUDA
-    /// backend samples on its device; requests with a grammar and prompt logprobs still
-    /// take their step's logits to the host.
+    /// backend samples on its device (a grammar's mask goes with its row); requests with
+    /// prompt logprobs still take their step's logits to the host.
     pub fn enable_device_sampling(&self) -> Result<()> {
         match self {
             Model::Cpu(_) => bail!("device sampling needs a CUDA device"),

@@ -9,6 +9,7 @@
 
 mod arena;
 mod graphs;
+mod staging;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use infer_kernels::cuda::{
 };
 use infer_kernels::layout::{AttentionConfig, KvCacheShape, KvDtype};
 use infer_kernels::reference::RmsWeight;
-use infer_kernels::sampling::{SampledRows, SamplingBatch, MAX_TOP_LOGPROBS};
+use infer_kernels::sampling::{RowsWords, SampledRows, SamplingBatch};
 
 use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
 use super::{
@@ -35,6 +36,7 @@ use crate::runtime::backend::graph_set::KvPoolId;
 use crate::runtime::batch::ForwardBatch;
 use arena::Arena;
 use graphs::Graphs;
+use staging::Staging;
 
 /// `[rows, cols]` bf16 in the step arena.
 #[derive(Clone, Copy, Debug)]
@@ -143,6 +145,8 @@ pub struct CudaBackend {
     arena: Mutex<Arena>,
     /// Step inputs of eager steps (grown as needed, reused).
     inputs: Mutex<Option<CudaSlice<i32>>>,
+    /// Page-locked host buffers of the step's copies.
+    staging: Mutex<Staging>,
     graphs: Mutex<Graphs>,
     /// Whether the engine samples here ([`Backend::sample`]) rather than on the host.
     device_sampling: AtomicBool,
@@ -169,6 +173,7 @@ impl CudaBackend {
             ordinal,
             arena: Mutex::new(Arena::new(stream.clone())),
             inputs: Mutex::new(None),
+            staging: Mutex::new(Staging::new(stream.context())?),
             graphs: Mutex::new(Graphs::default()),
             device_sampling: AtomicBool::new(false),
             kv_dtype: KvDtype::Bf16,
@@ -221,24 +226,6 @@ impl CudaBackend {
         self.device_sampling.load(Ordering::Relaxed)
     }
 
-    /// Copies `host` into `span` (of the step arena), in stream order.
-    fn upload_to<T>(&self, span: Span<T>, host: &[T]) -> Result<()> {
-        assert_eq!(span.len(), host.len());
-        if host.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: `span` is host.len() elements of the arena. A copy from pageable memory
-        // returns once `host` has been read, so it may be dropped after.
-        driver(unsafe { cu::memcpy_htod_async(span.ptr(), host, self.stream.cu_stream()) })
-    }
-
-    /// Copies `span` into `host`; read `host` only after the stream synchronises.
-    fn download_from<T>(&self, host: &mut [T], span: Span<T>) -> Result<()> {
-        assert_eq!(span.len(), host.len());
-        // SAFETY: `span` is host.len() elements of the arena, written by work queued before.
-        driver(unsafe { cu::memcpy_dtoh_async(host, span.ptr(), self.stream.cu_stream()) })
-    }
-
     /// (free, total) bytes of device memory, once the stream's work (and so its
     /// asynchronous frees) has completed.
     pub fn memory(&self) -> Result<(usize, usize)> {
@@ -276,6 +263,14 @@ impl CudaBackend {
     ) -> Result<CudaSlice<T>> {
         Ok(self.stream.clone_htod(host)?)
     }
+}
+
+/// Words `range` of `words` as an array of `T` (4 bytes each: f32, i32 or u32).
+fn words_as<T>(words: Span<u32>, range: &std::ops::Range<usize>) -> Span<T> {
+    assert_eq!(std::mem::size_of::<T>(), 4);
+    let part = words.slice(range.start, range.len());
+    // SAFETY: inside `words`, 4-byte aligned as `words` is; T is 4 bytes.
+    unsafe { Span::from_raw(part.ptr(), part.len()) }
 }
 
 fn bf16_bits(t: &Tensor) -> Result<Vec<u16>> {
@@ -415,11 +410,7 @@ impl Backend for CudaBackend {
         let inputs = StepInputs::build(batch, l.block_size, l.num_blocks, padding)?;
         // A graph's inputs live at its own fixed address; eager steps share one buffer.
         let data = match bucket {
-            Some(b) => {
-                let buf = graphs.inputs(b, inputs.data.len(), &self.stream)?;
-                driver(self.stream.memcpy_htod(&inputs.data, buf))?;
-                Span::of(buf)
-            }
+            Some(b) => Span::of(graphs.inputs(b, inputs.data.len(), &self.stream)?),
             None => {
                 let mut slot = self.inputs.lock().unwrap();
                 if slot.as_ref().is_none_or(|b| b.len() < inputs.data.len()) {
@@ -428,11 +419,15 @@ impl Backend for CudaBackend {
                             .alloc::<i32>(inputs.data.len().next_power_of_two())
                     })?);
                 }
-                let buf = slot.as_mut().expect("allocated above");
-                driver(self.stream.memcpy_htod(&inputs.data, buf))?;
+                let buf = slot.as_ref().expect("allocated above");
                 Span::of(buf).slice(0, inputs.data.len())
             }
         };
+        self.staging
+            .lock()
+            .unwrap()
+            .inputs
+            .upload(&self.stream, data, &inputs.data)?;
         let kinds = kinds
             .iter()
             .map(|k| KindStep {
@@ -750,49 +745,47 @@ impl Backend for CudaBackend {
             batch.rows(),
             x.rows
         );
-        let (rows, n) = (x.rows, batch.adjustments());
-        // Empty arrays still get one element: a kernel argument needs an address.
-        let (logits, input, out) = {
+        let rows = x.rows;
+        let (words, at) = batch.to_words();
+        let out_at = RowsWords::new(rows);
+        let (logits, input, out, input_words, out_words) = {
             let mut arena = self.arena.lock().unwrap();
-            let mut f32s = |len: usize| -> Result<Span<f32>> {
-                Ok(arena.alloc::<f32>(len.max(1))?.slice(0, len))
-            };
-            let logits = f32s(rows * x.cols)?;
-            let (floats, values, raw) = (f32s(rows * 4)?, f32s(n * 3)?, f32s(n)?);
-            let (logprobs, top_logprobs) = (f32s(rows)?, f32s(rows * MAX_TOP_LOGPROBS)?);
-            let mut i32s = |len: usize| -> Result<Span<i32>> {
-                Ok(arena.alloc::<i32>(len.max(1))?.slice(0, len))
-            };
+            let logits = arena.alloc::<f32>(rows * x.cols)?;
+            // One buffer in, one out: a copy each way. Empty arrays still point inside
+            // (one spare word): a kernel argument needs an address.
+            let input_words: Span<u32> = arena.alloc(at.len + 1)?;
+            let raw: Span<f32> = arena.alloc(batch.adjustments().max(1))?;
+            let out_words: Span<u32> = arena.alloc(out_at.len)?;
             let input = DeviceSamplingBatch {
-                floats,
-                ints: i32s(rows * 2)?,
-                adjust_start: i32s(rows + 1)?,
-                adjust_token: i32s(n)?,
-                adjust_values: values,
-                adjust_raw: raw,
+                floats: words_as(input_words, &at.floats),
+                ints: words_as(input_words, &at.ints),
+                adjust_start: words_as(input_words, &at.adjust_start),
+                adjust_token: words_as(input_words, &at.adjust_token),
+                adjust_values: words_as(input_words, &at.adjust_values),
+                adjust_raw: raw.slice(0, batch.adjustments()),
+                mask_start: words_as(input_words, &at.mask_start),
+                mask_words: words_as(input_words, &at.mask_words),
             };
             let out = DeviceSampledRows {
-                tokens: i32s(rows)?,
-                logprobs,
-                top_ids: i32s(rows * MAX_TOP_LOGPROBS)?,
-                top_logprobs,
+                tokens: words_as(out_words, &out_at.tokens),
+                logprobs: words_as(out_words, &out_at.logprobs),
+                top_ids: words_as(out_words, &out_at.top_ids),
+                top_logprobs: words_as(out_words, &out_at.top_logprobs),
             };
-            (logits, input, out)
+            (logits, input, out, input_words.slice(0, at.len), out_words)
         };
         driver(self.kernels.logits_f32(logits, x.span, softcap))?;
-        self.upload_to(input.floats, &batch.floats)?;
-        self.upload_to(input.ints, &batch.ints)?;
-        self.upload_to(input.adjust_start, &batch.adjust_start)?;
-        self.upload_to(input.adjust_token, &batch.adjust_token)?;
-        self.upload_to(input.adjust_values, &batch.adjust_values)?;
+        let mut staging = self.staging.lock().unwrap();
+        staging
+            .sampling_in
+            .upload(&self.stream, input_words, &words)?;
         driver(self.kernels.sample_rows(logits, x.cols, &input, &out))?;
-        let mut host = SampledRows::new(rows);
-        self.download_from(&mut host.tokens, out.tokens)?;
-        self.download_from(&mut host.logprobs, out.logprobs)?;
-        self.download_from(&mut host.top_ids, out.top_ids)?;
-        self.download_from(&mut host.top_logprobs, out.top_logprobs)?;
+        staging.sampling_out.download(&self.stream, out_words)?;
         driver(self.stream.synchronize())?;
-        Ok(Some(host))
+        Ok(Some(SampledRows::from_words(
+            rows,
+            staging.sampling_out.read()?,
+        )))
     }
 
     fn copy_block(&self, kv: &mut CudaKv, src: usize, dst: usize) -> Result<()> {
