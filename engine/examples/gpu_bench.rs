@@ -4,7 +4,9 @@
 //!   reads) and, for reference, a device-to-device copy's (read plus written);
 //! - decode steps at batch 1 / 8 / 32 / 64 and contexts 512 / 2,048 / 4,096, eager and with
 //!   CUDA graphs, greedy and at temperature 1 with top-p 0.9, sampled on the host and on the
-//!   device (sampling is part of a step):
+//!   device (sampling is part of a step), and at context 512 greedy with one row of the
+//!   batch constrained to JSON (its grammar's mask computed on the host, applied where the
+//!   step samples):
 //!   ms per step, tok/s, the bytes the step must read (every weight but the gathered
 //!   embedding table, the output head, each sequence's K/V once) per second, and their
 //!   fraction of the read-only bandwidth;
@@ -19,6 +21,7 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::DType;
 use infer_engine::runtime::sampling::{Sampler, SamplingParams};
+use infer_engine::runtime::structured::{Grammar, GrammarCompiler};
 use infer_engine::tools::builtin;
 use infer_engine::tools::make_model::{make_model, ModelSpec};
 use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
@@ -98,7 +101,7 @@ fn decode_step_s(
             let mut batch = SamplingBatch::new();
             for sampler in samplers.iter_mut() {
                 let row = sampler.device_row()?;
-                batch.push(&row.params, &row.adjust)?;
+                batch.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
             }
             let out = lm.model.forward_sampled(&b, kv, &batch)?;
             for (&token, sampler) in out.tokens.iter().zip(samplers.iter_mut()) {
@@ -167,6 +170,8 @@ fn read_only_bandwidth_gbs() -> Result<f64> {
 /// (`ModelConfig::decode_read_bytes`) over that time, and their fraction of `read_gbs`.
 fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
     const CONTEXTS: [usize; 3] = [512, 2048, 4096];
+    let json = GrammarCompiler::new(&lm.tokenizer, lm.config.vocab_size, &lm.eos_token_ids)?
+        .compile(&Grammar::json_object(true))?;
     let top_p = SamplingParams {
         temperature: 1.0,
         top_p: 0.9,
@@ -185,15 +190,23 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
                 let max_context = CONTEXTS[2] + 64;
                 lm.model
                     .enable_cuda_graphs(if graphs { 64 } else { 0 }, max_context)?;
-                for (sampling, params, on_device) in [
+                let mut cases = vec![
                     ("greedy", SamplingParams::greedy(), false),
                     ("top_p", top_p.clone(), false),
                     ("greedy_device", SamplingParams::greedy(), true),
                     ("top_p_device", top_p.clone(), true),
-                ] {
+                ];
+                if context == CONTEXTS[0] {
+                    cases.push(("one_json", SamplingParams::greedy(), false));
+                    cases.push(("one_json_device", SamplingParams::greedy(), true));
+                }
+                for (sampling, params, on_device) in cases {
                     let mut samplers: Vec<Sampler> = (0..batch)
                         .map(|_| Sampler::new(params.clone(), &[], 0))
                         .collect();
+                    if sampling.starts_with("one_json") {
+                        samplers[0].constrain(json.clone());
+                    }
                     let s =
                         decode_step_s(lm, &mut kv, &tables, context, 10, &mut samplers, on_device)?;
                     let at = format!(
