@@ -3,7 +3,8 @@
 //!
 //! A decode step with few (head, sequence) pairs cannot fill the GPU with one thread block
 //! per pair, so each pair's keys are cut into `splits` ranges, each attended by its own block,
-//! and a merge combines the ranges' softmax states. Two rules keep it right:
+//! and the last of a pair's blocks to finish merges the ranges' softmax states (counting
+//! arrivals in one counter per pair: [`split_counts_len`]). Two rules keep it right:
 //!
 //! - **Every key is covered.** A split's range is cut from the sequence's own visible keys
 //!   (`first..=pos`) at each step, never from a length fixed on the host: a captured CUDA graph
@@ -37,6 +38,13 @@ pub fn split_count(sm_count: usize, num_heads: usize, num_seqs: usize, max_keys:
     let wanted = (2 * sm_count).div_ceil(pairs);
     let most = max_keys.div_ceil(MIN_SPLIT_KEYS).clamp(1, MAX_SPLITS);
     wanted.clamp(1, most)
+}
+
+/// Counters the fused split merge needs on a device of `sm_count` multiprocessors: one per
+/// (head, sequence) pair of a split step, and a step splits only when its pairs are fewer
+/// than two blocks per multiprocessor ([`split_count`]).
+pub fn split_counts_len(sm_count: usize) -> usize {
+    2 * sm_count
 }
 
 /// The keys split `split` of `splits` attends for a query at `pos` whose first visible key is
@@ -102,6 +110,7 @@ mod tests {
                             n == 1 || heads * batch * (n - 1) < 2 * sm,
                             "more than needed"
                         );
+                        assert!(n == 1 || heads * batch <= split_counts_len(sm));
                         assert!(n == 1 || width.div_ceil(n) * 2 > MIN_SPLIT_KEYS);
                         // Contexts at and around the places the old split dropped keys.
                         for ctx in [1, 2, 33, 255, 256, 257, 513, 769, 1_281, 2_305, width] {
@@ -141,6 +150,8 @@ mod tests {
         ) {
             let n = split_count(sm, heads, batch, width);
             prop_assert!((1..=MAX_SPLITS).contains(&n));
+            // The merge has a counter for every pair a split step has.
+            prop_assert!(n == 1 || heads * batch <= split_counts_len(sm));
             let pos = ((width - 1) as f64 * ctx_frac) as usize;
             let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             assert_covers(first, pos, n);

@@ -243,8 +243,6 @@ struct AttentionFns {
     prefill: CudaFunction,
     /// The tensor-core prefill, where the device has bf16 `mma.sync` (sm_80+).
     flash_prefill: Option<CudaFunction>,
-    /// Combines decode splits (flash-decoding).
-    merge: CudaFunction,
 }
 
 /// Every pool element the kernels are compiled for.
@@ -261,6 +259,10 @@ pub struct Kernels {
     attention: HashMap<(usize, KvDtype), AttentionFns>,
     /// Streaming multiprocessors: how many blocks fill the device (decode splits).
     sm_count: usize,
+    /// The fused split merge's arrival counters ([`decode_split::split_counts_len`]), zero
+    /// between launches (each launch's merging blocks reset theirs); one allocation for the
+    /// kernels' life, so a captured graph keeps its address.
+    split_counts: CudaSlice<i32>,
     /// Per pool element: the KV writers.
     reshape_and_cache: HashMap<KvDtype, CudaFunction>,
     qkv_rope_cache: HashMap<KvDtype, CudaFunction>,
@@ -329,12 +331,6 @@ impl Kernels {
         };
         let mut attention = HashMap::new();
         for &d in &sources::ATTENTION_HEAD_DIMS {
-            // One merge per head_dim: it reads only the splits' f32 states.
-            let merge = take(
-                sources::attention_entry_points(d, KvDtype::Bf16)
-                    .unwrap()
-                    .merge,
-            );
             for kv in KV_DTYPES {
                 let names = sources::attention_entry_points(d, kv).unwrap();
                 let flash = take(sources::flash_prefill_entry_point(d, kv).unwrap());
@@ -345,7 +341,6 @@ impl Kernels {
                     // The kernel's tensor-core body is compiled only for sm_80+ targets (a PTX
                     // fallback for an older virtual architecture gets a trap).
                     flash_prefill: (target.arch() >= 80).then_some(flash),
-                    merge: merge.clone(),
                 };
                 attention.insert((d, kv), fns);
             }
@@ -359,10 +354,12 @@ impl Kernels {
         let sm_count = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
+        let split_counts = stream.alloc_zeros::<i32>(decode_split::split_counts_len(sm_count))?;
         let kernels = Self {
             arch,
             attention,
             sm_count,
+            split_counts,
             reshape_and_cache,
             qkv_rope_cache,
             rms_norm: take("rms_norm_bf16"),
@@ -514,6 +511,11 @@ impl Kernels {
             "decode splits {splits}"
         );
         assert!(scratch.len() >= Self::decode_scratch_len(num_seqs, cfg, splits));
+        let counts = Span::of(&self.split_counts);
+        assert!(
+            splits == 1 || num_seqs * kernel.blocks_per_seq(cfg) <= counts.len(),
+            "a split decode of {num_seqs} sequences has more pairs than merge counters"
+        );
         let (max_blocks, num_blocks, num_heads, num_kv_heads, block_size) = (
             int(tables.max_blocks_per_seq),
             int(kv.shape.num_blocks),
@@ -529,6 +531,7 @@ impl Kernels {
         launch
             .arg(&out)
             .arg(&scratch)
+            .arg(&counts)
             .arg(&q)
             .arg(&kv.k_cache)
             .arg(&kv.v_cache)
@@ -547,21 +550,10 @@ impl Kernels {
         // SAFETY: argument order and types match paged_attention_decode_bf16[_kvfp8]_d* and
         // paged_attention_decode_grouped_bf16[_kvfp8]_d* (the same parameters; the pools'
         // element picked the functions, attention_fns); lengths checked (the
-        // scratch holds every split's state of every query head), and the kernels bound every
+        // scratch holds every split's state of every query head, the counters one per
+        // (sequence, block column) of a split launch), and the kernels bound every
         // device-side index (block ids, table row).
         unsafe { launch.launch(grid) }?;
-        if splits > 1 {
-            let num_splits = int(splits);
-            let mut merge = self.stream.launch_builder(&fns.merge);
-            merge
-                .arg(&out)
-                .arg(&scratch)
-                .arg(&num_heads)
-                .arg(&num_splits);
-            // SAFETY: argument order and types match paged_attention_merge_bf16_d*; the scratch
-            // was written by the decode launch above with the same shapes.
-            unsafe { merge.launch(grid::attention(cfg.num_heads, num_seqs)) }?;
-        }
         Ok(())
     }
 

@@ -61,7 +61,7 @@ __device__ __forceinline__ void write_empty(float* partial, bf16* out) {
 
 // The block's result from its warps' softmax states (each warp's max, sum of exponentials and
 // accumulator, in shared memory, written before a barrier): rescaled to the largest max and
-// summed into `partial` (a split's state for paged_attention_merge: max, sum, unnormalised
+// summed into `partial` (a split's state for merge_head: max, sum, unnormalised
 // accumulator) when it is not null, else normalised into `out`. A block whose warps saw no key
 // writes an empty state (max -inf, sum 0: the merge skips it) or zeros.
 template <int HEAD_DIM>
@@ -248,14 +248,74 @@ __device__ __forceinline__ bool decode_split_range(int seq_len, int window, int 
     return *lo <= seq_len - 1;
 }
 
-// Grid (num_heads, num_seqs, num_splits). seq_lens[s] counts the query's own token: it sits at
-// seq_len - 1. With num_splits == 1 each block attends the whole context and writes `out`.
-// Otherwise (flash-decoding: few sequences, long contexts, too few blocks to fill the GPU)
-// split z attends its range of the sequence's visible keys (split_keys) and writes its softmax
-// state to partials[(seq * num_heads + head) * num_splits + z][HEAD_DIM + 2];
-// paged_attention_merge then combines the splits into `out`.
+// One query head's splits combined into its output row: each split's state rescaled to the
+// largest max; zeros when no split saw a key (padding rows). `state` is the head's num_splits
+// states [HEAD_DIM + 2] (max, sum, unnormalised accumulator), written by other blocks of this
+// launch: read through L2 (__ldcg), never a line this SM's L1 may hold from before.
+template <int HEAD_DIM>
+__device__ void merge_head(bf16* o, const float* state, int num_splits) {
+    float global_max = neg_infinity();
+    for (int z = 0; z < num_splits; ++z) {
+        global_max = fmaxf(global_max, __ldcg(state + z * (HEAD_DIM + 2)));
+    }
+    if (global_max == neg_infinity()) {
+        zero_head<HEAD_DIM>(o);
+        return;
+    }
+    float total = 0.0f;
+    for (int z = 0; z < num_splits; ++z) {
+        const float* st = state + z * (HEAD_DIM + 2);
+        // An empty split: 0 * exp(-inf) = 0.
+        total += __ldcg(st + 1) * expf(__ldcg(st) - global_max);
+    }
+    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
+        float value = 0.0f;
+        for (int z = 0; z < num_splits; ++z) {
+            const float* st = state + z * (HEAD_DIM + 2);
+            const float m = __ldcg(st);
+            if (m != neg_infinity()) {
+                value += __ldcg(st + 2 + d) * expf(m - global_max);
+            }
+        }
+        o[d] = f32_to_bf16(value / total);
+    }
+}
+
+// The split merge, fused into the decode launch: every block of a split decode calls this once
+// its split's state for the `heads` query heads it serves is written (the unit: one query head,
+// or a GQA group). The block that completes the unit's count — the last of its num_splits to
+// get there — merges the unit's heads into `out` and resets the count to 0 for the next launch
+// (so a captured graph replays with the counts it was captured with). No block waits for
+// another: a unit whose count never completes would leave its rows unwritten, not hang.
+// Memory order: each thread fences its own state writes before the barrier, the ticket is
+// taken after it, and the last block reads the other blocks' states through L2.
+template <int HEAD_DIM>
+__device__ void merge_if_last(int* count, int heads, bf16* out, const float* states,
+                              int num_splits) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1) == num_splits - 1;
+    }
+    __syncthreads();
+    if (!last) {
+        return;  // block-uniform
+    }
+    __threadfence();
+    for (int h = 0; h < heads; ++h) {
+        merge_head<HEAD_DIM>(out + (long long)h * HEAD_DIM,
+                             states + (long long)h * num_splits * (HEAD_DIM + 2), num_splits);
+    }
+    if (threadIdx.x == 0) {
+        *count = 0;
+    }
+}
+
+// paged_attention_decode's work before the merge: this block's split state (or, unsplit, its
+// output row).
 template <int HEAD_DIM, typename KV>
-__device__ void paged_attention_decode(
+__device__ void paged_attention_decode_split(
     bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,
     const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
     int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
@@ -280,6 +340,29 @@ __device__ void paged_attention_decode(
         max_blocks_per_seq, num_blocks, scale, softcap);
 }
 
+// Grid (num_heads, num_seqs, num_splits). seq_lens[s] counts the query's own token: it sits at
+// seq_len - 1. With num_splits == 1 each block attends the whole context and writes `out`.
+// Otherwise (flash-decoding: few sequences, long contexts, too few blocks to fill the GPU)
+// split z attends its range of the sequence's visible keys (split_keys) and writes its softmax
+// state to partials[(seq * num_heads + head) * num_splits + z][HEAD_DIM + 2]; the last split
+// of each (sequence, head) to finish combines them into `out` (merge_if_last, counting in
+// split_counts[seq * num_heads + head], zeros between launches).
+template <int HEAD_DIM, typename KV>
+__device__ void paged_attention_decode(
+    bf16* out, float* partials, int* split_counts, const bf16* q, const KV* k_cache,
+    const KV* v_cache, const int* block_tables, const int* seq_lens, int max_blocks_per_seq,
+    int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale, int window,
+    float softcap) {
+    paged_attention_decode_split<HEAD_DIM, KV>(
+        out, partials, q, k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq,
+        num_blocks, num_heads, num_kv_heads, block_size, scale, window, softcap);
+    if (gridDim.z > 1) {
+        const long long unit = (long long)blockIdx.y * num_heads + blockIdx.x;
+        merge_if_last<HEAD_DIM>(split_counts + unit, 1, out + unit * HEAD_DIM,
+                                partials + unit * gridDim.z * (HEAD_DIM + 2), gridDim.z);
+    }
+}
+
 // Decode serving a whole GQA group per block: grid (num_kv_heads, num_seqs, num_splits), one
 // block per (KV head, sequence, split) attending for all `group = num_heads / num_kv_heads`
 // query heads of the KV head (group <= DECODE_MAX_GROUP, checked by the host), so each key and
@@ -287,9 +370,11 @@ __device__ void paged_attention_decode(
 // attend_one_query's (warps take 32-key tiles in turn, a lane scores its own key, lanes own
 // contiguous dimensions of the value rows) with the group's scores, softmax states and
 // accumulators side by side; the warps' states are merged head by head at the end. Splits,
-// padding and partial states are the per-head decode's: the same merge combines them.
+// padding and partial states are the per-head decode's: the same merge combines them, the
+// last split of each (sequence, KV head) merging its group's heads (split_counts[seq *
+// num_kv_heads + kv_head]).
 template <int HEAD_DIM, typename KV>
-__device__ void paged_attention_decode_grouped(
+__device__ void paged_attention_decode_grouped_split(
     bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,
     const int* block_tables, const int* seq_lens, int max_blocks_per_seq, int num_blocks,
     int num_heads, int num_kv_heads, int block_size, float scale, int window, float softcap) {
@@ -460,37 +545,21 @@ __device__ void paged_attention_decode_grouped(
     }
 }
 
-// Grid (num_heads, num_seqs), HEAD_DIM threads at most per block: out = the splits' states
-// combined (each rescaled to the largest max); zeros when no split saw a key (padding rows).
-template <int HEAD_DIM>
-__device__ void paged_attention_merge(bf16* out, const float* partials, int num_heads,
-                                      int num_splits) {
-    const int head = blockIdx.x;
-    const int seq = blockIdx.y;
-    const float* state = partials + ((long long)seq * num_heads + head) * num_splits * (HEAD_DIM + 2);
-    bf16* o = out + ((long long)seq * num_heads + head) * HEAD_DIM;
-    float global_max = neg_infinity();
-    for (int z = 0; z < num_splits; ++z) {
-        global_max = fmaxf(global_max, state[z * (HEAD_DIM + 2)]);
-    }
-    if (global_max == neg_infinity()) {
-        zero_head<HEAD_DIM>(o);
-        return;
-    }
-    float total = 0.0f;
-    for (int z = 0; z < num_splits; ++z) {
-        const float* st = state + z * (HEAD_DIM + 2);
-        total += st[1] * expf(st[0] - global_max);  // an empty split: 0 * exp(-inf) = 0
-    }
-    for (int d = threadIdx.x; d < HEAD_DIM; d += blockDim.x) {
-        float value = 0.0f;
-        for (int z = 0; z < num_splits; ++z) {
-            const float* st = state + z * (HEAD_DIM + 2);
-            if (st[0] != neg_infinity()) {
-                value += st[2 + d] * expf(st[0] - global_max);
-            }
-        }
-        o[d] = f32_to_bf16(value / total);
+template <int HEAD_DIM, typename KV>
+__device__ void paged_attention_decode_grouped(
+    bf16* out, float* partials, int* split_counts, const bf16* q, const KV* k_cache,
+    const KV* v_cache, const int* block_tables, const int* seq_lens, int max_blocks_per_seq,
+    int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale, int window,
+    float softcap) {
+    paged_attention_decode_grouped_split<HEAD_DIM, KV>(
+        out, partials, q, k_cache, v_cache, block_tables, seq_lens, max_blocks_per_seq,
+        num_blocks, num_heads, num_kv_heads, block_size, scale, window, softcap);
+    if (gridDim.z > 1) {
+        const int group = num_heads / num_kv_heads;
+        const long long unit = (long long)blockIdx.y * num_kv_heads + blockIdx.x;
+        const long long head0 = (long long)blockIdx.y * num_heads + (long long)blockIdx.x * group;
+        merge_if_last<HEAD_DIM>(split_counts + unit, group, out + head0 * HEAD_DIM,
+                                partials + head0 * gridDim.z * (HEAD_DIM + 2), gridDim.z);
     }
 }
 
@@ -537,28 +606,30 @@ __device__ void paged_attention_prefill(
 }
 
 // One extern "C" entry point per supported head_dim and pool element (the Rust side picks by
-// name): bf16 pools, and fp8 E4M3 pools (`_kvfp8`). The merge reads only f32 partial states.
+// name): bf16 pools, and fp8 E4M3 pools (`_kvfp8`).
 #define DEFINE_PAGED_ATTENTION_KV(D, KV, SUFFIX)                                                \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_decode_bf16##SUFFIX##_d##D(                                             \
-            bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,    \
-            const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
-            int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale,       \
-            int window, float softcap) {                                                        \
-        paged_attention_decode<D, KV>(out, partials, q, k_cache, v_cache, block_tables,         \
-                                      seq_lens, max_blocks_per_seq, num_blocks, num_heads,      \
-                                      num_kv_heads, block_size, scale, window, softcap);        \
+            bf16* out, float* partials, int* split_counts, const bf16* q, const KV* k_cache,    \
+            const KV* v_cache, const int* block_tables, const int* seq_lens,                    \
+            int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
+            int block_size, float scale, int window, float softcap) {                           \
+        paged_attention_decode<D, KV>(out, partials, split_counts, q, k_cache, v_cache,         \
+                                      block_tables, seq_lens, max_blocks_per_seq, num_blocks,   \
+                                      num_heads, num_kv_heads, block_size, scale, window,       \
+                                      softcap);                                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_decode_grouped_bf16##SUFFIX##_d##D(                                     \
-            bf16* out, float* partials, const bf16* q, const KV* k_cache, const KV* v_cache,    \
-            const int* block_tables, const int* seq_lens, int max_blocks_per_seq,               \
-            int num_blocks, int num_heads, int num_kv_heads, int block_size, float scale,       \
-            int window, float softcap) {                                                        \
-        paged_attention_decode_grouped<D, KV>(out, partials, q, k_cache, v_cache, block_tables, \
-                                              seq_lens, max_blocks_per_seq, num_blocks,         \
-                                              num_heads, num_kv_heads, block_size, scale,       \
-                                              window, softcap);                                 \
+            bf16* out, float* partials, int* split_counts, const bf16* q, const KV* k_cache,    \
+            const KV* v_cache, const int* block_tables, const int* seq_lens,                    \
+            int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
+            int block_size, float scale, int window, float softcap) {                           \
+        paged_attention_decode_grouped<D, KV>(out, partials, split_counts, q, k_cache,          \
+                                              v_cache, block_tables, seq_lens,                  \
+                                              max_blocks_per_seq, num_blocks, num_heads,        \
+                                              num_kv_heads, block_size, scale, window,          \
+                                              softcap);                                         \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
         paged_attention_prefill_bf16##SUFFIX##_d##D(                                            \
@@ -575,12 +646,7 @@ __device__ void paged_attention_prefill(
 
 #define DEFINE_PAGED_ATTENTION(D)                                                               \
     DEFINE_PAGED_ATTENTION_KV(D, bf16, )                                                        \
-    DEFINE_PAGED_ATTENTION_KV(D, fp8_e4m3, _kvfp8)                                              \
-    extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)                               \
-        paged_attention_merge_bf16_d##D(bf16* out, const float* partials, int num_heads,        \
-                                        int num_splits) {                                       \
-        paged_attention_merge<D>(out, partials, num_heads, num_splits);                         \
-    }
+    DEFINE_PAGED_ATTENTION_KV(D, fp8_e4m3, _kvfp8)
 
 DEFINE_PAGED_ATTENTION(64)
 DEFINE_PAGED_ATTENTION(96)

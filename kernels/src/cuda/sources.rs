@@ -54,10 +54,6 @@ pub const PAGED_ATTENTION: KernelSource = KernelSource {
         "paged_attention_prefill_bf16_d96",
         "paged_attention_prefill_bf16_d128",
         "paged_attention_prefill_bf16_d256",
-        "paged_attention_merge_bf16_d64",
-        "paged_attention_merge_bf16_d96",
-        "paged_attention_merge_bf16_d128",
-        "paged_attention_merge_bf16_d256",
         "paged_attention_decode_grouped_bf16_d64",
         "paged_attention_decode_grouped_bf16_d96",
         "paged_attention_decode_grouped_bf16_d128",
@@ -182,30 +178,18 @@ fn kv_index(kv: KvDtype) -> usize {
 pub struct AttentionNames {
     pub decode: &'static str,
     pub prefill: &'static str,
-    pub merge: &'static str,
     pub decode_grouped: &'static str,
 }
 
-/// Entry-point names of the attention kernels for one head dimension and pool element (the
-/// merge reads only f32 partial states: one for both).
+/// Entry-point names of the attention kernels for one head dimension and pool element.
 pub fn attention_entry_points(head_dim: usize, kv: KvDtype) -> Option<AttentionNames> {
     let i = ATTENTION_HEAD_DIMS.iter().position(|&d| d == head_dim)?;
-    let names = PAGED_ATTENTION.entry_points;
     let n = ATTENTION_HEAD_DIMS.len();
-    let merge = names[i + 2 * n];
-    Some(match kv {
-        KvDtype::Bf16 => AttentionNames {
-            decode: names[i],
-            prefill: names[i + n],
-            merge,
-            decode_grouped: names[i + 3 * n],
-        },
-        KvDtype::Fp8E4m3 => AttentionNames {
-            decode: names[i + 4 * n],
-            prefill: names[i + 5 * n],
-            merge,
-            decode_grouped: names[i + 6 * n],
-        },
+    let names = &PAGED_ATTENTION.entry_points[kv_index(kv) * 3 * n..];
+    Some(AttentionNames {
+        decode: names[i],
+        prefill: names[i + n],
+        decode_grouped: names[i + 2 * n],
     })
 }
 
@@ -247,7 +231,6 @@ mod tests {
             Some(AttentionNames {
                 decode: "paged_attention_decode_bf16_d128",
                 prefill: "paged_attention_prefill_bf16_d128",
-                merge: "paged_attention_merge_bf16_d128",
                 decode_grouped: "paged_attention_decode_grouped_bf16_d128",
             })
         );
@@ -256,7 +239,6 @@ mod tests {
             Some(AttentionNames {
                 decode: "paged_attention_decode_bf16_kvfp8_d96",
                 prefill: "paged_attention_prefill_bf16_kvfp8_d96",
-                merge: "paged_attention_merge_bf16_d96",
                 decode_grouped: "paged_attention_decode_grouped_bf16_kvfp8_d96",
             })
         );
