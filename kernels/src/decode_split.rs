@@ -4,7 +4,7 @@
 //! A decode step with few (head, sequence) pairs cannot fill the GPU with one thread block
 //! per pair, so each pair's keys are cut into `splits` ranges, each attended by its own block,
 //! and the last of a pair's blocks to finish merges the ranges' softmax states (counting
-//! arrivals in one counter per pair: [`split_counts_len`]). Two rules keep it right:
+//! arrivals in one counter per pair: [`SPLIT_COUNTERS`]). Two rules keep it right:
 //!
 //! - **Every key is covered.** A split's range is cut from the sequence's own visible keys
 //!   (`first..=pos`) at each step, never from a length fixed on the host: a captured CUDA graph
@@ -40,12 +40,11 @@ pub fn split_count(sm_count: usize, num_heads: usize, num_seqs: usize, max_keys:
     wanted.clamp(1, most)
 }
 
-/// Counters the fused split merge needs on a device of `sm_count` multiprocessors: one per
-/// (head, sequence) pair of a split step, and a step splits only when its pairs are fewer
-/// than two blocks per multiprocessor ([`split_count`]).
-pub fn split_counts_len(sm_count: usize) -> usize {
-    2 * sm_count
-}
+/// Counters the fused split merge keeps: one per (head, sequence) pair of a split step. A
+/// step splits only when its pairs are fewer than two blocks per multiprocessor
+/// ([`split_count`]), so this holds every pair on any GPU of up to 32,768 multiprocessors,
+/// and a split forced on a wider step (tests, benchmarks) up to 65,536 pairs (256 KiB).
+pub const SPLIT_COUNTERS: usize = 1 << 16;
 
 /// The keys split `split` of `splits` attends for a query at `pos` whose first visible key is
 /// `first` (`first <= pos`; 0 without a sliding window): the visible keys cut into `splits`
@@ -110,7 +109,7 @@ mod tests {
                             n == 1 || heads * batch * (n - 1) < 2 * sm,
                             "more than needed"
                         );
-                        assert!(n == 1 || heads * batch <= split_counts_len(sm));
+                        assert!(n == 1 || heads * batch <= SPLIT_COUNTERS);
                         assert!(n == 1 || width.div_ceil(n) * 2 > MIN_SPLIT_KEYS);
                         // Contexts at and around the places the old split dropped keys.
                         for ctx in [1, 2, 33, 255, 256, 257, 513, 769, 1_281, 2_305, width] {
@@ -151,7 +150,7 @@ mod tests {
             let n = split_count(sm, heads, batch, width);
             prop_assert!((1..=MAX_SPLITS).contains(&n));
             // The merge has a counter for every pair a split step has.
-            prop_assert!(n == 1 || heads * batch <= split_counts_len(sm));
+            prop_assert!(n == 1 || heads * batch <= SPLIT_COUNTERS);
             let pos = ((width - 1) as f64 * ctx_frac) as usize;
             let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
             assert_covers(first, pos, n);

@@ -416,7 +416,9 @@ fn paged_attention_decode_long_contexts_at_32_heads() {
                         "batch {} head_dim {head_dim} {kernel:?}: {auto} splits",
                         lens.len()
                     );
-                    for splits in [None, Some(1), Some(auto + 5)] {
+                    // The chosen count again last: the fused merge's counters are back at
+                    // zero after every split launch.
+                    for splits in [None, Some(1), Some(auto + 5), None] {
                         let got = decode(
                             &kernels,
                             &stream,

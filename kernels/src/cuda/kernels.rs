@@ -259,7 +259,7 @@ pub struct Kernels {
     attention: HashMap<(usize, KvDtype), AttentionFns>,
     /// Streaming multiprocessors: how many blocks fill the device (decode splits).
     sm_count: usize,
-    /// The fused split merge's arrival counters ([`decode_split::split_counts_len`]), zero
+    /// The fused split merge's arrival counters ([`decode_split::SPLIT_COUNTERS`]), zero
     /// between launches (each launch's merging blocks reset theirs); one allocation for the
     /// kernels' life, so a captured graph keeps its address.
     split_counts: CudaSlice<i32>,
@@ -354,7 +354,7 @@ impl Kernels {
         let sm_count = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
-        let split_counts = stream.alloc_zeros::<i32>(decode_split::split_counts_len(sm_count))?;
+        let split_counts = stream.alloc_zeros::<i32>(decode_split::SPLIT_COUNTERS)?;
         let kernels = Self {
             arch,
             attention,
