@@ -4,9 +4,16 @@
 //!
 //! Plain host code (no CUDA needed), unit-tested here; the CUDA backend uploads the result.
 //! For a CUDA-graph decode step the inputs are padded to the graph's batch-size bucket and
-//! the block tables to a fixed width, so the captured kernels read every array at the same
-//! address with the same shape on each replay. Padding rows are inert: slot `-1` (the KV
-//! write skips it), sequence length 0 (decode attention writes zeros), token id 0.
+//! the block tables to a fixed width on the device, so the captured kernels read every array
+//! at the same address with the same shape on each replay. Padding rows are inert: slot `-1`
+//! (the KV write skips it), sequence length 0 (decode attention writes zeros), token id 0.
+//!
+//! The host keeps each table row only as wide as the step's longest sequence needs
+//! ([`StepInputs::table_width`]); the upload spreads the rows to the device width. A graph's
+//! table width is its longest context (`--max-model-len`, 8,192 blocks at 128k tokens), so
+//! padding on the host would copy megabytes a step that no kernel reads: decode attention
+//! reads a row only up to its own sequence's blocks, and past them the device rows keep
+//! whatever an earlier step left.
 
 use anyhow::{ensure, Result};
 
@@ -40,12 +47,13 @@ pub struct Offsets {
     pub start_pos: usize,
     /// `[seqs + 1]`: prefix sums of the step's tokens per sequence.
     pub cu_seqlens: usize,
-    /// `[seqs, max_blocks]`.
+    /// `[seqs, table_width]` in [`StepInputs::data`]; `[seqs, max_blocks]` on the device.
     pub tables: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepInputs {
+    /// Every array, the tables last and `table_width` wide.
     pub data: Vec<i32>,
     pub at: Offsets,
     /// Rows of the step, padding included.
@@ -56,7 +64,11 @@ pub struct StepInputs {
     pub real_tokens: usize,
     pub real_seqs: usize,
     pub real_sampled: usize,
+    /// The device's table row width (the kernels' stride).
     pub max_blocks: usize,
+    /// The host's table row width: the blocks of the step's longest sequence (at most
+    /// `max_blocks`).
+    pub table_width: usize,
     /// Every sequence decodes one token and samples it.
     pub decode_only: bool,
 }
@@ -125,7 +137,7 @@ impl StepInputs {
             (&mut at.seq_lens, seqs),
             (&mut at.start_pos, seqs),
             (&mut at.cu_seqlens, seqs + 1),
-            (&mut at.tables, seqs * max_blocks),
+            (&mut at.tables, seqs * natural_blocks),
         ] {
             *field = len;
             len += n;
@@ -149,7 +161,7 @@ impl StepInputs {
                     (b as usize) < num_blocks,
                     "block id {b} out of range: the KV pool has {num_blocks} blocks"
                 );
-                data[at.tables + i * max_blocks + j] = b as i32;
+                data[at.tables + i * natural_blocks + j] = b as i32;
             }
             for (j, &t) in s.tokens.iter().enumerate() {
                 let pos = s.start_pos + j;
@@ -185,8 +197,14 @@ impl StepInputs {
             real_seqs,
             real_sampled,
             max_blocks,
+            table_width: natural_blocks,
             decode_only,
         })
+    }
+
+    /// `i32`s of the device buffer: `data` with the tables `max_blocks` wide.
+    pub fn device_len(&self) -> usize {
+        self.at.tables + self.seqs * self.max_blocks
     }
 
     pub fn ids(&self) -> &[i32] {
@@ -205,9 +223,10 @@ impl StepInputs {
         &self.data[self.at.cu_seqlens..self.at.cu_seqlens + self.seqs + 1]
     }
 
+    /// Sequence `seq`'s table row as the host holds it (`table_width` long).
     pub fn table(&self, seq: usize) -> &[i32] {
-        let start = self.at.tables + seq * self.max_blocks;
-        &self.data[start..start + self.max_blocks]
+        let start = self.at.tables + seq * self.table_width;
+        &self.data[start..start + self.table_width]
     }
 }
 
@@ -248,6 +267,8 @@ mod tests {
         let s = StepInputs::build(&batch, 4, 8, None).unwrap();
         assert!(!s.decode_only);
         assert_eq!((s.tokens, s.seqs, s.sampled, s.max_blocks), (4, 2, 1, 2));
+        // Unpadded: the host's rows are the device's.
+        assert_eq!((s.table_width, s.device_len()), (2, s.data.len()));
         assert_eq!(s.ids(), &[10, 11, 12, 5]);
         assert_eq!(s.slots(), &[2 * 4, 2 * 4 + 1, 2 * 4 + 2, 3 * 4 + 1]);
         assert_eq!(s.sample_rows(), &[3]);
@@ -276,14 +297,21 @@ mod tests {
         assert_eq!(s.sample_rows(), &[0, 1, 2, 3]);
         assert_eq!(s.cu_seqlens(), &[0, 1, 2, 3, 4]);
         assert_eq!(&s.data[s.at.seq_lens..s.at.seq_lens + 4], &[6, 1, 0, 0]);
-        assert_eq!(s.table(0), &[1, 4, 0]);
-        assert_eq!(s.table(3), &[0, 0, 0]);
-        // Same bucket, other contexts: the same layout (a graph reads the same addresses).
+        // Rows as wide as the longest sequence needs on the host; 3 wide on the device.
+        assert_eq!((s.table_width, s.max_blocks), (2, 3));
+        assert_eq!(s.table(0), &[1, 4]);
+        assert_eq!(s.table(1), &[6, 0]);
+        assert_eq!(s.table(3), &[0, 0]);
+        assert_eq!(s.device_len(), s.at.tables + 4 * 3);
+        assert_eq!(s.data.len(), s.at.tables + 4 * 2);
+        // Same bucket, other contexts: the same device layout (a graph reads the same
+        // addresses), a narrower host one.
         let other = ForwardBatch {
             seqs: vec![seq(&[1], 0, &[0], true)],
         };
         let o = StepInputs::build(&other, 4, 8, Some(pad)).unwrap();
-        assert_eq!((o.at, o.data.len()), (s.at, s.data.len()));
+        assert_eq!((o.at, o.device_len()), (s.at, s.device_len()));
+        assert_eq!(o.table_width, 1);
     }
 
     #[test]

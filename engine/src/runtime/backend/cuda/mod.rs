@@ -410,24 +410,53 @@ impl Backend for CudaBackend {
         let inputs = StepInputs::build(batch, l.block_size, l.num_blocks, padding)?;
         // A graph's inputs live at its own fixed address; eager steps share one buffer.
         let data = match bucket {
-            Some(b) => Span::of(graphs.inputs(b, inputs.data.len(), &self.stream)?),
+            Some(b) => Span::of(graphs.inputs(b, inputs.device_len(), &self.stream)?),
             None => {
                 let mut slot = self.inputs.lock().unwrap();
-                if slot.as_ref().is_none_or(|b| b.len() < inputs.data.len()) {
+                if slot.as_ref().is_none_or(|b| b.len() < inputs.device_len()) {
                     *slot = Some(driver(unsafe {
                         self.stream
-                            .alloc::<i32>(inputs.data.len().next_power_of_two())
+                            .alloc::<i32>(inputs.device_len().next_power_of_two())
                     })?);
                 }
                 let buf = slot.as_ref().expect("allocated above");
-                Span::of(buf).slice(0, inputs.data.len())
+                Span::of(buf).slice(0, inputs.device_len())
             }
         };
+        // The arrays in one copy; tables narrower on the host than on the device (a graph's,
+        // padded to its longest context) in a second that spreads their rows.
+        let at = inputs.at.tables;
         self.staging
             .lock()
             .unwrap()
             .inputs
-            .upload(&self.stream, data, &inputs.data)?;
+            .upload_with(&self.stream, &inputs.data, |buf| {
+                if inputs.table_width == inputs.max_blocks {
+                    // SAFETY: `data` is device_len() = buf.len() elements the backend keeps;
+                    // `buf` is page-locked and kept until the copy has run.
+                    return driver(unsafe {
+                        cu::memcpy_htod_async(data.ptr(), buf, self.stream.cu_stream())
+                    });
+                }
+                let (arrays, tables) = buf.split_at(at);
+                // SAFETY: as above; the tables' rows land inside `data` (the asserts of
+                // copy_rows_htod check it).
+                unsafe {
+                    driver(cu::memcpy_htod_async(
+                        data.ptr(),
+                        arrays,
+                        self.stream.cu_stream(),
+                    ))?;
+                    staging::copy_rows_htod(
+                        &self.stream,
+                        data.slice(at, data.len() - at),
+                        inputs.max_blocks,
+                        tables,
+                        inputs.table_width,
+                        inputs.seqs,
+                    )
+                }
+            })?;
         let kinds = kinds
             .iter()
             .map(|k| KindStep {

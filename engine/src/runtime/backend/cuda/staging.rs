@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use infer_kernels::cuda::cudarc::driver::{
-    result as cu, CudaContext, CudaEvent, CudaStream, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+    result as cu, sys, CudaContext, CudaEvent, CudaStream, DeviceRepr, PinnedHostSlice,
+    ValidAsZeroBits,
 };
 use infer_kernels::cuda::Span;
 
@@ -55,15 +56,30 @@ impl<T: DeviceRepr + ValidAsZeroBits + Copy> Pinned<T> {
     /// (`host` may be dropped then).
     pub fn upload(&mut self, stream: &Arc<CudaStream>, dst: Span<T>, host: &[T]) -> Result<()> {
         assert_eq!(dst.len(), host.len());
+        self.upload_with(stream, host, |buf| {
+            // SAFETY: `dst` is host.len() elements of device memory the caller keeps alive;
+            // `buf` is page-locked and not rewritten before the copy has run.
+            driver(unsafe { cu::memcpy_htod_async(dst.ptr(), buf, stream.cu_stream()) })
+        })
+    }
+
+    /// Copies `host` into the buffer and has `queue` queue the copies out of it (it gets the
+    /// buffer's copy of `host`, page-locked); returns once they are queued.
+    pub fn upload_with(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        host: &[T],
+        queue: impl FnOnce(&[T]) -> Result<()>,
+    ) -> Result<()> {
         if host.is_empty() {
             return Ok(());
         }
         let buf = self.ready(stream.context(), host.len())?;
         buf.copy_from_slice(host);
-        // SAFETY: `dst` is host.len() elements of device memory the caller keeps alive; the
-        // buffer is page-locked and not rewritten before `done` says the copy has run.
-        driver(unsafe { cu::memcpy_htod_async(dst.ptr(), &*buf, stream.cu_stream()) })?;
-        driver(self.done.record(stream))
+        let queued = queue(buf);
+        // Recorded even if only some copies were queued: the buffer waits for those.
+        driver(self.done.record(stream))?;
+        queued
     }
 
     /// Queues a copy of `src` into the buffer; [`Pinned::read`] it once the stream has
@@ -104,4 +120,45 @@ impl Staging {
             sampling_out: Pinned::new(ctx)?,
         })
     }
+}
+
+/// Queues a copy of `rows` rows of `width` elements, consecutive in `src`, into `dst`, whose
+/// rows start `pitch` elements apart (the elements between keep what they held).
+///
+/// # Safety
+/// `dst` is device memory kept alive until the copy has run; `src` is page-locked and not
+/// rewritten before then.
+pub unsafe fn copy_rows_htod<T>(
+    stream: &CudaStream,
+    dst: Span<T>,
+    pitch: usize,
+    src: &[T],
+    width: usize,
+    rows: usize,
+) -> Result<()> {
+    assert!(width <= pitch && src.len() == rows * width);
+    if rows == 0 || width == 0 {
+        return Ok(());
+    }
+    assert!(dst.len() >= (rows - 1) * pitch + width);
+    let size = std::mem::size_of::<T>();
+    let copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+        srcHost: src.as_ptr().cast(),
+        srcDevice: 0,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: width * size,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst.ptr(),
+        dstArray: std::ptr::null_mut(),
+        dstPitch: pitch * size,
+        WidthInBytes: width * size,
+        Height: rows,
+    };
+    driver(sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()).result())
 }
