@@ -10,6 +10,7 @@
 //!   ms per step, tok/s, the bytes the step must read (every weight but the gathered
 //!   embedding table, the output head, each sequence's K/V once) per second, and their
 //!   fraction of the read-only bandwidth;
+//! - a graphed decode step with graphs sized for 4,160 and for 131,072 tokens of context;
 //! - prefill tokens/s and ms at 512 and 2,048 tokens, a 512-token chunk after 1,536 cached
 //!   tokens, and a new prompt length vs a seen one.
 //!
@@ -230,6 +231,38 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
     Ok(())
 }
 
+/// What a graph's table width costs a decode step: graphs sized for 4,160 tokens and for
+/// 131,072 (`--max-model-len` at Llama 3's context), the same step at 512 tokens of context,
+/// batch 1 and 64, greedy on the device. The host copies each table row only as wide as the
+/// step needs, so the two should match.
+fn graph_table_width(lm: &LoadedModel) -> Result<()> {
+    let context: usize = 512;
+    for batch in [1usize, 64] {
+        let per_seq = (context + 1).div_ceil(BLOCK);
+        let mut kv = lm.model.new_kv_cache(batch * per_seq, BLOCK)?;
+        lm.model.fill_pattern(&mut kv)?;
+        let tables: Vec<Vec<u32>> = (0..batch)
+            .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+            .collect();
+        for max_context in [4_160, 131_072] {
+            lm.model.enable_cuda_graphs(64, max_context)?;
+            let mut samplers: Vec<Sampler> = (0..batch)
+                .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
+                .collect();
+            let s = decode_step_s(lm, &mut kv, &tables, context, 20, &mut samplers, true)?;
+            line(
+                &format!(
+                    "decode_step_ms[vocab=32768,batch={batch},ctx={context},graphs,max_context={max_context}]"
+                ),
+                s * 1e3,
+                "ms",
+            );
+        }
+    }
+    lm.model.enable_cuda_graphs(0, 0)?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let dir = match std::env::args().nth(1) {
         Some(d) => d.into(),
@@ -249,6 +282,7 @@ fn main() -> Result<()> {
     let read = read_only_bandwidth_gbs()?;
     line("read_only_bandwidth", read, "GB/s");
     decode_grid(&lm, "vocab=32768", read)?;
+    graph_table_width(&lm)?;
     drop(lm);
     let big = model_dir("bench-llama-1b-v128k-bf16-v1", 128_256)?;
     let lm_big = load_model_dir(&big, None, Device::Cuda(0))?;
