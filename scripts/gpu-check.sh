@@ -275,8 +275,9 @@ if [ "${QUICK:-0}" != 1 ]; then
     step generate_graphs "$engine" generate --device cuda --cuda-graphs --model "$model" \
         --prompt "The GPU check" --max-tokens 64 --ignore-eos
     serve_and_bench() {
-        "$engine" serve --device cuda --cuda-graphs --gpu-memory-utilization 0.85 \
-            --model "$model" --port 8765 >"$out/serve.log" 2>&1 &
+        "$engine" serve --device cuda --cuda-graphs --device-sampling \
+            --gpu-memory-utilization 0.85 --model "$model" --port 8765 \
+            --step-log "$out/serve-steps.csv" >"$out/serve.log" 2>&1 &
         local pid=$!
         wait_port 8765 $pid "$out/serve.log" || return 1
         head -5 "$out/serve.log"
@@ -284,6 +285,8 @@ if [ "${QUICK:-0}" != 1 ]; then
             --scenario "$here/scenarios/chunked_prefill.toml" --no-progress --out "$out/bench-serve"
         local rc=$?
         stop_server $pid
+        # The host's share of each step: what overlapping it with the GPU could save.
+        python3 "$here/step_log_host.py" "$out/serve-steps.csv" 5 || true
         return $rc
     }
     step serve_bench serve_and_bench
