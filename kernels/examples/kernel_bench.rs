@@ -5,7 +5,8 @@
 //! Shapes are Llama-3.2-3B's (24 query heads, 8 KV heads, head_dim 128, hidden 3072,
 //! intermediate 8192), block size 16. Decode attention is also timed as a replayed CUDA graph,
 //! the Phase 9 question: does a captured launch run as fast as an eager one? The cuBLAS GEMMs
-//! are timed at the model's projection shapes. Prefill attention, each kernel the device runs
+//! are timed at its and Llama-3.2-1B's projection shapes, decode batches as a fraction of a
+//! read-only kernel's bandwidth. Prefill attention, each kernel the device runs
 //! (the tensor-core one and the row kernel), is also timed at Llama-3.2-1B's heads (32 over 8,
 //! head_dim 64): a fresh 2,048-token prompt and a 512-token chunk after 1,536 cached tokens.
 //! Decode attention over an fp8 KV pool (`--kv-cache-dtype fp8`) is timed beside the bf16 one
@@ -93,7 +94,7 @@ fn main() {
         bench_prefill(&kernels, &stream, attention, tokens, start);
     }
     bench_elementwise(&kernels, &stream, &cfg, 512);
-    bench_gemm(&stream);
+    bench_gemm(&kernels, &stream);
 }
 
 fn bench_decode(
@@ -365,8 +366,25 @@ fn bench_elementwise(
     );
 }
 
-/// `x @ w^T` at Llama-3.2-3B's projection shapes (fused QKV, o_proj, fused gate/up, down).
-fn bench_gemm(stream: &Arc<CudaStream>) {
+/// The bandwidth a read-only kernel reaches over 1 GiB (GB/s): the ceiling of anything
+/// that only reads, as a decode step's GEMMs do.
+fn read_only_gbs(kernels: &Kernels, stream: &Arc<CudaStream>) -> f64 {
+    let bytes = 1usize << 30;
+    let src = stream.alloc_zeros::<u8>(bytes).unwrap();
+    let sink = stream
+        .alloc_zeros::<u32>(Kernels::read_only_sink_len())
+        .unwrap();
+    let ms = time_ms(stream, || {
+        kernels.read_only(Span::of(&src), Span::of(&sink))
+    });
+    bytes as f64 / (ms * 1e-3) / 1e9
+}
+
+/// `x @ w^T` at Llama-3.2-3B's and Llama-3.2-1B's projection shapes (fused QKV, o_proj,
+/// fused gate/up, down), at decode batches 1-32 and a 512-row prefill. A decode batch's GEMM
+/// reads its weight once: its bytes over the read-only bandwidth say whether cuBLAS is at
+/// bandwidth there (issue 35's question for a GEMV path at batches of 8 or fewer).
+fn bench_gemm(kernels: &Kernels, stream: &Arc<CudaStream>) {
     let gemm = match Gemm::new(stream.clone()) {
         Ok(gemm) => gemm,
         Err(e) => {
@@ -374,30 +392,44 @@ fn bench_gemm(stream: &Arc<CudaStream>) {
             return;
         }
     };
-    let (hidden, inter, qkv) = (3072, 8192, 3072 + 2 * 1024);
-    for (name, n, k) in [
-        ("qkv", qkv, hidden),
-        ("o", hidden, hidden),
-        ("gate_up", 2 * inter, hidden),
-        ("down", hidden, inter),
-    ] {
-        let w = bf16_buffer(stream, n * k);
-        for m in [1usize, 32, 512] {
+    let read = read_only_gbs(kernels, stream);
+    println!("read_only_bandwidth: {read:.1} GB/s");
+    let shapes = |model: &'static str, hidden: usize, inter: usize, kv: usize| {
+        [
+            (model, "qkv", hidden + 2 * kv, hidden),
+            (model, "o", hidden, hidden),
+            (model, "gate_up", 2 * inter, hidden),
+            (model, "down", hidden, inter),
+        ]
+    };
+    let all = [
+        shapes("3b", 3072, 8192, 1024),
+        shapes("1b", 2048, 8192, 512),
+    ];
+    for (model, name, n, k) in all.into_iter().flatten() {
+        // Copies of the weight cycled through, 256 MiB in all: in a decode step every layer's
+        // weights stream past, so none is still in L2 (50 MB on an H100) when read again.
+        let copies = (256usize << 20).div_ceil(2 * n * k);
+        let ws: Vec<CudaSlice<u16>> = (0..copies).map(|_| bf16_buffer(stream, n * k)).collect();
+        for m in [1usize, 2, 4, 8, 16, 32, 512] {
             let x = bf16_buffer(stream, m * k);
             let out = bf16_buffer(stream, m * n);
+            let mut next = 0;
             let ms = time_ms(stream, || {
-                gemm.matmul_bf16(Span::of(&out), Span::of(&x), Span::of(&w), m, n, k)
+                next = (next + 1) % copies;
+                gemm.matmul_bf16(Span::of(&out), Span::of(&x), Span::of(&ws[next]), m, n, k)
             });
-            let tag = format!("{name},m={m},n={n},k={k}");
+            let tag = format!("{model},{name},m={m},n={n},k={k}");
             println!(
                 "gemm_tflops[{tag}]: {:.2} TFLOP/s",
                 2.0 * (m * n * k) as f64 / (ms * 1e-3) / 1e12
             );
             // Small m is weight-bandwidth bound.
-            println!(
-                "gemm_gbps[{tag}]: {:.1} GB/s",
-                (2 * (n * k + m * k + m * n)) as f64 / (ms * 1e-3) / 1e9
-            );
+            let gbs = (2 * (n * k + m * k + m * n)) as f64 / (ms * 1e-3) / 1e9;
+            println!("gemm_gbps[{tag}]: {gbs:.1} GB/s");
+            if m <= 32 {
+                println!("gemm_fraction_of_read_only[{tag}]: {:.2}", gbs / read);
+            }
         }
     }
 }
