@@ -99,12 +99,16 @@ fn decode_step_s(
         };
         let t = Instant::now();
         if on_device {
-            let mut batch = SamplingBatch::new();
-            for sampler in samplers.iter_mut() {
-                let row = sampler.device_row()?;
-                batch.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
-            }
-            let out = lm.model.forward_sampled(&b, kv, &batch)?;
+            // Packed once the step is queued, as the engine does.
+            let mut rows = || -> Result<SamplingBatch> {
+                let mut batch = SamplingBatch::new();
+                for sampler in samplers.iter_mut() {
+                    let row = sampler.device_row()?;
+                    batch.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
+                }
+                Ok(batch)
+            };
+            let out = lm.model.forward_sampled(&b, kv, &mut rows)?;
             for (&token, sampler) in out.tokens.iter().zip(samplers.iter_mut()) {
                 sampler.accept_device(token as u32)?;
             }

@@ -331,6 +331,10 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 let fatal =
                     crate::runtime::backend::DeviceLost::caused(&e).then(|| format!("{e:#}"));
                 let now = self.now();
+                // A grammar that failed before the step did ends with the step's error.
+                for s in &plan.seqs {
+                    self.sample_failed.remove(&s.request.0);
+                }
                 let failed = self
                     .sched
                     .fail(plan, now)
@@ -506,37 +510,41 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         plan: &StepPlan,
         batch: &ForwardBatch,
     ) -> Result<Vec<(u64, SampledToken)>> {
-        let mut sampling = SamplingBatch::new();
         let mut ids = Vec::with_capacity(plan.num_sampling());
         // Per row: the grammar's seconds so far, when a grammar constrains it.
         let mut grammar_s = Vec::with_capacity(plan.num_sampling());
-        for s in plan.seqs.iter().filter(|s| s.samples) {
-            let id = s.request.0;
-            let live = self
-                .live
-                .get_mut(&id)
-                .ok_or_else(|| anyhow!("request {id} has no state"))?;
-            let constrained = live.sampler.constraint().is_some();
-            match live.sampler.device_row() {
-                Ok(row) => {
-                    sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
-                    grammar_s.push(constrained.then_some(row.constraint_s));
+        // The rows are packed once the step is queued: on a GPU the grammars compute their
+        // masks while the forward runs.
+        let (live, failed) = (&mut self.live, &mut self.sample_failed);
+        let mut rows = || -> Result<SamplingBatch> {
+            let mut sampling = SamplingBatch::new();
+            for s in plan.seqs.iter().filter(|s| s.samples) {
+                let id = s.request.0;
+                let live = live
+                    .get_mut(&id)
+                    .ok_or_else(|| anyhow!("request {id} has no state"))?;
+                let constrained = live.sampler.constraint().is_some();
+                match live.sampler.device_row() {
+                    Ok(row) => {
+                        sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
+                        grammar_s.push(constrained.then_some(row.constraint_s));
+                    }
+                    Err(e) => {
+                        // Its grammar failed: a greedy row holds its place, its token unused.
+                        failed.insert(id, format!("structured output: {e:#}"));
+                        sampling.push(&RowParams::greedy(), &[])?;
+                        grammar_s.push(None);
+                    }
                 }
-                Err(e) => {
-                    // Its grammar failed: a greedy row holds its place, its token unused.
-                    self.sample_failed
-                        .insert(id, format!("structured output: {e:#}"));
-                    sampling.push(&RowParams::greedy(), &[])?;
-                    grammar_s.push(None);
-                }
+                ids.push(id);
             }
-            ids.push(id);
-        }
+            Ok(sampling)
+        };
         let sampled = self
             .model
             .borrow()
             .model
-            .forward_sampled(batch, &mut self.kv, &sampling)?;
+            .forward_sampled(batch, &mut self.kv, &mut rows)?;
         anyhow::ensure!(
             sampled.rows() == ids.len(),
             "{} tokens sampled for {} sequences",
@@ -749,10 +757,16 @@ mod tests {
             core.add(id, request(20, 4), now).unwrap();
         }
         core.inject_failure = Some(anyhow!("injected forward failure"));
+        // A grammar that failed while the step's rows were packed: the step's error ends
+        // the request, and nothing of it stays behind.
+        core.sample_failed
+            .insert(1, "structured output: failed".into());
         let out = core.step();
         let failed: Vec<u64> = out.failed.iter().map(|f| f.0).collect();
         assert_eq!(failed, vec![0, 1], "the two scheduled requests fail");
         assert!(out.failed[0].2.contains("injected forward failure"));
+        assert!(out.failed[1].2.contains("injected forward failure"));
+        assert!(core.sample_failed.is_empty());
         assert!(out.fatal.is_none(), "an ordinary step error");
         assert!(out.tokens.is_empty());
         assert_eq!(core.stats().num_running, 0);

@@ -218,14 +218,15 @@ impl Model {
     }
 
     /// Runs one step as [`Self::forward`] does and samples its rows where the logits are
-    /// (see [`Self::enable_device_sampling`]): only the choices come back.
+    /// (see [`Self::enable_device_sampling`]): only the choices come back. `rows` packs the
+    /// rows once the step is queued (see `Transformer::forward_sampled`).
     pub fn forward_sampled(
         &self,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        sampling: &SamplingBatch,
+        rows: &mut dyn FnMut() -> Result<SamplingBatch>,
     ) -> Result<SampledRows> {
-        let out = self.forward_sampled_unclassified(batch, kv, sampling);
+        let out = self.forward_sampled_unclassified(batch, kv, rows);
         match self {
             Model::Cpu(_) => out,
             #[cfg(feature = "cuda")]
@@ -237,9 +238,9 @@ impl Model {
         &self,
         batch: &ForwardBatch,
         kv: &mut KvCache,
-        sampling: &SamplingBatch,
+        rows: &mut dyn FnMut() -> Result<SamplingBatch>,
     ) -> Result<SampledRows> {
-        with_kv!(self, kv, |m, k| m.forward_sampled(batch, k, sampling))
+        with_kv!(self, kv, |m, k| m.forward_sampled(batch, k, rows))
     }
 
     /// Samples on the GPU from now on: the engine sends each step's sampling parameters

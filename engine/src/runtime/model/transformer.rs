@@ -287,14 +287,16 @@ impl<B: Backend> Transformer<B> {
         }
     }
 
-    /// Runs one step as [`Self::forward`] does, then samples each row of `sampling` (one
-    /// per sampling sequence, in batch order; the batch asks for no other logits) on the
-    /// backend. Errs if the backend samples only on the host.
+    /// Runs one step as [`Self::forward`] does, then samples each row `rows` gives (one per
+    /// sampling sequence, in batch order; the batch asks for no other logits) on the
+    /// backend. `rows` is asked once the step's work is queued, so on a GPU the host packs
+    /// them (a grammar's mask takes tens to hundreds of µs a row) while the step computes.
+    /// Errs if the backend samples only on the host.
     pub fn forward_sampled(
         &self,
         batch: &ForwardBatch,
         kv: &mut B::Kv,
-        sampling: &SamplingBatch,
+        rows: &mut dyn FnMut() -> Result<SamplingBatch>,
     ) -> Result<SampledRows> {
         ensure!(
             batch.seqs.iter().all(|s| !s.all_logits),
@@ -303,7 +305,7 @@ impl<B: Backend> Transformer<B> {
         match self.head(batch, kv)? {
             Some(x) => self
                 .backend
-                .sample(&x, self.softcap(), sampling)?
+                .sample(&x, self.softcap(), &rows()?)?
                 .ok_or_else(|| anyhow!("this backend samples on the host only")),
             None => Ok(SampledRows::new(0)),
         }

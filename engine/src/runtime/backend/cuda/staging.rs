@@ -5,8 +5,10 @@
 //! to pageable memory returns only once it has completed; from page-locked memory a copy is
 //! one DMA queued on the stream. Each buffer is reused step after step, so before it is
 //! rewritten the host waits on an event recorded after the last copy that used it (cudarc's
-//! own tracking is off in this backend: see `CudaBackend::new`); a step has synchronised its
-//! stream long before, so that wait returns at once.
+//! own tracking is off in this backend: see `CudaBackend::new`). That wait returns at once
+//! after a step that brought tokens back (it synchronised its stream); after one that did not
+//! (a prompt chunk that samples no row) it lasts until the GPU has reached that step, whose
+//! inputs go up before its kernels run.
 
 use std::sync::Arc;
 
