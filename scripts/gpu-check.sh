@@ -284,6 +284,8 @@ if [ "${QUICK:-0}" != 1 ]; then
         "$engine" bench --server http://localhost:8765 \
             --scenario "$here/scenarios/chunked_prefill.toml" --no-progress --out "$out/bench-serve"
         local rc=$?
+        # Constrained rows beside free ones, the grammars' masks applied on the GPU.
+        python3 "$here/structured_smoke.py" http://localhost:8765 || rc=1
         stop_server $pid
         # The host's share of each step: what overlapping it with the GPU could save.
         python3 "$here/step_log_host.py" "$out/serve-steps.csv" 5 || true

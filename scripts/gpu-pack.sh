@@ -37,7 +37,7 @@ rm -rf "$out/bin"
 
 cp -r scenarios "$out/"
 cp scripts/gpu-check.sh scripts/gpu-device-run.sh scripts/oracle_check.py scripts/served_oracle.py \
-    scripts/gpu_peers.py scripts/step_log_host.py \
+    scripts/gpu_peers.py scripts/step_log_host.py scripts/structured_smoke.py \
     scripts/to_gguf.py "$out/"
 # llama.cpp's source, trimmed to what its CUDA benchmarks and converter need (~2 MB).
 scripts/llama_cpp_source.sh pack "$out/llama.cpp.tar.xz"
