@@ -125,6 +125,19 @@ fn decode_step_s(
     Ok(median(times))
 }
 
+/// A KV pool holding a fill pattern for `batch` sequences of `context + 1` tokens, and
+/// their block tables (consecutive blocks each): a decode step's cost does not depend on
+/// the values.
+fn decode_pool(lm: &LoadedModel, batch: usize, context: usize) -> Result<(KvCache, Vec<Vec<u32>>)> {
+    let per_seq = (context + 1).div_ceil(BLOCK);
+    let mut kv = lm.model.new_kv_cache(batch * per_seq, BLOCK)?;
+    lm.model.fill_pattern(&mut kv)?;
+    let tables = (0..batch)
+        .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
+        .collect();
+    Ok((kv, tables))
+}
+
 /// A generated model of Llama-3.2-1B's shape with `vocab` tokens under the builtin cache,
 /// built once.
 fn model_dir(name: &str, vocab: usize) -> Result<std::path::PathBuf> {
@@ -184,12 +197,7 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
     };
     for batch in [1, 8, 32, 64] {
         for context in CONTEXTS {
-            let per_seq = (context + 1).div_ceil(BLOCK);
-            let mut kv = lm.model.new_kv_cache(batch * per_seq, BLOCK)?;
-            lm.model.fill_pattern(&mut kv)?;
-            let tables: Vec<Vec<u32>> = (0..batch)
-                .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
-                .collect();
+            let (mut kv, tables) = decode_pool(lm, batch, context)?;
             let bytes = lm.config.decode_read_bytes(&vec![context + 1; batch], 2, 2);
             for graphs in [false, true] {
                 let max_context = CONTEXTS[2] + 64;
@@ -242,12 +250,7 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
 fn graph_table_width(lm: &LoadedModel) -> Result<()> {
     let context: usize = 512;
     for batch in [1usize, 64] {
-        let per_seq = (context + 1).div_ceil(BLOCK);
-        let mut kv = lm.model.new_kv_cache(batch * per_seq, BLOCK)?;
-        lm.model.fill_pattern(&mut kv)?;
-        let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|i| ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect())
-            .collect();
+        let (mut kv, tables) = decode_pool(lm, batch, context)?;
         for max_context in [4_160, 131_072] {
             lm.model.enable_cuda_graphs(64, max_context)?;
             let mut samplers: Vec<Sampler> = (0..batch)
