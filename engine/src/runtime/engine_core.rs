@@ -523,11 +523,10 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 let live = live
                     .get_mut(&id)
                     .ok_or_else(|| anyhow!("request {id} has no state"))?;
-                let constrained = live.sampler.constraint().is_some();
                 match live.sampler.device_row() {
                     Ok(row) => {
                         sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
-                        grammar_s.push(constrained.then_some(row.constraint_s));
+                        grammar_s.push(row.mask.is_some().then_some(row.constraint_s));
                     }
                     Err(e) => {
                         // Its grammar failed: a greedy row holds its place, its token unused.

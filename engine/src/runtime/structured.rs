@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
 
@@ -226,7 +226,7 @@ impl Constraint {
     /// Sets every logit the grammar does not allow next to −∞. A finished grammar allows
     /// only the end-of-sequence tokens. Errs if the grammar is in an error state.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        apply(&self.allowed()?, logits);
+        apply(self.allowed_set()?.as_slice(), logits);
         Ok(())
     }
 
@@ -234,11 +234,15 @@ impl Constraint {
     /// `i`; ids past its end are not allowed): what [`Constraint::mask`] applies, for a
     /// sampler that applies it elsewhere (the GPU's). Errs as `mask` does.
     pub fn allowed(&mut self) -> Result<Vec<u32>> {
+        Ok(self.allowed_set()?.as_slice().to_vec())
+    }
+
+    fn allowed_set(&mut self) -> Result<SimpleVob> {
         let allowed = self.matcher.compute_mask_or_eos()?;
         if allowed.is_zero() {
             bail!("the grammar allows no token here");
         }
-        Ok(allowed.as_slice().to_vec())
+        Ok(allowed)
     }
 
     /// Advances past the sampled `token`.
@@ -418,7 +422,6 @@ mod tests {
 
     #[test]
     fn mask_covers_the_whole_row() {
-        use llguidance::toktrie::SimpleVob;
         let mut v = SimpleVob::alloc(70);
         v.allow_token(3);
         v.allow_token(64);
