@@ -10,6 +10,8 @@
 //!   ms per step, tok/s, the bytes the step must read (every weight but the gathered
 //!   embedding table, the output head, each sequence's K/V once) per second, and their
 //!   fraction of the read-only bandwidth;
+//! - graphed decode steps at batch 1 / 2 / 4 / 8 with the GEMMs chosen at load (cuBLAS or the
+//!   skinny GEMM kernel, timed per shape) beside cuBLAS everywhere;
 //! - a graphed decode step with graphs sized for 4,160 and for 131,072 tokens of context;
 //! - prefill tokens/s and ms at 512 and 2,048 tokens, a 512-token chunk after 1,536 cached
 //!   tokens, and a new prompt length vs a seen one.
@@ -21,6 +23,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::DType;
+use infer_engine::runtime::backend::gemv_choice::GemvMode;
 use infer_engine::runtime::sampling::{Sampler, SamplingParams};
 use infer_engine::runtime::structured::{Grammar, GrammarCompiler};
 use infer_engine::tools::builtin;
@@ -243,6 +246,49 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
     Ok(())
 }
 
+/// What the skinny GEMM kernel buys a decode step (issue 35's GEMV path): batches 1 to 8 at
+/// 512 tokens of context, graphed, greedy on the device, with the GEMMs the backend chose at
+/// load (each shape and batch timed both ways) beside cuBLAS everywhere. The choice itself is
+/// printed first.
+fn gemv_ab(lm: &LoadedModel, label: &str) -> Result<()> {
+    if let Some(choice) = lm.model.gemv_description() {
+        println!("# {label}: {choice}");
+    }
+    let context = 512;
+    for batch in [1usize, 2, 4, 8] {
+        let (mut kv, tables) = decode_pool(lm, batch, context)?;
+        let mut ms = Vec::new();
+        for mode in [GemvMode::Never, GemvMode::Measured] {
+            lm.model.set_gemv_mode(mode)?;
+            // Graphs captured anew with this mode's GEMMs.
+            lm.model.enable_cuda_graphs(64, context + 64)?;
+            let mut samplers: Vec<Sampler> = (0..batch)
+                .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
+                .collect();
+            let s = decode_step_s(lm, &mut kv, &tables, context, 20, &mut samplers, true)?;
+            let name = if mode == GemvMode::Never {
+                "cublas"
+            } else {
+                "chosen"
+            };
+            line(
+                &format!("decode_step_ms[{label},batch={batch},ctx={context},graphs,greedy_device,gemm={name}]"),
+                s * 1e3,
+                "ms",
+            );
+            ms.push(s);
+        }
+        line(
+            &format!("gemv_step_speedup[{label},batch={batch},ctx={context}]"),
+            ms[0] / ms[1],
+            "x",
+        );
+    }
+    lm.model.set_gemv_mode(GemvMode::Measured)?;
+    lm.model.enable_cuda_graphs(0, 0)?;
+    Ok(())
+}
+
 /// What a graph's table width costs a decode step: graphs sized for 4,160 tokens and for
 /// 131,072 (`--max-model-len` at Llama 3's context), the same step at 512 tokens of context,
 /// batch 1 and 64, greedy on the device. The host copies each table row only as wide as the
@@ -289,11 +335,13 @@ fn main() -> Result<()> {
     let read = read_only_bandwidth_gbs()?;
     line("read_only_bandwidth", read, "GB/s");
     decode_grid(&lm, "vocab=32768", read)?;
+    gemv_ab(&lm, "vocab=32768")?;
     graph_table_width(&lm)?;
     drop(lm);
     let big = model_dir("bench-llama-1b-v128k-bf16-v1", 128_256)?;
     let lm_big = load_model_dir(&big, None, Device::Cuda(0))?;
     decode_grid(&lm_big, "vocab=128256", read)?;
+    gemv_ab(&lm_big, "vocab=128256")?;
     drop(lm_big);
     let lm = load_model_dir(&dir, None, Device::Cuda(0))?;
 

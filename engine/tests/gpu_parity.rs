@@ -4,7 +4,8 @@
 //! step (a prefill chunk beside decodes) likewise, and decode steps replayed from CUDA graphs
 //! bit-identical to the same steps run eagerly. The first comparison runs again with fp8 KV
 //! caches on both backends. Device sampling (masks, penalties, draws, logprobs) on a model's
-//! logits matches the kernels' CPU reference.
+//! logits matches the kernels' CPU reference. The decodes' GEMMs run through cuBLAS and through
+//! the skinny GEMM kernel in turn.
 //!
 //! Needs an NVIDIA GPU, so ignored by default. On a GPU machine (see scripts/gpu-check.sh):
 //!   cargo test --release -p infer-engine --features cuda --test gpu_parity -- --ignored --nocapture
@@ -15,6 +16,7 @@ mod common;
 use anyhow::Result;
 use common::*;
 use infer_core::workload::KvCacheDtype;
+use infer_engine::runtime::backend::gemv_choice::GemvMode;
 use infer_engine::runtime::sampling::argmax;
 use infer_engine::tools::make_model::ModelSpec;
 use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedModel, SeqChunk};
@@ -126,51 +128,55 @@ fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
             cpu_kv = cpu.model.new_kv_cache(8, BLOCK)?;
             cpu_logits = run(&cpu, &mut cpu_kv, &prompt, &feed)?;
         }
-        let mut gpu_kv = gpu.model.new_kv_cache(8, BLOCK)?;
-        let gpu_logits = run(&gpu, &mut gpu_kv, &prompt, &feed[..DECODES - 1])?;
         let cpu_logits = &cpu_logits[..DECODES];
-        // Every step's difference first, so a failing run shows the whole curve (drift that
-        // grows step by step is precision; a jump at one step is a bug).
-        let diffs: Vec<f32> = gpu_logits
-            .iter()
-            .zip(cpu_logits)
-            .map(|(g, c)| rel_diff(g, c))
-            .collect();
-        let curve: Vec<String> = diffs.iter().map(|d| format!("{d:.4}")).collect();
-        println!(
-            "gpu_parity[{},kv={kv_dtype:?}] per step: {}",
-            arch.name(),
-            curve.join(" ")
-        );
-        let mut greedy_checked = 0;
-        for (step, ((g, c), d)) in gpu_logits.iter().zip(cpu_logits).zip(&diffs).enumerate() {
-            if *d > tolerance {
-                failures.push(format!(
-                    "{arch:?} kv {kv_dtype:?} step {step}: relative difference {d}"
-                ));
-            }
-            if top2_margin(c) > 2.0 * tolerance {
-                if argmax(g) != argmax(c) {
+        // The decodes' GEMMs through cuBLAS, then through the skinny kernel.
+        for gemv in [GemvMode::Never, GemvMode::Always] {
+            gpu.model.set_gemv_mode(gemv)?;
+            let mut gpu_kv = gpu.model.new_kv_cache(8, BLOCK)?;
+            let gpu_logits = run(&gpu, &mut gpu_kv, &prompt, &feed[..DECODES - 1])?;
+            // Every step's difference first, so a failing run shows the whole curve (drift that
+            // grows step by step is precision; a jump at one step is a bug).
+            let diffs: Vec<f32> = gpu_logits
+                .iter()
+                .zip(cpu_logits)
+                .map(|(g, c)| rel_diff(g, c))
+                .collect();
+            let curve: Vec<String> = diffs.iter().map(|d| format!("{d:.4}")).collect();
+            println!(
+                "gpu_parity[{},kv={kv_dtype:?},gemv={gemv:?}] per step: {}",
+                arch.name(),
+                curve.join(" ")
+            );
+            let mut greedy_checked = 0;
+            for (step, ((g, c), d)) in gpu_logits.iter().zip(cpu_logits).zip(&diffs).enumerate() {
+                if *d > tolerance {
                     failures.push(format!(
-                        "{arch:?} kv {kv_dtype:?} step {step}: greedy token differs"
-                    ));
+                    "{arch:?} kv {kv_dtype:?} gemv {gemv:?} step {step}: relative difference {d}"
+                ));
                 }
-                greedy_checked += 1;
+                if top2_margin(c) > 2.0 * tolerance {
+                    if argmax(g) != argmax(c) {
+                        failures.push(format!(
+                        "{arch:?} kv {kv_dtype:?} gemv {gemv:?} step {step}: greedy token differs"
+                    ));
+                    }
+                    greedy_checked += 1;
+                }
             }
-        }
-        let mean = |d: &[f32]| d.iter().sum::<f32>() / d.len() as f32;
-        let drift = mean(&diffs[diffs.len() - 8..]) / mean(&diffs[..8]);
-        if drift > MAX_DRIFT {
-            failures.push(format!(
-                "{arch:?} kv {kv_dtype:?}: the difference grows with the context ({drift:.2}x)"
+            let mean = |d: &[f32]| d.iter().sum::<f32>() / d.len() as f32;
+            let drift = mean(&diffs[diffs.len() - 8..]) / mean(&diffs[..8]);
+            if drift > MAX_DRIFT {
+                failures.push(format!(
+                "{arch:?} kv {kv_dtype:?} gemv {gemv:?}: the difference grows with the context ({drift:.2}x)"
             ));
-        }
-        println!(
-            "gpu_parity[{},kv={kv_dtype:?}]: max relative difference {:.4} over {} steps, greedy equal on {greedy_checked}",
+            }
+            println!(
+            "gpu_parity[{},kv={kv_dtype:?},gemv={gemv:?}]: max relative difference {:.4} over {} steps, greedy equal on {greedy_checked}",
             arch.name(),
             diffs.iter().fold(0f32, |m, &d| m.max(d)),
             gpu_logits.len()
         );
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     Ok(())
@@ -183,6 +189,11 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
     let cpu = load(&dir)?;
     let gpu = load_model_dir(&dir, None, Device::Cuda(0))?;
     let graphed = load_model_dir(&dir, None, Device::Cuda(0))?;
+    // Each model chose its decode GEMMs by timing them; the same choice on both, so that
+    // eager and graphed steps run the same kernels (the skinny GEMM, captured too).
+    for lm in [&gpu, &graphed] {
+        lm.model.set_gemv_mode(GemvMode::Always)?;
+    }
     graphed.model.enable_cuda_graphs(8, 8 * BLOCK)?;
     // Three sequences with their own blocks: two decode while one prefills (a mixed step).
     let tables: [Vec<u32>; 3] = [vec![0, 1], vec![2, 3], vec![4, 5]];

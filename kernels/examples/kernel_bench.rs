@@ -400,6 +400,8 @@ fn bench_gemm(kernels: &Kernels, stream: &Arc<CudaStream>) {
             (model, "o", hidden, hidden),
             (model, "gate_up", 2 * inter, hidden),
             (model, "down", hidden, inter),
+            // The LM head at Llama 3's vocabulary: the largest single read of a decode step.
+            (model, "lm_head", 128_256, hidden),
         ]
     };
     let all = [
@@ -429,6 +431,18 @@ fn bench_gemm(kernels: &Kernels, stream: &Arc<CudaStream>) {
             println!("gemm_gbps[{tag}]: {gbs:.1} GB/s");
             if m <= 32 {
                 println!("gemm_fraction_of_read_only[{tag}]: {:.2}", gbs / read);
+            }
+            // The skinny GEMM the engine may pick instead at these rows (the CUDA backend
+            // times both at start).
+            if Kernels::gemv_applies(Span::of(&x), Span::of(&ws[0]), m, k) {
+                let gemv_ms = time_ms(stream, || {
+                    next = (next + 1) % copies;
+                    let w = Span::of(&ws[next]);
+                    kernels.gemv_bf16(Span::of(&out), Span::of(&x), w, m, n, k)
+                });
+                let gemv_gbs = (2 * (n * k + m * k + m * n)) as f64 / (gemv_ms * 1e-3) / 1e9;
+                println!("gemv_fraction_of_read_only[{tag}]: {:.2}", gemv_gbs / read);
+                println!("gemv_speedup_over_cublas[{tag}]: {:.2}x", ms / gemv_ms);
             }
         }
     }

@@ -1096,6 +1096,58 @@ fn gemm_matches_reference() {
     }
 }
 
+/// The skinny GEMM at every row count it takes, at Llama-3.2-1B's projection shapes, at the
+/// column count of a 128k-vocabulary LM head, and at ragged ones (a column count that is no whole block of warps,
+/// a k whose words are no whole unrolled stride of the warp), against the reference and
+/// within the same arena layout as the cuBLAS test.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_matches_reference() {
+    let (kernels, stream) = kernels();
+    let shapes = [
+        (3072, 2048),
+        (2048, 8192),
+        (128_256, 256), // an LM head's column count (a narrow k keeps the reference quick)
+        (1001, 8 * 1025),
+        (3, 8),
+        (5, 24),
+    ];
+    for (n, k) in shapes {
+        let w = random(n * k, 2, 1.0);
+        let w_dev = upload(&stream, &w);
+        for m in 1..=infer_kernels::cuda::sources::GEMV_MAX_ROWS {
+            // The large shapes at the row counts that differ most; every count on small ones.
+            if n * k > 4 << 20 && ![1, 3, 8].contains(&m) {
+                continue;
+            }
+            let x = random(m * k, 10 + m as u64, 1.0);
+            let out_at = (m * k).next_multiple_of(64);
+            let garbage = random(out_at - m * k + m * n + 64, 3, 1.0);
+            let before = [x.clone(), garbage].concat();
+            let arena = upload(&stream, &before);
+            let (x_span, out_span) = (
+                span(&arena).slice(0, m * k),
+                span(&arena).slice(out_at, m * n),
+            );
+            assert!(Kernels::gemv_applies(x_span, span(&w_dev), m, k));
+            kernels
+                .gemv_bf16(out_span, x_span, span(&w_dev), m, n, k)
+                .unwrap();
+            let all = download(&stream, &arena);
+            let mut want = vec![0.0; m * n];
+            reference::matmul_xwt(&mut want, &x, &w, m, n, k);
+            let got = &all[out_at..][..m * n];
+            assert_close(&format!("gemv {m}x{n}x{k}"), got, &want);
+            assert_eq!(&all[..out_at], &before[..out_at], "input untouched");
+            assert_eq!(
+                &all[out_at + m * n..],
+                &before[out_at + m * n..],
+                "nothing written past out"
+            );
+        }
+    }
+}
+
 /// Runs the sampling kernel on `logits` (`[batch.rows(), vocab]`): what it returns and the
 /// logits as it left them (adjusted in place).
 fn device_sample(

@@ -39,16 +39,21 @@ __device__ __forceinline__ void kv_store(fp8_e4m3* dst, bf16 x) {
     *dst = f32_to_fp8_e4m3(bf16_to_f32(x));
 }
 
-// Eight consecutive elements as f32: one 16-byte load of bf16, one 8-byte load of fp8 (`p`
-// aligned to it). Element 0 sits in the lowest bits (little-endian).
-__device__ __forceinline__ void kv_load8(const bf16* p, float* out) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(p);
+// Eight bf16 values packed in a 16-byte word as f32. Element 0 sits in the lowest bits
+// (little-endian).
+__device__ __forceinline__ void bf16x8_to_f32(const uint4 packed, float* out) {
     const unsigned int words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
         out[2 * w] = __uint_as_float(words[w] << 16);
         out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
     }
+}
+
+// Eight consecutive elements as f32: one 16-byte load of bf16, one 8-byte load of fp8 (`p`
+// aligned to it). Element 0 sits in the lowest bits (little-endian).
+__device__ __forceinline__ void kv_load8(const bf16* p, float* out) {
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(p), out);
 }
 
 __device__ __forceinline__ void kv_load8(const fp8_e4m3* p, float* out) {

@@ -23,7 +23,9 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use super::nvrtc::{self, ComputeCapability};
-use super::sources::{self, ATTENTION_WARPS, DECODE_MAX_GROUP, FLASH_WARPS};
+use super::sources::{
+    self, ATTENTION_WARPS, DECODE_MAX_GROUP, FLASH_WARPS, GEMV_MAX_ROWS, GEMV_WARPS,
+};
 use super::span::Span;
 use crate::compat::{self, CodeTarget, Version};
 use crate::decode_split;
@@ -131,6 +133,20 @@ mod grid {
         LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Skinny GEMMs: a warp per output column, [`GEMV_WARPS`] to a block.
+    pub fn gemv(columns: usize) -> LaunchConfig {
+        let blocks = columns.div_ceil(GEMV_WARPS as usize);
+        assert!(
+            blocks > 0 && blocks <= i32::MAX as usize,
+            "{columns} columns out of range"
+        );
+        LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (GEMV_WARPS * 32, 1, 1),
             shared_mem_bytes: 0,
         }
     }
@@ -280,6 +296,8 @@ pub struct Kernels {
     logits_f32: CudaFunction,
     read_only: CudaFunction,
     sample_rows: CudaFunction,
+    /// The skinny GEMMs, by row count - 1.
+    gemv: Vec<CudaFunction>,
 }
 
 impl Kernels {
@@ -376,6 +394,9 @@ impl Kernels {
             logits_f32: take("logits_f32"),
             read_only: take("read_only_u128"),
             sample_rows: take("sample_rows_f32"),
+            gemv: (1..=GEMV_MAX_ROWS)
+                .map(|rows| take(sources::gemv_entry_point(rows).unwrap()))
+                .collect(),
             stream,
         };
         Ok(kernels)
@@ -952,6 +973,43 @@ impl Kernels {
         unsafe { launch.launch(grid::flat(usize::MAX)) }.map(drop)
     }
 
+    /// Whether [`Self::gemv_bf16`] takes `x[m, k] @ w^T`: 1..=[`GEMV_MAX_ROWS`] rows, `k` a
+    /// multiple of 8 and both operands 16-byte aligned (the kernel reads 16-byte words).
+    pub fn gemv_applies(x: Span<u16>, w: Span<u16>, m: usize, k: usize) -> bool {
+        (1..=GEMV_MAX_ROWS).contains(&m)
+            && k.is_multiple_of(8)
+            && x.ptr().is_multiple_of(16)
+            && w.ptr().is_multiple_of(16)
+    }
+
+    /// `out[m, n] = x[m, k] @ w[n, k]^T` (row-major, `out` written), bf16 in and out, f32
+    /// accumulation, for the few rows of a decode batch ([`Self::gemv_applies`]): one warp per
+    /// output column streaming its weight row, where cuBLAS may stay below the bandwidth a
+    /// read-only kernel reaches. See [`crate::reference::matmul_xwt`].
+    pub fn gemv_bf16(
+        &self,
+        out: Span<u16>,
+        x: Span<u16>,
+        w: Span<u16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), DriverError> {
+        assert!(
+            Self::gemv_applies(x, w, m, k),
+            "gemv of {m} rows, k = {k}: needs 1..={GEMV_MAX_ROWS} rows, k % 8 == 0, aligned"
+        );
+        assert_eq!(out.len(), m * n, "out is not [m, n]");
+        assert_eq!(x.len(), m * k, "x is not [m, k]");
+        assert_eq!(w.len(), n * k, "w is not [n, k]");
+        let (n_arg, k_arg) = (int(n), int(k));
+        let mut launch = self.stream.launch_builder(&self.gemv[m - 1]);
+        launch.arg(&out).arg(&w).arg(&x).arg(&n_arg).arg(&k_arg);
+        // SAFETY: matches gemv_bf16_m{m}: the spans hold the [m, k], [n, k] and [m, n] the
+        // kernel addresses (checked above); warps past column n - 1 return.
+        unsafe { launch.launch(grid::gemv(n)) }.map(drop)
+    }
+
     /// Words of the sink [`Self::read_only`] writes.
     pub const fn read_only_sink_len() -> usize {
         grid::FLAT_MAX_BLOCKS * grid::FLAT_THREADS as usize / 32
@@ -1116,7 +1174,42 @@ pub struct DeviceSampledRows {
 
 #[cfg(test)]
 mod tests {
-    use super::grid;
+    use super::{grid, Kernels, Span, GEMV_MAX_ROWS, GEMV_WARPS};
+
+    #[test]
+    fn gemv_grid_has_a_warp_per_column() {
+        let w = GEMV_WARPS as usize;
+        assert_eq!(grid::gemv(1).grid_dim, (1, 1, 1));
+        assert_eq!(grid::gemv(w).grid_dim, (1, 1, 1));
+        assert_eq!(grid::gemv(w + 1).grid_dim, (2, 1, 1));
+        // Llama 3's 128,256-token vocabulary as the LM head's columns.
+        assert_eq!(grid::gemv(128_256).grid_dim.0 as usize * w, 128_256);
+        assert_eq!(grid::gemv(5).block_dim, (GEMV_WARPS * 32, 1, 1));
+    }
+
+    #[test]
+    fn gemv_takes_few_rows_whole_words_and_aligned_operands() {
+        // SAFETY: spans only compared, never dereferenced.
+        let at = |ptr: u64| unsafe { Span::<u16>::from_raw(ptr, 1) };
+        let (x, w) = (at(0x1000), at(0x2000));
+        for m in 1..=GEMV_MAX_ROWS {
+            assert!(Kernels::gemv_applies(x, w, m, 2048));
+        }
+        assert!(!Kernels::gemv_applies(x, w, 0, 2048));
+        assert!(!Kernels::gemv_applies(x, w, GEMV_MAX_ROWS + 1, 2048));
+        assert!(
+            !Kernels::gemv_applies(x, w, 1, 2044),
+            "k not whole 16-byte words"
+        );
+        assert!(
+            !Kernels::gemv_applies(at(0x1008), w, 1, 2048),
+            "x misaligned"
+        );
+        assert!(
+            !Kernels::gemv_applies(x, at(0x2002), 1, 2048),
+            "w misaligned"
+        );
+    }
 
     #[test]
     fn row_blocks_are_whole_warps_up_to_1024() {

@@ -13,6 +13,14 @@ pub const DECODE_MAX_GROUP: usize = 8;
 /// each: injected as `FLASH_WARPS`, as [`ATTENTION_WARPS`] is.
 pub const FLASH_WARPS: u32 = 4;
 
+/// Warps per block of the skinny GEMMs (`gemv.cu`), one output column each: injected as
+/// `GEMV_WARPS`.
+pub const GEMV_WARPS: u32 = 4;
+
+/// Most rows (decode batch) the skinny GEMMs of `gemv.cu` take: one entry point per row count
+/// up to it (each holds a row's partial sum per row in registers).
+pub const GEMV_MAX_ROWS: usize = 8;
+
 use crate::layout::KvDtype;
 use crate::sampling::MAX_TOP_LOGPROBS;
 
@@ -36,7 +44,7 @@ impl KernelSource {
     /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
     pub fn program(&self) -> String {
         format!(
-            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{FP8}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define GEMV_WARPS {GEMV_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{FP8}\n{COMMON}\n// ---- {}.cu ----\n{}",
             self.name, self.source
         )
     }
@@ -139,7 +147,22 @@ pub const SAMPLING: KernelSource = KernelSource {
     entry_points: &["sample_rows_f32"],
 };
 
-pub const ALL: [KernelSource; 9] = [
+pub const GEMV: KernelSource = KernelSource {
+    name: "gemv",
+    source: include_str!("gemv.cu"),
+    entry_points: &[
+        "gemv_bf16_m1",
+        "gemv_bf16_m2",
+        "gemv_bf16_m3",
+        "gemv_bf16_m4",
+        "gemv_bf16_m5",
+        "gemv_bf16_m6",
+        "gemv_bf16_m7",
+        "gemv_bf16_m8",
+    ],
+};
+
+pub const ALL: [KernelSource; 10] = [
     PAGED_ATTENTION,
     FLASH_PREFILL,
     KV_CACHE,
@@ -149,7 +172,15 @@ pub const ALL: [KernelSource; 9] = [
     GATHER,
     ELEMENTWISE,
     SAMPLING,
+    GEMV,
 ];
+
+/// The skinny GEMM's entry point for `rows` rows (1..=[`GEMV_MAX_ROWS`]).
+pub fn gemv_entry_point(rows: usize) -> Option<&'static str> {
+    (1..=GEMV_MAX_ROWS)
+        .contains(&rows)
+        .then(|| GEMV.entry_points[rows - 1])
+}
 
 /// The tensor-core prefill attention's entry point for one head dimension and pool element.
 pub fn flash_prefill_entry_point(head_dim: usize, kv: KvDtype) -> Option<&'static str> {
@@ -252,6 +283,12 @@ mod tests {
             Some("flash_prefill_bf16_kvfp8_d256")
         );
         assert_eq!(flash_prefill_entry_point(80, KvDtype::Fp8E4m3), None);
+        assert_eq!(GEMV.entry_points.len(), GEMV_MAX_ROWS);
+        for rows in 1..=GEMV_MAX_ROWS {
+            assert_eq!(gemv_entry_point(rows), Some(&*format!("gemv_bf16_m{rows}")));
+        }
+        assert_eq!(gemv_entry_point(0), None);
+        assert_eq!(gemv_entry_point(GEMV_MAX_ROWS + 1), None);
         assert_eq!(
             kv_cache_entry_points(KvDtype::Fp8E4m3),
             ("reshape_and_cache_bf16_kvfp8", "qkv_rope_cache_bf16_kvfp8")

@@ -17,6 +17,7 @@
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod gemv_choice;
 pub mod graph_set;
 pub mod step_inputs;
 

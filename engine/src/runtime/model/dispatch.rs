@@ -10,6 +10,7 @@ use super::weights::WeightStore;
 use crate::runtime::backend::cpu::{CpuBackend, CpuKv};
 #[cfg(feature = "cuda")]
 use crate::runtime::backend::cuda::{CudaBackend, CudaKv};
+use crate::runtime::backend::gemv_choice::GemvMode;
 use crate::runtime::backend::{Backend, Device, Logits};
 use crate::runtime::batch::ForwardBatch;
 use infer_core::workload::KvCacheDtype;
@@ -53,11 +54,11 @@ impl Model {
                 CpuBackend::new(w.dtype())?,
             )?)),
             #[cfg(feature = "cuda")]
-            Device::Cuda(ordinal) => Ok(Model::Cuda(Transformer::load(
-                cfg,
-                w,
-                CudaBackend::new(ordinal)?,
-            )?)),
+            Device::Cuda(ordinal) => {
+                let m = Transformer::load(cfg, w, CudaBackend::new(ordinal)?)?;
+                m.backend().choose_gemv()?;
+                Ok(Model::Cuda(m))
+            }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => {
                 bail!("--device {device}: this build has no CUDA backend (build with --features cuda)")
@@ -155,6 +156,33 @@ impl Model {
                 buckets.dedup();
                 buckets
             }
+        }
+    }
+
+    /// Where the CUDA backend runs decode batches' GEMMs from now on: the skinny kernel where
+    /// it was timed faster at load (the default), everywhere it applies, or nowhere (cuBLAS).
+    /// Graphs captured before keep the GEMMs they were captured with.
+    pub fn set_gemv_mode(&self, mode: GemvMode) -> Result<()> {
+        match self {
+            Model::Cpu(_) => {
+                let _ = mode;
+                bail!("the skinny GEMM kernel needs a CUDA device")
+            }
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => {
+                m.backend().set_gemv_mode(mode);
+                Ok(())
+            }
+        }
+    }
+
+    /// What was chosen for decode batches' GEMMs at load, for the start-up log; `None` on
+    /// the CPU.
+    pub fn gemv_description(&self) -> Option<String> {
+        match self {
+            Model::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => Some(m.backend().gemv_choice().describe()),
         }
     }
 

@@ -32,11 +32,15 @@ use super::step_inputs::{graph_bucket, is_decode_only, Padding, StepInputs};
 use super::{
     cuda_error_is_sticky, Activation, AttnKind, Backend, DeviceLost, Heads, KvLayout, Logits, Role,
 };
+use crate::runtime::backend::gemv_choice::{self, GemvChoice, GemvMode, GemvTiming};
 use crate::runtime::backend::graph_set::KvPoolId;
 use crate::runtime::batch::ForwardBatch;
 use arena::Arena;
 use graphs::Graphs;
 use staging::Staging;
+
+// The engine's row limit for the skinny GEMM is the kernels'.
+const _: () = assert!(gemv_choice::MAX_ROWS == infer_kernels::cuda::sources::GEMV_MAX_ROWS);
 
 /// `[rows, cols]` bf16 in the step arena.
 #[derive(Clone, Copy, Debug)]
@@ -152,6 +156,11 @@ pub struct CudaBackend {
     device_sampling: AtomicBool,
     /// What KV pools made from now on store.
     kv_dtype: KvDtype,
+    /// Every weight a GEMM may read, as loaded (`[n, k]`): what [`Self::choose_gemv`] times.
+    /// The spans point into weights the model owns; emptied once the choice is made.
+    loaded_linears: Mutex<Vec<(Span<u16>, usize, usize)>>,
+    /// Where decode batches' GEMMs run the skinny kernel instead of cuBLAS.
+    gemv: Mutex<(GemvMode, GemvChoice)>,
 }
 
 impl CudaBackend {
@@ -177,6 +186,8 @@ impl CudaBackend {
             graphs: Mutex::new(Graphs::default()),
             device_sampling: AtomicBool::new(false),
             kv_dtype: KvDtype::Bf16,
+            loaded_linears: Mutex::new(Vec::new()),
+            gemv: Mutex::new((GemvMode::default(), GemvChoice::default())),
             stream,
             kernels,
             gemm,
@@ -240,6 +251,89 @@ impl CudaBackend {
 
     pub fn graph_count(&self) -> usize {
         self.graphs.lock().unwrap().len()
+    }
+
+    /// Times cuBLAS and the skinny GEMM kernel at 1..=[`gemv_choice::MAX_ROWS`] rows over
+    /// every weight loaded so far, shape by shape (each pass reads all of a shape's weights in
+    /// turn, as a decode step does, so none is still in L2), and keeps the kernel where it
+    /// was clearly faster ([`GemvChoice`]). Call once the model is loaded, before any graph is
+    /// captured (a graph freezes the GEMMs it was captured with).
+    pub fn choose_gemv(&self) -> Result<()> {
+        let linears = std::mem::take(&mut *self.loaded_linears.lock().unwrap());
+        let mut shapes: std::collections::BTreeMap<(usize, usize), Vec<Span<u16>>> =
+            Default::default();
+        for (w, n, k) in linears {
+            shapes.entry((n, k)).or_default().push(w);
+        }
+        let rows = gemv_choice::MAX_ROWS;
+        let (max_n, max_k) = shapes
+            .keys()
+            .fold((0, 0), |(a, b), &(n, k)| (a.max(n), b.max(k)));
+        let x = driver(self.stream.alloc_zeros::<u16>((rows * max_k).max(1)))?;
+        let out = driver(self.stream.alloc_zeros::<u16>((rows * max_n).max(1)))?;
+        let mut timings = Vec::new();
+        for (&(n, k), weights) in &shapes {
+            for m in 1..=rows {
+                let (xs, outs) = (Span::of(&x).slice(0, m * k), Span::of(&out).slice(0, m * n));
+                if !weights.iter().all(|&w| Kernels::gemv_applies(xs, w, m, k)) {
+                    continue;
+                }
+                let cublas_s = self.time_s(|| {
+                    for &w in weights {
+                        self.gemm
+                            .matmul_bf16(outs, xs, w, m, n, k)
+                            .map_err(|e| anyhow!("{e}"))?;
+                    }
+                    Ok(())
+                })?;
+                let gemv_s = self.time_s(|| {
+                    for &w in weights {
+                        driver(self.kernels.gemv_bf16(outs, xs, w, m, n, k))?;
+                    }
+                    Ok(())
+                })?;
+                timings.push(GemvTiming {
+                    n,
+                    k,
+                    rows: m,
+                    cublas_s,
+                    gemv_s,
+                });
+            }
+        }
+        self.gemv.lock().unwrap().1 = GemvChoice::from_timings(timings);
+        Ok(())
+    }
+
+    /// The skinny GEMM's choice, for the start-up log.
+    pub fn gemv_choice(&self) -> GemvChoice {
+        self.gemv.lock().unwrap().1.clone()
+    }
+
+    /// Where decode batches' GEMMs run from now on (graphs captured before keep theirs).
+    pub fn set_gemv_mode(&self, mode: GemvMode) {
+        self.gemv.lock().unwrap().0 = mode;
+    }
+
+    /// Seconds one call of `work` takes on the stream: once to warm up, then the mean of
+    /// three, between events.
+    fn time_s(&self, mut work: impl FnMut() -> Result<()>) -> Result<f64> {
+        use infer_kernels::cuda::cudarc::driver::sys::CUevent_flags;
+        const RUNS: usize = 3;
+        work()?;
+        let start = driver(
+            self.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+        )?;
+        for _ in 0..RUNS {
+            work()?;
+        }
+        let end = driver(
+            self.stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+        )?;
+        driver(end.synchronize())?;
+        Ok(driver(start.elapsed_ms(&end))? as f64 * 1e-3 / RUNS as f64)
     }
 
     /// A step activation, with room for the GEMM row bucket after its rows.
@@ -342,12 +436,20 @@ impl Backend for CudaBackend {
             Role::Norm { plus_one: true } => RmsWeight::OnePlus,
             _ => RmsWeight::Scale,
         };
-        Ok(CudaWeight {
+        let weight = CudaWeight {
             buf: self.upload(&bf16_bits(&t)?)?,
             rows,
             cols,
             norm,
-        })
+        };
+        // An embedding table is a tied model's LM head.
+        if matches!(role, Role::Linear | Role::Embedding) {
+            self.loaded_linears
+                .lock()
+                .unwrap()
+                .push((weight.span(), rows, cols));
+        }
+        Ok(weight)
     }
 
     fn weight_len(w: &CudaWeight) -> usize {
@@ -526,9 +628,21 @@ impl Backend for CudaBackend {
             (Some(xs), Some(outs)) => (bucket, xs, outs),
             _ => (x.rows, x.span, out.span),
         };
-        self.gemm
-            .matmul_bf16(outs, xs, w.span(), m, w.rows, w.cols)
-            .map_err(|e| anyhow!("{e}"))?;
+        let gemv = {
+            let (mode, choice) = &*self.gemv.lock().unwrap();
+            let applies = Kernels::gemv_applies(xs, w.span(), m, w.cols);
+            choice.uses_gemv(*mode, w.rows, w.cols, m, applies)
+        };
+        if gemv {
+            driver(
+                self.kernels
+                    .gemv_bf16(outs, xs, w.span(), m, w.rows, w.cols),
+            )?;
+        } else {
+            self.gemm
+                .matmul_bf16(outs, xs, w.span(), m, w.rows, w.cols)
+                .map_err(|e| anyhow!("{e}"))?;
+        }
         if let Some(b) = bias {
             driver(self.kernels.bias_add(out.span, b.span()))?;
         }
