@@ -12,6 +12,8 @@
 //!   fraction of the read-only bandwidth;
 //! - graphed decode steps at batch 1 / 2 / 4 / 8 with the GEMMs chosen at load (cuBLAS or the
 //!   skinny GEMM kernel, timed per shape) beside cuBLAS everywhere;
+//! - decode steps at batch 1 / 8 / 32, eager and graphed, with programmatic dependent launch
+//!   off and on;
 //! - a graphed decode step with graphs sized for 4,160 and for 131,072 tokens of context;
 //! - prefill tokens/s and ms at 512 and 2,048 tokens, a 512-token chunk after 1,536 cached
 //!   tokens, and a new prompt length vs a seen one.
@@ -251,8 +253,10 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
 /// load (each shape and batch timed both ways) beside cuBLAS everywhere. The choice itself is
 /// printed first.
 fn gemv_ab(lm: &LoadedModel, label: &str) -> Result<()> {
-    if let Some(choice) = lm.model.gemv_description() {
-        println!("# {label}: {choice}");
+    if let Some(choice) = lm.model.launch_description() {
+        for l in choice.lines() {
+            println!("# {label}: {l}");
+        }
     }
     let context = 512;
     for batch in [1usize, 2, 4, 8] {
@@ -285,6 +289,48 @@ fn gemv_ab(lm: &LoadedModel, label: &str) -> Result<()> {
         );
     }
     lm.model.set_gemv_mode(GemvMode::Measured)?;
+    lm.model.enable_cuda_graphs(0, 0)?;
+    Ok(())
+}
+
+/// What programmatic dependent launch buys a decode step (the next kernel scheduled during
+/// the tail of the one before): batch 1 / 8 / 32 at 512 tokens of context, eager and graphed,
+/// greedy on the device, with it off and on (where the device allows it).
+fn pdl_ab(lm: &LoadedModel, label: &str) -> Result<()> {
+    let context = 512;
+    for batch in [1usize, 8, 32] {
+        let (mut kv, tables) = decode_pool(lm, batch, context)?;
+        for graphs in [false, true] {
+            let mut ms = Vec::new();
+            for on in [false, true] {
+                lm.model.set_programmatic_launch(on)?;
+                // Graphs captured anew with these launches.
+                lm.model
+                    .enable_cuda_graphs(if graphs { 64 } else { 0 }, context + 64)?;
+                let mut samplers: Vec<Sampler> = (0..batch)
+                    .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
+                    .collect();
+                let s = decode_step_s(lm, &mut kv, &tables, context, 20, &mut samplers, true)?;
+                let mode = if graphs { "graphs" } else { "eager" };
+                let pdl = if on { "on" } else { "off" };
+                line(
+                    &format!("decode_step_ms[{label},batch={batch},ctx={context},{mode},greedy_device,pdl={pdl}]"),
+                    s * 1e3,
+                    "ms",
+                );
+                ms.push(s);
+            }
+            line(
+                &format!(
+                    "pdl_step_speedup[{label},batch={batch},ctx={context},{}]",
+                    if graphs { "graphs" } else { "eager" }
+                ),
+                ms[0] / ms[1],
+                "x",
+            );
+        }
+    }
+    lm.model.set_programmatic_launch(true)?;
     lm.model.enable_cuda_graphs(0, 0)?;
     Ok(())
 }
@@ -342,6 +388,7 @@ fn main() -> Result<()> {
     let lm_big = load_model_dir(&big, None, Device::Cuda(0))?;
     decode_grid(&lm_big, "vocab=128256", read)?;
     gemv_ab(&lm_big, "vocab=128256")?;
+    pdl_ab(&lm_big, "vocab=128256")?;
     drop(lm_big);
     let lm = load_model_dir(&dir, None, Device::Cuda(0))?;
 

@@ -5,7 +5,7 @@
 //! bit-identical to the same steps run eagerly. The first comparison runs again with fp8 KV
 //! caches on both backends. Device sampling (masks, penalties, draws, logprobs) on a model's
 //! logits matches the kernels' CPU reference. The decodes' GEMMs run through cuBLAS and through
-//! the skinny GEMM kernel in turn.
+//! the skinny GEMM kernel in turn, with and without programmatic dependent launch.
 //!
 //! Needs an NVIDIA GPU, so ignored by default. On a GPU machine (see scripts/gpu-check.sh):
 //!   cargo test --release -p infer-engine --features cuda --test gpu_parity -- --ignored --nocapture
@@ -129,9 +129,15 @@ fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
             cpu_logits = run(&cpu, &mut cpu_kv, &prompt, &feed)?;
         }
         let cpu_logits = &cpu_logits[..DECODES];
-        // The decodes' GEMMs through cuBLAS, then through the skinny kernel.
-        for gemv in [GemvMode::Never, GemvMode::Always] {
+        // The decodes' GEMMs through cuBLAS, then through the skinny kernel; kernels launched
+        // with programmatic dependent launch (where the GPU has it), then without.
+        for (gemv, pdl) in [
+            (GemvMode::Never, true),
+            (GemvMode::Always, true),
+            (GemvMode::Always, false),
+        ] {
             gpu.model.set_gemv_mode(gemv)?;
+            gpu.model.set_programmatic_launch(pdl)?;
             let mut gpu_kv = gpu.model.new_kv_cache(8, BLOCK)?;
             let gpu_logits = run(&gpu, &mut gpu_kv, &prompt, &feed[..DECODES - 1])?;
             // Every step's difference first, so a failing run shows the whole curve (drift that
@@ -143,7 +149,7 @@ fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
                 .collect();
             let curve: Vec<String> = diffs.iter().map(|d| format!("{d:.4}")).collect();
             println!(
-                "gpu_parity[{},kv={kv_dtype:?},gemv={gemv:?}] per step: {}",
+                "gpu_parity[{},kv={kv_dtype:?},gemv={gemv:?},pdl={pdl}] per step: {}",
                 arch.name(),
                 curve.join(" ")
             );
@@ -151,13 +157,13 @@ fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
             for (step, ((g, c), d)) in gpu_logits.iter().zip(cpu_logits).zip(&diffs).enumerate() {
                 if *d > tolerance {
                     failures.push(format!(
-                    "{arch:?} kv {kv_dtype:?} gemv {gemv:?} step {step}: relative difference {d}"
+                    "{arch:?} kv {kv_dtype:?} gemv {gemv:?} pdl {pdl} step {step}: relative difference {d}"
                 ));
                 }
                 if top2_margin(c) > 2.0 * tolerance {
                     if argmax(g) != argmax(c) {
                         failures.push(format!(
-                        "{arch:?} kv {kv_dtype:?} gemv {gemv:?} step {step}: greedy token differs"
+                        "{arch:?} kv {kv_dtype:?} gemv {gemv:?} pdl {pdl} step {step}: greedy token differs"
                     ));
                     }
                     greedy_checked += 1;
@@ -167,11 +173,11 @@ fn cuda_matches_cpu_on_three_architectures() -> Result<()> {
             let drift = mean(&diffs[diffs.len() - 8..]) / mean(&diffs[..8]);
             if drift > MAX_DRIFT {
                 failures.push(format!(
-                "{arch:?} kv {kv_dtype:?} gemv {gemv:?}: the difference grows with the context ({drift:.2}x)"
+                "{arch:?} kv {kv_dtype:?} gemv {gemv:?} pdl {pdl}: the difference grows with the context ({drift:.2}x)"
             ));
             }
             println!(
-            "gpu_parity[{},kv={kv_dtype:?},gemv={gemv:?}]: max relative difference {:.4} over {} steps, greedy equal on {greedy_checked}",
+            "gpu_parity[{},kv={kv_dtype:?},gemv={gemv:?},pdl={pdl}]: max relative difference {:.4} over {} steps, greedy equal on {greedy_checked}",
             arch.name(),
             diffs.iter().fold(0f32, |m, &d| m.max(d)),
             gpu_logits.len()

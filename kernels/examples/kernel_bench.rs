@@ -67,6 +67,10 @@ fn main() {
     let ctx = CudaContext::new(0).expect("a CUDA device");
     let stream = ctx.new_stream().unwrap();
     let kernels = Kernels::load(stream.clone()).expect("kernels compile and load");
+    // Each kernel timed on its own, as before programmatic dependent launch: with it, a launch
+    // would overlap the tail of the same kernel's previous run. What it buys the engine's
+    // chain of different kernels is gpu_bench's pdl_step_speedup.
+    kernels.set_programmatic_launch(false);
     println!(
         "# device {} sm_{}{}",
         ctx.name().unwrap(),

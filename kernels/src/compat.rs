@@ -142,9 +142,32 @@ pub fn check_cublas(device: i32, cublas: Version) -> Result<(), String> {
     }
 }
 
+/// Whether kernels compiled for `code_arch` may be launched with programmatic dependent launch
+/// on a `driver`: the wait each kernel begins with is compiled in only for sm_90 and newer
+/// (below, a kernel launched early would read its inputs before they are written), and the
+/// driver captures such launches into graphs from CUDA 12.3.
+pub fn programmatic_launch(code_arch: i32, driver: Version) -> bool {
+    code_arch >= 90 && driver >= Version(12, 3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programmatic_launch_needs_sm90_code_and_a_12_3_driver() {
+        assert!(programmatic_launch(90, Version(12, 3)));
+        assert!(programmatic_launch(120, Version(13, 0)));
+        assert!(
+            !programmatic_launch(89, Version(13, 0)),
+            "code without the waits"
+        );
+        assert!(!programmatic_launch(80, Version(12, 8)));
+        assert!(
+            !programmatic_launch(90, Version(12, 2)),
+            "graphs cannot capture it"
+        );
+    }
 
     /// What NVRTC 12.4 and 12.8 know (nvrtcGetSupportedArchs).
     const NVRTC_12_4: [i32; 9] = [50, 52, 53, 60, 61, 62, 70, 72, 90];

@@ -241,9 +241,9 @@ impl Engine {
             sched.num_gpu_blocks,
         )));
         let health = Arc::new(health::Health::default());
-        let gemv_log = lm
+        let launch_log = lm
             .model
-            .gemv_description()
+            .launch_description()
             .map(|d| format!("\n{d}"))
             .unwrap_or_default();
         let mut engine =
@@ -265,7 +265,7 @@ impl Engine {
             engine.publish_kv_events(kv_events::start(events)?);
         }
         let startup_log = format!(
-            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}{gemv_log}{graphs_log}",
+            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}{launch_log}{graphs_log}",
             cfg.model,
             engine_description(&cfg.model, cfg.device),
             sched,

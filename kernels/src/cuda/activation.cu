@@ -20,6 +20,7 @@ __device__ __forceinline__ float gelu_erf(float x) {
 
 extern "C" __global__ void silu_and_mul_bf16(
     bf16* __restrict__ out, const bf16* __restrict__ gate_up, int inter) {
+    pdl_begin();
     const long long in_row = (long long)blockIdx.x * 2 * inter;
     const long long out_row = (long long)blockIdx.x * inter;
     for (int i = threadIdx.x; i < inter; i += blockDim.x) {
@@ -31,6 +32,7 @@ extern "C" __global__ void silu_and_mul_bf16(
 
 extern "C" __global__ void gelu_tanh_and_mul_bf16(
     bf16* __restrict__ out, const bf16* __restrict__ gate_up, int inter) {
+    pdl_begin();
     const long long in_row = (long long)blockIdx.x * 2 * inter;
     const long long out_row = (long long)blockIdx.x * inter;
     for (int i = threadIdx.x; i < inter; i += blockDim.x) {
@@ -42,6 +44,7 @@ extern "C" __global__ void gelu_tanh_and_mul_bf16(
 
 extern "C" __global__ void gelu_erf_and_mul_bf16(
     bf16* __restrict__ out, const bf16* __restrict__ gate_up, int inter) {
+    pdl_begin();
     const long long in_row = (long long)blockIdx.x * 2 * inter;
     const long long out_row = (long long)blockIdx.x * inter;
     for (int i = threadIdx.x; i < inter; i += blockDim.x) {

@@ -86,6 +86,21 @@ __device__ __forceinline__ uint4 kv_load8_bf16(const fp8_e4m3* p) {
     return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// Programmatic dependent launch (sm_90+). A kernel launched with it may be scheduled before
+// the kernel ahead of it in the stream has finished; it first waits for that kernel to
+// complete with its memory visible (griddepcontrol.wait), then lets the kernel after it be
+// scheduled in turn (griddepcontrol.launch_dependents: that one waits the same way, so nothing
+// is read early). Every entry point begins with it; launched without the attribute, or
+// compiled for an older architecture, it does nothing. What it buys: the next kernel's launch
+// and block scheduling overlap this one's tail instead of following it, the gap between the
+// ~150 small kernels of a decode step.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {

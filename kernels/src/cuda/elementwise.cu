@@ -3,6 +3,7 @@
 
 // Residual add in place: x[i] = bf16(x[i] + y[i]), x and y: [n].
 extern "C" __global__ void add_bf16(bf16* x, const bf16* y, int n) {
+    pdl_begin();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
@@ -13,6 +14,7 @@ extern "C" __global__ void add_bf16(bf16* x, const bf16* y, int n) {
 // softcap * tanh(x / softcap) (Gemma 2's final_logit_softcapping). out: f32 [n]; x: bf16 [n].
 extern "C" __global__ void logits_f32(
     float* __restrict__ out, const bf16* __restrict__ x, int n, float softcap) {
+    pdl_begin();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const float v = bf16_to_f32(x[i]);
@@ -24,6 +26,7 @@ extern "C" __global__ void logits_f32(
 // Grid: one block per row.
 extern "C" __global__ void bias_add_bf16(
     bf16* __restrict__ x, const bf16* __restrict__ bias, int rows, int cols) {
+    pdl_begin();
     const int row = blockIdx.x;
     if (row >= rows) {
         return;
@@ -40,6 +43,7 @@ extern "C" __global__ void bias_add_bf16(
 // optimised away.
 extern "C" __global__ void read_only_u128(const uint4* __restrict__ src, long long n,
                                           unsigned int* __restrict__ out) {
+    pdl_begin();
     const long long stride = (long long)gridDim.x * blockDim.x;
     unsigned int acc = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {

@@ -361,6 +361,7 @@ __device__ void flash_prefill(
             int num_seqs, int num_tokens, int max_blocks_per_seq, int num_blocks,               \
             int num_heads, int num_kv_heads, int block_size, float scale, int window,           \
             float softcap) {                                                                    \
+        pdl_begin();                                                                            \
         flash_prefill<D, KV>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q, start_pos,   \
                              num_seqs, num_tokens, max_blocks_per_seq, num_blocks, num_heads,   \
                              num_kv_heads, block_size, scale, window, softcap);                 \

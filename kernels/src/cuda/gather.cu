@@ -13,6 +13,7 @@ extern "C" __global__ void embedding_bf16(
     int hidden,
     int vocab,
     float scale) {
+    pdl_begin();
     const int row = blockIdx.x;
     if (row >= n) {
         return;
@@ -39,6 +40,7 @@ extern "C" __global__ void gather_rows_bf16(
     int n,
     int cols,
     int rows) {
+    pdl_begin();
     const int row = blockIdx.x;
     if (row >= n) {
         return;
@@ -61,6 +63,7 @@ extern "C" __global__ void copy_columns_bf16(
     int cols,
     int col0,
     int width) {
+    pdl_begin();
     const int row = blockIdx.x;
     if (row >= rows) {
         return;

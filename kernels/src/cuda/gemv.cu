@@ -78,11 +78,11 @@ __device__ __forceinline__ void gemv_rows(bf16* __restrict__ out, const bf16* __
 #define GEMV_ARGS \
     bf16 *__restrict__ out, const bf16 *__restrict__ w, const bf16 *__restrict__ x, int n, int k
 
-extern "C" __global__ void gemv_bf16_m1(GEMV_ARGS) { gemv_rows<1>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m2(GEMV_ARGS) { gemv_rows<2>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m3(GEMV_ARGS) { gemv_rows<3>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m4(GEMV_ARGS) { gemv_rows<4>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m5(GEMV_ARGS) { gemv_rows<5>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m6(GEMV_ARGS) { gemv_rows<6>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m7(GEMV_ARGS) { gemv_rows<7>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m8(GEMV_ARGS) { gemv_rows<8>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m1(GEMV_ARGS) { pdl_begin(); gemv_rows<1>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m2(GEMV_ARGS) { pdl_begin(); gemv_rows<2>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m3(GEMV_ARGS) { pdl_begin(); gemv_rows<3>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m4(GEMV_ARGS) { pdl_begin(); gemv_rows<4>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m5(GEMV_ARGS) { pdl_begin(); gemv_rows<5>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m6(GEMV_ARGS) { pdl_begin(); gemv_rows<6>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m7(GEMV_ARGS) { pdl_begin(); gemv_rows<7>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m8(GEMV_ARGS) { pdl_begin(); gemv_rows<8>(out, w, x, n, k); }

@@ -14,14 +14,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use cudarc::cublas::result::CublasError;
-use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 
+use super::launch::Launch;
 use super::nvrtc::{self, ComputeCapability};
 use super::sources::{
     self, ATTENTION_WARPS, DECODE_MAX_GROUP, FLASH_WARPS, GEMV_MAX_ROWS, GEMV_WARPS,
@@ -298,6 +298,10 @@ pub struct Kernels {
     sample_rows: CudaFunction,
     /// The skinny GEMMs, by row count - 1.
     gemv: Vec<CudaFunction>,
+    /// Whether launches use programmatic dependent launch ([`Self::set_programmatic_launch`]).
+    programmatic: AtomicBool,
+    /// Whether the loaded code and the driver allow it ([`compat::programmatic_launch`]).
+    programmatic_supported: bool,
 }
 
 impl Kernels {
@@ -373,6 +377,9 @@ impl Kernels {
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
         let split_counts = stream.alloc_zeros::<i32>(decode_split::SPLIT_COUNTERS)?;
+        let programmatic_supported =
+            compat::programmatic_launch(target.arch(), nvrtc::driver_version()?)
+                && std::env::var("INFER_PDL").map_or(true, |v| v != "0");
         let kernels = Self {
             arch,
             attention,
@@ -397,6 +404,8 @@ impl Kernels {
             gemv: (1..=GEMV_MAX_ROWS)
                 .map(|rows| take(sources::gemv_entry_point(rows).unwrap()))
                 .collect(),
+            programmatic: AtomicBool::new(programmatic_supported),
+            programmatic_supported,
             stream,
         };
         Ok(kernels)
@@ -404,6 +413,23 @@ impl Kernels {
 
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// Launches from now on with programmatic dependent launch, or not; only where the code
+    /// and the driver allow it (sm_90+ code, a CUDA 12.3+ driver, `INFER_PDL` not `0`), which
+    /// is the default. Graphs captured before keep how they were launched.
+    pub fn set_programmatic_launch(&self, on: bool) {
+        self.programmatic
+            .store(on && self.programmatic_supported, Ordering::Relaxed);
+    }
+
+    /// Whether launches use programmatic dependent launch.
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic.load(Ordering::Relaxed)
+    }
+
+    fn launch<'a>(&'a self, func: &'a CudaFunction) -> Launch<'a> {
+        Launch::new(&self.stream, func, self.programmatic_launch())
     }
 
     fn attention_fns(&self, cfg: &AttentionConfig, kv: &DeviceKv) -> &AttentionFns {
@@ -545,7 +571,7 @@ impl Kernels {
             int(kv.shape.block_size),
         );
         let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
-        let mut launch = self.stream.launch_builder(match kernel {
+        let mut launch = self.launch(match kernel {
             DecodeKernel::Grouped => &fns.decode_grouped,
             DecodeKernel::PerHead => &fns.decode,
         });
@@ -648,7 +674,7 @@ impl Kernels {
             int(kv.shape.block_size),
         );
         let (window, softcap) = (cfg.window_arg(), cfg.softcap_arg());
-        let mut launch = self.stream.launch_builder(prefill);
+        let mut launch = self.launch(prefill);
         launch
             .arg(&out)
             .arg(&q)
@@ -703,9 +729,7 @@ impl Kernels {
         assert_eq!(value.len(), key.len());
         kv.check_len();
         let (token_len_arg, num_slots) = (int(token_len), int(shape.num_slots()));
-        let mut launch = self
-            .stream
-            .launch_builder(&self.reshape_and_cache[&kv.dtype]);
+        let mut launch = self.launch(&self.reshape_and_cache[&kv.dtype]);
         launch
             .arg(&key)
             .arg(&value)
@@ -753,7 +777,7 @@ impl Kernels {
             int(max_positions),
             int(shape.num_slots()),
         );
-        let mut launch = self.stream.launch_builder(&self.qkv_rope_cache[&kv.dtype]);
+        let mut launch = self.launch(&self.qkv_rope_cache[&kv.dtype]);
         launch
             .arg(&qkv)
             .arg(&q_out)
@@ -787,7 +811,7 @@ impl Kernels {
         let rows = rows_of(x.len(), hidden, "rms_norm x");
         assert_eq!(out.len(), x.len());
         let (hidden_arg, one_plus) = (int(hidden), (style == RmsWeight::OnePlus) as i32);
-        let mut launch = self.stream.launch_builder(&self.rms_norm);
+        let mut launch = self.launch(&self.rms_norm);
         launch
             .arg(&out)
             .arg(&x)
@@ -816,7 +840,7 @@ impl Kernels {
         assert_eq!(residual.len(), x.len());
         assert_eq!(out.len(), x.len());
         let (hidden_arg, one_plus) = (int(hidden), (style == RmsWeight::OnePlus) as i32);
-        let mut launch = self.stream.launch_builder(&self.fused_add_rms_norm);
+        let mut launch = self.launch(&self.fused_add_rms_norm);
         launch
             .arg(&out)
             .arg(&residual)
@@ -856,7 +880,7 @@ impl Kernels {
             int(head_dim),
             int(max_positions),
         );
-        let mut launch = self.stream.launch_builder(&self.rope_neox);
+        let mut launch = self.launch(&self.rope_neox);
         launch
             .arg(&q)
             .arg(&k)
@@ -912,7 +936,7 @@ impl Kernels {
     ) -> Result<(), DriverError> {
         assert_eq!(gate_up.len(), 2 * out.len());
         let (rows, inter_arg) = (rows_of(out.len(), inter, "gated out"), int(inter));
-        let mut launch = self.stream.launch_builder(function);
+        let mut launch = self.launch(function);
         launch.arg(&out).arg(&gate_up).arg(&inter_arg);
         // SAFETY: matches silu_and_mul_bf16 / gelu_{tanh,erf}_and_mul_bf16.
         unsafe { launch.launch(grid::per_row(rows, inter)) }.map(drop)
@@ -933,7 +957,7 @@ impl Kernels {
         assert_eq!(out.len(), n * hidden);
         let vocab = rows_of(table.len(), hidden, "embedding table");
         let (n_arg, hidden_arg, vocab_arg) = (int(n), int(hidden), int(vocab));
-        let mut launch = self.stream.launch_builder(&self.embedding);
+        let mut launch = self.launch(&self.embedding);
         launch
             .arg(&out)
             .arg(&table)
@@ -950,7 +974,7 @@ impl Kernels {
     pub fn add(&self, x: Span<u16>, y: Span<u16>) -> Result<(), DriverError> {
         assert_eq!(x.len(), y.len());
         let n = int(x.len());
-        let mut launch = self.stream.launch_builder(&self.add);
+        let mut launch = self.launch(&self.add);
         launch.arg(&x).arg(&y).arg(&n);
         // SAFETY: matches add_bf16 (a grid-stride loop bounded by n).
         unsafe { launch.launch(grid::flat(x.len())) }.map(drop)
@@ -966,7 +990,7 @@ impl Kernels {
         );
         assert!(sink.len() >= Self::read_only_sink_len());
         let words = src.len() as i64 / 16;
-        let mut launch = self.stream.launch_builder(&self.read_only);
+        let mut launch = self.launch(&self.read_only);
         launch.arg(&src).arg(&words).arg(&sink);
         // SAFETY: matches read_only_u128 (a grid-stride loop bounded by the word count; one
         // sink word per warp of the fixed grid).
@@ -1003,7 +1027,7 @@ impl Kernels {
         assert_eq!(x.len(), m * k, "x is not [m, k]");
         assert_eq!(w.len(), n * k, "w is not [n, k]");
         let (n_arg, k_arg) = (int(n), int(k));
-        let mut launch = self.stream.launch_builder(&self.gemv[m - 1]);
+        let mut launch = self.launch(&self.gemv[m - 1]);
         launch.arg(&out).arg(&w).arg(&x).arg(&n_arg).arg(&k_arg);
         // SAFETY: matches gemv_bf16_m{m}: the spans hold the [m, k], [n, k] and [m, n] the
         // kernel addresses (checked above); warps past column n - 1 return.
@@ -1020,7 +1044,7 @@ impl Kernels {
         let cols = bias.len();
         let rows = rows_of(x.len(), cols, "bias_add x");
         let (rows_arg, cols_arg) = (int(rows), int(cols));
-        let mut launch = self.stream.launch_builder(&self.bias_add);
+        let mut launch = self.launch(&self.bias_add);
         launch.arg(&x).arg(&bias).arg(&rows_arg).arg(&cols_arg);
         // SAFETY: matches bias_add_bf16.
         unsafe { launch.launch(grid::per_row(rows, cols)) }.map(drop)
@@ -1044,7 +1068,7 @@ impl Kernels {
         );
         let (rows_arg, cols_arg, col0_arg, width_arg) =
             (int(rows), int(cols), int(col0), int(width));
-        let mut launch = self.stream.launch_builder(&self.copy_columns);
+        let mut launch = self.launch(&self.copy_columns);
         launch
             .arg(&out)
             .arg(&x)
@@ -1069,7 +1093,7 @@ impl Kernels {
         assert_eq!(out.len(), n * cols);
         let rows = rows_of(x.len(), cols, "gather_rows x");
         let (n_arg, cols_arg, rows_arg) = (int(n), int(cols), int(rows));
-        let mut launch = self.stream.launch_builder(&self.gather_rows);
+        let mut launch = self.launch(&self.gather_rows);
         launch
             .arg(&out)
             .arg(&x)
@@ -1091,7 +1115,7 @@ impl Kernels {
     ) -> Result<(), DriverError> {
         assert_eq!(out.len(), x.len());
         let (n, cap) = (int(x.len()), softcap.unwrap_or(0.0));
-        let mut launch = self.stream.launch_builder(&self.logits_f32);
+        let mut launch = self.launch(&self.logits_f32);
         launch.arg(&out).arg(&x).arg(&n).arg(&cap);
         // SAFETY: matches logits_f32 (a grid-stride loop bounded by n).
         unsafe { launch.launch(grid::flat(x.len())) }.map(drop)
@@ -1125,7 +1149,7 @@ impl Kernels {
         assert_eq!(out.top_logprobs.len(), rows * MAX_TOP_LOGPROBS);
         let (vocab_arg, n_arg) = (int(vocab), int(n));
         let n_mask_arg = int(input.mask_words.len());
-        let mut launch = self.stream.launch_builder(&self.sample_rows);
+        let mut launch = self.launch(&self.sample_rows);
         launch
             .arg(&logits)
             .arg(&vocab_arg)

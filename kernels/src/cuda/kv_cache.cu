@@ -111,12 +111,14 @@ __device__ void qkv_rope_cache(
     extern "C" __global__ void reshape_and_cache_bf16##SUFFIX(                                  \
         const bf16* key, const bf16* value, KV* k_cache, KV* v_cache, const int* slot_mapping,  \
         int token_len, int num_slots) {                                                         \
+        pdl_begin();                                                                            \
         reshape_and_cache<KV>(key, value, k_cache, v_cache, slot_mapping, token_len, num_slots); \
     }                                                                                           \
     extern "C" __global__ void qkv_rope_cache_bf16##SUFFIX(                                     \
         const bf16* qkv, bf16* q_out, KV* k_cache, KV* v_cache, const int* positions,           \
         const int* slot_mapping, const float* cos_table, const float* sin_table, int num_heads, \
         int num_kv_heads, int head_dim, int max_positions, int num_slots) {                     \
+        pdl_begin();                                                                            \
         qkv_rope_cache<KV>(qkv, q_out, k_cache, v_cache, positions, slot_mapping, cos_table,    \
                            sin_table, num_heads, num_kv_heads, head_dim, max_positions,         \
                            num_slots);                                                          \

@@ -12,6 +12,7 @@
 
 pub mod gemm;
 pub mod kernels;
+pub mod launch;
 pub mod nvrtc;
 pub mod sources;
 pub mod span;

@@ -614,6 +614,7 @@ __device__ void paged_attention_prefill(
             const KV* v_cache, const int* block_tables, const int* seq_lens,                    \
             int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
             int block_size, float scale, int window, float softcap) {                           \
+        pdl_begin();                                                                            \
         paged_attention_decode<D, KV>(out, partials, split_counts, q, k_cache, v_cache,         \
                                       block_tables, seq_lens, max_blocks_per_seq, num_blocks,   \
                                       num_heads, num_kv_heads, block_size, scale, window,       \
@@ -625,6 +626,7 @@ __device__ void paged_attention_prefill(
             const KV* v_cache, const int* block_tables, const int* seq_lens,                    \
             int max_blocks_per_seq, int num_blocks, int num_heads, int num_kv_heads,            \
             int block_size, float scale, int window, float softcap) {                           \
+        pdl_begin();                                                                            \
         paged_attention_decode_grouped<D, KV>(out, partials, split_counts, q, k_cache,          \
                                               v_cache, block_tables, seq_lens,                  \
                                               max_blocks_per_seq, num_blocks, num_heads,        \
@@ -638,6 +640,7 @@ __device__ void paged_attention_prefill(
             int num_seqs, int num_tokens, int max_blocks_per_seq, int num_blocks,               \
             int num_heads, int num_kv_heads, int block_size, float scale, int window,           \
             float softcap) {                                                                    \
+        pdl_begin();                                                                            \
         paged_attention_prefill<D, KV>(out, q, k_cache, v_cache, block_tables, cu_seqlens_q,    \
                                        start_pos, num_seqs, num_tokens, max_blocks_per_seq,     \
                                        num_blocks, num_heads, num_kv_heads, block_size, scale,  \

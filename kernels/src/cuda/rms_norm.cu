@@ -11,6 +11,7 @@ extern "C" __global__ void rms_norm_bf16(
     int hidden,
     float eps,
     int weight_one_plus) {
+    pdl_begin();
     const long long row = (long long)blockIdx.x * hidden;
     float sum_sq = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -39,6 +40,7 @@ extern "C" __global__ void fused_add_rms_norm_bf16(
     int hidden,
     float eps,
     int weight_one_plus) {
+    pdl_begin();
     const long long row = (long long)blockIdx.x * hidden;
     float sum_sq = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) {

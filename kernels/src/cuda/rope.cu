@@ -18,6 +18,7 @@ extern "C" __global__ void rope_neox_bf16(
     int num_kv_heads,
     int head_dim,
     int max_positions) {
+    pdl_begin();
     const int token = blockIdx.x;
     const int half = head_dim / 2;
     const int position = positions[token];

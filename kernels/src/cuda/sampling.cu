@@ -203,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_rows_f32(
     const unsigned int* __restrict__ mask_words, int n_mask_words, int* __restrict__ out_token,
     float* __restrict__ out_logprob, int* __restrict__ out_top_ids,
     float* __restrict__ out_top_logprobs) {
+    pdl_begin();
     __shared__ float fscratch[32];
     __shared__ unsigned long long uscratch[32];
     __shared__ Best bscratch[32];

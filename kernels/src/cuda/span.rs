@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use std::mem::size_of;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaSlice, DevicePtr, LaunchArgs, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr};
 
 /// `len` elements of `T` at device address `ptr`.
 ///
@@ -51,6 +51,11 @@ impl<T> Span<T> {
 
     pub fn ptr(&self) -> u64 {
         self.ptr
+    }
+
+    /// Where the span keeps its device address: what a kernel launch passes for it.
+    pub(crate) fn address(&self) -> &u64 {
+        &self.ptr
     }
 
     pub fn len(&self) -> usize {
@@ -108,18 +113,6 @@ impl<T> fmt::Debug for Span<T> {
             self.ptr,
             self.len
         )
-    }
-}
-
-/// A span is passed to a kernel as its device address: a 64-bit value, the ABI of a `T*`
-/// parameter.
-///
-/// SAFETY: the pushed pointer points at the span's `ptr` field, a `u64` that lives as long as
-/// the borrow `'b`, which outlives the launch builder `'a`.
-unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b Span<T>> for LaunchArgs<'a> {
-    #[inline(always)]
-    fn arg(&mut self, span: &'b Span<T>) -> &mut Self {
-        self.arg(&span.ptr)
     }
 }
 

@@ -176,13 +176,39 @@ impl Model {
         }
     }
 
-    /// What was chosen for decode batches' GEMMs at load, for the start-up log; `None` on
-    /// the CPU.
-    pub fn gemv_description(&self) -> Option<String> {
+    /// Launches kernels with programmatic dependent launch from now on, or not: only where
+    /// the GPU, the compiled code and the driver allow it (sm_90+, CUDA 12.3+; the default
+    /// there unless `INFER_PDL=0`). Graphs captured before keep how they were launched.
+    pub fn set_programmatic_launch(&self, on: bool) -> Result<()> {
+        match self {
+            Model::Cpu(_) => {
+                let _ = on;
+                bail!("programmatic dependent launch needs a CUDA device")
+            }
+            #[cfg(feature = "cuda")]
+            Model::Cuda(m) => {
+                m.backend().set_programmatic_launch(on);
+                Ok(())
+            }
+        }
+    }
+
+    /// How the CUDA backend launches its work, for the start-up log: the GEMMs chosen for
+    /// decode batches at load, and whether kernels use programmatic dependent launch; `None`
+    /// on the CPU.
+    pub fn launch_description(&self) -> Option<String> {
         match self {
             Model::Cpu(_) => None,
             #[cfg(feature = "cuda")]
-            Model::Cuda(m) => Some(m.backend().gemv_choice().describe()),
+            Model::Cuda(m) => Some(format!(
+                "{}\nprogrammatic dependent launch: {}",
+                m.backend().gemv_choice().describe(),
+                if m.backend().programmatic_launch() {
+                    "on"
+                } else {
+                    "off (needs sm_90+ and a CUDA 12.3+ driver; INFER_PDL=0 turns it off)"
+                }
+            )),
         }
     }
 

@@ -310,6 +310,16 @@ impl CudaBackend {
         self.gemv.lock().unwrap().1.clone()
     }
 
+    /// Launches with programmatic dependent launch from now on, where the device allows it
+    /// (graphs captured before keep theirs).
+    pub fn set_programmatic_launch(&self, on: bool) {
+        self.kernels.set_programmatic_launch(on);
+    }
+
+    pub fn programmatic_launch(&self) -> bool {
+        self.kernels.programmatic_launch()
+    }
+
     /// Where decode batches' GEMMs run from now on (graphs captured before keep theirs).
     pub fn set_gemv_mode(&self, mode: GemvMode) {
         self.gemv.lock().unwrap().0 = mode;
