@@ -6,8 +6,9 @@
 // it (kernel_bench's gemm_fraction_of_read_only). Here one warp computes one output column:
 // its lanes stream the column's weight row in 16-byte words, GEMV_UNROLL words per lane in
 // flight before any is used, and read the same words of every x row (the same for every warp,
-// so they stay in L1/L2). The lanes' partial sums are reduced by shuffles and lane r writes
-// row r. The launcher checks k % 8 == 0 and 16-byte aligned w and x.
+// so they stay in L1/L2; the weight is read streaming, evict-first, not to displace them).
+// The lanes' partial sums are reduced by shuffles and lane r writes row r. The launcher
+// checks k % 8 == 0 and 16-byte aligned w and x.
 // Grid: ceil(n / GEMV_WARPS) blocks of GEMV_WARPS warps.
 
 #define GEMV_UNROLL 4
@@ -50,7 +51,7 @@ __device__ __forceinline__ void gemv_rows(bf16* __restrict__ out, const bf16* __
         uint4 w_words[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
-            w_words[u] = w_row[i + 32 * u];
+            w_words[u] = __ldcs(w_row + i + 32 * u);
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
@@ -58,7 +59,7 @@ __device__ __forceinline__ void gemv_rows(bf16* __restrict__ out, const bf16* __
         }
     }
     for (; i < words; i += 32) {
-        gemv_word<M>(acc, w_row[i], x_words, words, i);
+        gemv_word<M>(acc, __ldcs(w_row + i), x_words, words, i);
     }
     // Every lane ends with every row's sum; lane r keeps row r's (a register array indexed
     // by a constant in the unrolled loop, not by the lane, so it stays in registers).

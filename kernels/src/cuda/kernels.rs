@@ -380,7 +380,7 @@ impl Kernels {
         let programmatic_supported =
             compat::programmatic_launch(target.arch(), nvrtc::driver_version()?)
                 && std::env::var("INFER_PDL").map_or(true, |v| v != "0");
-        let kernels = Self {
+        let mut kernels = Self {
             arch,
             attention,
             sm_count,
@@ -408,6 +408,10 @@ impl Kernels {
             programmatic_supported,
             stream,
         };
+        if kernels.programmatic_supported && !kernels.programmatic_launch_works() {
+            kernels.programmatic_supported = false;
+            kernels.set_programmatic_launch(false);
+        }
         Ok(kernels)
     }
 
@@ -416,8 +420,8 @@ impl Kernels {
     }
 
     /// Launches from now on with programmatic dependent launch, or not; only where the code
-    /// and the driver allow it (sm_90+ code, a CUDA 12.3+ driver, `INFER_PDL` not `0`), which
-    /// is the default. Graphs captured before keep how they were launched.
+    /// and the driver allow it (sm_90+ code, a CUDA 12.3+ driver that ran a probe launch at
+    /// load, `INFER_PDL` not `0`), which is the default. Graphs captured before keep how they were launched.
     pub fn set_programmatic_launch(&self, on: bool) {
         self.programmatic
             .store(on && self.programmatic_supported, Ordering::Relaxed);
@@ -426,6 +430,32 @@ impl Kernels {
     /// Whether launches use programmatic dependent launch.
     pub fn programmatic_launch(&self) -> bool {
         self.programmatic.load(Ordering::Relaxed)
+    }
+
+    /// Whether launches with programmatic dependent launch really run here, eagerly and
+    /// captured into a graph: the versions may allow what a setup (MPS, a virtual GPU)
+    /// refuses. A one-element add, launched twice, then once in a throwaway graph.
+    fn programmatic_launch_works(&self) -> bool {
+        let probe = || -> Result<(), DriverError> {
+            let x = self.stream.alloc_zeros::<u16>(1)?;
+            let span = Span::of(&x);
+            self.add(span, span)?;
+            self.add(span, span)?;
+            self.stream.synchronize()?;
+            self.stream.begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )?;
+            let launched = self.add(span, span);
+            let graph = self
+                .stream
+                .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+            launched?;
+            if let Some(graph) = graph? {
+                graph.launch()?;
+            }
+            self.stream.synchronize()
+        };
+        probe().is_ok()
     }
 
     fn launch<'a>(&'a self, func: &'a CudaFunction) -> Launch<'a> {

@@ -16,13 +16,18 @@ use cudarc::driver::{result, CudaFunction, CudaStream, DriverError, LaunchConfig
 use super::span::Span;
 
 /// A value passed to a kernel by its address, as the C parameter of the same size.
-pub trait KernelArg {
+///
+/// # Safety
+/// `addr` points at a value of exactly the size of the kernel parameter it stands for, alive
+/// as long as `self`.
+pub unsafe trait KernelArg {
     fn addr(&self) -> *mut c_void;
 }
 
 macro_rules! scalar_arg {
     ($($t:ty),*) => {
-        $(impl KernelArg for $t {
+        // SAFETY: the value itself, of the C type's size (int, unsigned, float, long long).
+        $(unsafe impl KernelArg for $t {
             fn addr(&self) -> *mut c_void {
                 self as *const $t as *mut c_void
             }
@@ -33,7 +38,8 @@ macro_rules! scalar_arg {
 scalar_arg!(i32, u32, f32, i64, u64);
 
 /// A span is passed as its device address: a 64-bit value, the ABI of a `T*` parameter.
-impl<T> KernelArg for Span<T> {
+// SAFETY: the span's own u64 field, alive as long as the span.
+unsafe impl<T> KernelArg for Span<T> {
     fn addr(&self) -> *mut c_void {
         self.address() as *const u64 as *mut c_void
     }

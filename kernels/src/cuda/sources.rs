@@ -255,6 +255,32 @@ mod tests {
         }
     }
 
+    /// Every kernel may be launched with programmatic dependent launch, which lets it start
+    /// before the kernel ahead of it has finished: each entry point must begin with
+    /// `pdl_begin()` (the wait), before anything reads or writes memory.
+    #[test]
+    fn every_entry_point_begins_with_the_pdl_wait() {
+        let mut entry_points = 0;
+        for src in ALL {
+            let mut rest = src.source;
+            while let Some(at) = rest.find("extern \"C\" __global__") {
+                rest = &rest[at + 1..];
+                let body = &rest[rest.find('{').expect("a body") + 1..];
+                // Skip the whitespace and the line continuations of macro-defined ones.
+                let first = body.trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                let name: String = rest.lines().take(3).collect();
+                assert!(
+                    first.starts_with("pdl_begin();"),
+                    "{}.cu: an entry point does not begin with pdl_begin(): {name}",
+                    src.name
+                );
+                entry_points += 1;
+            }
+        }
+        assert!(entry_points >= 28, "{entry_points} entry points found");
+        assert!(COMMON.contains("griddepcontrol.wait"));
+    }
+
     #[test]
     fn attention_names_by_head_dim() {
         assert_eq!(

@@ -55,6 +55,8 @@ impl GemvTiming {
 #[derive(Clone, Debug, Default)]
 pub struct GemvChoice {
     timings: Vec<GemvTiming>,
+    /// Why nothing was timed, when something went wrong.
+    untimed: Option<String>,
     /// Bit `rows - 1` set: the skinny kernel at `rows` rows.
     by_shape: BTreeMap<(usize, usize), u32>,
 }
@@ -69,7 +71,19 @@ impl GemvChoice {
                 *bits |= 1 << (t.rows - 1);
             }
         }
-        Self { timings, by_shape }
+        Self {
+            timings,
+            untimed: None,
+            by_shape,
+        }
+    }
+
+    /// cuBLAS everywhere, because the timing could not run (`why`).
+    pub fn untimed(why: String) -> Self {
+        Self {
+            untimed: Some(why),
+            ..Self::default()
+        }
     }
 
     /// Whether `x[rows, k] @ w[n, k]^T` runs the skinny kernel under `mode` (`applies`: the
@@ -98,6 +112,9 @@ impl GemvChoice {
     /// One line for the start-up log: per shape, the row counts the skinny kernel took and
     /// its speed-up over cuBLAS at the first of them.
     pub fn describe(&self) -> String {
+        if let Some(why) = &self.untimed {
+            return format!("decode GEMMs: cuBLAS ({why})");
+        }
         if self.timings.is_empty() {
             return "decode GEMMs: cuBLAS (the skinny kernel was not timed)".into();
         }
@@ -207,6 +224,12 @@ mod tests {
         let wins = GemvChoice::from_timings(vec![timing(64, 64, 1, 2.0, 1.0)]);
         assert!(!wins.uses_gemv(GemvMode::Never, 64, 64, 1, true));
         assert!(GemvChoice::default().describe().contains("was not timed"));
+        let failed = GemvChoice::untimed("timing failed: out of memory".into());
+        assert!(!failed.uses_gemv(GemvMode::Measured, 64, 64, 1, true));
+        assert_eq!(
+            failed.describe(),
+            "decode GEMMs: cuBLAS (timing failed: out of memory)"
+        );
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl Model {
             #[cfg(feature = "cuda")]
             Device::Cuda(ordinal) => {
                 let m = Transformer::load(cfg, w, CudaBackend::new(ordinal)?)?;
-                m.backend().choose_gemv()?;
+                m.backend().choose_gemv();
                 Ok(Model::Cuda(m))
             }
             #[cfg(not(feature = "cuda"))]

@@ -75,6 +75,15 @@ impl CudaWeight {
     }
 }
 
+/// A loaded weight a GEMM may read, `[n, k]`.
+struct LoadedWeight {
+    span: Span<u16>,
+    n: usize,
+    k: usize,
+    /// An embedding table: a GEMM operand only as a tied model's LM head.
+    embedding: bool,
+}
+
 pub struct CudaRope {
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
@@ -156,9 +165,9 @@ pub struct CudaBackend {
     device_sampling: AtomicBool,
     /// What KV pools made from now on store.
     kv_dtype: KvDtype,
-    /// Every weight a GEMM may read, as loaded (`[n, k]`): what [`Self::choose_gemv`] times.
-    /// The spans point into weights the model owns; emptied once the choice is made.
-    loaded_linears: Mutex<Vec<(Span<u16>, usize, usize)>>,
+    /// Every weight a GEMM may read, as loaded: what [`Self::choose_gemv`] times. The spans
+    /// point into weights the model owns; `None` once the choice is made.
+    loaded_linears: Mutex<Option<Vec<LoadedWeight>>>,
     /// Where decode batches' GEMMs run the skinny kernel instead of cuBLAS.
     gemv: Mutex<(GemvMode, GemvChoice)>,
 }
@@ -186,7 +195,7 @@ impl CudaBackend {
             graphs: Mutex::new(Graphs::default()),
             device_sampling: AtomicBool::new(false),
             kv_dtype: KvDtype::Bf16,
-            loaded_linears: Mutex::new(Vec::new()),
+            loaded_linears: Mutex::new(Some(Vec::new())),
             gemv: Mutex::new((GemvMode::default(), GemvChoice::default())),
             stream,
             kernels,
@@ -254,23 +263,62 @@ impl CudaBackend {
     }
 
     /// Times cuBLAS and the skinny GEMM kernel at 1..=[`gemv_choice::MAX_ROWS`] rows over
-    /// every weight loaded so far, shape by shape (each pass reads all of a shape's weights in
-    /// turn, as a decode step does, so none is still in L2), and keeps the kernel where it
-    /// was clearly faster ([`GemvChoice`]). Call once the model is loaded, before any graph is
-    /// captured (a graph freezes the GEMMs it was captured with).
-    pub fn choose_gemv(&self) -> Result<()> {
-        let linears = std::mem::take(&mut *self.loaded_linears.lock().unwrap());
+    /// every weight a GEMM reads, shape by shape, and keeps the kernel where it was clearly
+    /// faster ([`GemvChoice`]); when the timing fails, cuBLAS everywhere, the failure named in
+    /// the choice's description. Call once the model is loaded, before any graph is captured
+    /// (a graph freezes the GEMMs it was captured with).
+    pub fn choose_gemv(&self) {
+        let weights = self
+            .loaded_linears
+            .lock()
+            .unwrap()
+            .take()
+            .unwrap_or_default();
+        let choice = match self.time_gemms(weights) {
+            Ok(timings) => GemvChoice::from_timings(timings),
+            Err(e) => GemvChoice::untimed(format!("timing failed: {e:#}")),
+        };
+        self.gemv.lock().unwrap().1 = choice;
+    }
+
+    /// Each shape's GEMM pass (all its weights in turn, as a step reads them) at each row
+    /// count both ways. A pass is timed as a replayed graph, as graphed decode steps run
+    /// (eager, the host's launch costs would be timed, and cuBLAS's are the larger), after a
+    /// read of twice the L2 outside the timed span (in a step no weight is still cached: the
+    /// layers stream past). Programmatic dependent launch stays as the engine runs it.
+    fn time_gemms(&self, weights: Vec<LoadedWeight>) -> Result<Vec<GemvTiming>> {
         let mut shapes: std::collections::BTreeMap<(usize, usize), Vec<Span<u16>>> =
             Default::default();
-        for (w, n, k) in linears {
-            shapes.entry((n, k)).or_default().push(w);
+        // An embedding table is a GEMM operand only as a tied model's LM head: where no
+        // linear weight has its shape.
+        let linear_shapes: std::collections::HashSet<(usize, usize)> = weights
+            .iter()
+            .filter(|w| !w.embedding)
+            .map(|w| (w.n, w.k))
+            .collect();
+        for w in weights {
+            if !w.embedding || !linear_shapes.contains(&(w.n, w.k)) {
+                shapes.entry((w.n, w.k)).or_default().push(w.span);
+            }
         }
         let rows = gemv_choice::MAX_ROWS;
         let (max_n, max_k) = shapes
             .keys()
-            .fold((0, 0), |(a, b), &(n, k)| (a.max(n), b.max(k)));
-        let x = driver(self.stream.alloc_zeros::<u16>((rows * max_k).max(1)))?;
-        let out = driver(self.stream.alloc_zeros::<u16>((rows * max_n).max(1)))?;
+            .fold((1, 1), |(a, b), &(n, k)| (a.max(n), b.max(k)));
+        let x = driver(self.stream.alloc_zeros::<u16>(rows * max_k))?;
+        let out = driver(self.stream.alloc_zeros::<u16>(rows * max_n))?;
+        let l2 = driver(self.stream.context().attribute(
+            infer_kernels::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+        ))? as usize;
+        let flush = driver(
+            self.stream
+                .alloc_zeros::<u8>((2 * l2).next_multiple_of(16).max(16)),
+        )?;
+        let sink = driver(
+            self.stream
+                .alloc_zeros::<u32>(Kernels::read_only_sink_len()),
+        )?;
+        let flush = || driver(self.kernels.read_only(Span::of(&flush), Span::of(&sink)));
         let mut timings = Vec::new();
         for (&(n, k), weights) in &shapes {
             for m in 1..=rows {
@@ -278,7 +326,7 @@ impl CudaBackend {
                 if !weights.iter().all(|&w| Kernels::gemv_applies(xs, w, m, k)) {
                     continue;
                 }
-                let cublas_s = self.time_s(|| {
+                let cublas_s = self.time_graph_s(&flush, || {
                     for &w in weights {
                         self.gemm
                             .matmul_bf16(outs, xs, w, m, n, k)
@@ -286,7 +334,7 @@ impl CudaBackend {
                     }
                     Ok(())
                 })?;
-                let gemv_s = self.time_s(|| {
+                let gemv_s = self.time_graph_s(&flush, || {
                     for &w in weights {
                         driver(self.kernels.gemv_bf16(outs, xs, w, m, n, k))?;
                     }
@@ -301,8 +349,7 @@ impl CudaBackend {
                 });
             }
         }
-        self.gemv.lock().unwrap().1 = GemvChoice::from_timings(timings);
-        Ok(())
+        Ok(timings)
     }
 
     /// The skinny GEMM's choice, for the start-up log.
@@ -325,25 +372,42 @@ impl CudaBackend {
         self.gemv.lock().unwrap().0 = mode;
     }
 
-    /// Seconds one call of `work` takes on the stream: once to warm up, then the mean of
-    /// three, between events.
-    fn time_s(&self, mut work: impl FnMut() -> Result<()>) -> Result<f64> {
-        use infer_kernels::cuda::cudarc::driver::sys::CUevent_flags;
-        const RUNS: usize = 3;
+    /// The fastest of three replays of `work` captured as a graph, each after `flush` and
+    /// between events (`work` runs eagerly once first: cuBLAS picks and loads its kernels
+    /// outside the capture).
+    fn time_graph_s(
+        &self,
+        flush: &dyn Fn() -> Result<()>,
+        mut work: impl FnMut() -> Result<()>,
+    ) -> Result<f64> {
+        use infer_kernels::cuda::cudarc::driver::sys::{
+            CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+        };
         work()?;
-        let start = driver(
+        driver(
             self.stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
         )?;
-        for _ in 0..RUNS {
-            work()?;
+        let recorded = work();
+        let graph = driver(self.stream.end_capture(CUgraphInstantiate_flags(0)));
+        recorded?;
+        let graph = graph?.ok_or_else(|| anyhow!("capturing a GEMM pass gave no graph"))?;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            flush()?;
+            let event = || {
+                driver(
+                    self.stream
+                        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
+                )
+            };
+            let start = event()?;
+            driver(graph.launch())?;
+            let end = event()?;
+            driver(end.synchronize())?;
+            best = best.min(driver(start.elapsed_ms(&end))? as f64 * 1e-3);
         }
-        let end = driver(
-            self.stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)),
-        )?;
-        driver(end.synchronize())?;
-        Ok(driver(start.elapsed_ms(&end))? as f64 * 1e-3 / RUNS as f64)
+        Ok(best)
     }
 
     /// A step activation, with room for the GEMM row bucket after its rows.
@@ -453,11 +517,15 @@ impl Backend for CudaBackend {
             norm,
         };
         // An embedding table is a tied model's LM head.
-        if matches!(role, Role::Linear | Role::Embedding) {
-            self.loaded_linears
-                .lock()
-                .unwrap()
-                .push((weight.span(), rows, cols));
+        if let (Role::Linear | Role::Embedding, Some(loaded)) =
+            (role, self.loaded_linears.lock().unwrap().as_mut())
+        {
+            loaded.push(LoadedWeight {
+                span: weight.span(),
+                n: rows,
+                k: cols,
+                embedding: role == Role::Embedding,
+            });
         }
         Ok(weight)
     }
