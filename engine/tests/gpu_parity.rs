@@ -250,6 +250,29 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
             };
             decodes.push(lm.model.forward(&batch, &mut kv)?);
         }
+        // Two new sequences of one block each, then their decodes in the same bucket: the
+        // graph's device tables still hold the earlier steps' second column past this step's
+        // width, which the kernels must not read.
+        let short: [Vec<u32>; 2] = [vec![6], vec![7]];
+        for (i, table) in short.iter().enumerate() {
+            let p = prompt(20 + i as u64, 10, 1024);
+            lm.model.forward(&chunk(&p, 0, table, true), &mut kv)?;
+        }
+        for j in 0..2 {
+            let batch = ForwardBatch {
+                seqs: short
+                    .iter()
+                    .map(|table| SeqChunk {
+                        tokens: vec![200 + j],
+                        start_pos: 10 + j as usize,
+                        block_table: table.clone(),
+                        sample: true,
+                        all_logits: false,
+                    })
+                    .collect(),
+            };
+            decodes.push(lm.model.forward(&batch, &mut kv)?);
+        }
         logits.push((step, decodes));
         pools.push(kv);
     }

@@ -4,7 +4,9 @@
 //! A decode step with few (head, sequence) pairs cannot fill the GPU with one thread block
 //! per pair, so each pair's keys are cut into `splits` ranges, each attended by its own block,
 //! and the last of a pair's blocks to finish merges the ranges' softmax states (counting
-//! arrivals in one counter per pair: [`SPLIT_COUNTERS`]). Two rules keep it right:
+//! arrivals in one counter per (sequence, head) — per (sequence, KV head) in the grouped
+//! kernel: [`SPLIT_COUNTERS`]; the counts are right because every launch that uses them runs
+//! in order on one stream). Two rules keep it right:
 //!
 //! - **Every key is covered.** A split's range is cut from the sequence's own visible keys
 //!   (`first..=pos`) at each step, never from a length fixed on the host: a captured CUDA graph
