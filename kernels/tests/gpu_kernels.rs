@@ -1096,7 +1096,7 @@ fn gemm_matches_reference() {
     }
 }
 
-/// The skinny GEMM at every row count it takes, at Llama-3.2-1B's projection shapes, at the
+/// The skinny GEMM at every row count it takes and every k split, at Llama-3.2-1B's projection shapes, at the
 /// column count of a 128k-vocabulary LM head, and at ragged ones (a column count that is no whole block of warps,
 /// a k whose words are no whole unrolled stride of the warp), against the reference and
 /// within the same arena layout as the cuBLAS test.
@@ -1124,26 +1124,37 @@ fn gemv_matches_reference() {
             let out_at = (m * k).next_multiple_of(64);
             let garbage = random(out_at - m * k + m * n + 64, 3, 1.0);
             let before = [x.clone(), garbage].concat();
-            let arena = upload(&stream, &before);
+            let mut arena = upload(&stream, &before);
             let (x_span, out_span) = (
                 span(&arena).slice(0, m * k),
                 span(&arena).slice(out_at, m * n),
             );
             assert!(Kernels::gemv_applies(x_span, span(&w_dev), m, k));
-            kernels
-                .gemv_bf16(out_span, x_span, span(&w_dev), m, n, k)
-                .unwrap();
-            let all = download(&stream, &arena);
             let mut want = vec![0.0; m * n];
             reference::matmul_xwt(&mut want, &x, &w, m, n, k);
-            let got = &all[out_at..][..m * n];
-            assert_close(&format!("gemv {m}x{n}x{k}"), got, &want);
-            assert_eq!(&all[..out_at], &before[..out_at], "input untouched");
-            assert_eq!(
-                &all[out_at + m * n..],
-                &before[out_at + m * n..],
-                "nothing written past out"
-            );
+            // The split this device picks, then every split (warps past k's strides idle).
+            let chosen = kernels.gemv_k_split(m, n, k);
+            for k_split in [chosen, 1, 2, 4] {
+                // Fresh garbage where the output goes, so no split passes on its predecessor's.
+                stream
+                    .memcpy_htod(&bf16::slice_from_f32(&before), &mut arena)
+                    .unwrap();
+                kernels
+                    .gemv_bf16_split(out_span, x_span, span(&w_dev), m, n, k, k_split)
+                    .unwrap();
+                let all = download(&stream, &arena);
+                let got = &all[out_at..][..m * n];
+                assert_close(&format!("gemv {m}x{n}x{k} k_split {k_split}"), got, &want);
+                assert_eq!(&all[..out_at], &before[..out_at], "input untouched");
+                assert_eq!(
+                    &all[out_at + m * n..],
+                    &before[out_at + m * n..],
+                    "nothing written past out"
+                );
+            }
+            if m == 1 && n * k > 4 << 20 {
+                println!("gemv {n}x{k}: k_split {chosen} on this device");
+            }
         }
     }
 }

@@ -3,87 +3,135 @@
 //
 // A decode step's GEMMs read each weight once and little else, so the weight's bytes over a
 // read-only kernel's bandwidth is their floor; at a few rows cuBLAS's kernels need not reach
-// it (kernel_bench's gemm_fraction_of_read_only). Here one warp computes one output column:
-// its lanes stream the column's weight row in 16-byte words, GEMV_UNROLL words per lane in
-// flight before any is used, and read the same words of every x row (the same for every warp,
-// so they stay in L1/L2; the weight is read streaming, evict-first, not to displace them).
-// The lanes' partial sums are reduced by shuffles and lane r writes row r. The launcher
-// checks k % 8 == 0 and 16-byte aligned w and x.
-// Grid: ceil(n / GEMV_WARPS) blocks of GEMV_WARPS warps.
+// it (kernel_bench's gemm_fraction_of_read_only). Here `k_split` warps of a block share C
+// output columns (GEMV_COLUMNS_<m>, from the host), each warp a strided share of the k
+// dimension: its lanes stream those columns' weight rows in 16-byte words, four words per
+// lane in flight before any is used (read streaming, evict-first), and read the same words of
+// every x row (the same for every warp: L1/L2 hits). Each x word serves C weight words: at 8
+// rows one weight word alone would need 8 x words from L1, more than L1 delivers per byte of
+// HBM, so wider batches take more columns per warp; `k_split` (from the host) gives a narrow
+// matrix enough warps to keep the memory busy. Each warp reduces its sums by shuffles (lane
+// c * m + r keeps column c's row r), the warps of a column group add theirs through shared
+// memory, and the first writes. The launcher checks k % 8 == 0 and 16-byte aligned w and x.
+// Grid: ceil(n / (C * GEMV_WARPS / k_split)) blocks of GEMV_WARPS warps; k_split divides
+// GEMV_WARPS.
 
-#define GEMV_UNROLL 4
-
-// acc[r] += w_word · x[r]'s word `i` (eight products each), x rows `words` words apart.
-template <int M>
-__device__ __forceinline__ void gemv_word(float* acc, const uint4 w_word,
+// acc[c][r] += w[c] · word i of x's row r (eight products each), x rows `words` words apart.
+template <int M, int C>
+__device__ __forceinline__ void gemv_word(float (&acc)[C][M], const uint4 (&w)[C],
                                           const uint4* __restrict__ x, int words, int i) {
-    float wf[8];
-    bf16x8_to_f32(w_word, wf);
+    float wf[C][8];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        bf16x8_to_f32(w[c], wf[c]);
+    }
 #pragma unroll
     for (int r = 0; r < M; ++r) {
         float xf[8];
         bf16x8_to_f32(__ldg(x + (long long)r * words + i), xf);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            acc[r] = fmaf(wf[e], xf[e], acc[r]);
+        for (int c = 0; c < C; ++c) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                acc[c][r] = fmaf(wf[c][e], xf[e], acc[c][r]);
+            }
         }
     }
 }
 
-template <int M>
+template <int M, int C>
 __device__ __forceinline__ void gemv_rows(bf16* __restrict__ out, const bf16* __restrict__ w,
-                                          const bf16* __restrict__ x, int n, int k) {
+                                          const bf16* __restrict__ x, int n, int k,
+                                          int k_split) {
+    static_assert(C * M <= 32, "a lane per (column, row) sum");
+    // Weight words per lane per column in flight: four in all.
+    constexpr int U = C >= 4 ? 1 : 4 / C;
+    __shared__ float partial[GEMV_WARPS][32];
     const int lane = threadIdx.x % 32;
-    const int col = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    if (col >= n) {
-        return;
-    }
+    const int warp = threadIdx.x / 32;
+    const int part = warp % k_split;
+    const int col0 = (blockIdx.x * (GEMV_WARPS / k_split) + warp / k_split) * C;
     const int words = k / 8;
-    const uint4* __restrict__ w_row = reinterpret_cast<const uint4*>(w) + (long long)col * words;
+    // Columns past n (the last group's) read column n - 1's row again and write nothing; no
+    // warp returns early, as all of them meet at the barrier below.
+    const uint4* w_rows[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+        w_rows[c] = reinterpret_cast<const uint4*>(w) + (long long)min(col0 + c, n - 1) * words;
+    }
     const uint4* __restrict__ x_words = reinterpret_cast<const uint4*>(x);
-    float acc[M];
+    float acc[C][M];
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-        acc[r] = 0.0f;
-    }
-    int i = lane;
-    for (; i + 32 * (GEMV_UNROLL - 1) < words; i += 32 * GEMV_UNROLL) {
-        uint4 w_words[GEMV_UNROLL];
+    for (int c = 0; c < C; ++c) {
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            w_words[u] = __ldcs(w_row + i + 32 * u);
-        }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            gemv_word<M>(acc, w_words[u], x_words, words, i + 32 * u);
+        for (int r = 0; r < M; ++r) {
+            acc[c][r] = 0.0f;
         }
     }
-    for (; i < words; i += 32) {
-        gemv_word<M>(acc, __ldcs(w_row + i), x_words, words, i);
+    const int stride = 32 * k_split;
+    int i = lane + 32 * part;
+    for (; i + stride * (U - 1) < words; i += stride * U) {
+        uint4 w_words[U][C];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                w_words[u][c] = __ldcs(w_rows[c] + i + stride * u);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            gemv_word<M, C>(acc, w_words[u], x_words, words, i + stride * u);
+        }
     }
-    // Every lane ends with every row's sum; lane r keeps row r's (a register array indexed
-    // by a constant in the unrolled loop, not by the lane, so it stays in registers).
+    for (; i < words; i += stride) {
+        uint4 w_words[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            w_words[c] = __ldcs(w_rows[c] + i);
+        }
+        gemv_word<M, C>(acc, w_words, x_words, words, i);
+    }
+    // Every lane ends with every sum of its warp's share; lane c * M + r keeps column c's
+    // row r (the register arrays are indexed by constants of the unrolled loops, not by the
+    // lane, so they stay in registers).
     float mine = 0.0f;
 #pragma unroll
-    for (int r = 0; r < M; ++r) {
-        const float sum = warp_sum(acc[r]);
-        if (lane == r) {
-            mine = sum;
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int r = 0; r < M; ++r) {
+            const float sum = warp_sum(acc[c][r]);
+            if (lane == c * M + r) {
+                mine = sum;
+            }
         }
     }
-    if (lane < M) {
-        out[(long long)lane * n + col] = f32_to_bf16(mine);
+    if (k_split > 1) {
+        partial[warp][lane] = mine;
+        __syncthreads();
+        if (part == 0) {
+            for (int p = 1; p < k_split; ++p) {
+                mine += partial[warp + p][lane];
+            }
+        }
+    }
+    const int c = lane / M;
+    const int r = lane % M;
+    if (part == 0 && c < C && col0 + c < n) {
+        out[(long long)r * n + col0 + c] = f32_to_bf16(mine);
     }
 }
 
-#define GEMV_ARGS \
-    bf16 *__restrict__ out, const bf16 *__restrict__ w, const bf16 *__restrict__ x, int n, int k
+#define GEMV_ARGS                                                                              \
+    bf16 *__restrict__ out, const bf16 *__restrict__ w, const bf16 *__restrict__ x, int n,      \
+        int k, int k_split
+#define GEMV_CALL(M) gemv_rows<M, GEMV_COLUMNS_##M>(out, w, x, n, k, k_split)
 
-extern "C" __global__ void gemv_bf16_m1(GEMV_ARGS) { pdl_begin(); gemv_rows<1>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m2(GEMV_ARGS) { pdl_begin(); gemv_rows<2>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m3(GEMV_ARGS) { pdl_begin(); gemv_rows<3>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m4(GEMV_ARGS) { pdl_begin(); gemv_rows<4>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m5(GEMV_ARGS) { pdl_begin(); gemv_rows<5>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m6(GEMV_ARGS) { pdl_begin(); gemv_rows<6>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m7(GEMV_ARGS) { pdl_begin(); gemv_rows<7>(out, w, x, n, k); }
-extern "C" __global__ void gemv_bf16_m8(GEMV_ARGS) { pdl_begin(); gemv_rows<8>(out, w, x, n, k); }
+extern "C" __global__ void gemv_bf16_m1(GEMV_ARGS) { pdl_begin(); GEMV_CALL(1); }
+extern "C" __global__ void gemv_bf16_m2(GEMV_ARGS) { pdl_begin(); GEMV_CALL(2); }
+extern "C" __global__ void gemv_bf16_m3(GEMV_ARGS) { pdl_begin(); GEMV_CALL(3); }
+extern "C" __global__ void gemv_bf16_m4(GEMV_ARGS) { pdl_begin(); GEMV_CALL(4); }
+extern "C" __global__ void gemv_bf16_m5(GEMV_ARGS) { pdl_begin(); GEMV_CALL(5); }
+extern "C" __global__ void gemv_bf16_m6(GEMV_ARGS) { pdl_begin(); GEMV_CALL(6); }
+extern "C" __global__ void gemv_bf16_m7(GEMV_ARGS) { pdl_begin(); GEMV_CALL(7); }
+extern "C" __global__ void gemv_bf16_m8(GEMV_ARGS) { pdl_begin(); GEMV_CALL(8); }

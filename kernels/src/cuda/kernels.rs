@@ -137,18 +137,29 @@ mod grid {
         }
     }
 
-    /// Skinny GEMMs: a warp per output column, [`GEMV_WARPS`] to a block.
-    pub fn gemv(columns: usize) -> LaunchConfig {
-        let blocks = columns.div_ceil(GEMV_WARPS as usize);
+    /// Skinny GEMMs over `n` output columns, `per_warp` to a warp and `k_split` warps to a
+    /// column group: [`GEMV_WARPS`] warps to a block.
+    pub fn gemv(n: usize, per_warp: usize, k_split: usize) -> LaunchConfig {
+        let groups_per_block = GEMV_WARPS as usize / k_split;
+        let blocks = n.div_ceil(per_warp).div_ceil(groups_per_block);
         assert!(
             blocks > 0 && blocks <= i32::MAX as usize,
-            "{columns} columns out of range"
+            "{n} columns out of range"
         );
         LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (GEMV_WARPS * 32, 1, 1),
             shared_mem_bytes: 0,
         }
+    }
+
+    /// See [`Kernels::gemv_k_split`]: half of `sm_count` SMs' 64 warp slots.
+    pub fn gemv_k_split(sm_count: usize, m: usize, n: usize, k: usize) -> usize {
+        let groups = n.div_ceil(sources::gemv_columns(m)).max(1);
+        let want = (sm_count * 32).div_ceil(groups).next_power_of_two();
+        // Whole 32-word strides of a weight row, rounded down to a power of two.
+        let strides = 1 << (k / 8 / 32).max(1).ilog2();
+        want.min(GEMV_WARPS as usize).min(strides)
     }
 
     /// Threads per block of the flat element-wise kernels.
@@ -1037,9 +1048,10 @@ impl Kernels {
     }
 
     /// `out[m, n] = x[m, k] @ w[n, k]^T` (row-major, `out` written), bf16 in and out, f32
-    /// accumulation, for the few rows of a decode batch ([`Self::gemv_applies`]): one warp per
-    /// output column streaming its weight row, where cuBLAS may stay below the bandwidth a
-    /// read-only kernel reaches. See [`crate::reference::matmul_xwt`].
+    /// accumulation, for the few rows of a decode batch ([`Self::gemv_applies`]): warps
+    /// streaming their output columns' weight rows, where cuBLAS may stay below the bandwidth
+    /// a read-only kernel reaches; each column's k split over [`Self::gemv_k_split`] warps.
+    /// See [`crate::reference::matmul_xwt`].
     pub fn gemv_bf16(
         &self,
         out: Span<u16>,
@@ -1049,6 +1061,34 @@ impl Kernels {
         n: usize,
         k: usize,
     ) -> Result<(), DriverError> {
+        let k_split = self.gemv_k_split(m, n, k);
+        self.gemv_bf16_split(out, x, w, m, n, k, k_split)
+    }
+
+    /// Warps sharing each column group of [`Self::gemv_bf16`]: enough for the matrix to keep
+    /// about half of every SM's warp slots busy (a narrow one has too few column groups to),
+    /// a power of two up to [`GEMV_WARPS`], and no more than k has 32-word strides for.
+    pub fn gemv_k_split(&self, m: usize, n: usize, k: usize) -> usize {
+        grid::gemv_k_split(self.sm_count, m, n, k)
+    }
+
+    /// [`Self::gemv_bf16`] with `k_split` warps per column group (a power of two up to
+    /// [`GEMV_WARPS`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_bf16_split(
+        &self,
+        out: Span<u16>,
+        x: Span<u16>,
+        w: Span<u16>,
+        m: usize,
+        n: usize,
+        k: usize,
+        k_split: usize,
+    ) -> Result<(), DriverError> {
+        assert!(
+            k_split.is_power_of_two() && k_split <= GEMV_WARPS as usize,
+            "k_split {k_split}"
+        );
         assert!(
             Self::gemv_applies(x, w, m, k),
             "gemv of {m} rows, k = {k}: needs 1..={GEMV_MAX_ROWS} rows, k % 8 == 0, aligned"
@@ -1056,12 +1096,19 @@ impl Kernels {
         assert_eq!(out.len(), m * n, "out is not [m, n]");
         assert_eq!(x.len(), m * k, "x is not [m, k]");
         assert_eq!(w.len(), n * k, "w is not [n, k]");
-        let (n_arg, k_arg) = (int(n), int(k));
+        let (n_arg, k_arg, split_arg) = (int(n), int(k), int(k_split));
         let mut launch = self.launch(&self.gemv[m - 1]);
-        launch.arg(&out).arg(&w).arg(&x).arg(&n_arg).arg(&k_arg);
+        launch
+            .arg(&out)
+            .arg(&w)
+            .arg(&x)
+            .arg(&n_arg)
+            .arg(&k_arg)
+            .arg(&split_arg);
         // SAFETY: matches gemv_bf16_m{m}: the spans hold the [m, k], [n, k] and [m, n] the
-        // kernel addresses (checked above); warps past column n - 1 return.
-        unsafe { launch.launch(grid::gemv(n)) }.map(drop)
+        // kernel addresses (checked above); columns past n - 1 read row n - 1 and write
+        // nothing; k_split divides the block's warps.
+        unsafe { launch.launch(grid::gemv(n, sources::gemv_columns(m), k_split)) }.map(drop)
     }
 
     /// Words of the sink [`Self::read_only`] writes.
@@ -1231,14 +1278,47 @@ mod tests {
     use super::{grid, Kernels, Span, GEMV_MAX_ROWS, GEMV_WARPS};
 
     #[test]
-    fn gemv_grid_has_a_warp_per_column() {
+    fn gemv_grid_covers_every_column() {
         let w = GEMV_WARPS as usize;
-        assert_eq!(grid::gemv(1).grid_dim, (1, 1, 1));
-        assert_eq!(grid::gemv(w).grid_dim, (1, 1, 1));
-        assert_eq!(grid::gemv(w + 1).grid_dim, (2, 1, 1));
+        assert_eq!(grid::gemv(1, 1, 1).grid_dim, (1, 1, 1));
+        assert_eq!(grid::gemv(w, 1, 1).grid_dim, (1, 1, 1));
+        assert_eq!(grid::gemv(w + 1, 1, 1).grid_dim, (2, 1, 1));
         // Llama 3's 128,256-token vocabulary as the LM head's columns.
-        assert_eq!(grid::gemv(128_256).grid_dim.0 as usize * w, 128_256);
-        assert_eq!(grid::gemv(5).block_dim, (GEMV_WARPS * 32, 1, 1));
+        assert_eq!(grid::gemv(128_256, 1, 1).grid_dim.0 as usize * w, 128_256);
+        assert_eq!(grid::gemv(5, 1, 1).block_dim, (GEMV_WARPS * 32, 1, 1));
+        // Every (columns per warp, k split): blocks × column groups per block × columns per
+        // group reach n, and one block fewer would not.
+        for n in [1, 3, 5, 1001, 2048, 128_256] {
+            for per_warp in [1, 2, 4] {
+                for k_split in [1, 2, 4] {
+                    let blocks = grid::gemv(n, per_warp, k_split).grid_dim.0 as usize;
+                    let per_block = w / k_split * per_warp;
+                    assert!(blocks * per_block >= n && (blocks - 1) * per_block < n);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gemv_splits_k_only_for_narrow_matrices() {
+        let h100 = 132;
+        // Llama-3.2-1B's shapes at batch 1: the LM head and gate/up have columns enough.
+        assert_eq!(grid::gemv_k_split(h100, 1, 128_256, 2048), 1);
+        assert_eq!(grid::gemv_k_split(h100, 1, 16_384, 2048), 1);
+        // o_proj (2,048 columns) and down (2,048 over k = 8,192) get more warps each.
+        assert_eq!(grid::gemv_k_split(h100, 1, 2048, 2048), 4);
+        assert_eq!(grid::gemv_k_split(h100, 1, 2048, 8192), 4);
+        // Never more warps than k has 32-word strides, nor than a block has.
+        assert_eq!(grid::gemv_k_split(h100, 8, 3, 24), 1);
+        assert_eq!(grid::gemv_k_split(h100, 1, 3, 512), 2);
+        for n in [1, 7, 2048, 1 << 20] {
+            for k in [8, 256, 4096, 65_536] {
+                for m in 1..=GEMV_MAX_ROWS {
+                    let s = grid::gemv_k_split(h100, m, n, k);
+                    assert!(s.is_power_of_two() && s <= GEMV_WARPS as usize, "{s}");
+                }
+            }
+        }
     }
 
     #[test]

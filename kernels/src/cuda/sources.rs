@@ -21,6 +21,17 @@ pub const GEMV_WARPS: u32 = 4;
 /// up to it (each holds a row's partial sum per row in registers).
 pub const GEMV_MAX_ROWS: usize = 8;
 
+/// Output columns each warp of the skinny GEMM computes at `rows` rows (injected as
+/// `GEMV_COLUMNS_<rows>`): every x word a warp reads serves this many weight words, so wider
+/// batches (whose x reads from L1 would otherwise outrun the weight stream) take more.
+pub const fn gemv_columns(rows: usize) -> usize {
+    match rows {
+        0..=2 => 1,
+        3..=4 => 2,
+        _ => 4,
+    }
+}
+
 use crate::layout::KvDtype;
 use crate::sampling::MAX_TOP_LOGPROBS;
 
@@ -43,8 +54,11 @@ pub struct KernelSource {
 impl KernelSource {
     /// The text handed to NVRTC: host-side constants, the common prelude, then the file.
     pub fn program(&self) -> String {
+        let gemv_columns: String = (1..=GEMV_MAX_ROWS)
+            .map(|m| format!("#define GEMV_COLUMNS_{m} {}\n", gemv_columns(m)))
+            .collect();
         format!(
-            "#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define GEMV_WARPS {GEMV_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{FP8}\n{COMMON}\n// ---- {}.cu ----\n{}",
+            "{gemv_columns}#define ATTN_WARPS {ATTENTION_WARPS}\n#define FLASH_WARPS {FLASH_WARPS}\n#define GEMV_WARPS {GEMV_WARPS}\n#define DECODE_MAX_GROUP {DECODE_MAX_GROUP}\n#define SAMPLE_MAX_TOP {MAX_TOP_LOGPROBS}\n{FP8}\n{COMMON}\n// ---- {}.cu ----\n{}",
             self.name, self.source
         )
     }
@@ -314,6 +328,14 @@ mod tests {
             assert_eq!(gemv_entry_point(rows), Some(&*format!("gemv_bf16_m{rows}")));
         }
         assert_eq!(gemv_entry_point(0), None);
+        // A lane per (column, row) sum of a warp.
+        for rows in 1..=GEMV_MAX_ROWS {
+            assert!(gemv_columns(rows) * rows <= 32, "{rows} rows");
+            assert!(GEMV.program().contains(&format!(
+                "#define GEMV_COLUMNS_{rows} {}\n",
+                gemv_columns(rows)
+            )));
+        }
         assert_eq!(gemv_entry_point(GEMV_MAX_ROWS + 1), None);
         assert_eq!(
             kv_cache_entry_points(KvDtype::Fp8E4m3),

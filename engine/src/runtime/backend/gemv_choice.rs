@@ -3,7 +3,7 @@
 //!
 //! A decode step of a few sequences reads every weight once and does little else, so what
 //! matters is how close each GEMM comes to the device's read bandwidth; whether cuBLAS or a
-//! warp-per-column kernel comes closer depends on the GPU, the shape and the row count (the
+//! skinny kernel of ours comes closer depends on the GPU, the shape and the row count (the
 //! issue's "a GEMV path for batches ≤ 8 if cuBLAS is not at bandwidth there"). Rather than
 //! guess, the CUDA backend times both over every weight of each shape (a layer's weights in
 //! turn, as a step streams them, so L2 does not flatter either) and keeps the skinny kernel
