@@ -13,12 +13,12 @@ pub const DECODE_MAX_GROUP: usize = 8;
 /// each: injected as `FLASH_WARPS`, as [`ATTENTION_WARPS`] is.
 pub const FLASH_WARPS: u32 = 4;
 
-/// Warps per block of the skinny GEMMs (`gemv.cu`), one output column each: injected as
-/// `GEMV_WARPS`.
+/// Warps per block of the skinny GEMMs (`gemv.cu`), `k_split` of them to a group of
+/// [`gemv_columns`] output columns: injected as `GEMV_WARPS`.
 pub const GEMV_WARPS: u32 = 4;
 
 /// Most rows (decode batch) the skinny GEMMs of `gemv.cu` take: one entry point per row count
-/// up to it (each holds a row's partial sum per row in registers).
+/// up to it (each lane holds `gemv_columns(rows) × rows` partial sums in registers).
 pub const GEMV_MAX_ROWS: usize = 8;
 
 /// Output columns each warp of the skinny GEMM computes at `rows` rows (injected as
