@@ -248,6 +248,19 @@ fn decode_grid(lm: &LoadedModel, label: &str, read_gbs: f64) -> Result<()> {
     Ok(())
 }
 
+/// A decode step's seconds with every row greedy, sampled on the device (20 steps).
+fn greedy_device_step_s(
+    lm: &LoadedModel,
+    kv: &mut KvCache,
+    tables: &[Vec<u32>],
+    context: usize,
+) -> Result<f64> {
+    let mut samplers: Vec<Sampler> = (0..tables.len())
+        .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
+        .collect();
+    decode_step_s(lm, kv, tables, context, 20, &mut samplers, true)
+}
+
 /// What the skinny GEMM kernel buys a decode step (issue 35's GEMV path): batches 1 to 8 at
 /// 512 tokens of context, graphed, greedy on the device, with the GEMMs the backend chose at
 /// load (each shape and batch timed both ways) beside cuBLAS everywhere. The choice itself is
@@ -266,10 +279,7 @@ fn gemv_ab(lm: &LoadedModel, label: &str) -> Result<()> {
             lm.model.set_gemv_mode(mode)?;
             // Graphs captured anew with this mode's GEMMs.
             lm.model.enable_cuda_graphs(64, context + 64)?;
-            let mut samplers: Vec<Sampler> = (0..batch)
-                .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
-                .collect();
-            let s = decode_step_s(lm, &mut kv, &tables, context, 20, &mut samplers, true)?;
+            let s = greedy_device_step_s(lm, &mut kv, &tables, context)?;
             let name = if mode == GemvMode::Never {
                 "cublas"
             } else {
@@ -307,10 +317,7 @@ fn pdl_ab(lm: &LoadedModel, label: &str) -> Result<()> {
                 // Graphs captured anew with these launches.
                 lm.model
                     .enable_cuda_graphs(if graphs { 64 } else { 0 }, context + 64)?;
-                let mut samplers: Vec<Sampler> = (0..batch)
-                    .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
-                    .collect();
-                let s = decode_step_s(lm, &mut kv, &tables, context, 20, &mut samplers, true)?;
+                let s = greedy_device_step_s(lm, &mut kv, &tables, context)?;
                 let mode = if graphs { "graphs" } else { "eager" };
                 let pdl = if on { "on" } else { "off" };
                 line(
@@ -345,10 +352,7 @@ fn graph_table_width(lm: &LoadedModel) -> Result<()> {
         let (mut kv, tables) = decode_pool(lm, batch, context)?;
         for max_context in [4_160, 131_072] {
             lm.model.enable_cuda_graphs(64, max_context)?;
-            let mut samplers: Vec<Sampler> = (0..batch)
-                .map(|_| Sampler::new(SamplingParams::greedy(), &[], 0))
-                .collect();
-            let s = decode_step_s(lm, &mut kv, &tables, context, 20, &mut samplers, true)?;
+            let s = greedy_device_step_s(lm, &mut kv, &tables, context)?;
             line(
                 &format!(
                     "decode_step_ms[vocab=32768,batch={batch},ctx={context},graphs,max_context={max_context}]"

@@ -144,10 +144,6 @@ impl GemvChoice {
             .collect();
         format!("decode GEMMs (timed at start): {}", shapes.join(", "))
     }
-
-    pub fn timings(&self) -> &[GemvTiming] {
-        &self.timings
-    }
 }
 
 /// `[1, 2, 3, 5, 7, 8]` as `1-3,5,7-8`.

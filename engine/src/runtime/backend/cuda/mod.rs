@@ -706,7 +706,8 @@ impl Backend for CudaBackend {
             (Some(xs), Some(outs)) => (bucket, xs, outs),
             _ => (x.rows, x.span, out.span),
         };
-        let gemv = {
+        // Only decode batches can take the skinny kernel: prefill steps skip the lookup.
+        let gemv = m <= gemv_choice::MAX_ROWS && {
             let (mode, choice) = &*self.gemv.lock().unwrap();
             let applies = Kernels::gemv_applies(xs, w.span(), m, w.cols);
             choice.uses_gemv(*mode, w.rows, w.cols, m, applies)
