@@ -10,8 +10,10 @@
 //! * class 2: a timeseries sample.
 //!
 //! A replica repeats `schedule(now)` → cost model → `complete(plan, sampled, now + dt)` while
-//! it has work, and idles otherwise. Where the cost model has a step jitter, `dt` adds a
-//! pause drawn from one stream seeded by the workload's seed, in event order. Clients: open-loop arrivals (optionally capped at
+//! it has work, and idles otherwise. Where the cost model has a spread of served steps
+//! (a profile's), `dt` is the typical time times a factor drawn from it; where it has a
+//! step jitter, `dt` adds a pause; each drawn from its own stream seeded by the workload's
+//! seed, in event order. Clients: open-loop arrivals (optionally capped at
 //! `max_concurrency` in flight, arrivals beyond the cap waiting in order) and closed-loop
 //! ones (sequential = 1 client, `concurrency` = N) are one mechanism: closed-loop requests
 //! all "arrive" at the start and the cap releases them. Warm-up requests run first, one at
@@ -38,7 +40,7 @@ use infer_core::workload::{
 use infer_core::{BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions};
 
 use crate::catalog::GIB;
-use crate::cost::{ClientPath, CostModel, StepShape};
+use crate::cost::{ClientPath, CostModel, StepShape, StepSpread};
 use crate::error::SimError;
 use crate::memory::ActivationPeak;
 use crate::setup::Setup;
@@ -417,7 +419,7 @@ struct Sim<'a> {
     interval: f64,
     tally: Tally,
     last_done: f64,
-    jitter: StepJitter,
+    noise: StepNoise,
     limits: Limits,
 }
 
@@ -453,30 +455,43 @@ fn resident_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// The random host pause each step pays: exponential with the cost model's mean.
-struct StepJitter {
-    mean_s: f64,
-    rng: ChaCha8Rng,
+/// What a step takes beyond its typical time: a factor drawn from the cost model's spread
+/// of served steps, and a random host pause (exponential with the cost model's mean). Each
+/// from its own stream, drawn only where the cost model has it, so that a run without them
+/// is exactly what it was before they existed.
+struct StepNoise {
+    jitter_mean_s: f64,
+    jitter: ChaCha8Rng,
+    spread: Option<(StepSpread, ChaCha8Rng)>,
 }
 
-impl StepJitter {
-    fn new(mean_s: f64, seed: u64) -> StepJitter {
-        // Its own stream: arrivals and prompts draw the same with and without jitter.
-        const STREAM: u64 = 0x57e9_7177_e500_0001;
-        StepJitter {
-            mean_s,
-            rng: ChaCha8Rng::seed_from_u64(seed ^ STREAM),
+impl StepNoise {
+    fn new(cost: &dyn CostModel, seed: u64) -> StepNoise {
+        // Their own streams: arrivals and prompts draw the same with and without them.
+        const JITTER: u64 = 0x57e9_7177_e500_0001;
+        const SPREAD: u64 = 0x57e9_5b7e_add0_0002;
+        StepNoise {
+            jitter_mean_s: cost.step_jitter(),
+            jitter: ChaCha8Rng::seed_from_u64(seed ^ JITTER),
+            spread: cost
+                .step_spread()
+                .map(|s| (s.clone(), ChaCha8Rng::seed_from_u64(seed ^ SPREAD))),
         }
     }
 
-    /// Seconds of pause for the next step; draws nothing when the mean is zero, so a run
-    /// without jitter is exactly what it was before jitter existed.
-    fn draw(&mut self) -> f64 {
-        if self.mean_s == 0.0 {
-            return 0.0;
+    /// A step of typical time `typical_s`: its time as drawn from the spread, and the
+    /// seconds of pause after it.
+    fn draw(&mut self, typical_s: f64) -> (f64, f64) {
+        let mut t = typical_s;
+        if let Some((spread, rng)) = &mut self.spread {
+            t *= spread.factor(typical_s, rng.gen());
         }
-        let u: f64 = self.rng.gen();
-        -self.mean_s * (1.0 - u).ln()
+        let mut pause = 0.0;
+        if self.jitter_mean_s > 0.0 {
+            let u: f64 = self.jitter.gen();
+            pause = -self.jitter_mean_s * (1.0 - u).ln();
+        }
+        (t, pause)
     }
 }
 
@@ -572,7 +587,7 @@ pub fn run_with(
             ..Tally::default()
         },
         last_done: 0.0,
-        jitter: StepJitter::new(setup.cost.step_jitter(), sc.workload.seed),
+        noise: StepNoise::new(setup.cost.as_ref(), sc.workload.seed),
         limits: Limits {
             file: setup.file.clone(),
             max_simulated_s: setup.settings.max_simulated_s(),
@@ -802,7 +817,8 @@ impl Sim<'_> {
         let stats = &mut self.tally.stats;
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);
-        let dt = self.cost.step_time(&shape) + self.cost.spill_time(spilled) + self.jitter.draw();
+        let (step_s, pause_s) = self.noise.draw(self.cost.step_time(&shape));
+        let dt = step_s + self.cost.spill_time(spilled) + pause_s;
         rep.plan = Some(plan);
         rep.record(now, delay);
         if self.t0.is_some() {

@@ -6,7 +6,8 @@
 //! mixed steps (a prefill chunk plus decodes), which is what chunked prefill schedules.
 //! Each point is the median of warm, back-to-back runs in two rounds. The serving path
 //! around the step (loop overhead, HTTP threads sharing the cores, tokenisation) is then
-//! measured on an in-process server under a fixed calibration load and folded in.
+//! measured on an in-process server under a fixed calibration load and folded in, with how
+//! far served steps spread around their typical time (the tails the simulator draws).
 
 use std::time::Instant;
 
@@ -21,7 +22,9 @@ use crate::Device;
 use infer_core::StepShape;
 use infer_sim::cost::CostModel;
 
-pub use infer_sim::cost::{Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput};
+pub use infer_sim::cost::{
+    Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput, StepSpread,
+};
 
 /// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`, the first
 /// `shared` tokens of which every decode reads from the same blocks (a prefix-cache hit).
@@ -152,13 +155,14 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
     .await??;
     let (mut points, structured_output) = points;
     drop(lm);
-    let client = measure_client_path(model, target, &mut points).await?;
+    let (client, step_spread) = measure_serving_path(model, target, &mut points).await?;
     Ok(Profile {
         model: model.to_string(),
         device: target.label(),
         points,
         client: Some(client),
         structured_output,
+        step_spread,
     })
 }
 
@@ -454,14 +458,18 @@ rate = 8.0
 /// * per request and per prompt token: TTFT of one-token completions of a short and of a
 ///   ~500-token prompt, minus their predicted prefill steps and step overheads; the
 ///   difference between the two gives the per-token part (tokenising, hashing, copying),
-///   the short one the fixed part (HTTP).
+///   the short one the fixed part (HTTP);
+/// * the spread of served steps: each busy step's period over its typical time (the
+///   offline prediction plus the fitted excess), as quantiles per band of step time
+///   ([`StepSpread`]): the simulator draws each step's factor from it, which is what its
+///   tail latencies (ITL P99) need.
 ///
 /// The step overheads are added to every profiled point (they are part of an engine step).
-async fn measure_client_path(
+async fn measure_serving_path(
     model: &str,
     target: Target,
     points: &mut [ProfilePoint],
-) -> Result<ProfileClient> {
+) -> Result<(ProfileClient, Option<StepSpread>)> {
     let offline = infer_sim::cost::Profiled::fit(
         &Profile {
             model: model.to_string(),
@@ -469,6 +477,7 @@ async fn measure_client_path(
             points: points.to_vec(),
             client: None,
             structured_output: None,
+            step_spread: None,
         },
         Default::default(),
     )
@@ -516,6 +525,13 @@ async fn measure_client_path(
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_dir_all(&tmp);
     let (per_step, per_seq) = serving_excess(&steps, &offline)?;
+    let typical =
+        |shape: &StepShape| offline.step_time(shape) + per_step + per_seq * shape.num_seqs as f64;
+    let spread = StepSpread::measure(
+        &busy_periods(&steps)
+            .map(|(shape, period)| (typical(shape), period))
+            .collect::<Vec<_>>(),
+    );
     // What a probe's TTFT holds besides the client path: its prompt's steps with their
     // serving overhead.
     let overhead = |&(tokens, ttft): &(usize, f64)| {
@@ -550,11 +566,26 @@ async fn measure_client_path(
         short.0,
         long.0
     );
-    Ok(ProfileClient {
+    match &spread {
+        Some(s) => eprintln!("{}", s.describe()),
+        None => eprintln!("step spread: too few busy served steps to measure it"),
+    }
+    let client = ProfileClient {
         request_s,
         per_prompt_token_s,
         stream_s: 0.0,
-    })
+    };
+    Ok((client, spread))
+}
+
+/// Each busy served step (the next one starts within 5 ms of its end, so nothing waited
+/// on the clients) with its period: from its start to the next step's, what a decoding
+/// request sees between two tokens.
+fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)> {
+    steps
+        .windows(2)
+        .filter(|w| w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
+        .map(|w| (&w[0].shape, w[1].t_s - w[0].t_s))
 }
 
 /// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
@@ -586,13 +617,8 @@ fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
 /// are kept non-negative.
 fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
     use infer_sim::cost::CostModel;
-    let mut xy: Vec<(f64, f64)> = steps
-        .windows(2)
-        .filter(|w| w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
-        .map(|w| {
-            let excess = w[1].t_s - w[0].t_s - offline.step_time(&w[0].shape);
-            (w[0].shape.num_seqs as f64, excess)
-        })
+    let mut xy: Vec<(f64, f64)> = busy_periods(steps)
+        .map(|(shape, period)| (shape.num_seqs as f64, period - offline.step_time(shape)))
         .collect();
     anyhow::ensure!(
         xy.len() >= 50,
@@ -650,6 +676,7 @@ mod tests {
                 points: points.clone(),
                 client: None,
                 structured_output: None,
+                step_spread: None,
             };
             let fit = Profiled::fit(&profile, Default::default())
                 .unwrap_or_else(|e| panic!("quick={quick}: {e}"));

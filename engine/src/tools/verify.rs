@@ -197,7 +197,8 @@ pub fn step_fidelity(
             if of_kind.is_empty() {
                 return None;
             }
-            // A measured step includes its random pause: predict its mean too.
+            // A measured step includes its random pause: predict its mean too (a spread's
+            // factors average 1).
             let predicted: Vec<f64> = of_kind
                 .iter()
                 .map(|r| cost.step_time(&r.shape) + cost.step_jitter())

@@ -8,11 +8,13 @@
 mod analytic;
 mod least_squares;
 mod profiled;
+mod spread;
 
 pub use analytic::Analytic;
 pub use profiled::{
     Profile, ProfileClient, ProfileCoverage, ProfilePoint, ProfileStructuredOutput, Profiled,
 };
+pub use spread::{SpreadBand, StepSpread};
 
 pub use infer_core::StepShape;
 
@@ -56,6 +58,11 @@ pub trait CostModel: Send + Sync {
     /// (exponentially distributed; 0: none, and nothing is drawn).
     fn step_jitter(&self) -> f64 {
         0.0
+    }
+    /// How served steps spread around `step_time` (each simulated step is multiplied by a
+    /// factor drawn from it, of mean 1); `None`: every step takes exactly `step_time`.
+    fn step_spread(&self) -> Option<&StepSpread> {
+        None
     }
     fn client_path(&self) -> ClientPath;
     /// Where the model prices a step as passes of consecutive slots: the tokens a pass

@@ -24,7 +24,8 @@
 //! `chunk_self_pairs` = Σ chunk length² over prompt chunks. The last three are optional;
 //! when absent they are taken as for one fresh prompt (`context_tokens − prefill_tokens`,
 //! `p × (p + 1) / 2` plus one pair per decode context token, and `p²`). `client` is
-//! optional (the client path outside the GPU).
+//! optional (the client path outside the GPU), and so is `step_spread` (how served steps
+//! spread around the fitted time: [`StepSpread`], which `engine profile` measures).
 //!
 //! The model mirrors what a step does:
 //!
@@ -56,7 +57,7 @@ use super::least_squares::nnls;
 use crate::error::SimError;
 use serde::{Deserialize, Serialize};
 
-use super::{ClientPath, CostModel, StepShape};
+use super::{ClientPath, CostModel, StepShape, StepSpread};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,6 +96,9 @@ pub struct Profile {
     /// The host cost of structured output, when profiled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_output: Option<ProfileStructuredOutput>,
+    /// How served steps spread around their typical time, when profiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_spread: Option<StepSpread>,
 }
 
 /// What one constrained token costs the engine thread beyond an unconstrained one: the
@@ -217,6 +221,8 @@ pub struct Profiled {
     /// Mean random pause per step (`[sim] step_jitter_s`; a profile's steps are its
     /// measurements' typical times, so none by default).
     pub step_jitter_s: f64,
+    /// How served steps spread around the fitted typical time (the profile's).
+    pub step_spread: Option<StepSpread>,
     /// Root-mean-square relative error of the fit over the profile's points.
     pub rms_rel_error: f64,
     /// The largest steps the profile measured.
@@ -275,6 +281,9 @@ impl Profiled {
                 "step_s must be positive, found {}",
                 p.step_s
             )));
+        }
+        if let Some(spread) = &profile.step_spread {
+            spread.check().map_err(SimError::Invalid)?;
         }
         if let Some(p) = pts.iter().find(|p| p.new_tokens() == 0) {
             return Err(SimError::Invalid(format!(
@@ -346,6 +355,7 @@ impl Profiled {
             client,
             constrained_token_s: profile.structured_output.as_ref().map(|s| s.token_s),
             step_jitter_s: 0.0,
+            step_spread: profile.step_spread.clone(),
             rms_rel_error: 0.0,
             coverage: ProfileCoverage::of(pts),
         };
@@ -414,6 +424,10 @@ impl CostModel for Profiled {
         self.step_jitter_s
     }
 
+    fn step_spread(&self) -> Option<&StepSpread> {
+        self.step_spread.as_ref()
+    }
+
     fn client_path(&self) -> ClientPath {
         self.client
     }
@@ -428,14 +442,17 @@ impl CostModel for Profiled {
         format!(
             "profiled ({}): step = dense(new tokens) [ms at {}] + {:.3e} ms/decode ctx tok \
              ({:.3e} shared) + {:.3e} ms/prefill pair with earlier context + {:.3e} ms/pair \
-             within a chunk (fit rms error {:.1}%)",
+             within a chunk (fit rms error {:.1}%){}",
             self.name,
             dense.join(" "),
             self.per_decode_context * 1e3,
             self.per_shared_context * 1e3,
             self.per_cross_pair * 1e3,
             self.per_self_pair * 1e3,
-            self.rms_rel_error * 100.0
+            self.rms_rel_error * 100.0,
+            self.step_spread
+                .as_ref()
+                .map_or(String::new(), |s| format!("; {}", s.describe()))
         )
     }
 
@@ -452,7 +469,10 @@ impl CostModel for Profiled {
             self.per_decode_context * 1e3,
             self.rms_rel_error * 100.0,
             self.name
-        )
+        ) + &self
+            .step_spread
+            .as_ref()
+            .map_or(String::new(), |s| format!("\n{}", s.describe()))
     }
 }
 
@@ -509,6 +529,7 @@ mod tests {
             points,
             client: None,
             structured_output: None,
+            step_spread: None,
         }
     }
 

@@ -1,0 +1,348 @@
+//! How served steps spread around the cost model's typical step time.
+//!
+//! A cost model predicts a step's typical time; a served step also meets everything that
+//! is not its shape — neighbours on the memory bus, the HTTP and client threads on the same
+//! cores, the allocator, a host hiccup before a launch. Medians do not notice (the fitted
+//! model is their business), but tails do: on this project's CPU a P99 decode step took
+//! about twice its median, so a simulator that ran every step at its typical time predicted
+//! ITL P99 40-60% short (docs/results/fidelity-cpu.md).
+//!
+//! `engine profile` measures the spread on its serving calibration: each busy served step's
+//! period over the typical time predicted for its shape. The ratios are kept as quantiles
+//! per band of typical step time (a GPU's host hiccup is a fixed delay, a large share of a
+//! 2 ms decode and little of an 80 ms prefill; a shared CPU's contention scales with the
+//! step), each band over its median (readable: "P99 ×2.3"). The simulator multiplies every
+//! step by a factor drawn from the step's band (its own seeded stream; the same scenario
+//! and seed give the same run), scaled to a mean of 1: the cost model's time stays the
+//! mean step, so throughput and end-to-end latency keep what the fit gives them, and the
+//! spread only shapes the distribution around it: a median step a little shorter, a tail
+//! as long as served steps had. (Scaled to a median of 1 instead, it would also add its
+//! mean excess, 5-10% on the CPU, to a time already fitted to served steps' trimmed mean:
+//! that over-predicted E2E and under-predicted throughput by as much.)
+//!
+//! Draws are independent from step to step. A slow spell that lasts many steps (a
+//! neighbour's job) moves a run's median, which no per-step draw can show.
+
+use serde::{Deserialize, Serialize};
+
+/// Quantiles kept per band: at probabilities 0, 0.01, …, 0.99, then finer in the tail
+/// ([`TAIL`]), which P99 latencies are drawn from: between the 99th percentile and the
+/// largest step, a straight line would put a hundredth of the draws evenly up to the worst
+/// hiccup measured, where served steps have most of them near the 99th percentile.
+pub const QUANTILES: usize = 100 + TAIL.len();
+/// The probabilities of the tail's quantiles.
+pub const TAIL: [f64; 6] = [0.992, 0.994, 0.996, 0.998, 0.999, 1.0];
+
+/// The probability of quantile `i` of a band.
+pub fn probability(i: usize) -> f64 {
+    if i < 100 {
+        i as f64 / 100.0
+    } else {
+        TAIL[i - 100]
+    }
+}
+/// The fewest steps a band is measured over (fewer give no usable tail).
+pub const MIN_BAND_STEPS: usize = 50;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepSpread {
+    /// Bands of typical step time, shortest first.
+    pub bands: Vec<SpreadBand>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpreadBand {
+    /// The longest typical step time (s) measured in this band; a step up to it takes this
+    /// band's factors (the last band takes every longer step too).
+    pub up_to_s: f64,
+    /// Served steps the band was measured over.
+    pub steps: usize,
+    /// Served over typical time at the probabilities [`probability`]`(i)`, over the band's
+    /// median: non-decreasing, positive, the one at 0.5 equal to 1.
+    pub quantiles: Vec<f64>,
+}
+
+impl StepSpread {
+    /// The spread of served steps, each `(typical_s, served_s)`: bands of typical time a
+    /// factor of two apart, merged with their neighbours until each holds
+    /// [`MIN_BAND_STEPS`] steps. `None` with fewer steps than one band needs.
+    pub fn measure(steps: &[(f64, f64)]) -> Option<StepSpread> {
+        let mut steps: Vec<(f64, f64)> = steps
+            .iter()
+            .copied()
+            .filter(|&(t, s)| t > 0.0 && s > 0.0 && t.is_finite() && s.is_finite())
+            .collect();
+        if steps.len() < MIN_BAND_STEPS {
+            return None;
+        }
+        steps.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let shortest = steps[0].0;
+        let octave = |t: f64| (t / shortest).log2().floor() as i64;
+        // Runs of whole octaves, each closed once it holds enough steps.
+        let mut groups: Vec<Vec<(f64, f64)>> = Vec::new();
+        let mut current: Vec<(f64, f64)> = Vec::new();
+        for (i, &step) in steps.iter().enumerate() {
+            current.push(step);
+            let octave_ends = steps
+                .get(i + 1)
+                .is_none_or(|n| octave(n.0) != octave(step.0));
+            if octave_ends && current.len() >= MIN_BAND_STEPS {
+                groups.push(std::mem::take(&mut current));
+            }
+        }
+        // A short remainder joins the band below it.
+        if !current.is_empty() {
+            match groups.last_mut() {
+                Some(last) => last.extend(current),
+                None => groups.push(current),
+            }
+        }
+        let bands = groups
+            .into_iter()
+            .map(|g| {
+                let mut ratios: Vec<f64> = g.iter().map(|&(t, s)| s / t).collect();
+                ratios.sort_by(f64::total_cmp);
+                let median = quantile(&ratios, 0.5);
+                SpreadBand {
+                    up_to_s: g.last().expect("a band has steps").0,
+                    steps: g.len(),
+                    quantiles: (0..QUANTILES)
+                        .map(|i| quantile(&ratios, probability(i)) / median)
+                        .collect(),
+                }
+            })
+            .collect();
+        Some(StepSpread { bands })
+    }
+
+    /// Why this spread cannot be used, if it cannot (a hand-edited or damaged profile).
+    pub fn check(&self) -> Result<(), String> {
+        if self.bands.is_empty() {
+            return Err("step_spread has no bands".into());
+        }
+        let mut below = 0.0;
+        for (i, b) in self.bands.iter().enumerate() {
+            let at = format!("step_spread.bands[{i}]");
+            if !(b.up_to_s > below && b.up_to_s.is_finite()) {
+                return Err(format!(
+                    "{at}.up_to_s must be finite and above the band before it, got {}",
+                    b.up_to_s
+                ));
+            }
+            below = b.up_to_s;
+            if b.quantiles.len() != QUANTILES {
+                return Err(format!(
+                    "{at}.quantiles must hold {QUANTILES} values, has {}",
+                    b.quantiles.len()
+                ));
+            }
+            if b.quantiles.iter().any(|q| !(q.is_finite() && *q > 0.0)) {
+                return Err(format!("{at}.quantiles must be positive and finite"));
+            }
+            if b.quantiles.windows(2).any(|w| w[1] < w[0]) {
+                return Err(format!("{at}.quantiles must not decrease"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The band a step of typical time `typical_s` takes its factor from.
+    pub fn band(&self, typical_s: f64) -> &SpreadBand {
+        self.bands
+            .iter()
+            .find(|b| typical_s <= b.up_to_s)
+            .unwrap_or_else(|| self.bands.last().expect("checked: bands exist"))
+    }
+
+    /// The factor of a step of typical time `typical_s` at probability `u` in [0, 1): its
+    /// band's quantile function at `u` over the band's mean, so that factors average 1.
+    pub fn factor(&self, typical_s: f64, u: f64) -> f64 {
+        let band = self.band(typical_s);
+        band.at(u) / band.mean()
+    }
+
+    /// One line: each band's factor at P50 / P90 / P99 and its steps.
+    pub fn describe(&self) -> String {
+        let bands: Vec<String> = self
+            .bands
+            .iter()
+            .map(|b| {
+                format!(
+                    "up to {:.3} ms: P90 x{:.2}, P99 x{:.2} ({} steps)",
+                    b.up_to_s * 1e3,
+                    b.at(0.9),
+                    b.at(0.99),
+                    b.steps
+                )
+            })
+            .collect();
+        format!(
+            "served steps spread over their typical time (median x1): {}",
+            bands.join("; ")
+        )
+    }
+}
+
+impl SpreadBand {
+    /// The factor at probability `p`: the band's quantile function, linear between its
+    /// quantiles.
+    pub fn at(&self, p: f64) -> f64 {
+        let p = p.clamp(0.0, 1.0);
+        let q = &self.quantiles;
+        let i = (1..q.len())
+            .find(|&i| probability(i) >= p)
+            .unwrap_or(q.len() - 1);
+        let (p0, p1) = (probability(i - 1), probability(i));
+        q[i - 1] + (q[i] - q[i - 1]) * ((p - p0) / (p1 - p0))
+    }
+
+    /// The mean factor: the mean of the piecewise-linear quantile function.
+    pub fn mean(&self) -> f64 {
+        let q = &self.quantiles;
+        (1..q.len())
+            .map(|i| (q[i - 1] + q[i]) / 2.0 * (probability(i) - probability(i - 1)))
+            .sum()
+    }
+}
+
+/// The `p` quantile of sorted `xs`, linear between order statistics.
+fn quantile(xs: &[f64], p: f64) -> f64 {
+    let x = p * (xs.len() - 1) as f64;
+    let i = x.floor() as usize;
+    match xs.get(i + 1) {
+        Some(next) => xs[i] + (next - xs[i]) * (x - i as f64),
+        None => xs[i],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Steps of typical time `t`, served at `t` × the ratios 1..=n / (n / 2) (median ~1).
+    fn steps(t: f64, n: usize) -> Vec<(f64, f64)> {
+        (1..=n)
+            .map(|i| (t, t * i as f64 / (n / 2) as f64))
+            .collect()
+    }
+
+    #[test]
+    fn too_few_steps_measure_nothing() {
+        assert!(StepSpread::measure(&steps(1e-3, MIN_BAND_STEPS - 1)).is_none());
+        let one = StepSpread::measure(&steps(1e-3, MIN_BAND_STEPS)).unwrap();
+        assert_eq!(one.bands.len(), 1);
+        one.check().unwrap();
+    }
+
+    #[test]
+    fn bands_separate_step_sizes_and_normalise_to_their_medians() {
+        // Short steps spread x1..x3 around their median, long ones barely (a fixed hiccup).
+        let mut s: Vec<(f64, f64)> = (0..200)
+            .map(|i| (1e-3, 1e-3 * (1.0 + 2.0 * i as f64 / 199.0)))
+            .collect();
+        s.extend((0..100).map(|i| (80e-3, 80e-3 * (1.0 + 0.02 * i as f64 / 99.0))));
+        let spread = StepSpread::measure(&s).unwrap();
+        spread.check().unwrap();
+        assert_eq!(spread.bands.len(), 2);
+        assert_eq!((spread.bands[0].steps, spread.bands[1].steps), (200, 100));
+        assert_eq!(spread.bands[0].up_to_s, 1e-3);
+        for b in &spread.bands {
+            assert!((b.quantiles[50] - 1.0).abs() < 1e-12 && probability(50) == 0.5);
+        }
+        // Short: 1..3 over a median of 2.
+        assert!((spread.factor(1e-3, 0.0) - 0.5).abs() < 1e-9);
+        assert!((spread.factor(1e-3, 1.0) - 1.5).abs() < 1e-9);
+        // Long (and longer than anything measured): within 1% of the median.
+        assert!(spread.factor(80e-3, 0.999) < 1.011);
+        assert!(spread.factor(1.0, 0.0) > 0.989);
+        // A step between the bands takes the longer band's factors.
+        assert!(spread.factor(5e-3, 0.999) < 1.011);
+    }
+
+    #[test]
+    fn a_short_remainder_joins_the_band_below() {
+        let mut s = steps(1e-3, 100);
+        s.extend(steps(10e-3, 20));
+        let spread = StepSpread::measure(&s).unwrap();
+        assert_eq!(spread.bands.len(), 1);
+        assert_eq!(spread.bands[0].steps, 120);
+        assert_eq!(spread.bands[0].up_to_s, 10e-3);
+    }
+
+    #[test]
+    fn draws_follow_the_measured_distribution() {
+        // Ratios uniform on [0.5, 1.5]: draws at evenly spaced u reproduce them, and the
+        // mean factor is their mean.
+        let s: Vec<(f64, f64)> = (0..1001)
+            .map(|i| (2e-3, 2e-3 * (0.5 + i as f64 / 1000.0)))
+            .collect();
+        let spread = StepSpread::measure(&s).unwrap();
+        for u in [0.0, 0.1, 0.25, 0.5, 0.9, 0.99, 0.993, 0.9995, 1.0] {
+            assert!((spread.factor(2e-3, u) - (0.5 + u)).abs() < 1e-9, "u {u}");
+        }
+        assert!((spread.band(2e-3).mean() - 1.0).abs() < 1e-9);
+        // A skewed tail raises the mean above the median; the factors are scaled to average
+        // 1 (the cost model's time stays the mean step), so the median factor falls below 1.
+        let mut skewed = s.clone();
+        for x in skewed.iter_mut().skip(990) {
+            x.1 *= 10.0;
+        }
+        let skewed = StepSpread::measure(&skewed).unwrap();
+        let mean = skewed.band(2e-3).mean();
+        assert!(mean > 1.05, "{mean}");
+        assert!((skewed.factor(2e-3, 0.5) - 1.0 / mean).abs() < 1e-9);
+        let n = 100_000;
+        let average = (0..n)
+            .map(|i| skewed.factor(2e-3, (i as f64 + 0.5) / n as f64))
+            .sum::<f64>()
+            / n as f64;
+        assert!((average - 1.0).abs() < 1e-3, "{average}");
+    }
+
+    #[test]
+    fn the_tail_keeps_its_shape_past_the_99th_percentile() {
+        // Nine steps in a thousand at twice the median and one at twenty: draws past the
+        // 99th percentile stay near twice, as served steps did, rather than spreading
+        // evenly up to twenty.
+        let s: Vec<(f64, f64)> = (0..1000)
+            .map(|i| {
+                let r = match i {
+                    0..=989 => 1.0,
+                    990..=998 => 2.0,
+                    _ => 20.0,
+                };
+                (1e-3, 1e-3 * r)
+            })
+            .collect();
+        let band = &StepSpread::measure(&s).unwrap().bands[0];
+        assert!((band.at(0.995) - 2.0).abs() < 1e-9);
+        assert!(band.at(0.9985) < 2.01);
+        assert!((band.at(1.0) - 20.0).abs() < 1e-9);
+        // The mean of the ratios is 1.028; the quantile function's within two hundredths.
+        let mean = band.mean();
+        assert!((mean - 1.028).abs() < 0.02, "{mean}");
+    }
+
+    #[test]
+    fn damaged_spreads_are_refused_by_name() {
+        let good = StepSpread::measure(&steps(1e-3, 100)).unwrap();
+        let mut bad = good.clone();
+        bad.bands[0].quantiles.pop();
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .contains("bands[0].quantiles must hold 106"));
+        let mut bad = good.clone();
+        bad.bands[0].quantiles[3] = 100.0;
+        assert!(bad.check().unwrap_err().contains("must not decrease"));
+        let mut bad = good.clone();
+        bad.bands[0].quantiles[0] = 0.0;
+        assert!(bad.check().unwrap_err().contains("positive"));
+        let mut bad = good.clone();
+        bad.bands.push(bad.bands[0].clone());
+        assert!(bad.check().unwrap_err().contains("bands[1].up_to_s"));
+        assert!(StepSpread { bands: vec![] }.check().is_err());
+    }
+}

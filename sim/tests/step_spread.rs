@@ -1,0 +1,102 @@
+//! The spread of served steps a profile carries (`step_spread`, measured by `engine
+//! profile`): what it does to a single stream's latencies, that it replays exactly, and that
+//! a damaged one is refused by name.
+
+mod common;
+
+use infer_sim::cost::{Profile, StepSpread};
+use infer_sim::output::requests_csv;
+
+/// The shipped CPU profile with `spread` in place of its own, written to a file of its own.
+fn profile_with(name: &str, spread: Option<StepSpread>) -> String {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let text = std::fs::read_to_string(format!("{root}/profiles/cpu-2core-builtin-tiny.json"))
+        .expect("the shipped CPU profile");
+    let mut profile: Profile = serde_json::from_str(&text).expect("a profile");
+    profile.step_spread = spread;
+    let dir = std::env::temp_dir().join(format!("infer-step-spread-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_string(&profile).unwrap()).unwrap();
+    path.display().to_string()
+}
+
+fn profiled(profile: &str) -> Vec<String> {
+    vec![
+        "sim.cost_model=\"profiled\"".to_string(),
+        format!("sim.profile={profile:?}"),
+    ]
+}
+
+/// Served steps at 0.5x to 1.5x their typical time, evenly: one band.
+fn uniform_spread() -> StepSpread {
+    let steps: Vec<(f64, f64)> = (0..=1000)
+        .map(|i| (1e-3, 1e-3 * (0.5 + i as f64 / 1000.0)))
+        .collect();
+    StepSpread::measure(&steps).expect("enough steps")
+}
+
+#[test]
+fn a_spread_scales_the_itl_distribution_around_the_typical_step() {
+    let run = |profile: &str| {
+        let o = profiled(profile);
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        let s = common::run("baseline", &o).summary;
+        (s.itl.median, s.itl.p99, s.itl.mean)
+    };
+    let (p50, p99, _) = run(&profile_with("steady", None));
+    let (s50, s99, mean) = run(&profile_with("uniform", Some(uniform_spread())));
+    // One request at a time: without a spread every gap is about one typical step.
+    assert!(p99 / p50 < 1.2, "steady ITL P50 {p50}, P99 {p99}");
+    // With it, the gaps are the typical step times a factor uniform on [0.5, 1.5] (mean 1):
+    // the median stays, the 99th percentile is ~1.49x, the mean stays. The baseline's
+    // ~2,500 gaps pin each within a few percent.
+    assert!((s50 / p50 - 1.0).abs() < 0.05, "ITL P50 {p50} -> {s50}");
+    assert!(
+        (s99 / p50 - 1.49).abs() < 0.1,
+        "ITL P99 {s99} over P50 {p50}"
+    );
+    assert!(
+        (mean / p50 - 1.0).abs() < 0.05,
+        "ITL mean {mean} over P50 {p50}"
+    );
+}
+
+#[test]
+fn a_spread_run_replays_exactly_and_draws_the_same_workload() {
+    let spread = profile_with("replay", Some(uniform_spread()));
+    let steady = profile_with("replay-steady", None);
+    let rows = |profile: &str| {
+        let o = profiled(profile);
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", &o)).unwrap();
+        (
+            serde_json::to_string(&r.summary).unwrap(),
+            requests_csv(&rows.records),
+            rows.records
+                .iter()
+                .map(|r| (r.prompt_tokens, r.output_tokens))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let a = rows(&spread);
+    assert_eq!(a, rows(&spread), "same scenario and seed, same bytes");
+    let b = rows(&steady);
+    assert_ne!(a.0, b.0, "the spread moved the figures");
+    assert_eq!(a.2, b.2, "prompts do not depend on the spread's draws");
+}
+
+#[test]
+fn a_damaged_spread_is_refused_by_name() {
+    let mut spread = uniform_spread();
+    spread.bands[0].quantiles[10] = 50.0;
+    let path = profile_with("damaged", Some(spread));
+    let e = infer_sim::load(&common::path("baseline"), &profiled(&path))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("sim.profile") && e.contains("step_spread.bands[0].quantiles must not decrease"),
+        "{e}"
+    );
+}
