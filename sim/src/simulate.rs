@@ -1008,3 +1008,63 @@ impl Sim<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cost model with only a jitter and a spread.
+    struct Noisy(f64, Option<StepSpread>);
+
+    impl CostModel for Noisy {
+        fn step_time(&self, _: &StepShape) -> f64 {
+            1e-3
+        }
+        fn step_jitter(&self) -> f64 {
+            self.0
+        }
+        fn step_spread(&self) -> Option<&StepSpread> {
+            self.1.as_ref()
+        }
+        fn client_path(&self) -> ClientPath {
+            ClientPath::default()
+        }
+        fn describe(&self) -> String {
+            "noisy".into()
+        }
+    }
+
+    /// Served at 1x to 3x, evenly.
+    fn spread() -> StepSpread {
+        let steps: Vec<(f64, f64)> = (0..200)
+            .map(|i| (1e-3, 1e-3 * (1.0 + 2.0 * i as f64 / 199.0)))
+            .collect();
+        StepSpread::measure(&steps).unwrap()
+    }
+
+    #[test]
+    fn a_step_without_noise_takes_its_typical_time_exactly() {
+        let mut n = StepNoise::new(&Noisy(0.0, None), 7);
+        for t in [1e-6, 3.3e-4, 0.25] {
+            assert_eq!(n.draw(t), (t, 0.0));
+        }
+    }
+
+    #[test]
+    fn the_pause_draws_the_same_with_and_without_a_spread() {
+        let mut jitter = StepNoise::new(&Noisy(2e-3, None), 7);
+        let mut both = StepNoise::new(&Noisy(2e-3, Some(spread())), 7);
+        let mut spread_only = StepNoise::new(&Noisy(0.0, Some(spread())), 7);
+        for _ in 0..100 {
+            let (t, pause) = jitter.draw(1e-3);
+            let (u, same_pause) = both.draw(1e-3);
+            let (v, none) = spread_only.draw(1e-3);
+            assert_eq!(t, 1e-3);
+            assert_eq!(pause, same_pause, "the pause has its own stream");
+            assert_eq!(u, v, "so has the spread");
+            assert_eq!(none, 0.0);
+            // Factors 1..3 over a mean of 2.
+            assert!((0.5e-3..=1.5e-3).contains(&u), "{u}");
+        }
+    }
+}

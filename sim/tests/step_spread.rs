@@ -62,6 +62,52 @@ fn a_spread_scales_the_itl_distribution_around_the_typical_step() {
     );
 }
 
+/// A skewed spread (one step in fifty at four times the median) keeps the mean step: the
+/// fitted time is the mean, so a lone stream's throughput and mean ITL stay, while its
+/// median gap shortens and its tail lengthens.
+#[test]
+fn a_skewed_spread_keeps_the_mean_step_and_moves_the_tail() {
+    let steps: Vec<(f64, f64)> = (0..1000)
+        .map(|i| (1e-3, 1e-3 * if i % 50 == 0 { 4.0 } else { 1.0 }))
+        .collect();
+    let run = |profile: &str| {
+        let o = profiled(profile);
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        common::run("baseline", &o).summary
+    };
+    let steady = run(&profile_with("skew-steady", None));
+    let skewed = run(&profile_with(
+        "skewed",
+        Some(StepSpread::measure(&steps).unwrap()),
+    ));
+    let close = |a: f64, b: f64, tol: f64| (a / b - 1.0).abs() < tol;
+    assert!(
+        close(skewed.output_throughput, steady.output_throughput, 0.02),
+        "throughput {} -> {}",
+        steady.output_throughput,
+        skewed.output_throughput
+    );
+    assert!(
+        close(skewed.itl.mean, steady.itl.mean, 0.02),
+        "ITL mean {} -> {}",
+        steady.itl.mean,
+        skewed.itl.mean
+    );
+    // Factors: 1 / 1.06 for 98% of steps, 4 / 1.06 for 2%.
+    assert!(
+        close(skewed.itl.median, steady.itl.median / 1.06, 0.03),
+        "ITL P50 {} -> {}",
+        steady.itl.median,
+        skewed.itl.median
+    );
+    assert!(
+        skewed.itl.p99 > 3.0 * steady.itl.median,
+        "ITL P99 {} over P50 {}",
+        skewed.itl.p99,
+        steady.itl.median
+    );
+}
+
 #[test]
 fn a_spread_run_replays_exactly_and_draws_the_same_workload() {
     let spread = profile_with("replay", Some(uniform_spread()));
@@ -73,9 +119,17 @@ fn a_spread_run_replays_exactly_and_draws_the_same_workload() {
         (
             serde_json::to_string(&r.summary).unwrap(),
             requests_csv(&rows.records),
+            // Poisson arrivals: when each request is sent (to the µs: the clock starts when
+            // the warm-ups end, which the spread moves), and what it asks for.
             rows.records
                 .iter()
-                .map(|r| (r.prompt_tokens, r.output_tokens))
+                .map(|r| {
+                    (
+                        (r.start * 1e6).round() as i64,
+                        r.prompt_tokens,
+                        r.output_tokens,
+                    )
+                })
                 .collect::<Vec<_>>(),
         )
     };
@@ -83,7 +137,10 @@ fn a_spread_run_replays_exactly_and_draws_the_same_workload() {
     assert_eq!(a, rows(&spread), "same scenario and seed, same bytes");
     let b = rows(&steady);
     assert_ne!(a.0, b.0, "the spread moved the figures");
-    assert_eq!(a.2, b.2, "prompts do not depend on the spread's draws");
+    assert_eq!(
+        a.2, b.2,
+        "arrivals and prompts do not depend on the spread's draws"
+    );
 }
 
 #[test]

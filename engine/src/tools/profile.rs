@@ -525,8 +525,8 @@ async fn measure_serving_path(
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_dir_all(&tmp);
     let (per_step, per_seq) = serving_excess(&steps, &offline)?;
-    let typical =
-        |shape: &StepShape| offline.step_time(shape) + per_step + per_seq * shape.num_seqs as f64;
+    let excess = |seqs: usize| per_step + per_seq * seqs as f64;
+    let typical = |shape: &StepShape| offline.step_time(shape) + excess(shape.num_seqs);
     let spread = StepSpread::measure(
         &busy_periods(&steps)
             .map(|(shape, period)| (typical(shape), period))
@@ -536,10 +536,7 @@ async fn measure_serving_path(
     // serving overhead.
     let overhead = |&(tokens, ttft): &(usize, f64)| {
         let steps = fresh_prompt_steps(tokens, chunk);
-        let served: f64 = steps
-            .iter()
-            .map(|s| offline.step_time(s) + per_step + per_seq)
-            .sum();
+        let served: f64 = steps.iter().map(typical).sum();
         ttft - served
     };
     let (short, long) = (probes[0], probes[1]);
@@ -550,8 +547,7 @@ async fn measure_serving_path(
     };
     let request_s = (overhead(&short) - per_prompt_token_s * short.0 as f64).max(0.0);
     for p in points.iter_mut() {
-        let seqs = p.decode_seqs + usize::from(p.prefill_tokens > 0);
-        p.step_s += per_step + per_seq * seqs as f64;
+        p.step_s += excess(p.decode_seqs + usize::from(p.prefill_tokens > 0));
     }
     eprintln!(
         "serving overhead: {:.3} ms per step + {:.3} ms per sequence (over {} served steps)",
@@ -578,13 +574,15 @@ async fn measure_serving_path(
     Ok((client, spread))
 }
 
-/// Each busy served step (the next one starts within 5 ms of its end, so nothing waited
-/// on the clients) with its period: from its start to the next step's, what a decoding
-/// request sees between two tokens.
+/// Each busy served step with its period, from its start to the next step's: what a
+/// decoding request sees between two tokens. Busy: the next step decodes (a sequence ran
+/// on, so the engine went straight on to it) and starts within 5 ms of this one's end. A
+/// step after which the engine ran dry and waited for an arrival is not one: its period
+/// holds the wait, which the simulator's own arrivals already make.
 fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)> {
     steps
         .windows(2)
-        .filter(|w| w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
+        .filter(|w| w[1].shape.decode_seqs > 0 && w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
         .map(|w| (&w[0].shape, w[1].t_s - w[0].t_s))
 }
 
@@ -612,9 +610,8 @@ fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
 }
 
 /// The served steps' excess over `offline`, fitted as `per_step + per_seq × sequences` by
-/// least squares over busy steps (the next step starts within 5 ms of this one's end),
-/// dropping the 10% largest and smallest excesses (hiccups of a shared machine). Both parts
-/// are kept non-negative.
+/// least squares over busy steps ([`busy_periods`]), dropping the 10% largest and smallest
+/// excesses (hiccups of a shared machine). Both parts are kept non-negative.
 fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
     use infer_sim::cost::CostModel;
     let mut xy: Vec<(f64, f64)> = busy_periods(steps)
@@ -653,6 +650,48 @@ mod tests {
         assert_eq!(pairs, (1100 * 1101 / 2) as f64);
         assert_eq!(steps.iter().map(|s| s.sampled).sum::<usize>(), 1);
         assert_eq!(steps.last().unwrap().context_tokens, 1100);
+    }
+
+    /// A step's period counts when the engine went straight on to the next step: the next
+    /// decodes and starts at once. Not after it ran dry (the next is a fresh prefill) or
+    /// waited past 5 ms.
+    #[test]
+    fn busy_periods_leave_out_the_engine_waiting() {
+        let step = |t_s: f64, prefill: usize, decodes: usize| StepRecord {
+            t_s,
+            shape: StepShape {
+                prefill_tokens: prefill,
+                decode_seqs: decodes,
+                num_seqs: decodes + usize::from(prefill > 0),
+                ..StepShape::default()
+            },
+            forward_s: 0.0009,
+            constraint_s: 0.0,
+            step_s: 0.001,
+        };
+        let steps = [
+            step(0.000, 100, 0), // a prompt, then its decodes
+            step(0.001, 0, 1),
+            step(0.0025, 0, 1),  // 0.5 ms of loop work after the step: still busy
+            step(0.0035, 0, 1),  // the last token: the engine runs dry
+            step(0.0060, 50, 0), // the next request, 1.5 ms later
+            step(0.0070, 0, 1),
+            step(0.0200, 0, 1), // 12 ms after: waited on something
+            step(0.0210, 0, 1),
+        ];
+        let periods: Vec<(usize, f64)> = busy_periods(&steps)
+            .map(|(shape, p)| (shape.prefill_tokens, (p * 1e4).round() / 1e4))
+            .collect();
+        assert_eq!(
+            periods,
+            [
+                (100, 0.001),
+                (0, 0.0015),
+                (0, 0.001),
+                (50, 0.001),
+                (0, 0.001)
+            ]
+        );
     }
     use infer_core::StepShape;
     use infer_sim::cost::{CostModel, Profiled};

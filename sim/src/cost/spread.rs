@@ -43,6 +43,9 @@ pub fn probability(i: usize) -> f64 {
 }
 /// The fewest steps a band is measured over (fewer give no usable tail).
 pub const MIN_BAND_STEPS: usize = 50;
+/// The largest quantile a spread may hold: a step a thousand times its median is a
+/// damaged file, not a measurement, and would stall the simulated clock.
+pub const MAX_FACTOR: f64 = 1e3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -72,7 +75,7 @@ impl StepSpread {
         let mut steps: Vec<(f64, f64)> = steps
             .iter()
             .copied()
-            .filter(|&(t, s)| t > 0.0 && s > 0.0 && t.is_finite() && s.is_finite())
+            .filter(|&(t, s)| t > 0.0 && t.is_finite() && s / t > 0.0 && (s / t).is_finite())
             .collect();
         if steps.len() < MIN_BAND_STEPS {
             return None;
@@ -138,8 +141,10 @@ impl StepSpread {
                     b.quantiles.len()
                 ));
             }
-            if b.quantiles.iter().any(|q| !(q.is_finite() && *q > 0.0)) {
-                return Err(format!("{at}.quantiles must be positive and finite"));
+            if b.quantiles.iter().any(|q| !(*q > 0.0 && *q <= MAX_FACTOR)) {
+                return Err(format!(
+                    "{at}.quantiles must be positive and at most {MAX_FACTOR}"
+                ));
             }
             if b.quantiles.windows(2).any(|w| w[1] < w[0]) {
                 return Err(format!("{at}.quantiles must not decrease"));
@@ -163,7 +168,7 @@ impl StepSpread {
         band.at(u) / band.mean()
     }
 
-    /// One line: each band's factor at P50 / P90 / P99 and its steps.
+    /// One line: each band's factor at P90 and P99 (over its median) and its steps.
     pub fn describe(&self) -> String {
         let bands: Vec<String> = self
             .bands
@@ -249,7 +254,7 @@ mod tests {
         assert_eq!((spread.bands[0].steps, spread.bands[1].steps), (200, 100));
         assert_eq!(spread.bands[0].up_to_s, 1e-3);
         for b in &spread.bands {
-            assert!((b.quantiles[50] - 1.0).abs() < 1e-12 && probability(50) == 0.5);
+            assert!((b.at(0.5) - 1.0).abs() < 1e-12);
         }
         // Short: 1..3 over a median of 2.
         assert!((spread.factor(1e-3, 0.0) - 0.5).abs() < 1e-9);
@@ -340,6 +345,9 @@ mod tests {
         let mut bad = good.clone();
         bad.bands[0].quantiles[0] = 0.0;
         assert!(bad.check().unwrap_err().contains("positive"));
+        let mut bad = good.clone();
+        *bad.bands[0].quantiles.last_mut().unwrap() = 1e300;
+        assert!(bad.check().unwrap_err().contains("at most 1000"));
         let mut bad = good.clone();
         bad.bands.push(bad.bands[0].clone());
         assert!(bad.check().unwrap_err().contains("bands[1].up_to_s"));
