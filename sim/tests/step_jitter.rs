@@ -3,8 +3,6 @@
 
 mod common;
 
-use infer_sim::output::requests_csv;
-
 /// ITL and TTFT (P50, P99) of the baseline workload (one request at a time) under `extra`.
 fn latencies(extra: &[&str]) -> ([f64; 2], [f64; 2]) {
     let r = common::run("baseline", extra);
@@ -39,25 +37,7 @@ fn a_step_jitter_lifts_the_itl_tail_by_its_exponential_quantiles() {
 
 #[test]
 fn a_jittered_run_replays_exactly_and_draws_the_same_workload() {
-    let rows = |extra: &[&str]| {
-        let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", extra)).unwrap();
-        (
-            serde_json::to_string(&r.summary).unwrap(),
-            requests_csv(&rows.records),
-            // Poisson arrivals: when each request is sent (to the µs: the clock starts when
-            // the warm-ups end, which the pauses move), and what it asks for.
-            rows.records
-                .iter()
-                .map(|r| {
-                    (
-                        (r.start * 1e6).round() as i64,
-                        r.prompt_tokens,
-                        r.output_tokens,
-                    )
-                })
-                .collect::<Vec<_>>(),
-        )
-    };
+    let rows = |extra: &[&str]| common::replay("chunked_prefill", extra);
     let jitter = ["sim.step_jitter_s=0.003"];
     let a = rows(&jitter);
     assert_eq!(a, rows(&jitter), "same scenario and seed, same bytes");

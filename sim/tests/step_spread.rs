@@ -5,7 +5,6 @@
 mod common;
 
 use infer_sim::cost::{Profile, StepSpread};
-use infer_sim::output::requests_csv;
 
 /// The shipped CPU profile with `spread` in place of its own, written to a file of its own.
 fn profile_with(name: &str, spread: Option<StepSpread>) -> String {
@@ -115,23 +114,7 @@ fn a_spread_run_replays_exactly_and_draws_the_same_workload() {
     let rows = |profile: &str| {
         let o = profiled(profile);
         let o: Vec<&str> = o.iter().map(String::as_str).collect();
-        let (r, rows) = infer_sim::run_collect(&common::setup("chunked_prefill", &o)).unwrap();
-        (
-            serde_json::to_string(&r.summary).unwrap(),
-            requests_csv(&rows.records),
-            // Poisson arrivals: when each request is sent (to the µs: the clock starts when
-            // the warm-ups end, which the spread moves), and what it asks for.
-            rows.records
-                .iter()
-                .map(|r| {
-                    (
-                        (r.start * 1e6).round() as i64,
-                        r.prompt_tokens,
-                        r.output_tokens,
-                    )
-                })
-                .collect::<Vec<_>>(),
-        )
+        common::replay("chunked_prefill", &o)
     };
     let a = rows(&spread);
     assert_eq!(a, rows(&spread), "same scenario and seed, same bytes");

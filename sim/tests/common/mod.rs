@@ -13,6 +13,28 @@ pub fn setup(name: &str, overrides: &[&str]) -> Setup {
     infer_sim::load(&path(name), &o).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// What a replay must reproduce of scenario `name` under `overrides`: the summary as
+/// JSON, requests.csv, and each request's workload — when it was sent (to the µs: the clock
+/// starts when the warm-ups end, which random step times move), its prompt and output
+/// tokens — which a cost model's random draws must not change.
+pub fn replay(name: &str, overrides: &[&str]) -> (String, String, Vec<(i64, usize, usize)>) {
+    let (r, rows) = infer_sim::run_collect(&setup(name, overrides)).unwrap();
+    (
+        serde_json::to_string(&r.summary).unwrap(),
+        infer_sim::output::requests_csv(&rows.records),
+        rows.records
+            .iter()
+            .map(|r| {
+                (
+                    (r.start * 1e6).round() as i64,
+                    r.prompt_tokens,
+                    r.output_tokens,
+                )
+            })
+            .collect(),
+    )
+}
+
 pub fn run(name: &str, overrides: &[&str]) -> SimResult {
     let s = setup(name, overrides);
     let r = infer_sim::run(&s).unwrap_or_else(|e| panic!("{name} {overrides:?}: {e}"));
