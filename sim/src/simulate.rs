@@ -40,7 +40,7 @@ use infer_core::workload::{
 use infer_core::{BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions};
 
 use crate::catalog::GIB;
-use crate::cost::{ClientPath, CostModel, StepShape, StepSpread};
+use crate::cost::{AfterIdle, ClientPath, CostModel, StepShape, StepSpread};
 use crate::error::SimError;
 use crate::memory::ActivationPeak;
 use crate::setup::Setup;
@@ -216,6 +216,8 @@ struct Replica {
     sched: Scheduler,
     /// A step is running or about to start.
     busy: bool,
+    /// When the replica last ran out of work (`None`: it has not, or has started since).
+    idle_since: Option<f64>,
     plan: Option<StepPlan>,
     /// (time, state) as the router sees it after `metrics_delay_s`.
     history: VecDeque<(f64, ReplicaSnapshot)>,
@@ -456,13 +458,15 @@ fn resident_bytes() -> Option<u64> {
 }
 
 /// What a step takes beyond its typical time: a factor drawn from the cost model's spread
-/// of served steps, and a random host pause (exponential with the cost model's mean). Each
-/// from its own stream, drawn only where the cost model has it, so that a run without them
-/// is exactly what it was before they existed.
+/// of served steps (or, for the first step after an idle spell, the cost model's factor
+/// for it), and a random host pause (exponential with the cost model's mean). Each drawn
+/// from its own stream, only where the cost model has it, so that a run without them is
+/// exactly what it was before they existed.
 struct StepNoise {
     jitter_mean_s: f64,
     jitter: ChaCha8Rng,
     spread: Option<(StepSpread, ChaCha8Rng)>,
+    after_idle: Option<AfterIdle>,
 }
 
 impl StepNoise {
@@ -476,14 +480,20 @@ impl StepNoise {
             spread: cost
                 .step_spread()
                 .map(|s| (s.clone(), ChaCha8Rng::seed_from_u64(seed ^ SPREAD))),
+            after_idle: cost.after_idle(),
         }
     }
 
-    /// A step of typical time `typical_s`: its time as drawn from the spread, and the
-    /// seconds of pause after it.
-    fn draw(&mut self, typical_s: f64) -> (f64, f64) {
+    /// A step of typical time `typical_s`, after `idle_s` seconds without work (`None`:
+    /// straight after another step): its time, and the seconds of pause after it.
+    fn draw(&mut self, typical_s: f64, idle_s: Option<f64>) -> (f64, f64) {
         let mut t = typical_s;
-        if let Some((spread, rng)) = &mut self.spread {
+        let cold = self
+            .after_idle
+            .filter(|a| idle_s.is_some_and(|i| i >= a.idle_s));
+        if let Some(a) = cold {
+            t *= a.factor;
+        } else if let Some((spread, rng)) = &mut self.spread {
             t *= spread.factor(typical_s, rng.gen());
         }
         let mut pause = 0.0;
@@ -541,6 +551,7 @@ pub fn run_with(
         .map(|_| Replica {
             sched: Scheduler::new(cfg.clone()).without_block_tables(),
             busy: false,
+            idle_since: None,
             plan: None,
             history: VecDeque::new(),
             activations: ActivationPeak::new(&setup.memory),
@@ -798,8 +809,10 @@ impl Sim<'_> {
         if plan.is_empty() {
             rep.sched.complete(plan, &[], now);
             rep.busy = false;
+            rep.idle_since.get_or_insert(now);
             return;
         }
+        let idle_s = rep.idle_since.take().map(|t| now - t);
         let mut shape = StepShape::of(&plan);
         if let Some((tokens, padded)) = self.cost.slot_passes() {
             let slot_tokens = rep.sched.config().max_model_len;
@@ -817,7 +830,7 @@ impl Sim<'_> {
         let stats = &mut self.tally.stats;
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);
-        let (step_s, pause_s) = self.noise.draw(self.cost.step_time(&shape));
+        let (step_s, pause_s) = self.noise.draw(self.cost.step_time(&shape), idle_s);
         let dt = step_s + self.cost.spill_time(spilled) + pause_s;
         rep.plan = Some(plan);
         rep.record(now, delay);
@@ -923,6 +936,7 @@ impl Sim<'_> {
             self.push(now, Ev::StepStart(r));
         } else {
             rep.busy = false;
+            rep.idle_since = Some(now);
         }
     }
 
@@ -1013,8 +1027,8 @@ impl Sim<'_> {
 mod tests {
     use super::*;
 
-    /// A cost model with only a jitter and a spread.
-    struct Noisy(f64, Option<StepSpread>);
+    /// A cost model with only a jitter, a spread and a cost after idling.
+    struct Noisy(f64, Option<StepSpread>, Option<AfterIdle>);
 
     impl CostModel for Noisy {
         fn step_time(&self, _: &StepShape) -> f64 {
@@ -1025,6 +1039,9 @@ mod tests {
         }
         fn step_spread(&self) -> Option<&StepSpread> {
             self.1.as_ref()
+        }
+        fn after_idle(&self) -> Option<AfterIdle> {
+            self.2
         }
         fn client_path(&self) -> ClientPath {
             ClientPath::default()
@@ -1044,27 +1061,45 @@ mod tests {
 
     #[test]
     fn a_step_without_noise_takes_its_typical_time_exactly() {
-        let mut n = StepNoise::new(&Noisy(0.0, None), 7);
+        let mut n = StepNoise::new(&Noisy(0.0, None, None), 7);
         for t in [1e-6, 3.3e-4, 0.25] {
-            assert_eq!(n.draw(t), (t, 0.0));
+            assert_eq!(n.draw(t, None), (t, 0.0));
+            assert_eq!(n.draw(t, Some(10.0)), (t, 0.0));
         }
     }
 
     #[test]
     fn the_pause_draws_the_same_with_and_without_a_spread() {
-        let mut jitter = StepNoise::new(&Noisy(2e-3, None), 7);
-        let mut both = StepNoise::new(&Noisy(2e-3, Some(spread())), 7);
-        let mut spread_only = StepNoise::new(&Noisy(0.0, Some(spread())), 7);
+        let mut jitter = StepNoise::new(&Noisy(2e-3, None, None), 7);
+        let mut both = StepNoise::new(&Noisy(2e-3, Some(spread()), None), 7);
+        let mut spread_only = StepNoise::new(&Noisy(0.0, Some(spread()), None), 7);
         for _ in 0..100 {
-            let (t, pause) = jitter.draw(1e-3);
-            let (u, same_pause) = both.draw(1e-3);
-            let (v, none) = spread_only.draw(1e-3);
+            let (t, pause) = jitter.draw(1e-3, None);
+            let (u, same_pause) = both.draw(1e-3, None);
+            let (v, none) = spread_only.draw(1e-3, None);
             assert_eq!(t, 1e-3);
             assert_eq!(pause, same_pause, "the pause has its own stream");
             assert_eq!(u, v, "so has the spread");
             assert_eq!(none, 0.0);
             // Factors 1..3 over a mean of 2.
             assert!((0.5e-3..=1.5e-3).contains(&u), "{u}");
+        }
+    }
+
+    #[test]
+    fn the_first_step_after_an_idle_spell_takes_the_cold_factor() {
+        let cold = AfterIdle {
+            idle_s: 0.02,
+            factor: 1.5,
+            steps: 10,
+        };
+        let mut n = StepNoise::new(&Noisy(0.0, Some(spread()), Some(cold)), 7);
+        assert_eq!(n.draw(1e-3, Some(0.5)), (1.5e-3, 0.0));
+        assert_eq!(n.draw(1e-3, Some(0.02)), (1.5e-3, 0.0));
+        // A short wait, or none, draws from the spread as before.
+        let mut spread_only = StepNoise::new(&Noisy(0.0, Some(spread()), None), 7);
+        for idle in [Some(0.019), None] {
+            assert_eq!(n.draw(1e-3, idle), spread_only.draw(1e-3, idle));
         }
     }
 }

@@ -1,18 +1,24 @@
 //! The spread of served steps a profile carries (`step_spread`, measured by `engine
 //! profile`): what it does to a single stream's latencies, that it replays exactly, and that
-//! a damaged one is refused by name.
+//! a damaged one is refused by name; and what a cold first step after idling (`after_idle`)
+//! does to a request that arrives at an idle engine.
 
 mod common;
 
-use infer_sim::cost::{Profile, StepSpread};
+use infer_sim::cost::{AfterIdle, Profile, StepSpread};
 
 /// The shipped CPU profile with `spread` in place of its own, written to a file of its own.
 fn profile_with(name: &str, spread: Option<StepSpread>) -> String {
+    edited_profile(name, |p| p.step_spread = spread)
+}
+
+/// The shipped CPU profile as `edit` leaves it, written to a file of its own.
+fn edited_profile(name: &str, edit: impl FnOnce(&mut Profile)) -> String {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let text = std::fs::read_to_string(format!("{root}/profiles/cpu-2core-builtin-tiny.json"))
         .expect("the shipped CPU profile");
     let mut profile: Profile = serde_json::from_str(&text).expect("a profile");
-    profile.step_spread = spread;
+    edit(&mut profile);
     let dir = std::env::temp_dir().join(format!("infer-step-spread-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.json"));
@@ -137,6 +143,53 @@ fn a_damaged_spread_is_refused_by_name() {
         .to_string();
     assert!(
         e.contains("sim.profile") && e.contains("step_spread.bands[0].quantiles must not decrease"),
+        "{e}"
+    );
+}
+
+/// Requests arriving every 250 ms find the engine idle: each one's first step (its prompt)
+/// takes the cold factor, so TTFT grows by about its prefill's share, while the decodes
+/// that follow (straight after a step) keep their time.
+#[test]
+fn a_cold_first_step_lengthens_ttft_and_leaves_itl() {
+    let run = |profile: &str| {
+        let o = profiled(profile);
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        common::run("continuous_batching", &o).summary
+    };
+    let warm = run(&edited_profile("warm", |_| {}));
+    let cold = run(&edited_profile("cold", |p| {
+        p.after_idle = Some(AfterIdle {
+            idle_s: 0.02,
+            factor: 2.0,
+            steps: 10,
+        })
+    }));
+    assert!(
+        cold.ttft.median > 1.3 * warm.ttft.median,
+        "TTFT P50 {} -> {}",
+        warm.ttft.median,
+        cold.ttft.median
+    );
+    assert!(
+        (cold.itl.median / warm.itl.median - 1.0).abs() < 0.02,
+        "ITL P50 {} -> {}",
+        warm.itl.median,
+        cold.itl.median
+    );
+    let damaged = edited_profile("cold-damaged", |p| {
+        p.after_idle = Some(AfterIdle {
+            idle_s: 0.02,
+            factor: -1.0,
+            steps: 10,
+        })
+    });
+    let e = infer_sim::load(&common::path("baseline"), &profiled(&damaged))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("sim.profile") && e.contains("after_idle.factor"),
         "{e}"
     );
 }

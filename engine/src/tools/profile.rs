@@ -23,7 +23,7 @@ use infer_core::StepShape;
 use infer_sim::cost::CostModel;
 
 pub use infer_sim::cost::{
-    Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput, StepSpread,
+    AfterIdle, Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput, StepSpread,
 };
 
 /// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`, the first
@@ -155,7 +155,8 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
     .await??;
     let (mut points, structured_output) = points;
     drop(lm);
-    let (client, step_spread) = measure_serving_path(model, target, &mut points).await?;
+    let (client, step_spread, after_idle) =
+        measure_serving_path(model, target, &mut points).await?;
     Ok(Profile {
         model: model.to_string(),
         device: target.label(),
@@ -163,6 +164,7 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
         client: Some(client),
         structured_output,
         step_spread,
+        after_idle,
     })
 }
 
@@ -462,14 +464,16 @@ rate = 8.0
 /// * the spread of served steps: each busy step's period over its typical time (the
 ///   offline prediction plus the fitted excess), as quantiles per band of step time
 ///   ([`StepSpread`]): the simulator draws each step's factor from it, which is what its
-///   tail latencies (ITL P99) need.
+///   tail latencies (ITL P99) need;
+/// * the first step after an idle spell: its time over its typical time ([`AfterIdle`]),
+///   what a request arriving at an idle engine pays on top of its prefill.
 ///
 /// The step overheads are added to every profiled point (they are part of an engine step).
 async fn measure_serving_path(
     model: &str,
     target: Target,
     points: &mut [ProfilePoint],
-) -> Result<(ProfileClient, Option<StepSpread>)> {
+) -> Result<(ProfileClient, Option<StepSpread>, Option<AfterIdle>)> {
     let offline = infer_sim::cost::Profiled::fit(
         &Profile {
             model: model.to_string(),
@@ -478,6 +482,7 @@ async fn measure_serving_path(
             client: None,
             structured_output: None,
             step_spread: None,
+            after_idle: None,
         },
         Default::default(),
     )
@@ -527,11 +532,13 @@ async fn measure_serving_path(
     let (per_step, per_seq) = serving_excess(&steps, &offline)?;
     let excess = |seqs: usize| per_step + per_seq * seqs as f64;
     let typical = |shape: &StepShape| offline.step_time(shape) + excess(shape.num_seqs);
-    let spread = StepSpread::measure(
-        &busy_periods(&steps)
-            .map(|(shape, period)| (typical(shape), period))
-            .collect::<Vec<_>>(),
-    );
+    let against_typical = |steps: &mut dyn Iterator<Item = (&StepShape, f64)>| {
+        steps
+            .map(|(shape, served)| (typical(shape), served))
+            .collect::<Vec<_>>()
+    };
+    let spread = StepSpread::measure(&against_typical(&mut busy_periods(&steps)));
+    let after_idle = AfterIdle::measure(&against_typical(&mut cold_steps(&steps)));
     // What a probe's TTFT holds besides the client path: its prompt's steps with their
     // serving overhead.
     let overhead = |&(tokens, ttft): &(usize, f64)| {
@@ -566,24 +573,47 @@ async fn measure_serving_path(
         Some(s) => eprintln!("{}", s.describe()),
         None => eprintln!("step spread: too few busy served steps to measure it"),
     }
+    match &after_idle {
+        Some(a) => eprintln!("{}", a.describe()),
+        None => eprintln!("after idle: too few steps after an idle spell to measure it"),
+    }
     let client = ProfileClient {
         request_s,
         per_prompt_token_s,
         stream_s: 0.0,
     };
-    Ok((client, spread))
+    Ok((client, spread, after_idle))
 }
 
 /// Each busy served step with its period, from its start to the next step's: what a
 /// decoding request sees between two tokens. Busy: the next step decodes (a sequence ran
 /// on, so the engine went straight on to it) and starts within 5 ms of this one's end. A
 /// step after which the engine ran dry and waited for an arrival is not one: its period
-/// holds the wait, which the simulator's own arrivals already make.
+/// holds the wait, which the simulator's own arrivals already make. Nor is a step that
+/// started cold ([`cold_steps`]): what it costs is measured apart.
 fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)> {
     steps
+        .windows(3)
+        .filter(|w| {
+            idle_between(&w[0], &w[1]) < AfterIdle::IDLE_S
+                && w[2].shape.decode_seqs > 0
+                && idle_between(&w[1], &w[2]) < 0.005
+        })
+        .map(|w| (&w[1].shape, w[2].t_s - w[1].t_s))
+}
+
+/// Each step that started at least [`AfterIdle::IDLE_S`] after the one before it ended (the
+/// engine had run out of work), with its own time.
+fn cold_steps(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)> {
+    steps
         .windows(2)
-        .filter(|w| w[1].shape.decode_seqs > 0 && w[1].t_s - w[0].t_s - w[0].step_s < 0.005)
-        .map(|w| (&w[0].shape, w[1].t_s - w[0].t_s))
+        .filter(|w| idle_between(&w[0], &w[1]) >= AfterIdle::IDLE_S)
+        .map(|w| (&w[1].shape, w[1].step_s))
+}
+
+/// Seconds the engine waited between the end of step `a` and the start of the next, `b`.
+fn idle_between(a: &StepRecord, b: &StepRecord) -> f64 {
+    b.t_s - a.t_s - a.step_s
 }
 
 /// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
@@ -654,9 +684,10 @@ mod tests {
 
     /// A step's period counts when the engine went straight on to the next step: the next
     /// decodes and starts at once. Not after it ran dry (the next is a fresh prefill) or
-    /// waited past 5 ms.
+    /// waited past 5 ms, nor for a step that started cold (20 ms or more after the one
+    /// before), which is measured apart.
     #[test]
-    fn busy_periods_leave_out_the_engine_waiting() {
+    fn busy_periods_and_cold_steps_split_the_log() {
         let step = |t_s: f64, prefill: usize, decodes: usize| StepRecord {
             t_s,
             shape: StepShape {
@@ -670,28 +701,34 @@ mod tests {
             step_s: 0.001,
         };
         let steps = [
-            step(0.000, 100, 0), // a prompt, then its decodes
-            step(0.001, 0, 1),
-            step(0.0025, 0, 1),  // 0.5 ms of loop work after the step: still busy
-            step(0.0035, 0, 1),  // the last token: the engine runs dry
-            step(0.0060, 50, 0), // the next request, 1.5 ms later
-            step(0.0070, 0, 1),
-            step(0.0200, 0, 1), // 12 ms after: waited on something
-            step(0.0210, 0, 1),
+            step(0.000, 0, 1),
+            step(0.001, 100, 1), // a prompt beside a decode, then both decode
+            step(0.002, 0, 2),   // 0.5 ms of loop work after it: still busy
+            step(0.0035, 0, 1),
+            step(0.0045, 0, 1),  // the last token: the engine runs dry
+            step(0.0060, 50, 0), // the next request, 0.5 ms later: warm
+            step(0.0070, 0, 1),  // then 12 ms until the next step: not busy
+            step(0.0200, 0, 1),  // 12 ms idle is not cold
+            step(0.0210, 0, 1),  // the last token
+            step(0.0600, 80, 0), // 38 ms idle: cold
+            step(0.0610, 0, 1),
+            step(0.0620, 0, 1),
         ];
-        let periods: Vec<(usize, f64)> = busy_periods(&steps)
-            .map(|(shape, p)| (shape.prefill_tokens, (p * 1e4).round() / 1e4))
-            .collect();
+        let round = |(shape, t): (&StepShape, f64)| (shape.prefill_tokens, (t * 1e4).round() / 1e4);
+        let busy: Vec<(usize, f64)> = busy_periods(&steps).map(round).collect();
         assert_eq!(
-            periods,
+            busy,
             [
                 (100, 0.001),
                 (0, 0.0015),
                 (0, 0.001),
                 (50, 0.001),
+                (0, 0.001),
                 (0, 0.001)
             ]
         );
+        let cold: Vec<(usize, f64)> = cold_steps(&steps).map(round).collect();
+        assert_eq!(cold, [(80, 0.001)]);
     }
     use infer_core::StepShape;
     use infer_sim::cost::{CostModel, Profiled};
@@ -716,6 +753,7 @@ mod tests {
                 client: None,
                 structured_output: None,
                 step_spread: None,
+                after_idle: None,
             };
             let fit = Profiled::fit(&profile, Default::default())
                 .unwrap_or_else(|e| panic!("quick={quick}: {e}"));

@@ -14,7 +14,7 @@ pub use analytic::Analytic;
 pub use profiled::{
     Profile, ProfileClient, ProfileCoverage, ProfilePoint, ProfileStructuredOutput, Profiled,
 };
-pub use spread::{SpreadBand, StepSpread};
+pub use spread::{AfterIdle, SpreadBand, StepSpread};
 
 pub use infer_core::StepShape;
 
@@ -62,6 +62,11 @@ pub trait CostModel: Send + Sync {
     /// How served steps spread around `step_time` (each simulated step is multiplied by a
     /// factor drawn from it, of mean 1); `None`: every step takes exactly `step_time`.
     fn step_spread(&self) -> Option<&StepSpread> {
+        None
+    }
+    /// What the first step after an idle spell costs (its factor replaces the spread's
+    /// draw for that step); `None`: nothing.
+    fn after_idle(&self) -> Option<AfterIdle> {
         None
     }
     fn client_path(&self) -> ClientPath;

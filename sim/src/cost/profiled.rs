@@ -24,8 +24,9 @@
 //! `chunk_self_pairs` = Σ chunk length² over prompt chunks. The last three are optional;
 //! when absent they are taken as for one fresh prompt (`context_tokens − prefill_tokens`,
 //! `p × (p + 1) / 2` plus one pair per decode context token, and `p²`). `client` is
-//! optional (the client path outside the GPU), and so is `step_spread` (how served steps
-//! spread around the fitted time: [`StepSpread`], which `engine profile` measures).
+//! optional (the client path outside the GPU), and so are `step_spread` (how served steps
+//! spread around the fitted time: [`StepSpread`]) and `after_idle` (what the first step
+//! after an idle spell costs: [`AfterIdle`]), which `engine profile` measures.
 //!
 //! The model mirrors what a step does:
 //!
@@ -57,7 +58,7 @@ use super::least_squares::nnls;
 use crate::error::SimError;
 use serde::{Deserialize, Serialize};
 
-use super::{ClientPath, CostModel, StepShape, StepSpread};
+use super::{AfterIdle, ClientPath, CostModel, StepShape, StepSpread};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +100,9 @@ pub struct Profile {
     /// How served steps spread around their typical time, when profiled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_spread: Option<StepSpread>,
+    /// What the first step after an idle spell costs, when profiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_idle: Option<AfterIdle>,
 }
 
 /// What one constrained token costs the engine thread beyond an unconstrained one: the
@@ -223,6 +227,8 @@ pub struct Profiled {
     pub step_jitter_s: f64,
     /// How served steps spread around the fitted typical time (the profile's).
     pub step_spread: Option<StepSpread>,
+    /// What the first step after an idle spell costs (the profile's).
+    pub after_idle: Option<AfterIdle>,
     /// Root-mean-square relative error of the fit over the profile's points.
     pub rms_rel_error: f64,
     /// The largest steps the profile measured.
@@ -284,6 +290,9 @@ impl Profiled {
         }
         if let Some(spread) = &profile.step_spread {
             spread.check().map_err(SimError::Invalid)?;
+        }
+        if let Some(after_idle) = &profile.after_idle {
+            after_idle.check().map_err(SimError::Invalid)?;
         }
         if let Some(p) = pts.iter().find(|p| p.new_tokens() == 0) {
             return Err(SimError::Invalid(format!(
@@ -356,6 +365,7 @@ impl Profiled {
             constrained_token_s: profile.structured_output.as_ref().map(|s| s.token_s),
             step_jitter_s: 0.0,
             step_spread: profile.step_spread.clone(),
+            after_idle: profile.after_idle,
             rms_rel_error: 0.0,
             coverage: ProfileCoverage::of(pts),
         };
@@ -428,6 +438,10 @@ impl CostModel for Profiled {
         self.step_spread.as_ref()
     }
 
+    fn after_idle(&self) -> Option<AfterIdle> {
+        self.after_idle
+    }
+
     fn client_path(&self) -> ClientPath {
         self.client
     }
@@ -453,6 +467,9 @@ impl CostModel for Profiled {
             self.step_spread
                 .as_ref()
                 .map_or(String::new(), |s| format!("; {}", s.describe()))
+                + &self
+                    .after_idle
+                    .map_or(String::new(), |a| format!("; {}", a.describe()))
         )
     }
 
@@ -473,6 +490,9 @@ impl CostModel for Profiled {
             .step_spread
             .as_ref()
             .map_or(String::new(), |s| format!("\n{}", s.describe()))
+            + &self
+                .after_idle
+                .map_or(String::new(), |a| format!("\n{}", a.describe()))
     }
 }
 
@@ -530,6 +550,7 @@ mod tests {
             client: None,
             structured_output: None,
             step_spread: None,
+            after_idle: None,
         }
     }
 

@@ -212,6 +212,74 @@ impl SpreadBand {
     }
 }
 
+/// What the first step after an idle spell costs. An engine that waited for work comes back
+/// cold: on this project's CPU a prefill after ~170 ms idle ran at 63 us a token against
+/// 41-50 just after a decode (caches refilled, cores ramped up; a GPU drops its clocks when
+/// idle too). `engine profile` measures it on its serving calibration: each step that
+/// started at least [`AfterIdle::IDLE_S`] after the one before ended, over its typical time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AfterIdle {
+    /// An engine idle at least this long (s) starts its next step cold.
+    pub idle_s: f64,
+    /// That step's time over its typical time: the median over the steps measured.
+    pub factor: f64,
+    /// Steps it was measured over.
+    pub steps: usize,
+}
+
+impl AfterIdle {
+    /// The idle spell that counts, as measured.
+    pub const IDLE_S: f64 = 0.02;
+    /// The fewest steps it is measured over.
+    pub const MIN_STEPS: usize = 10;
+
+    /// From steps that began at least [`Self::IDLE_S`] after the one before ended, each
+    /// `(typical_s, served_s)`; `None` with fewer than [`Self::MIN_STEPS`].
+    pub fn measure(steps: &[(f64, f64)]) -> Option<AfterIdle> {
+        let mut ratios: Vec<f64> = steps
+            .iter()
+            .map(|&(t, s)| s / t)
+            .filter(|r| *r > 0.0 && r.is_finite())
+            .collect();
+        if ratios.len() < Self::MIN_STEPS {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        Some(AfterIdle {
+            idle_s: Self::IDLE_S,
+            factor: quantile(&ratios, 0.5),
+            steps: ratios.len(),
+        })
+    }
+
+    /// Why it cannot be used, if it cannot (a hand-edited or damaged profile).
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.idle_s > 0.0 && self.idle_s.is_finite()) {
+            return Err(format!(
+                "after_idle.idle_s must be positive, got {}",
+                self.idle_s
+            ));
+        }
+        if !(self.factor > 0.0 && self.factor <= MAX_FACTOR) {
+            return Err(format!(
+                "after_idle.factor must be positive and at most {MAX_FACTOR}, got {}",
+                self.factor
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "the first step after {:.0} ms idle takes x{:.2} its typical time ({} steps)",
+            self.idle_s * 1e3,
+            self.factor,
+            self.steps
+        )
+    }
+}
+
 /// The `p` quantile of sorted `xs`, linear between order statistics.
 fn quantile(xs: &[f64], p: f64) -> f64 {
     let x = p * (xs.len() - 1) as f64;
@@ -328,6 +396,29 @@ mod tests {
         // The mean of the ratios is 1.028; the quantile function's within two hundredths.
         let mean = band.mean();
         assert!((mean - 1.028).abs() < 0.02, "{mean}");
+    }
+
+    #[test]
+    fn after_idle_is_the_median_ratio_of_enough_steps() {
+        let steps: Vec<(f64, f64)> = (0..AfterIdle::MIN_STEPS)
+            .map(|i| (2e-3, 2e-3 * (1.0 + 0.1 * i as f64)))
+            .collect();
+        assert!(AfterIdle::measure(&steps[1..]).is_none());
+        let a = AfterIdle::measure(&steps).unwrap();
+        a.check().unwrap();
+        // Ratios 1.0 .. 1.9: the median 1.45.
+        assert!((a.factor - 1.45).abs() < 1e-9, "{}", a.factor);
+        assert_eq!(
+            (a.steps, a.idle_s),
+            (AfterIdle::MIN_STEPS, AfterIdle::IDLE_S)
+        );
+        let bad = AfterIdle { factor: 0.0, ..a };
+        assert!(bad.check().unwrap_err().contains("after_idle.factor"));
+        let bad = AfterIdle {
+            idle_s: f64::NAN,
+            ..a
+        };
+        assert!(bad.check().unwrap_err().contains("after_idle.idle_s"));
     }
 
     #[test]
