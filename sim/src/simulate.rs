@@ -477,9 +477,12 @@ impl StepNoise {
         StepNoise {
             jitter_mean_s: cost.step_jitter(),
             jitter: ChaCha8Rng::seed_from_u64(seed ^ JITTER),
-            spread: cost
-                .step_spread()
-                .map(|s| (s.clone(), ChaCha8Rng::seed_from_u64(seed ^ SPREAD))),
+            spread: cost.step_spread().map(|s| {
+                (
+                    s.scaled_to_mean_one(),
+                    ChaCha8Rng::seed_from_u64(seed ^ SPREAD),
+                )
+            }),
             after_idle: cost.after_idle(),
         }
     }

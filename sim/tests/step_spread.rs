@@ -26,6 +26,13 @@ fn edited_profile(name: &str, edit: impl FnOnce(&mut Profile)) -> String {
     path.display().to_string()
 }
 
+/// Scenario `name` simulated on `profile`.
+fn run_on(name: &str, profile: &str) -> infer_core::metrics::Summary {
+    let o = profiled(profile);
+    let o: Vec<&str> = o.iter().map(String::as_str).collect();
+    common::run(name, &o).summary
+}
+
 fn profiled(profile: &str) -> Vec<String> {
     vec![
         "sim.cost_model=\"profiled\"".to_string(),
@@ -44,9 +51,7 @@ fn uniform_spread() -> StepSpread {
 #[test]
 fn a_spread_scales_the_itl_distribution_around_the_typical_step() {
     let run = |profile: &str| {
-        let o = profiled(profile);
-        let o: Vec<&str> = o.iter().map(String::as_str).collect();
-        let s = common::run("baseline", &o).summary;
+        let s = run_on("baseline", profile);
         (s.itl.median, s.itl.p99, s.itl.mean)
     };
     let (p50, p99, _) = run(&profile_with("steady", None));
@@ -75,11 +80,7 @@ fn a_skewed_spread_keeps_the_mean_step_and_moves_the_tail() {
     let steps: Vec<(f64, f64)> = (0..1000)
         .map(|i| (1e-3, 1e-3 * if i % 50 == 0 { 4.0 } else { 1.0 }))
         .collect();
-    let run = |profile: &str| {
-        let o = profiled(profile);
-        let o: Vec<&str> = o.iter().map(String::as_str).collect();
-        common::run("baseline", &o).summary
-    };
+    let run = |profile: &str| run_on("baseline", profile);
     let steady = run(&profile_with("skew-steady", None));
     let skewed = run(&profile_with(
         "skewed",
@@ -152,11 +153,7 @@ fn a_damaged_spread_is_refused_by_name() {
 /// that follow (straight after a step) keep their time.
 #[test]
 fn a_cold_first_step_lengthens_ttft_and_leaves_itl() {
-    let run = |profile: &str| {
-        let o = profiled(profile);
-        let o: Vec<&str> = o.iter().map(String::as_str).collect();
-        common::run("continuous_batching", &o).summary
-    };
+    let run = |profile: &str| run_on("continuous_batching", profile);
     let warm = run(&edited_profile("warm", |_| {}));
     let cold = run(&edited_profile("cold", |p| {
         p.after_idle = Some(AfterIdle {

@@ -20,6 +20,21 @@ use crate::compat::{self, Version};
 /// cuBLAS workspace preallocated for the handle (what cuBLAS recommends for Hopper).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// Panics unless `out`, `x` and `w` are `[m, n]`, `[m, k]` and `[n, k]`: the shapes of
+/// `out = x @ w^T`, whichever kernel computes it (cuBLAS or the skinny GEMM).
+pub(crate) fn check_xwt_shapes(
+    out: Span<u16>,
+    x: Span<u16>,
+    w: Span<u16>,
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    assert_eq!(out.len(), m * n, "out is not [m, n]");
+    assert_eq!(x.len(), m * k, "x is not [m, k]");
+    assert_eq!(w.len(), n * k, "w is not [n, k]");
+}
+
 /// The loaded cuBLAS's version.
 pub fn cublas_version() -> Version {
     let get = |property| {
@@ -126,9 +141,7 @@ impl Gemm {
         k: usize,
     ) -> Result<(), KernelError> {
         assert!(m > 0 && n > 0 && k > 0, "empty matmul {m}x{n}x{k}");
-        assert_eq!(out.len(), m * n, "out is not [m, n]");
-        assert_eq!(x.len(), m * k, "x is not [m, k]");
-        assert_eq!(w.len(), n * k, "w is not [n, k]");
+        check_xwt_shapes(out, x, w, m, n, k);
         let (m, n, k) = (c_int(m), c_int(n), c_int(k));
         let (alpha, beta) = (1.0f32, 0.0f32);
         // Row-major out[m, n] is column-major out^T[n, m] = w[n, k] · x^T: A = w read transposed

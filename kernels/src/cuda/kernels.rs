@@ -1093,9 +1093,7 @@ impl Kernels {
             Self::gemv_applies(x, w, m, k),
             "gemv of {m} rows, k = {k}: needs 1..={GEMV_MAX_ROWS} rows, k % 8 == 0, aligned"
         );
-        assert_eq!(out.len(), m * n, "out is not [m, n]");
-        assert_eq!(x.len(), m * k, "x is not [m, k]");
-        assert_eq!(w.len(), n * k, "w is not [n, k]");
+        super::gemm::check_xwt_shapes(out, x, w, m, n, k);
         let (n_arg, k_arg, split_arg) = (int(n), int(k), int(k_split));
         let mut launch = self.launch(&self.gemv[m - 1]);
         launch

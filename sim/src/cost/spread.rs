@@ -162,10 +162,27 @@ impl StepSpread {
     }
 
     /// The factor of a step of typical time `typical_s` at probability `u` in [0, 1): its
-    /// band's quantile function at `u` over the band's mean, so that factors average 1.
+    /// band's quantile function at `u`, as stored (over the band's median; the simulator
+    /// draws from [`Self::scaled_to_mean_one`]).
     pub fn factor(&self, typical_s: f64, u: f64) -> f64 {
-        let band = self.band(typical_s);
-        band.at(u) / band.mean()
+        self.band(typical_s).at(u)
+    }
+
+    /// This spread with each band's quantiles over the band's mean, so that its factors
+    /// average 1 (the simulator's, computed once rather than every step).
+    pub fn scaled_to_mean_one(&self) -> StepSpread {
+        let bands = self
+            .bands
+            .iter()
+            .map(|b| {
+                let mean = b.mean();
+                SpreadBand {
+                    quantiles: b.quantiles.iter().map(|q| q / mean).collect(),
+                    ..b.clone()
+                }
+            })
+            .collect();
+        StepSpread { bands }
     }
 
     /// One line: each band's factor at P90 and P99 (over its median) and its steps.
@@ -365,6 +382,7 @@ mod tests {
         let skewed = StepSpread::measure(&skewed).unwrap();
         let mean = skewed.band(2e-3).mean();
         assert!(mean > 1.05, "{mean}");
+        let skewed = skewed.scaled_to_mean_one();
         assert!((skewed.factor(2e-3, 0.5) - 1.0 / mean).abs() < 1e-9);
         let n = 100_000;
         let average = (0..n)
