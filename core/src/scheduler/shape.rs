@@ -2,7 +2,7 @@
 //! models price, the engine's step log records, and `engine profile` measures. A pure
 //! function of the plan, so it lives beside it.
 
-use super::StepPlan;
+use super::{ScheduledSeq, StepPlan};
 
 /// The step plan reduced to the quantities step time depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -27,10 +27,11 @@ pub struct StepShape {
     /// The longest context a decode attends to: the key length of a decode batch padded to
     /// its longest sequence.
     pub max_decode_context: usize,
-    /// The part of `decode_context_tokens` that decodes share through the prefix cache
-    /// (their prefix-cache hits): blocks read more than once in the step, which a cache
-    /// serves faster than distinct context. Counted per reader that found the prefix in
-    /// the cache, so the sequence that computed it reads it as its own context.
+    /// The part of `decode_context_tokens` that decodes share through the prefix cache:
+    /// reads of blocks that another decode of the step has already read, which a cache
+    /// serves faster than distinct context. Of the decodes that start from the same
+    /// block, the one that computed the prefix reads it as its own context, and so does
+    /// the first reader when that one is gone ([`shared_prefix_reads`]).
     pub decode_shared_context_tokens: usize,
     /// Query × key pairs attention computes: Σ over sequences of
     /// new × computed + new × (new + 1) / 2 (causal within the chunk).
@@ -60,7 +61,6 @@ impl StepShape {
                 s.decode_seqs += 1;
                 s.decode_context_tokens += q.context_len();
                 s.max_decode_context = s.max_decode_context.max(q.context_len());
-                s.decode_shared_context_tokens += q.cached_tokens.min(q.context_len());
             } else {
                 s.prefill_tokens += n;
                 s.prefill_seqs += 1;
@@ -75,6 +75,7 @@ impl StepShape {
             let (n, c) = (n as f64, q.num_computed as f64);
             s.attention_pairs += n * c + n * (n + 1.0) / 2.0;
         }
+        s.decode_shared_context_tokens = shared_prefix_reads(plan);
         s
     }
 
@@ -82,6 +83,56 @@ impl StepShape {
     pub fn new_tokens(&self) -> usize {
         self.prefill_tokens + self.decode_seqs
     }
+}
+
+/// Context tokens of a step's decodes that re-read a block another decode of the step
+/// reads too, through the prefix cache.
+///
+/// Decodes that share a prefix start from the same block (`first_block`). In such a group
+/// every prefix-cache hit (`cached_tokens`) is a second read, except where nobody reads the
+/// blocks as their own: a decode that computed the prefix (no hit) reads its whole context
+/// as its own, and when none is left in the step, the longest hit is read first. So a lone
+/// decode whose prompt hit the cache shares nothing, and `d` decodes that hit the same
+/// prefix share `d − 1` reads of it, as `engine profile` measures them. Hits are prefixes of
+/// each other within a group (prompts that share a first block share the chain up to the
+/// shorter hit, except where two prompts diverged after cached blocks: counted shared).
+///
+/// Allocation-free: the groups of a step go in a small table on the stack; decodes of
+/// groups past its capacity count their hits as their own context (no discount).
+fn shared_prefix_reads(plan: &StepPlan) -> usize {
+    const GROUPS: usize = 32;
+    // (first block, longest hit, longest context of a decode without a hit)
+    let mut groups = [(0u32, 0usize, 0usize); GROUPS];
+    let mut used = 0;
+    let hits = |q: &ScheduledSeq| q.cached_tokens.min(q.context_len());
+    if !plan.seqs.iter().any(|q| q.is_decode && hits(q) > 0) {
+        return 0;
+    }
+    let mut shared = 0;
+    for q in plan.seqs.iter().filter(|q| q.is_decode) {
+        let g = match groups[..used].iter().position(|g| g.0 == q.first_block) {
+            Some(g) => g,
+            None if used < GROUPS => {
+                groups[used] = (q.first_block, 0, 0);
+                used += 1;
+                used - 1
+            }
+            None => continue,
+        };
+        let hit = hits(q);
+        shared += hit;
+        if hit == 0 {
+            groups[g].2 = groups[g].2.max(q.context_len());
+        } else {
+            groups[g].1 = groups[g].1.max(hit);
+        }
+    }
+    // The part of each group's longest hit that no decode reads as its own: a first read.
+    let first_reads: usize = groups[..used]
+        .iter()
+        .map(|&(_, longest_hit, own)| longest_hit.saturating_sub(own))
+        .sum();
+    shared - first_reads
 }
 
 /// Passes of one size class summed: [`SlotPasses`]' single-token passes or the rest.
@@ -436,5 +487,44 @@ mod tests {
         assert_eq!(shape.decode_context_tokens, 50 + 49);
         assert_eq!(shape.max_decode_context, 50, "the longer of the two");
         assert_eq!(shape.decode_shared_context_tokens, 32);
+    }
+
+    #[test]
+    fn a_prefix_is_shared_only_between_decodes_of_the_same_step() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            block_size: 16,
+            ..Default::default()
+        });
+        let prompt = |tail: u32| [vec![5; 48], vec![tail; 8]].concat();
+        // Request 1 computes the 48-token prefix and ends after its first token.
+        s.add_request(Request::new(1, prompt(1), 1), 0.0).unwrap();
+        let plan = s.schedule(0.0);
+        s.complete(plan, &[7], 0.01);
+        // Alone, a decode that found the prefix in the cache reads it as its own context.
+        s.add_request(Request::new(2, prompt(2), 8), 0.01).unwrap();
+        let plan = s.schedule(0.01);
+        assert_eq!(plan.seqs[0].cached_tokens, 48);
+        s.complete(plan, &[7], 0.02);
+        let plan = s.schedule(0.02);
+        assert_eq!(StepShape::of(&plan).decode_shared_context_tokens, 0);
+        s.complete(plan, &[7], 0.03);
+        // Two more hits: three readers of one prefix, two of them re-reads.
+        s.add_request(Request::new(3, prompt(3), 8), 0.03).unwrap();
+        s.add_request(Request::new(4, prompt(4), 8), 0.03).unwrap();
+        let plan = s.schedule(0.03);
+        s.complete(plan, &[7, 7, 7], 0.04);
+        let plan = s.schedule(0.04);
+        let shape = StepShape::of(&plan);
+        assert_eq!(shape.decode_seqs, 3);
+        assert_eq!(shape.decode_shared_context_tokens, 2 * 48);
+        // A prompt of other tokens starts from another block: nothing to share.
+        s.complete(plan, &[7, 7, 7], 0.05);
+        s.add_request(Request::new(5, vec![9; 56], 8), 0.05)
+            .unwrap();
+        let plan = s.schedule(0.05);
+        s.complete(plan, &[7, 7, 7, 7], 0.06);
+        let shape = StepShape::of(&s.schedule(0.06));
+        assert_eq!(shape.decode_seqs, 4);
+        assert_eq!(shape.decode_shared_context_tokens, 2 * 48);
     }
 }
