@@ -458,9 +458,9 @@ rate = 8.0
 ///   forward's slowdown from HTTP and client threads sharing the cores — is fitted as a
 ///   per-step plus a per-sequence cost (least squares over the middle 80% of steps);
 /// * per request and per prompt token: TTFT of one-token completions of a short and of a
-///   ~500-token prompt, minus their predicted prefill steps and step overheads; the
-///   difference between the two gives the per-token part (tokenising, hashing, copying),
-///   the short one the fixed part (HTTP);
+///   ~500-token prompt, minus the steps that served them as the step log measured them
+///   ([`client_paths`]); the difference between the two gives the per-token part
+///   (tokenising, hashing, copying), the short one the fixed part (HTTP);
 /// * the spread of served steps: each busy step's period over its typical time (the
 ///   offline prediction plus the fitted excess), as quantiles per band of step time
 ///   ([`StepSpread`]): the simulator draws each step's factor from it, which is what its
@@ -509,9 +509,7 @@ async fn measure_serving_path(
     // growth with the prompt is the per-token part (tokenising, hashing, copying the text).
     let mut probes = Vec::new();
     for words in [0usize, 120] {
-        let mut ttfts = Vec::new();
-        let mut tokens = 0;
-        for i in 0..9 {
+        for i in 0..PROBES {
             let prompt = format!(
                 "Probe {i} of {words}: a prompt.{}",
                 " more words".repeat(words)
@@ -519,11 +517,12 @@ async fn measure_serving_path(
             let body = serde_json::json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
             let t = Instant::now();
             let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
-            ttfts.push(t.elapsed().as_secs_f64());
-            tokens = v["usage"]["prompt_tokens"].as_u64().unwrap_or(8) as usize;
+            let ttft = t.elapsed().as_secs_f64();
+            let tokens = v["usage"]["prompt_tokens"]
+                .as_u64()
+                .ok_or_else(|| anyhow!("a probe's response has no usage.prompt_tokens: {v}"))?;
+            probes.push((tokens as usize, ttft));
         }
-        ttfts.sort_by(f64::total_cmp);
-        probes.push((tokens, ttfts[ttfts.len() / 2]));
     }
     server.stop().await;
     calibration?;
@@ -539,20 +538,14 @@ async fn measure_serving_path(
     };
     let spread = StepSpread::measure(&against_typical(&mut busy_periods(&steps)));
     let after_idle = AfterIdle::measure(&against_typical(&mut cold_steps(&steps)));
-    // What a probe's TTFT holds besides the client path: its prompt's steps with their
-    // serving overhead.
-    let overhead = |&(tokens, ttft): &(usize, f64)| {
-        let steps = fresh_prompt_steps(tokens, chunk);
-        let served: f64 = steps.iter().map(typical).sum();
-        ttft - served
-    };
-    let (short, long) = (probes[0], probes[1]);
+    let paths = client_paths(&probes, &steps, chunk)?;
+    let (short, long) = (median_path(&paths[..PROBES]), median_path(&paths[PROBES..]));
     let per_prompt_token_s = if long.0 > short.0 {
-        ((overhead(&long) - overhead(&short)) / (long.0 - short.0) as f64).max(0.0)
+        ((long.1 - short.1) / (long.0 - short.0) as f64).max(0.0)
     } else {
         0.0
     };
-    let request_s = (overhead(&short) - per_prompt_token_s * short.0 as f64).max(0.0);
+    let request_s = (short.1 - per_prompt_token_s * short.0 as f64).max(0.0);
     for p in points.iter_mut() {
         p.step_s += excess(p.decode_seqs + usize::from(p.prefill_tokens > 0));
     }
@@ -617,6 +610,57 @@ fn idle_between(a: &StepRecord, b: &StepRecord) -> f64 {
 }
 
 /// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
+/// One-token completions sent per probe prompt length.
+const PROBES: usize = 9;
+
+/// Each probe's client path: its TTFT less the time of the steps that served it, as the
+/// step log measured them. The probes ran one at a time after everything else, so their
+/// steps end the log, each probe's prompt in chunks as [`fresh_prompt_steps`] cuts it.
+/// Measured rather than predicted steps, because a step's own noise (a tenth of a
+/// 500-token prefill) is larger than the per-token part of the path being measured, and
+/// because a probe's step starts cold, which the simulator prices apart ([`AfterIdle`]).
+fn client_paths(
+    probes: &[(usize, f64)],
+    steps: &[StepRecord],
+    chunk: usize,
+) -> Result<Vec<(usize, f64)>> {
+    let mut end = steps.len();
+    let mut paths = Vec::with_capacity(probes.len());
+    for &(tokens, ttft) in probes.iter().rev() {
+        let expected = fresh_prompt_steps(tokens, chunk);
+        let start = end.checked_sub(expected.len()).ok_or_else(|| {
+            anyhow!(
+                "the step log ends before the probes' steps: it has {} steps",
+                steps.len()
+            )
+        })?;
+        let served = &steps[start..end];
+        for (step, want) in served.iter().zip(&expected) {
+            let s = &step.shape;
+            anyhow::ensure!(
+                s.prefill_tokens == want.prefill_tokens && s.num_seqs == 1,
+                "step at {:.3} s is not a probe's chunk of {} prompt tokens ({} new tokens, \
+                 {} sequences): the probes' steps do not end the step log",
+                step.t_s,
+                want.prefill_tokens,
+                s.prefill_tokens,
+                s.num_seqs
+            );
+        }
+        paths.push((tokens, ttft - served.iter().map(|s| s.step_s).sum::<f64>()));
+        end = start;
+    }
+    paths.reverse();
+    Ok(paths)
+}
+
+/// The median client path of probes of one prompt length: (prompt tokens, seconds).
+fn median_path(paths: &[(usize, f64)]) -> (usize, f64) {
+    let mut times: Vec<f64> = paths.iter().map(|p| p.1).collect();
+    times.sort_by(f64::total_cmp);
+    (paths[0].0, times[times.len() / 2])
+}
+
 fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
     let chunk = chunk.max(1);
     (0..tokens)
@@ -729,6 +773,43 @@ mod tests {
         );
         let cold: Vec<(usize, f64)> = cold_steps(&steps).map(round).collect();
         assert_eq!(cold, [(80, 0.001)]);
+    }
+
+    /// The probes' steps end the log, a long prompt in chunks; each probe's client path is
+    /// its TTFT less its own steps' measured time, and a log that does not end with them is
+    /// refused.
+    #[test]
+    fn client_paths_take_each_probes_measured_steps_from_the_end_of_the_log() {
+        let step = |prefill: usize, step_s: f64| StepRecord {
+            t_s: 0.0,
+            shape: StepShape {
+                prefill_tokens: prefill,
+                prefill_seqs: usize::from(prefill > 0),
+                decode_seqs: usize::from(prefill == 0),
+                num_seqs: 1,
+                ..StepShape::default()
+            },
+            forward_s: step_s,
+            constraint_s: 0.0,
+            step_s,
+        };
+        let steps = [
+            step(0, 0.001), // the calibration's last decode
+            step(15, 0.002),
+            step(15, 0.003),
+            step(512, 0.010),
+            step(88, 0.004),
+        ];
+        let probes = [(15, 0.0025), (15, 0.004), (600, 0.020)];
+        let paths = client_paths(&probes, &steps, 512).unwrap();
+        let round = |(n, t): (usize, f64)| (n, (t * 1e6).round() / 1e6);
+        let paths: Vec<(usize, f64)> = paths.into_iter().map(round).collect();
+        assert_eq!(paths, [(15, 0.0005), (15, 0.001), (600, 0.006)]);
+        assert_eq!(median_path(&paths[..2]), (15, 0.001));
+        // A probe whose steps are not there: the log does not end with the probes.
+        let err = client_paths(&[(15, 0.002), (600, 0.02)], &steps[..3], 512).unwrap_err();
+        assert!(err.to_string().contains("do not end the step log"), "{err}");
+        assert!(client_paths(&probes, &steps[3..], 512).is_err());
     }
     use infer_core::StepShape;
     use infer_sim::cost::{CostModel, Profiled};
