@@ -31,7 +31,11 @@ pub struct Metric {
     pub key: &'static str,
     /// Multiplies the summary value into the printed unit (ms → s for latency).
     pub scale: f64,
+    /// Decimals printed, at the least (see [`Metric::format`]).
     pub decimals: usize,
+    /// Significant digits printed, at the least: a sub-millisecond ITL on a CPU shows as
+    /// 0.41, not 0, while the log's tens of milliseconds keep no decimals.
+    pub significant: usize,
     pub better: Better,
     /// How much worse, in percent, a candidate may be before it is flagged.
     pub threshold_pct: f64,
@@ -43,6 +47,7 @@ pub const THROUGHPUT: Metric = Metric {
     key: "output_throughput",
     scale: 1.0,
     decimals: 1,
+    significant: 0,
     better: Better::Higher,
     threshold_pct: 5.0,
 };
@@ -58,6 +63,7 @@ pub const ERRORS: Metric = Metric {
     key: "failed",
     scale: 1.0,
     decimals: 0,
+    significant: 0,
     better: Better::Lower,
     threshold_pct: 0.0,
 };
@@ -80,6 +86,7 @@ const fn latency(name: &'static str, short: &'static str, key: &'static str, t: 
         key,
         scale: 1.0,
         decimals: 0,
+        significant: 2,
         better: Better::Lower,
         threshold_pct: t,
     }
@@ -92,9 +99,22 @@ const fn seconds(name: &'static str, short: &'static str, key: &'static str, t: 
         key,
         scale: 1e-3,
         decimals: 3,
+        significant: 2,
         better: Better::Lower,
         threshold_pct: t,
     }
+}
+
+/// `v` with `decimals` decimals, more where it needs them to show `significant` digits
+/// (at most 6).
+pub fn format_digits(v: f64, decimals: usize, significant: usize) -> String {
+    let mut decimals = decimals;
+    if significant > 0 && v != 0.0 && v.is_finite() {
+        // Digits before the point (0 for 0.41, -1 for 0.041).
+        let integer = v.abs().log10().floor() as i64 + 1;
+        decimals = decimals.max((significant as i64 - integer).clamp(0, 6) as usize);
+    }
+    format!("{v:.decimals$}")
 }
 
 impl Metric {
@@ -103,8 +123,12 @@ impl Metric {
         run.metric(self.key).map(|v| v * self.scale)
     }
 
+    /// `decimals` decimals, more where the value needs them for `significant` digits.
     pub fn format(&self, v: Option<f64>) -> String {
-        v.map_or_else(|| "–".into(), |v| format!("{v:.*}", self.decimals))
+        v.map_or_else(
+            || "–".into(),
+            |v| format_digits(v, self.decimals, self.significant),
+        )
     }
 
     /// The value as a table cell: with its 90% interval, `value [lo–hi]`, where the run has
@@ -179,6 +203,21 @@ mod tests {
         assert!(TTFT_P99.regressed(100.0, 121.0));
         assert!(ERRORS.regressed(0.0, 1.0), "any new error");
         assert!(!ERRORS.regressed(0.0, 0.0));
+    }
+
+    #[test]
+    fn values_keep_two_significant_digits_where_the_log_has_none() {
+        let f = |m: Metric, v: f64| m.format(Some(v));
+        assert_eq!(f(TTFT_P50, 255.4), "255");
+        assert_eq!(f(TTFT_P50, 86.2), "86");
+        assert_eq!(f(TTFT_P50, 8.71), "8.7");
+        assert_eq!(f(ITL_P50, 0.411), "0.41");
+        assert_eq!(f(ITL_P50, 0.0412), "0.041");
+        assert_eq!(f(ITL_P50, 0.0), "0");
+        assert_eq!(f(LATENCY_P50, 0.1771), "0.177");
+        assert_eq!(f(THROUGHPUT, 2048.23), "2048.2");
+        assert_eq!(f(ERRORS, 3.0), "3");
+        assert_eq!(ITL_P50.format(None), "–");
     }
 
     #[test]

@@ -398,7 +398,12 @@ fn fidelity_table(results: &[VerifyResult], checks: &[IntervalCheck]) -> String 
     );
     for r in results {
         for row in &r.verification.rows {
-            let f = |v: Option<f64>| v.map_or("–".to_string(), |x| format!("{x:.1}"));
+            // One decimal, three digits for sub-10 figures (a CPU's ITL of 0.283 ms).
+            let f = |v: Option<f64>| {
+                v.map_or("–".to_string(), |x| {
+                    infer_reports::metric::format_digits(x, 1, 3)
+                })
+            };
             let inside = checks
                 .iter()
                 .find(|c| c.scenario == r.scenario && c.metric == row.metric.key)
