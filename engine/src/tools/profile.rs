@@ -9,6 +9,7 @@
 //! measured on an in-process server under a fixed calibration load and folded in, with how
 //! far served steps spread around their typical time (the tails the simulator draws).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{anyhow, Result};
@@ -16,9 +17,11 @@ use anyhow::{anyhow, Result};
 use crate::loadgen::{self, BenchOptions};
 use crate::runtime::batch::{ForwardBatch, SeqChunk};
 use crate::runtime::model::{LoadedModel, Model};
+use crate::runtime::tokenizer::TextTokenizer;
 use crate::server::step_log::{self, StepRecord};
 use crate::server::{spawn_local, ServeConfig};
 use crate::Device;
+use infer_core::workload::Tokenizer;
 use infer_core::StepShape;
 use infer_sim::cost::CostModel;
 
@@ -448,6 +451,24 @@ kind = "poisson"
 rate = 8.0
 "#;
 
+/// The client path's probes: one request at a time, one token out, as `engine bench` sends
+/// them (streamed, the prompt random tokens of the model's own vocabulary as text: what
+/// tokenising costs depends on the text), the prompt of 16 tokens (the per-request part) or
+/// of 1,024 (the per-token part; as long as the scenarios' longer prompts), about half each.
+const PROBE_SCENARIO: &str = r#"
+name = "client-path-probes"
+description = "engine profile: one-token completions, one at a time"
+[workload]
+num_requests = 24
+warmup_requests = 0
+seed = 11
+prompt_tokens = { mix = [ { weight = 1, uniform = [16, 16] }, { weight = 1, uniform = [1024, 1024] } ] }
+output_tokens = 1
+[arrival]
+kind = "concurrency"
+max_concurrency = 1
+"#;
+
 /// The serving path around the model step, measured on in-process servers with the bench
 /// client beside them (as `engine verify` runs them, sharing this machine's cores):
 ///
@@ -458,7 +479,8 @@ rate = 8.0
 ///   forward's slowdown from HTTP and client threads sharing the cores — is fitted as a
 ///   per-step plus a per-sequence cost (least squares over the middle 80% of steps);
 /// * per request and per prompt token: TTFT of one-token completions of a short and of a
-///   ~500-token prompt, minus the steps that served them as the step log measured them
+///   1,024-token prompt ([`PROBE_SCENARIO`]), minus the steps that served them as the step
+///   log measured them
 ///   ([`client_paths`]); the difference between the two gives the per-token part
 ///   (tokenising, hashing, copying), the short one the fixed part (HTTP);
 /// * the spread of served steps: each busy step's period over its typical time (the
@@ -490,7 +512,15 @@ async fn measure_serving_path(
     let tmp = std::env::temp_dir().join(format!("infer-calibration-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let (log, scenario) = (tmp.join("steps.csv"), tmp.join("calibration.toml"));
+    let probe_scenario = tmp.join("probes.toml");
     std::fs::write(&scenario, CALIBRATION_SCENARIO)?;
+    std::fs::write(&probe_scenario, PROBE_SCENARIO)?;
+    // The probes' prompts are cut in the model's own tokens, as `engine verify` cuts them.
+    let dir = {
+        let model = model.to_string();
+        tokio::task::spawn_blocking(move || crate::tools::builtin::resolve(&model)).await??
+    };
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new(TextTokenizer::from_dir(&dir)?);
     let cfg = ServeConfig {
         step_log: Some(log.clone()),
         device: target.device,
@@ -500,30 +530,33 @@ async fn measure_serving_path(
     };
     let chunk = cfg.sched.prefill_chunk_size;
     let (addr, server) = spawn_local(cfg).await?;
-    let client = reqwest::Client::new();
     let base = format!("http://{addr}");
     let calibration = loadgen::run(&BenchOptions::new(&base, &scenario)).await;
-    let url = format!("{base}/v1/completions");
-    // One-token completions of a short and of a long prompt (distinct, so the prefix cache
-    // never hits): TTFT minus the prompt's predicted steps is the client path, and its
-    // growth with the prompt is the per-token part (tokenising, hashing, copying the text).
-    let mut probes = Vec::new();
-    for words in [0usize, 120] {
-        for i in 0..PROBES {
-            let prompt = format!(
-                "Probe {i} of {words}: a prompt.{}",
-                " more words".repeat(words)
-            );
-            let body = serde_json::json!({"prompt": prompt, "max_tokens": 1, "temperature": 0});
-            let t = Instant::now();
-            let v: serde_json::Value = client.post(&url).json(&body).send().await?.json().await?;
-            let ttft = t.elapsed().as_secs_f64();
-            let tokens = v["usage"]["prompt_tokens"]
-                .as_u64()
-                .ok_or_else(|| anyhow!("a probe's response has no usage.prompt_tokens: {v}"))?;
-            probes.push((tokens as usize, ttft));
+    // One-token completions of a short and of a long prompt, one at a time (random tokens:
+    // the prefix cache never hits): TTFT minus the prompt's steps is the client path, and
+    // its growth with the prompt is the per-token part (tokenising, hashing, copying).
+    let probes = match &calibration {
+        Ok(_) => {
+            let opts = BenchOptions {
+                tokenizer: Some(tokenizer),
+                ..BenchOptions::new(&base, &probe_scenario)
+            };
+            let run = loadgen::run(&opts).await?;
+            let probes: Result<Vec<(usize, f64)>> = run
+                .records
+                .iter()
+                .map(|r| match r.ttft {
+                    Some(ttft) => Ok((r.prompt_tokens, ttft)),
+                    None => Err(anyhow!(
+                        "a client-path probe failed: {}",
+                        r.error.as_deref().unwrap_or("no token")
+                    )),
+                })
+                .collect();
+            probes?
         }
-    }
+        Err(_) => Vec::new(),
+    };
     server.stop().await;
     calibration?;
     let steps = step_log::read(&log)?;
@@ -539,7 +572,8 @@ async fn measure_serving_path(
     let spread = StepSpread::measure(&against_typical(&mut busy_periods(&steps)));
     let after_idle = AfterIdle::measure(&against_typical(&mut cold_steps(&steps)));
     let paths = client_paths(&probes, &steps, chunk)?;
-    let (short, long) = (median_path(&paths[..PROBES]), median_path(&paths[PROBES..]));
+    let (short, long) = shortest_and_longest(&paths)
+        .ok_or_else(|| anyhow!("the client-path probes measured nothing"))?;
     let per_prompt_token_s = if long.0 > short.0 {
         ((long.1 - short.1) / (long.0 - short.0) as f64).max(0.0)
     } else {
@@ -610,9 +644,6 @@ fn idle_between(a: &StepRecord, b: &StepRecord) -> f64 {
 }
 
 /// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
-/// One-token completions sent per probe prompt length.
-const PROBES: usize = 9;
-
 /// Each probe's client path: its TTFT less the time of the steps that served it, as the
 /// step log measured them. The probes ran one at a time after everything else, so their
 /// steps end the log, each probe's prompt in chunks as [`fresh_prompt_steps`] cuts it.
@@ -654,11 +685,21 @@ fn client_paths(
     Ok(paths)
 }
 
-/// The median client path of probes of one prompt length: (prompt tokens, seconds).
-fn median_path(paths: &[(usize, f64)]) -> (usize, f64) {
-    let mut times: Vec<f64> = paths.iter().map(|p| p.1).collect();
-    times.sort_by(f64::total_cmp);
-    (paths[0].0, times[times.len() / 2])
+/// The median client path of the probes with the shortest prompt and of those with the
+/// longest: (prompt tokens, seconds) each; `None` without probes.
+fn shortest_and_longest(paths: &[(usize, f64)]) -> Option<((usize, f64), (usize, f64))> {
+    let median_at = |tokens: usize| {
+        let mut times: Vec<f64> = paths
+            .iter()
+            .filter(|p| p.0 == tokens)
+            .map(|p| p.1)
+            .collect();
+        times.sort_by(f64::total_cmp);
+        (tokens, times[times.len() / 2])
+    };
+    let shortest = paths.iter().map(|p| p.0).min()?;
+    let longest = paths.iter().map(|p| p.0).max()?;
+    Some((median_at(shortest), median_at(longest)))
 }
 
 fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
@@ -805,7 +846,9 @@ mod tests {
         let round = |(n, t): (usize, f64)| (n, (t * 1e6).round() / 1e6);
         let paths: Vec<(usize, f64)> = paths.into_iter().map(round).collect();
         assert_eq!(paths, [(15, 0.0005), (15, 0.001), (600, 0.006)]);
-        assert_eq!(median_path(&paths[..2]), (15, 0.001));
+        let (short, long) = shortest_and_longest(&paths).unwrap();
+        assert_eq!((short, long), ((15, 0.001), (600, 0.006)));
+        assert_eq!(shortest_and_longest(&[]), None);
         // A probe whose steps are not there: the log does not end with the probes.
         let err = client_paths(&[(15, 0.002), (600, 0.02)], &steps[..3], 512).unwrap_err();
         assert!(err.to_string().contains("do not end the step log"), "{err}");
