@@ -97,19 +97,18 @@ impl StepShape {
 /// each other within a group (prompts that share a first block share the chain up to the
 /// shorter hit, except where two prompts diverged after cached blocks: counted shared).
 ///
-/// Allocation-free: the groups of a step go in a small table on the stack; decodes of
-/// groups past its capacity count their hits as their own context (no discount).
+/// Allocation-free: the groups with a hit go in a small table on the stack (a first pass),
+/// then the decodes without one find their group there (a second); hits of groups past its
+/// capacity count as their own context (no discount).
 fn shared_prefix_reads(plan: &StepPlan) -> usize {
     const GROUPS: usize = 32;
     // (first block, longest hit, longest context of a decode without a hit)
     let mut groups = [(0u32, 0usize, 0usize); GROUPS];
     let mut used = 0;
     let hits = |q: &ScheduledSeq| q.cached_tokens.min(q.context_len());
-    if !plan.seqs.iter().any(|q| q.is_decode && hits(q) > 0) {
-        return 0;
-    }
+    let decodes = || plan.seqs.iter().filter(|q| q.is_decode);
     let mut shared = 0;
-    for q in plan.seqs.iter().filter(|q| q.is_decode) {
+    for q in decodes().filter(|q| hits(q) > 0) {
         let g = match groups[..used].iter().position(|g| g.0 == q.first_block) {
             Some(g) => g,
             None if used < GROUPS => {
@@ -119,12 +118,15 @@ fn shared_prefix_reads(plan: &StepPlan) -> usize {
             }
             None => continue,
         };
-        let hit = hits(q);
-        shared += hit;
-        if hit == 0 {
-            groups[g].2 = groups[g].2.max(q.context_len());
-        } else {
-            groups[g].1 = groups[g].1.max(hit);
+        shared += hits(q);
+        groups[g].1 = groups[g].1.max(hits(q));
+    }
+    if used == 0 {
+        return 0;
+    }
+    for q in decodes().filter(|q| hits(q) == 0) {
+        if let Some(g) = groups[..used].iter_mut().find(|g| g.0 == q.first_block) {
+            g.2 = g.2.max(q.context_len());
         }
     }
     // The part of each group's longest hit that no decode reads as its own: a first read.

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 
 use crate::loadgen::{self, BenchOptions};
 use crate::runtime::batch::{ForwardBatch, SeqChunk};
@@ -452,8 +452,8 @@ rate = 8.0
 "#;
 
 /// The client path's probes: one request at a time, one token out, as `engine bench` sends
-/// them (streamed, the prompt random tokens of the model's own vocabulary as text: what
-/// tokenising costs depends on the text), the prompt of 16 tokens (the per-request part) or
+/// them (streamed, the prompt a window of its text corpus cut in the model's own tokens,
+/// like the runs' prompts: what tokenising costs depends on the text), the prompt of 16 tokens (the per-request part) or
 /// of 1,024 (the per-token part; as long as the scenarios' longer prompts), about half each.
 const PROBE_SCENARIO: &str = r#"
 name = "client-path-probes"
@@ -532,33 +532,34 @@ async fn measure_serving_path(
     let (addr, server) = spawn_local(cfg).await?;
     let base = format!("http://{addr}");
     let calibration = loadgen::run(&BenchOptions::new(&base, &scenario)).await;
-    // One-token completions of a short and of a long prompt, one at a time (random tokens:
-    // the prefix cache never hits): TTFT minus the prompt's steps is the client path, and
-    // its growth with the prompt is the per-token part (tokenising, hashing, copying).
+    // One-token completions of a short and of a long prompt, one at a time (each starts
+    // with its own number: the prefix cache never hits): TTFT minus the prompt's steps is
+    // the client path, and its growth with the prompt is the per-token part (tokenising,
+    // hashing, copying).
     let probes = match &calibration {
         Ok(_) => {
             let opts = BenchOptions {
                 tokenizer: Some(tokenizer),
                 ..BenchOptions::new(&base, &probe_scenario)
             };
-            let run = loadgen::run(&opts).await?;
-            let probes: Result<Vec<(usize, f64)>> = run
-                .records
-                .iter()
-                .map(|r| match r.ttft {
-                    Some(ttft) => Ok((r.prompt_tokens, ttft)),
-                    None => Err(anyhow!(
-                        "a client-path probe failed: {}",
-                        r.error.as_deref().unwrap_or("no token")
-                    )),
-                })
-                .collect();
-            probes?
+            loadgen::run(&opts).await.and_then(|run| {
+                run.records
+                    .iter()
+                    .map(|r| match r.ttft {
+                        Some(ttft) => Ok((r.prompt_tokens, ttft)),
+                        None => Err(anyhow!(
+                            "a client-path probe failed: {}",
+                            r.error.as_deref().unwrap_or("no token")
+                        )),
+                    })
+                    .collect::<Result<Vec<(usize, f64)>>>()
+            })
         }
-        Err(_) => Vec::new(),
+        Err(_) => Ok(Vec::new()),
     };
     server.stop().await;
-    calibration?;
+    calibration.context("the serving calibration")?;
+    let probes = probes.context("the client-path probes")?;
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_dir_all(&tmp);
     let (per_step, per_seq) = serving_excess(&steps, &offline)?;
@@ -572,8 +573,8 @@ async fn measure_serving_path(
     let spread = StepSpread::measure(&against_typical(&mut busy_periods(&steps)));
     let after_idle = AfterIdle::measure(&against_typical(&mut cold_steps(&steps)));
     let paths = client_paths(&probes, &steps, chunk)?;
-    let (short, long) = shortest_and_longest(&paths)
-        .ok_or_else(|| anyhow!("the client-path probes measured nothing"))?;
+    let (short, long) =
+        short_and_long(&paths).ok_or_else(|| anyhow!("the client-path probes measured nothing"))?;
     let per_prompt_token_s = if long.0 > short.0 {
         ((long.1 - short.1) / (long.0 - short.0) as f64).max(0.0)
     } else {
@@ -643,7 +644,6 @@ fn idle_between(a: &StepRecord, b: &StepRecord) -> f64 {
     b.t_s - a.t_s - a.step_s
 }
 
-/// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
 /// Each probe's client path: its TTFT less the time of the steps that served it, as the
 /// step log measured them. The probes ran one at a time after everything else, so their
 /// steps end the log, each probe's prompt in chunks as [`fresh_prompt_steps`] cuts it.
@@ -685,23 +685,27 @@ fn client_paths(
     Ok(paths)
 }
 
-/// The median client path of the probes with the shortest prompt and of those with the
-/// longest: (prompt tokens, seconds) each; `None` without probes.
-fn shortest_and_longest(paths: &[(usize, f64)]) -> Option<((usize, f64), (usize, f64))> {
-    let median_at = |tokens: usize| {
-        let mut times: Vec<f64> = paths
-            .iter()
-            .filter(|p| p.0 == tokens)
-            .map(|p| p.1)
-            .collect();
-        times.sort_by(f64::total_cmp);
-        (tokens, times[times.len() / 2])
-    };
+/// The client paths of the short probes and of the long ones, each as its median prompt
+/// length and median seconds; `None` without probes. The two are split halfway between the
+/// shortest and the longest prompt, since the server's count of a prompt cut at 16 or 1,024
+/// tokens can come out a token off.
+fn short_and_long(paths: &[(usize, f64)]) -> Option<((usize, f64), (usize, f64))> {
     let shortest = paths.iter().map(|p| p.0).min()?;
     let longest = paths.iter().map(|p| p.0).max()?;
-    Some((median_at(shortest), median_at(longest)))
+    let medians = |long: bool| {
+        let (mut tokens, mut times): (Vec<usize>, Vec<f64>) = paths
+            .iter()
+            .filter(|p| (2 * p.0 > shortest + longest) == long || shortest == longest)
+            .copied()
+            .unzip();
+        tokens.sort_unstable();
+        times.sort_by(f64::total_cmp);
+        (tokens[tokens.len() / 2], times[times.len() / 2])
+    };
+    Some((medians(false), medians(true)))
 }
 
+/// The steps of a fresh `tokens`-token prompt prefilled alone in chunks of `chunk`.
 fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
     let chunk = chunk.max(1);
     (0..tokens)
@@ -846,9 +850,19 @@ mod tests {
         let round = |(n, t): (usize, f64)| (n, (t * 1e6).round() / 1e6);
         let paths: Vec<(usize, f64)> = paths.into_iter().map(round).collect();
         assert_eq!(paths, [(15, 0.0005), (15, 0.001), (600, 0.006)]);
-        let (short, long) = shortest_and_longest(&paths).unwrap();
+        let (short, long) = short_and_long(&paths).unwrap();
         assert_eq!((short, long), ((15, 0.001), (600, 0.006)));
-        assert_eq!(shortest_and_longest(&[]), None);
+        assert_eq!(short_and_long(&[]), None);
+        // Counts a token off still fall in their half.
+        let paths = [
+            (16, 0.5),
+            (15, 0.4),
+            (17, 0.6),
+            (1023, 2.0),
+            (1024, 2.1),
+            (1025, 1.9),
+        ];
+        assert_eq!(short_and_long(&paths), Some(((16, 0.5), (1024, 2.0))));
         // A probe whose steps are not there: the log does not end with the probes.
         let err = client_paths(&[(15, 0.002), (600, 0.02)], &steps[..3], 512).unwrap_err();
         assert!(err.to_string().contains("do not end the step log"), "{err}");
