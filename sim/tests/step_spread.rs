@@ -133,15 +133,20 @@ fn a_spread_run_replays_exactly_and_draws_the_same_workload() {
     );
 }
 
+/// Why the baseline scenario on `profile` is refused (it must be).
+fn refusal(profile: &str) -> String {
+    infer_sim::load(&common::path("baseline"), &profiled(profile))
+        .err()
+        .expect("refused")
+        .to_string()
+}
+
 #[test]
 fn a_damaged_spread_is_refused_by_name() {
     let mut spread = uniform_spread();
     spread.bands[0].quantiles[10] = 50.0;
     let path = profile_with("damaged", Some(spread));
-    let e = infer_sim::load(&common::path("baseline"), &profiled(&path))
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = refusal(&path);
     assert!(
         e.contains("sim.profile") && e.contains("step_spread.bands[0].quantiles must not decrease"),
         "{e}"
@@ -181,10 +186,7 @@ fn a_cold_first_step_lengthens_ttft_and_leaves_itl() {
             steps: 10,
         })
     });
-    let e = infer_sim::load(&common::path("baseline"), &profiled(&damaged))
-        .err()
-        .expect("refused")
-        .to_string();
+    let e = refusal(&damaged);
     assert!(
         e.contains("sim.profile") && e.contains("after_idle.factor"),
         "{e}"

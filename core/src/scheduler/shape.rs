@@ -108,7 +108,7 @@ fn shared_prefix_reads(plan: &StepPlan) -> usize {
     let hits = |q: &ScheduledSeq| q.cached_tokens.min(q.context_len());
     let decodes = || plan.seqs.iter().filter(|q| q.is_decode);
     let mut shared = 0;
-    for q in decodes().filter(|q| hits(q) > 0) {
+    for (q, hit) in decodes().map(|q| (q, hits(q))).filter(|&(_, hit)| hit > 0) {
         let g = match groups[..used].iter().position(|g| g.0 == q.first_block) {
             Some(g) => g,
             None if used < GROUPS => {
@@ -118,8 +118,8 @@ fn shared_prefix_reads(plan: &StepPlan) -> usize {
             }
             None => continue,
         };
-        shared += hits(q);
-        groups[g].1 = groups[g].1.max(hits(q));
+        shared += hit;
+        groups[g].1 = groups[g].1.max(hit);
     }
     if used == 0 {
         return 0;
