@@ -3,7 +3,8 @@
 //! Events, ordered by (time, class, sequence number) so that ties replay exactly:
 //!
 //! * class 0, client side: an open-loop arrival; a request reaching the server after its
-//!   request path (HTTP, tokenisation), where it is routed and queued; a client seeing a
+//!   request path (HTTP, tokenisation; one request at a time, in the order they were
+//!   sent), where it is routed and queued; a client seeing a
 //!   request finish (closed-loop clients then send their next one);
 //! * class 1: a replica starts a step — after every client event of the same instant, so
 //!   requests arriving together are batched together;
@@ -412,6 +413,14 @@ struct Sim<'a> {
     /// Absolute time the measured run started (`None` during warm-up).
     t0: Option<f64>,
     transit: FxHashMap<u64, GeneratedRequest>,
+    /// When the server's request path (HTTP, tokenisation) is next free. It takes requests
+    /// one at a time, in the order they were sent, as vLLM's and SGLang's tokenizer process
+    /// do by default, and this engine's tokenizer lane on a machine of 2-3 cores. Were each
+    /// request's path its own, a burst would reach the scheduler shortest prompt first:
+    /// every prompt sent at once, each arriving after its own tokenisation. A scheduler
+    /// that serves first come first served then admits the shortest half first, and a
+    /// burst's median TTFT came out 26% short of the served one.
+    request_path_free: f64,
     /// Per-step scratch, reused: the sampled tokens.
     sampled: Vec<u32>,
     live: FxHashSet<u64>,
@@ -585,6 +594,7 @@ pub fn run_with(
         warmups_done: 0,
         t0: None,
         transit: FxHashMap::default(),
+        request_path_free: 0.0,
         sampled: Vec::new(),
         live: FxHashSet::default(),
         constrained: FxHashSet::default(),
@@ -665,7 +675,8 @@ impl Sim<'_> {
 
     fn send(&mut self, req: GeneratedRequest, now: f64) {
         let id = req.index as u64;
-        let at = now + self.client.request_delay(req.prompt_ids.len());
+        let at = now.max(self.request_path_free) + self.client.request_delay(req.prompt_ids.len());
+        self.request_path_free = at;
         self.transit.insert(id, req);
         self.push(at, Ev::ServerIn(id));
     }

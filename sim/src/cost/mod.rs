@@ -21,10 +21,12 @@ pub use infer_core::StepShape;
 /// A request's path outside the GPU, as a client sees it.
 ///
 /// ```text
-/// scheduler sees the request  = send + request_s + per_prompt_token_s × prompt tokens
+/// scheduler sees the request  = start + request_s + per_prompt_token_s × prompt tokens
 /// client sees a token         = step end + stream_s
 /// ```
-/// so TTFT and E2E include both, while ITL (gaps between chunks) does not.
+/// so TTFT and E2E include both, while ITL (gaps between chunks) does not. `start` is the
+/// send, or the end of the request sent before it if that is later: the server's request
+/// path takes one request at a time, in the order they were sent.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ClientPath {
     /// HTTP parse, routing, request validation.

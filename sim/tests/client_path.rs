@@ -1,0 +1,63 @@
+//! The server's request path (HTTP, tokenisation) as the simulator prices it: one request
+//! at a time, in the order the requests were sent.
+
+mod common;
+
+/// A burst of prompts of 128-384 tokens, each costing 0.1 ms per token of tokenisation.
+/// Were each request's path its own, the shortest prompt would reach the scheduler first;
+/// served first come first served (one sequence at a time here), each request's TTFT would
+/// then follow its prompt length rather than its place in the burst.
+#[test]
+fn a_burst_reaches_the_scheduler_in_the_order_it_was_sent() {
+    let (request_s, per_token_s) = (1e-3, 1e-4);
+    let setup = common::setup(
+        "paged_attention",
+        &[
+            "server.max_batch_size=1",
+            &format!("sim.client_request_s={request_s}"),
+            &format!("sim.client_per_prompt_token_s={per_token_s}"),
+        ],
+    );
+    let (result, rows) = infer_sim::run_collect(&setup).unwrap();
+    assert_eq!(result.summary.failed, 0);
+    let mut records = rows.records;
+    records.sort_by_key(|r| r.id);
+    assert!(records.len() >= 40, "{} requests", records.len());
+    let lengths: Vec<usize> = records.iter().map(|r| r.prompt_tokens).collect();
+    assert!(
+        lengths.windows(2).any(|w| w[0] > w[1]),
+        "the burst's prompts must not already be in length order: {lengths:?}"
+    );
+    // Sent together, so a first token in id order is an admission in id order.
+    let sent = records[0].start;
+    let mut path_done = 0.0;
+    for pair in records.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            (b.start - sent).abs() < 1e-9,
+            "request {} was not sent with the burst",
+            b.id
+        );
+        let (ta, tb) = (a.ttft.unwrap(), b.ttft.unwrap());
+        assert!(
+            ta < tb,
+            "request {} ({} tokens, TTFT {ta:.4} s) was served after request {} ({} tokens, \
+             TTFT {tb:.4} s)",
+            a.id,
+            a.prompt_tokens,
+            b.id,
+            b.prompt_tokens
+        );
+    }
+    // One at a time: no request reaches the scheduler before every path ahead of it ran.
+    for r in &records {
+        path_done += request_s + per_token_s * r.prompt_tokens as f64;
+        let ttft = r.ttft.unwrap();
+        assert!(
+            ttft >= path_done,
+            "request {} had its first token {ttft:.4} s after the burst, before the request \
+             paths ahead of it and its own were done ({path_done:.4} s)",
+            r.id
+        );
+    }
+}
