@@ -137,6 +137,11 @@ struct VerifyArgs {
     /// Seeds each prediction runs under for its 90% interval (as `sim run --seeds`).
     #[arg(long, default_value_t = infer_sim::interval::DEFAULT_SEEDS, value_name = "N")]
     seeds: usize,
+    /// Measure nothing: predict again what an earlier `verify --out DIR` measured, each
+    /// repetition on its own profile (or `--profile`), to judge a change to the simulator
+    /// against the same runs.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["repeat", "quick_profile"])]
+    measured: Option<PathBuf>,
     #[command(flatten)]
     target: TargetArgs,
 }
@@ -571,8 +576,12 @@ fn run(cli: Cli) -> Result<()> {
                     .unwrap_or_else(infer_engine::tools::verify::default_out),
                 overrides: a.set,
                 quick_profile: a.quick_profile,
-                repeat: a.repeat,
+                repeat: match &a.measured {
+                    Some(dir) => infer_engine::tools::verify::kept_repetitions(dir)?.len(),
+                    None => a.repeat,
+                },
                 seeds: a.seeds.max(1),
+                measured: a.measured,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

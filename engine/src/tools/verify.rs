@@ -3,6 +3,11 @@
 //! and the bench client on the same scenario and seed, and write a predicted-vs-measured
 //! table with overlaid charts. Both sides run the same core scheduler and the same prompts
 //! (cut in the served model's own tokens), so the error measures the cost model.
+//!
+//! With `--measured DIR` nothing is profiled or served: the measurements and profiles kept
+//! by an earlier `verify --out DIR` are predicted again. A change to the simulator is then
+//! judged against the very runs it was judged against before, free of the drift that moves
+//! a shared machine's figures between two measurements by as much as the change itself.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +40,27 @@ pub struct VerifyOptions {
     pub repeat: usize,
     /// Seeds each prediction runs under for its 90% interval (`sim run --seeds`).
     pub seeds: usize,
+    /// Predict the measurements an earlier `verify --out` kept here instead of measuring
+    /// (its repetitions' profiles unless `profile` is given).
+    pub measured: Option<PathBuf>,
+}
+
+/// Where an earlier `verify --out dir` kept each repetition: `dir/rep1` … `dir/repN`, or
+/// `dir` itself for a single one.
+pub fn kept_repetitions(dir: &Path) -> Result<Vec<PathBuf>> {
+    let reps: Vec<PathBuf> = (1..)
+        .map(|r| dir.join(format!("rep{r}")))
+        .take_while(|d| d.is_dir())
+        .collect();
+    if !reps.is_empty() {
+        return Ok(reps);
+    }
+    anyhow::ensure!(
+        dir.is_dir(),
+        "{}: no such directory (--measured takes the --out of an earlier `engine verify`)",
+        dir.display()
+    );
+    Ok(vec![dir.to_path_buf()])
 }
 
 /// One scenario's outcome.
@@ -227,16 +253,20 @@ pub async fn verify(opts: &VerifyOptions) -> Result<Vec<VerifyResult>> {
     let dir = tokio::task::spawn_blocking(move || crate::tools::builtin::resolve(&model)).await??;
     let tokenizer: Arc<dyn Tokenizer> =
         Arc::new(crate::runtime::tokenizer::TextTokenizer::from_dir(&dir)?);
-    let reps = opts.repeat.max(1);
+    let kept = match &opts.measured {
+        Some(dir) => kept_repetitions(dir)?.into_iter().map(Some).collect(),
+        None => vec![None; opts.repeat.max(1)],
+    };
+    let reps = kept.len();
     let mut runs: Vec<Vec<VerifyResult>> = Vec::with_capacity(reps);
-    for r in 0..reps {
+    for (r, kept) in kept.iter().enumerate() {
         let out = if reps == 1 {
             opts.out.clone()
         } else {
             eprintln!("repetition {} of {reps}", r + 1);
             opts.out.join(format!("rep{}", r + 1))
         };
-        runs.push(verify_once(opts, &out, tokenizer.clone()).await?);
+        runs.push(verify_once(opts, &out, kept.as_deref(), tokenizer.clone()).await?);
     }
     let last = runs.pop().expect("at least one repetition");
     Ok(last
@@ -284,16 +314,19 @@ fn combine_steps(reps: &[&VerifyResult]) -> Vec<StepFidelity> {
 }
 
 /// One repetition: profile (unless a profile is given), then predict and measure each
-/// scenario, writing under `out`.
+/// scenario, writing under `out`; or, with `kept` (a repetition of an earlier verify),
+/// predict what it measured, on its profile.
 async fn verify_once(
     opts: &VerifyOptions,
     out: &Path,
+    kept: Option<&Path>,
     tokenizer: Arc<dyn Tokenizer>,
 ) -> Result<Vec<VerifyResult>> {
     std::fs::create_dir_all(out).with_context(|| format!("{}: cannot create", out.display()))?;
-    let profile_path = match &opts.profile {
-        Some(p) => p.clone(),
-        None => {
+    let profile_path = match (&opts.profile, kept) {
+        (Some(p), _) => p.clone(),
+        (None, Some(kept)) => kept.join("profile.json"),
+        (None, None) => {
             let path = out.join("profile.json");
             eprintln!("profiling {} …", opts.model);
             let profile = profile_model(&opts.model, opts.target, opts.quick_profile).await?;
@@ -312,6 +345,14 @@ async fn verify_once(
             .with_context(|| format!("{file}: cannot read scenario"))?;
         let scenario = Scenario::parse(&file, &text, &opts.overrides)?;
         let dir = out.join(&scenario.name);
+        let measured_at = match kept {
+            Some(kept) => {
+                let at = kept.join(&scenario.name);
+                check_kept_run(&at.join("measured"), &scenario)?;
+                at
+            }
+            None => dir.clone(),
+        };
 
         // Predict.
         let mut sim_overrides = opts.overrides.clone();
@@ -339,34 +380,17 @@ async fn verify_once(
             &infer_sim::output::run_info(&setup, Some(&intervals)),
         )?;
 
-        // Measure.
-        let steps_path = dir.join("measured-steps.csv");
-        let cfg = ServeConfig {
-            sched: scenario.server.scheduler_config(),
-            kv_cache_dtype: scenario.server.kv_cache_dtype,
-            seed: 0,
-            step_log: Some(steps_path.clone()),
-            device: opts.target.device,
-            cuda_graphs: opts.target.cuda_graphs,
-            device_sampling: opts.target.device_sampling,
-            ..ServeConfig::new(&opts.model)
-        };
-        let (addr, server) = spawn_local(cfg).await?;
-        let mut b = BenchOptions::new(&format!("http://{addr}"), scenario_path);
-        b.overrides = opts.overrides.clone();
-        b.tokenizer = Some(tokenizer.clone());
-        b.out = Some(dir.join("measured"));
-        let measured = loadgen::run(&b).await;
-        server.stop().await;
-        measured?;
+        // Measure, or take the kept measurement.
+        if kept.is_none() {
+            measure(opts, scenario_path, &scenario, &tokenizer, &dir).await?;
+        }
+        let measured_dir = measured_at.join("measured");
+        let steps_path = measured_at.join("measured-steps.csv");
 
-        let report = infer_reports::write_verify_report(
-            &dir.join("predicted"),
-            &dir.join("measured"),
-            &dir,
-        )?;
+        let report =
+            infer_reports::write_verify_report(&dir.join("predicted"), &measured_dir, &dir)?;
         let p = infer_reports::Run::load(dir.join("predicted"))?;
-        let m = infer_reports::Run::load(dir.join("measured"))?;
+        let m = infer_reports::Run::load(&measured_dir)?;
         let verification = infer_reports::predicted_vs_measured(&p, &m);
         let steps = step_fidelity(&step_log::read(&steps_path)?, setup.cost.as_ref());
         let measured = verification
@@ -388,6 +412,56 @@ async fn verify_once(
         });
     }
     Ok(results)
+}
+
+/// Serve `scenario` (read from `scenario_path`) on the engine and run the bench client against it, keeping the
+/// run under `dir/measured` and the server's steps in `dir/measured-steps.csv`.
+async fn measure(
+    opts: &VerifyOptions,
+    scenario_path: &Path,
+    scenario: &Scenario,
+    tokenizer: &Arc<dyn Tokenizer>,
+    dir: &Path,
+) -> Result<()> {
+    let cfg = ServeConfig {
+        sched: scenario.server.scheduler_config(),
+        kv_cache_dtype: scenario.server.kv_cache_dtype,
+        seed: 0,
+        step_log: Some(dir.join("measured-steps.csv")),
+        device: opts.target.device,
+        cuda_graphs: opts.target.cuda_graphs,
+        device_sampling: opts.target.device_sampling,
+        ..ServeConfig::new(&opts.model)
+    };
+    let (addr, server) = spawn_local(cfg).await?;
+    let mut b = BenchOptions::new(&format!("http://{addr}"), scenario_path);
+    b.overrides = opts.overrides.clone();
+    b.tokenizer = Some(tokenizer.clone());
+    b.out = Some(dir.join("measured"));
+    let measured = loadgen::run(&b).await;
+    server.stop().await;
+    measured.map(|_| ())
+}
+
+/// Refuse a kept measurement of anything but `scenario` as given (overrides applied): the
+/// `scenario.toml` its run kept must be the same scenario.
+fn check_kept_run(measured: &Path, scenario: &Scenario) -> Result<()> {
+    let path = measured.join("scenario.toml");
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "{file}: cannot read (no measurement of {} kept there)",
+            scenario.name
+        )
+    })?;
+    let kept = Scenario::parse(&file, &text, &[])?;
+    anyhow::ensure!(
+        toml::to_string(&kept.resolved)? == toml::to_string(&scenario.resolved)?,
+        "{file}: measured a different scenario from {} as given here (a changed file or \
+         --set): predict it from the scenario and overrides it was measured with",
+        scenario.name
+    );
+    Ok(())
 }
 
 /// The fidelity table over several scenarios, in markdown.
@@ -494,13 +568,21 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
     } else {
         format!("\nWarnings on the predictions (how far to trust them):\n\n{warnings}")
     };
-    let reps = if opts.repeat > 1 {
-        format!(
+    let reps = match &opts.measured {
+        Some(dir) => format!(
+            "The measurements of {} predicted again{}.\n\n",
+            dir.display(),
+            if opts.repeat > 1 {
+                format!(" (medians of its {} repetitions)", opts.repeat)
+            } else {
+                String::new()
+            }
+        ),
+        None if opts.repeat > 1 => format!(
             "Medians of {} repetitions (profile, predict, measure).\n\n",
             opts.repeat
-        )
-    } else {
-        String::new()
+        ),
+        None => String::new(),
     };
     std::fs::write(
         opts.out.join("fidelity.md"),
@@ -680,6 +762,63 @@ mod tests {
         let (median, max, over) = headline(&[a, b]).unwrap();
         assert_eq!((median, max, over), (6.5, 30.0, 1));
         assert!(headline(&[]).is_none());
+    }
+
+    #[test]
+    fn kept_repetitions_are_the_rep_directories_or_the_directory_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let single = tmp.path().join("single");
+        std::fs::create_dir(&single).unwrap();
+        assert_eq!(kept_repetitions(&single).unwrap(), vec![single.clone()]);
+        let reps = tmp.path().join("reps");
+        for r in ["rep1", "rep2", "rep4"] {
+            std::fs::create_dir_all(reps.join(r)).unwrap();
+        }
+        // rep4 is not a repetition of a run of three: rep3 is missing.
+        assert_eq!(
+            kept_repetitions(&reps).unwrap(),
+            vec![reps.join("rep1"), reps.join("rep2")]
+        );
+        let err = kept_repetitions(&tmp.path().join("absent")).unwrap_err();
+        assert!(err.to_string().contains("no such directory"), "{err}");
+    }
+
+    #[test]
+    fn a_kept_measurement_of_another_scenario_is_refused() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/paged_attention.toml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let parse = |overrides: &[&str]| {
+            let o: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+            Scenario::parse(path, &text, &o).unwrap()
+        };
+        let measured = parse(&["workload.num_requests=8"]);
+        // The run directory as the bench writes it.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("measured");
+        infer_reports::RunDirWriter::create(&dir)
+            .unwrap()
+            .finish(
+                &Summary::default(),
+                &infer_reports::RunInfo::new("engine", &measured, "test".into()),
+            )
+            .unwrap();
+        check_kept_run(&dir, &parse(&["workload.num_requests=8"])).unwrap();
+        for other in [
+            &[][..],
+            &["workload.num_requests=8", "server.max_batch_size=4"][..],
+        ] {
+            let err = check_kept_run(&dir, &parse(other)).unwrap_err().to_string();
+            assert!(err.contains("measured a different scenario"), "{err}");
+        }
+        let err = check_kept_run(&tmp.path().join("none"), &measured).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no measurement of paged_attention"),
+            "{err}"
+        );
     }
 
     #[test]
