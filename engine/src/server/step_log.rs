@@ -31,6 +31,14 @@ pub struct StepRecord {
     pub step_s: f64,
 }
 
+impl StepRecord {
+    /// Seconds the engine waited between the end of `previous`, the step before this one,
+    /// and this one's start (the engine had run out of work).
+    pub fn idle_after(&self, previous: &StepRecord) -> f64 {
+        self.t_s - previous.t_s - previous.step_s
+    }
+}
+
 pub struct StepLog {
     out: BufWriter<File>,
 }

@@ -623,9 +623,9 @@ fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)>
     steps
         .windows(3)
         .filter(|w| {
-            idle_between(&w[0], &w[1]) < AfterIdle::IDLE_S
+            w[1].idle_after(&w[0]) < AfterIdle::IDLE_S
                 && w[2].shape.decode_seqs > 0
-                && idle_between(&w[1], &w[2]) < 0.005
+                && w[2].idle_after(&w[1]) < 0.005
         })
         .map(|w| (&w[1].shape, w[2].t_s - w[1].t_s))
 }
@@ -635,13 +635,8 @@ fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)>
 fn cold_steps(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)> {
     steps
         .windows(2)
-        .filter(|w| idle_between(&w[0], &w[1]) >= AfterIdle::IDLE_S)
+        .filter(|w| w[1].idle_after(&w[0]) >= AfterIdle::IDLE_S)
         .map(|w| (&w[1].shape, w[1].step_s))
-}
-
-/// Seconds the engine waited between the end of step `a` and the start of the next, `b`.
-fn idle_between(a: &StepRecord, b: &StepRecord) -> f64 {
-    b.t_s - a.t_s - a.step_s
 }
 
 /// Each probe's client path: its TTFT less the time of the steps that served it, as the

@@ -216,28 +216,37 @@ pub fn step_fidelity(
     ["decode", "prefill", "mixed", "all"]
         .into_iter()
         .filter_map(|k| {
-            let of_kind: Vec<&StepRecord> = steps
+            // Each step with how long the engine had waited for it (none for the first).
+            let of_kind: Vec<(&StepRecord, Option<f64>)> = steps
                 .iter()
-                .filter(|r| k == "all" || kind(r) == k)
+                .enumerate()
+                .map(|(i, r)| (r, i.checked_sub(1).map(|p| r.idle_after(&steps[p]))))
+                .filter(|(r, _)| k == "all" || kind(r) == k)
                 .collect();
             if of_kind.is_empty() {
                 return None;
             }
             // A measured step includes its random pause: predict its mean too (a spread's
-            // factors average 1).
+            // factors average 1). A step that started cold is priced as the simulator
+            // prices it, at the cost model's factor for it.
             let predicted: Vec<f64> = of_kind
                 .iter()
-                .map(|r| cost.step_time(&r.shape) + cost.step_jitter())
+                .map(|&(r, idle)| {
+                    let cold = cost
+                        .after_idle()
+                        .filter(|a| idle.is_some_and(|i| i >= a.idle_s));
+                    cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor) + cost.step_jitter()
+                })
                 .collect();
             let errors = of_kind
                 .iter()
                 .zip(&predicted)
-                .map(|(r, p)| (p / r.step_s - 1.0) * 100.0)
+                .map(|((r, _), p)| (p / r.step_s - 1.0) * 100.0)
                 .collect();
             Some(StepFidelity {
                 kind: k,
                 steps: of_kind.len(),
-                measured_s: of_kind.iter().map(|r| r.step_s).sum(),
+                measured_s: of_kind.iter().map(|(r, _)| r.step_s).sum(),
                 predicted_s: predicted.iter().sum(),
                 median_error_pct: median(errors).unwrap_or(0.0),
             })
@@ -588,7 +597,7 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
         opts.out.join("fidelity.md"),
         format!(
             "{reps}{table}\n{headline}\n{coverage}{warnings}\nStep times, the cost model against \
-             the measured run's steps:\n\n{steps}"
+             the measured run's steps (one after the engine idled at the factor for it):\n\n{steps}"
         ),
     )?;
     let mut printed = format!("{reps}{table}\n{headline}\n{coverage}{warnings}\n{steps}");
@@ -666,6 +675,51 @@ mod tests {
             table.contains("| s | decode | 2 | 0.01 | 0.01 | -50.0 | -50.0 |"),
             "{table}"
         );
+    }
+
+    /// 1 ms per new token, half as much again after 20 ms idle.
+    struct ColdAfterIdle;
+    impl CostModel for ColdAfterIdle {
+        fn step_time(&self, s: &StepShape) -> f64 {
+            PerToken.step_time(s)
+        }
+        fn after_idle(&self) -> Option<infer_sim::cost::AfterIdle> {
+            Some(infer_sim::cost::AfterIdle {
+                idle_s: 0.02,
+                factor: 1.5,
+                steps: 10,
+            })
+        }
+        fn client_path(&self) -> ClientPath {
+            ClientPath::default()
+        }
+        fn describe(&self) -> String {
+            "cold after idle".into()
+        }
+    }
+
+    #[test]
+    fn a_step_after_the_engine_idled_is_priced_cold_as_the_simulator_prices_it() {
+        let at = |t_s: f64, r: StepRecord| StepRecord { t_s, ..r };
+        let steps = [
+            // The first step: no idle spell is known before it.
+            at(0.0, step(100, 0, 0.1)),
+            // 0.4 s after the first ended: cold, 1.5 × 0.1 s.
+            at(0.5, step(100, 0, 0.15)),
+            // 10 ms after: warm.
+            at(0.66, step(100, 0, 0.1)),
+        ];
+        let prefill = &step_fidelity(&steps, &ColdAfterIdle)[0];
+        assert_eq!(prefill.kind, "prefill");
+        assert!(
+            (prefill.predicted_s - 0.35).abs() < 1e-12,
+            "{}",
+            prefill.predicted_s
+        );
+        assert!(prefill.median_error_pct.abs() < 1e-9);
+        // Priced warm, the cold step would be a third short.
+        let warm = &step_fidelity(&steps, &PerToken)[0];
+        assert!((warm.predicted_s - 0.3).abs() < 1e-12);
     }
 
     fn result(errors: &[(infer_reports::metric::Metric, f64)]) -> VerifyResult {
