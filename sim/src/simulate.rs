@@ -2,10 +2,10 @@
 //!
 //! Events, ordered by (time, class, sequence number) so that ties replay exactly:
 //!
-//! * class 0, client side: an open-loop arrival; a request reaching the server after its
-//!   request path (HTTP, tokenisation; one request at a time, in the order they were
-//!   sent), where it is routed and queued; a client seeing a
-//!   request finish (closed-loop clients then send their next one);
+//! * class 0, client side: an open-loop arrival (the request is routed as it is sent); a
+//!   request reaching its replica's scheduler after the replica's request path (HTTP,
+//!   tokenisation; one request at a time, in the order routed there), where it is queued;
+//!   a client seeing a request finish (closed-loop clients then send their next one);
 //! * class 1: a replica starts a step — after every client event of the same instant, so
 //!   requests arriving together are batched together;
 //! * class 2: a timeseries sample.
@@ -223,6 +223,14 @@ struct Replica {
     /// (time, state) as the router sees it after `metrics_delay_s`.
     history: VecDeque<(f64, ReplicaSnapshot)>,
     activations: ActivationPeak,
+    /// When the server's request path (HTTP, tokenisation) is next free. It takes requests
+    /// one at a time, in the order they were routed to it, as vLLM's and SGLang's tokenizer
+    /// process do by default, and this engine's tokenizer lane on a machine of 2-3 cores.
+    /// Were each request's path its own, a burst would reach the scheduler shortest prompt
+    /// first: every prompt sent at once, each arriving after its own tokenisation. A
+    /// scheduler that serves first come first served then admits the shortest half first,
+    /// and a burst's median TTFT came out 26% short of the served one.
+    request_path_free: f64,
 }
 
 impl Replica {
@@ -412,15 +420,8 @@ struct Sim<'a> {
     warmups_done: usize,
     /// Absolute time the measured run started (`None` during warm-up).
     t0: Option<f64>,
-    transit: FxHashMap<u64, GeneratedRequest>,
-    /// When the server's request path (HTTP, tokenisation) is next free. It takes requests
-    /// one at a time, in the order they were sent, as vLLM's and SGLang's tokenizer process
-    /// do by default, and this engine's tokenizer lane on a machine of 2-3 cores. Were each
-    /// request's path its own, a burst would reach the scheduler shortest prompt first:
-    /// every prompt sent at once, each arriving after its own tokenisation. A scheduler
-    /// that serves first come first served then admits the shortest half first, and a
-    /// burst's median TTFT came out 26% short of the served one.
-    request_path_free: f64,
+    /// Requests on their way to a replica's scheduler, with the replica.
+    transit: FxHashMap<u64, (GeneratedRequest, usize)>,
     /// Per-step scratch, reused: the sampled tokens.
     sampled: Vec<u32>,
     live: FxHashSet<u64>,
@@ -567,6 +568,7 @@ pub fn run_with(
             plan: None,
             history: VecDeque::new(),
             activations: ActivationPeak::new(&setup.memory),
+            request_path_free: 0.0,
         })
         .collect();
     let mut sim = Sim {
@@ -594,7 +596,6 @@ pub fn run_with(
         warmups_done: 0,
         t0: None,
         transit: FxHashMap::default(),
-        request_path_free: 0.0,
         sampled: Vec::new(),
         live: FxHashSet::default(),
         constrained: FxHashSet::default(),
@@ -675,9 +676,13 @@ impl Sim<'_> {
 
     fn send(&mut self, req: GeneratedRequest, now: f64) {
         let id = req.index as u64;
-        let at = now.max(self.request_path_free) + self.client.request_delay(req.prompt_ids.len());
-        self.request_path_free = at;
-        self.transit.insert(id, req);
+        // A router in front of the replicas routes a request as it comes; the replica's
+        // own request path then takes it.
+        let r = self.cluster.route(&req, now);
+        let path = &mut self.cluster.replicas[r].request_path_free;
+        let at = now.max(*path) + self.client.request_delay(req.prompt_ids.len());
+        *path = at;
+        self.transit.insert(id, (req, r));
         self.push(at, Ev::ServerIn(id));
     }
 
@@ -758,8 +763,7 @@ impl Sim<'_> {
     }
 
     fn on_server_in(&mut self, id: u64, now: f64) {
-        let req = self.transit.remove(&id).expect("in transit");
-        let r = self.cluster.route(&req, now);
+        let (req, r) = self.transit.remove(&id).expect("in transit");
         let stop = StopConditions {
             max_tokens: req.max_tokens,
             ignore_eos: req.ignore_eos || self.ignore_eos,

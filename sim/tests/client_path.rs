@@ -61,3 +61,43 @@ fn a_burst_reaches_the_scheduler_in_the_order_it_was_sent() {
         );
     }
 }
+
+/// Behind a router, each replica's server has its own request path: a burst over two
+/// replicas reaches each in half the time it takes to reach one.
+#[test]
+fn each_replica_of_a_cluster_has_its_own_request_path() {
+    let (request_s, per_token_s) = (1e-3, 1e-4);
+    let first_tokens = |replicas: usize| {
+        let setup = common::setup(
+            "paged_attention",
+            &[
+                "server.max_batch_size=1",
+                &format!("sim.client_request_s={request_s}"),
+                &format!("sim.client_per_prompt_token_s={per_token_s}"),
+                &format!("cluster.replicas={replicas}"),
+                "cluster.router=\"round-robin\"",
+            ],
+        );
+        let (_, rows) = infer_sim::run_collect(&setup).unwrap();
+        let mut records = rows.records;
+        records.sort_by_key(|r| r.id);
+        records
+    };
+    let (one, two) = (first_tokens(1), first_tokens(2));
+    // Each replica's first request: it waits only for the paths routed before it there.
+    let path = |r: &infer_core::metrics::RequestRecord| {
+        request_s + per_token_s * r.prompt_tokens as f64
+    };
+    let on_one = one[1].ttft.unwrap();
+    let on_two = two[1].ttft.unwrap();
+    assert!(
+        on_one >= path(&one[0]) + path(&one[1]),
+        "one replica: request 1 reached the scheduler before request 0's path ended"
+    );
+    assert!(
+        on_two < path(&two[0]) + path(&two[1]),
+        "two replicas: request 1 ({on_two:.4} s) waited for request 0's path on the other \
+         replica"
+    );
+    assert_eq!(two[1].replica, Some(1), "round robin sends request 1 to the second replica");
+}

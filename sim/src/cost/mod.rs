@@ -25,8 +25,8 @@ pub use infer_core::StepShape;
 /// client sees a token         = step end + stream_s
 /// ```
 /// so TTFT and E2E include both, while ITL (gaps between chunks) does not. `start` is the
-/// send, or the end of the request sent before it if that is later: the server's request
-/// path takes one request at a time, in the order they were sent.
+/// send, or the end of the request sent to the same replica before it if that is later:
+/// a server's request path takes one request at a time, in the order they were sent.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ClientPath {
     /// HTTP parse, routing, request validation.
