@@ -85,9 +85,8 @@ fn each_replica_of_a_cluster_has_its_own_request_path() {
     };
     let (one, two) = (first_tokens(1), first_tokens(2));
     // Each replica's first request: it waits only for the paths routed before it there.
-    let path = |r: &infer_core::metrics::RequestRecord| {
-        request_s + per_token_s * r.prompt_tokens as f64
-    };
+    let path =
+        |r: &infer_core::metrics::RequestRecord| request_s + per_token_s * r.prompt_tokens as f64;
     let on_one = one[1].ttft.unwrap();
     let on_two = two[1].ttft.unwrap();
     assert!(
@@ -99,5 +98,9 @@ fn each_replica_of_a_cluster_has_its_own_request_path() {
         "two replicas: request 1 ({on_two:.4} s) waited for request 0's path on the other \
          replica"
     );
-    assert_eq!(two[1].replica, Some(1), "round robin sends request 1 to the second replica");
+    assert_eq!(
+        two[1].replica,
+        Some(1),
+        "round robin sends request 1 to the second replica"
+    );
 }
