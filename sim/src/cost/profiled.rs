@@ -32,7 +32,7 @@
 //!
 //! ```text
 //! step_s ≈ dense(new_tokens) + a × own decode context + a' × shared decode context
-//!          + b × cross_pairs + c × chunk_self_pairs
+//!          + b × cross_pairs + c × chunk_self_pairs + r × prefill context
 //! ```
 //!
 //! * `dense` — everything that scales with the rows of the step's activations (weights
@@ -50,6 +50,13 @@
 //!   of the chunk with itself (n²). An attention that skips the masked half (flash
 //!   attention) fits `c ≈ b / 2`; one that computes the whole square and masks it (a
 //!   batched matmul, like the CPU engine's) fits `c ≈ b`. One pair count cannot be both.
+//! * `r` — a prompt chunk also reads its whole earlier context once, whatever its length
+//!   (the CPU engine gathers its K and V out of the paged blocks; a tiled kernel streams
+//!   it once per tile of queries): per token computed before the chunk. It is what a short
+//!   suffix after a long cached prefix pays beyond its pairs. With chunks of one length
+//!   only it cannot be told apart from `b` (both grow with the start), so it is fitted
+//!   only when the profile has chunks of two lengths after earlier context, and is 0
+//!   (its cost inside `b`) otherwise.
 //!
 //! All weights are fitted at once by non-negative least squares on *relative* error (a
 //! 1 ms decode weighs as much as a 1 s prefill; no term may save time).
@@ -154,6 +161,35 @@ impl ProfilePoint {
         self.chunk_self_pairs
             .unwrap_or((self.prefill_tokens * self.prefill_tokens) as f64)
     }
+
+    /// Context tokens computed before the step's prompt chunks (Σ chunk starts).
+    fn prefill_context(&self) -> f64 {
+        prefill_context(
+            self.context_tokens,
+            self.decode_context(),
+            self.prefill_tokens,
+        )
+    }
+}
+
+/// Σ over a step's prompt chunks of the tokens computed before each: its context less the
+/// decodes' and less the chunks themselves.
+fn prefill_context(context_tokens: usize, decode_context: usize, prefill_tokens: usize) -> f64 {
+    context_tokens.saturating_sub(decode_context + prefill_tokens) as f64
+}
+
+/// Whether the points tell the prefill-context term apart from the cross pairs: chunks of
+/// two lengths after earlier context (cross pairs over context tokens is the mean chunk
+/// length; with one length the two columns are proportional).
+fn prefill_context_determined(points: &[ProfilePoint]) -> bool {
+    let lengths: Vec<f64> = points
+        .iter()
+        .filter(|p| p.prefill_context() > 0.0)
+        .map(|p| p.attention().0 / p.prefill_context())
+        .collect();
+    lengths
+        .iter()
+        .any(|&l| (l - lengths[0]).abs() > 1e-6 * lengths[0].max(1.0))
 }
 
 /// Prefill attention pairs split into (cross, self): `prefill_pairs` counts causal pairs,
@@ -219,6 +255,9 @@ pub struct Profiled {
     per_cross_pair: f64,
     /// Seconds per pair of a chunk with itself.
     per_self_pair: f64,
+    /// Seconds per token of context before a prompt chunk (read once per chunk); 0 when
+    /// the profile cannot tell it apart from `per_cross_pair`.
+    per_prefill_context: f64,
     client: ClientPath,
     /// Seconds each constrained sampled sequence adds to a step (structured output).
     constrained_token_s: Option<f64>,
@@ -302,12 +341,16 @@ impl Profiled {
         }
         let knots = choose_knots(&pts.iter().map(ProfilePoint::new_tokens).collect::<Vec<_>>());
         let k = knots.len();
-        let features = k + 4;
+        let features = k + 5;
+        let fit_prefill_context = prefill_context_determined(pts);
         let row = |p: &ProfilePoint| {
             let mut x = vec![0.0; features];
             hats(&knots, p.new_tokens() as f64, &mut x[..k]);
             (x[k], x[k + 1]) = p.decode_context_split();
             (x[k + 2], x[k + 3]) = p.attention();
+            if fit_prefill_context {
+                x[k + 4] = p.prefill_context();
+            }
             x
         };
         let rows: Vec<Vec<f64>> = pts.iter().map(row).collect();
@@ -361,6 +404,7 @@ impl Profiled {
             },
             per_cross_pair: coef[k + 2],
             per_self_pair: coef[k + 3],
+            per_prefill_context: coef[k + 4],
             client,
             constrained_token_s: profile.structured_output.as_ref().map(|s| s.token_s),
             step_jitter_s: 0.0,
@@ -399,7 +443,12 @@ impl Profiled {
 
     /// The fitted step time of a profiled shape.
     pub fn predict_point(&self, p: &ProfilePoint) -> f64 {
-        self.predict(p.new_tokens(), p.decode_context_split(), p.attention())
+        self.predict(
+            p.new_tokens(),
+            p.decode_context_split(),
+            p.attention(),
+            p.prefill_context(),
+        )
     }
 
     fn predict(
@@ -407,12 +456,14 @@ impl Profiled {
         new_tokens: usize,
         (own_ctx, shared_ctx): (f64, f64),
         (cross, within): (f64, f64),
+        prefill_ctx: f64,
     ) -> f64 {
         self.dense_time(new_tokens)
             + self.per_decode_context * own_ctx
             + self.per_shared_context * shared_ctx
             + self.per_cross_pair * cross
             + self.per_self_pair * within
+            + self.per_prefill_context * prefill_ctx
     }
 }
 
@@ -422,7 +473,9 @@ impl CostModel for Profiled {
         let pairs = split_pairs(prefill_pairs, s.chunk_self_pairs, s.prefill_tokens);
         let shared = s.decode_shared_context_tokens.min(s.decode_context_tokens);
         let ctx = ((s.decode_context_tokens - shared) as f64, shared as f64);
-        self.predict(s.new_tokens(), ctx, pairs)
+        let prefill_ctx =
+            prefill_context(s.context_tokens, s.decode_context_tokens, s.prefill_tokens);
+        self.predict(s.new_tokens(), ctx, pairs, prefill_ctx)
             + s.constrained_seqs as f64 * self.constrained_token_s.unwrap_or(0.0)
     }
 
@@ -456,13 +509,14 @@ impl CostModel for Profiled {
         format!(
             "profiled ({}): step = dense(new tokens) [ms at {}] + {:.3e} ms/decode ctx tok \
              ({:.3e} shared) + {:.3e} ms/prefill pair with earlier context + {:.3e} ms/pair \
-             within a chunk (fit rms error {:.1}%){}",
+             within a chunk + {:.3e} ms/context tok before a chunk (fit rms error {:.1}%){}",
             self.name,
             dense.join(" "),
             self.per_decode_context * 1e3,
             self.per_shared_context * 1e3,
             self.per_cross_pair * 1e3,
             self.per_self_pair * 1e3,
+            self.per_prefill_context * 1e3,
             self.rms_rel_error * 100.0,
             self.step_spread
                 .as_ref()
@@ -610,6 +664,35 @@ mod tests {
         let s = shape(64, 64, 3, 700);
         let (a, b) = (again.step_time(&s), fit.step_time(&s));
         assert!((a - b).abs() / b < 1e-9, "{a} vs {b}");
+    }
+
+    #[test]
+    fn chunks_of_two_lengths_after_a_prefix_price_reading_it_apart_from_pairs() {
+        // The truth plus a read of each chunk's earlier context, once per chunk.
+        const PER_CONTEXT: f64 = 0.3e-6;
+        let with_read = |start: usize, n: usize| {
+            let mut p = point(start, n, 0, 0);
+            p.step_s += PER_CONTEXT * start as f64;
+            p
+        };
+        let mut p = profile();
+        p.points.retain(|pt| pt.prefill_context() == 0.0);
+        p.points
+            .extend([(512, 512), (1536, 512)].map(|(a, n)| with_read(a, n)));
+        // 512-token chunks alone: the read is folded into the pairs, and a short suffix
+        // after a long prefix comes out too cheap.
+        let one_length = Profiled::fit(&p, ClientPath::default()).unwrap();
+        assert_eq!(one_length.per_prefill_context, 0.0);
+        let want = with_read(1536, 48).step_s;
+        assert!(one_length.step_time(&shape(1536, 48, 0, 0)) < 0.95 * want);
+        // With short chunks too, the fit recovers both terms.
+        p.points
+            .extend([(1024, 64), (1024, 128)].map(|(a, n)| with_read(a, n)));
+        let fit = Profiled::fit(&p, ClientPath::default()).unwrap();
+        assert!(fit.rms_rel_error < 1e-6, "{}", fit.rms_rel_error);
+        assert!((fit.per_prefill_context - PER_CONTEXT).abs() < 1e-3 * PER_CONTEXT);
+        let got = fit.step_time(&shape(1536, 48, 0, 0));
+        assert!((got - want).abs() / want < 1e-6, "{got} vs {want}");
     }
 
     #[test]
