@@ -264,13 +264,23 @@ fn grid(max_len: usize, quick: bool) -> Vec<Shape> {
     // Short suffixes after a long cached prefix (a shared system prompt, a chat's next
     // turn): they read the whole prefix for few queries, which the 512-token chunks alone
     // cannot tell apart from their pairs.
-    for &n in if quick { &[64][..] } else { &[64, 128][..] } {
-        if 1024 + n < max_len {
-            g.push(Shape {
-                prefills: vec![(1024, n)],
-                ..Shape::default()
-            });
-        }
+    let suffixes: &[(usize, usize)] = if quick {
+        &[(1024, 64)]
+    } else {
+        &[
+            (512, 64),
+            (1024, 64),
+            (2048, 64),
+            (512, 128),
+            (1024, 128),
+            (2048, 128),
+        ]
+    };
+    for &(start, n) in suffixes.iter().filter(|&&(a, n)| a + n < max_len) {
+        g.push(Shape {
+            prefills: vec![(start, n)],
+            ..Shape::default()
+        });
     }
     // Several prompts in one step (unchunked bursts), up to 4,096 tokens.
     let bursts: &[(usize, usize)] = if quick {

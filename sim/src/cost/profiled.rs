@@ -531,13 +531,21 @@ impl CostModel for Profiled {
         let n = self.knots.len() - 1;
         format!(
             "profiled: dense(new tokens) {:.3} ms at {} to {:.3} ms at {} ({} knots) + {:.3e} ms \
-             per decode context token (fit rms error {:.1}%)\nprofile: {}",
+             per decode context token{} (fit rms error {:.1}%)\nprofile: {}",
             self.dense[0] * 1e3,
             self.knots[0],
             self.dense[n] * 1e3,
             self.knots[n],
             n + 1,
             self.per_decode_context * 1e3,
+            if self.per_prefill_context > 0.0 {
+                format!(
+                    " + {:.3e} ms per token of context before a prompt chunk",
+                    self.per_prefill_context * 1e3
+                )
+            } else {
+                String::new()
+            },
             self.rms_rel_error * 100.0,
             self.name
         ) + &self
