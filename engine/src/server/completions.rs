@@ -74,6 +74,8 @@ pub(super) async fn generate(
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
     let arrival = Instant::now();
+    // In the request path until the engine has it (or the request is refused).
+    let in_path = state.inner.request_path.enter();
     let body = body_or_error(body).await?;
     let mut req: GenerationRequest = api::parse_request(&body, endpoint)?;
     let s = &state.inner;
@@ -200,6 +202,7 @@ pub(super) async fn generate(
     commands
         .send(Command::Add(batch))
         .map_err(|_| ApiError::internal("the engine has stopped"))?;
+    drop(in_path);
     let guard = AbortOnDrop {
         ids,
         commands,

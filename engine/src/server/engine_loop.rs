@@ -82,6 +82,8 @@ pub struct EngineLoop {
     clients: HashMap<u64, Client>,
     metrics: Arc<Mutex<ServerMetrics>>,
     step_log: Option<super::step_log::StepLog>,
+    /// The request path's busy clock, read at each logged step's start.
+    request_path: Option<Arc<super::request_path::RequestPath>>,
     /// Where each step's prefix-cache events go (`--kv-events-config`).
     kv_events: Option<super::kv_events::EventSender>,
     health: Arc<super::health::Health>,
@@ -100,6 +102,7 @@ impl EngineLoop {
             clients: HashMap::new(),
             metrics,
             step_log: None,
+            request_path: None,
             kv_events: None,
             health,
         })
@@ -116,10 +119,15 @@ impl EngineLoop {
         self.core.capture_decode_graphs()
     }
 
-    /// Trace every step from now on.
-    pub fn log_steps(&mut self, log: super::step_log::StepLog) {
+    /// Trace every step from now on, with how long `path` had been busy at its start.
+    pub fn log_steps(
+        &mut self,
+        log: super::step_log::StepLog,
+        path: Arc<super::request_path::RequestPath>,
+    ) {
         self.core.trace_steps(true);
         self.step_log = Some(log);
+        self.request_path = Some(path);
     }
 
     /// Hand the prefix cache's new events to the publisher, if there is one.
@@ -231,6 +239,7 @@ impl EngineLoop {
     /// One step; false when the device is lost and the loop must stop.
     fn step(&mut self) -> bool {
         let t_start = Instant::now();
+        let path_busy_s = self.request_path.as_ref().map(|p| p.busy_s(t_start));
         let out = self.core.step();
         for id in &out.ended {
             self.clients.remove(id);
@@ -274,6 +283,7 @@ impl EngineLoop {
                 forward_s: out.forward_s,
                 constraint_s: out.constraint_s,
                 step_s: t_start.elapsed().as_secs_f64(),
+                path_busy_s,
             });
         }
         true

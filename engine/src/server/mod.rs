@@ -15,6 +15,7 @@ pub mod kv_events;
 pub mod metrics;
 mod pace;
 mod prompt;
+pub mod request_path;
 mod routes;
 pub mod step_log;
 pub mod structured;
@@ -152,6 +153,8 @@ struct Shared {
     compact_json: bool,
     /// Set when the device is lost: the server stops.
     health: Arc<health::Health>,
+    /// Requests between their handler's start and the engine (the step log's clock of it).
+    request_path: Arc<request_path::RequestPath>,
 }
 
 impl Shared {
@@ -241,6 +244,7 @@ impl Engine {
             sched.num_gpu_blocks,
         )));
         let health = Arc::new(health::Health::default());
+        let request_path = Arc::new(request_path::RequestPath::default());
         let launch_log = lm
             .model
             .launch_description()
@@ -259,7 +263,7 @@ impl Engine {
             String::new()
         };
         if let Some(path) = &cfg.step_log {
-            engine.log_steps(step_log::StepLog::create(path)?);
+            engine.log_steps(step_log::StepLog::create(path)?, request_path.clone());
         }
         if let Some(events) = &cfg.kv_events {
             engine.publish_kv_events(kv_events::start(events)?);
@@ -317,6 +321,7 @@ impl Engine {
                 load_format: cfg.load_format,
                 compact_json: cfg.compact_json,
                 health,
+                request_path,
             }),
         };
         Ok(Engine {

@@ -11,8 +11,15 @@ use anyhow::{anyhow, Context, Result};
 use infer_core::StepShape;
 
 /// Every field of [`StepShape`], in its order, between the time and the durations: a cost
-/// model reads back the shape the scheduler planned, whatever mechanisms it prices.
+/// model reads back the shape the scheduler planned, whatever mechanisms it prices. Then
+/// the request path's busy clock at the step's start.
 pub const HEADER: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
+max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
+max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,constrained_seqs,\
+forward_s,constraint_s,step_s,path_busy_s";
+
+/// The header before `path_busy_s`: such logs still read, without the clock.
+const HEADER_WITHOUT_PATH: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
 max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
 max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,constrained_seqs,\
 forward_s,constraint_s,step_s";
@@ -29,6 +36,10 @@ pub struct StepRecord {
     pub constraint_s: f64,
     /// The whole step: schedule, forward, sampling, scheduler update, streaming the tokens.
     pub step_s: f64,
+    /// Seconds the server's request path had been busy at the step's start
+    /// ([`RequestPath`](super::request_path::RequestPath)); the difference between two
+    /// steps is how long an arrival's path overlapped the first. `None`: not recorded.
+    pub path_busy_s: Option<f64>,
 }
 
 impl StepRecord {
@@ -67,7 +78,7 @@ impl StepLog {
         let s = &r.shape;
         let _ = writeln!(
             self.out,
-            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6}",
+            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{}",
             r.t_s,
             s.num_seqs,
             s.prefill_tokens,
@@ -85,7 +96,8 @@ impl StepLog {
             s.constrained_seqs,
             r.forward_s,
             r.constraint_s,
-            r.step_s
+            r.step_s,
+            r.path_busy_s.map_or(String::new(), |b| format!("{b:.6}"))
         );
     }
 
@@ -99,8 +111,13 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let mut lines = BufReader::new(file).lines();
     let header = lines.next().transpose()?.unwrap_or_default();
+    let fields = match header.as_str() {
+        HEADER => 19,
+        HEADER_WITHOUT_PATH => 18,
+        _ => 0,
+    };
     anyhow::ensure!(
-        header == HEADER,
+        fields > 0,
         "{}: not a step log of this version (header {header:?}); record it again with \
          `engine serve --step-log`",
         path.display()
@@ -116,7 +133,7 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 i + 2
             )
         };
-        if f.len() != 18 {
+        if f.len() != fields {
             return Err(bad());
         }
         let u = |j: usize| f[j].parse::<usize>().map_err(|_| bad());
@@ -144,6 +161,10 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
             forward_s: x(15)?,
             constraint_s: x(16)?,
             step_s: x(17)?,
+            path_busy_s: match f.get(18) {
+                Some(b) if !b.is_empty() => Some(x(18)?),
+                _ => None,
+            },
         });
     }
     Ok(steps)
@@ -186,12 +207,31 @@ mod tests {
             forward_s: 0.012,
             constraint_s: 0.00025,
             step_s: 0.0135,
+            path_busy_s: Some(0.75),
+        };
+        let unclocked = StepRecord {
+            path_busy_s: None,
+            ..rec.clone()
         };
         let mut log = StepLog::create(&path).unwrap();
         log.record(&rec);
+        log.record(&unclocked);
         log.flush();
         let back = read(&path).unwrap();
-        assert_eq!(back, vec![rec], "every field comes back");
+        assert_eq!(
+            back,
+            vec![rec.clone(), unclocked.clone()],
+            "every field comes back"
+        );
+        // A log from before the clock reads, without it.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let old: String = text
+            .lines()
+            .map(|l| l.rsplit_once(',').unwrap().0.to_string() + "\n")
+            .collect();
+        assert!(old.starts_with(HEADER_WITHOUT_PATH));
+        std::fs::write(&path, old).unwrap();
+        assert_eq!(read(&path).unwrap(), vec![unclocked.clone(), unclocked]);
         std::fs::write(&path, "a,b\n").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("not a step log"), "{e}");

@@ -804,6 +804,7 @@ mod tests {
             forward_s: 0.0009,
             constraint_s: 0.0,
             step_s: 0.001,
+            path_busy_s: None,
         };
         let steps = [
             step(0.000, 0, 1),
@@ -853,6 +854,7 @@ mod tests {
             forward_s: step_s,
             constraint_s: 0.0,
             step_s,
+            path_busy_s: None,
         };
         let steps = [
             step(0, 0.001), // the calibration's last decode

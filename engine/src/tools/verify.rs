@@ -645,6 +645,7 @@ mod tests {
             forward_s: step_s,
             constraint_s: 0.0,
             step_s,
+            path_busy_s: None,
         }
     }
 
