@@ -41,7 +41,7 @@ use infer_core::workload::{
 use infer_core::{BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions};
 
 use crate::catalog::GIB;
-use crate::cost::{AfterIdle, ClientPath, CostModel, StepShape, StepSpread};
+use crate::cost::{AfterIdle, AfterPrefill, ClientPath, CostModel, StepShape, StepSpread};
 use crate::error::SimError;
 use crate::memory::ActivationPeak;
 use crate::setup::Setup;
@@ -231,6 +231,8 @@ struct Replica {
     /// scheduler that serves first come first served then admits the shortest half first,
     /// and a burst's median TTFT came out 26% short of the served one.
     request_path_free: f64,
+    /// Steps since the last one with prompt tokens (`usize::MAX`: none yet).
+    since_prefill: usize,
 }
 
 impl Replica {
@@ -469,14 +471,16 @@ fn resident_bytes() -> Option<u64> {
 
 /// What a step takes beyond its typical time: a factor drawn from the cost model's spread
 /// of served steps (or, for the first step after an idle spell, the cost model's factor
-/// for it), and a random host pause (exponential with the cost model's mean). Each drawn
-/// from its own stream, only where the cost model has it, so that a run without them is
-/// exactly what it was before they existed.
+/// for it), a random host pause (exponential with the cost model's mean), and, for the
+/// decode steps just after a prefill, the cost model's extra seconds for them. Each random
+/// one drawn from its own stream, only where the cost model has it, so that a run without
+/// them is exactly what it was before they existed.
 struct StepNoise {
     jitter_mean_s: f64,
     jitter: ChaCha8Rng,
     spread: Option<(StepSpread, ChaCha8Rng)>,
     after_idle: Option<AfterIdle>,
+    after_prefill: Option<AfterPrefill>,
 }
 
 impl StepNoise {
@@ -494,7 +498,13 @@ impl StepNoise {
                 )
             }),
             after_idle: cost.after_idle(),
+            after_prefill: cost.after_prefill().cloned(),
         }
+    }
+
+    /// Extra seconds of the `j`-th decode step after one with prompt tokens.
+    fn after_prefill(&self, j: usize) -> f64 {
+        self.after_prefill.as_ref().map_or(0.0, |a| a.extra(j))
     }
 
     /// A step of typical time `typical_s`, after `idle_s` seconds without work (`None`:
@@ -569,6 +579,7 @@ pub fn run_with(
             history: VecDeque::new(),
             activations: ActivationPeak::new(&setup.memory),
             request_path_free: 0.0,
+            since_prefill: usize::MAX,
         })
         .collect();
     let mut sim = Sim {
@@ -849,7 +860,13 @@ impl Sim<'_> {
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);
         let (step_s, pause_s) = self.noise.draw(self.cost.step_time(&shape), idle_s);
-        let dt = step_s + self.cost.spill_time(spilled) + pause_s;
+        rep.since_prefill = if shape.prefill_tokens > 0 {
+            0
+        } else {
+            rep.since_prefill.saturating_add(1)
+        };
+        let after_prefill_s = self.noise.after_prefill(rep.since_prefill);
+        let dt = step_s + self.cost.spill_time(spilled) + pause_s + after_prefill_s;
         rep.plan = Some(plan);
         rep.record(now, delay);
         if self.t0.is_some() {

@@ -1,11 +1,12 @@
 //! The spread of served steps a profile carries (`step_spread`, measured by `engine
 //! profile`): what it does to a single stream's latencies, that it replays exactly, and that
-//! a damaged one is refused by name; and what a cold first step after idling (`after_idle`)
-//! does to a request that arrives at an idle engine.
+//! a damaged one is refused by name; what a cold first step after idling (`after_idle`)
+//! does to a request that arrives at an idle engine; and what the decode steps just after a
+//! prefill (`after_prefill`) add.
 
 mod common;
 
-use infer_sim::cost::{AfterIdle, Profile, StepSpread};
+use infer_sim::cost::{AfterIdle, AfterPrefill, Profile, StepSpread};
 
 /// The shipped CPU profile with `spread` in place of its own, written to a file of its own.
 fn profile_with(name: &str, spread: Option<StepSpread>) -> String {
@@ -189,6 +190,66 @@ fn a_cold_first_step_lengthens_ttft_and_leaves_itl() {
     let e = refusal(&damaged);
     assert!(
         e.contains("sim.profile") && e.contains("after_idle.factor"),
+        "{e}"
+    );
+}
+
+/// One request at a time, each a single prefill step and then its decodes: with extras of
+/// 0.5 and 0.25 ms for the first two decode steps after a prefill (and nothing else random),
+/// every request ends exactly 0.75 ms later, its first token no later, and its first gap
+/// between tokens becomes the longest.
+#[test]
+fn the_decode_steps_after_a_prefill_take_their_extra_seconds() {
+    let steady = |p: &mut Profile| {
+        p.step_spread = None;
+        p.after_idle = None;
+    };
+    let run = |profile: &str| {
+        let o = profiled(profile);
+        let o: Vec<&str> = o.iter().map(String::as_str).collect();
+        let (_, rows) = infer_sim::run_collect(&common::setup("baseline", &o)).unwrap();
+        rows.records
+    };
+    let before = run(&edited_profile("steady", steady));
+    let after = run(&edited_profile("after-prefill", |p| {
+        steady(p);
+        p.after_prefill = Some(AfterPrefill {
+            extra_s: vec![0.5e-3, 0.25e-3],
+            steps: 10,
+        })
+    }));
+    assert_eq!(before.len(), after.len());
+    for (b, a) in before.iter().zip(&after) {
+        assert!(a.output_tokens > 3, "{} tokens", a.output_tokens);
+        assert!(
+            (a.ttft.unwrap() - b.ttft.unwrap()).abs() < 1e-12,
+            "request {}",
+            a.id
+        );
+        let later = a.e2e - b.e2e;
+        assert!(
+            (later - 0.75e-3).abs() < 1e-9,
+            "request {} ended {later} s later",
+            a.id
+        );
+        // The first gap, 0.5 ms longer, is now the longest (the steady ones grow with the
+        // context by less than 0.25 ms).
+        let gap = a.itl_max.unwrap() - b.itl_max.unwrap();
+        assert!(
+            (0.25e-3..=0.5e-3 + 1e-12).contains(&gap),
+            "request {}: longest gap {gap} s longer",
+            a.id
+        );
+    }
+    let damaged = edited_profile("after-prefill-damaged", |p| {
+        p.after_prefill = Some(AfterPrefill {
+            extra_s: vec![-1e-3],
+            steps: 10,
+        })
+    });
+    let e = refusal(&damaged);
+    assert!(
+        e.contains("sim.profile") && e.contains("after_prefill.extra_s"),
         "{e}"
     );
 }

@@ -26,7 +26,8 @@ use infer_core::StepShape;
 use infer_sim::cost::CostModel;
 
 pub use infer_sim::cost::{
-    AfterIdle, Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput, StepSpread,
+    AfterIdle, AfterPrefill, Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput,
+    StepSpread,
 };
 
 /// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`, the first
@@ -158,8 +159,12 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
     .await??;
     let (mut points, structured_output) = points;
     drop(lm);
-    let (client, step_spread, after_idle) =
-        measure_serving_path(model, target, &mut points).await?;
+    let ServingPath {
+        client,
+        step_spread,
+        after_prefill,
+        after_idle,
+    } = measure_serving_path(model, target, &mut points).await?;
     Ok(Profile {
         model: model.to_string(),
         device: target.label(),
@@ -167,6 +172,7 @@ pub async fn profile_model(model: &str, target: Target, quick: bool) -> Result<P
         client: Some(client),
         structured_output,
         step_spread,
+        after_prefill,
         after_idle,
     })
 }
@@ -461,7 +467,7 @@ const CALIBRATION_SCENARIO: &str = r#"
 name = "serving-calibration"
 description = "engine profile: the serving path under a mixed load"
 [workload]
-num_requests = 24
+num_requests = 48
 warmup_requests = 1
 seed = 7
 prompt_tokens = { uniform = [64, 1024] }
@@ -508,6 +514,9 @@ max_concurrency = 1
 ///   offline prediction plus the fitted excess), as quantiles per band of step time
 ///   ([`StepSpread`]): the simulator draws each step's factor from it, which is what its
 ///   tail latencies (ITL P99) need;
+/// * the decode steps just after a prefill: what each of the first few takes beyond its
+///   typical time, over what a steady one does ([`AfterPrefill`]); the excess and the
+///   spread are measured on the other steps;
 /// * the first step after an idle spell: its time over its typical time ([`AfterIdle`]),
 ///   what a request arriving at an idle engine pays on top of its prefill.
 ///
@@ -516,7 +525,7 @@ async fn measure_serving_path(
     model: &str,
     target: Target,
     points: &mut [ProfilePoint],
-) -> Result<(ProfileClient, Option<StepSpread>, Option<AfterIdle>)> {
+) -> Result<ServingPath> {
     let offline = infer_sim::cost::Profiled::fit(
         &Profile {
             model: model.to_string(),
@@ -525,6 +534,7 @@ async fn measure_serving_path(
             client: None,
             structured_output: None,
             step_spread: None,
+            after_prefill: None,
             after_idle: None,
         },
         Default::default(),
@@ -591,7 +601,17 @@ async fn measure_serving_path(
             .map(|(shape, served)| (typical(shape), served))
             .collect::<Vec<_>>()
     };
-    let spread = StepSpread::measure(&against_typical(&mut busy_periods(&steps)));
+    let spread = StepSpread::measure(&against_typical(
+        &mut busy_periods(&steps)
+            .filter(BusyPeriod::steady)
+            .map(|b| (b.shape, b.period_s)),
+    ));
+    let after_prefill = AfterPrefill::measure(
+        &busy_periods(&steps)
+            .filter(|b| b.shape.prefill_tokens == 0)
+            .map(|b| (b.since_prefill, typical(b.shape), b.period_s))
+            .collect::<Vec<_>>(),
+    );
     let after_idle = AfterIdle::measure(&against_typical(&mut cold_steps(&steps)));
     let paths = client_paths(&probes, &steps, chunk)?;
     let (short, long) =
@@ -622,6 +642,10 @@ async fn measure_serving_path(
         Some(s) => eprintln!("{}", s.describe()),
         None => eprintln!("step spread: too few busy served steps to measure it"),
     }
+    match &after_prefill {
+        Some(a) => eprintln!("{}", a.describe()),
+        None => eprintln!("after a prefill: the decode steps took no longer than the rest"),
+    }
     match &after_idle {
         Some(a) => eprintln!("{}", a.describe()),
         None => eprintln!("after idle: too few steps after an idle spell to measure it"),
@@ -631,24 +655,70 @@ async fn measure_serving_path(
         per_prompt_token_s,
         stream_s: 0.0,
     };
-    Ok((client, spread, after_idle))
+    Ok(ServingPath {
+        client,
+        step_spread: spread,
+        after_prefill,
+        after_idle,
+    })
 }
 
-/// Each busy served step with its period, from its start to the next step's: what a
-/// decoding request sees between two tokens. Busy: the next step decodes (a sequence ran
-/// on, so the engine went straight on to it) and starts within 5 ms of this one's end. A
-/// step after which the engine ran dry and waited for an arrival is not one: its period
-/// holds the wait, which the simulator's own arrivals already make. Nor is a step that
-/// started cold ([`cold_steps`]): what it costs is measured apart.
-fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = (&StepShape, f64)> {
+/// What [`measure_serving_path`] measures.
+struct ServingPath {
+    client: ProfileClient,
+    step_spread: Option<StepSpread>,
+    after_prefill: Option<AfterPrefill>,
+    after_idle: Option<AfterIdle>,
+}
+
+/// A busy served step ([`busy_periods`]).
+struct BusyPeriod<'a> {
+    shape: &'a StepShape,
+    /// From its start to the next step's: what a decoding request sees between two tokens.
+    period_s: f64,
+    /// Steps since the last one with prompt tokens (0: this one has some; `usize::MAX`:
+    /// none before it).
+    since_prefill: usize,
+}
+
+impl BusyPeriod<'_> {
+    /// Not one of the decode steps just after a prefill, which [`AfterPrefill`] prices.
+    fn steady(&self) -> bool {
+        !(1..=AfterPrefill::MAX_STEPS).contains(&self.since_prefill)
+    }
+}
+
+/// Each busy served step with its period. Busy: the next step decodes (a sequence ran on,
+/// so the engine went straight on to it) and starts within 5 ms of this one's end. A step
+/// after which the engine ran dry and waited for an arrival is not one: its period holds
+/// the wait, which the simulator's own arrivals already make. Nor is a step that started
+/// cold ([`cold_steps`]): what it costs is measured apart.
+fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = BusyPeriod<'_>> {
+    let mut since = usize::MAX;
+    let since_prefill: Vec<usize> = steps
+        .iter()
+        .map(|s| {
+            since = if s.shape.prefill_tokens > 0 {
+                0
+            } else {
+                since.saturating_add(1)
+            };
+            since
+        })
+        .collect();
     steps
         .windows(3)
-        .filter(|w| {
+        .enumerate()
+        .filter(|(_, w)| {
             w[1].idle_after(&w[0]) < AfterIdle::IDLE_S
                 && w[2].shape.decode_seqs > 0
                 && w[2].idle_after(&w[1]) < 0.005
         })
-        .map(|w| (&w[1].shape, w[2].t_s - w[1].t_s))
+        .map(move |(i, w)| BusyPeriod {
+            shape: &w[1].shape,
+            period_s: w[2].t_s - w[1].t_s,
+            since_prefill: since_prefill[i + 1],
+        })
 }
 
 /// Each step that started at least [`AfterIdle::IDLE_S`] after the one before it ended (the
@@ -750,7 +820,13 @@ fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
 fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
     use infer_sim::cost::CostModel;
     let mut xy: Vec<(f64, f64)> = busy_periods(steps)
-        .map(|(shape, period)| (shape.num_seqs as f64, period - offline.step_time(shape)))
+        .filter(BusyPeriod::steady)
+        .map(|b| {
+            (
+                b.shape.num_seqs as f64,
+                b.period_s - offline.step_time(b.shape),
+            )
+        })
         .collect();
     anyhow::ensure!(
         xy.len() >= 50,
@@ -821,7 +897,14 @@ mod tests {
             step(0.0620, 0, 1),
         ];
         let round = |(shape, t): (&StepShape, f64)| (shape.prefill_tokens, (t * 1e4).round() / 1e4);
-        let busy: Vec<(usize, f64)> = busy_periods(&steps).map(round).collect();
+        let busy: Vec<(usize, f64)> = busy_periods(&steps)
+            .map(|b| round((b.shape, b.period_s)))
+            .collect();
+        // Steps since the last prompt, for the busy ones.
+        let since: Vec<usize> = busy_periods(&steps).map(|b| b.since_prefill).collect();
+        assert_eq!(since, [0, 1, 2, 0, 2, 1]);
+        let steady: Vec<bool> = busy_periods(&steps).map(|b| b.steady()).collect();
+        assert_eq!(steady, [true, false, false, true, false, false]);
         assert_eq!(
             busy,
             [
@@ -909,6 +992,7 @@ mod tests {
                 client: None,
                 structured_output: None,
                 step_spread: None,
+                after_prefill: None,
                 after_idle: None,
             };
             let fit = Profiled::fit(&profile, Default::default())

@@ -213,40 +213,49 @@ pub fn step_fidelity(
         (true, false) => "prefill",
         (true, true) => "mixed",
     };
+    // A measured step includes its random pause: predict its mean too (a spread's factors
+    // average 1). A step that started cold, or one of the decode steps just after a
+    // prefill, is priced as the simulator prices it.
+    let mut since_prefill = usize::MAX;
+    let priced: Vec<f64> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let idle = i.checked_sub(1).map(|p| r.idle_after(&steps[p]));
+            let cold = cost
+                .after_idle()
+                .filter(|a| idle.is_some_and(|i| i >= a.idle_s));
+            since_prefill = if r.shape.prefill_tokens > 0 {
+                0
+            } else {
+                since_prefill.saturating_add(1)
+            };
+            let after_prefill = cost.after_prefill().map_or(0.0, |a| a.extra(since_prefill));
+            cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor)
+                + cost.step_jitter()
+                + after_prefill
+        })
+        .collect();
     ["decode", "prefill", "mixed", "all"]
         .into_iter()
         .filter_map(|k| {
-            // Each step with how long the engine had waited for it (none for the first).
-            let of_kind: Vec<(&StepRecord, Option<f64>)> = steps
+            let (of_kind, predicted): (Vec<&StepRecord>, Vec<f64>) = steps
                 .iter()
-                .enumerate()
-                .map(|(i, r)| (r, i.checked_sub(1).map(|p| r.idle_after(&steps[p]))))
+                .zip(&priced)
                 .filter(|(r, _)| k == "all" || kind(r) == k)
-                .collect();
+                .unzip();
             if of_kind.is_empty() {
                 return None;
             }
-            // A measured step includes its random pause: predict its mean too (a spread's
-            // factors average 1). A step that started cold is priced as the simulator
-            // prices it, at the cost model's factor for it.
-            let predicted: Vec<f64> = of_kind
-                .iter()
-                .map(|&(r, idle)| {
-                    let cold = cost
-                        .after_idle()
-                        .filter(|a| idle.is_some_and(|i| i >= a.idle_s));
-                    cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor) + cost.step_jitter()
-                })
-                .collect();
             let errors = of_kind
                 .iter()
                 .zip(&predicted)
-                .map(|((r, _), p)| (p / r.step_s - 1.0) * 100.0)
+                .map(|(r, p)| (p / r.step_s - 1.0) * 100.0)
                 .collect();
             Some(StepFidelity {
                 kind: k,
                 steps: of_kind.len(),
-                measured_s: of_kind.iter().map(|(r, _)| r.step_s).sum(),
+                measured_s: of_kind.iter().map(|r| r.step_s).sum(),
                 predicted_s: predicted.iter().sum(),
                 median_error_pct: median(errors).unwrap_or(0.0),
             })
@@ -721,6 +730,48 @@ mod tests {
         // Priced warm, the cold step would be a third short.
         let warm = &step_fidelity(&steps, &PerToken)[0];
         assert!((warm.predicted_s - 0.3).abs() < 1e-12);
+    }
+
+    /// 1 ms per new token; the first two decode steps after a prefill 50 and 20 ms more.
+    struct SlowAfterPrefill;
+    impl CostModel for SlowAfterPrefill {
+        fn step_time(&self, s: &StepShape) -> f64 {
+            PerToken.step_time(s)
+        }
+        fn after_prefill(&self) -> Option<&infer_sim::cost::AfterPrefill> {
+            static EXTRAS: std::sync::OnceLock<infer_sim::cost::AfterPrefill> =
+                std::sync::OnceLock::new();
+            Some(EXTRAS.get_or_init(|| infer_sim::cost::AfterPrefill {
+                extra_s: vec![0.05, 0.02],
+                steps: 10,
+            }))
+        }
+        fn client_path(&self) -> ClientPath {
+            ClientPath::default()
+        }
+        fn describe(&self) -> String {
+            "slow after a prefill".into()
+        }
+    }
+
+    #[test]
+    fn the_decode_steps_after_a_prefill_are_priced_as_the_simulator_prices_them() {
+        let at = |t_s: f64, r: StepRecord| StepRecord { t_s, ..r };
+        let steps = [
+            at(0.000, step(0, 1, 0.001)), // no prefill before it: steady
+            at(0.001, step(100, 0, 0.1)),
+            at(0.101, step(0, 1, 0.051)),
+            at(0.152, step(0, 1, 0.021)),
+            at(0.173, step(0, 1, 0.001)),
+        ];
+        let decode = &step_fidelity(&steps, &SlowAfterPrefill)[0];
+        assert_eq!((decode.kind, decode.steps), ("decode", 4));
+        assert!(
+            (decode.predicted_s - 0.074).abs() < 1e-12,
+            "{}",
+            decode.predicted_s
+        );
+        assert!(decode.median_error_pct.abs() < 1e-9);
     }
 
     fn result(errors: &[(infer_reports::metric::Metric, f64)]) -> VerifyResult {

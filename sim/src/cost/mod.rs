@@ -14,7 +14,7 @@ pub use analytic::Analytic;
 pub use profiled::{
     Profile, ProfileClient, ProfileCoverage, ProfilePoint, ProfileStructuredOutput, Profiled,
 };
-pub use spread::{AfterIdle, SpreadBand, StepSpread};
+pub use spread::{AfterIdle, AfterPrefill, SpreadBand, StepSpread};
 
 pub use infer_core::StepShape;
 
@@ -64,6 +64,11 @@ pub trait CostModel: Send + Sync {
     /// How served steps spread around `step_time` (each simulated step is multiplied by a
     /// factor drawn from it, of mean 1); `None`: every step takes exactly `step_time`.
     fn step_spread(&self) -> Option<&StepSpread> {
+        None
+    }
+    /// What the decode steps just after a step with prompt tokens cost on top of the rest;
+    /// `None`: nothing.
+    fn after_prefill(&self) -> Option<&AfterPrefill> {
         None
     }
     /// What the first step after an idle spell costs (its factor replaces the spread's

@@ -25,8 +25,9 @@
 //! when absent they are taken as for one fresh prompt (`context_tokens − prefill_tokens`,
 //! `p × (p + 1) / 2` plus one pair per decode context token, and `p²`). `client` is
 //! optional (the client path outside the GPU), and so are `step_spread` (how served steps
-//! spread around the fitted time: [`StepSpread`]) and `after_idle` (what the first step
-//! after an idle spell costs: [`AfterIdle`]), which `engine profile` measures.
+//! spread around the fitted time: [`StepSpread`]), `after_prefill` (what the decode steps
+//! just after a prefill cost beyond it: [`AfterPrefill`]) and `after_idle` (what the first
+//! step after an idle spell costs: [`AfterIdle`]), which `engine profile` measures.
 //!
 //! The model mirrors what a step does:
 //!
@@ -65,7 +66,7 @@ use super::least_squares::nnls;
 use crate::error::SimError;
 use serde::{Deserialize, Serialize};
 
-use super::{AfterIdle, ClientPath, CostModel, StepShape, StepSpread};
+use super::{AfterIdle, AfterPrefill, ClientPath, CostModel, StepShape, StepSpread};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,6 +108,10 @@ pub struct Profile {
     /// How served steps spread around their typical time, when profiled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_spread: Option<StepSpread>,
+    /// What the decode steps just after a prefill cost beyond their typical time, when
+    /// profiled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_prefill: Option<AfterPrefill>,
     /// What the first step after an idle spell costs, when profiled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after_idle: Option<AfterIdle>,
@@ -266,6 +271,8 @@ pub struct Profiled {
     pub step_jitter_s: f64,
     /// How served steps spread around the fitted typical time (the profile's).
     pub step_spread: Option<StepSpread>,
+    /// What the decode steps just after a prefill cost (the profile's).
+    pub after_prefill: Option<AfterPrefill>,
     /// What the first step after an idle spell costs (the profile's).
     pub after_idle: Option<AfterIdle>,
     /// Root-mean-square relative error of the fit over the profile's points.
@@ -329,6 +336,9 @@ impl Profiled {
         }
         if let Some(spread) = &profile.step_spread {
             spread.check().map_err(SimError::Invalid)?;
+        }
+        if let Some(after_prefill) = &profile.after_prefill {
+            after_prefill.check().map_err(SimError::Invalid)?;
         }
         if let Some(after_idle) = &profile.after_idle {
             after_idle.check().map_err(SimError::Invalid)?;
@@ -409,6 +419,7 @@ impl Profiled {
             constrained_token_s: profile.structured_output.as_ref().map(|s| s.token_s),
             step_jitter_s: 0.0,
             step_spread: profile.step_spread.clone(),
+            after_prefill: profile.after_prefill.clone(),
             after_idle: profile.after_idle,
             rms_rel_error: 0.0,
             coverage: ProfileCoverage::of(pts),
@@ -491,6 +502,10 @@ impl CostModel for Profiled {
         self.step_spread.as_ref()
     }
 
+    fn after_prefill(&self) -> Option<&AfterPrefill> {
+        self.after_prefill.as_ref()
+    }
+
     fn after_idle(&self) -> Option<AfterIdle> {
         self.after_idle
     }
@@ -522,6 +537,10 @@ impl CostModel for Profiled {
                 .as_ref()
                 .map_or(String::new(), |s| format!("; {}", s.describe()))
                 + &self
+                    .after_prefill
+                    .as_ref()
+                    .map_or(String::new(), |a| format!("; {}", a.describe()))
+                + &self
                     .after_idle
                     .map_or(String::new(), |a| format!("; {}", a.describe()))
         )
@@ -552,6 +571,10 @@ impl CostModel for Profiled {
             .step_spread
             .as_ref()
             .map_or(String::new(), |s| format!("\n{}", s.describe()))
+            + &self
+                .after_prefill
+                .as_ref()
+                .map_or(String::new(), |a| format!("\n{}", a.describe()))
             + &self
                 .after_idle
                 .map_or(String::new(), |a| format!("\n{}", a.describe()))
@@ -612,6 +635,7 @@ mod tests {
             client: None,
             structured_output: None,
             step_spread: None,
+            after_prefill: None,
             after_idle: None,
         }
     }

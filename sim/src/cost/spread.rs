@@ -297,6 +297,103 @@ impl AfterIdle {
     }
 }
 
+/// What the decode steps just after a step with prompt tokens cost beyond their typical
+/// time. On this project's CPU the first decode after a prefill took 0.27-0.34 ms more than
+/// the 0.34-0.37 ms of a steady one-sequence decode, the second 0.12-0.18 ms more, the
+/// third 0.07-0.11, the fourth 0.05-0.08 (`runs/fid8-ctx6`, every scenario alike; why, is
+/// not known: caches, the allocator and clocks are all candidates). Priced as seconds, not
+/// as a factor, because they were alike for decode steps of 0.34 and of 0.62 ms. `engine profile` measures it on its serving calibration: for the
+/// `j`-th decode step after a prefill, the median of its period less its typical time, over
+/// that median for steps further on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AfterPrefill {
+    /// Extra seconds of the first, second, … decode step after a step with prompt tokens.
+    pub extra_s: Vec<f64>,
+    /// Steps the first was measured over.
+    pub steps: usize,
+}
+
+impl AfterPrefill {
+    /// Decode steps after a prefill that are measured apart (a steady step is further on).
+    pub const MAX_STEPS: usize = 6;
+    /// The fewest steps each extra is measured over.
+    pub const MIN_STEPS: usize = 10;
+
+    /// From busy decode steps, each `(j, typical_s, served_s)`: the step is the `j`-th after
+    /// one with prompt tokens (`j` > [`Self::MAX_STEPS`]: a steady step). Each extra is the
+    /// median of `served − typical` at its `j`, less that of the steady steps; they end
+    /// before the first that is not positive or has fewer than [`Self::MIN_STEPS`] steps.
+    /// `None` when the first does.
+    pub fn measure(steps: &[(usize, f64, f64)]) -> Option<AfterPrefill> {
+        let excess_at = |keep: &dyn Fn(usize) -> bool| {
+            let mut xs: Vec<f64> = steps
+                .iter()
+                .filter(|&&(j, t, s)| keep(j) && t > 0.0 && s.is_finite())
+                .map(|&(_, t, s)| s - t)
+                .collect();
+            xs.sort_by(f64::total_cmp);
+            (!xs.is_empty()).then(|| (quantile(&xs, 0.5), xs.len()))
+        };
+        let (steady, _) = excess_at(&|j| j > Self::MAX_STEPS)?;
+        let mut extra_s = Vec::new();
+        let mut first = 0;
+        for j in 1..=Self::MAX_STEPS {
+            match excess_at(&|k| k == j) {
+                Some((x, n)) if n >= Self::MIN_STEPS && x > steady => {
+                    if j == 1 {
+                        first = n;
+                    }
+                    extra_s.push(x - steady);
+                }
+                _ => break,
+            }
+        }
+        (!extra_s.is_empty()).then_some(AfterPrefill {
+            extra_s,
+            steps: first,
+        })
+    }
+
+    /// Extra seconds of the `j`-th decode step after a step with prompt tokens.
+    pub fn extra(&self, j: usize) -> f64 {
+        j.checked_sub(1)
+            .and_then(|i| self.extra_s.get(i))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// Why it cannot be used, if it cannot (a hand-edited or damaged profile).
+    pub fn check(&self) -> Result<(), String> {
+        if self.extra_s.len() > Self::MAX_STEPS {
+            return Err(format!(
+                "after_prefill.extra_s has {} steps, more than {}",
+                self.extra_s.len(),
+                Self::MAX_STEPS
+            ));
+        }
+        match self.extra_s.iter().find(|x| !(**x >= 0.0 && **x < 1.0)) {
+            Some(x) => Err(format!(
+                "after_prefill.extra_s must hold seconds from 0 to 1, got {x}"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        let ms: Vec<String> = self
+            .extra_s
+            .iter()
+            .map(|x| format!("{:.3}", x * 1e3))
+            .collect();
+        format!(
+            "the decode steps after a prefill take {} ms more ({} steps)",
+            ms.join(", "),
+            self.steps
+        )
+    }
+}
+
 /// The `p` quantile of sorted `xs`, linear between order statistics.
 fn quantile(xs: &[f64], p: f64) -> f64 {
     let x = p * (xs.len() - 1) as f64;
@@ -316,6 +413,46 @@ mod tests {
         (1..=n)
             .map(|i| (t, t * i as f64 / (n / 2) as f64))
             .collect()
+    }
+
+    #[test]
+    fn after_prefill_measures_each_steps_extra_over_the_steady_ones() {
+        // Typical 1 ms; steady steps served at 1.1 ms, the first after a prefill at 1.5,
+        // the second at 1.3, the third at 1.1 (no more than steady: the extras end).
+        let mut steps = Vec::new();
+        for i in 0..AfterPrefill::MIN_STEPS {
+            let wobble = 1e-5 * i as f64;
+            steps.push((1, 1e-3, 1.5e-3 + wobble));
+            steps.push((2, 1e-3, 1.3e-3 + wobble));
+            steps.push((3, 1e-3, 1.1e-3 + wobble));
+            steps.push((4, 1e-3, 1.4e-3)); // after the end: not counted
+            steps.push((7, 1e-3, 1.1e-3 + wobble));
+            steps.push((50, 1e-3, 1.1e-3 + wobble));
+        }
+        let a = AfterPrefill::measure(&steps).unwrap();
+        assert_eq!(a.extra_s.len(), 2, "{a:?}");
+        assert!((a.extra_s[0] - 0.4e-3).abs() < 1e-12, "{a:?}");
+        assert!((a.extra_s[1] - 0.2e-3).abs() < 1e-12, "{a:?}");
+        assert_eq!(a.steps, AfterPrefill::MIN_STEPS);
+        assert_eq!((a.extra(0), a.extra(3), a.extra(9)), (0.0, 0.0, 0.0));
+        assert_eq!(a.extra(1), a.extra_s[0]);
+        assert!(a.check().is_ok());
+        // Too few first steps, or no steady ones: nothing.
+        let few: Vec<_> = steps
+            .iter()
+            .copied()
+            .filter(|s| s.0 != 1)
+            .chain([(1, 1e-3, 2e-3)])
+            .collect();
+        assert_eq!(AfterPrefill::measure(&few), None);
+        let unsteady: Vec<_> = steps.iter().copied().filter(|s| s.0 <= 6).collect();
+        assert_eq!(AfterPrefill::measure(&unsteady), None);
+        // A damaged one is refused by name.
+        let bad = AfterPrefill {
+            extra_s: vec![f64::NAN],
+            steps: 10,
+        };
+        assert!(bad.check().unwrap_err().contains("after_prefill.extra_s"));
     }
 
     #[test]
