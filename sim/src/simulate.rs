@@ -231,8 +231,9 @@ struct Replica {
     /// scheduler that serves first come first served then admits the shortest half first,
     /// and a burst's median TTFT came out 26% short of the served one.
     request_path_free: f64,
-    /// Steps since the last one with prompt tokens (`usize::MAX`: none yet).
+    /// Steps since the last one with prompt tokens (`usize::MAX`: none yet), and its tokens.
     since_prefill: usize,
+    last_prefill_tokens: usize,
 }
 
 impl Replica {
@@ -502,9 +503,11 @@ impl StepNoise {
         }
     }
 
-    /// Extra seconds of the `j`-th decode step after one with prompt tokens.
-    fn after_prefill(&self, j: usize) -> f64 {
-        self.after_prefill.as_ref().map_or(0.0, |a| a.extra(j))
+    /// Extra seconds of the `j`-th decode step after one with `prompt_tokens`.
+    fn after_prefill(&self, j: usize, prompt_tokens: usize) -> f64 {
+        self.after_prefill
+            .as_ref()
+            .map_or(0.0, |a| a.extra(j, prompt_tokens))
     }
 
     /// A step of typical time `typical_s`, after `idle_s` seconds without work (`None`:
@@ -580,6 +583,7 @@ pub fn run_with(
             activations: ActivationPeak::new(&setup.memory),
             request_path_free: 0.0,
             since_prefill: usize::MAX,
+            last_prefill_tokens: 0,
         })
         .collect();
     let mut sim = Sim {
@@ -860,12 +864,15 @@ impl Sim<'_> {
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);
         let (step_s, pause_s) = self.noise.draw(self.cost.step_time(&shape), idle_s);
-        rep.since_prefill = if shape.prefill_tokens > 0 {
-            0
+        if shape.prefill_tokens > 0 {
+            rep.since_prefill = 0;
+            rep.last_prefill_tokens = shape.prefill_tokens;
         } else {
-            rep.since_prefill.saturating_add(1)
-        };
-        let after_prefill_s = self.noise.after_prefill(rep.since_prefill);
+            rep.since_prefill = rep.since_prefill.saturating_add(1);
+        }
+        let after_prefill_s = self
+            .noise
+            .after_prefill(rep.since_prefill, rep.last_prefill_tokens);
         let dt = step_s + self.cost.spill_time(spilled) + pause_s + after_prefill_s;
         rep.plan = Some(plan);
         rep.record(now, delay);

@@ -216,6 +216,8 @@ fn the_decode_steps_after_a_prefill_take_their_extra_seconds() {
         p.after_prefill = Some(AfterPrefill {
             extra_s: vec![0.5e-3, 0.25e-3],
             steps: 10,
+            prefill_tokens: 0.0,
+            per_prefill_token: 0.0,
         })
     }));
     assert_eq!(before.len(), after.len());
@@ -241,10 +243,32 @@ fn the_decode_steps_after_a_prefill_take_their_extra_seconds() {
             a.id
         );
     }
+    // Scaled by the prefill's tokens: twice as much after 256 new tokens as after 128.
+    let scaled = run(&edited_profile("after-prefill-scaled", |p| {
+        steady(p);
+        p.after_prefill = Some(AfterPrefill {
+            extra_s: vec![0.5e-3, 0.25e-3],
+            steps: 10,
+            prefill_tokens: 128.0,
+            per_prefill_token: 1.0 / 128.0,
+        })
+    }));
+    for (b, a) in before.iter().zip(&scaled) {
+        let prefilled = (a.prompt_tokens - a.cached_tokens) as f64;
+        let want = 0.75e-3 * prefilled / 128.0;
+        let later = a.e2e - b.e2e;
+        assert!(
+            (later - want).abs() < 1e-9,
+            "request {} ({prefilled} new prompt tokens) ended {later} s later, not {want}",
+            a.id
+        );
+    }
     let damaged = edited_profile("after-prefill-damaged", |p| {
         p.after_prefill = Some(AfterPrefill {
             extra_s: vec![-1e-3],
             steps: 10,
+            prefill_tokens: 0.0,
+            per_prefill_token: 0.0,
         })
     });
     let e = refusal(&damaged);

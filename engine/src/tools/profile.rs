@@ -609,7 +609,14 @@ async fn measure_serving_path(
     let after_prefill = AfterPrefill::measure(
         &busy_periods(&steps)
             .filter(|b| b.shape.prefill_tokens == 0)
-            .map(|b| (b.since_prefill, typical(b.shape), b.period_s))
+            .map(|b| {
+                (
+                    b.since_prefill,
+                    b.prefill_tokens,
+                    typical(b.shape),
+                    b.period_s,
+                )
+            })
             .collect::<Vec<_>>(),
     );
     let after_idle = AfterIdle::measure(&against_typical(&mut cold_steps(&steps)));
@@ -677,8 +684,9 @@ struct BusyPeriod<'a> {
     /// From its start to the next step's: what a decoding request sees between two tokens.
     period_s: f64,
     /// Steps since the last one with prompt tokens (0: this one has some; `usize::MAX`:
-    /// none before it).
+    /// none before it), and that one's prompt tokens.
     since_prefill: usize,
+    prefill_tokens: usize,
 }
 
 impl BusyPeriod<'_> {
@@ -694,16 +702,16 @@ impl BusyPeriod<'_> {
 /// the wait, which the simulator's own arrivals already make. Nor is a step that started
 /// cold ([`cold_steps`]): what it costs is measured apart.
 fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = BusyPeriod<'_>> {
-    let mut since = usize::MAX;
-    let since_prefill: Vec<usize> = steps
+    let (mut since, mut tokens) = (usize::MAX, 0);
+    let since_prefill: Vec<(usize, usize)> = steps
         .iter()
         .map(|s| {
-            since = if s.shape.prefill_tokens > 0 {
-                0
+            if s.shape.prefill_tokens > 0 {
+                (since, tokens) = (0, s.shape.prefill_tokens);
             } else {
-                since.saturating_add(1)
-            };
-            since
+                since = since.saturating_add(1);
+            }
+            (since, tokens)
         })
         .collect();
     steps
@@ -717,7 +725,8 @@ fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = BusyPeriod<'_>> {
         .map(move |(i, w)| BusyPeriod {
             shape: &w[1].shape,
             period_s: w[2].t_s - w[1].t_s,
-            since_prefill: since_prefill[i + 1],
+            since_prefill: since_prefill[i + 1].0,
+            prefill_tokens: since_prefill[i + 1].1,
         })
 }
 

@@ -216,7 +216,7 @@ pub fn step_fidelity(
     // A measured step includes its random pause: predict its mean too (a spread's factors
     // average 1). A step that started cold, or one of the decode steps just after a
     // prefill, is priced as the simulator prices it.
-    let mut since_prefill = usize::MAX;
+    let (mut since_prefill, mut prefill_tokens) = (usize::MAX, 0);
     let priced: Vec<f64> = steps
         .iter()
         .enumerate()
@@ -225,12 +225,14 @@ pub fn step_fidelity(
             let cold = cost
                 .after_idle()
                 .filter(|a| idle.is_some_and(|i| i >= a.idle_s));
-            since_prefill = if r.shape.prefill_tokens > 0 {
-                0
+            if r.shape.prefill_tokens > 0 {
+                (since_prefill, prefill_tokens) = (0, r.shape.prefill_tokens);
             } else {
-                since_prefill.saturating_add(1)
-            };
-            let after_prefill = cost.after_prefill().map_or(0.0, |a| a.extra(since_prefill));
+                since_prefill = since_prefill.saturating_add(1);
+            }
+            let after_prefill = cost
+                .after_prefill()
+                .map_or(0.0, |a| a.extra(since_prefill, prefill_tokens));
             cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor)
                 + cost.step_jitter()
                 + after_prefill
@@ -744,6 +746,8 @@ mod tests {
             Some(EXTRAS.get_or_init(|| infer_sim::cost::AfterPrefill {
                 extra_s: vec![0.05, 0.02],
                 steps: 10,
+                prefill_tokens: 0.0,
+                per_prefill_token: 0.0,
             }))
         }
         fn client_path(&self) -> ClientPath {

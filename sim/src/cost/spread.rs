@@ -302,7 +302,10 @@ impl AfterIdle {
 /// the 0.34-0.37 ms of a steady one-sequence decode, the second 0.12-0.18 ms more, the
 /// third 0.07-0.11, the fourth 0.05-0.08 (`runs/fid8-ctx6`, every scenario alike; why, is
 /// not known: caches, the allocator and clocks are all candidates). Priced as seconds, not
-/// as a factor, because they were alike for decode steps of 0.34 and of 0.62 ms. `engine profile` measures it on its serving calibration: for the
+/// as a factor, because they were alike for decode steps of 0.34 and of 0.62 ms; they grow
+/// with the prefill's tokens (the first: 0.27-0.34 ms after at most 128, 0.43-0.48 after
+/// 257-512, `runs/fid9-prefill`), so each is scaled linearly by the tokens of the prefill
+/// it follows. `engine profile` measures it on its serving calibration: for the
 /// `j`-th decode step after a prefill, the median of its period less its typical time, over
 /// that median for steps further on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -312,6 +315,13 @@ pub struct AfterPrefill {
     pub extra_s: Vec<f64>,
     /// Steps the first was measured over.
     pub steps: usize,
+    /// The median prompt tokens of the prefills they were measured after (0: not scaled).
+    #[serde(default)]
+    pub prefill_tokens: f64,
+    /// How much larger each extra is per prompt token of its prefill beyond
+    /// `prefill_tokens`, as a share of it (the first extra's least-squares slope over it).
+    #[serde(default)]
+    pub per_prefill_token: f64,
 }
 
 impl AfterPrefill {
@@ -320,17 +330,24 @@ impl AfterPrefill {
     /// The fewest steps each extra is measured over.
     pub const MIN_STEPS: usize = 10;
 
-    /// From busy decode steps, each `(j, typical_s, served_s)`: the step is the `j`-th after
-    /// one with prompt tokens (`j` > [`Self::MAX_STEPS`]: a steady step). Each extra is the
-    /// median of `served − typical` at its `j`, less that of the steady steps; they end
-    /// before the first that is not positive or has fewer than [`Self::MIN_STEPS`] steps.
-    /// `None` when the first does.
-    pub fn measure(steps: &[(usize, f64, f64)]) -> Option<AfterPrefill> {
+    /// From busy decode steps, each `(j, prompt_tokens, typical_s, served_s)`: the step is the
+    /// `j`-th after one with `prompt_tokens` prompt tokens (`j` > [`Self::MAX_STEPS`]: a
+    /// steady step). Each extra is the median of `served − typical` at its `j`, less that of
+    /// the steady steps; they end before the first that is not positive or has fewer than
+    /// [`Self::MIN_STEPS`] steps. `None` when the first does. The growth with the prefill's
+    /// tokens is the least-squares slope of the first steps' excess over them (none if it
+    /// falls), at most twice the extra per median prefill.
+    pub fn measure(steps: &[(usize, usize, f64, f64)]) -> Option<AfterPrefill> {
+        let steps: Vec<(usize, usize, f64, f64)> = steps
+            .iter()
+            .copied()
+            .filter(|&(_, _, t, s)| t > 0.0 && s.is_finite())
+            .collect();
         let excess_at = |keep: &dyn Fn(usize) -> bool| {
             let mut xs: Vec<f64> = steps
                 .iter()
-                .filter(|&&(j, t, s)| keep(j) && t > 0.0 && s.is_finite())
-                .map(|&(_, t, s)| s - t)
+                .filter(|&&(j, ..)| keep(j))
+                .map(|&(_, _, t, s)| s - t)
                 .collect();
             xs.sort_by(f64::total_cmp);
             (!xs.is_empty()).then(|| (quantile(&xs, 0.5), xs.len()))
@@ -349,18 +366,48 @@ impl AfterPrefill {
                 _ => break,
             }
         }
-        (!extra_s.is_empty()).then_some(AfterPrefill {
+        if extra_s.is_empty() {
+            return None;
+        }
+        let firsts: Vec<(f64, f64)> = steps
+            .iter()
+            .filter(|&&(j, ..)| j == 1)
+            .map(|&(_, p, t, s)| (p as f64, s - t))
+            .collect();
+        let mut tokens: Vec<f64> = firsts.iter().map(|f| f.0).collect();
+        tokens.sort_by(f64::total_cmp);
+        let prefill_tokens = quantile(&tokens, 0.5);
+        let n = firsts.len() as f64;
+        let (mp, mx) = (
+            firsts.iter().map(|f| f.0).sum::<f64>() / n,
+            firsts.iter().map(|f| f.1).sum::<f64>() / n,
+        );
+        let spp: f64 = firsts.iter().map(|f| (f.0 - mp).powi(2)).sum();
+        let spx: f64 = firsts.iter().map(|f| (f.0 - mp) * (f.1 - mx)).sum();
+        let per_prefill_token = if spp > 0.0 && prefill_tokens > 0.0 {
+            (spx / spp / extra_s[0]).clamp(0.0, 2.0 / prefill_tokens)
+        } else {
+            0.0
+        };
+        Some(AfterPrefill {
             extra_s,
             steps: first,
+            prefill_tokens,
+            per_prefill_token,
         })
     }
 
-    /// Extra seconds of the `j`-th decode step after a step with prompt tokens.
-    pub fn extra(&self, j: usize) -> f64 {
+    /// Extra seconds of the `j`-th decode step after a step with `prompt_tokens` prompt
+    /// tokens.
+    pub fn extra(&self, j: usize, prompt_tokens: usize) -> f64 {
+        let scale = if self.prefill_tokens > 0.0 {
+            (1.0 + self.per_prefill_token * (prompt_tokens as f64 - self.prefill_tokens)).max(0.0)
+        } else {
+            1.0
+        };
         j.checked_sub(1)
             .and_then(|i| self.extra_s.get(i))
-            .copied()
-            .unwrap_or(0.0)
+            .map_or(0.0, |x| x * scale)
     }
 
     /// Why it cannot be used, if it cannot (a hand-edited or damaged profile).
@@ -371,6 +418,16 @@ impl AfterPrefill {
                 self.extra_s.len(),
                 Self::MAX_STEPS
             ));
+        }
+        for (key, x) in [
+            ("prefill_tokens", self.prefill_tokens),
+            ("per_prefill_token", self.per_prefill_token),
+        ] {
+            if !(x >= 0.0 && x.is_finite()) {
+                return Err(format!(
+                    "after_prefill.{key} must be finite and not negative, got {x}"
+                ));
+            }
         }
         match self.extra_s.iter().find(|x| !(**x >= 0.0 && **x < 1.0)) {
             Some(x) => Err(format!(
@@ -387,8 +444,11 @@ impl AfterPrefill {
             .map(|x| format!("{:.3}", x * 1e3))
             .collect();
         format!(
-            "the decode steps after a prefill take {} ms more ({} steps)",
+            "the decode steps after a prefill of {:.0} tokens take {} ms more, {:+.0}% per \
+             100 more tokens ({} steps)",
+            self.prefill_tokens,
             ms.join(", "),
+            self.per_prefill_token * 1e4,
             self.steps
         )
     }
@@ -417,32 +477,56 @@ mod tests {
 
     #[test]
     fn after_prefill_measures_each_steps_extra_over_the_steady_ones() {
-        // Typical 1 ms; steady steps served at 1.1 ms, the first after a prefill at 1.5,
-        // the second at 1.3, the third at 1.1 (no more than steady: the extras end).
+        // Typical 1 ms; steady steps served at 1.1 ms; the first after a prefill of 100
+        // tokens at 1.4, of 300 at 1.6; the second at 1.3, the third at 1.1 (no more than
+        // steady: the extras end there).
         let mut steps = Vec::new();
-        for i in 0..AfterPrefill::MIN_STEPS {
-            let wobble = 1e-5 * i as f64;
-            steps.push((1, 1e-3, 1.5e-3 + wobble));
-            steps.push((2, 1e-3, 1.3e-3 + wobble));
-            steps.push((3, 1e-3, 1.1e-3 + wobble));
-            steps.push((4, 1e-3, 1.4e-3)); // after the end: not counted
-            steps.push((7, 1e-3, 1.1e-3 + wobble));
-            steps.push((50, 1e-3, 1.1e-3 + wobble));
+        for _ in 0..AfterPrefill::MIN_STEPS {
+            steps.push((1, 100, 1e-3, 1.4e-3));
+            steps.push((1, 300, 1e-3, 1.6e-3));
+            steps.push((2, 200, 1e-3, 1.3e-3));
+            steps.push((3, 200, 1e-3, 1.1e-3));
+            steps.push((4, 200, 1e-3, 1.4e-3)); // after the end: not counted
+            steps.push((7, 200, 1e-3, 1.1e-3));
+            steps.push((50, 200, 1e-3, 1.1e-3));
         }
         let a = AfterPrefill::measure(&steps).unwrap();
+        let close = |x: f64, want: f64| (x - want).abs() < 1e-12;
         assert_eq!(a.extra_s.len(), 2, "{a:?}");
-        assert!((a.extra_s[0] - 0.4e-3).abs() < 1e-12, "{a:?}");
-        assert!((a.extra_s[1] - 0.2e-3).abs() < 1e-12, "{a:?}");
-        assert_eq!(a.steps, AfterPrefill::MIN_STEPS);
-        assert_eq!((a.extra(0), a.extra(3), a.extra(9)), (0.0, 0.0, 0.0));
-        assert_eq!(a.extra(1), a.extra_s[0]);
+        assert!(
+            close(a.extra_s[0], 0.4e-3) && close(a.extra_s[1], 0.2e-3),
+            "{a:?}"
+        );
+        assert_eq!(a.steps, 2 * AfterPrefill::MIN_STEPS);
+        // 0.3 ms after 100 tokens, 0.5 after 300: 0.1 ms per 100 tokens, a quarter of 0.4.
+        assert!(close(a.prefill_tokens, 200.0), "{a:?}");
+        assert!(close(a.per_prefill_token, 0.0025), "{a:?}");
+        assert!(close(a.extra(1, 100), 0.3e-3) && close(a.extra(1, 300), 0.5e-3));
+        assert!(close(a.extra(2, 200), 0.2e-3) && close(a.extra(2, 400), 0.3e-3));
+        assert_eq!(
+            (a.extra(0, 200), a.extra(3, 200), a.extra(9, 200)),
+            (0.0, 0.0, 0.0)
+        );
         assert!(a.check().is_ok());
+        // Extras that fall with the prefill's tokens are not scaled.
+        let falling: Vec<_> = steps
+            .iter()
+            .map(|&(j, p, t, s)| match (j, p) {
+                (1, 100) => (j, p, t, 1.6e-3),
+                (1, 300) => (j, p, t, 1.4e-3),
+                _ => (j, p, t, s),
+            })
+            .collect();
+        assert_eq!(
+            AfterPrefill::measure(&falling).unwrap().per_prefill_token,
+            0.0
+        );
         // Too few first steps, or no steady ones: nothing.
         let few: Vec<_> = steps
             .iter()
             .copied()
             .filter(|s| s.0 != 1)
-            .chain([(1, 1e-3, 2e-3)])
+            .chain([(1, 100, 1e-3, 2e-3)])
             .collect();
         assert_eq!(AfterPrefill::measure(&few), None);
         let unsteady: Vec<_> = steps.iter().copied().filter(|s| s.0 <= 6).collect();
@@ -450,9 +534,17 @@ mod tests {
         // A damaged one is refused by name.
         let bad = AfterPrefill {
             extra_s: vec![f64::NAN],
-            steps: 10,
+            ..a.clone()
         };
         assert!(bad.check().unwrap_err().contains("after_prefill.extra_s"));
+        let bad = AfterPrefill {
+            per_prefill_token: -1.0,
+            ..a
+        };
+        assert!(bad
+            .check()
+            .unwrap_err()
+            .contains("after_prefill.per_prefill_token"));
     }
 
     #[test]
