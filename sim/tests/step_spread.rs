@@ -210,16 +210,21 @@ fn the_decode_steps_after_a_prefill_take_their_extra_seconds() {
         let (_, rows) = infer_sim::run_collect(&common::setup("baseline", &o)).unwrap();
         rows.records
     };
-    let before = run(&edited_profile("steady", steady));
-    let after = run(&edited_profile("after-prefill", |p| {
-        steady(p);
-        p.after_prefill = Some(AfterPrefill {
-            extra_s: vec![0.5e-3, 0.25e-3],
-            steps: 10,
-            prefill_tokens: 0.0,
-            per_prefill_token: 0.0,
+    // 0.5 and 0.25 ms, as measured after `prefill_tokens`, growing by `per_token` of it a
+    // token beyond.
+    let extras = |name: &str, prefill_tokens: f64, per_prefill_token: f64| {
+        edited_profile(name, |p| {
+            steady(p);
+            p.after_prefill = Some(AfterPrefill {
+                extra_s: vec![0.5e-3, 0.25e-3],
+                steps: 10,
+                prefill_tokens,
+                per_prefill_token,
+            })
         })
-    }));
+    };
+    let before = run(&edited_profile("steady", steady));
+    let after = run(&extras("after-prefill", 0.0, 0.0));
     assert_eq!(before.len(), after.len());
     for (b, a) in before.iter().zip(&after) {
         assert!(a.output_tokens > 3, "{} tokens", a.output_tokens);
@@ -244,15 +249,7 @@ fn the_decode_steps_after_a_prefill_take_their_extra_seconds() {
         );
     }
     // Scaled by the prefill's tokens: twice as much after 256 new tokens as after 128.
-    let scaled = run(&edited_profile("after-prefill-scaled", |p| {
-        steady(p);
-        p.after_prefill = Some(AfterPrefill {
-            extra_s: vec![0.5e-3, 0.25e-3],
-            steps: 10,
-            prefill_tokens: 128.0,
-            per_prefill_token: 1.0 / 128.0,
-        })
-    }));
+    let scaled = run(&extras("after-prefill-scaled", 128.0, 1.0 / 128.0));
     for (b, a) in before.iter().zip(&scaled) {
         let prefilled = (a.prompt_tokens - a.cached_tokens) as f64;
         let want = 0.75e-3 * prefilled / 128.0;

@@ -845,15 +845,9 @@ fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> 
     xy.sort_by(|a, b| a.1.total_cmp(&b.1));
     let cut = xy.len() / 10;
     let xy = &xy[cut..xy.len() - cut];
-    let n = xy.len() as f64;
-    let (mx, my) = (
-        xy.iter().map(|p| p.0).sum::<f64>() / n,
-        xy.iter().map(|p| p.1).sum::<f64>() / n,
-    );
-    let sxx: f64 = xy.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let sxy: f64 = xy.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let per_seq = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-    Ok(((my - per_seq * mx).max(0.0), per_seq))
+    let line = infer_sim::cost::Line::fit(xy).expect("at least 50 steps");
+    let per_seq = line.slope.max(0.0);
+    Ok(((line.mean_y - per_seq * line.mean_x).max(0.0), per_seq))
 }
 
 #[cfg(test)]

@@ -1,5 +1,34 @@
 //! Non-negative least squares, for fitting cost-model coefficients to measured step times
-//! (a coefficient — seconds per token, per pair — cannot be negative).
+//! (a coefficient — seconds per token, per pair — cannot be negative), and the ordinary
+//! least-squares line through points.
+
+/// The least-squares line through points: it passes through their mean.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Line {
+    pub mean_x: f64,
+    pub mean_y: f64,
+    /// 0 when the points share one x.
+    pub slope: f64,
+}
+
+impl Line {
+    /// The line through `points` (`None` without any).
+    pub fn fit(points: &[(f64, f64)]) -> Option<Line> {
+        if points.is_empty() {
+            return None;
+        }
+        let n = points.len() as f64;
+        let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+        let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+        Some(Line {
+            mean_x,
+            mean_y,
+            slope: if sxx > 0.0 { sxy / sxx } else { 0.0 },
+        })
+    }
+}
 
 /// Non-negative least squares, min ‖A x − b‖ subject to x ≥ 0 (Lawson and Hanson's
 /// active-set method). `a` is row-major, every row of the same length.
@@ -132,6 +161,14 @@ mod tests {
         let x = nnls(&a, &b).unwrap();
         assert_eq!(x[1], 0.0, "{x:?}");
         assert!((x[0] - 2.4).abs() < 1e-9, "{x:?}");
+    }
+
+    #[test]
+    fn a_line_through_points_passes_their_mean() {
+        let line = Line::fit(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]).unwrap();
+        assert_eq!((line.mean_x, line.mean_y, line.slope), (1.0, 3.0, 2.0));
+        assert_eq!(Line::fit(&[(4.0, 1.0), (4.0, 2.0)]).unwrap().slope, 0.0);
+        assert_eq!(Line::fit(&[]), None);
     }
 
     #[test]

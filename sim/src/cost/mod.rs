@@ -7,6 +7,7 @@
 
 mod analytic;
 mod least_squares;
+pub use least_squares::Line;
 mod profiled;
 mod spread;
 

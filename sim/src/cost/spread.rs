@@ -377,15 +377,9 @@ impl AfterPrefill {
         let mut tokens: Vec<f64> = firsts.iter().map(|f| f.0).collect();
         tokens.sort_by(f64::total_cmp);
         let prefill_tokens = quantile(&tokens, 0.5);
-        let n = firsts.len() as f64;
-        let (mp, mx) = (
-            firsts.iter().map(|f| f.0).sum::<f64>() / n,
-            firsts.iter().map(|f| f.1).sum::<f64>() / n,
-        );
-        let spp: f64 = firsts.iter().map(|f| (f.0 - mp).powi(2)).sum();
-        let spx: f64 = firsts.iter().map(|f| (f.0 - mp) * (f.1 - mx)).sum();
-        let per_prefill_token = if spp > 0.0 && prefill_tokens > 0.0 {
-            (spx / spp / extra_s[0]).clamp(0.0, 2.0 / prefill_tokens)
+        let slope = super::Line::fit(&firsts).map_or(0.0, |l| l.slope);
+        let per_prefill_token = if prefill_tokens > 0.0 {
+            (slope / extra_s[0]).clamp(0.0, 2.0 / prefill_tokens)
         } else {
             0.0
         };
