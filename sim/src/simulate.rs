@@ -873,7 +873,11 @@ impl Sim<'_> {
         let after_prefill_s = self
             .noise
             .after_prefill(rep.since_prefill, rep.last_prefill_tokens);
-        let dt = step_s + self.cost.spill_time(spilled) + pause_s + after_prefill_s;
+        // A request in the server's path shares the cores with the step.
+        let overlap_s = self
+            .client
+            .overlap_late(step_s + after_prefill_s, rep.request_path_free - now);
+        let dt = step_s + self.cost.spill_time(spilled) + pause_s + after_prefill_s + overlap_s;
         rep.plan = Some(plan);
         rep.record(now, delay);
         if self.t0.is_some() {

@@ -104,3 +104,87 @@ fn each_replica_of_a_cluster_has_its_own_request_path() {
         "round robin sends request 1 to the second replica"
     );
 }
+
+/// Every step 1 ms; every request's path 4 ms; a step loses `overlap_step_loss` of its
+/// pace while a request is in the path.
+struct SharedCores(f64);
+
+impl infer_sim::cost::CostModel for SharedCores {
+    fn step_time(&self, _: &infer_core::StepShape) -> f64 {
+        1e-3
+    }
+    fn client_path(&self) -> infer_sim::cost::ClientPath {
+        infer_sim::cost::ClientPath {
+            request_s: 4e-3,
+            overlap_step_loss: self.0,
+            ..Default::default()
+        }
+    }
+    fn describe(&self) -> String {
+        "1 ms steps, 4 ms paths".into()
+    }
+}
+
+/// Two requests of 100 prompt and 50 output tokens, sent as `arrival` says, on
+/// [`SharedCores`].
+fn two_requests(arrival: &str, loss: f64) -> Vec<infer_core::metrics::RequestRecord> {
+    let dir = std::env::temp_dir().join(format!("infer-shared-cores-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("two.toml");
+    let server = std::fs::read_to_string(common::path("baseline")).unwrap();
+    let server = &server[server.find("[server]").unwrap()..];
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"two\"\n[workload]\nnum_requests = 2\nprompt_tokens = 100\n\
+             output_tokens = 50\nignore_eos = true\n[arrival]\n{arrival}\n{server}"
+        ),
+    )
+    .unwrap();
+    let mut setup = infer_sim::load(&path.display().to_string(), &[]).unwrap();
+    setup.cost = std::sync::Arc::new(SharedCores(loss));
+    let (_, rows) = infer_sim::run_collect(&setup).unwrap();
+    rows.records
+}
+
+/// On a CPU engine a request's path (parsing, tokenising) shares the cores with the step.
+/// Request 0 reaches the scheduler at 4 ms and steps from there, one per ms; request 1 is
+/// sent 12.5 ms in, mid-step, its path busy until 16.5 ms. Losing half its pace, the step
+/// starting at 13 ms (3.5 ms of path left: overlapped throughout) takes 2 ms, the one at
+/// 15 ms (1.5 ms left) 1 + 0.75 ms; request 1's prefill then runs from 16.75 ms: a TTFT
+/// of 5.25 ms, against 5.5 with cores to spare (its prefill waits for the step of
+/// 16-17 ms), and request 0 ends 1.75 ms later.
+#[test]
+fn a_step_that_a_request_path_overlaps_runs_late() {
+    let uniform = "kind = \"uniform\"\nrate = 80.0";
+    let apart = two_requests(uniform, 0.0);
+    let shared = two_requests(uniform, 0.5);
+    let ms = |s: f64| s * 1e3;
+    assert!((apart[1].start - apart[0].start - 0.0125).abs() < 1e-9);
+    assert!(
+        (shared[1].start - apart[1].start).abs() < 1e-12,
+        "sent alike"
+    );
+    assert!(
+        (ms(shared[0].ttft.unwrap()) - 5.0).abs() < 1e-6,
+        "no step overlaps its path"
+    );
+    assert!((ms(apart[1].ttft.unwrap()) - 5.5).abs() < 1e-6);
+    assert!(
+        (ms(shared[1].ttft.unwrap()) - 5.25).abs() < 1e-6,
+        "{:?}",
+        shared[1].ttft
+    );
+    let late = ms(shared[0].e2e - apart[0].e2e);
+    assert!(
+        (late - 1.75).abs() < 1e-6,
+        "request 0 ended {late} ms later"
+    );
+}
+
+/// Requests sent one after another never overlap a step with their path: nothing changes.
+#[test]
+fn a_path_that_overlaps_no_step_costs_nothing() {
+    let csv = |loss| infer_sim::output::requests_csv(&two_requests("kind = \"sequential\"", loss));
+    assert_eq!(csv(0.0), csv(0.9));
+}

@@ -274,3 +274,18 @@ fn the_decode_steps_after_a_prefill_take_their_extra_seconds() {
         "{e}"
     );
 }
+
+#[test]
+fn a_damaged_overlap_loss_is_refused_by_name() {
+    let damaged = edited_profile("overlap-damaged", |p| {
+        p.client
+            .as_mut()
+            .expect("the shipped profile has a client path")
+            .overlap_step_loss = 1.0
+    });
+    let e = refusal(&damaged);
+    assert!(
+        e.contains("sim.profile") && e.contains("client.overlap_step_loss"),
+        "{e}"
+    );
+}

@@ -608,7 +608,7 @@ async fn measure_serving_path(
     ));
     let after_prefill = AfterPrefill::measure(
         &busy_periods(&steps)
-            .filter(|b| b.shape.prefill_tokens == 0)
+            .filter(|b| b.shape.prefill_tokens == 0 && b.quiet())
             .map(|b| {
                 (
                     b.since_prefill,
@@ -616,6 +616,23 @@ async fn measure_serving_path(
                     typical(b.shape),
                     b.period_s,
                 )
+            })
+            .collect::<Vec<_>>(),
+    );
+    // A step an arrival overlapped, against its typical time and what it pays after a
+    // prefill.
+    let overlap = overlap_step_loss(
+        &busy_periods(&steps)
+            .filter(|b| !b.quiet())
+            .map(|b| {
+                let after = after_prefill.as_ref().map_or(0.0, |a| {
+                    if b.shape.prefill_tokens == 0 {
+                        a.extra(b.since_prefill, b.prefill_tokens)
+                    } else {
+                        0.0
+                    }
+                });
+                (typical(b.shape) + after, b.period_s, b.path_s)
             })
             .collect::<Vec<_>>(),
     );
@@ -649,6 +666,16 @@ async fn measure_serving_path(
         Some(s) => eprintln!("{}", s.describe()),
         None => eprintln!("step spread: too few busy served steps to measure it"),
     }
+    match overlap {
+        Ok((loss, n)) => eprintln!(
+            "a step loses {:.0}% of its pace while a request is in the server's path \
+             (median of {n} steps it mostly overlapped)",
+            loss * 100.0
+        ),
+        Err(n) => eprintln!(
+            "a step beside a request's path: too few overlapped steps to measure it ({n})"
+        ),
+    }
     match &after_prefill {
         Some(a) => eprintln!("{}", a.describe()),
         None => eprintln!("after a prefill: the decode steps took no longer than the rest"),
@@ -661,6 +688,7 @@ async fn measure_serving_path(
         request_s,
         per_prompt_token_s,
         stream_s: 0.0,
+        overlap_step_loss: overlap.map_or(0.0, |(loss, _)| loss),
     };
     Ok(ServingPath {
         client,
@@ -687,12 +715,21 @@ struct BusyPeriod<'a> {
     /// none before it), and that one's prompt tokens.
     since_prefill: usize,
     prefill_tokens: usize,
+    /// How long the server's request path was busy within the period (an arrival's
+    /// parsing and tokenising, on the same cores); 0 where the log has no path clock.
+    path_s: f64,
 }
 
 impl BusyPeriod<'_> {
-    /// Not one of the decode steps just after a prefill, which [`AfterPrefill`] prices.
+    /// No request's path overlapped it ([`overlap_step_loss`] prices those).
+    fn quiet(&self) -> bool {
+        self.path_s <= 0.0
+    }
+
+    /// Quiet, and not one of the decode steps just after a prefill ([`AfterPrefill`]
+    /// prices those).
     fn steady(&self) -> bool {
-        !(1..=AfterPrefill::MAX_STEPS).contains(&self.since_prefill)
+        self.quiet() && !(1..=AfterPrefill::MAX_STEPS).contains(&self.since_prefill)
     }
 }
 
@@ -727,7 +764,32 @@ fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = BusyPeriod<'_>> {
             period_s: w[2].t_s - w[1].t_s,
             since_prefill: since_prefill[i + 1].0,
             prefill_tokens: since_prefill[i + 1].1,
+            path_s: match (w[1].path_busy_s, w[2].path_busy_s) {
+                (Some(a), Some(b)) => (b - a).max(0.0),
+                _ => 0.0,
+            },
         })
+}
+
+/// The share of a step's pace lost while a request is in the server's path
+/// ([`ClientPath::overlap_step_loss`](infer_sim::cost::ClientPath::overlap_step_loss)),
+/// from busy periods that a request's path overlapped, each `(typical_s, period_s,
+/// path_s)`: a period overlapped for `path_s` takes `typical + loss × path_s`, so each
+/// period the path overlapped for at least half of it gives `(period − typical) / path_s`,
+/// and the median of those is taken (a period lengthened by something else does not move
+/// it). With fewer than 10 such periods, `Err` with their count; else the loss and the
+/// count.
+fn overlap_step_loss(periods: &[(f64, f64, f64)]) -> Result<(f64, usize), usize> {
+    let mut losses: Vec<f64> = periods
+        .iter()
+        .filter(|&&(typical, period, path)| typical > 0.0 && path >= 0.5 * period)
+        .map(|&(typical, period, path)| ((period - typical) / path).clamp(0.0, 0.95))
+        .collect();
+    if losses.len() < 10 {
+        return Err(losses.len());
+    }
+    losses.sort_by(f64::total_cmp);
+    Ok((losses[losses.len() / 2], losses.len()))
 }
 
 /// Each step that started at least [`AfterIdle::IDLE_S`] after the one before it ended (the
@@ -921,6 +983,51 @@ mod tests {
         );
         let cold: Vec<(usize, f64)> = cold_steps(&steps).map(round).collect();
         assert_eq!(cold, [(80, 0.001)]);
+    }
+
+    /// A period's path time is the request path's clock from its step's start to the next
+    /// one's; the loss is the median over periods the path mostly overlapped.
+    #[test]
+    fn overlapped_periods_measure_the_pace_a_step_loses() {
+        let step = |t_s: f64, path_busy_s: f64| StepRecord {
+            t_s,
+            shape: StepShape {
+                decode_seqs: 1,
+                num_seqs: 1,
+                ..StepShape::default()
+            },
+            forward_s: 0.0009,
+            constraint_s: 0.0,
+            step_s: 0.001,
+            path_busy_s: Some(path_busy_s),
+        };
+        // Steps of 1 ms; a path busy from 2.5 ms to 6 ms, over which they took 2 ms.
+        let steps = [
+            step(0.000, 0.0),
+            step(0.001, 0.0),
+            step(0.002, 0.0),
+            step(0.003, 0.0005),
+            step(0.005, 0.0025),
+            step(0.007, 0.0035),
+            step(0.008, 0.0035),
+        ];
+        let paths: Vec<f64> = busy_periods(&steps)
+            .map(|b| (b.path_s * 1e4).round() / 1e4)
+            .collect();
+        assert_eq!(paths, [0.0, 0.0005, 0.002, 0.001, 0.0]);
+        let quiet: Vec<bool> = busy_periods(&steps).map(|b| b.steady()).collect();
+        assert_eq!(quiet, [true, false, false, false, true]);
+        // Periods of 1 ms typical that a path overlapped throughout, served in 5 ms: the
+        // step kept a fifth of its pace.
+        let slowed: Vec<(f64, f64, f64)> = (0..10).map(|_| (1e-3, 5e-3, 5e-3)).collect();
+        let (loss, n) = overlap_step_loss(&slowed).unwrap();
+        assert!((loss - 0.8).abs() < 1e-9 && n == 10, "{loss} over {n}");
+        // Barely overlapped periods and outliers do not count or move it.
+        let mut mixed = slowed.clone();
+        mixed.extend((0..100).map(|_| (1e-3, 5e-3, 1e-4)));
+        mixed.extend((0..3).map(|_| (1e-3, 50e-3, 40e-3)));
+        assert!((overlap_step_loss(&mixed).unwrap().0 - 0.8).abs() < 1e-9);
+        assert_eq!(overlap_step_loss(&slowed[..9]), Err(9), "too few");
     }
 
     /// The probes' steps end the log, a long prompt in chunks; each probe's client path is

@@ -28,6 +28,10 @@ pub use infer_core::StepShape;
 /// so TTFT and E2E include both, while ITL (gaps between chunks) does not. `start` is the
 /// send, or the end of the request sent to the same replica before it if that is later:
 /// a server's request path takes one request at a time, in the order they were sent.
+///
+/// Where the path and the step share the CPU's cores (a CPU engine), a step that runs while
+/// a request is in the path loses `overlap_step_loss` of its pace for as long as they
+/// overlap ([`ClientPath::overlap_late`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ClientPath {
     /// HTTP parse, routing, request validation.
@@ -36,11 +40,32 @@ pub struct ClientPath {
     pub per_prompt_token_s: f64,
     /// Detokenise one token and deliver the chunk over the stream.
     pub stream_s: f64,
+    /// The share of a step's pace lost while a request is in the server's path, from 0
+    /// (they do not contend: a GPU step beside the host's tokeniser) to below 1.
+    pub overlap_step_loss: f64,
 }
 
 impl ClientPath {
     pub fn request_delay(&self, prompt_tokens: usize) -> f64 {
         self.request_s + self.per_prompt_token_s * prompt_tokens as f64
+    }
+
+    /// How much longer a step of `step_s` takes when the request path is busy for
+    /// `path_left_s` more as it starts: it runs at `1 − overlap_step_loss` of its pace
+    /// while they overlap. The path keeps its own pace (its stretch is not priced). The
+    /// loss is measured on short decode steps; on long prefill steps it is lost in their
+    /// own noise, and priced alike.
+    pub fn overlap_late(&self, step_s: f64, path_left_s: f64) -> f64 {
+        let k = self.overlap_step_loss;
+        if !(k > 0.0 && path_left_s > 0.0) {
+            return 0.0;
+        }
+        if path_left_s * (1.0 - k) >= step_s {
+            // Overlapped throughout.
+            step_s * k / (1.0 - k)
+        } else {
+            k * path_left_s
+        }
     }
 }
 

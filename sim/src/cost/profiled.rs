@@ -92,6 +92,9 @@ pub struct ProfileClient {
     #[serde(default)]
     pub per_prompt_token_s: f64,
     pub stream_s: f64,
+    /// See [`ClientPath::overlap_step_loss`]; 0 in profiles from before it was measured.
+    #[serde(default)]
+    pub overlap_step_loss: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -337,6 +340,14 @@ impl Profiled {
         if let Some(spread) = &profile.step_spread {
             spread.check().map_err(SimError::Invalid)?;
         }
+        if let Some(c) = &profile.client {
+            if !(0.0..1.0).contains(&c.overlap_step_loss) {
+                return Err(SimError::Invalid(format!(
+                    "client.overlap_step_loss must be at least 0 and below 1, got {}",
+                    c.overlap_step_loss
+                )));
+            }
+        }
         if let Some(after_prefill) = &profile.after_prefill {
             after_prefill.check().map_err(SimError::Invalid)?;
         }
@@ -400,6 +411,7 @@ impl Profiled {
             request_s: c.request_s,
             per_prompt_token_s: c.per_prompt_token_s,
             stream_s: c.stream_s,
+            overlap_step_loss: c.overlap_step_loss,
         });
         let mut fit = Profiled {
             name: format!("{} on {}", profile.model, profile.device),
