@@ -41,7 +41,9 @@ use infer_core::workload::{
 use infer_core::{BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions};
 
 use crate::catalog::GIB;
-use crate::cost::{AfterIdle, AfterPrefill, ClientPath, CostModel, StepShape, StepSpread};
+use crate::cost::{
+    AfterIdle, AfterPrefill, ClientPath, CostModel, SincePrefill, StepShape, StepSpread,
+};
 use crate::error::SimError;
 use crate::memory::ActivationPeak;
 use crate::setup::Setup;
@@ -231,9 +233,8 @@ struct Replica {
     /// scheduler that serves first come first served then admits the shortest half first,
     /// and a burst's median TTFT came out 26% short of the served one.
     request_path_free: f64,
-    /// Steps since the last one with prompt tokens (`usize::MAX`: none yet), and its tokens.
-    since_prefill: usize,
-    last_prefill_tokens: usize,
+    /// Where its steps stand after its last one with prompt tokens.
+    since_prefill: SincePrefill,
 }
 
 impl Replica {
@@ -503,11 +504,9 @@ impl StepNoise {
         }
     }
 
-    /// Extra seconds of the `j`-th decode step after one with `prompt_tokens`.
-    fn after_prefill(&self, j: usize, prompt_tokens: usize) -> f64 {
-        self.after_prefill
-            .as_ref()
-            .map_or(0.0, |a| a.extra(j, prompt_tokens))
+    /// Extra seconds of a decode step that stands `at` after a prefill.
+    fn after_prefill(&self, at: SincePrefill) -> f64 {
+        self.after_prefill.as_ref().map_or(0.0, |a| a.extra(at))
     }
 
     /// A step of typical time `typical_s`, after `idle_s` seconds without work (`None`:
@@ -582,8 +581,7 @@ pub fn run_with(
             history: VecDeque::new(),
             activations: ActivationPeak::new(&setup.memory),
             request_path_free: 0.0,
-            since_prefill: usize::MAX,
-            last_prefill_tokens: 0,
+            since_prefill: SincePrefill::default(),
         })
         .collect();
     let mut sim = Sim {
@@ -864,15 +862,9 @@ impl Sim<'_> {
         stats.peak_activation_bytes = stats.peak_activation_bytes.max(bytes);
         stats.spilled_bytes = stats.spilled_bytes.max(spilled);
         let (step_s, pause_s) = self.noise.draw(self.cost.step_time(&shape), idle_s);
-        if shape.prefill_tokens > 0 {
-            rep.since_prefill = 0;
-            rep.last_prefill_tokens = shape.prefill_tokens;
-        } else {
-            rep.since_prefill = rep.since_prefill.saturating_add(1);
-        }
         let after_prefill_s = self
             .noise
-            .after_prefill(rep.since_prefill, rep.last_prefill_tokens);
+            .after_prefill(rep.since_prefill.next(shape.prefill_tokens));
         // A request in the server's path shares the cores with the step.
         let overlap_s = self
             .client

@@ -27,7 +27,7 @@ use infer_sim::cost::CostModel;
 
 pub use infer_sim::cost::{
     AfterIdle, AfterPrefill, Profile, ProfileClient, ProfilePoint, ProfileStructuredOutput,
-    StepSpread,
+    SincePrefill, StepSpread,
 };
 
 /// One step to time: prefill chunks `(start, len)` and decodes at context `ctx`, the first
@@ -593,7 +593,8 @@ async fn measure_serving_path(
     let probes = probes.context("the client-path probes")?;
     let steps = step_log::read(&log)?;
     let _ = std::fs::remove_dir_all(&tmp);
-    let (per_step, per_seq) = serving_excess(&steps, &offline)?;
+    let busy: Vec<BusyPeriod> = busy_periods(&steps).collect();
+    let (per_step, per_seq) = serving_excess(&busy, &offline)?;
     let excess = |seqs: usize| per_step + per_seq * seqs as f64;
     let typical = |shape: &StepShape| offline.step_time(shape) + excess(shape.num_seqs);
     let against_typical = |steps: &mut dyn Iterator<Item = (&StepShape, f64)>| {
@@ -602,36 +603,31 @@ async fn measure_serving_path(
             .collect::<Vec<_>>()
     };
     let spread = StepSpread::measure(&against_typical(
-        &mut busy_periods(&steps)
-            .filter(BusyPeriod::steady)
+        &mut busy
+            .iter()
+            .filter(|b| b.steady())
             .map(|b| (b.shape, b.period_s)),
     ));
     let after_prefill = AfterPrefill::measure(
-        &busy_periods(&steps)
+        &busy
+            .iter()
             .filter(|b| b.shape.prefill_tokens == 0 && b.quiet())
             .map(|b| {
-                (
-                    b.since_prefill,
-                    b.prefill_tokens,
-                    typical(b.shape),
-                    b.period_s,
-                )
+                let at = b.since_prefill;
+                (at.steps, at.prompt_tokens, typical(b.shape), b.period_s)
             })
             .collect::<Vec<_>>(),
     );
     // A step an arrival overlapped, against its typical time and what it pays after a
-    // prefill.
+    // prefill (nothing, for a step with prompt tokens: it stands 0 steps after one).
     let overlap = overlap_step_loss(
-        &busy_periods(&steps)
+        &busy
+            .iter()
             .filter(|b| !b.quiet())
             .map(|b| {
-                let after = after_prefill.as_ref().map_or(0.0, |a| {
-                    if b.shape.prefill_tokens == 0 {
-                        a.extra(b.since_prefill, b.prefill_tokens)
-                    } else {
-                        0.0
-                    }
-                });
+                let after = after_prefill
+                    .as_ref()
+                    .map_or(0.0, |a| a.extra(b.since_prefill));
                 (typical(b.shape) + after, b.period_s, b.path_s)
             })
             .collect::<Vec<_>>(),
@@ -711,10 +707,8 @@ struct BusyPeriod<'a> {
     shape: &'a StepShape,
     /// From its start to the next step's: what a decoding request sees between two tokens.
     period_s: f64,
-    /// Steps since the last one with prompt tokens (0: this one has some; `usize::MAX`:
-    /// none before it), and that one's prompt tokens.
-    since_prefill: usize,
-    prefill_tokens: usize,
+    /// Where it stands after the last step with prompt tokens.
+    since_prefill: SincePrefill,
     /// How long the server's request path was busy within the period (an arrival's
     /// parsing and tokenising, on the same cores); 0 where the log has no path clock.
     path_s: f64,
@@ -729,7 +723,7 @@ impl BusyPeriod<'_> {
     /// Quiet, and not one of the decode steps just after a prefill ([`AfterPrefill`]
     /// prices those).
     fn steady(&self) -> bool {
-        self.quiet() && !(1..=AfterPrefill::MAX_STEPS).contains(&self.since_prefill)
+        self.quiet() && !(1..=AfterPrefill::MAX_STEPS).contains(&self.since_prefill.steps)
     }
 }
 
@@ -739,17 +733,10 @@ impl BusyPeriod<'_> {
 /// the wait, which the simulator's own arrivals already make. Nor is a step that started
 /// cold ([`cold_steps`]): what it costs is measured apart.
 fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = BusyPeriod<'_>> {
-    let (mut since, mut tokens) = (usize::MAX, 0);
-    let since_prefill: Vec<(usize, usize)> = steps
+    let mut counter = SincePrefill::default();
+    let since_prefill: Vec<SincePrefill> = steps
         .iter()
-        .map(|s| {
-            if s.shape.prefill_tokens > 0 {
-                (since, tokens) = (0, s.shape.prefill_tokens);
-            } else {
-                since = since.saturating_add(1);
-            }
-            (since, tokens)
-        })
+        .map(|s| counter.next(s.shape.prefill_tokens))
         .collect();
     steps
         .windows(3)
@@ -762,8 +749,7 @@ fn busy_periods(steps: &[StepRecord]) -> impl Iterator<Item = BusyPeriod<'_>> {
         .map(move |(i, w)| BusyPeriod {
             shape: &w[1].shape,
             period_s: w[2].t_s - w[1].t_s,
-            since_prefill: since_prefill[i + 1].0,
-            prefill_tokens: since_prefill[i + 1].1,
+            since_prefill: since_prefill[i + 1],
             path_s: match (w[1].path_busy_s, w[2].path_busy_s) {
                 (Some(a), Some(b)) => (b - a).max(0.0),
                 _ => 0.0,
@@ -886,12 +872,13 @@ fn fresh_prompt_steps(tokens: usize, chunk: usize) -> Vec<StepShape> {
 }
 
 /// The served steps' excess over `offline`, fitted as `per_step + per_seq × sequences` by
-/// least squares over busy steps ([`busy_periods`]), dropping the 10% largest and smallest
+/// least squares over the steady busy steps ([`BusyPeriod::steady`]), dropping the 10% largest and smallest
 /// excesses (hiccups of a shared machine). Both parts are kept non-negative.
-fn serving_excess(steps: &[StepRecord], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
+fn serving_excess(busy: &[BusyPeriod], offline: &infer_sim::cost::Profiled) -> Result<(f64, f64)> {
     use infer_sim::cost::CostModel;
-    let mut xy: Vec<(f64, f64)> = busy_periods(steps)
-        .filter(BusyPeriod::steady)
+    let mut xy: Vec<(f64, f64)> = busy
+        .iter()
+        .filter(|b| b.steady())
         .map(|b| {
             (
                 b.shape.num_seqs as f64,
@@ -966,7 +953,9 @@ mod tests {
             .map(|b| round((b.shape, b.period_s)))
             .collect();
         // Steps since the last prompt, for the busy ones.
-        let since: Vec<usize> = busy_periods(&steps).map(|b| b.since_prefill).collect();
+        let since: Vec<usize> = busy_periods(&steps)
+            .map(|b| b.since_prefill.steps)
+            .collect();
         assert_eq!(since, [0, 1, 2, 0, 2, 1]);
         let steady: Vec<bool> = busy_periods(&steps).map(|b| b.steady()).collect();
         assert_eq!(steady, [true, false, false, true, false, false]);

@@ -216,7 +216,7 @@ pub fn step_fidelity(
     // A measured step includes its random pause: predict its mean too (a spread's factors
     // average 1). A step that started cold, or one of the decode steps just after a
     // prefill, is priced as the simulator prices it.
-    let (mut since_prefill, mut prefill_tokens) = (usize::MAX, 0);
+    let mut since_prefill = infer_sim::cost::SincePrefill::default();
     let priced: Vec<f64> = steps
         .iter()
         .enumerate()
@@ -225,14 +225,8 @@ pub fn step_fidelity(
             let cold = cost
                 .after_idle()
                 .filter(|a| idle.is_some_and(|i| i >= a.idle_s));
-            if r.shape.prefill_tokens > 0 {
-                (since_prefill, prefill_tokens) = (0, r.shape.prefill_tokens);
-            } else {
-                since_prefill = since_prefill.saturating_add(1);
-            }
-            let after_prefill = cost
-                .after_prefill()
-                .map_or(0.0, |a| a.extra(since_prefill, prefill_tokens));
+            let at = since_prefill.next(r.shape.prefill_tokens);
+            let after_prefill = cost.after_prefill().map_or(0.0, |a| a.extra(at));
             cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor)
                 + cost.step_jitter()
                 + after_prefill
@@ -629,13 +623,24 @@ pub fn default_out() -> PathBuf {
 mod tests {
     use super::*;
     use infer_core::StepShape;
-    use infer_sim::cost::{ClientPath, CostModel};
+    use infer_sim::cost::{AfterIdle, AfterPrefill, ClientPath, CostModel};
 
-    /// 1 ms per new token.
-    struct PerToken;
+    /// 1 ms per new token, with what a step costs after an idle spell or a prefill when
+    /// given.
+    #[derive(Default)]
+    struct PerToken {
+        after_idle: Option<AfterIdle>,
+        after_prefill: Option<AfterPrefill>,
+    }
     impl CostModel for PerToken {
         fn step_time(&self, s: &StepShape) -> f64 {
             1e-3 * s.new_tokens() as f64
+        }
+        fn after_idle(&self) -> Option<AfterIdle> {
+            self.after_idle
+        }
+        fn after_prefill(&self) -> Option<&AfterPrefill> {
+            self.after_prefill.as_ref()
         }
         fn client_path(&self) -> ClientPath {
             ClientPath::default()
@@ -664,7 +669,7 @@ mod tests {
     fn step_fidelity_compares_each_kind() {
         // Decodes take twice the prediction, the prefill exactly it; no mixed steps.
         let steps = [step(0, 4, 0.008), step(0, 2, 0.004), step(100, 0, 0.1)];
-        let f = step_fidelity(&steps, &PerToken);
+        let f = step_fidelity(&steps, &PerToken::default());
         let kinds: Vec<&str> = f.iter().map(|x| x.kind).collect();
         assert_eq!(kinds, ["decode", "prefill", "all"]);
         assert_eq!(f[0].steps, 2);
@@ -689,27 +694,6 @@ mod tests {
         );
     }
 
-    /// 1 ms per new token, half as much again after 20 ms idle.
-    struct ColdAfterIdle;
-    impl CostModel for ColdAfterIdle {
-        fn step_time(&self, s: &StepShape) -> f64 {
-            PerToken.step_time(s)
-        }
-        fn after_idle(&self) -> Option<infer_sim::cost::AfterIdle> {
-            Some(infer_sim::cost::AfterIdle {
-                idle_s: 0.02,
-                factor: 1.5,
-                steps: 10,
-            })
-        }
-        fn client_path(&self) -> ClientPath {
-            ClientPath::default()
-        }
-        fn describe(&self) -> String {
-            "cold after idle".into()
-        }
-    }
-
     #[test]
     fn a_step_after_the_engine_idled_is_priced_cold_as_the_simulator_prices_it() {
         let at = |t_s: f64, r: StepRecord| StepRecord { t_s, ..r };
@@ -721,7 +705,16 @@ mod tests {
             // 10 ms after: warm.
             at(0.66, step(100, 0, 0.1)),
         ];
-        let prefill = &step_fidelity(&steps, &ColdAfterIdle)[0];
+        // Half as much again after 20 ms idle.
+        let cold = PerToken {
+            after_idle: Some(AfterIdle {
+                idle_s: 0.02,
+                factor: 1.5,
+                steps: 10,
+            }),
+            ..PerToken::default()
+        };
+        let prefill = &step_fidelity(&steps, &cold)[0];
         assert_eq!(prefill.kind, "prefill");
         assert!(
             (prefill.predicted_s - 0.35).abs() < 1e-12,
@@ -730,32 +723,8 @@ mod tests {
         );
         assert!(prefill.median_error_pct.abs() < 1e-9);
         // Priced warm, the cold step would be a third short.
-        let warm = &step_fidelity(&steps, &PerToken)[0];
+        let warm = &step_fidelity(&steps, &PerToken::default())[0];
         assert!((warm.predicted_s - 0.3).abs() < 1e-12);
-    }
-
-    /// 1 ms per new token; the first two decode steps after a prefill 50 and 20 ms more.
-    struct SlowAfterPrefill;
-    impl CostModel for SlowAfterPrefill {
-        fn step_time(&self, s: &StepShape) -> f64 {
-            PerToken.step_time(s)
-        }
-        fn after_prefill(&self) -> Option<&infer_sim::cost::AfterPrefill> {
-            static EXTRAS: std::sync::OnceLock<infer_sim::cost::AfterPrefill> =
-                std::sync::OnceLock::new();
-            Some(EXTRAS.get_or_init(|| infer_sim::cost::AfterPrefill {
-                extra_s: vec![0.05, 0.02],
-                steps: 10,
-                prefill_tokens: 0.0,
-                per_prefill_token: 0.0,
-            }))
-        }
-        fn client_path(&self) -> ClientPath {
-            ClientPath::default()
-        }
-        fn describe(&self) -> String {
-            "slow after a prefill".into()
-        }
     }
 
     #[test]
@@ -768,7 +737,17 @@ mod tests {
             at(0.152, step(0, 1, 0.021)),
             at(0.173, step(0, 1, 0.001)),
         ];
-        let decode = &step_fidelity(&steps, &SlowAfterPrefill)[0];
+        // The first two decode steps after a prefill 50 and 20 ms more.
+        let slow = PerToken {
+            after_prefill: Some(AfterPrefill {
+                extra_s: vec![0.05, 0.02],
+                steps: 10,
+                prefill_tokens: 0.0,
+                per_prefill_token: 0.0,
+            }),
+            ..PerToken::default()
+        };
+        let decode = &step_fidelity(&steps, &slow)[0];
         assert_eq!((decode.kind, decode.steps), ("decode", 4));
         assert!(
             (decode.predicted_s - 0.074).abs() < 1e-12,

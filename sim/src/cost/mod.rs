@@ -15,7 +15,7 @@ pub use analytic::Analytic;
 pub use profiled::{
     Profile, ProfileClient, ProfileCoverage, ProfilePoint, ProfileStructuredOutput, Profiled,
 };
-pub use spread::{AfterIdle, AfterPrefill, SpreadBand, StepSpread};
+pub use spread::{AfterIdle, AfterPrefill, SincePrefill, SpreadBand, StepSpread};
 
 pub use infer_core::StepShape;
 

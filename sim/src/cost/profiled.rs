@@ -97,6 +97,19 @@ pub struct ProfileClient {
     pub overlap_step_loss: f64,
 }
 
+impl ProfileClient {
+    /// Why it cannot be used, if it cannot (a hand-edited or damaged profile).
+    pub fn check(&self) -> Result<(), String> {
+        if !(0.0..1.0).contains(&self.overlap_step_loss) {
+            return Err(format!(
+                "client.overlap_step_loss must be at least 0 and below 1, got {}",
+                self.overlap_step_loss
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
@@ -340,13 +353,8 @@ impl Profiled {
         if let Some(spread) = &profile.step_spread {
             spread.check().map_err(SimError::Invalid)?;
         }
-        if let Some(c) = &profile.client {
-            if !(0.0..1.0).contains(&c.overlap_step_loss) {
-                return Err(SimError::Invalid(format!(
-                    "client.overlap_step_loss must be at least 0 and below 1, got {}",
-                    c.overlap_step_loss
-                )));
-            }
+        if let Some(client) = &profile.client {
+            client.check().map_err(SimError::Invalid)?;
         }
         if let Some(after_prefill) = &profile.after_prefill {
             after_prefill.check().map_err(SimError::Invalid)?;

@@ -324,6 +324,42 @@ pub struct AfterPrefill {
     pub per_prefill_token: f64,
 }
 
+/// Where a step stands after the last step with prompt tokens, counted step by step
+/// ([`SincePrefill::next`]): what [`AfterPrefill::extra`] is priced by. One counter for the
+/// simulator, `engine profile` and `engine verify`, so all three count alike.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SincePrefill {
+    /// Steps since that one (0: this step has prompt tokens; `usize::MAX`: none yet).
+    pub steps: usize,
+    /// That step's prompt tokens.
+    pub prompt_tokens: usize,
+}
+
+impl Default for SincePrefill {
+    fn default() -> Self {
+        SincePrefill {
+            steps: usize::MAX,
+            prompt_tokens: 0,
+        }
+    }
+}
+
+impl SincePrefill {
+    /// Moves on to the next step, which has `prefill_tokens` prompt tokens; returns where
+    /// it stands.
+    pub fn next(&mut self, prefill_tokens: usize) -> SincePrefill {
+        if prefill_tokens > 0 {
+            *self = SincePrefill {
+                steps: 0,
+                prompt_tokens: prefill_tokens,
+            };
+        } else {
+            self.steps = self.steps.saturating_add(1);
+        }
+        *self
+    }
+}
+
 impl AfterPrefill {
     /// Decode steps after a prefill that are measured apart (a steady step is further on).
     pub const MAX_STEPS: usize = 6;
@@ -391,9 +427,10 @@ impl AfterPrefill {
         })
     }
 
-    /// Extra seconds of the `j`-th decode step after a step with `prompt_tokens` prompt
-    /// tokens.
-    pub fn extra(&self, j: usize, prompt_tokens: usize) -> f64 {
+    /// Extra seconds of a decode step that stands `at` after the last prefill (none at 0
+    /// steps: the step with prompt tokens itself).
+    pub fn extra(&self, at: SincePrefill) -> f64 {
+        let (j, prompt_tokens) = (at.steps, at.prompt_tokens);
         let scale = if self.prefill_tokens > 0.0 {
             (1.0 + self.per_prefill_token * (prompt_tokens as f64 - self.prefill_tokens)).max(0.0)
         } else {
@@ -470,6 +507,23 @@ mod tests {
     }
 
     #[test]
+    fn steps_are_counted_from_the_last_one_with_prompt_tokens() {
+        let mut at = SincePrefill::default();
+        let counted: Vec<(usize, usize)> = [0, 100, 0, 0, 30, 0]
+            .into_iter()
+            .map(|p| {
+                let s = at.next(p);
+                (s.steps, s.prompt_tokens)
+            })
+            .collect();
+        let none = usize::MAX;
+        assert_eq!(
+            counted,
+            [(none, 0), (0, 100), (1, 100), (2, 100), (0, 30), (1, 30)]
+        );
+    }
+
+    #[test]
     fn after_prefill_measures_each_steps_extra_over_the_steady_ones() {
         // Typical 1 ms; steady steps served at 1.1 ms; the first after a prefill of 100
         // tokens at 1.4, of 300 at 1.6; the second at 1.3, the third at 1.1 (no more than
@@ -486,6 +540,12 @@ mod tests {
         }
         let a = AfterPrefill::measure(&steps).unwrap();
         let close = |x: f64, want: f64| (x - want).abs() < 1e-12;
+        let extra = |steps: usize, prompt_tokens: usize| {
+            a.extra(SincePrefill {
+                steps,
+                prompt_tokens,
+            })
+        };
         assert_eq!(a.extra_s.len(), 2, "{a:?}");
         assert!(
             close(a.extra_s[0], 0.4e-3) && close(a.extra_s[1], 0.2e-3),
@@ -495,10 +555,10 @@ mod tests {
         // 0.3 ms after 100 tokens, 0.5 after 300: 0.1 ms per 100 tokens, a quarter of 0.4.
         assert!(close(a.prefill_tokens, 200.0), "{a:?}");
         assert!(close(a.per_prefill_token, 0.0025), "{a:?}");
-        assert!(close(a.extra(1, 100), 0.3e-3) && close(a.extra(1, 300), 0.5e-3));
-        assert!(close(a.extra(2, 200), 0.2e-3) && close(a.extra(2, 400), 0.3e-3));
+        assert!(close(extra(1, 100), 0.3e-3) && close(extra(1, 300), 0.5e-3));
+        assert!(close(extra(2, 200), 0.2e-3) && close(extra(2, 400), 0.3e-3));
         assert_eq!(
-            (a.extra(0, 200), a.extra(3, 200), a.extra(9, 200)),
+            (extra(0, 200), extra(3, 200), extra(9, 200)),
             (0.0, 0.0, 0.0)
         );
         assert!(a.check().is_ok());
