@@ -23,7 +23,7 @@
 #   scripts/transformers_step_log.py: each server start's steps in $OUT/steps/STAGE.csv.
 # `scripts/foreign_servers.sh` installs the two foreign servers and writes the GGUF.
 set -euo pipefail
-MODEL=${1:-$HOME/.cache/infer/bench-llama-0.5b-v1}
+MODEL=${1:-${INFER_CACHE:-$HOME/.cache/infer}/bench-llama-0.5b-v1}
 OUT=${2:-runs/blackbox-$(date +%s)}
 SERVER=${SERVER:-infer}
 PORT=${PORT:-8397}

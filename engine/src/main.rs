@@ -153,8 +153,9 @@ struct ReportArgs {
     runs: Vec<PathBuf>,
     #[arg(long)]
     baseline: Option<PathBuf>,
-    #[arg(long, default_value = "runs/report")]
-    out: PathBuf,
+    /// Report directory (default: runs/report-<unix time>, as `sim report`).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 /// The seed server's flags. Defaults: the embedded model on 127.0.0.1:8000 with the
@@ -561,7 +562,13 @@ fn run(cli: Cli) -> Result<()> {
                 a.target.target()?,
                 a.quick,
             ))?;
-            std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")?;
+            // A profile takes minutes: a missing folder must not lose it.
+            if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("{}: cannot create", dir.display()))?;
+            }
+            std::fs::write(&a.out, serde_json::to_string_pretty(&profile)? + "\n")
+                .with_context(|| format!("{}: cannot write", a.out.display()))?;
             print!("{}", infer_engine::tools::profile::describe(&profile));
             println!("wrote {}", a.out.display());
         }
@@ -593,9 +600,11 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Command::Report(a) => {
-            let report = infer_reports::write_report(&a.runs, a.baseline.as_deref(), &a.out)?;
-            let _ = report;
-            println!("wrote {}", a.out.join("report.md").display());
+            let out = a
+                .out
+                .unwrap_or_else(|| infer_reports::default_run_dir("report"));
+            infer_reports::write_report(&a.runs, a.baseline.as_deref(), &out)?;
+            println!("wrote {}", out.join("report.md").display());
         }
     }
     Ok(())

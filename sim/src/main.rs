@@ -44,8 +44,8 @@ struct Cli {
 enum Command {
     /// Simulate one scenario and write summary.json, requests.csv and timeseries.csv.
     #[command(
-        after_help = "Example: the chunked-prefill workload on a server without chunked prefill\n  \
-        sim run scenarios/chunked_prefill.toml --set server.chunked_prefill=false --out runs/p6"
+        after_help = "Example: the chunked-prefill workload on the Phase 6 server (no chunked prefill, no prefix caching)\n  \
+        sim run scenarios/chunked_prefill.toml --set server.chunked_prefill=false --set server.prefix_caching=false --out runs/p6"
     )]
     Run {
         scenario: String,
@@ -268,9 +268,9 @@ enum Command {
     /// regressions against --baseline.
     #[cfg(feature = "report")]
     #[command(
-        after_help = "Example: without chunked prefill (P6) against with it (P8, the baseline)\n  \
+        after_help = "Example: Phase 6 (no chunked prefill, no prefix caching) against Phase 8 (the baseline)\n  \
         sim run scenarios/chunked_prefill.toml --out runs/p8\n  \
-        sim run scenarios/chunked_prefill.toml --set server.chunked_prefill=false --out runs/p6\n  \
+        sim run scenarios/chunked_prefill.toml --set server.chunked_prefill=false --set server.prefix_caching=false --out runs/p6\n  \
         sim report runs/p6 runs/p8 --baseline runs/p8 --out runs/p6-vs-p8"
     )]
     Report {
