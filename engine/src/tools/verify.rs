@@ -214,8 +214,12 @@ pub fn step_fidelity(
         (true, true) => "mixed",
     };
     // A measured step includes its random pause: predict its mean too (a spread's factors
-    // average 1). A step that started cold, or one of the decode steps just after a
-    // prefill, is priced as the simulator prices it.
+    // average 1). A step that started cold, one of the decode steps just after a prefill,
+    // or one beside a request's path is priced as the simulator prices it. The log tells
+    // how long the path was busy between two steps' starts, not when within that: the
+    // overlap is taken as that time, at most the step's own (as `engine profile` measured
+    // the loss), where the simulator counts only a path already busy as a step starts.
+    let path = cost.client_path();
     let mut since_prefill = infer_sim::cost::SincePrefill::default();
     let priced: Vec<f64> = steps
         .iter()
@@ -227,9 +231,12 @@ pub fn step_fidelity(
                 .filter(|a| idle.is_some_and(|i| i >= a.idle_s));
             let at = since_prefill.next(r.shape.prefill_tokens);
             let after_prefill = cost.after_prefill().map_or(0.0, |a| a.extra(at));
-            cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor)
-                + cost.step_jitter()
-                + after_prefill
+            let base = cost.step_time(&r.shape) * cold.map_or(1.0, |a| a.factor);
+            let path_s = match (r.path_busy_s, steps.get(i + 1).and_then(|n| n.path_busy_s)) {
+                (Some(a), Some(b)) => (b - a).clamp(0.0, r.step_s),
+                _ => 0.0,
+            };
+            base + path.overlap_late(base, path_s) + cost.step_jitter() + after_prefill
         })
         .collect();
     ["decode", "prefill", "mixed", "all"]
@@ -602,7 +609,8 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
         opts.out.join("fidelity.md"),
         format!(
             "{reps}{table}\n{headline}\n{coverage}{warnings}\nStep times, the cost model against \
-             the measured run's steps (one after the engine idled at the factor for it):\n\n{steps}"
+             the measured run's steps, each priced as the simulator prices it (after an idle spell, \
+             after a prefill, beside a request's path):\n\n{steps}"
         ),
     )?;
     let mut printed = format!("{reps}{table}\n{headline}\n{coverage}{warnings}\n{steps}");
@@ -631,6 +639,7 @@ mod tests {
     struct PerToken {
         after_idle: Option<AfterIdle>,
         after_prefill: Option<AfterPrefill>,
+        path: ClientPath,
     }
     impl CostModel for PerToken {
         fn step_time(&self, s: &StepShape) -> f64 {
@@ -643,7 +652,7 @@ mod tests {
             self.after_prefill.as_ref()
         }
         fn client_path(&self) -> ClientPath {
-            ClientPath::default()
+            self.path
         }
         fn describe(&self) -> String {
             "per token".into()
@@ -725,6 +734,44 @@ mod tests {
         // Priced warm, the cold step would be a third short.
         let warm = &step_fidelity(&steps, &PerToken::default())[0];
         assert!((warm.predicted_s - 0.3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_step_beside_a_requests_path_is_priced_slowed_as_the_simulator_prices_it() {
+        let at = |t_s: f64, path_busy_s: f64, r: StepRecord| StepRecord {
+            t_s,
+            path_busy_s: Some(path_busy_s),
+            ..r
+        };
+        // 1 ms decode steps; a step keeps a fifth of its pace while a path is busy.
+        let steps = [
+            // Quiet.
+            at(0.0, 0.0, step(0, 1, 0.001)),
+            // The path busy throughout its 5 ms: 1 ms at a fifth of the pace.
+            at(0.001, 0.0, step(0, 1, 0.005)),
+            // Half a millisecond of path left: 1 ms + 0.8 × 0.5 ms.
+            at(0.006, 0.005, step(0, 1, 0.0014)),
+            // Quiet again; the last step, whose overlap the log cannot tell, too.
+            at(0.0074, 0.0055, step(0, 1, 0.001)),
+            at(0.0084, 0.0055, step(0, 1, 0.001)),
+        ];
+        let slowed = PerToken {
+            path: ClientPath {
+                overlap_step_loss: 0.8,
+                ..ClientPath::default()
+            },
+            ..PerToken::default()
+        };
+        let decode = &step_fidelity(&steps, &slowed)[0];
+        assert!(
+            (decode.predicted_s - 0.0094).abs() < 1e-12,
+            "{}",
+            decode.predicted_s
+        );
+        assert!(decode.median_error_pct.abs() < 1e-9);
+        // Without the loss, each overlapped step is priced at its quiet 1 ms.
+        let quiet = &step_fidelity(&steps, &PerToken::default())[0];
+        assert!((quiet.predicted_s - 0.005).abs() < 1e-12);
     }
 
     #[test]
