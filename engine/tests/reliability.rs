@@ -471,7 +471,7 @@ fn bad_cases() -> Vec<BadCase> {
         ("presence_penalty", &[json!(-3), json!(2.1)]),
         ("frequency_penalty", &[json!(3), json!(-2.5)]),
         ("repetition_penalty", &[json!(0), json!(-1)]),
-        ("seed", &[json!(-1), json!(1.5)]),
+        ("seed", &[json!(1.5), json!(1e30)]),
         ("logprobs", &[json!(21), json!(-1), json!(100)]),
         ("n", &[json!(0), json!(65), json!(1.5)]),
     ];
@@ -563,6 +563,19 @@ fn bad_cases() -> Vec<BadCase> {
         ("use_beam_search", json!(true)),
         ("include_stop_str_in_output", json!(true)),
         ("skip_special_tokens", json!(false)),
+        ("truncate_prompt_tokens", json!(2)),
+        ("allowed_token_ids", json!([5])),
+        ("bad_words", json!(["harbour"])),
+        ("logits_processors", json!(["f"])),
+        ("return_token_ids", json!(true)),
+        ("priority", json!(1)),
+        ("add_special_tokens", json!(false)),
+        // Chat's names, on completions.
+        ("max_completion_tokens", json!(7)),
+        ("top_logprobs", json!(2)),
+        // A grammar that allows nothing, and one past the size a request may send.
+        ("guided_json", json!({"$ref": "#"})),
+        ("guided_regex", json!("a".repeat((256 << 10) + 1))),
         ("guided_json", json!(5)),
         ("guided_regex", json!("(")),
         ("guided_choice", json!([])),
@@ -658,6 +671,11 @@ fn bad_cases() -> Vec<BadCase> {
         ("logprobs", json!("yes")),
         ("max_completion_tokens", json!(0)),
         ("max_completion_tokens", json!("8")),
+        ("add_generation_prompt", json!(false)),
+        ("continue_final_message", json!(true)),
+        ("chat_template", json!("{{ messages }}")),
+        ("chat_template_kwargs", json!({"enable_thinking": false})),
+        ("add_special_tokens", json!(true)),
     ] {
         let mut body = json!({"messages": hi});
         body[key] = v.clone();
@@ -1167,6 +1185,27 @@ async fn small_prompts_do_not_wait_behind_huge_ones_and_every_message_counts() {
         all_done.elapsed()
     );
     assert!(short < Duration::from_secs(1), "{short:?}");
+    server.stop().await;
+}
+
+/// A grammar of 2,000 chained rules is served and the server stays up: llguidance compiles
+/// a chain one nested call a link, and a pool thread's 2 MiB stack overflowed at 800 links,
+/// which aborted the whole process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_grammar_is_served_and_the_server_stays_up() {
+    let (addr, server) = spawn_local(config()).await.unwrap();
+    let base = format!("http://{addr}");
+    let links: Vec<String> = (0..2000).map(|i| format!("r{i}: r{}", i + 1)).collect();
+    let grammar = format!("start: r0\n{}\nr2000: \"harbour\"", links.join("\n"));
+    let (status, v) = post(
+        &reqwest::Client::new(),
+        &format!("{base}/v1/completions"),
+        &json!({"prompt": "The", "max_tokens": 16, "guided_grammar": grammar}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], "harbour", "{v}");
+    still_serves_and_holds_no_kv(&server, &base).await;
     server.stop().await;
 }
 

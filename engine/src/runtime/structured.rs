@@ -74,6 +74,16 @@ impl Grammar {
         }
     }
 
+    /// The size of what the request sent, in bytes ([`MAX_GRAMMAR_BYTES`]).
+    pub fn source_bytes(&self) -> usize {
+        match self {
+            Grammar::JsonSchema { schema, .. } => schema.to_string().len(),
+            Grammar::Regex(text) | Grammar::Lark(text) => text.len(),
+            // Each with its quotes and a separator, as a JSON list sends them.
+            Grammar::Choice(choices) => choices.iter().map(|c| c.len() + 3).sum(),
+        }
+    }
+
     fn top_level(&self) -> Result<TopLevelGrammar> {
         Ok(match self {
             Grammar::JsonSchema {
@@ -95,12 +105,16 @@ impl Grammar {
                 if choices.is_empty() {
                     bail!("choice needs at least one string");
                 }
-                // Lark string literals take JSON's escapes.
+                // Lark string literals take JSON's escapes. One token of alternatives (the
+                // lexer's), not a rule of them: a parser row holds at most 2,000 items.
                 let alternatives: Vec<String> = choices
                     .iter()
                     .map(|c| serde_json::to_string(c).expect("a string serialises"))
                     .collect();
-                TopLevelGrammar::from_lark(format!("start: {}", alternatives.join(" | ")))
+                TopLevelGrammar::from_lark(format!(
+                    "start: CHOICE\nCHOICE: {}",
+                    alternatives.join(" | ")
+                ))
             }
             Grammar::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         })
@@ -141,9 +155,26 @@ fn limits() -> ParserLimits {
     ParserLimits {
         max_lexer_states: 50_000,
         max_grammar_size: 200_000,
+        // An error names what is wrong, not the parser's whole state (kilobytes, with the
+        // tokens so far) in the client's response and the server's log.
+        verbose_errors: false,
         ..ParserLimits::default()
     }
 }
+
+/// The largest grammar a request may send, in bytes of its source (the schema as JSON, the
+/// regex, the choices, the Lark text). OpenAI's structured outputs cap a schema's names and
+/// values at 120,000 characters in all; this leaves twice that.
+pub const MAX_GRAMMAR_BYTES: usize = 256 << 10;
+
+/// The stack a grammar compiles on. llguidance compiles a rule, a token or a JSON schema's
+/// `$ref` when it first meets it, nesting one call per link of a chain: about 3.3 kB a
+/// link of Lark rules and 5–8 kB a link of `$ref`s (a debug build's frames; a release
+/// build's are smaller). The longest chains [`MAX_GRAMMAR_BYTES`] can spell (8-byte Lark
+/// rules `abc:abd\n`, 33-byte `$ref`s) need about 110 and 65 MB; a 2 MiB thread, what a
+/// server's pool threads have, overflowed at 800 rules and took the whole process down.
+/// Only the pages a compile touches are ever committed.
+const COMPILE_STACK_BYTES: usize = 512 << 20;
 
 impl GrammarCompiler {
     /// `n_vocab` is the width of the model's logits (at least the tokenizer's vocabulary:
@@ -185,17 +216,41 @@ impl GrammarCompiler {
         Ok(Self { factory })
     }
 
-    /// A fresh constraint for one sequence; an invalid grammar is an error naming why.
+    /// A fresh constraint for one sequence, its first mask computed; an invalid grammar,
+    /// or one that cannot start, is an error naming why. It compiles on a thread of its own
+    /// whose stack holds the deepest grammar of at most [`MAX_GRAMMAR_BYTES`].
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        let bytes = grammar.source_bytes();
+        if bytes > MAX_GRAMMAR_BYTES {
+            bail!("the grammar is {bytes} bytes, more than the {MAX_GRAMMAR_BYTES} a request may send");
+        }
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("grammar-compile".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || self.compile_here(grammar))
+                .context("cannot start a thread to compile the grammar")?
+                .join()
+                .map_err(|_| anyhow!("the grammar compiler failed"))?
+        })
+    }
+
+    fn compile_here(&self, grammar: &Grammar) -> Result<Constraint> {
         let parser = self.factory.create_parser(grammar.top_level()?)?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             bail!("{e}");
         }
-        Ok(Constraint {
+        let mut constraint = Constraint {
             grammar: grammar.clone(),
             matcher,
-        })
+            next: None,
+        };
+        // The first mask is the costliest (the lexer's caches are cold) and the first to
+        // find a grammar that cannot produce anything: here, off the engine thread, its
+        // request is refused before it runs.
+        constraint.next = Some(constraint.allowed_set()?);
+        Ok(constraint)
     }
 }
 
@@ -205,6 +260,8 @@ pub struct Constraint {
     /// What it was compiled from (to describe and compare it).
     grammar: Grammar,
     matcher: Matcher,
+    /// The mask for the next token, when already computed (the first, by the compiler).
+    next: Option<SimpleVob>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -238,6 +295,9 @@ impl Constraint {
     }
 
     fn allowed_set(&mut self) -> Result<SimpleVob> {
+        if let Some(allowed) = self.next.take() {
+            return Ok(allowed);
+        }
         let allowed = self.matcher.compute_mask_or_eos()?;
         if allowed.is_zero() {
             bail!("the grammar allows no token here");
@@ -247,6 +307,7 @@ impl Constraint {
 
     /// Advances past the sampled `token`.
     pub fn accept(&mut self, token: u32) -> Result<()> {
+        self.next = None;
         if self.matcher.is_stopped() {
             return Ok(());
         }
@@ -385,6 +446,102 @@ mod tests {
         ] {
             assert!(compiler.compile(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn many_choices_and_choices_that_prefix_each_other() {
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1000, &[eos]).unwrap();
+        // Past the 2,000 items a parser row holds, as a rule of alternatives would need.
+        let many: Vec<String> = (0..5000).map(|i| format!("opt{i}")).collect();
+        let mut c = compiler.compile(&Grammar::Choice(many.clone())).unwrap();
+        let text = greedy(&mut c, &tok, 1000, eos);
+        assert!(many.contains(&text), "{text:?}");
+        // A choice that is a prefix of another may end where it ends, or go on.
+        let mut c = compiler
+            .compile(&Grammar::Choice(vec!["a".into(), "ab".into()]))
+            .unwrap();
+        let a = tok.encode("a", false).unwrap();
+        assert_eq!(a.len(), 1);
+        let allowed =
+            |c: &mut Constraint, t: u32| c.allowed().unwrap()[t as usize / 32] >> (t % 32) & 1 == 1;
+        assert!(allowed(&mut c, a[0]));
+        c.accept(a[0]).unwrap();
+        assert!(allowed(&mut c, eos), "\"a\" may end");
+        let b = tok.encode("b", false).unwrap();
+        assert!(allowed(&mut c, b[0]), "\"a\" may go on to \"ab\"");
+    }
+
+    /// The deepest grammars a request may send compile on the compiler's own stack, where a
+    /// pool thread's overflowed and aborted the server (a test that overflows aborts too).
+    #[test]
+    fn the_deepest_grammars_within_the_size_limit_compile() {
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1000, &[eos]).unwrap();
+        // Three-character rule names (a letter, then letters, digits or `_`): 8 bytes a
+        // link, each rule the next one's only use.
+        const TAIL: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789_";
+        let n = TAIL.len();
+        let name = |i: usize| {
+            let c = |k: usize| TAIL[k % n] as char;
+            format!(
+                "{}{}{}",
+                (b'a' + (i / (n * n)) as u8) as char,
+                c(i / n),
+                c(i)
+            )
+        };
+        let links = (MAX_GRAMMAR_BYTES - 64) / 8;
+        assert!(links < 26 * n * n);
+        let mut lark = format!("start: {}\n", name(0));
+        for i in 0..links - 1 {
+            lark += &format!("{}:{}\n", name(i), name(i + 1));
+        }
+        lark += &format!("{}:\"y\"\n", name(links - 1));
+        let chain = Grammar::Lark(lark);
+        assert!(chain.source_bytes() <= MAX_GRAMMAR_BYTES);
+        let mut c = compiler.compile(&chain).unwrap();
+        assert_eq!(greedy(&mut c, &tok, 1000, eos), "y");
+        // A chain of `$ref`s, about 33 bytes a link.
+        let links = MAX_GRAMMAR_BYTES / 34;
+        let defs: serde_json::Map<String, Value> = (0..links)
+            .map(|i| {
+                (
+                    format!("{i}"),
+                    json!({"$ref": format!("#/$defs/{}", i + 1)}),
+                )
+            })
+            .chain([(format!("{links}"), json!({"type": "integer"}))])
+            .collect();
+        let refs = Grammar::JsonSchema {
+            schema: json!({"$ref": "#/$defs/0", "$defs": defs}),
+            any_whitespace: false,
+        };
+        assert!(refs.source_bytes() <= MAX_GRAMMAR_BYTES);
+        let _ = compiler.compile(&refs);
+        // One byte more is refused before it compiles.
+        let over = Grammar::Regex("a".repeat(MAX_GRAMMAR_BYTES + 1));
+        let e = compiler.compile(&over).unwrap_err().to_string();
+        assert!(e.contains("more than the 262144"), "{e}");
+    }
+
+    #[test]
+    fn a_grammar_that_cannot_start_fails_to_compile() {
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1000, &[eos]).unwrap();
+        // A schema that is only a reference to itself: it parses, and allows nothing.
+        let e = compiler
+            .compile(&Grammar::JsonSchema {
+                schema: json!({"$ref": "#"}),
+                any_whitespace: true,
+            })
+            .unwrap_err()
+            .to_string();
+        // Without the parser's state dump.
+        assert!(e.len() < 500 && !e.contains("<state>"), "{e}");
     }
 
     #[test]

@@ -195,10 +195,41 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("use_beam_search", |v| v == &Value::Bool(false)),
     ("include_stop_str_in_output", |v| v == &Value::Bool(false)),
     ("skip_special_tokens", |v| v == &Value::Bool(true)),
+    ("truncate_prompt_tokens", |_| false),
+    ("allowed_token_ids", |_| false),
+    ("bad_words", |v| v.as_array().is_some_and(Vec::is_empty)),
+    ("logits_processors", |v| {
+        v.as_array().is_some_and(Vec::is_empty)
+    }),
+    ("return_token_ids", |v| v == &Value::Bool(false)),
+    // Without priority scheduling, as vLLM refuses it.
+    ("priority", |v| v.as_i64() == Some(0)),
+    ("chat_template", |_| false),
+    ("chat_template_kwargs", |v| {
+        v.as_object().is_some_and(Map::is_empty)
+    }),
+    ("add_generation_prompt", |v| v == &Value::Bool(true)),
+    ("continue_final_message", |v| v == &Value::Bool(false)),
 ];
 
-fn refuse_unsupported(body: &Map<String, Value>) -> Result<(), ApiError> {
-    for (key, unused) in UNSUPPORTED {
+/// Parameters of one endpoint only (the other's, or vLLM's there), with the value this
+/// server uses: a prompt's special tokens are added to a completion's prompt (vLLM's
+/// default), not to a chat's, whose template writes them.
+const UNSUPPORTED_COMPLETIONS: &[(&str, IsUnused)] = &[
+    ("add_special_tokens", |v| v == &Value::Bool(true)),
+    // Chat's names for max_tokens and logprobs.
+    ("max_completion_tokens", |_| false),
+    ("top_logprobs", |_| false),
+];
+const UNSUPPORTED_CHAT: &[(&str, IsUnused)] =
+    &[("add_special_tokens", |v| v == &Value::Bool(false))];
+
+fn refuse_unsupported(body: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError> {
+    let of_endpoint = match endpoint {
+        Endpoint::Completions => UNSUPPORTED_COMPLETIONS,
+        Endpoint::Chat => UNSUPPORTED_CHAT,
+    };
+    for (key, unused) in UNSUPPORTED.iter().chain(of_endpoint) {
         match body.get(*key) {
             None | Some(Value::Null) => {}
             Some(v) if unused(v) => {}
@@ -293,7 +324,7 @@ pub fn parse_request(
             ),
         ));
     }
-    refuse_unsupported(body)?;
+    refuse_unsupported(body, endpoint)?;
     // `echo`: the completion repeats the prompt (with its logprobs when `logprobs` is set:
     // evaluation harnesses score a text this way, `max_tokens: 0`). Chat's `echo` means
     // something else in vLLM and is not served.
@@ -424,7 +455,13 @@ fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiE
     if let Some(v) = f.float_in("repetition_penalty", "> 0", |v| v > 0.0)? {
         params.repetition_penalty = v as f32;
     }
-    params.seed = f.uint("seed")?;
+    // Any 64-bit integer, as vLLM takes (a negative one as its two's complement).
+    params.seed = match f.get("seed") {
+        None => None,
+        Some(Value::Number(n)) if n.is_u64() => n.as_u64(),
+        Some(Value::Number(n)) if n.is_i64() => n.as_i64().map(|s| s as u64),
+        Some(v) => return Err(Fields::wrong("seed", "a 64-bit integer", v)),
+    };
     params.logit_bias = logit_bias(f.get("logit_bias"))?;
     params.logprobs = match endpoint {
         Endpoint::Completions => f.uint("logprobs")?.map(|n| n as usize),
@@ -621,7 +658,7 @@ fn parse_messages(
             })?;
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
-                // The list form: concatenate the text parts.
+                // The list form: the text parts, a line apart (as vLLM joins them).
                 Some(Value::Array(parts)) => parts
                     .iter()
                     .map(|p| {
@@ -637,7 +674,7 @@ fn parse_messages(
                         }
                     })
                     .collect::<Result<Vec<_>, _>>()?
-                    .join(""),
+                    .join("\n"),
                 None | Some(Value::Null) => String::new(),
                 Some(other) => {
                     return Err(ApiError::bad_request(
@@ -722,7 +759,8 @@ impl Fields<'_> {
         match self.float(key)? {
             Some(v) if !ok(v) => Err(ApiError::bad_request(
                 Some(key),
-                format!("{key} must be {what}, got {v}"),
+                // Debug's form: 1e300, not three hundred digits.
+                format!("{key} must be {what}, got {v:?}"),
             )),
             v => Ok(v),
         }
@@ -733,6 +771,9 @@ impl Fields<'_> {
             None => Ok(None),
             Some(Value::Number(n)) if n.is_i64() => Ok(n.as_i64()),
             Some(Value::Number(n)) if n.is_u64() => Ok(Some(i64::MAX)),
+            Some(Value::Number(n)) if n.as_f64().is_some_and(whole) => {
+                Ok(n.as_f64().map(|x| x as i64))
+            }
             Some(v) => Err(Self::wrong(key, "an integer", v)),
         }
     }
@@ -741,9 +782,18 @@ impl Fields<'_> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Number(n)) if n.is_u64() => Ok(n.as_u64()),
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|x| whole(x) && x >= 0.0) => {
+                Ok(n.as_f64().map(|x| x as u64))
+            }
             Some(v) => Err(Self::wrong(key, "a non-negative integer", v)),
         }
     }
+}
+
+/// A whole number written as a float (`1000.0`, `1e3`): an integer field takes it, as vLLM's
+/// pydantic does (past 64 bits it saturates, as Rust's casts do, like an integer that large).
+fn whole(x: f64) -> bool {
+    x.is_finite() && x.fract() == 0.0
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -763,6 +813,77 @@ mod tests {
 
     fn parse(s: &str, e: Endpoint) -> Result<GenerationRequest, ApiError> {
         parse_request(&parse_body(s.as_bytes())?, e)
+    }
+
+    #[test]
+    fn vllm_parameters_not_served_are_refused_and_number_forms_taken() {
+        for (body, e, param) in [
+            (
+                r#"{"prompt":"x","truncate_prompt_tokens":2}"#,
+                Endpoint::Completions,
+                "truncate_prompt_tokens",
+            ),
+            (
+                r#"{"prompt":"x","priority":1}"#,
+                Endpoint::Completions,
+                "priority",
+            ),
+            (
+                r#"{"prompt":"x","add_special_tokens":false}"#,
+                Endpoint::Completions,
+                "add_special_tokens",
+            ),
+            (
+                r#"{"prompt":"x","max_completion_tokens":4}"#,
+                Endpoint::Completions,
+                "max_completion_tokens",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}"#,
+                Endpoint::Chat,
+                "add_generation_prompt",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false}}"#,
+                Endpoint::Chat,
+                "chat_template_kwargs",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"add_special_tokens":true}"#,
+                Endpoint::Chat,
+                "add_special_tokens",
+            ),
+        ] {
+            let err = parse(body, e).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some(param), "{body}");
+        }
+        // Their defaults, as clients send them, are taken.
+        for (body, e) in [
+            (
+                r#"{"prompt":"x","priority":0,"add_special_tokens":true,"bad_words":[]}"#,
+                Endpoint::Completions,
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":true,"add_special_tokens":false,"chat_template_kwargs":{}}"#,
+                Endpoint::Chat,
+            ),
+        ] {
+            assert!(parse(body, e).is_ok(), "{body}");
+        }
+        // A negative seed (vLLM takes any 64-bit one); a whole number written as a float.
+        let r = parse(
+            r#"{"prompt":"x","seed":-1,"max_tokens":1e3}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!(r.params.seed, Some(u64::MAX));
+        assert_eq!(r.max_tokens, Some(1000));
+        let e = parse(
+            r#"{"prompt":"x","temperature":1e300}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("1e300"), "{}", e.message);
     }
 
     #[test]
@@ -788,7 +909,8 @@ mod tests {
         assert_eq!(c.max_tokens, Some(7));
         assert_eq!(c.params.logprobs, Some(2));
         match &c.prompts[..] {
-            [Prompt::Chat(m)] => assert_eq!(m[0].content, "ab"),
+            // A line apart, as vLLM joins text parts.
+            [Prompt::Chat(m)] => assert_eq!(m[0].content, "a\nb"),
             _ => panic!(),
         }
     }
