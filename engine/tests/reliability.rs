@@ -573,8 +573,16 @@ fn bad_cases() -> Vec<BadCase> {
         // Chat's names, on completions.
         ("max_completion_tokens", json!(7)),
         ("top_logprobs", json!(2)),
-        // A grammar that allows nothing, and one past the size a request may send.
+        // A grammar that allows nothing, one past the size a request may send, and one
+        // that fails once it runs (3,000 optional properties: a parser row of 12,007 items,
+        // past llguidance's 2,000), which is the request's failure, not the server's.
         ("guided_json", json!({"$ref": "#"})),
+        (
+            "guided_json",
+            json!({"type": "object", "properties": (0..3000)
+                .map(|i| (format!("p{i}"), json!({"type": "string"})))
+                .collect::<serde_json::Map<String, Value>>()}),
+        ),
         ("guided_regex", json!("a".repeat((256 << 10) + 1))),
         ("guided_json", json!(5)),
         ("guided_regex", json!("(")),

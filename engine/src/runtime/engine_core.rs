@@ -20,7 +20,7 @@ use crate::runtime::batch::{ForwardBatch, SeqChunk};
 use crate::runtime::detokenize::OutputStream;
 use crate::runtime::model::{KvCache, LoadedModel};
 use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
-use crate::runtime::structured::Constraint;
+use crate::runtime::structured::{Constraint, STRUCTURED_FAILURE};
 use infer_kernels::sampling::{RowParams, SamplingBatch};
 
 /// A tokenised request.
@@ -481,7 +481,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                         // Only a grammar fails here: this request ends with the error after
                         // the step (its placeholder token is never shown), the others go on.
                         self.sample_failed
-                            .insert(id, format!("structured output: {e:#}"));
+                            .insert(id, format!("{STRUCTURED_FAILURE}{e:#}"));
                         out.push((id, SampledToken::placeholder()));
                     }
                 }
@@ -530,7 +530,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     }
                     Err(e) => {
                         // Its grammar failed: a greedy row holds its place, its token unused.
-                        failed.insert(id, format!("structured output: {e:#}"));
+                        failed.insert(id, format!("{STRUCTURED_FAILURE}{e:#}"));
                         sampling.push(&RowParams::greedy(), &[])?;
                         grammar_s.push(None);
                     }
@@ -563,7 +563,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 Ok(s) => s,
                 Err(e) => {
                     self.sample_failed
-                        .insert(id, format!("structured output: {e:#}"));
+                        .insert(id, format!("{STRUCTURED_FAILURE}{e:#}"));
                     out.push((id, SampledToken::placeholder()));
                     continue;
                 }

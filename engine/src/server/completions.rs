@@ -24,7 +24,7 @@ use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens
 use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::runtime::engine_core::{EngineRequest, PromptLogprob};
-use crate::runtime::structured::MAX_GRAMMAR_BYTES;
+use crate::runtime::structured::{MAX_GRAMMAR_BYTES, STRUCTURED_FAILURE};
 use crate::runtime::tokenizer::TextTokenizer;
 
 pub(super) async fn completions(
@@ -261,6 +261,7 @@ pub(super) async fn generate(
         keep_generated,
         continuous_usage: req.continuous_usage,
         tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
+        grammar_param: req.structured.as_ref().map(|r| r.param),
     };
     if req.stream {
         Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
@@ -327,6 +328,8 @@ struct ResponseMeta {
     continuous_usage: bool,
     /// The output is a forced tool call, answered as `tool_calls` (chat).
     tool: Option<ToolChoice>,
+    /// The field the request's grammar came from, if it has one.
+    grammar_param: Option<&'static str>,
 }
 
 /// The prompt an `echo` request gets back.
@@ -337,6 +340,19 @@ struct Echo {
 }
 
 impl ResponseMeta {
+    /// What a request that failed while it ran is answered: its grammar's failure (a parser
+    /// row past llguidance's limit, a state it cannot leave) is the request's, a 400 naming
+    /// the field; anything else is the server's.
+    fn failure(&self, msg: String) -> ApiError {
+        match (msg.strip_prefix(STRUCTURED_FAILURE), self.grammar_param) {
+            (Some(why), Some(param)) => ApiError::bad_request(
+                Some(param),
+                format!("the grammar failed during generation: {why}"),
+            ),
+            _ => ApiError::internal(msg),
+        }
+    }
+
     /// Choices in all: `n` per prompt.
     fn choices(&self) -> usize {
         self.n * self.prompt_lens.len()
@@ -606,7 +622,7 @@ fn sse_stream(
                 }
                 StreamEvent::Error(msg) => {
                     // The other choices end with the stream (the guard aborts them).
-                    yield Ok(SseEvent::default().data(ApiError::internal(msg).body().to_string()));
+                    yield Ok(SseEvent::default().data(meta.failure(msg).body().to_string()));
                     break;
                 }
                 StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
@@ -681,7 +697,7 @@ async fn collect(
                 let usage = meta.usage_of(&finished);
                 return Ok(Json(meta.body(false, json!(body), Some(usage))).into_response());
             }
-            StreamEvent::Error(msg) => return Err(ApiError::internal(msg)),
+            StreamEvent::Error(msg) => return Err(meta.failure(msg)),
             StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
         }
     }
