@@ -61,6 +61,7 @@ use serde::{Deserialize, Serialize};
 use crate::catalog::{HardwareSpec, ModelSpec};
 use crate::cost::{ClientPath, ProfileCoverage};
 use crate::interval::Residual;
+use crate::settings::readable;
 use infer_core::{BatchingMode, KvBackend, SchedulerConfig};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -454,54 +455,44 @@ fn shipped() -> Result<&'static [(&'static str, CalibrationFile)], SimError> {
         .map_err(|e| SimError::Invalid(e.clone()))
 }
 
+/// The largest |`ln(measured / predicted)`| a calibration file's `[[residuals]]` may hold:
+/// a prediction off by a factor of e^20 (about 5e8) is no calibration's error but a broken
+/// run or a typo.
+const MAX_LOG_ERROR: f64 = 20.0;
+
 impl CalibrationFile {
     /// Parse and check a calibration file; errors name the file and the key.
     pub fn parse(file: &str, text: &str) -> Result<CalibrationFile, SimError> {
         let f: CalibrationFile =
             toml::from_str(text).map_err(|e| SimError::content(file, e.to_string().trim_end()))?;
+        let at = |key: String, reason: String| SimError::Key {
+            file: file.to_string(),
+            key,
+            reason,
+        };
         for (name, c) in &f.models {
-            let at = |key: &str, reason: String| SimError::Key {
-                file: file.to_string(),
-                key: format!("models.{name}.{key}"),
-                reason,
-            };
-            for (key, v) in [
-                ("compute_efficiency", c.compute_efficiency),
-                ("attention_efficiency", c.attention_efficiency),
-                (
-                    "decode_attention_efficiency",
-                    c.decode_attention_efficiency
-                        .unwrap_or(c.attention_efficiency),
-                ),
-                ("bandwidth_efficiency", c.bandwidth_efficiency),
-                (
-                    "single_decode_bandwidth_efficiency",
-                    c.single_decode_bandwidth_efficiency
-                        .unwrap_or(c.bandwidth_efficiency),
-                ),
-            ] {
-                if !(v > 0.0 && v <= 1.0) {
-                    return Err(at(key, format!("must be in (0, 1], got {v}")));
-                }
-            }
-            for (key, v) in [
-                ("step_overhead_s", c.step_overhead_s),
-                ("per_seq_overhead_s", c.per_seq_overhead_s),
-                ("client_request_s", c.client_request_s),
-                ("client_per_prompt_token_s", c.client_per_prompt_token_s),
-                ("client_stream_s", c.client_stream_s),
-                ("static_batch_window_s", c.static_batch_window_s),
-                ("static_step_overhead_s", c.static_host().0),
-                ("static_per_seq_overhead_s", c.static_host().1),
-                ("step_jitter_s", c.step_jitter_s),
-                (
-                    "page_fault_s_per_gib",
-                    c.page_fault_s_per_gib.unwrap_or(0.0),
-                ),
-            ] {
-                if !(v >= 0.0 && v.is_finite()) {
-                    return Err(at(key, format!("must be >= 0 seconds, got {v}")));
-                }
+            c.check()
+                .map_err(|(key, reason)| at(format!("models.{name}.{key}"), reason))?;
+        }
+        // A bootstrap draw prices a prediction's seeds as the models' coefficients do.
+        for (i, d) in f.draws.iter().enumerate() {
+            d.coefficients
+                .check()
+                .map_err(|(key, reason)| at(format!("draws[{i}].coefficients.{key}"), reason))?;
+        }
+        // An error multiplies a figure by its exponential: a NaN or a huge one would make
+        // every interval NaN or infinite.
+        for (i, r) in f.residuals.iter().enumerate() {
+            let bound = -MAX_LOG_ERROR..=MAX_LOG_ERROR;
+            if let Some((metric, e)) = r.errors.iter().find(|(_, e)| !bound.contains(*e)) {
+                return Err(at(
+                    format!("residuals[{i}].errors.{metric}"),
+                    format!(
+                        "must be ln(measured / predicted) from -{MAX_LOG_ERROR} to \
+                         {MAX_LOG_ERROR} (a factor of e^{MAX_LOG_ERROR}, about 5e8), got {}",
+                        readable(*e)
+                    ),
+                ));
             }
         }
         if let Some(v) = f.mechanisms.spill_bandwidth_gb_s {
@@ -649,6 +640,50 @@ impl CalibrationFile {
 }
 
 impl Coefficients {
+    /// Why the coefficients cannot be used, if they cannot: (the key, the reason).
+    fn check(&self) -> Result<(), (&'static str, String)> {
+        let c = self;
+        for (key, v) in [
+            ("compute_efficiency", c.compute_efficiency),
+            ("attention_efficiency", c.attention_efficiency),
+            (
+                "decode_attention_efficiency",
+                c.decode_attention_efficiency
+                    .unwrap_or(c.attention_efficiency),
+            ),
+            ("bandwidth_efficiency", c.bandwidth_efficiency),
+            (
+                "single_decode_bandwidth_efficiency",
+                c.single_decode_bandwidth_efficiency
+                    .unwrap_or(c.bandwidth_efficiency),
+            ),
+        ] {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err((key, format!("must be in (0, 1], got {v}")));
+            }
+        }
+        for (key, v) in [
+            ("step_overhead_s", c.step_overhead_s),
+            ("per_seq_overhead_s", c.per_seq_overhead_s),
+            ("client_request_s", c.client_request_s),
+            ("client_per_prompt_token_s", c.client_per_prompt_token_s),
+            ("client_stream_s", c.client_stream_s),
+            ("static_batch_window_s", c.static_batch_window_s),
+            ("static_step_overhead_s", c.static_host().0),
+            ("static_per_seq_overhead_s", c.static_host().1),
+            ("step_jitter_s", c.step_jitter_s),
+            (
+                "page_fault_s_per_gib",
+                c.page_fault_s_per_gib.unwrap_or(0.0),
+            ),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err((key, format!("must be >= 0 seconds, got {v}")));
+            }
+        }
+        Ok(())
+    }
+
     /// Static batching's host time per step and per sequence: its own where the file sets
     /// them, else continuous batching's.
     pub fn static_host(&self) -> (f64, f64) {
@@ -1015,6 +1050,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("llama-3.1-8b") && e.contains("qwen3-4b"), "{e}");
+    }
+
+    #[test]
+    fn bad_draws_and_residuals_are_refused_naming_the_entry_and_key() {
+        let (_, text) = SHIPPED[0];
+        let err = |bad: &str| {
+            assert_ne!(bad, text, "the replacement applies");
+            CalibrationFile::parse("bad.toml", bad)
+                .unwrap_err()
+                .to_string()
+        };
+        // The first draw's host costs and efficiencies, checked as the models' are.
+        let e = err(&text.replacen(
+            "step_overhead_s = 0.006036 }",
+            "step_overhead_s = -0.006 }",
+            1,
+        ));
+        assert_eq!(
+            e,
+            "bad.toml: key `draws[0].coefficients.step_overhead_s`: must be >= 0 seconds, \
+             got -0.006"
+        );
+        let e = err(&text.replacen(
+            "{ attention_efficiency = 0.8,",
+            "{ attention_efficiency = 1.8,",
+            1,
+        ));
+        assert!(
+            e.contains("key `draws[0].coefficients.attention_efficiency`: must be in (0, 1]"),
+            "{e}"
+        );
+        // The first residual's errors: NaN, and one far past any model's error.
+        let e = err(&text.replacen("median_itl_ms = -0.08945", "median_itl_ms = nan", 1));
+        assert!(
+            e.contains("key `residuals[0].errors.median_itl_ms`: must be ln(measured / predicted)")
+                && e.ends_with("got NaN"),
+            "{e}"
+        );
+        let e = err(&text.replacen("median_itl_ms = -0.08945", "median_itl_ms = 1e300", 1));
+        assert!(
+            e.contains("residuals[0].errors.median_itl_ms") && e.ends_with("got 1e300"),
+            "{e}"
+        );
     }
 
     #[test]

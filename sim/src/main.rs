@@ -25,7 +25,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use infer_sim::interval::RunIntervals;
+use infer_sim::interval::{RunIntervals, MAX_SEEDS};
 use infer_sim::{calibration, catalog, fit, output, plan, sweep};
 
 #[derive(Parser)]
@@ -410,6 +410,27 @@ fn overrides(
     Ok(set)
 }
 
+/// Refuse a `--seeds` outside 1 to [`MAX_SEEDS`]: each seed is a whole simulation, and
+/// a count past memory would abort before the first.
+fn check_seeds(seeds: usize) -> anyhow::Result<()> {
+    if !(1..=MAX_SEEDS).contains(&seeds) {
+        anyhow::bail!("--seeds must be 1 to {MAX_SEEDS}, got {seeds}");
+    }
+    Ok(())
+}
+
+/// Refuse a `--bootstrap` past [`MAX_SEEDS`]: each draw is a whole refit, and a
+/// prediction's seeds take the draws in turn, so no prediction would use more.
+fn check_bootstrap(bootstrap: usize) -> anyhow::Result<()> {
+    if bootstrap > MAX_SEEDS {
+        anyhow::bail!(
+            "--bootstrap must be 0 to {MAX_SEEDS}, got {bootstrap} (a prediction's seeds take \
+             the draws in turn, and --seeds stops at {MAX_SEEDS})"
+        );
+    }
+    Ok(())
+}
+
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Catalog => {
@@ -442,9 +463,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             engine,
             out,
         } => {
-            if seeds == 0 {
-                anyhow::bail!("--seeds must be at least 1");
-            }
+            check_seeds(seeds)?;
+            check_bootstrap(bootstrap)?;
             let mut targets = Vec::new();
             for p in &published {
                 targets.extend(fit::load_published(p)?);
@@ -664,9 +684,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             quiet,
             seeds,
         } => {
-            if seeds == 0 {
-                anyhow::bail!("--seeds must be at least 1");
-            }
+            check_seeds(seeds)?;
             let overrides = overrides(set, seed, &goodput)?;
             let text =
                 std::fs::read_to_string(&scenario).map_err(FileError::at(&scenario, "read"))?;
@@ -798,17 +816,18 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .iter()
                 .map(|v| sweep::parse_axis(v))
                 .collect::<Result<Vec<_>, _>>()?;
+            sweep::check_grid(&axes)?;
+            check_seeds(seeds)?;
             let base = overrides(set, seed, &goodput)?;
-            // Fail fast on a scenario that is wrong at every point.
+            // Fail fast on a scenario that is wrong at every point, and on a varied key or
+            // value that is wrong at every point that has it (as `sim plan` does).
             let first = infer_sim::prepare(
                 &scenario,
                 infer_core::workload::Scenario::parse(&scenario, &text, &base)?,
             )?;
+            sweep::check_values(&scenario, &text, &base, &axes)?;
             let threads = threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            if seeds == 0 {
-                anyhow::bail!("--seeds must be at least 1");
-            }
             let points = sweep::run(&scenario, &text, &base, &axes, threads, !quiet, seeds);
             let dir =
                 out.unwrap_or_else(|| default_run_dir(&format!("{}-sweep", first.scenario.name)));
@@ -827,8 +846,23 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::{check_bootstrap, check_seeds, Cli};
     use clap::CommandFactory;
+
+    #[test]
+    fn seeds_and_bootstrap_draws_are_bounded() {
+        assert!(check_seeds(1).is_ok() && check_seeds(1000).is_ok());
+        for bad in [0, 1001, usize::MAX] {
+            let e = check_seeds(bad).unwrap_err().to_string();
+            assert_eq!(e, format!("--seeds must be 1 to 1000, got {bad}"));
+        }
+        assert!(check_bootstrap(0).is_ok() && check_bootstrap(1000).is_ok());
+        let e = check_bootstrap(100_000_000_000).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--bootstrap must be 0 to 1000, got 100000000000"),
+            "{e}"
+        );
+    }
 
     /// Every subcommand's `--help` ends with a command to copy (the docs test runs them).
     #[test]

@@ -110,7 +110,7 @@ pub const DEFAULT_MAX_OUTPUT_MIB: f64 = 4096.0;
 pub const DEFAULT_MAX_MEMORY_MIB: f64 = 8192.0;
 /// The most any per-step or per-request cost may be: a minute is already absurd for one
 /// step, and past it a typo (`step_jitter_s = 1e300`) would stall the clock.
-const MAX_COST_S: f64 = 60.0;
+pub(crate) const MAX_COST_S: f64 = 60.0;
 
 impl SimSettings {
     /// The `[sim]` table of `scenario`; an error names the key (`sim.…`) and the reason.
@@ -311,7 +311,7 @@ fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// A number as a person would write it: `1e300`, not three hundred digits.
-fn readable(v: f64) -> String {
+pub(crate) fn readable(v: f64) -> String {
     if v == 0.0 || (1e-4..1e7).contains(&v.abs()) || !v.is_finite() {
         format!("{v}")
     } else {

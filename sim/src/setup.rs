@@ -12,7 +12,7 @@ use crate::catalog::{find_hardware, resolve_model, Dtype, HardwareSpec, ModelSpe
 use crate::cost::{Analytic, CostModel, Profiled};
 use crate::error::SimError;
 use crate::memory::{self, DoesNotFit, MemoryPlan};
-use crate::settings::{CostModelKind, SimSettings};
+use crate::settings::{readable, CostModelKind, SimSettings};
 
 /// A scenario made ready to simulate.
 #[derive(Clone)]
@@ -216,7 +216,8 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
                 key,
                 format!(
                     "{what} span {span:.3e} s of simulated time, beyond sim.max_simulated_s = \
-                     {limit} s: a run that long is a mistake (raise sim.max_simulated_s if not)"
+                     {} s: a run that long is a mistake (raise sim.max_simulated_s if not)",
+                    readable(limit)
                 ),
             )
             .into());
@@ -251,7 +252,7 @@ fn arrival_span(
             Some((
                 "arrival.rate",
                 n.saturating_sub(1) as f64 / rate,
-                format!("{n} requests at {rate} requests/s"),
+                format!("{n} requests at {} requests/s", readable(rate)),
             ))
         }
         ArrivalKind::Stages => Some((
@@ -370,6 +371,26 @@ mod tests {
         let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
         let s = Scenario::parse("baseline.toml", &text, &set).unwrap();
         SimSettings::from_scenario(&s).unwrap()
+    }
+
+    #[test]
+    fn a_tiny_rate_or_time_limit_reads_as_a_person_writes_it() {
+        let file = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/chunked_prefill.toml"
+        );
+        let text = std::fs::read_to_string(file).unwrap();
+        let err = |set: &str| {
+            let s = Scenario::parse(file, &text, &[set.to_string()]).unwrap();
+            prepare(file, s).map(|_| ()).unwrap_err().to_string()
+        };
+        let e = err("arrival.rate=1e-300");
+        assert!(
+            e.contains("key `arrival.rate`: 48 requests at 1e-300 requests/s span"),
+            "{e}"
+        );
+        let e = err("sim.max_simulated_s=1e-300");
+        assert!(e.contains("beyond sim.max_simulated_s = 1e-300 s:"), "{e}");
     }
 
     /// Static batching prices its steps with its own host costs where a calibration has

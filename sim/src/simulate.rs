@@ -718,7 +718,8 @@ impl Sim<'_> {
                         "the run reached {:.3e} s of simulated time with {unfinished} requests \
                          unfinished, beyond the limit of {} s: an arrival rate, trace time, \
                          time_scale or [sim] cost is far off (raise the limit if not)",
-                        t, self.limits.max_simulated_s
+                        t,
+                        crate::settings::readable(self.limits.max_simulated_s)
                     ),
                 ));
             }
@@ -1095,6 +1096,20 @@ mod tests {
             .map(|i| (1e-3, 1e-3 * (1.0 + 2.0 * i as f64 / 199.0)))
             .collect();
         StepSpread::measure(&steps).unwrap()
+    }
+
+    #[test]
+    fn a_tiny_time_limit_reads_as_a_person_writes_it() {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/baseline.toml");
+        let text = std::fs::read_to_string(file).unwrap();
+        let set = ["sim.max_simulated_s=1e-300".to_string()];
+        let sc = infer_core::workload::Scenario::parse(file, &text, &set).unwrap();
+        let setup = crate::setup::prepare(file, sc).unwrap();
+        let e = run(&setup).unwrap_err().to_string();
+        assert!(
+            e.contains("key `sim.max_simulated_s`") && e.contains("beyond the limit of 1e-300 s"),
+            "{e}"
+        );
     }
 
     #[test]

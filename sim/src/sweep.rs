@@ -57,6 +57,88 @@ pub fn split_list(s: &str) -> Vec<String> {
     out
 }
 
+/// The most points a sweep may have, as many as a plan's configurations
+/// ([`crate::plan::MAX_CONFIGS`]): a larger grid is a typo (an axis of a thousand values)
+/// more often than a sweep, and its list of points alone can outgrow memory.
+pub const MAX_POINTS: usize = crate::plan::MAX_CONFIGS;
+
+/// How many points the grid of `axes` has, times `times` (a plan's named configurations);
+/// `None` past what a `usize` counts.
+pub fn grid_size(axes: &[Axis], times: usize) -> Option<usize> {
+    axes.iter()
+        .try_fold(times, |n, a| n.checked_mul(a.values.len()))
+}
+
+/// [`grid_size`] for an error: exact, or roughly (`1.8e19`) past what a `usize` counts.
+pub fn grid_size_text(axes: &[Axis], times: usize) -> String {
+    match grid_size(axes, times) {
+        Some(n) => n.to_string(),
+        None => {
+            let n = axes
+                .iter()
+                .fold(times as f64, |n, a| n * a.values.len() as f64);
+            format!("{n:.1e}")
+        }
+    }
+}
+
+/// `key (n values) × …`: what a grid too large to run is made of.
+pub fn axis_sizes(axes: &[Axis]) -> String {
+    let sizes: Vec<String> = axes
+        .iter()
+        .map(|a| format!("{} ({} values)", a.key, a.values.len()))
+        .collect();
+    sizes.join(" × ")
+}
+
+/// Refuse a key varied twice: only its last axis's values would run, under two columns.
+pub fn check_distinct(axes: &[Axis]) -> Result<(), SimError> {
+    for (i, a) in axes.iter().enumerate() {
+        if axes[..i].iter().any(|b| b.key == a.key) {
+            return Err(SimError::Invalid(format!(
+                "--vary {}: the key is varied twice",
+                a.key
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Check a sweep's grid before it is listed: distinct keys, at most [`MAX_POINTS`] points.
+pub fn check_grid(axes: &[Axis]) -> Result<(), SimError> {
+    check_distinct(axes)?;
+    if grid_size(axes, 1).is_none_or(|n| n > MAX_POINTS) {
+        return Err(SimError::Invalid(format!(
+            "the sweep has {} points, more than {MAX_POINTS}: {}",
+            grid_size_text(axes, 1),
+            axis_sizes(axes)
+        )));
+    }
+    Ok(())
+}
+
+/// Check each varied value alone on the scenario (`file`'s `text` with `overrides`), as a
+/// point would run it: a key the scenario has not, or a value that does not parse, is
+/// refused before anything runs rather than found on every row.
+pub fn check_values(
+    file: &str,
+    text: &str,
+    overrides: &[String],
+    axes: &[Axis],
+) -> Result<(), SimError> {
+    for a in axes {
+        for v in &a.values {
+            let mut o = overrides.to_vec();
+            o.push(format!("{}={v}", a.key));
+            Scenario::parse(file, text, &o)
+                .map_err(SimError::from)
+                .and_then(|sc| crate::setup::prepare(file, sc))
+                .map_err(|e| SimError::Invalid(format!("--vary {}={v}: {e}", a.key)))?;
+        }
+    }
+    Ok(())
+}
+
 /// Every combination, the first axis varying slowest.
 pub fn grid(axes: &[Axis]) -> Vec<Vec<(String, String)>> {
     let mut points = vec![Vec::new()];
@@ -346,5 +428,49 @@ mod tests {
         assert_eq!(g[1][0].1, "8");
         assert_eq!(g[1][1].1, "256");
         assert!(parse_axis("novalue").is_err());
+    }
+
+    #[test]
+    fn grids_too_large_or_with_a_key_twice_are_refused() {
+        let axis = |key: &str, n: usize| {
+            let values: Vec<String> = (1..=n).map(|v| v.to_string()).collect();
+            parse_axis(&format!("{key}={}", values.join(","))).unwrap()
+        };
+        check_grid(&[axis("server.max_batch_size", 8), axis("arrival.rate", 4)]).unwrap();
+        let e = check_grid(&[
+            axis("server.max_batch_size", 8),
+            axis("server.max_batch_size", 4),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert_eq!(e, "--vary server.max_batch_size: the key is varied twice");
+        // 5 axes × 100 values: 10^10 points, refused before they are listed.
+        let big: Vec<Axis> = (0..5).map(|k| axis(&format!("k{k}"), 100)).collect();
+        let e = check_grid(&big).unwrap_err().to_string();
+        assert!(
+            e.starts_with("the sweep has 10000000000 points, more than 100000: k0 (100 values)"),
+            "{e}"
+        );
+        // 16 axes × 16 values: more than a usize counts.
+        let huge: Vec<Axis> = (0..16).map(|k| axis(&format!("k{k}"), 16)).collect();
+        assert_eq!(grid_size(&huge, 1), None);
+        let e = check_grid(&huge).unwrap_err().to_string();
+        assert!(e.starts_with("the sweep has 1.8e19 points"), "{e}");
+    }
+
+    #[test]
+    fn a_varied_key_the_scenario_has_not_is_refused_before_any_point_runs() {
+        let file = format!("{}/../scenarios/baseline.toml", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let good = [parse_axis("server.max_batch_size=1,2").unwrap()];
+        check_values(&file, &text, &[], &good).unwrap();
+        let bogus = [parse_axis("server.bogus=1,2").unwrap()];
+        let e = check_values(&file, &text, &[], &bogus)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--vary server.bogus=1: ") && e.contains("unknown field `bogus`"),
+            "{e}"
+        );
     }
 }

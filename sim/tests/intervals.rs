@@ -116,7 +116,7 @@ fn seeds_zero_is_refused() {
         .output()
         .unwrap();
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--seeds must be at least 1"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--seeds must be 1 to 1000, got 0"));
 }
 
 /// The coverage the issue asks of the shipped calibration, on the log's held-out Phases

@@ -101,9 +101,22 @@ impl LengthDist {
 
     /// Parse the TOML forms above, with a reason on failure.
     pub fn from_toml(v: &toml::Value) -> Result<Self, InvalidDist> {
+        Self::parse(v, false)
+    }
+
+    /// [`LengthDist::from_toml`]; a `component` of a mix carries its `weight` beside its
+    /// form, anywhere else a weight would be ignored and is refused.
+    fn parse(v: &toml::Value, component: bool) -> Result<Self, InvalidDist> {
         match v {
             toml::Value::Integer(n) => Ok(LengthDist::Fixed(non_negative(*n)?)),
             toml::Value::Table(t) => {
+                if !component && t.contains_key("weight") {
+                    return Err(InvalidDist(
+                        "`weight` belongs to a mix component ({ mix = [{ weight = …, … }, …] }), \
+                         not to a distribution of its own"
+                            .into(),
+                    ));
+                }
                 let forms: Vec<&String> = t.keys().filter(|k| k.as_str() != "weight").collect();
                 if forms.len() != 1 {
                     return Err(InvalidDist(format!(
@@ -206,9 +219,17 @@ impl LengthDist {
                                     "mix component {i}: weight must be > 0"
                                 )));
                             }
-                            let d = LengthDist::from_toml(item)
+                            let d = LengthDist::parse(item, true)
                                 .map_err(|e| InvalidDist(format!("mix component {i}: {e}")))?;
                             parts.push((w, d));
+                        }
+                        // Sampling scales a uniform draw by the total: an infinite one would
+                        // pick the last component every time.
+                        let total: f64 = parts.iter().map(|(w, _)| w).sum();
+                        if !total.is_finite() {
+                            return Err(InvalidDist(format!(
+                                "mix weights add up to {total}: they must total a finite number"
+                            )));
                         }
                         Ok(LengthDist::Mix(parts))
                     }
@@ -322,5 +343,28 @@ mod tests {
             .unwrap_err()
             .contains("unknown distribution"));
         assert!(parse("\"long\"").unwrap_err().contains("found string"));
+    }
+
+    #[test]
+    fn weights_belong_to_mix_components_and_must_total_a_finite_number() {
+        for outside in [
+            "{ weight = 0.5, uniform = [64, 512] }",
+            "{ weight = 2, fixed = 8 }",
+        ] {
+            let e = parse(outside).unwrap_err();
+            assert!(
+                e.starts_with("`weight` belongs to a mix component"),
+                "{outside}: {e}"
+            );
+        }
+        // A mix inside a component: each level weighs its own components.
+        let e = parse("{ mix = [ { weight = 1, mix = [ { weight = 1, fixed = 4 } ] } ] }");
+        assert!(e.is_ok(), "{e:?}");
+        let e = parse("{ mix = [ { weight = 1e308, fixed = 4 }, { weight = 1e308, fixed = 8 } ] }")
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "mix weights add up to inf: they must total a finite number"
+        );
     }
 }

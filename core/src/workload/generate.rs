@@ -180,8 +180,12 @@ impl WorkloadGenerator {
             );
             max_tokens = row.output_tokens;
         } else if let Some(g) = w.groups {
-            // Prompts cycle through the G×P set, groups interleaved.
-            let p = index % (g.count * g.prompts_per_group);
+            // Prompts cycle through the G×P set, groups interleaved (a set too large to
+            // count, which validation refuses, never cycles).
+            let p = g
+                .count
+                .checked_mul(g.prompts_per_group)
+                .map_or(index, |n| index % n);
             let (gi, qi) = (p % g.count, p / g.count);
             let tag = format!("System prompt {gi}: ");
             self.segment(

@@ -251,20 +251,28 @@ pub struct ClusterSpec {
 }
 
 fn seed_of<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    // The last two catch what is no seed, so that the error says what a seed is rather
+    // than serde's "did not match any variant".
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Seed {
         Int(u64),
         Text(String),
+        Negative(i64),
+        Other(serde::de::IgnoredAny),
     }
+    let what = format!("a whole number from 0 to {}", u64::MAX);
+    let refuse = |reason: String| Err(serde::de::Error::custom(reason));
     match Seed::deserialize(d)? {
         Seed::Int(n) => Ok(n),
-        Seed::Text(t) => t.trim().parse().map_err(|_| {
-            serde::de::Error::custom(format!(
-                "`{t}` is not a seed (a whole number from 0 to {})",
-                u64::MAX
-            ))
-        }),
+        Seed::Text(t) => match t.trim().parse() {
+            Ok(n) => Ok(n),
+            Err(_) => refuse(format!("`{t}` is not a seed ({what})")),
+        },
+        Seed::Negative(n) => refuse(format!("`{n}` is not a seed ({what})")),
+        Seed::Other(_) => refuse(format!(
+            "a seed is {what} (past 2^63 - 1 written as a string)"
+        )),
     }
 }
 
@@ -442,6 +450,17 @@ impl Scenario {
                     "count and prompts_per_group must be >= 1".into(),
                 ));
             }
+            // The generator cycles through count × prompts_per_group prompts: the product
+            // has to be a number it can count to.
+            if g.count.checked_mul(g.prompts_per_group).is_none() {
+                return Err((
+                    at("workload", "groups"),
+                    format!(
+                        "count {} × prompts_per_group {} is more prompts than can be counted",
+                        g.count, g.prompts_per_group
+                    ),
+                ));
+            }
         }
         if let Some(c) = w.conversations {
             if c.count == 0 || c.min_turns == 0 {
@@ -457,9 +476,10 @@ impl Scenario {
                 ));
             }
         }
+        // A shared prefix or a group's system prompt fills a prompt whose own part is empty.
         if w.prompt_tokens.min() == 0
             && w.shared_prefix_tokens.unwrap_or(0) == 0
-            && w.groups.is_none()
+            && w.groups.is_none_or(|g| g.system_tokens == 0)
             && w.trace.is_none()
         {
             return Err((
@@ -641,6 +661,62 @@ prefill_chunk_size = 512
         assert!(e.reason.contains("line 1, column"), "{e}");
         let e = Scenario::parse("x.toml", "name = \"t\"\n[workload\n", &[]).unwrap_err();
         assert!(e.reason.contains("line 2, column"), "{e}");
+    }
+
+    #[test]
+    fn groups_too_many_to_count_are_refused() {
+        let e = parse(&[
+            "workload.groups={ count = 4294967296, prompts_per_group = 4294967296, \
+             system_tokens = 100 }",
+        ])
+        .unwrap_err();
+        assert_eq!(e.key, "workload.groups");
+        assert!(e.reason.contains("more prompts than can be counted"), "{e}");
+    }
+
+    #[test]
+    fn seeds_that_are_no_seed_say_what_a_seed_is() {
+        let max = "18446744073709551615";
+        assert_eq!(
+            parse(&[&format!("workload.seed=\"{max}\"")])
+                .unwrap()
+                .workload
+                .seed,
+            u64::MAX
+        );
+        for (seed, says) in [
+            (
+                "-1",
+                format!("`-1` is not a seed (a whole number from 0 to {max})"),
+            ),
+            (
+                "\"x\"",
+                format!("`x` is not a seed (a whole number from 0 to {max})"),
+            ),
+            (
+                "1.5",
+                format!(
+                    "a seed is a whole number from 0 to {max} (past 2^63 - 1 written as a string)"
+                ),
+            ),
+        ] {
+            let e = parse(&[&format!("workload.seed={seed}")]).unwrap_err();
+            assert_eq!(e.key, "workload.seed");
+            assert_eq!(e.reason, says, "{seed}");
+        }
+    }
+
+    #[test]
+    fn empty_prompts_are_refused_unless_a_system_prompt_fills_them() {
+        let groups = |system: usize| {
+            format!(
+                "workload.groups={{ count = 1, prompts_per_group = 1, system_tokens = {system} }}"
+            )
+        };
+        let e = parse(&["workload.prompt_tokens=0", &groups(0)]).unwrap_err();
+        assert_eq!(e.key, "workload.prompt_tokens");
+        assert_eq!(e.reason, "prompts need at least 1 token");
+        parse(&["workload.prompt_tokens=0", &groups(100)]).unwrap();
     }
 
     #[test]

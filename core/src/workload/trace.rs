@@ -362,7 +362,8 @@ fn parse_sharegpt(text: &str) -> Result<Trace, TraceError> {
     })
 }
 
-/// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC).
+/// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC): a real date of the years
+/// 1 to 9999, hours 0-23, minutes 0-59, seconds from 0 to 60 (a leap second).
 fn timestamp_s(s: &str) -> Option<f64> {
     let (date, time) = s.split_once([' ', 'T'])?;
     let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
@@ -373,7 +374,14 @@ fn timestamp_s(s: &str) -> Option<f64> {
         t.next()?.parse::<i64>().ok()?,
     );
     let sec: f64 = t.next()?.parse().ok()?;
-    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec >= 61.0 {
+    // NaN fails the range test too.
+    if !(1..=9999).contains(&y)
+        || !(1..=12).contains(&m)
+        || !(1..=days_in_month(y, m)).contains(&day)
+        || !(0..=23).contains(&h)
+        || !(0..=59).contains(&min)
+        || !(0.0..=60.0).contains(&sec)
+    {
         return None;
     }
     // Days from civil (Howard Hinnant's algorithm).
@@ -384,6 +392,16 @@ fn timestamp_s(s: &str) -> Option<f64> {
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
     Some((days * 86_400 + h * 3_600 + min * 60) as f64 + sec)
+}
+
+/// Days in month `m` (1-12) of year `y`, Gregorian.
+fn days_in_month(y: i64, m: i64) -> i64 {
+    match m {
+        2 if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 #[cfg(test)]
@@ -456,5 +474,37 @@ mod tests {
         assert!(bad(&format!("{h}2023-11-16 18:15:46,0,4\n")).contains("at least one"));
         let order = format!("{h}2023-11-16 18:15:46,3,4\n2023-11-16 18:15:40,3,4\n");
         assert!(bad(&order).contains("line 3") && bad(&order).contains("time order"));
+    }
+
+    #[test]
+    fn timestamps_must_be_real_dates_and_times() {
+        let h = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+        for stamp in [
+            "2023-11-16 18:15:NaN",
+            "2023-11-16 18:15:inf",
+            "2023-11-16 18:15:-1",
+            "2023-11-16 18:15:60.5",
+            "2023-11-16 18:-5:00",
+            "2023-11-16 -1:15:00",
+            "2023-11-16 24:00:00",
+            "2023-02-31 00:00:00",
+            "2023-02-29 00:00:00",
+            "2023-04-31 00:00:00",
+            "99999999999999-01-01 00:00:00",
+            "0-01-01 00:00:00",
+        ] {
+            let text = format!("{h}2023-11-16 18:15:46,3,4\n{stamp},3,4\n");
+            let e = Trace::parse(&text, TraceFormat::Azure, 1.0)
+                .unwrap_err()
+                .to_string();
+            assert_eq!(e, format!("line 3: `{stamp}` is not a time"), "{stamp}");
+        }
+        // A leap day and a leap second are times.
+        assert!(timestamp_s("2024-02-29 23:59:60").is_some());
+        assert_eq!(
+            timestamp_s("2000-03-01 00:00:00").unwrap()
+                - timestamp_s("2000-02-28 00:00:00").unwrap(),
+            2.0 * 86_400.0
+        );
     }
 }

@@ -64,6 +64,7 @@
 
 use super::least_squares::nnls;
 use crate::error::SimError;
+use crate::settings::{readable, MAX_COST_S};
 use serde::{Deserialize, Serialize};
 
 use super::{AfterIdle, AfterPrefill, ClientPath, CostModel, StepShape, StepSpread};
@@ -100,6 +101,19 @@ pub struct ProfileClient {
 impl ProfileClient {
     /// Why it cannot be used, if it cannot (a hand-edited or damaged profile).
     pub fn check(&self) -> Result<(), String> {
+        // A negative cost would make a request seen before it was sent (negative TTFTs).
+        for (key, x) in [
+            ("request_s", self.request_s),
+            ("per_prompt_token_s", self.per_prompt_token_s),
+            ("stream_s", self.stream_s),
+        ] {
+            if !(0.0..=MAX_COST_S).contains(&x) {
+                return Err(format!(
+                    "client.{key} must be between 0 and {MAX_COST_S} seconds, got {}",
+                    readable(x)
+                ));
+            }
+        }
         if !(0.0..1.0).contains(&self.overlap_step_loss) {
             return Err(format!(
                 "client.overlap_step_loss must be at least 0 and below 1, got {}",
@@ -341,14 +355,35 @@ impl Profiled {
     /// Fit `profile`; `client` is used when the profile has none.
     pub fn fit(profile: &Profile, client: ClientPath) -> Result<Profiled, SimError> {
         let pts = &profile.points;
-        if let Some(p) = pts
+        if pts.is_empty() {
+            return Err(SimError::Invalid(
+                "the profile has no points (`points` is empty): nothing to fit".into(),
+            ));
+        }
+        if let Some((i, p)) = pts
             .iter()
-            .find(|p| !(p.step_s > 0.0 && p.step_s.is_finite()))
+            .enumerate()
+            .find(|(_, p)| !(p.step_s > 0.0 && p.step_s.is_finite()))
         {
             return Err(SimError::Invalid(format!(
-                "step_s must be positive, found {}",
+                "points[{i}].step_s must be positive, found {}",
                 p.step_s
             )));
+        }
+        // Pair counts are counts: a negative or non-finite one would price attention at a
+        // negative or undefined time.
+        for (i, p) in pts.iter().enumerate() {
+            for (key, x) in [
+                ("attention_pairs", p.attention_pairs),
+                ("chunk_self_pairs", p.chunk_self_pairs),
+            ] {
+                if let Some(x) = x.filter(|x| !(*x >= 0.0 && x.is_finite())) {
+                    return Err(SimError::Invalid(format!(
+                        "points[{i}].{key} must be finite and not negative, found {}",
+                        readable(x)
+                    )));
+                }
+            }
         }
         if let Some(spread) = &profile.step_spread {
             spread.check().map_err(SimError::Invalid)?;
@@ -822,6 +857,102 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("step_s must be positive"), "{e}");
+    }
+
+    #[test]
+    fn a_profile_without_points_is_refused() {
+        let mut p = profile();
+        p.points.clear();
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the profile has no points"), "{e}");
+        let e = Profiled::from_json(
+            r#"{"model": "m", "device": "d", "points": []}"#,
+            ClientPath::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the profile has no points"), "{e}");
+    }
+
+    #[test]
+    fn negative_or_non_finite_client_costs_and_pair_counts_are_refused() {
+        let client = ProfileClient {
+            request_s: 0.003,
+            per_prompt_token_s: 1e-6,
+            stream_s: 0.001,
+            overlap_step_loss: 0.0,
+        };
+        assert!(client.check().is_ok());
+        for (key, bad) in [
+            (
+                "request_s",
+                ProfileClient {
+                    request_s: -5.0,
+                    ..client
+                },
+            ),
+            (
+                "per_prompt_token_s",
+                ProfileClient {
+                    per_prompt_token_s: -1e-6,
+                    ..client
+                },
+            ),
+            (
+                "stream_s",
+                ProfileClient {
+                    stream_s: f64::NAN,
+                    ..client
+                },
+            ),
+            (
+                "stream_s",
+                ProfileClient {
+                    stream_s: f64::INFINITY,
+                    ..client
+                },
+            ),
+            (
+                "request_s",
+                ProfileClient {
+                    request_s: 1e300,
+                    ..client
+                },
+            ),
+        ] {
+            let e = bad.check().unwrap_err();
+            assert!(
+                e.contains(&format!("client.{key} must be between 0")),
+                "{e}"
+            );
+        }
+        // Through the fit, as a profile file reaches it.
+        let mut p = profile();
+        p.client = Some(ProfileClient {
+            request_s: -5.0,
+            ..client
+        });
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("client.request_s"), "{e}");
+        let mut p = profile();
+        p.points[3].attention_pairs = Some(-6144.0);
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("points[3].attention_pairs must be finite and not negative"),
+            "{e}"
+        );
+        let mut p = profile();
+        p.points[1].chunk_self_pairs = Some(f64::NAN);
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("points[1].chunk_self_pairs"), "{e}");
     }
 
     #[test]

@@ -206,11 +206,7 @@ impl PlanSpec {
                 self.attainment
             ));
         }
-        for (i, a) in self.axes.iter().enumerate() {
-            if self.axes[..i].iter().any(|b| b.key == a.key) {
-                return bad(format!("--vary {}: the key is varied twice", a.key));
-            }
-        }
+        sweep::check_distinct(&self.axes)?;
         for (i, c) in self.configs.iter().enumerate() {
             if self.configs[..i].iter().any(|d| d.name == c.name) {
                 return bad(format!("--config {}: the name is used twice", c.name));
@@ -235,18 +231,13 @@ impl PlanSpec {
         } else {
             self.configs.clone()
         };
-        let points: usize = self.axes.iter().map(|a| a.values.len()).product();
-        let total = points.saturating_mul(named.len());
-        if total > MAX_CONFIGS {
-            let sizes: Vec<String> = self
-                .axes
-                .iter()
-                .map(|a| format!("{} ({} values)", a.key, a.values.len()))
-                .collect();
+        // Counted without overflow: 16 axes of 16 values would wrap a plain product to 0.
+        if sweep::grid_size(&self.axes, named.len()).is_none_or(|n| n > MAX_CONFIGS) {
             return Err(SimError::Invalid(format!(
-                "the plan has {total} configurations, more than {MAX_CONFIGS}: {} named × {}",
+                "the plan has {} configurations, more than {MAX_CONFIGS}: {} named × {}",
+                sweep::grid_size_text(&self.axes, named.len()),
                 named.len(),
-                sizes.join(" × ")
+                sweep::axis_sizes(&self.axes)
             )));
         }
         let grid = sweep::grid(&self.axes);
@@ -520,11 +511,7 @@ pub fn check_space(base: &Base, spec: &PlanSpec) -> Result<(), SimError> {
     for c in &spec.configs {
         check(format!("configuration {}", c.name), &c.settings)?;
     }
-    for a in &spec.axes {
-        for v in &a.values {
-            check(format!("--vary {}={v}", a.key), &[format!("{}={v}", a.key)])?;
-        }
-    }
+    sweep::check_values(base.file, base.text, base.overrides, &spec.axes)?;
     let sc = Scenario::parse(base.file, base.text, base.overrides)?;
     if spec.capacity {
         rate_of(base.file, &sc)?;
@@ -761,6 +748,15 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("1000000 configurations"));
+        // A product past what a usize counts is refused alike, not wrapped to 0.
+        s.axes = (0..16)
+            .map(|k| sweep::parse_axis(&format!("k{k}={}", ["1"; 16].join(","))).unwrap())
+            .collect();
+        let e = s.configurations().unwrap_err().to_string();
+        assert!(
+            e.starts_with("the plan has 1.8e19 configurations, more than 100000: 1 named × k0"),
+            "{e}"
+        );
     }
 
     #[test]
