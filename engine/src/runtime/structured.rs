@@ -84,6 +84,17 @@ impl Grammar {
         }
     }
 
+    /// [`Grammar::source_bytes`], or why it is too large to compile.
+    pub fn checked_bytes(&self) -> Result<usize> {
+        let bytes = self.source_bytes();
+        if bytes > MAX_GRAMMAR_BYTES {
+            bail!(
+                "the grammar is {bytes} bytes, more than the {MAX_GRAMMAR_BYTES} a request may send"
+            );
+        }
+        Ok(bytes)
+    }
+
     fn top_level(&self) -> Result<TopLevelGrammar> {
         Ok(match self {
             Grammar::JsonSchema {
@@ -231,10 +242,7 @@ impl GrammarCompiler {
     /// or one that cannot start, is an error naming why. It compiles on a thread of its own
     /// whose stack holds the deepest grammar of at most [`MAX_GRAMMAR_BYTES`].
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
-        let bytes = grammar.source_bytes();
-        if bytes > MAX_GRAMMAR_BYTES {
-            bail!("the grammar is {bytes} bytes, more than the {MAX_GRAMMAR_BYTES} a request may send");
-        }
+        grammar.checked_bytes()?;
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("grammar-compile".into())

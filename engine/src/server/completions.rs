@@ -24,7 +24,7 @@ use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens
 use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::runtime::engine_core::{EngineRequest, PromptLogprob};
-use crate::runtime::structured::{MAX_GRAMMAR_BYTES, STRUCTURED_FAILURE};
+use crate::runtime::structured::STRUCTURED_FAILURE;
 use crate::runtime::tokenizer::TextTokenizer;
 
 pub(super) async fn completions(
@@ -119,19 +119,9 @@ pub(super) async fn generate(
         // A grammar's compile takes time with its size, as a prompt's tokenising does: a
         // large one takes the large jobs' lane, not a short prompt's.
         let grammar_bytes = match &grammar {
-            Some((g, param)) => {
-                let bytes = g.source_bytes();
-                if bytes > MAX_GRAMMAR_BYTES {
-                    return Err(ApiError::bad_request(
-                        Some(*param),
-                        format!(
-                            "the grammar is {bytes} bytes, more than the {MAX_GRAMMAR_BYTES} \
-                             a request may send"
-                        ),
-                    ));
-                }
-                bytes
-            }
+            Some((g, param)) => g
+                .checked_bytes()
+                .map_err(|e| ApiError::bad_request(Some(*param), e.to_string()))?,
             None => 0,
         };
         let bytes = prompts.iter().map(Prompt::bytes).sum::<usize>()
