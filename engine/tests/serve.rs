@@ -1190,6 +1190,17 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         let r = client.get(format!("{base}{open}")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{open} needs no key");
     }
+    // The one state-changing path outside `/v1` wants the key too.
+    let reset = format!("{base}/reset_prefix_cache");
+    let r = client.post(&reset).send().await.unwrap();
+    assert_eq!(r.status(), 401, "emptying the cache needs a key");
+    let r = client
+        .post(&reset)
+        .header("authorization", "Bearer sk-one")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     // Refused before the body is read: a request announcing a body over the 4 MiB limit gets
     // 401, not 413, with only 1 KiB of it sent (a server that waited for the body would never
     // answer). On a raw socket: a client writing the whole body may see the early answer or,
@@ -1235,6 +1246,7 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         assert!(format!("{e:#}").contains(why), "{key:?} {model:?}: {e:#}");
     }
     opts.api_key = Some("sk-two".into());
+    opts.reset_prefix_cache = true;
     let r = loadgen::run(&opts).await.unwrap();
     assert_eq!((r.summary.completed, r.summary.failed), (2, 0));
     server.stop().await;

@@ -85,8 +85,8 @@ impl BenchOptions {
             .build()?)
     }
 
-    /// The `Authorization` header of the API key, sent with the server's `/v1` requests only
-    /// (never to `/metrics`, nor to the `--metrics-from` hosts).
+    /// The `Authorization` header of the API key, sent with the server's `/v1` requests and
+    /// `/reset_prefix_cache` only (never to `/metrics`, nor to the `--metrics-from` hosts).
     fn bearer(&self) -> Result<Option<reqwest::header::HeaderValue>> {
         let Some(key) = &self.api_key else {
             return Ok(None);
@@ -103,10 +103,14 @@ impl BenchOptions {
 /// reached.
 pub async fn reset_prefix_cache(opts: &BenchOptions) -> Result<reqwest::StatusCode> {
     let url = format!("{}/reset_prefix_cache", opts.server.trim_end_matches('/'));
-    let r = opts
+    let mut req = opts
         .http_client()?
         .post(&url)
-        .timeout(std::time::Duration::from_secs(10))
+        .timeout(std::time::Duration::from_secs(10));
+    if let Some(auth) = opts.bearer()? {
+        req = req.header(reqwest::header::AUTHORIZATION, auth);
+    }
+    let r = req
         .send()
         .await
         .with_context(|| format!("{url}: cannot reach the server"))?;

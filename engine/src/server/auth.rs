@@ -2,6 +2,9 @@
 //! `Authorization: Bearer <key>` with one of the keys, or is answered 401 before its body is
 //! read; the rest — health, metrics, tokenisation, the load, info and cache endpoints routers
 //! call, and SGLang's `/v1/loads` among them — stays open, so routers and probes need no key.
+//! One path outside `/v1` is guarded too: `POST /reset_prefix_cache`, the only one that
+//! changes the server's state (vLLM serves it in development mode only, unguarded; here it
+//! is always served, so with keys set a stranger must not be able to empty the cache).
 
 use std::sync::Arc;
 
@@ -63,7 +66,8 @@ pub fn guard(app: Router, keys: Option<&ApiKeys>) -> Router {
 
 async fn require_api_key(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let guarded = (path == "/v1" || path.starts_with("/v1/")) && path != "/v1/loads";
+    let guarded = ((path == "/v1" || path.starts_with("/v1/")) && path != "/v1/loads")
+        || path == "/reset_prefix_cache";
     if !guarded || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
