@@ -75,6 +75,49 @@ pub struct TokenOutput {
     pub prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
+/// Why a request ended before it finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestFailure {
+    pub cause: FailureCause,
+    /// What went wrong, for the client (shown with its cause in the log).
+    pub message: String,
+}
+
+/// Whose fault a failure is: the server answers a request's own as a 400, the rest as 500.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureCause {
+    /// The request's grammar failed (a parser row past llguidance's limit, a state it
+    /// cannot leave).
+    Grammar,
+    /// The model step, the device or the engine failed.
+    Server,
+}
+
+impl RequestFailure {
+    pub fn grammar(e: &anyhow::Error) -> Self {
+        RequestFailure {
+            cause: FailureCause::Grammar,
+            message: format!("{e:#}"),
+        }
+    }
+
+    pub fn server(message: impl Into<String>) -> Self {
+        RequestFailure {
+            cause: FailureCause::Server,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for RequestFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cause {
+            FailureCause::Grammar => write!(f, "{STRUCTURED_FAILURE}{}", self.message),
+            FailureCause::Server => f.write_str(&self.message),
+        }
+    }
+}
+
 /// What one step did.
 #[derive(Debug, Default)]
 pub struct StepOutput {
@@ -82,7 +125,7 @@ pub struct StepOutput {
     pub idle: bool,
     pub tokens: Vec<TokenOutput>,
     /// Requests the step could not run: ended (KV freed), with the error.
-    pub failed: Vec<(u64, RequestStats, String)>,
+    pub failed: Vec<(u64, RequestStats, RequestFailure)>,
     /// Requests that ended outside a step since the last one (aborted, or forks whose
     /// parent ended before forking them).
     pub ended: Vec<u64>,
@@ -119,7 +162,7 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     start: Instant,
     trace: bool,
     /// Sequences whose sampling failed this step (their grammar), with why.
-    sample_failed: HashMap<u64, String>,
+    sample_failed: HashMap<u64, RequestFailure>,
     /// Seconds and tokens of structured output's host work so far.
     constraint_cost: (f64, u64),
     /// The next forward's error, in place of running it.
@@ -341,7 +384,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     .into_iter()
                     .map(|(id, stats)| {
                         self.live.remove(&id.0);
-                        (id.0, stats, format!("model step failed: {e:#}"))
+                        let why = RequestFailure::server(format!("model step failed: {e:#}"));
+                        (id.0, stats, why)
                     })
                     .collect();
                 return StepOutput {
@@ -480,8 +524,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     Err(e) => {
                         // Only a grammar fails here: this request ends with the error after
                         // the step (its placeholder token is never shown), the others go on.
-                        self.sample_failed
-                            .insert(id, format!("{STRUCTURED_FAILURE}{e:#}"));
+                        self.sample_failed.insert(id, RequestFailure::grammar(&e));
                         out.push((id, SampledToken::placeholder()));
                     }
                 }
@@ -530,7 +573,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     }
                     Err(e) => {
                         // Its grammar failed: a greedy row holds its place, its token unused.
-                        failed.insert(id, format!("{STRUCTURED_FAILURE}{e:#}"));
+                        failed.insert(id, RequestFailure::grammar(&e));
                         sampling.push(&RowParams::greedy(), &[])?;
                         grammar_s.push(None);
                     }
@@ -562,8 +605,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             let accept_s = match live.sampler.accept_device(token) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.sample_failed
-                        .insert(id, format!("{STRUCTURED_FAILURE}{e:#}"));
+                    self.sample_failed.insert(id, RequestFailure::grammar(&e));
                     out.push((id, SampledToken::placeholder()));
                     continue;
                 }
@@ -759,12 +801,18 @@ mod tests {
         // A grammar that failed while the step's rows were packed: the step's error ends
         // the request, and nothing of it stays behind.
         core.sample_failed
-            .insert(1, "structured output: failed".into());
+            .insert(1, RequestFailure::grammar(&anyhow!("failed")));
         let out = core.step();
         let failed: Vec<u64> = out.failed.iter().map(|f| f.0).collect();
         assert_eq!(failed, vec![0, 1], "the two scheduled requests fail");
-        assert!(out.failed[0].2.contains("injected forward failure"));
-        assert!(out.failed[1].2.contains("injected forward failure"));
+        for f in &out.failed {
+            assert_eq!(
+                f.2.cause,
+                FailureCause::Server,
+                "the step's error, not the grammar's"
+            );
+            assert!(f.2.message.contains("injected forward failure"));
+        }
         assert!(core.sample_failed.is_empty());
         assert!(out.fatal.is_none(), "an ordinary step error");
         assert!(out.tokens.is_empty());

@@ -173,7 +173,8 @@ fn limits() -> ParserLimits {
     }
 }
 
-/// How a sequence's failure in its grammar begins (the server answers it as the request's).
+/// How a sequence's failure in its grammar is shown in the log (`RequestFailure`'s cause
+/// says whose it is; this is for people).
 pub const STRUCTURED_FAILURE: &str = "structured output: ";
 
 /// llguidance's error without the marker it leaves where its state would have been.

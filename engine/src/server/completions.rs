@@ -23,8 +23,7 @@ use super::engine_loop::{Command, Finish, NewRequest, StreamEvent};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::structured::{self, ToolChoice};
 use super::AppState;
-use crate::runtime::engine_core::{EngineRequest, PromptLogprob};
-use crate::runtime::structured::STRUCTURED_FAILURE;
+use crate::runtime::engine_core::{EngineRequest, FailureCause, PromptLogprob, RequestFailure};
 use crate::runtime::tokenizer::TextTokenizer;
 
 pub(super) async fn completions(
@@ -322,6 +321,17 @@ struct ResponseMeta {
     grammar_param: Option<&'static str>,
 }
 
+/// [`ResponseMeta::failure`], given the field the request's grammar came from.
+fn failure_error(f: RequestFailure, grammar_param: Option<&'static str>) -> ApiError {
+    match (f.cause, grammar_param) {
+        (FailureCause::Grammar, Some(param)) => ApiError::bad_request(
+            Some(param),
+            format!("the grammar failed during generation: {}", f.message),
+        ),
+        _ => ApiError::internal(f.message),
+    }
+}
+
 /// The prompt an `echo` request gets back.
 struct Echo {
     text: String,
@@ -333,14 +343,8 @@ impl ResponseMeta {
     /// What a request that failed while it ran is answered: its grammar's failure (a parser
     /// row past llguidance's limit, a state it cannot leave) is the request's, a 400 naming
     /// the field; anything else is the server's.
-    fn failure(&self, msg: String) -> ApiError {
-        match (msg.strip_prefix(STRUCTURED_FAILURE), self.grammar_param) {
-            (Some(why), Some(param)) => ApiError::bad_request(
-                Some(param),
-                format!("the grammar failed during generation: {why}"),
-            ),
-            _ => ApiError::internal(msg),
-        }
+    fn failure(&self, f: RequestFailure) -> ApiError {
+        failure_error(f, self.grammar_param)
     }
 
     /// Choices in all: `n` per prompt.
@@ -830,4 +834,34 @@ fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(
             },
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    /// The cause decides the status, not the words: a step's error that happens to read like
+    /// a grammar's is still the server's.
+    #[test]
+    fn a_grammar_failure_is_the_requests_and_a_step_failure_the_servers() {
+        let grammar = RequestFailure::grammar(&anyhow::anyhow!("parser row too large"));
+        let e = failure_error(grammar.clone(), Some("response_format"));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("response_format"));
+        assert!(e.message.contains("parser row too large"), "{}", e.message);
+        assert!(!e.message.contains("structured output: "), "{}", e.message);
+        assert_eq!(
+            grammar.to_string(),
+            "structured output: parser row too large"
+        );
+
+        let step = RequestFailure::server("structured output: model step failed: boom");
+        let e = failure_error(step, Some("response_format"));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.param, None);
+        // Without a grammar field to name, even a grammar's failure is reported as the server's.
+        let e = failure_error(grammar, None);
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
 }

@@ -11,7 +11,7 @@ use infer_core::{AddError, FinishReason, RequestStats, SchedulerConfig};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::ServerMetrics;
-use crate::runtime::engine_core::{EngineCore, EngineRequest, TokenOutput};
+use crate::runtime::engine_core::{EngineCore, EngineRequest, RequestFailure, TokenOutput};
 use crate::runtime::model::LoadedModel;
 
 /// A request handed to the engine loop (already tokenised and validated).
@@ -54,7 +54,7 @@ pub enum StreamEvent {
         /// With a request's first token, when it asked for prompt logprobs.
         prompt_logprobs: Option<Vec<crate::runtime::engine_core::PromptLogprob>>,
     },
-    Error(String),
+    Error(RequestFailure),
 }
 
 /// How a request ended, with its usage.
@@ -374,7 +374,9 @@ impl EngineLoop {
 
     fn end_with_error(&mut self, id: u64, msg: &str) {
         if let Some(c) = self.clients.remove(&id) {
-            let _ = c.events.send(StreamEvent::Error(msg.to_string()));
+            let _ = c
+                .events
+                .send(StreamEvent::Error(RequestFailure::server(msg)));
         }
         if self.core.abort(id).is_some() {
             self.metrics.lock().unwrap().finished(FinishReason::Abort);
@@ -444,7 +446,10 @@ mod tests {
                 last = Some(e);
             }
             match last {
-                Some(StreamEvent::Error(e)) => assert!(e.contains("unrecoverable"), "{e}"),
+                Some(StreamEvent::Error(e)) => {
+                    assert_eq!(e.cause, crate::runtime::engine_core::FailureCause::Server);
+                    assert!(e.message.contains("unrecoverable"), "{e}")
+                }
                 other => panic!("expected an error, got {other:?}"),
             }
         }
