@@ -526,6 +526,19 @@ async fn overload_gets_503s_and_every_accepted_request_completes() {
         metric(&client, &base, "vllm:kv_cache_usage_perc").await,
         0.0
     );
+    // More prompts in one request than the queue holds could never be served: a 400, not a
+    // 503 that a client would retry for ever. A full queue's worth is served.
+    let batch = |k: usize| json!({"prompt": vec!["The harbour"; k], "max_tokens": 2});
+    let (status, v) = post(&client, &url, batch(4)).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "prompt");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--max-waiting 3"));
+    let (status, v) = post(&client, &url, batch(3)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3);
     server.stop().await;
 }
 
@@ -988,11 +1001,20 @@ async fn logprobs_name_tokens_by_id_on_request() {
         }
     };
     for (i, &id) in tokens.iter().enumerate().skip(12) {
-        assert_eq!(
+        // A token is named by its own text; `/detokenize` drops special tokens, and an id
+        // with no text at all is named by its id (random weights sample such ids).
+        let (said, name) = (
             tokenizer_says(id).await,
             text_lp["tokens"][i].as_str().unwrap(),
-            "generated token {i}"
         );
+        if said.is_empty() {
+            assert!(
+                name == format!("token_id:{id}") || name.starts_with("<|"),
+                "generated token {i} ({id}): {name:?}"
+            );
+        } else {
+            assert_eq!(said, name, "generated token {i}");
+        }
         let top = lp["top_logprobs"][i].as_object().unwrap();
         assert_eq!(top.len(), 3);
         assert!(top.keys().all(|k| id_of(k) < 1 << 20));
@@ -1016,6 +1038,39 @@ async fn logprobs_name_tokens_by_id_on_request() {
         id_of(entry["token"].as_str().unwrap());
         for t in entry["top_logprobs"].as_array().unwrap() {
             id_of(t["token"].as_str().unwrap());
+        }
+    }
+    // A completion's top list always holds the sampled token, as OpenAI's legacy API and
+    // vLLM's do: `logprobs: 0` gives it alone. A chat's entries carry their UTF-8 `bytes`.
+    let (status, sampled) = post(
+        &client,
+        &completions,
+        json!({"prompt": "The harbour", "max_tokens": 6, "logprobs": 0, "temperature": 1.0,
+               "seed": 7, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{sampled}");
+    let lp = &sampled["choices"][0]["logprobs"];
+    for (i, token) in lp["tokens"].as_array().unwrap().iter().enumerate() {
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(top.len(), 1, "{top:?}");
+        assert_eq!(top[token.as_str().unwrap()], lp["token_logprobs"][i]);
+    }
+    let (_, chat) = post(
+        &client,
+        &format!("http://{addr}/v1/chat/completions"),
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "logprobs": true,
+               "top_logprobs": 2}),
+    )
+    .await;
+    for entry in chat["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+    {
+        let tops = entry["top_logprobs"].as_array().unwrap();
+        for e in std::iter::once(entry).chain(tops) {
+            let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+            assert_eq!(bytes, e["token"].as_str().unwrap().as_bytes(), "{e}");
         }
     }
     server.stop().await;

@@ -473,6 +473,17 @@ impl Scheduler {
         self.last_step_end
     }
 
+    /// Whether the waiting queue has room for `n` more requests: a batch is admitted whole or
+    /// not at all, so that a full queue never starts half of it.
+    pub fn check_waiting_room(&self, n: usize) -> Result<(), AddError> {
+        match self.cfg.max_waiting {
+            Some(max) if self.waiting.len() + n > max => {
+                Err(AddError::QueueFull { max_waiting: max })
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         SchedulerStats {
             num_waiting: self.waiting.len(),
@@ -1688,7 +1699,13 @@ mod tests {
             s.add_request(Request::new(1, vec![], 4), 0.0),
             Err(AddError::EmptyPrompt)
         );
+        assert_eq!(s.check_waiting_room(1), Ok(()));
+        assert_eq!(
+            s.check_waiting_room(2),
+            Err(AddError::QueueFull { max_waiting: 1 })
+        );
         s.add_request(Request::new(1, vec![1; 5], 4), 0.0).unwrap();
+        assert!(s.check_waiting_room(1).is_err());
         assert_eq!(
             s.add_request(Request::new(1, vec![1; 5], 4), 0.0),
             Err(AddError::QueueFull { max_waiting: 1 })

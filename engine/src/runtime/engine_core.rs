@@ -265,6 +265,11 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         self.constraint_cost
     }
 
+    /// See [`Scheduler::check_waiting_room`].
+    pub fn check_waiting_room(&self, n: usize) -> Result<(), AddError> {
+        self.sched.check_waiting_room(n)
+    }
+
     pub fn stats(&self) -> SchedulerStats {
         self.sched.stats()
     }

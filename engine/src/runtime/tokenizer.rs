@@ -159,6 +159,16 @@ impl TextTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// One token's own text, special tokens included (`<|eot_id|>`), as vLLM names tokens in
+    /// logprobs; `None` for an id with no text at all (an embedding row past the tokenizer's
+    /// vocabulary).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner
+            .decode(&[id], false)
+            .ok()
+            .filter(|t| !t.is_empty())
+    }
+
     /// Decodes `ids`, dropping special tokens (BOS, end-of-turn, …).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -83,6 +83,16 @@ pub(super) async fn generate(
         s.check_model(&req.model)?;
     }
     let count = req.prompts.len();
+    // More prompts than the queue can ever hold: a 503 would be retried for ever.
+    if let Some(max) = s.max_waiting.filter(|&max| count > max) {
+        return Err(ApiError::bad_request(
+            Some("prompt"),
+            format!(
+                "{count} prompts in one request, more than the waiting queue holds \
+                 (--max-waiting {max}): send at most {max}"
+            ),
+        ));
+    }
     for (i, p) in req.prompts.iter().enumerate() {
         check_prompt_bytes(s, p).map_err(|e| e.in_prompt(i, count))?;
     }
@@ -387,26 +397,43 @@ impl ResponseMeta {
         Self::usage(prompt, completion, cached)
     }
 
-    /// How logprobs name a token: its text, or `token_id:N` as vLLM writes it.
+    /// How logprobs name a token: its own text, special tokens included, or `token_id:N` as
+    /// vLLM writes it (asked for, or for an id that has no text: distinct tokens must not
+    /// share the empty name, as they are keys of a completion's `top_logprobs`).
     fn token_name(&self, token: u32) -> String {
-        if self.tokens_as_ids {
-            format!("token_id:{token}")
-        } else {
-            self.tokenizer.decode(&[token]).unwrap_or_default()
+        match self.tokens_as_ids {
+            true => None,
+            false => self.tokenizer.token_text(token),
         }
+        .unwrap_or_else(|| format!("token_id:{token}"))
     }
 
+    /// One token's logprobs. A completion's `top_logprobs` holds the sampled token too, as
+    /// OpenAI's legacy API and vLLM return it (up to `logprobs` + 1 entries); a chat's holds
+    /// the `top_logprobs` most likely only, each with its `bytes`, as OpenAI's.
     fn token_logprobs(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Value {
         let text = |t: u32| self.token_name(t);
         match self.endpoint {
-            Endpoint::Completions => json!({
-                "tokens": [text(token)], "token_logprobs": [logprob],
-                "top_logprobs": [top.iter().map(|&(t, l)| (text(t), json!(l))).collect::<serde_json::Map<String, Value>>()],
-            }),
-            Endpoint::Chat => json!({"content": [{
-                "token": text(token), "logprob": logprob,
-                "top_logprobs": top.iter().map(|&(t, l)| json!({"token": text(t), "logprob": l})).collect::<Vec<_>>(),
-            }]}),
+            Endpoint::Completions => {
+                let mut alternatives = serde_json::Map::new();
+                alternatives.insert(text(token), json!(logprob));
+                for &(t, l) in top.iter().filter(|&&(t, _)| t != token) {
+                    alternatives.insert(text(t), json!(l));
+                }
+                json!({
+                    "tokens": [text(token)], "token_logprobs": [logprob],
+                    "top_logprobs": [alternatives],
+                })
+            }
+            Endpoint::Chat => {
+                let entry = |t: u32, l: f32| {
+                    let name = text(t);
+                    json!({"token": name, "logprob": l, "bytes": name.as_bytes()})
+                };
+                let mut sampled = entry(token, logprob);
+                sampled["top_logprobs"] = top.iter().map(|&(t, l)| entry(t, l)).collect();
+                json!({ "content": [sampled] })
+            }
         }
     }
 

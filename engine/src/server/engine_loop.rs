@@ -190,6 +190,14 @@ impl EngineLoop {
     fn handle(&mut self, cmd: Command) -> bool {
         match cmd {
             Command::Add(batch) => {
+                // All of an HTTP request's prompts, or none: a full queue refuses them all
+                // rather than starting some that its client will then abort.
+                if let Err(e) = self.core.check_waiting_room(batch.len()) {
+                    for r in batch {
+                        let _ = r.events.send(StreamEvent::Rejected(e.clone()));
+                    }
+                    return true;
+                }
                 for r in batch {
                     self.add(r);
                 }

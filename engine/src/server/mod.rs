@@ -124,10 +124,14 @@ struct Shared {
     /// A prompt longer than this in bytes cannot fit `max_model_len` tokens: refused before
     /// it is tokenised (see [`prompt_bytes_limit`]).
     max_prompt_bytes: usize,
+    /// The waiting queue's bound (`--max-waiting`): one request's prompts all wait at once.
+    max_waiting: Option<usize>,
     /// Tokenizer jobs at once in each lane (half the cores), small and large: see
     /// [`prompt::off_thread`].
     tokenizer_small: Arc<tokio::sync::Semaphore>,
     tokenizer_large: Arc<tokio::sync::Semaphore>,
+    /// The large lane's bytes in flight, in KiB ([`prompt::LARGE_LANE_KIB`]).
+    tokenizer_large_kib: Arc<tokio::sync::Semaphore>,
     tokenizer: Arc<TextTokenizer>,
     vocab_size: usize,
     /// The model's end-of-sequence ids (a finished grammar asks for them).
@@ -298,9 +302,13 @@ impl Engine {
                 model_name,
                 max_model_len: sched.max_model_len,
                 max_prompt_bytes: prompt::prompt_bytes_limit(&tokenizer, sched.max_model_len),
+                max_waiting: sched.max_waiting,
                 // Half the cores at most a lane: the engine's step must keep its own.
                 tokenizer_small: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),
                 tokenizer_large: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),
+                tokenizer_large_kib: Arc::new(tokio::sync::Semaphore::new(
+                    prompt::LARGE_LANE_KIB as usize,
+                )),
                 tokenizer,
                 vocab_size,
                 eos_token_ids,

@@ -49,6 +49,13 @@ pub(super) fn prompt_bytes_limit(tokenizer: &TextTokenizer, max_model_len: usize
 /// ~15 ms to tokenise here, a 4 MiB one about a second.
 pub(super) const SMALL_JOB_BYTES: usize = 64 << 10;
 
+/// The large lane's input in flight at once, in KiB: two bodies of the 4 MiB limit. A
+/// tokenised prompt holds ~270 bytes of memory per byte of text while it is encoded (the
+/// tokenizer keeps each token's string, offsets and masks): one 4 MiB `/tokenize` peaks at
+/// 1.2 GB, and half of 16 cores' worth at once would take 9 GB. The budget holds the lane
+/// near 2.5 GB, whatever the core count.
+pub(super) const LARGE_LANE_KIB: u32 = 8 << 10;
+
 /// Runs tokenizer work (templating, encoding, decoding) of `bytes` bytes on the blocking
 /// pool, so a large prompt never holds an HTTP thread: `/health` and every stream keep being
 /// served while it is tokenised. Two lanes, each at most one job per two cores at a time:
@@ -60,20 +67,30 @@ pub(super) async fn off_thread<T: Send + 'static>(
     job: impl FnOnce(&Shared) -> T + Send + 'static,
 ) -> Result<T, ApiError> {
     let shared = state.inner.clone();
-    let lane = if bytes <= SMALL_JOB_BYTES {
-        &shared.tokenizer_small
+    let closed = |_| ApiError::internal("the tokenizer pool is closed");
+    let large = bytes > SMALL_JOB_BYTES;
+    // A large job first waits for its bytes, then for a thread.
+    let kib = if large {
+        let kib =
+            u32::try_from(bytes.div_ceil(1024)).map_or(LARGE_LANE_KIB, |k| k.min(LARGE_LANE_KIB));
+        let budget = shared.tokenizer_large_kib.clone();
+        Some(budget.acquire_many_owned(kib).await.map_err(closed)?)
     } else {
-        &shared.tokenizer_large
+        None
     };
-    let permit = lane
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::internal("the tokenizer pool is closed"))?;
+    let lane = if large {
+        &shared.tokenizer_large
+    } else {
+        &shared.tokenizer_small
+    };
+    let permit = lane.clone().acquire_owned().await.map_err(closed)?;
     tokio::task::spawn_blocking(move || {
         yield_cpu_to_serving();
         let out = job(&shared);
-        drop(permit);
+        if large {
+            give_memory_back();
+        }
+        drop((permit, kib));
         out
     })
     .await
@@ -95,6 +112,17 @@ fn yield_cpu_to_serving() {
             }
         }
     });
+}
+
+/// Returns the heap's free pages to the system after a large job: glibc keeps the hundreds
+/// of megabytes a 4 MiB prompt's encoding took, and the server's resident memory would only
+/// ever grow.
+fn give_memory_back() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Refuses, by its length alone, a prompt that cannot fit `max_model_len` tokens: a huge
