@@ -5,7 +5,9 @@
 //! cost_model = "analytic"          # analytic | profiled
 //! profile = "profiles/x.json"      # for profiled: a file written by `engine profile`
 //! timeseries_interval_s = 0.1      # spacing of timeseries.csv points
-//! # calibration overrides (analytic), each optional:
+//! # calibration overrides, each optional; those only the analytic model reads
+//! # (ANALYTIC_ONLY: all but step_jitter_s and client_…) are refused beside
+//! # cost_model = "profiled", and `profile` beside the analytic model:
 //! compute_efficiency = 0.4
 //! attention_efficiency = 0.1
 //! decode_attention_efficiency = 0.003
@@ -221,6 +223,28 @@ impl SimSettings {
                 "cost_model = \"profiled\" needs a profile file".into(),
             ));
         }
+        // A key only another cost model reads would change nothing: refuse it rather than
+        // let a run look as if it had been honoured (an accepted key is one that acts).
+        if s.cost_model == CostModelKind::Analytic && s.profile.is_some() {
+            return Err((
+                "sim.profile".into(),
+                "is read by the profiled cost model only, and sim.cost_model is \"analytic\" \
+                 (the default): set cost_model = \"profiled\" to price steps from the profile, \
+                 or remove the key"
+                    .into(),
+            ));
+        }
+        if s.cost_model == CostModelKind::Profiled {
+            if let Some(key) = ANALYTIC_ONLY.iter().find(|k| table.contains_key(**k)) {
+                return Err((
+                    format!("sim.{key}"),
+                    "is read by the analytic cost model only, and sim.cost_model is \
+                     \"profiled\" (its steps are priced from the profile's measurements): \
+                     remove the key, or set cost_model = \"analytic\""
+                        .into(),
+                ));
+            }
+        }
         Ok(s)
     }
 
@@ -245,46 +269,77 @@ impl SimSettings {
     }
 }
 
+/// Every key of the table.
+const KNOWN: [&str; 35] = [
+    "cost_model",
+    "profile",
+    "timeseries_interval_s",
+    "compute_efficiency",
+    "attention_efficiency",
+    "decode_attention_efficiency",
+    "bandwidth_efficiency",
+    "single_decode_bandwidth_efficiency",
+    "step_overhead_s",
+    "per_seq_overhead_s",
+    "step_jitter_s",
+    "page_fault_s_per_gib",
+    "client_request_s",
+    "client_per_prompt_token_s",
+    "client_stream_s",
+    "static_batch_window_s",
+    "static_step_overhead_s",
+    "static_per_seq_overhead_s",
+    "calibration",
+    "prefill_batching",
+    "logits",
+    "attention_scores",
+    "contiguous_kv",
+    "contiguous_decode",
+    "packed_attention",
+    "dtype",
+    "roofline",
+    "spill_bandwidth_gb_s",
+    "reserved_gib",
+    "graph_replay_factor",
+    "micro_batch_tokens",
+    "micro_batches",
+    "max_simulated_s",
+    "max_output_mib",
+    "max_memory_mib",
+];
+
+/// `[sim]` keys only the analytic cost model reads (through its calibration): the profiled
+/// model prices a step from its profile alone. The other keys are read by both: the run's
+/// bounds and timeseries, the memory plan (`dtype`, `reserved_gib`, `contiguous_kv`), the
+/// client path and step jitter (`client_…`, `step_jitter_s`), and `calibration`, whose
+/// client path, jitter and memory reserve a profiled run keeps.
+const ANALYTIC_ONLY: [&str; 21] = [
+    "compute_efficiency",
+    "attention_efficiency",
+    "decode_attention_efficiency",
+    "bandwidth_efficiency",
+    "single_decode_bandwidth_efficiency",
+    "step_overhead_s",
+    "per_seq_overhead_s",
+    "page_fault_s_per_gib",
+    "static_batch_window_s",
+    "static_step_overhead_s",
+    "static_per_seq_overhead_s",
+    "prefill_batching",
+    "logits",
+    "attention_scores",
+    "contiguous_decode",
+    "packed_attention",
+    "roofline",
+    "spill_bandwidth_gb_s",
+    "graph_replay_factor",
+    "micro_batch_tokens",
+    "micro_batches",
+];
+
 /// Deserialize the table, turning serde's message into (key, reason).
 fn parse_table(table: &toml::Table) -> Result<SimSettings, (String, String)> {
     // Check keys first so an unknown one is named precisely.
-    const KNOWN: [&str; 35] = [
-        "cost_model",
-        "profile",
-        "timeseries_interval_s",
-        "compute_efficiency",
-        "attention_efficiency",
-        "decode_attention_efficiency",
-        "bandwidth_efficiency",
-        "single_decode_bandwidth_efficiency",
-        "step_overhead_s",
-        "per_seq_overhead_s",
-        "step_jitter_s",
-        "page_fault_s_per_gib",
-        "client_request_s",
-        "client_per_prompt_token_s",
-        "client_stream_s",
-        "static_batch_window_s",
-        "static_step_overhead_s",
-        "static_per_seq_overhead_s",
-        "calibration",
-        "prefill_batching",
-        "logits",
-        "attention_scores",
-        "contiguous_kv",
-        "contiguous_decode",
-        "packed_attention",
-        "dtype",
-        "roofline",
-        "spill_bandwidth_gb_s",
-        "reserved_gib",
-        "graph_replay_factor",
-        "micro_batch_tokens",
-        "micro_batches",
-        "max_simulated_s",
-        "max_output_mib",
-        "max_memory_mib",
-    ];
     for k in table.keys() {
         if !KNOWN.contains(&k.as_str()) {
             return Err((
@@ -403,5 +458,61 @@ mod tests {
             .unwrap();
         assert_eq!(s.roofline, Some(crate::calibration::Roofline::Serial));
         assert_eq!(s.reserved_gib, Some(3.0));
+    }
+
+    /// A key only the other cost model reads is refused, naming the key and the model.
+    #[test]
+    fn keys_of_a_cost_model_not_in_use_are_refused() {
+        let profiled = "cost_model = \"profiled\"\nprofile = \"p.json\"";
+        for key in ANALYTIC_ONLY {
+            assert!(KNOWN.contains(&key), "{key}");
+            let value = match key {
+                "prefill_batching" => "\"packed\"",
+                "logits" => "\"sampled\"",
+                "attention_scores" => "\"fused\"",
+                "contiguous_decode" | "packed_attention" => "\"ragged\"",
+                "roofline" => "\"overlap\"",
+                "micro_batches" => "\"tokens\"",
+                "graph_replay_factor" => "2",
+                "micro_batch_tokens" => "512",
+                _ => "0.5",
+            };
+            let line = format!("{key} = {value}");
+            // Taken by the analytic model (the default) ...
+            assert!(
+                SimSettings::from_scenario(&scenario(&line)).is_ok(),
+                "{line}"
+            );
+            // ... refused beside a profile.
+            let (k, r) =
+                SimSettings::from_scenario(&scenario(&format!("{profiled}\n{line}"))).unwrap_err();
+            assert_eq!(k, format!("sim.{key}"));
+            assert!(
+                r.contains("read by the analytic cost model only")
+                    && r.contains("sim.cost_model is \"profiled\""),
+                "{r}"
+            );
+        }
+        // A profile without the profiled model would price nothing.
+        for analytic in ["", "cost_model = \"analytic\"\n"] {
+            let (k, r) =
+                SimSettings::from_scenario(&scenario(&format!("{analytic}profile = \"p.json\"")))
+                    .unwrap_err();
+            assert_eq!(k, "sim.profile");
+            assert!(
+                r.contains("read by the profiled cost model only")
+                    && r.contains("sim.cost_model is \"analytic\""),
+                "{r}"
+            );
+        }
+        // Keys both models read stay accepted beside a profile.
+        let shared = "step_jitter_s = 0.001\nclient_request_s = 0.002\n\
+                      client_per_prompt_token_s = 1e-6\nclient_stream_s = 0.001\n\
+                      dtype = \"f32\"\nreserved_gib = 1\ncontiguous_kv = \"grown\"\n\
+                      calibration = \"c.toml\"\ntimeseries_interval_s = 0.5\n\
+                      max_simulated_s = 10\nmax_output_mib = 10\nmax_memory_mib = 100";
+        let s = SimSettings::from_scenario(&scenario(&format!("{profiled}\n{shared}"))).unwrap();
+        assert_eq!(s.cost_model, CostModelKind::Profiled);
+        assert_eq!(s.client_request_s, Some(0.002));
     }
 }

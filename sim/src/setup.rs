@@ -171,6 +171,17 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             let mut fit = Profiled::from_json(&text, cal.client)
                 .map_err(|r| at("sim.profile", format!("{}: {r}", path.display())))?;
             fit.step_jitter_s = cal.step_jitter_s;
+            // A profile's measured client path would otherwise win over `[sim]`'s, and a
+            // client cost set there would change nothing.
+            let mut client = fit.client_path();
+            let set = |slot: &mut f64, v: Option<f64>| *slot = v.unwrap_or(*slot);
+            set(&mut client.request_s, settings.client_request_s);
+            set(
+                &mut client.per_prompt_token_s,
+                settings.client_per_prompt_token_s,
+            );
+            set(&mut client.stream_s, settings.client_stream_s);
+            fit.set_client(client);
             if fit.rms_rel_error > 0.25 {
                 warnings.push(format!(
                     "warning: the profile fit is loose (rms error {:.0}%)",
@@ -208,6 +219,22 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     }
     let memory = with_largest_step(memory, &*cost, &scenario);
     warnings.splice(0..0, memory.warning());
+    let limit = settings.max_memory_bytes();
+    if let Some((key, bytes, what)) = memory_floor(&scenario, file)
+        .into_iter()
+        .find(|(_, bytes, _)| *bytes > limit as f64)
+    {
+        return Err(at(
+            key,
+            format!(
+                "{what}: at least {:.0} MiB of the simulator's memory, beyond sim.max_memory_mib \
+                 = {} MiB (raise the limit if the machine has the memory)",
+                bytes / MIB,
+                limit >> 20
+            ),
+        )
+        .into());
+    }
     let trace = infer_core::workload::Trace::of_scenario(&scenario, file)?;
     if let Some((key, span, what)) = arrival_span(&scenario, trace.as_deref()) {
         let limit = settings.max_simulated_s();
@@ -235,6 +262,84 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         calibration,
         warnings,
     })
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Bytes a run of `scenario` certainly holds at one moment, where they are known before it
+/// runs: (the key that drives them, the bytes, what holds them). Each is a floor (token ids
+/// alone, not their text; the pool's free list alone), so a run refused here would have
+/// passed `sim.max_memory_mib` anyway, but only after allocating it all at once, before
+/// the run's periodic looks at memory could stop it.
+fn memory_floor(scenario: &Scenario, file: &str) -> Vec<(&'static str, f64, String)> {
+    use infer_core::workload::ArrivalKind;
+    // A token id is a u32; a paged pool keeps a free-list link of 12 bytes per block
+    // (core's `FreeQueue`), written for every block as the pool is built.
+    const ID_BYTES: f64 = 4.0;
+    const POOL_BLOCK_BYTES: f64 = 12.0;
+    let w = &scenario.workload;
+    let n = w.num_requests;
+    let mut floor = Vec::new();
+    if let Some(spec) = &w.trace {
+        let path = spec.resolve(file);
+        if let Ok(meta) = std::fs::metadata(&path) {
+            floor.push((
+                "workload.trace",
+                meta.len() as f64,
+                format!("the trace {} is read whole", path.display()),
+            ));
+        }
+    }
+    let cfg = scenario.server.scheduler_config();
+    if cfg.kv_cache_backend == KvBackend::Paged {
+        let replicas = scenario.cluster.as_ref().map_or(1, |c| c.replicas);
+        floor.push((
+            "server.num_gpu_blocks",
+            replicas as f64 * cfg.num_gpu_blocks as f64 * POOL_BLOCK_BYTES,
+            format!(
+                "{replicas} replica(s) (cluster.replicas) of {} KV blocks each",
+                cfg.num_gpu_blocks
+            ),
+        ));
+    }
+    // Closed-loop clients all send their first request at the start, generated at once.
+    if scenario.arrival.kind == ArrivalKind::Concurrency && w.trace.is_none() {
+        let clients = scenario.arrival.max_concurrency.unwrap_or(1).min(n);
+        let key = if clients < n {
+            "arrival.max_concurrency"
+        } else {
+            "workload.num_requests"
+        };
+        let fewest = w.shared_prefix_tokens.unwrap_or(0)
+            + w.groups.map_or(0, |g| g.system_tokens)
+            + w.conversations.map_or(0, |c| c.system_tokens)
+            + w.prompt_tokens.min();
+        floor.push((
+            key,
+            clients as f64 * fewest as f64 * ID_BYTES,
+            format!("{clients} clients' first prompts of at least {fewest} tokens, sent at once"),
+        ));
+    }
+    // A conversation's turn holds every earlier turn and reply: turn t of the last round
+    // the run reaches is one prompt, generated whole however long it is.
+    if let Some(c) = w.conversations {
+        let t = c
+            .min_turns
+            .saturating_sub(1)
+            .min(n.saturating_sub(1) / c.count.max(1));
+        let tokens = c.system_tokens as f64
+            + (t + 1) as f64 * w.prompt_tokens.min() as f64
+            + t as f64 * w.output_tokens.min() as f64;
+        floor.push((
+            "workload.conversations",
+            tokens * ID_BYTES,
+            format!(
+                "turn {} of a conversation is one prompt of at least {tokens:.0} tokens",
+                t + 1
+            ),
+        ));
+    }
+    floor
 }
 
 /// How much simulated time the arrival schedule alone spans, where it is known before the
@@ -371,6 +476,145 @@ mod tests {
         let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
         let s = Scenario::parse("baseline.toml", &text, &set).unwrap();
         SimSettings::from_scenario(&s).unwrap()
+    }
+
+    fn load_err(name: &str, set: &[&str]) -> String {
+        let file = format!("{}/../scenarios/{name}.toml", env!("CARGO_MANIFEST_DIR"));
+        let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+        match load(&file, &set) {
+            Ok(_) => panic!("{set:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// What a run would allocate at once, before its first look at memory, is refused
+    /// before it starts, naming the key that drives it and `sim.max_memory_mib`.
+    #[test]
+    fn memory_a_run_would_take_at_once_is_refused_before_it_runs() {
+        // 200,000 clients' first prompts of 2,000 tokens: 1.5 GiB of token ids at the start.
+        let closed_loop = [
+            "arrival.kind=concurrency",
+            "arrival.max_concurrency=200000",
+            "workload.num_requests=200000",
+            "workload.prompt_tokens=2000",
+            "sim.max_memory_mib=500",
+        ];
+        let e = load_err("baseline", &closed_loop);
+        assert!(
+            e.contains(
+                "key `workload.num_requests`: 200000 clients' first prompts of at least \
+                 2000 tokens, sent at once: at least 1526 MiB"
+            ) && e.contains("beyond sim.max_memory_mib = 500 MiB"),
+            "{e}"
+        );
+        // Fewer clients than requests: the clients drive it.
+        let mut fewer = closed_loop.to_vec();
+        fewer[2] = "workload.num_requests=300000";
+        let e = load_err("baseline", &fewer);
+        assert!(e.contains("key `arrival.max_concurrency`"), "{e}");
+        // Under the limit, or with its default, the same workload is taken.
+        let mut smaller = closed_loop.to_vec();
+        smaller[1] = "arrival.max_concurrency=1000";
+        assert!(load(
+            &format!("{}/../scenarios/baseline.toml", env!("CARGO_MANIFEST_DIR")),
+            &smaller.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        )
+        .is_ok());
+        // 16 KV pools of 20M blocks, built before the first event.
+        let e = load_err(
+            "baseline",
+            &[
+                "server.model=qwen2.5-0.5b",
+                "server.hardware=h200",
+                "server.kv_cache_dtype=fp8",
+                "server.block_size=1",
+                "server.num_gpu_blocks=20000000",
+                "cluster={replicas=16, router=\"round-robin\"}",
+                "sim.max_memory_mib=500",
+            ],
+        );
+        assert!(
+            e.contains(
+                "key `server.num_gpu_blocks`: 16 replica(s) (cluster.replicas) of \
+                 20000000 KV blocks each: at least 3662 MiB"
+            ) && e.contains("sim.max_memory_mib = 500 MiB"),
+            "{e}"
+        );
+        // The 100,000th turn of one conversation: one prompt of 2e8 tokens.
+        let e = load_err(
+            "baseline",
+            &[
+                "workload.conversations={count=1, min_turns=100000}",
+                "workload.num_requests=100000",
+                "workload.prompt_tokens=1000",
+                "workload.output_tokens=1000",
+                "sim.max_memory_mib=500",
+            ],
+        );
+        assert!(
+            e.contains(
+                "key `workload.conversations`: turn 100000 of a conversation is one \
+                 prompt of at least 199999000 tokens"
+            ) && e.contains("sim.max_memory_mib = 500 MiB"),
+            "{e}"
+        );
+        // A trace is read whole (the shipped sample is 1,434 bytes).
+        let e = load_err("trace_replay", &["sim.max_memory_mib=0.001"]);
+        assert!(
+            e.contains("key `workload.trace`: the trace") && e.contains("is read whole"),
+            "{e}"
+        );
+    }
+
+    /// A profile's measured client path gives way to `[sim]`'s client costs, as a
+    /// calibration's does: a key set there is honoured whichever cost model runs.
+    #[test]
+    fn sim_client_costs_override_a_profiles_measured_ones() {
+        let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/plan_cpu.toml");
+        let client = |set: &[&str]| {
+            let set: Vec<String> = set.iter().map(|s| s.to_string()).collect();
+            load(file, &set).unwrap().cost.client_path()
+        };
+        let measured = client(&[]);
+        assert!(measured.request_s > 0.0, "the shipped profile measured it");
+        let set = client(&["sim.client_request_s=0.25", "sim.client_stream_s=0.001"]);
+        assert_eq!(set.request_s, 0.25);
+        assert_eq!(set.stream_s, 0.001);
+        // What is not set stays the profile's.
+        assert_eq!(set.per_prompt_token_s, measured.per_prompt_token_s);
+        assert_eq!(set.overlap_step_loss, measured.overlap_step_loss);
+    }
+
+    /// An impossible pair count in a profile names the file, the point and the key.
+    #[test]
+    fn a_profiles_impossible_pair_count_names_the_file_point_and_key() {
+        let shipped = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../profiles/cpu-2core-builtin-tiny.json"
+        );
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(shipped).unwrap()).unwrap();
+        json["points"][3]["attention_pairs"] = serde_json::json!(1e308);
+        let dir = std::env::temp_dir().join(format!("infer-sim-pairs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("pairs.json");
+        std::fs::write(&bad, json.to_string()).unwrap();
+        let e = load_err(
+            "baseline",
+            &[
+                "sim.cost_model=profiled",
+                &format!("sim.profile={:?}", bad.display().to_string()),
+            ],
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            e.contains("key `sim.profile`")
+                && e.contains(&format!(
+                    "{}: points[3].attention_pairs is 1e308",
+                    bad.display()
+                )),
+            "{e}"
+        );
     }
 
     #[test]

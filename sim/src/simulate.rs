@@ -437,6 +437,13 @@ struct Sim<'a> {
     last_done: f64,
     noise: StepNoise,
     limits: Limits,
+    /// Prompt tokens (plus a per-request allowance) generated since memory was last looked
+    /// at: the events between two periodic looks can generate any number of requests at
+    /// once (a closed loop of many clients sends them all at its start).
+    generated_since_check: usize,
+    /// The resident bytes seen past the limit while requests were generated: nothing more
+    /// is sent, and the event loop ends the run with the error.
+    over_memory: Option<u64>,
 }
 
 /// What a run may reach before it ends with an error (`[sim]`'s bounds): a run that would
@@ -452,6 +459,19 @@ impl Limits {
     /// Events between two looks at the sink and at the process's memory: often enough to
     /// stop well before a limit is far behind, rarely enough to cost nothing.
     const CHECK_EVERY: u64 = 1 << 12;
+    /// Prompt tokens generated between two looks at memory: about 8 MiB of token ids and
+    /// text, so generation passes the limit by about that much at most (one look costs
+    /// tens of microseconds; generating this many tokens, milliseconds).
+    const CHECK_EVERY_TOKENS: usize = 1 << 20;
+    /// What a request holds beyond its prompt (its entries in the maps of requests in
+    /// transit and live, its metrics), counted as this many prompt tokens, so that a
+    /// stream of tiny prompts is looked at too.
+    const REQUEST_AS_TOKENS: usize = 64;
+
+    /// The resident bytes, where they are past the limit.
+    fn over_memory(&self) -> Option<u64> {
+        resident_bytes().filter(|&rss| rss > self.max_memory_bytes)
+    }
 
     fn exceeded(&self, key: &str, reason: String) -> SimError {
         infer_core::workload::ScenarioError {
@@ -572,8 +592,14 @@ pub fn run_with(
         .cluster
         .as_ref()
         .map(|c| Router::new(c.router, c.replicas, cfg.block_size, c.router_seed));
-    let replicas = (0..n_replicas)
-        .map(|_| Replica {
+    let limits = Limits {
+        file: setup.file.clone(),
+        max_simulated_s: setup.settings.max_simulated_s(),
+        max_memory_bytes: setup.settings.max_memory_bytes(),
+    };
+    let mut replicas = Vec::with_capacity(n_replicas);
+    for i in 0..n_replicas {
+        replicas.push(Replica {
             sched: Scheduler::new(cfg.clone()).without_block_tables(),
             busy: false,
             idle_since: None,
@@ -582,8 +608,24 @@ pub fn run_with(
             activations: ActivationPeak::new(&setup.memory),
             request_path_free: 0.0,
             since_prefill: SincePrefill::default(),
-        })
-        .collect();
+        });
+        // Each replica's KV pool is built whole before the first event: look after each,
+        // so that a cluster of large pools stops one pool past the limit, not all of them.
+        if let Some(rss) = limits.over_memory() {
+            return Err(limits.exceeded(
+                "sim.max_memory_mib",
+                format!(
+                    "the simulator's memory reached {} MiB building replica {} of {n_replicas} \
+                     (a KV pool of {} blocks each), beyond the limit of {} MiB: fewer blocks \
+                     or replicas (server.num_gpu_blocks, cluster.replicas), or raise the limit",
+                    rss >> 20,
+                    i + 1,
+                    cfg.num_gpu_blocks,
+                    limits.max_memory_bytes >> 20
+                ),
+            ));
+        }
+    }
     let mut sim = Sim {
         cost: setup.cost.clone(),
         client: setup.cost.client_path(),
@@ -626,11 +668,9 @@ pub fn run_with(
         },
         last_done: 0.0,
         noise: StepNoise::new(setup.cost.as_ref(), sc.workload.seed),
-        limits: Limits {
-            file: setup.file.clone(),
-            max_simulated_s: setup.settings.max_simulated_s(),
-            max_memory_bytes: setup.settings.max_memory_bytes(),
-        },
+        limits,
+        generated_since_check: 0,
+        over_memory: None,
         gen,
     };
     sim.start();
@@ -677,6 +717,7 @@ impl Sim<'_> {
     fn release(&mut self, now: f64) {
         while self.clients.next_send < self.clients.arrived
             && self.clients.in_flight < self.clients.cap
+            && self.over_memory.is_none()
         {
             let req = self.gen.request(self.clients.next_send);
             self.clients.next_send += 1;
@@ -689,6 +730,11 @@ impl Sim<'_> {
 
     fn send(&mut self, req: GeneratedRequest, now: f64) {
         let id = req.index as u64;
+        self.generated_since_check += req.prompt_ids.len() + Limits::REQUEST_AS_TOKENS;
+        if self.generated_since_check >= Limits::CHECK_EVERY_TOKENS {
+            self.generated_since_check = 0;
+            self.over_memory = self.limits.over_memory();
+        }
         // A router in front of the replicas routes a request as it comes; the replica's
         // own request path then takes it.
         let r = self.cluster.route(&req, now);
@@ -705,7 +751,10 @@ impl Sim<'_> {
         while let Some(e) = self.events.pop() {
             let now = e.time;
             handled += 1;
-            if self.sink_stopped || handled.is_multiple_of(Limits::CHECK_EVERY) {
+            if self.sink_stopped
+                || self.over_memory.is_some()
+                || handled.is_multiple_of(Limits::CHECK_EVERY)
+            {
                 self.check_limits()?;
             }
             let t = self.rel(now);
@@ -741,7 +790,9 @@ impl Sim<'_> {
             return Err(SimError::Output(reason));
         }
         let max = self.limits.max_memory_bytes;
-        match resident_bytes() {
+        // Generation that saw the limit passed stopped sending: the run ends here even if
+        // memory has since dropped, as it cannot go on with requests left unsent.
+        match self.over_memory.or_else(resident_bytes) {
             Some(rss) if rss > max => {
                 let waiting: usize = self
                     .cluster
@@ -754,10 +805,11 @@ impl Sim<'_> {
                     format!(
                         "the simulator's memory reached {} MiB, beyond the limit of {} MiB \
                          ({waiting} requests waiting, {} in flight): bound the backlog \
-                         (server.max_waiting), shorten the run, or raise the limit",
+                         (server.max_waiting, arrival.max_concurrency), shorten the run, or \
+                         raise the limit",
                         rss >> 20,
                         max >> 20,
-                        self.live.len()
+                        self.live.len() + self.transit.len()
                     ),
                 ))
             }

@@ -384,6 +384,35 @@ impl Profiled {
                     )));
                 }
             }
+            // A finite count can still be impossible (1e308), and the fit would then price
+            // every real pair at nothing. A query attends to at most its sequence's
+            // context, so a step's pairs are at most its new tokens × its context; the
+            // new tokens are added once more to the context in case a profiler counted it
+            // before the step. A chunk's square is at most the step's prompt tokens².
+            let (new, prefill) = (p.new_tokens() as f64, p.prefill_tokens as f64);
+            for (key, x, most, what) in [
+                (
+                    "attention_pairs",
+                    p.attention_pairs,
+                    new * (p.context_tokens as f64 + new),
+                    "new tokens (prefill_tokens + decode_seqs) × (context_tokens + new tokens)",
+                ),
+                (
+                    "chunk_self_pairs",
+                    p.chunk_self_pairs,
+                    prefill * prefill,
+                    "prefill_tokens²",
+                ),
+            ] {
+                if let Some(x) = x.filter(|&x| x > most && new > 0.0) {
+                    return Err(SimError::Invalid(format!(
+                        "points[{i}].{key} is {}, more than the step's tokens allow: at most \
+                         {what} = {}",
+                        readable(x),
+                        readable(most)
+                    )));
+                }
+            }
         }
         if let Some(spread) = &profile.step_spread {
             spread.check().map_err(SimError::Invalid)?;
@@ -491,6 +520,12 @@ impl Profiled {
         let profile: Profile = serde_json::from_str(text)
             .map_err(|e| SimError::Invalid(format!("invalid profile JSON: {e}")))?;
         Profiled::fit(&profile, client)
+    }
+
+    /// Price the request path with `client` instead of the profile's (`[sim]`'s client
+    /// costs override the measured ones, as they override a calibration's).
+    pub fn set_client(&mut self, client: ClientPath) {
+        self.client = client;
     }
 
     /// The dense term at `n` new tokens.
@@ -953,6 +988,47 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("points[1].chunk_self_pairs"), "{e}");
+    }
+
+    #[test]
+    fn pair_counts_beyond_what_the_steps_tokens_allow_are_refused() {
+        // Every point of the synthetic profile is within the bound, decodes exactly at it.
+        assert!(Profiled::fit(&profile(), ClientPath::default()).is_ok());
+        let mut p = profile();
+        p.points[3].attention_pairs = Some(1e308);
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("points[3].attention_pairs is 1e308, more than the step's tokens allow"),
+            "{e}"
+        );
+        // The bound is new × (context + new): one pair past it is refused, the bound itself
+        // is not.
+        let mut p = profile();
+        let q = &p.points[3];
+        let new = (q.prefill_tokens + q.decode_seqs) as f64;
+        let most = new * (q.context_tokens as f64 + new);
+        p.points[3].attention_pairs = Some(most);
+        assert!(Profiled::fit(&p, ClientPath::default()).is_ok());
+        p.points[3].attention_pairs = Some(most + 1.0);
+        assert!(Profiled::fit(&p, ClientPath::default()).is_err());
+        // A chunk's square cannot exceed the step's prompt tokens squared.
+        let mut p = profile();
+        let i = p
+            .points
+            .iter()
+            .position(|q| q.prefill_tokens == 512)
+            .unwrap();
+        p.points[i].chunk_self_pairs = Some(512.0 * 512.0 + 1.0);
+        let e = Profiled::fit(&p, ClientPath::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("points[{i}].chunk_self_pairs is 262145"))
+                && e.contains("prefill_tokens²"),
+            "{e}"
+        );
     }
 
     #[test]
