@@ -199,6 +199,10 @@ async fn streaming_and_non_streaming_agree_and_chat_uses_the_template() {
         "one chunk per token, the last with finish_reason"
     );
     assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 20);
+    // Every other chunk says `"usage": null`, as OpenAI's stream does.
+    for c in &chunks[..chunks.len() - 1] {
+        assert!(c.get("usage").is_some_and(Value::is_null), "{c}");
+    }
 
     // Chat: the template wraps the message, so the prompt is longer than the content, and the
     // same tokens sent as a completion give the same greedy reply.
@@ -423,6 +427,18 @@ async fn a_client_dropping_its_stream_frees_its_blocks() {
     )
     .await;
     assert_eq!(aborted, 1.0);
+    // Its prompt ran, and is counted as vLLM counts it, with the tokens it generated.
+    let (_, tok) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": body["prompt"]}),
+    )
+    .await;
+    assert_eq!(
+        metric(&client, &base, "vllm:prompt_tokens_total").await,
+        tok["count"].as_f64().unwrap()
+    );
+    assert!(metric(&client, &base, "vllm:generation_tokens_total").await >= 1.0);
     server.stop().await;
 }
 

@@ -259,11 +259,12 @@ pub(super) async fn generate(
         echoes,
         keep_generated,
         continuous_usage: req.continuous_usage,
+        include_usage: req.include_usage,
         tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
         grammar_param: req.structured.as_ref().map(|r| r.param),
     };
     if req.stream {
-        Ok(Sse::new(sse_stream(rx, guard, meta, req.include_usage)).into_response())
+        Ok(Sse::new(sse_stream(rx, guard, meta)).into_response())
     } else {
         collect(rx, guard, meta).await
     }
@@ -325,6 +326,9 @@ struct ResponseMeta {
     keep_generated: bool,
     /// Every chunk carries its choice's usage so far.
     continuous_usage: bool,
+    /// `stream_options.include_usage`: a last chunk carries the usage, and every other chunk
+    /// `"usage": null`, as OpenAI's do.
+    include_usage: bool,
     /// The output is a forced tool call, answered as `tool_calls` (chat).
     tool: Option<ToolChoice>,
     /// The field the request's grammar came from, if it has one.
@@ -545,12 +549,15 @@ impl ResponseMeta {
     }
 
     /// `continuous_usage_stats`: a chunk of choice `index` carries its prompt's tokens and
-    /// the tokens the choice has generated so far, as vLLM's chunks do.
+    /// the tokens the choice has generated so far, as vLLM's chunks do; otherwise, with
+    /// `include_usage`, a null usage.
     fn with_running_usage(&self, mut chunk: Value, index: usize, generated: usize) -> Value {
         if self.continuous_usage {
             let prompt = self.prompt_lens[index / self.n];
             chunk["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": generated,
                                     "total_tokens": prompt + generated});
+        } else if self.include_usage {
+            chunk["usage"] = Value::Null;
         }
         chunk
     }
@@ -573,7 +580,6 @@ fn sse_stream(
     mut rx: UnboundedReceiver<StreamEvent>,
     guard: AbortOnDrop,
     meta: ResponseMeta,
-    include_usage: bool,
 ) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
     async_stream::stream! {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
@@ -632,7 +638,7 @@ fn sse_stream(
                         open -= 1;
                         if open == 0 {
                             guard.done = true;
-                            if include_usage {
+                            if meta.include_usage {
                                 let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
                                 let u = meta.body(true, json!([]), Some(meta.usage_of(&finished)));
                                 yield Ok(SseEvent::default().data(u.to_string()));

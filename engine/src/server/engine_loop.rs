@@ -73,6 +73,8 @@ struct Client {
     /// Its choice among the response's.
     index: usize,
     arrival: Instant,
+    /// Its prompt's tokens, counted in `vllm:prompt_tokens` once its prefill is done.
+    prompt_tokens: usize,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
 }
@@ -219,6 +221,7 @@ impl EngineLoop {
 
     fn add(&mut self, r: NewRequest) {
         let max_tokens = r.request.max_tokens;
+        let prompt_tokens = r.request.prompt.len();
         let ids: Vec<u64> = std::iter::once(r.id)
             .chain(r.request.forks.iter().copied())
             .collect();
@@ -237,6 +240,7 @@ impl EngineLoop {
                 events: r.events.clone(),
                 index: r.first_index + fork,
                 arrival: r.arrival,
+                prompt_tokens,
                 first_token: None,
                 last_token: None,
             };
@@ -306,6 +310,9 @@ impl EngineLoop {
             let mut m = self.metrics.lock().unwrap();
             m.generation_tokens += 1;
             if t.first {
+                // As vLLM counts them: when the prefill is done, so that a request aborted
+                // after it counts the prompt it ran, as it counts its generated tokens.
+                m.prompt_tokens += client.prompt_tokens as u64;
                 m.ttft
                     .observe(now.duration_since(client.arrival).as_secs_f64());
                 client.first_token = Some(now);
@@ -352,7 +359,6 @@ impl EngineLoop {
     fn count_finished(&self, reason: FinishReason, stats: &RequestStats, id: u64) {
         let mut m = self.metrics.lock().unwrap();
         m.finished(reason);
-        m.prompt_tokens += stats.prompt_tokens as u64;
         m.request_prompt_tokens.observe(stats.prompt_tokens as f64);
         m.request_generation_tokens
             .observe(stats.output_tokens as f64);
