@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
@@ -227,7 +227,28 @@ async fn refuse(mut stream: TcpStream, why: &str) {
         body.len()
     );
     let write = stream.write_all(response.as_bytes());
-    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+    if tokio::time::timeout(Duration::from_secs(1), write)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    // A lingering close: closing with the request unread would reset the connection, and
+    // a reset discards the 503 before the client reads it (9 times in 10 for a client still
+    // sending its body). So send FIN, then read and drop what the client still sends, until
+    // it closes, at most a body's worth or a second.
+    let _ = stream.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 8192];
+        let mut left = 8usize << 20;
+        while left > 0 {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// Raise the open-file soft limit to the hard limit (vLLM does the same): every
