@@ -1092,6 +1092,67 @@ async fn logprobs_name_tokens_by_id_on_request() {
     server.stop().await;
 }
 
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a choice, null for a
+/// length (or end-of-sequence) finish, in responses and in a stream's last chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_string_or_token_is_named_as_the_stop_reason() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/completions");
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "temperature": 0,
+                              "ignore_eos": true, "logprobs": 0,
+                              "return_tokens_as_token_ids": true});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let (status, free) = post(&client, &url, ask(json!({}))).await;
+    assert_eq!(status, 200, "{free}");
+    assert_eq!(free["choices"][0]["finish_reason"], "length");
+    assert_eq!(free["choices"][0]["stop_reason"], Value::Null);
+    let ids: Vec<u32> = free["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap()["token_id:".len()..].parse().unwrap())
+        .collect();
+    // The fourth token as a stop token: the choice ends there, naming it.
+    let (_, v) = post(&client, &url, ask(json!({"stop_token_ids": [ids[3]]}))).await;
+    let first = ids.iter().position(|&t| t == ids[3]).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["stop_reason"], ids[3], "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], first + 1);
+    // A stop string from the greedy text, streamed: the last chunk names it.
+    let text = {
+        let body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "temperature": 0,
+                          "ignore_eos": true});
+        let (_, v) = post(&client, &url, body).await;
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let stop: String = text
+        .chars()
+        .skip(text.chars().count() / 2)
+        .take(2)
+        .collect();
+    let mut body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "temperature": 0,
+                          "ignore_eos": true, "stop": [stop.clone(), "\u{1}never"], "stream": true});
+    let (_, chunks) = stream(&client, &url, &body).await;
+    let last = chunks
+        .iter()
+        .rfind(|c| !c["choices"].as_array().unwrap().is_empty())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{last}");
+    assert_eq!(last["choices"][0]["stop_reason"], stop.as_str(), "{last}");
+    body["stream"] = json!(false);
+    let (_, v) = post(&client, &url, body).await;
+    assert_eq!(v["choices"][0]["stop_reason"], stop.as_str(), "{v}");
+    server.stop().await;
+}
+
 /// `echo` with `logprobs` and `max_tokens: 0` (how evaluation harnesses score a text): the
 /// completion is the prompt, its first token has no logprob and every other one has its
 /// logprob given the tokens before it — the same whatever follows it (a prefix of the

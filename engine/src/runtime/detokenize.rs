@@ -79,11 +79,15 @@ pub struct StopStrings {
     state: StateID,
     /// Text not yet emitted: the longest suffix that could begin a stop string.
     pending: String,
+    /// The stop string that ended the output, once one has.
+    matched: Option<String>,
 }
 
 /// Stop strings compiled: the automaton, and for each of its states the length of the text
 /// it stands for (the longest suffix of the text read that begins some stop string).
 struct StopMatcher {
+    /// The stop strings, in the automaton's pattern order.
+    stops: Vec<String>,
     dfa: DFA,
     depth: FxHashMap<StateID, usize>,
 }
@@ -126,7 +130,8 @@ impl StopMatcher {
                 }
             }
         }
-        Some(StopMatcher { dfa, depth })
+        let stops = stops.into_iter().map(str::to_string).collect();
+        Some(StopMatcher { stops, dfa, depth })
     }
 }
 
@@ -140,7 +145,13 @@ impl StopStrings {
             matcher,
             state,
             pending: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the output, if one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Feeds new text. Returns the text safe to emit and whether a stop string matched.
@@ -156,12 +167,16 @@ impl StopStrings {
             self.state = m.dfa.next_state(Anchored::No, self.state, b);
             if m.dfa.is_match(self.state) {
                 let end = base + i + 1;
-                let start = (0..m.dfa.match_len(self.state))
-                    .map(|k| end - m.dfa.pattern_len(m.dfa.match_pattern(self.state, k)))
+                let (start, pattern) = (0..m.dfa.match_len(self.state))
+                    .map(|k| {
+                        let p = m.dfa.match_pattern(self.state, k);
+                        (end - m.dfa.pattern_len(p), p)
+                    })
                     .min()
                     .expect("a match state has a match");
                 let out = self.pending[..start].to_string();
                 self.pending.clear();
+                self.matched = Some(m.stops[pattern.as_usize()].clone());
                 return (out, true);
             }
         }
@@ -199,6 +214,11 @@ impl OutputStream {
     /// A stop string has appeared: the request must end.
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The stop string that ended the output, if one has.
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.stops.matched()
     }
 
     /// Adds a generated token; returns the text to stream now. After a stop string,
@@ -271,22 +291,25 @@ mod tests {
         let (out, stopped, _) = stream(&["world", "lo w"], &["hello world"]);
         assert!(stopped);
         assert_eq!(out, "hel");
+        let mut s = StopStrings::new(&["world".into(), "lo w".into()]);
+        s.push("hello world");
+        assert_eq!(s.matched(), Some("lo w"), "the one that matched is named");
     }
 
     /// What the stream must produce: the text up to the start of the stop string that
     /// completes first (of those completing at the same byte, the one starting first).
-    fn reference(stops: &[String], text: &str) -> (String, bool) {
+    fn reference(stops: &[String], text: &str) -> (String, Option<String>) {
         for end in 1..=text.len() {
-            let start = stops
+            let first = stops
                 .iter()
                 .filter(|s| !s.is_empty() && text.as_bytes()[..end].ends_with(s.as_bytes()))
-                .map(|s| end - s.len())
+                .map(|s| (end - s.len(), s))
                 .min();
-            if let Some(start) = start {
-                return (text[..start].to_string(), true);
+            if let Some((start, stop)) = first {
+                return (text[..start].to_string(), Some(stop.clone()));
             }
         }
-        (text.to_string(), false)
+        (text.to_string(), None)
     }
 
     /// The longest suffix of `text` that is a proper prefix of a stop string.
@@ -324,8 +347,9 @@ mod tests {
             if !stopped {
                 out.push_str(&s.flush());
             }
-            let (want, want_stopped) = reference(&stops, &seen);
-            proptest::prop_assert_eq!(stopped, want_stopped);
+            let (want, want_stop) = reference(&stops, &seen);
+            proptest::prop_assert_eq!(stopped, want_stop.is_some());
+            proptest::prop_assert_eq!(s.matched(), want_stop.as_deref());
             proptest::prop_assert_eq!(out, want);
         }
     }

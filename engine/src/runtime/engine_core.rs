@@ -73,6 +73,16 @@ pub struct TokenOutput {
     pub finish: Option<(FinishReason, RequestStats)>,
     /// With the first token of a request that asked: prompt positions 1.. in order.
     pub prompt_logprobs: Option<Vec<PromptLogprob>>,
+    /// What ended a request that stopped, when not its end-of-sequence token.
+    pub stop_reason: Option<StopReason>,
+}
+
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a request (an
+/// end-of-sequence token, a length or an abort has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Text(String),
+    Token(u32),
 }
 
 /// Why a request ended before it finished.
@@ -147,6 +157,9 @@ struct Live {
     sampler: Sampler,
     output: OutputStream,
     want_logprobs: bool,
+    /// The request's stop token ids that are not its end-of-sequence ones (an
+    /// end-of-sequence token ends it with no `stop_reason`, as in vLLM).
+    stop_tokens: Vec<u32>,
     /// (the prompt, alternatives per position, logprobs of positions 1.. as computed) when
     /// the request asked for prompt logprobs.
     prompt_logprobs: Option<(Vec<u32>, usize, Vec<Option<PromptLogprob>>)>,
@@ -287,6 +300,12 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             self.model().eos_token_ids.clone()
         };
         eos.sort_unstable();
+        let stop_tokens: Vec<u32> = r
+            .stop_token_ids
+            .iter()
+            .copied()
+            .filter(|t| eos.binary_search(t).is_err())
+            .collect();
         let req = Request {
             id: RequestId(id),
             prompt: r.prompt,
@@ -321,6 +340,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     sampler,
                     output: OutputStream::new(&r.stop_strings),
                     want_logprobs,
+                    stop_tokens: stop_tokens.clone(),
                     prompt_logprobs,
                 };
                 (sid, live)
@@ -683,6 +703,16 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         } else {
             None
         };
+        let stop_reason = match finish {
+            Some((FinishReason::Stop, _)) => match live.output.matched_stop() {
+                Some(text) => Some(StopReason::Text(text.to_string())),
+                None => live
+                    .stop_tokens
+                    .contains(&sampled.token)
+                    .then_some(StopReason::Token(sampled.token)),
+            },
+            _ => None,
+        };
         if finish.is_some() {
             self.live.remove(&id);
         }
@@ -695,6 +725,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             top_logprobs,
             finish,
             prompt_logprobs,
+            stop_reason,
         }
     }
 }

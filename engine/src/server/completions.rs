@@ -23,7 +23,9 @@ use super::engine_loop::{Command, Finish, NewRequest, StreamEvent};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::structured::{self, ToolChoice};
 use super::AppState;
-use crate::runtime::engine_core::{EngineRequest, FailureCause, PromptLogprob, RequestFailure};
+use crate::runtime::engine_core::{
+    EngineRequest, FailureCause, PromptLogprob, RequestFailure, StopReason,
+};
 use crate::runtime::tokenizer::TextTokenizer;
 
 pub(super) async fn completions(
@@ -592,7 +594,7 @@ fn sse_stream(
         let mut echoed: Vec<Option<Vec<PromptLogprob>>> = vec![None; meta.prompt_lens.len()];
         while let Some(ev) = rx.recv().await {
             match ev {
-                StreamEvent::Token { index, text, token, logprob, top_logprobs, finish, prompt_logprobs } => {
+                StreamEvent::Token { index, text, token, logprob, top_logprobs, finish, prompt_logprobs, stop_reason } => {
                     if let Some(lps) = prompt_logprobs {
                         echoed[index / meta.n] = Some(lps);
                     }
@@ -627,7 +629,10 @@ fn sse_stream(
                         Some(_) => meta.tool_chunk(index, &text, &mut c.held, lp, reason, first),
                         None => Some(meta.chunk(index, &text, lp, reason, first)),
                     };
-                    if let Some(chunk) = chunk {
+                    if let Some(mut chunk) = chunk {
+                        if finish.is_some() {
+                            chunk["choices"][0]["stop_reason"] = stop_reason_json(stop_reason.as_ref());
+                        }
                         let chunk = meta.with_running_usage(chunk, index, c.generated);
                         yield Ok(SseEvent::default().data(chunk.to_string()));
                     }
@@ -665,6 +670,16 @@ struct Choice {
     text: String,
     logprobs: Vec<Value>,
     finish: Option<Finish>,
+    stop_reason: Option<StopReason>,
+}
+
+/// vLLM's `stop_reason`: the stop string, the stop token's id, or null.
+fn stop_reason_json(r: Option<&StopReason>) -> Value {
+    match r {
+        Some(StopReason::Text(t)) => json!(t),
+        Some(StopReason::Token(t)) => json!(t),
+        None => Value::Null,
+    }
 }
 
 async fn collect(
@@ -685,6 +700,7 @@ async fn collect(
                 top_logprobs,
                 finish,
                 prompt_logprobs,
+                stop_reason,
             } => {
                 if prompt_logprobs.is_some() {
                     echoed[index / meta.n] = prompt_logprobs;
@@ -699,6 +715,7 @@ async fn collect(
                 }
                 if finish.is_some() {
                     c.finish = finish;
+                    c.stop_reason = stop_reason;
                     open -= 1;
                 }
                 if open > 0 {
@@ -755,9 +772,11 @@ impl ResponseMeta {
             Value::Null
         };
         let reason = c.finish.map(|f| f.reason.as_str());
+        let stop_reason = stop_reason_json(c.stop_reason.as_ref());
         match self.endpoint {
             Endpoint::Completions => {
-                json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": reason})
+                json!({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": reason,
+                       "stop_reason": stop_reason})
             }
             Endpoint::Chat => {
                 let calls = self.tool.as_ref().and_then(|tool| {
@@ -772,7 +791,8 @@ impl ResponseMeta {
                     ),
                     None => (json!({"role": "assistant", "content": c.text}), reason),
                 };
-                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason})
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason,
+                       "stop_reason": stop_reason})
             }
         }
     }

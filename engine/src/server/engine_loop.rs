@@ -53,6 +53,8 @@ pub enum StreamEvent {
         finish: Option<Finish>,
         /// With a request's first token, when it asked for prompt logprobs.
         prompt_logprobs: Option<Vec<crate::runtime::engine_core::PromptLogprob>>,
+        /// With the last token of a request that a stop string or stop token ended.
+        stop_reason: Option<crate::runtime::engine_core::StopReason>,
     },
     Error(RequestFailure),
 }
@@ -343,6 +345,7 @@ impl EngineLoop {
                 top_logprobs: t.top_logprobs,
                 finish: end,
                 prompt_logprobs: t.prompt_logprobs,
+                stop_reason: t.stop_reason,
             })
             .is_ok();
         if end.is_some() {
