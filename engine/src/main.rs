@@ -346,6 +346,19 @@ struct ServerTarget {
         hide_env_values = true
     )]
     api_key: Option<String>,
+    /// Seconds a request may take, from its send to its stream's end; one that takes
+    /// longer fails ("no end within …"). vLLM's benchmark allows 6 hours too.
+    #[arg(long = "request-timeout", value_name = "SECONDS", default_value_t = 21600.0,
+          value_parser = positive_seconds)]
+    request_timeout: f64,
+}
+
+/// A positive, finite number of seconds.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e9 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 1e9]")),
+    }
 }
 
 #[derive(Args)]
@@ -739,6 +752,7 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .extend(infer_core::metrics::Slo::overrides(&a.goodput)?);
     opts.model = a.model;
     opts.api_key = a.target.api_key;
+    opts.request_timeout = std::time::Duration::from_secs_f64(a.target.request_timeout);
     opts.reset_prefix_cache = a.reset_prefix_cache;
     opts.progress = !a.no_progress;
     opts.metrics_from = a.metrics_from;
@@ -762,6 +776,7 @@ fn run_probe(a: ProbeArgs) -> Result<()> {
     opts.overrides = a.set;
     opts.model = a.model;
     opts.api_key = a.target.api_key;
+    opts.request_timeout = std::time::Duration::from_secs_f64(a.target.request_timeout);
     set_tokenizer(&mut opts, a.tokenizer.as_deref(), a.whole_characters)?;
     let out = a
         .out

@@ -163,3 +163,129 @@ async fn a_failing_models_endpoint_is_reported_with_url_and_status() {
         "{e}"
     );
 }
+
+/// How the misbehaving mock answers the requests after the test request (which it
+/// answers properly, so that the run starts).
+#[derive(Clone, Copy, PartialEq)]
+enum Misbehaviour {
+    /// `stream: true` ignored: one JSON body, as a misconfigured proxy answers.
+    PlainJson,
+    /// A token, then the connection closes: no finish_reason, no `[DONE]`.
+    CutShort,
+    /// A token, then nothing, for ever.
+    Stalls,
+}
+
+/// A server that answers its first completion properly and the others with `how`; with
+/// `from_first`, the first too. Returns its URL and the number of completions asked.
+async fn misbehaving(how: Misbehaviour, from_first: bool) -> (String, Arc<Mutex<usize>>) {
+    let asked: Arc<Mutex<usize>> = Arc::default();
+    let count = asked.clone();
+    let app = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { Json(json!({"data": [{"id": "mock-model"}]})) }),
+        )
+        .route(
+            "/v1/completions",
+            post(move |_body: Bytes| {
+                let count = count.clone();
+                async move {
+                    let k = {
+                        let mut c = count.lock().unwrap();
+                        *c += 1;
+                        *c
+                    };
+                    let token = |finish: Value| {
+                        let c = json!({"choices": [{"index": 0, "text": " w", "finish_reason": finish}]});
+                        Bytes::from(format!("data: {c}\n\n"))
+                    };
+                    let sse = [("content-type", "text/event-stream")];
+                    if k == 1 && !from_first {
+                        let whole = [token(Value::Null), token(json!("length"))].concat();
+                        return (sse, [&whole[..], b"data: [DONE]\n\n"].concat()).into_response();
+                    }
+                    match how {
+                        Misbehaviour::PlainJson => Json(json!({
+                            "choices": [{"index": 0, "text": " w w", "finish_reason": "length"}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 2}
+                        }))
+                        .into_response(),
+                        Misbehaviour::CutShort => (sse, token(Value::Null)).into_response(),
+                        Misbehaviour::Stalls => {
+                            let first = futures_util::stream::once(async move {
+                                Ok::<_, std::io::Error>(token(Value::Null))
+                            });
+                            let body = futures_util::StreamExt::chain(
+                                first,
+                                futures_util::stream::pending(),
+                            );
+                            (sse, axum::body::Body::from_stream(body)).into_response()
+                        }
+                    }
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), asked)
+}
+
+fn small_run(base: &str) -> BenchOptions {
+    let mut opts = BenchOptions::new(base, scenario());
+    opts.overrides = vec![
+        "workload.num_requests=3".into(),
+        "workload.warmup_requests=0".into(),
+        "workload.output_tokens=2".into(),
+        "workload.ignore_eos=false".into(),
+    ];
+    opts
+}
+
+/// A response without a streamed token, a stream cut short and one that stalls are failed
+/// requests, each saying why (before, the first two counted as successes with no TTFT or
+/// one token, and the third held the run for ever); a server that never streams is told
+/// at the test request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_without_tokens_cut_short_or_stalled_are_failures_that_say_why() {
+    let (base, _) = misbehaving(Misbehaviour::PlainJson, true).await;
+    let e = loadgen::run(&small_run(&base))
+        .await
+        .err()
+        .expect("refused");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("initial test request failed") && e.contains("streamed no token"),
+        "{e}"
+    );
+    for (how, why) in [
+        (Misbehaviour::PlainJson, "streamed no token"),
+        (Misbehaviour::CutShort, "cut short"),
+        (Misbehaviour::Stalls, "no end within --request-timeout 1 s"),
+    ] {
+        let (base, _) = misbehaving(how, false).await;
+        let mut opts = small_run(&base);
+        opts.request_timeout = std::time::Duration::from_secs(1);
+        let r = loadgen::run(&opts).await.unwrap();
+        assert_eq!((r.summary.completed, r.summary.failed), (0, 3), "{why}");
+        for rec in &r.records {
+            let e = rec.error.as_deref().unwrap_or_default();
+            assert!(e.contains(why), "{e}");
+        }
+    }
+}
+
+/// A run directory that cannot take the run is refused before any request is sent (before,
+/// after the whole run, its results lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_run_directory_is_refused_before_the_run() {
+    let (base, asked) = misbehaving(Misbehaviour::PlainJson, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+    let mut opts = small_run(&base);
+    opts.out = Some(dir.path().to_path_buf());
+    let e = format!("{:#}", loadgen::run(&opts).await.err().expect("refused"));
+    assert!(e.contains("not a run directory"), "{e}");
+    assert_eq!(*asked.lock().unwrap(), 0, "nothing was sent");
+}

@@ -292,6 +292,24 @@ impl RunDirWriter {
         }
     }
 
+    /// Writes a whole run at once into a directory claimed before it ran (so that a
+    /// directory that cannot take it is refused before the run, not after).
+    pub fn write_all(
+        mut self,
+        summary: &Summary,
+        records: &[RequestRecord],
+        timeseries: &[TimePoint],
+        info: &RunInfo,
+    ) -> Result<(), ReportError> {
+        for r in records {
+            self.request(r.clone());
+        }
+        for p in timeseries {
+            self.sample(*p);
+        }
+        self.finish(summary, info)
+    }
+
     /// Write the summary and run.json, flush the streamed files, and move them all into the
     /// run directory.
     pub fn finish(self, summary: &Summary, info: &RunInfo) -> Result<(), ReportError> {
@@ -415,14 +433,7 @@ pub fn write_run_files(
     timeseries: &[TimePoint],
     info: &RunInfo,
 ) -> Result<(), ReportError> {
-    let mut w = RunDirWriter::create(dir)?;
-    for r in records {
-        w.request(r.clone());
-    }
-    for p in timeseries {
-        w.sample(*p);
-    }
-    w.finish(summary, info)
+    RunDirWriter::create(dir)?.write_all(summary, records, timeseries, info)
 }
 
 #[cfg(test)]

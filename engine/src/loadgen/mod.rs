@@ -8,7 +8,7 @@
 pub mod probe;
 mod prom;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,6 +52,9 @@ pub struct BenchOptions {
     /// OpenAI's `logit_bias` (`{"token id": bias}`), sent with every request:
     /// [`whole_character_bias`] bans the tokens that are part of a character.
     pub logit_bias: Option<Value>,
+    /// How long one request may take, send to end (6 hours, as vLLM's benchmark allows):
+    /// a stream that stalls fails instead of holding the run for ever.
+    pub request_timeout: Duration,
 }
 
 impl BenchOptions {
@@ -69,6 +72,7 @@ impl BenchOptions {
             api_key: None,
             reset_prefix_cache: false,
             logit_bias: None,
+            request_timeout: Duration::from_secs(6 * 3600),
         }
     }
 
@@ -233,6 +237,13 @@ pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
 
 pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     let (scenario, gen) = load_workload(opts)?;
+    // The run directory is claimed first: one that cannot take the run is refused before
+    // any request is sent, not after the run.
+    let out = opts
+        .out
+        .as_deref()
+        .map(infer_reports::RunDirWriter::create)
+        .transpose()?;
     let target = Target::connect(opts).await?;
     if opts.reset_prefix_cache {
         let status = reset_prefix_cache(opts).await?;
@@ -326,8 +337,10 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         timeseries,
         server_counters,
     };
-    if let Some(dir) = &opts.out {
-        write_run(dir, &result, &format!("{} ({})", target.base, target.model))?;
+    if let Some(out) = out {
+        let backend = format!("{} ({})", target.base, target.model);
+        let info = RunInfo::new("engine", &result.scenario, backend);
+        out.write_all(&result.summary, &result.records, &result.timeseries, &info)?;
     }
     Ok(result)
 }
@@ -429,12 +442,6 @@ impl Load {
 
 /// Write the run's directory with the one writer of run directories, the simulator's too:
 /// both read back alike.
-pub fn write_run(dir: &Path, r: &BenchResult, backend: &str) -> Result<()> {
-    let info = RunInfo::new("engine", &r.scenario, backend.to_string());
-    infer_reports::write_run_files(dir, &r.summary, &r.records, &r.timeseries, &info)?;
-    Ok(())
-}
-
 fn progress_bar(n: usize, show: bool) -> indicatif::ProgressBar {
     if !show {
         return indicatif::ProgressBar::hidden();
@@ -460,6 +467,8 @@ struct Target {
     metrics: Vec<String>,
     /// Sent with every request (see [`BenchOptions::logit_bias`]).
     logit_bias: Option<Value>,
+    /// See [`BenchOptions::request_timeout`].
+    request_timeout: Duration,
 }
 
 /// The timelines of a run's requests and the records of those that ended.
@@ -491,6 +500,25 @@ impl Recorder<'_> {
 }
 
 impl Target {
+    /// A transport failure, with its causes (reqwest's own message alone says "error
+    /// sending request" or "error decoding response body", not that the connection was
+    /// reset or refused), or the timeout that ended it.
+    fn transport_error(&self, stage: &str, e: &reqwest::Error) -> String {
+        if e.is_timeout() {
+            return format!(
+                "{stage}: no end within --request-timeout {} s",
+                self.request_timeout.as_secs_f64()
+            );
+        }
+        let mut why = e.to_string();
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            why = format!("{why}: {c}");
+            cause = c.source();
+        }
+        format!("{stage}: {}", shortened(&why))
+    }
+
     async fn connect(opts: &BenchOptions) -> Result<Target> {
         let client = opts.http_client()?;
         let auth = opts.bearer()?;
@@ -518,6 +546,7 @@ impl Target {
                 .logit_bias
                 .clone()
                 .filter(|b| b.as_object().is_some_and(|m| !m.is_empty())),
+            request_timeout: opts.request_timeout,
         })
     }
 
@@ -590,6 +619,7 @@ impl Target {
         }
         let post = self.client.post(format!("{}/v1/completions", self.base));
         let resp = authorized(post, self.auth.as_ref())
+            .timeout(self.request_timeout)
             .json(&body)
             .send()
             .await;
@@ -597,7 +627,8 @@ impl Target {
             Ok(r) => r,
             Err(e) => {
                 let t = now();
-                rec.with(|r| r.fail(id, t, format!("connection: {e}")));
+                let why = self.transport_error("connection", &e);
+                rec.with(|r| r.fail(id, t, why));
                 return t;
             }
         };
@@ -605,46 +636,53 @@ impl Target {
             let status = resp.status();
             let text = resp.text().await.unwrap_or_default();
             let t = now();
-            rec.with(|r| r.fail(id, t, format!("HTTP {status}: {text}")));
+            rec.with(|r| r.fail(id, t, format!("HTTP {status}: {}", shortened(&text))));
             return t;
         }
         let mut stream = resp.bytes_stream();
-        let mut buf = Vec::new();
+        let mut events = SseEvents::default();
         let (mut chunks, mut usage, mut error) = (0usize, None::<Value>, None::<String>);
+        // How the stream ended: `[DONE]`, or a choice's finish_reason (a server that sends
+        // no `[DONE]`); neither, and it was cut short (a server that died mid-run).
+        let (mut done, mut finished) = (false, false);
         'read: while let Some(piece) = stream.next().await {
             let piece = match piece {
                 Ok(p) => p,
                 Err(e) => {
-                    error = Some(format!("stream: {e}"));
+                    error = Some(self.transport_error("stream", &e));
                     break;
                 }
             };
-            buf.extend_from_slice(&piece);
-            while let Some(pos) = find_event_end(&buf) {
-                let event: Vec<u8> = buf.drain(..pos).collect();
+            events.extend(&piece);
+            while let Some(event) = events.next_event() {
                 for line in String::from_utf8_lossy(&event).lines() {
                     let Some(data) = line.strip_prefix("data:").map(str::trim) else {
                         continue;
                     };
                     if data == "[DONE]" {
+                        done = true;
                         break 'read;
                     }
                     let Ok(v) = serde_json::from_str::<Value>(data) else {
-                        error = Some(format!("bad stream chunk: {data}"));
+                        error = Some(format!("bad stream chunk: {}", shortened(data)));
                         break 'read;
                     };
                     if let Some(e) = v.get("error") {
-                        error = Some(format!("server error: {e}"));
+                        error = Some(format!("server error: {}", shortened(&e.to_string())));
                         break 'read;
                     }
                     // Like vLLM's client: every chunk with choices is a token chunk.
-                    if v.get("choices")
+                    if let Some(choices) = v
+                        .get("choices")
                         .and_then(Value::as_array)
-                        .is_some_and(|c| !c.is_empty())
+                        .filter(|c| !c.is_empty())
                     {
                         chunks += 1;
                         let t = now();
                         rec.with(|r| r.metrics.chunk(id, t));
+                        finished |= choices
+                            .iter()
+                            .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()));
                     }
                     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                         usage = Some(u.clone());
@@ -653,6 +691,22 @@ impl Target {
             }
         }
         let t = now();
+        // As vLLM's client: a stream without a token has no TTFT and is a failure.
+        let error = error.or_else(|| {
+            (chunks == 0).then(|| {
+                "the server streamed no token (a server that ignores `stream: true` answers \
+                 one JSON body, which has no first-token time)"
+                    .to_string()
+            })
+        });
+        let error = error.or_else(|| {
+            (!done && !finished).then(|| {
+                format!(
+                    "the stream ended after {chunks} chunks with neither `[DONE]` nor a \
+                     finish_reason: cut short"
+                )
+            })
+        });
         if let Some(e) = error {
             rec.with(|r| r.fail(id, t, e));
             return t;
@@ -699,13 +753,53 @@ impl Target {
     }
 }
 
-/// The end of the first complete SSE event in `buf` (a blank line), if any.
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2);
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+/// A response's bytes cut into SSE events (each ends with a blank line). Each byte is
+/// looked at once, however the stream is split: an 8 MB event in 16 KB reads took 10 s to
+/// find when every read rescanned the buffer from its start.
+#[derive(Default)]
+struct SseEvents {
+    buf: Vec<u8>,
+    /// Bytes of `buf` already searched for an event's end.
+    scanned: usize,
+}
+
+impl SseEvents {
+    fn extend(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete event, without its blank line's end.
+    fn next_event(&mut self) -> Option<Vec<u8>> {
+        // A `\n\n` or `\r\n\r\n` may straddle what was scanned: look back three bytes.
+        let from = self.scanned.saturating_sub(3);
+        let end = self.buf[from..]
+            .windows(2)
+            .enumerate()
+            .find_map(|(i, w)| match w {
+                b"\n\n" => Some(from + i + 2),
+                b"\r\n" if self.buf[from + i + 2..].starts_with(b"\r\n") => Some(from + i + 4),
+                _ => None,
+            });
+        match end {
+            Some(end) => {
+                self.scanned = 0;
+                Some(self.buf.drain(..end).collect())
+            }
+            None => {
+                self.scanned = self.buf.len();
+                None
+            }
+        }
+    }
+}
+
+/// An error body or chunk as a failure records it: at most 200 characters (a server's
+/// HTML error page would fill the console and every row of requests.csv).
+fn shortened(text: &str) -> String {
+    const MAX: usize = 200;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], text.len()),
+        None => text.to_string(),
     }
 }
 
@@ -814,4 +908,57 @@ async fn scrape_loop(
         tokio::time::sleep(interval).await;
     }
     points
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events come out whole however the bytes are split, with `\n` or `\r\n` line ends,
+    /// and each byte is searched once (a 4 MB event in 4 KB reads).
+    #[test]
+    fn sse_events_are_cut_at_blank_lines_whatever_the_reads() {
+        let text = b"data: a\n\ndata: b\r\n\r\n: ping\n\ndata: c\n\n";
+        for step in 1..text.len() {
+            let mut ev = SseEvents::default();
+            let mut got = Vec::new();
+            for piece in text.chunks(step) {
+                ev.extend(piece);
+                while let Some(e) = ev.next_event() {
+                    got.push(String::from_utf8(e).unwrap());
+                }
+            }
+            assert_eq!(
+                got,
+                [
+                    "data: a\n\n",
+                    "data: b\r\n\r\n",
+                    ": ping\n\n",
+                    "data: c\n\n"
+                ],
+                "reads of {step}"
+            );
+        }
+        let mut ev = SseEvents::default();
+        let big = vec![b'x'; 4 << 20];
+        for piece in big.chunks(4096) {
+            ev.extend(piece);
+            assert!(ev.next_event().is_none());
+            assert_eq!(ev.scanned, ev.buf.len(), "searched up to the end, once");
+        }
+        ev.extend(b"\n\n");
+        assert_eq!(ev.next_event().map(|e| e.len()), Some((4 << 20) + 2));
+    }
+
+    #[test]
+    fn long_error_texts_are_shortened_to_200_characters() {
+        assert_eq!(shortened("boom"), "boom");
+        let page = format!("<html>{}</html>", "é".repeat(5000));
+        let s = shortened(&page);
+        assert!(s.starts_with("<html>é") && s.ends_with(&format!("… ({} bytes)", page.len())));
+        assert_eq!(
+            s.chars().count(),
+            200 + format!("… ({} bytes)", page.len()).chars().count()
+        );
+    }
 }
