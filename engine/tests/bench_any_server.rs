@@ -202,7 +202,13 @@ async fn misbehaving(how: Misbehaviour, from_first: bool) -> (String, Arc<Mutex<
                     };
                     let sse = [("content-type", "text/event-stream")];
                     if k == 1 && !from_first {
-                        let whole = [token(Value::Null), token(json!("length"))].concat();
+                        // The last chunk's JSON over two `data:` lines, as SSE allows.
+                        let last = json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]})
+                            .to_string();
+                        // (The lines are joined by a newline: split where JSON allows one.)
+                        let (a, b) = last.split_at(last.find('[').unwrap());
+                        let last = format!("data: {a}\ndata: {b}\n\n");
+                        let whole = [&token(Value::Null)[..], last.as_bytes()].concat();
                         return (sse, [&whole[..], b"data: [DONE]\n\n"].concat()).into_response();
                     }
                     match how {

@@ -655,10 +655,17 @@ impl Target {
             };
             events.extend(&piece);
             while let Some(event) = events.next_event() {
-                for line in String::from_utf8_lossy(&event).lines() {
-                    let Some(data) = line.strip_prefix("data:").map(str::trim) else {
-                        continue;
-                    };
+                // An event's data is its `data:` lines joined by newlines (the SSE rule;
+                // servers send one line an event, but may split a chunk over several).
+                let event = String::from_utf8_lossy(&event);
+                let data_lines: Vec<&str> = event
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                if !data_lines.is_empty() {
+                    let data = data_lines.join("\n");
+                    let data = data.trim();
                     if data == "[DONE]" {
                         done = true;
                         break 'read;
