@@ -217,7 +217,8 @@ async fn misbehaving(how: Misbehaviour, from_first: bool) -> (String, Arc<Mutex<
                             "usage": {"prompt_tokens": 3, "completion_tokens": 2}
                         }))
                         .into_response(),
-                        Misbehaviour::CutShort => (sse, token(Value::Null)).into_response(),
+                        // TGI's way: an empty finish_reason until the last chunk.
+                        Misbehaviour::CutShort => (sse, token(json!(""))).into_response(),
                         Misbehaviour::Stalls => {
                             let first = futures_util::stream::once(async move {
                                 Ok::<_, std::io::Error>(token(Value::Null))

@@ -1150,6 +1150,26 @@ async fn a_stop_string_or_token_is_named_as_the_stop_reason() {
     body["stream"] = json!(false);
     let (_, v) = post(&client, &url, body).await;
     assert_eq!(v["choices"][0]["stop_reason"], stop.as_str(), "{v}");
+    // A stop string that the last allowed token completes: cut there, and a stop.
+    // The shortest ending of the text that appears nowhere before its end.
+    let tail = text
+        .char_indices()
+        .rev()
+        .map(|(i, _)| &text[i..])
+        .find(|t| text.find(t) == Some(text.len() - t.len()))
+        .unwrap()
+        .to_string();
+    let body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "temperature": 0,
+                      "ignore_eos": true, "stop": [tail.clone()]});
+    let (_, v) = post(&client, &url, body).await;
+    assert_eq!(
+        format!("{}{tail}", v["choices"][0]["text"].as_str().unwrap()),
+        text,
+        "{tail:?} first completes with the twelfth token"
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["choices"][0]["stop_reason"], tail.as_str(), "{v}");
     server.stop().await;
 }
 

@@ -71,5 +71,6 @@ fn memory_stays_near_its_limit_while_requests_are_generated_and_replicas_built()
         e.contains("key `sim.max_memory_mib`") && e.contains("building replica"),
         "{e}"
     );
-    assert!(reached_mib(&e) <= limit + 32, "{e}");
+    // One pool (an eighth of the limit) past it at most.
+    assert!(reached_mib(&e) <= limit + limit / 8 + 8, "{e}");
 }

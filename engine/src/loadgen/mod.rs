@@ -687,9 +687,12 @@ impl Target {
                         chunks += 1;
                         let t = now();
                         rec.with(|r| r.metrics.chunk(id, t));
-                        finished |= choices
-                            .iter()
-                            .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()));
+                        // (TGI sends `"finish_reason": ""` until the last chunk.)
+                        finished |= choices.iter().any(|c| {
+                            c.get("finish_reason")
+                                .and_then(Value::as_str)
+                                .is_some_and(|f| !f.is_empty())
+                        });
                     }
                     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
                         usage = Some(u.clone());
@@ -775,7 +778,7 @@ impl SseEvents {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// The next complete event, without its blank line's end.
+    /// The next complete event, its blank line included.
     fn next_event(&mut self) -> Option<Vec<u8>> {
         // A `\n\n` or `\r\n\r\n` may straddle what was scanned: look back three bytes.
         let from = self.scanned.saturating_sub(3);

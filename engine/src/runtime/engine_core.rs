@@ -686,6 +686,14 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         if finish.is_some() {
             text.push_str(&live.output.finish(tokenizer).unwrap_or_default());
         }
+        // A stop string completed by the token that reached the length limit (or by the
+        // text held back until the end) cut the text: the request stopped on it (vLLM's
+        // reason too).
+        if let Some((reason @ FinishReason::Length, _)) = &mut finish {
+            if live.output.stopped() {
+                *reason = FinishReason::Stop;
+            }
+        }
         let (logprob, top_logprobs) = if live.want_logprobs {
             let lp = sampled
                 .logprob

@@ -423,8 +423,10 @@ impl ResponseMeta {
             Endpoint::Completions => {
                 let mut alternatives = serde_json::Map::new();
                 alternatives.insert(text(token), json!(logprob));
+                // An alternative that reads as the sampled token does (two byte tokens shown
+                // as "�") never hides the sampled token's logprob.
                 for &(t, l) in top.iter().filter(|&&(t, _)| t != token) {
-                    alternatives.insert(text(t), json!(l));
+                    alternatives.entry(text(t)).or_insert(json!(l));
                 }
                 json!({
                     "tokens": [text(token)], "token_logprobs": [logprob],

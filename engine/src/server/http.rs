@@ -236,7 +236,11 @@ async fn refuse(mut stream: TcpStream, why: &str) {
     // A lingering close: closing with the request unread would reset the connection, and
     // a reset discards the 503 before the client reads it (9 times in 10 for a client still
     // sending its body). So send FIN, then read and drop what the client still sends, until
-    // it closes, at most a body's worth or a second.
+    // it closes, at most a body's worth or a second. Only so many at once: a flood of
+    // connections must not hold the descriptors the limits keep (past it, close at once).
+    let Some(_lingering) = Lingering::enter() else {
+        return;
+    };
     let _ = stream.shutdown().await;
     let drain = async {
         let mut buf = [0u8; 8192];
@@ -249,6 +253,30 @@ async fn refuse(mut stream: TcpStream, why: &str) {
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
+/// One refused connection in its lingering close; at most [`Lingering::MAX`] at once.
+struct Lingering;
+
+static LINGERING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl Lingering {
+    const MAX: usize = 64;
+
+    fn enter() -> Option<Lingering> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if LINGERING.fetch_add(1, Relaxed) >= Self::MAX {
+            LINGERING.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(Lingering)
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        LINGERING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Raise the open-file soft limit to the hard limit (vLLM does the same): every
@@ -267,5 +295,20 @@ pub fn raise_fd_limit() {
                 libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_so_many_refused_connections_linger_at_once() {
+        let held: Vec<Lingering> = (0..Lingering::MAX)
+            .map(|_| Lingering::enter().expect("under the cap"))
+            .collect();
+        assert!(Lingering::enter().is_none(), "past the cap: closed at once");
+        drop(held);
+        assert!(Lingering::enter().is_some());
     }
 }
