@@ -238,7 +238,7 @@ async fn refuse(mut stream: TcpStream, why: &str) {
     // sending its body). So send FIN, then read and drop what the client still sends, until
     // it closes, at most a body's worth or a second. Only so many at once: a flood of
     // connections must not hold the descriptors the limits keep (past it, close at once).
-    let Some(_lingering) = Lingering::enter() else {
+    let Ok(_lingering) = LINGERING.try_acquire() else {
         return;
     };
     let _ = stream.shutdown().await;
@@ -255,29 +255,8 @@ async fn refuse(mut stream: TcpStream, why: &str) {
     let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
-/// One refused connection in its lingering close; at most [`Lingering::MAX`] at once.
-struct Lingering;
-
-static LINGERING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-impl Lingering {
-    const MAX: usize = 64;
-
-    fn enter() -> Option<Lingering> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if LINGERING.fetch_add(1, Relaxed) >= Self::MAX {
-            LINGERING.fetch_sub(1, Relaxed);
-            return None;
-        }
-        Some(Lingering)
-    }
-}
-
-impl Drop for Lingering {
-    fn drop(&mut self) {
-        LINGERING.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
+/// Refused connections in their lingering close: at most this many at once.
+static LINGERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(64);
 
 /// Raise the open-file soft limit to the hard limit (vLLM does the same): every
 /// connection is a descriptor.
@@ -304,11 +283,14 @@ mod tests {
 
     #[test]
     fn only_so_many_refused_connections_linger_at_once() {
-        let held: Vec<Lingering> = (0..Lingering::MAX)
-            .map(|_| Lingering::enter().expect("under the cap"))
+        let held: Vec<_> = (0..64)
+            .map(|_| LINGERING.try_acquire().expect("under the cap"))
             .collect();
-        assert!(Lingering::enter().is_none(), "past the cap: closed at once");
+        assert!(
+            LINGERING.try_acquire().is_err(),
+            "past the cap: closed at once"
+        );
         drop(held);
-        assert!(Lingering::enter().is_some());
+        assert!(LINGERING.try_acquire().is_ok());
     }
 }
