@@ -730,6 +730,13 @@ impl MetricsRecorder {
         Some(record)
     }
 
+    /// Forget request `id`, which neither completed nor failed: a run interrupted while it
+    /// was in flight. Its gaps so far stay in the ITL pool (they were measured); it has no
+    /// record. Whether it was live.
+    pub fn abandon(&mut self, id: u64) -> bool {
+        self.live.remove(&id).is_some()
+    }
+
     /// Request `id` failed at `t` (its ITL gaps, if any, stay in the pool as vLLM's do not;
     /// they are few and the alternative is keeping them per request).
     pub fn fail(&mut self, id: u64, t: f64, error: String) -> RequestRecord {

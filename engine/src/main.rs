@@ -765,9 +765,17 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .out
         .unwrap_or_else(|| infer_reports::default_run_dir(&format!("{name}-bench")));
     opts.out = Some(dir.clone());
-    let r = infer_engine::loadgen::run_blocking(&opts)?;
+    let r = infer_engine::loadgen::run_until_ctrl_c(&opts)?;
     print!("{}", r.render());
     println!("run directory: {}", dir.display());
+    if r.interrupted.is_some() {
+        // As a shell reports a command ended by SIGINT, for scripts that run benches in turn.
+        let _ = std::io::stdout().flush();
+        std::process::exit(130);
+    }
+    if r.summary.completed == 0 {
+        bail!("no request of the run completed (the failures above say why)");
+    }
     Ok(())
 }
 

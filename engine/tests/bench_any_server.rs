@@ -62,7 +62,12 @@ fn completion(v: &Value) -> Response {
         .keys()
         .find(|k| !known.contains(&k.as_str()))
     {
-        let detail = format!("Unexpected fields: {k}");
+        // Long, as pydantic's are: the field's name falls past the 200 characters of the
+        // error a failed request keeps.
+        let detail = format!(
+            "{}Unexpected fields: {k}",
+            "The body was refused. ".repeat(10)
+        );
         return (
             StatusCode::UNPROCESSABLE_ENTITY,
             Json(json!({ "detail": detail })),
@@ -115,7 +120,8 @@ async fn a_server_that_refuses_ignore_eos_is_benched_without_it_or_told_clearly(
         .to_string();
     assert!(
         e.contains("initial test request failed")
-            && e.contains("Unexpected fields: ignore_eos")
+            && e.contains("HTTP 422")
+            && !e.contains("Unexpected fields: ignore_eos")
             && e.contains("--set workload.ignore_eos=false"),
         "{e}"
     );
@@ -176,9 +182,10 @@ enum Misbehaviour {
     Stalls,
 }
 
-/// A server that answers its first completion properly and the others with `how`; with
-/// `from_first`, the first too. Returns its URL and the number of completions asked.
-async fn misbehaving(how: Misbehaviour, from_first: bool) -> (String, Arc<Mutex<usize>>) {
+/// A server that answers its first `proper` completions properly (the first of a run is
+/// its test request) and the others with `how`. Returns its URL and the number of
+/// completions asked.
+async fn misbehaving(how: Misbehaviour, proper: usize) -> (String, Arc<Mutex<usize>>) {
     let asked: Arc<Mutex<usize>> = Arc::default();
     let count = asked.clone();
     let app = Router::new()
@@ -201,7 +208,7 @@ async fn misbehaving(how: Misbehaviour, from_first: bool) -> (String, Arc<Mutex<
                         Bytes::from(format!("data: {c}\n\n"))
                     };
                     let sse = [("content-type", "text/event-stream")];
-                    if k == 1 && !from_first {
+                    if k <= proper {
                         // The last chunk's JSON over two `data:` lines, as SSE allows.
                         let last = json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]})
                             .to_string();
@@ -256,7 +263,7 @@ fn small_run(base: &str) -> BenchOptions {
 /// at the test request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_without_tokens_cut_short_or_stalled_are_failures_that_say_why() {
-    let (base, _) = misbehaving(Misbehaviour::PlainJson, true).await;
+    let (base, _) = misbehaving(Misbehaviour::PlainJson, 0).await;
     let e = loadgen::run(&small_run(&base))
         .await
         .err()
@@ -271,7 +278,7 @@ async fn streams_without_tokens_cut_short_or_stalled_are_failures_that_say_why()
         (Misbehaviour::CutShort, "cut short"),
         (Misbehaviour::Stalls, "no end within --request-timeout 1 s"),
     ] {
-        let (base, _) = misbehaving(how, false).await;
+        let (base, _) = misbehaving(how, 1).await;
         let mut opts = small_run(&base);
         opts.request_timeout = std::time::Duration::from_secs(1);
         let r = loadgen::run(&opts).await.unwrap();
@@ -287,7 +294,7 @@ async fn streams_without_tokens_cut_short_or_stalled_are_failures_that_say_why()
 /// after the whole run, its results lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unusable_run_directory_is_refused_before_the_run() {
-    let (base, asked) = misbehaving(Misbehaviour::PlainJson, false).await;
+    let (base, asked) = misbehaving(Misbehaviour::PlainJson, 1).await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
     let mut opts = small_run(&base);
@@ -295,4 +302,128 @@ async fn an_unusable_run_directory_is_refused_before_the_run() {
     let e = format!("{:#}", loadgen::run(&opts).await.err().expect("refused"));
     assert!(e.contains("not a run directory"), "{e}");
     assert_eq!(*asked.lock().unwrap(), 0, "nothing was sent");
+}
+
+/// An interrupted run (Ctrl-C) ends at once with what it measured: no request is sent after
+/// it, the one in flight is abandoned without a record, and the result and the run
+/// directory say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_run_reports_the_requests_that_ended() {
+    // The test request and the first measured one are answered; the second stalls.
+    let (base, asked) = misbehaving(Misbehaviour::Stalls, 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = small_run(&base);
+    opts.out = Some(dir.path().join("run"));
+    let stop = tokio_util::sync::CancellationToken::new();
+    opts.interrupt = Some(stop.clone());
+    let run = tokio::spawn(async move { loadgen::run(&opts).await });
+    while *asked.lock().unwrap() < 3 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    let r = tokio::time::timeout(std::time::Duration::from_secs(10), run)
+        .await
+        .expect("the run ends soon after the interruption")
+        .unwrap()
+        .unwrap();
+    let i = r.interrupted.expect("interrupted");
+    assert_eq!((i.sent, i.of, i.cut_off), (2, 3, 1), "{i:?}");
+    assert_eq!((r.summary.completed, r.summary.failed), (1, 0));
+    assert_eq!(r.records.len(), 1);
+    assert_eq!(r.summary.total_output_tokens, 2);
+    assert_eq!(
+        *asked.lock().unwrap(),
+        3,
+        "nothing sent after the interruption"
+    );
+    assert!(r.render().contains("interrupted at"), "{}", r.render());
+    let info = std::fs::read_to_string(dir.path().join("run/run.json")).unwrap();
+    assert!(
+        info.contains("2 of 3 requests sent, 1 in flight abandoned"),
+        "{info}"
+    );
+
+    // Before the measured run began there is nothing to report.
+    let stop = tokio_util::sync::CancellationToken::new();
+    stop.cancel();
+    let mut opts = small_run(&base);
+    opts.interrupt = Some(stop);
+    let e = format!("{:#}", loadgen::run(&opts).await.err().expect("refused"));
+    assert!(
+        e.contains("interrupted before the measured run began"),
+        "{e}"
+    );
+}
+
+/// `engine bench` as a user runs it: Ctrl-C (SIGINT) prints the summary of what ended and
+/// exits 130, as a shell reports an interrupted command; a run in which no request
+/// completed exits 1 after writing its failures.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_bench_exits_130_on_ctrl_c_and_1_when_nothing_completed() {
+    let bench = |base: &str, out: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+            .args([
+                "bench",
+                "--server",
+                base,
+                "--scenario",
+                &scenario(),
+                "--out",
+            ])
+            .arg(out)
+            .args([
+                "--set",
+                "workload.num_requests=3",
+                "--set",
+                "workload.warmup_requests=0",
+            ])
+            .args([
+                "--set",
+                "workload.output_tokens=2",
+                "--set",
+                "workload.ignore_eos=false",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+
+    let (base, asked) = misbehaving(Misbehaviour::Stalls, 2).await;
+    let child = bench(&base, &dir.path().join("stalled"));
+    while *asked.lock().unwrap() < 3 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{stdout}");
+    assert!(
+        stdout.contains("interrupted at") && stdout.contains("run directory"),
+        "{stdout}"
+    );
+    assert!(dir.path().join("stalled/summary.json").is_file());
+
+    let (base, _) = misbehaving(Misbehaviour::CutShort, 1).await;
+    let out = bench(&base, &dir.path().join("failed"))
+        .wait_with_output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no request of the run completed"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("failed: 3 of 3 requests"));
+    assert!(dir.path().join("failed/requests.csv").is_file());
 }

@@ -55,6 +55,10 @@ pub struct BenchOptions {
     /// How long one request may take, send to end (6 hours, as vLLM's benchmark allows):
     /// a stream that stalls fails instead of holding the run for ever.
     pub request_timeout: Duration,
+    /// Ends the run early when cancelled (Ctrl-C in `engine bench`): no request is sent
+    /// after it, those in flight are abandoned, and the result says so
+    /// ([`BenchResult::interrupted`]) over the requests that ended.
+    pub interrupt: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl BenchOptions {
@@ -73,6 +77,7 @@ impl BenchOptions {
             reset_prefix_cache: false,
             logit_bias: None,
             request_timeout: Duration::from_secs(6 * 3600),
+            interrupt: None,
         }
     }
 
@@ -159,9 +164,37 @@ pub struct BenchResult {
     pub timeseries: Vec<TimePoint>,
     /// `None` when the server has no `/metrics`.
     pub server_counters: Option<ServerCounters>,
+    /// Set when the run was ended early ([`BenchOptions::interrupt`]).
+    pub interrupted: Option<Interruption>,
 }
 
-/// Run a benchmark on a fresh Tokio runtime.
+/// A run ended early: its figures are over the requests that ended before it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Interruption {
+    /// When, seconds from the run's start.
+    pub at: f64,
+    /// Requests sent before it, of `of`.
+    pub sent: usize,
+    pub of: usize,
+    /// Requests in flight then, abandoned: neither completed nor failed, they have no
+    /// record (their inter-token gaps so far stay in the ITL figures).
+    pub cut_off: usize,
+}
+
+impl Interruption {
+    /// What the run directory's warnings and `engine bench` say of it. The figures lean
+    /// short: the requests cut off are the ones that had run longest, and the throughput
+    /// counts none of their tokens.
+    pub fn describe(&self) -> String {
+        format!(
+            "interrupted at {:.1} s: {} of {} requests sent, {} in flight abandoned; the \
+             figures are over the requests that ended (they leave out the longest-running \
+             ones, and the throughput counts none of the abandoned requests' tokens)",
+            self.at, self.sent, self.of, self.cut_off
+        )
+    }
+}
+
 impl BenchResult {
     /// What `engine bench` prints: the summary, the server's own counters where it has
     /// them, and the most frequent errors of failed requests.
@@ -179,6 +212,10 @@ impl BenchResult {
         }
         for line in failure_lines(&self.records) {
             s.push_str(&line);
+            s.push('\n');
+        }
+        if let Some(i) = &self.interrupted {
+            s.push_str(&i.describe());
             s.push('\n');
         }
         s
@@ -228,11 +265,27 @@ pub fn prompt_tokenizer(
     crate::runtime::tokenizer::TextTokenizer::from_dir(dir)
 }
 
-pub fn run_blocking(opts: &BenchOptions) -> Result<BenchResult> {
+/// Run a benchmark on a fresh Tokio runtime, as `engine bench` does: the first Ctrl-C ends
+/// the run with what it measured (vLLM's benchmark loses the run), a second quits at once.
+pub fn run_until_ctrl_c(opts: &BenchOptions) -> Result<BenchResult> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run(opts))
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut opts = opts.clone();
+    opts.interrupt = Some(stop.clone());
+    rt.spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!(
+                "\ninterrupted: ending the run with what it measured (Ctrl-C again to quit now)"
+            );
+            stop.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
+        }
+    });
+    rt.block_on(run(&opts))
 }
 
 pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
@@ -244,33 +297,11 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         .as_deref()
         .map(infer_reports::RunDirWriter::create)
         .transpose()?;
-    let target = Target::connect(opts).await?;
-    if opts.reset_prefix_cache {
-        let status = reset_prefix_cache(opts).await?;
-        if !status.is_success() {
-            bail!(
-                "{}/reset_prefix_cache answered HTTP {status}: the prefix cache could not be \
-                 emptied (409: requests still hold cached blocks; 404: the server has no such \
-                 endpoint — leave out --reset-prefix-cache)",
-                target.base
-            );
-        }
-    }
-    let structured = scenario
-        .workload
-        .structured_output
-        .is_some_and(|s| s.fraction > 0.0);
-    target
-        .check(scenario.workload.ignore_eos, structured)
-        .await?;
-    // Warm-up, one at a time, not counted.
-    for i in 0..scenario.workload.warmup_requests {
-        let mut scratch = Timelines::default();
-        let mut rec = Recorder::Local(&mut scratch);
-        target
-            .send(&gen.warmup_request(i), u64::MAX, &mut rec, Instant::now())
-            .await;
-    }
+    let stop = opts.interrupt.clone().unwrap_or_default();
+    let target = tokio::select! {
+        target = prepare(opts, &scenario, &gen) => target?,
+        _ = stop.cancelled() => bail!("interrupted before the measured run began: nothing measured"),
+    };
 
     let arrivals = gen.arrivals(&scenario.arrival);
     let times: Option<Vec<f64>> = arrivals.times.map(Iterator::collect);
@@ -300,8 +331,11 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         recorder: recorder.clone(),
         bar: bar.clone(),
         start,
+        stop,
+        sent: AtomicUsize::new(0),
+        cut_off: AtomicUsize::new(0),
     };
-    let duration = load.drive(times, arrivals.max_concurrency).await?;
+    let (duration, interrupted) = load.drive(times, arrivals.max_concurrency).await?;
     bar.finish_and_clear();
     done.store(true, Ordering::SeqCst);
     let timeseries = scraper.await?;
@@ -336,13 +370,53 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         records,
         timeseries,
         server_counters,
+        interrupted,
     };
     if let Some(out) = out {
         let backend = format!("{} ({})", target.base, target.model);
-        let info = RunInfo::new("engine", &result.scenario, backend);
+        let mut info = RunInfo::new("engine", &result.scenario, backend);
+        info.warnings
+            .extend(result.interrupted.map(|i| i.describe()));
         out.write_all(&result.summary, &result.records, &result.timeseries, &info)?;
     }
     Ok(result)
+}
+
+/// Everything before the measured run: the server found, its prefix cache emptied if asked,
+/// the test request and the warm-up requests.
+async fn prepare(
+    opts: &BenchOptions,
+    scenario: &Scenario,
+    gen: &WorkloadGenerator,
+) -> Result<Target> {
+    let target = Target::connect(opts).await?;
+    if opts.reset_prefix_cache {
+        let status = reset_prefix_cache(opts).await?;
+        if !status.is_success() {
+            bail!(
+                "{}/reset_prefix_cache answered HTTP {status}: the prefix cache could not be \
+                 emptied (409: requests still hold cached blocks; 404: the server has no such \
+                 endpoint — leave out --reset-prefix-cache)",
+                target.base
+            );
+        }
+    }
+    let structured = scenario
+        .workload
+        .structured_output
+        .is_some_and(|s| s.fraction > 0.0);
+    target
+        .check(scenario.workload.ignore_eos, structured)
+        .await?;
+    // Warm-up, one at a time, not counted.
+    for i in 0..scenario.workload.warmup_requests {
+        let mut scratch = Timelines::default();
+        let mut rec = Recorder::Local(&mut scratch);
+        target
+            .send(&gen.warmup_request(i), u64::MAX, &mut rec, Instant::now())
+            .await;
+    }
+    Ok(target)
 }
 
 /// The scenario (with its overrides) and the generator of its requests, cut with the
@@ -370,14 +444,24 @@ struct Load {
     recorder: Arc<Mutex<Timelines>>,
     bar: indicatif::ProgressBar,
     start: Instant,
+    /// Cancelled to end the run early (see [`BenchOptions::interrupt`]).
+    stop: tokio_util::sync::CancellationToken,
+    /// Requests sent so far, and those abandoned in flight when `stop` came.
+    sent: AtomicUsize,
+    cut_off: AtomicUsize,
 }
 
 impl Load {
     /// Sends every request — at its arrival time (`times`, at most `max_concurrency` in
     /// flight), or, without times, from `max_concurrency` closed-loop clients, each sending
-    /// its next request when its previous one ends. Returns when the last one ended
-    /// (seconds since the start).
-    async fn drive(self, times: Option<Vec<f64>>, max_concurrency: Option<usize>) -> Result<f64> {
+    /// its next request when its previous one ends — until all are sent or `stop` comes.
+    /// Returns when the last one ended (seconds since the start), and the interruption if
+    /// `stop` came.
+    async fn drive(
+        self,
+        times: Option<Vec<f64>>,
+        max_concurrency: Option<usize>,
+    ) -> Result<(f64, Option<Interruption>)> {
         let n = self.requests.len();
         let load = Arc::new(self);
         let last_end = Arc::new(Mutex::new(0.0f64));
@@ -386,14 +470,27 @@ impl Load {
             move |i: usize| {
                 let (load, last_end) = (load.clone(), last_end.clone());
                 async move {
+                    load.sent.fetch_add(1, Ordering::SeqCst);
                     let mut rec = Recorder::Shared(&load.recorder);
-                    let end = load
-                        .target
-                        .send(&load.requests[i], i as u64, &mut rec, load.start)
-                        .await;
-                    let mut l = last_end.lock().unwrap();
-                    *l = l.max(end);
-                    load.bar.inc(1);
+                    // Biased: the request is sent (and its start recorded) before `stop` is
+                    // looked at, and one that ended is recorded, not abandoned.
+                    let end = tokio::select! {
+                        biased;
+                        end = load.target.send(&load.requests[i], i as u64, &mut rec, load.start) => Some(end),
+                        _ = load.stop.cancelled() => None,
+                    };
+                    match end {
+                        Some(end) => {
+                            let mut l = last_end.lock().unwrap();
+                            *l = l.max(end);
+                            load.bar.inc(1);
+                        }
+                        None => {
+                            if rec.with(|r| r.metrics.abandon(i as u64)) {
+                                load.cut_off.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    }
                 }
             }
         };
@@ -403,9 +500,15 @@ impl Load {
                 let sem = max_concurrency.map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
                 for (i, &t) in times.iter().enumerate().take(n) {
                     let at = load.start + Duration::from_secs_f64(t);
-                    tokio::time::sleep_until(at.into()).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                        _ = load.stop.cancelled() => break,
+                    }
                     let permit = match &sem {
-                        Some(s) => Some(s.clone().acquire_owned().await?),
+                        Some(s) => tokio::select! {
+                            permit = s.clone().acquire_owned() => Some(permit?),
+                            _ = load.stop.cancelled() => break,
+                        },
                         None => None,
                     };
                     let fut = run_one(i);
@@ -419,9 +522,9 @@ impl Load {
                 let next = Arc::new(AtomicUsize::new(0));
                 let clients = max_concurrency.unwrap_or(1).min(n.max(1));
                 for _ in 0..clients {
-                    let (next, run_one) = (next.clone(), run_one.clone());
+                    let (next, run_one, load) = (next.clone(), run_one.clone(), load.clone());
                     tasks.push(tokio::spawn(async move {
-                        loop {
+                        while !load.stop.is_cancelled() {
                             let i = next.fetch_add(1, Ordering::SeqCst);
                             if i >= n {
                                 break;
@@ -436,7 +539,18 @@ impl Load {
             t.await?;
         }
         let end = *last_end.lock().unwrap();
-        Ok(end)
+        let (sent, cut_off) = (
+            load.sent.load(Ordering::SeqCst),
+            load.cut_off.load(Ordering::SeqCst),
+        );
+        // (A stop that came after the last request ended took nothing from the run.)
+        let interrupted = (sent < n || cut_off > 0).then(|| Interruption {
+            at: load.start.elapsed().as_secs_f64(),
+            sent,
+            of: n,
+            cut_off,
+        });
+        Ok((end, interrupted))
     }
 }
 
@@ -552,25 +666,17 @@ impl Target {
 
     /// One test request first, as vLLM's benchmark sends: a server that refuses what we
     /// send (a field it does not know, a model name) is reported once, clearly, instead of
-    /// failing every request of the run. It is short (it fills no KV block, so it leaves no
-    /// prefix in the server's cache that a simulation of the scenario would not have).
+    /// failing every request of the run.
     async fn check(&self, ignore_eos: bool, structured: bool) -> Result<()> {
-        let mut probe = Timelines::default();
-        let first = GeneratedRequest {
-            index: usize::MAX,
-            warmup: true,
-            prompt: "Hello".into(),
-            prompt_ids: Vec::new(),
-            max_tokens: 2,
-            ignore_eos,
-            group: None,
-            turn: None,
-            structured,
-        };
-        self.send(&first, 0, &mut Recorder::Local(&mut probe), Instant::now())
-            .await;
-        if let Some(e) = probe.records.first().and_then(|r| r.error.as_ref()) {
-            let hint = if ignore_eos && e.contains("ignore_eos") {
+        if let Some(e) = self.test_request(ignore_eos, structured).await {
+            // Whether `ignore_eos` is what the server refuses: its error names it, or (the
+            // name may fall past the 200 characters kept, or be in no message at all) the
+            // same request without it goes through.
+            let refuses_ignore_eos = ignore_eos
+                && (e.contains("ignore_eos")
+                    || (e.starts_with("HTTP 4")
+                        && self.test_request(false, structured).await.is_none()));
+            let hint = if refuses_ignore_eos {
                 " (the scenario asks for ignore_eos, which this server does not take: \
                  --set workload.ignore_eos=false)"
                     .to_string()
@@ -582,6 +688,31 @@ impl Target {
             bail!("{}: the initial test request failed{hint}: {e}", self.base);
         }
         Ok(())
+    }
+
+    /// A short request (it fills no KV block, so it leaves no prefix in the server's cache
+    /// that a simulation of the scenario would not have): why it failed, or `None`.
+    async fn test_request(&self, ignore_eos: bool, structured: bool) -> Option<String> {
+        let mut probe = Timelines::default();
+        let request = GeneratedRequest {
+            index: usize::MAX,
+            warmup: true,
+            prompt: "Hello".into(),
+            prompt_ids: Vec::new(),
+            max_tokens: 2,
+            ignore_eos,
+            group: None,
+            turn: None,
+            structured,
+        };
+        self.send(
+            &request,
+            0,
+            &mut Recorder::Local(&mut probe),
+            Instant::now(),
+        )
+        .await;
+        probe.records.into_iter().next().and_then(|r| r.error)
     }
 
     /// Send one streaming completion and record its timeline. Returns when it ended
