@@ -58,7 +58,7 @@ pub fn runs_table(runs: &[&Run], labels: &[String]) -> Table {
 
 /// Per run, the fields too long for a table cell: its directory and its backend in full
 /// (the cost model with every coefficient and the calibration's provenance, or the
-/// engine's device and model), as a Markdown list.
+/// engine's device and model), and its warnings, as a Markdown list.
 pub fn run_details(runs: &[&Run], labels: &[String]) -> String {
     let mut s = String::new();
     for (r, label) in runs.iter().zip(labels) {
@@ -67,6 +67,11 @@ pub fn run_details(runs: &[&Run], labels: &[String]) -> String {
             s += &format!("; backend: {}", i.backend);
         }
         s += "\n";
+        // What the run said of itself: a prediction's fragility, a measurement cut short
+        // (an interrupted `engine bench`). A table of its figures does not show it.
+        for w in r.info.iter().flat_map(|i| &i.warnings) {
+            s += &format!("  - ⚠ {w}\n");
+        }
     }
     s
 }

@@ -347,3 +347,30 @@ fn predicted_vs_measured_table_and_charts() {
         assert!(md.contains(&format!("charts/{name}.png")));
     }
 }
+
+/// A run's warnings (a prediction's fragility, an interrupted measurement) are in the
+/// report beside its details: its figures alone would not show them.
+#[test]
+fn a_runs_warnings_are_in_the_report() {
+    let dir = out_dir("warned_run");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture("cp_p7")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let info = dir.join("run.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&info).unwrap()).unwrap();
+    v["warnings"] = serde_json::json!(["interrupted at 8.9 s: 32 of 40 requests sent"]);
+    std::fs::write(&info, v.to_string()).unwrap();
+
+    let out = out_dir("warned_report");
+    let report = write_report(&[fixture("cp_p6"), dir.clone()], None, &out).unwrap();
+    let md = std::fs::read_to_string(&report.path).unwrap();
+    let details = &md[md.find("### Run details").unwrap()..];
+    assert!(
+        details.contains("  - ⚠ interrupted at 8.9 s: 32 of 40 requests sent\n"),
+        "{details}"
+    );
+    assert_eq!(details.matches('⚠').count(), 1, "{details}");
+}
