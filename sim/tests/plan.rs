@@ -247,3 +247,42 @@ fn a_plan_names_the_warnings_of_its_configurations() {
     assert!(md.contains("the cost model extrapolates there"), "{md}");
     std::fs::remove_dir_all(out).unwrap();
 }
+
+/// A replica of a tensor-parallel model takes its degree in GPUs: the catalog's 70B (tp 4)
+/// on 2 replicas is 8 GPUs, and its goodput per GPU a quarter of one replica's (before, a
+/// plan counted one GPU a replica and ranked a 70B above an 8B on per-GPU figures 4x too
+/// high).
+#[test]
+fn a_tensor_parallel_replica_counts_its_gpus() {
+    let file = common::path("chunked_prefill");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let overrides = vec![
+        "server.hardware=\"h100-80gb\"".to_string(),
+        "workload.num_requests=16".to_string(),
+        "cluster.replicas=2".to_string(),
+        "cluster.router=\"round-robin\"".to_string(),
+    ];
+    let base = Base {
+        file: &file,
+        text: &text,
+        overrides: &overrides,
+    };
+    let mut spec = spec(2000.0, 100.0);
+    spec.capacity = false;
+    let gpus = |model: &str| {
+        let c = Configuration {
+            name: model.into(),
+            config: String::new(),
+            assignment: Vec::new(),
+            settings: vec![format!("server.model=\"{model}\"")],
+        };
+        let e = plan::evaluate(&base, &spec, &c).unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert!(
+            (e.goodput_per_gpu() * e.figures.gpus as f64 - e.figures.goodput).abs() < 1e-9,
+            "{model}"
+        );
+        e.figures.gpus
+    };
+    assert_eq!(gpus("llama-3.1-70b"), 8);
+    assert_eq!(gpus("llama-3.1-8b"), 2);
+}

@@ -7,7 +7,8 @@
 //! scenario's workload. Each is simulated (in parallel, as `sim sweep` does) and given:
 //!
 //! * goodput: requests per second within every objective (vLLM's `request_goodput`), SLO
-//!   attainment (the fraction of requests within them) and cost (GPUs: one per replica);
+//!   attainment (the fraction of requests within them) and cost (GPUs: replicas × the
+//!   model's tensor-parallel degree);
 //! * with `--capacity`, its capacity: the highest arrival rate of the same arrival process
 //!   at which the attainment still reaches the target over at least `sustained_requests`
 //!   requests (1,000 by default), found by bracketing the rate;
@@ -289,6 +290,7 @@ pub struct Configuration {
 /// A configuration's figures at the scenario's rate (latencies in ms).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Figures {
+    /// Replicas × the model's tensor-parallel degree.
     pub gpus: usize,
     pub goodput: f64,
     pub attainment: f64,
@@ -301,10 +303,10 @@ pub struct Figures {
 }
 
 impl Figures {
-    fn of(s: &Summary, st: &RunStats) -> Figures {
+    fn of(s: &Summary, st: &RunStats, gpus_per_replica: usize) -> Figures {
         let g = s.goodput.unwrap_or_default();
         Figures {
-            gpus: st.replicas.max(1),
+            gpus: st.replicas.max(1) * gpus_per_replica,
             goodput: g.request_goodput,
             attainment: g.slo_attainment,
             output_throughput: s.output_throughput,
@@ -342,6 +344,8 @@ pub struct Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evaluated {
     pub figures: Figures,
+    /// The model's tensor-parallel degree: the GPUs of one replica.
+    pub gpus_per_replica: usize,
     pub capacity: Option<Capacity>,
     /// Fewest replicas holding the target rate (`Some(None)`: not within the maximum).
     pub replicas_for_target: Option<Option<usize>>,
@@ -360,6 +364,13 @@ impl Evaluated {
 
     pub fn goodput_per_gpu(&self) -> f64 {
         self.figures.goodput / self.figures.gpus as f64
+    }
+
+    /// The GPUs of the fewest replicas holding the target rate, when some do.
+    pub fn gpus_for_target(&self) -> Option<usize> {
+        self.replicas_for_target
+            .flatten()
+            .map(|r| r * self.gpus_per_replica)
     }
 }
 
@@ -381,7 +392,9 @@ pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evalu
     let scenario = Scenario::parse(base.file, base.text, &base.overrides(&c.settings))?;
     let setup = crate::setup::prepare(base.file, scenario)?;
     let run = crate::simulate::run(&setup)?;
-    let figures = Figures::of(&run.summary, &run.stats);
+    // A replica of a tensor-parallel model takes its degree in GPUs (the catalog's 70B: 4).
+    let gpus_per_replica = setup.model.tp.max(1);
+    let figures = Figures::of(&run.summary, &run.stats, gpus_per_replica);
     // The searches' runs: at least `sustained_requests` of the workload (a trace's rows as
     // they are).
     let w = &setup.scenario.workload;
@@ -417,6 +430,7 @@ pub fn evaluate(base: &Base, spec: &PlanSpec, c: &Configuration) -> Result<Evalu
     };
     Ok(Evaluated {
         figures,
+        gpus_per_replica,
         capacity,
         replicas_for_target,
         warnings: setup.warnings,
@@ -569,9 +583,8 @@ impl Plan {
 /// The figure a configuration is ranked by (higher is better), `None` when it cannot be
 /// chosen (a failed simulation, the SLO missed, the target rate not held).
 fn merit(spec: &PlanSpec, e: &Evaluated) -> Option<f64> {
-    if let Some(r) = e.replicas_for_target {
-        // A replica is one GPU.
-        return r.map(|n| -(n as f64));
+    if e.replicas_for_target.is_some() {
+        return e.gpus_for_target().map(|n| -(n as f64));
     }
     if let Some(c) = e.capacity_per_gpu() {
         return (c > 0.0).then_some(c);
@@ -809,6 +822,7 @@ mod tests {
                     tpot_p99_ms: 20.0,
                     e2el_p99_ms: 0.0,
                 },
+                gpus_per_replica: 1,
                 capacity: None,
                 replicas_for_target: None,
                 warnings: Vec::new(),

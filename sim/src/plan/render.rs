@@ -229,25 +229,26 @@ pub fn answer(plan: &Plan) -> String {
         Some(i) => {
             let o = &plan.outcomes[i];
             let e = o.result.as_ref().expect("the best ran");
-            let why = if let Some(Some(r)) = e.replicas_for_target {
-                format!(
-                    "holds {} req/s on {r} GPU(s), the fewest",
-                    spec.target_rate.unwrap_or_default(),
-                )
-            } else if let Some(c) = e.capacity {
-                format!(
-                    "capacity {}{:.2} req/s on {} GPU(s), the most per GPU",
-                    if c.bounded { "" } else { "≥ " },
-                    c.rate,
-                    e.figures.gpus
-                )
-            } else {
-                format!(
-                    "goodput {:.3} req/s per GPU, attainment {:.1}%, the most goodput per GPU",
-                    e.goodput_per_gpu(),
-                    e.figures.attainment * 100.0
-                )
-            };
+            let why =
+                if let (Some(Some(r)), Some(gpus)) = (e.replicas_for_target, e.gpus_for_target()) {
+                    format!(
+                        "holds {} req/s on {r} replica(s), {gpus} GPU(s), the fewest GPUs",
+                        spec.target_rate.unwrap_or_default(),
+                    )
+                } else if let Some(c) = e.capacity {
+                    format!(
+                        "capacity {}{:.2} req/s on {} GPU(s), the most per GPU",
+                        if c.bounded { "" } else { "≥ " },
+                        c.rate,
+                        e.figures.gpus
+                    )
+                } else {
+                    format!(
+                        "goodput {:.3} req/s per GPU, attainment {:.1}%, the most goodput per GPU",
+                        e.goodput_per_gpu(),
+                        e.figures.attainment * 100.0
+                    )
+                };
             let _ = writeln!(s, "best: {} ({why})", o.configuration.name);
             if !o.configuration.settings.is_empty() {
                 let _ = writeln!(s, "  settings: {}", o.configuration.settings.join(" "));
