@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::markdown::Table;
-use crate::metric::{change_pct, format_pct, Metric, LOG_ROWS};
+use crate::metric::{change_pct, format_pct, Metric, BASELINE_ROWS, LOG_ROWS};
 use crate::run::Run;
 
 /// One metric of a baseline and a candidate run.
@@ -104,9 +104,9 @@ pub fn against_baseline(
     let mut t = Table::new(header);
     let deltas: Vec<Vec<Delta>> = candidates
         .iter()
-        .map(|(_, c)| compare(base, c, &LOG_ROWS))
+        .map(|(_, c)| compare(base, c, &BASELINE_ROWS))
         .collect();
-    for (i, m) in LOG_ROWS.iter().enumerate() {
+    for (i, m) in BASELINE_ROWS.iter().enumerate() {
         t.row(std::iter::once(m.name.to_string()).chain(deltas.iter().map(|d| d[i].cell())));
     }
     let regressions = candidates
@@ -157,34 +157,49 @@ impl PhaseComparison {
     }
 }
 
-/// For each scenario and model, runs ordered by phase; every step to the next phase present
-/// becomes a column of that (scenario, from, to) table. Runs of one phase that differ in
-/// other knobs are not steps and are left to `--baseline` comparisons.
+/// For each scenario and setting, runs ordered by phase; every step to the next phase
+/// present becomes a column of that (scenario, from, to) table. A step's two runs share
+/// everything but the techniques that make the phases ([`apart_from_phase`]): runs of two
+/// phases on other hardware or at another load are not a step (they were, and the table
+/// credited a 25× faster GPU to chunked prefill). Runs of one phase that differ in other
+/// knobs are left to `--baseline` comparisons, and so are runs off the log's ladder
+/// ("P6 paged + prefix-caching").
 pub fn phase_comparisons(runs: &[&Run]) -> Vec<PhaseComparison> {
     let mut out: Vec<(PhaseComparison, Vec<Vec<Delta>>)> = Vec::new();
     for (scenario, group) in crate::tables::by_scenario(runs) {
-        let mut models: Vec<String> = Vec::new();
+        let mut settings: Vec<(String, Vec<(u32, &Run)>)> = Vec::new();
         for r in &group {
-            if !models.contains(&r.model()) {
-                models.push(r.model());
+            let phase = r.phase();
+            let (Some(key), Some(p)) = (apart_from_phase(r), phase_number(&phase)) else {
+                continue;
+            };
+            if phase.contains('+') {
+                continue;
+            }
+            match settings.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, steps)) => steps.push((p, r)),
+                None => settings.push((key, vec![(p, r)])),
             }
         }
-        for model in &models {
-            let mut steps: Vec<(u32, &Run)> = group
-                .iter()
-                .filter(|r| &r.model() == model)
-                .filter_map(|r| Some((phase_number(&r.phase())?, *r)))
-                .collect();
+        for (_, mut steps) in settings {
             // Stable: of two runs of one phase, the first given is the one compared.
             steps.sort_by_key(|(p, _)| *p);
             steps.dedup_by_key(|(p, _)| *p);
             for pair in steps.windows(2) {
                 let ((from, base), (to, cand)) = (pair[0], pair[1]);
                 let deltas = compare(base, cand, &LOG_ROWS);
-                let column = format!("{model} P{from} → P{to}").trim().to_string();
+                let model = cand.model();
+                let mut column = format!("{model} P{from} → P{to}").trim().to_string();
                 let slot = out
                     .iter_mut()
                     .find(|(c, _)| c.scenario == scenario && c.from == from && c.to == to);
+                if slot
+                    .as_ref()
+                    .is_some_and(|(c, _)| c.table.header.contains(&column))
+                {
+                    // The same step in another setting: told apart by its runs.
+                    column = format!("{column} ({} → {})", base.dir_name(), cand.dir_name());
+                }
                 match slot {
                     Some((c, cols)) => {
                         c.table.header.push(column);
@@ -213,6 +228,24 @@ pub fn phase_comparisons(runs: &[&Run]) -> Vec<PhaseComparison> {
             c
         })
         .collect()
+}
+
+/// Everything a run was run with but the techniques that make the benchmark log's phases
+/// (batching, KV backend, chunked prefill, prefix caching, CUDA graphs): which driver, the
+/// server's other settings (model, hardware, batch and pool sizes…), the arrivals, the
+/// seed and the cluster. `None` for a run without `run.json`.
+fn apart_from_phase(r: &Run) -> Option<String> {
+    let i = r.info.as_ref()?;
+    let ladder = infer_core::workload::ServerSpec::default();
+    let server = infer_core::workload::ServerSpec {
+        batching_mode: ladder.batching_mode,
+        kv_cache_backend: ladder.kv_cache_backend,
+        chunked_prefill: ladder.chunked_prefill,
+        prefix_caching: ladder.prefix_caching,
+        cuda_graphs: ladder.cuda_graphs,
+        ..i.server.clone()
+    };
+    serde_json::to_string(&(&i.source, server, &i.arrival, i.seed, i.replicas, i.router)).ok()
 }
 
 #[cfg(test)]

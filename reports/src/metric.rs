@@ -79,6 +79,19 @@ pub const LOG_ROWS: [Metric; 7] = [
     ERRORS,
 ];
 
+/// The rows of a comparison against a baseline: the log's, and the latency P99 its
+/// regression thresholds name.
+pub const BASELINE_ROWS: [Metric; 8] = [
+    THROUGHPUT,
+    TTFT_P50,
+    TTFT_P99,
+    ITL_P50,
+    ITL_P99,
+    LATENCY_P50,
+    LATENCY_P99,
+    ERRORS,
+];
+
 const fn latency(name: &'static str, short: &'static str, key: &'static str, t: f64) -> Metric {
     Metric {
         name,

@@ -52,7 +52,7 @@ impl RunInfo {
             source: source.to_string(),
             scenario: scenario.name.clone(),
             description: scenario.description.clone(),
-            phase: phase_of(&scenario.server).to_string(),
+            phase: phase_of(&scenario.server),
             server: scenario.server.clone(),
             arrival: scenario.arrival.clone(),
             seed: scenario.workload.seed,
@@ -67,19 +67,26 @@ impl RunInfo {
 }
 
 /// The benchmark log's phase for a server configuration: each phase adds one technique.
-pub fn phase_of(s: &ServerSpec) -> &'static str {
-    match (s.batching_mode, s.kv_cache_backend) {
+/// A configuration off the log's ladder is named by the nearest phase and what it adds
+/// ("P6 paged + prefix-caching", "P7 chunked + cuda-graphs").
+pub fn phase_of(s: &ServerSpec) -> String {
+    let phase = match (s.batching_mode, s.kv_cache_backend) {
         (BatchingMode::Static, _) => "P4 static",
         (BatchingMode::Continuous, KvBackend::Contiguous) => "P5 continuous",
         (BatchingMode::Continuous, KvBackend::Paged) => {
             match (s.chunked_prefill, s.prefix_caching, s.cuda_graphs) {
-                (_, _, true) if s.chunked_prefill && s.prefix_caching => "P9 cuda-graphs",
+                (true, true, true) => return "P9 cuda-graphs".into(),
                 (false, false, _) => "P6 paged",
                 (true, false, _) => "P7 chunked",
                 (true, true, _) => "P8 prefix-caching",
                 (false, true, _) => "P6 paged + prefix-caching",
             }
         }
+    };
+    if s.cuda_graphs {
+        format!("{phase} + cuda-graphs")
+    } else {
+        phase.to_string()
     }
 }
 
@@ -440,6 +447,27 @@ pub fn write_run_files(
 mod tests {
     use super::*;
     use infer_core::metrics::MetricsRecorder;
+
+    /// CUDA graphs are named wherever they are on, not only on the log's P9.
+    #[test]
+    fn phases_name_cuda_graphs_off_the_ladder_too() {
+        let with = |chunked, prefix, graphs| {
+            phase_of(&ServerSpec {
+                chunked_prefill: chunked,
+                prefix_caching: prefix,
+                cuda_graphs: graphs,
+                ..ServerSpec::default()
+            })
+        };
+        assert_eq!(with(true, true, true), "P9 cuda-graphs");
+        assert_eq!(with(true, true, false), "P8 prefix-caching");
+        assert_eq!(with(false, false, true), "P6 paged + cuda-graphs");
+        assert_eq!(with(true, false, true), "P7 chunked + cuda-graphs");
+        assert_eq!(
+            with(false, true, true),
+            "P6 paged + prefix-caching + cuda-graphs"
+        );
+    }
 
     /// A fresh directory under the system's temporary folder.
     fn scratch(name: &str) -> PathBuf {

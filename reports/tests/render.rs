@@ -212,6 +212,44 @@ fn phase_comparison_has_before_after_and_delta() {
     );
 }
 
+/// A phase step's two runs differ in the phase's techniques only: P7 on other hardware, at
+/// another rate or from the other driver is not a step from P6 (before, its table credited
+/// the whole difference to chunked prefill), and a configuration off the log's ladder is
+/// not a phase.
+#[test]
+fn a_phase_step_differs_in_its_techniques_only() {
+    let (p6, p7) = (load("cp_p6"), load("cp_p7"));
+    let changed = |f: &dyn Fn(&mut infer_reports::RunInfo)| {
+        let mut r = load("cp_p7");
+        f(r.info.as_mut().unwrap());
+        r
+    };
+    let h100 = changed(&|i| i.server.hardware = "h100-80gb".into());
+    let faster = changed(&|i| i.arrival.rate = Some(12.0));
+    let engine = changed(&|i| i.source = "engine".into());
+    let bigger = changed(&|i| i.server.num_gpu_blocks *= 2);
+    for other in [&h100, &faster, &engine, &bigger] {
+        assert!(phase_comparisons(&[&p6, other]).is_empty());
+        let cs = phase_comparisons(&[&p6, other, &p7]);
+        assert_eq!(cs.len(), 1);
+        assert_eq!(
+            cs[0]
+                .table
+                .cell("Throughput (tok/s)", "llama-3.2-3b P6 → P7"),
+            Some("356.8 → 361.4 (+1%)")
+        );
+        assert_eq!(cs[0].table.header.len(), 2, "{:?}", cs[0].table.header);
+    }
+    // The same step on two GPUs: two columns, the second told apart by its runs.
+    let mut p6_h100 = load("cp_p6");
+    p6_h100.info.as_mut().unwrap().server.hardware = "h100-80gb".into();
+    let cs = phase_comparisons(&[&p6, &p7, &p6_h100, &h100]);
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0].table.header.len(), 3, "{:?}", cs[0].table.header);
+    let off_ladder = changed(&|i| i.phase = "P6 paged + prefix-caching".into());
+    assert!(phase_comparisons(&[&off_ladder, &p7]).is_empty());
+}
+
 #[test]
 fn regressions_are_flagged_past_thresholds_only() {
     let (p6, p7) = (load("cp_p6"), load("cp_p7"));
@@ -228,6 +266,12 @@ fn regressions_are_flagged_past_thresholds_only() {
         table.cell("TTFT P99 (ms)", "P7 → P6"),
         Some("642 → 743 (+16%)")
     );
+    // Latency P99 is compared too, with its 20% band.
+    let p99 = p7.summary["p99_e2el_ms"];
+    let slower = with_keys("cp_p7", &[("p99_e2el_ms", p99 * 1.25)]);
+    let (_, found) = against_baseline(("P7", &p7), &[("slower".to_string(), &slower)]);
+    let metrics: Vec<&str> = found.iter().map(|r| r.metric).collect();
+    assert_eq!(metrics, ["Latency P99"]);
 }
 
 #[test]
