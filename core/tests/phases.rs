@@ -84,6 +84,59 @@ fn static_batching_waits_for_the_whole_batch() {
     );
 }
 
+/// A static batch is admitted whole with chunked prefill too: eight 300-token prompts and a
+/// 512-token chunk make one batch of eight, its prompts prefilled over the next steps, and
+/// nothing joins it until it ends (before, the chunk bounded the batch to two prompts).
+#[test]
+fn a_static_batch_with_chunked_prefill_is_admitted_whole() {
+    let cfg = SchedulerConfig {
+        max_batch_size: 8,
+        chunked_prefill: true,
+        prefill_chunk_size: 512,
+        ..small(BatchingMode::Static)
+    };
+    let reqs: Vec<(f64, Request)> = (0..12)
+        .map(|i| (0.0, Request::new(i, vec![i as u32 + 7; 300], 4)))
+        .collect();
+    let (log, sched) = drive(cfg, reqs, |_| 0.01, vec![]);
+    assert_eq!(log.finished().len(), 12);
+    assert_eq!(sched.stats().num_preemptions, 0);
+    // Every step's tokens within the chunk; the first eight prompts' work all before the
+    // last four's.
+    assert!(log
+        .steps
+        .iter()
+        .all(|s| s.seqs.iter().map(|x| x.2).sum::<usize>() <= 512));
+    let batch_end = (0..8).map(|id| last_step_of(&log, id)).fold(0.0, f64::max);
+    for id in 8..12 {
+        assert!(first_step_of(&log, id) > batch_end, "request {id}");
+    }
+    // The eight were admitted at the first step, their prompts prefilled in order over the
+    // steps after (2,400 tokens: five chunks).
+    assert_eq!(log.steps[0].num_running, 8);
+    let prefilled: Vec<f64> = (0..8).map(|id| prefill_end(&log, id)).collect();
+    assert!(prefilled.windows(2).all(|w| w[0] <= w[1]), "{prefilled:?}");
+    assert!(prefilled[7] <= log.steps[4].time, "{prefilled:?}");
+}
+
+/// When request `id` was last scheduled.
+fn last_step_of(log: &common::RunLog, id: u64) -> f64 {
+    log.steps
+        .iter()
+        .filter(|s| s.seqs.iter().any(|x| x.0 == id))
+        .map(|s| s.time)
+        .fold(0.0, f64::max)
+}
+
+/// The step that computed the last of request `id`'s 300 prompt tokens.
+fn prefill_end(log: &common::RunLog, id: u64) -> f64 {
+    log.steps
+        .iter()
+        .find(|s| s.seqs.iter().any(|x| x.0 == id && x.1 + x.2 == 300))
+        .unwrap()
+        .time
+}
+
 #[test]
 fn continuous_batching_admits_on_the_next_step() {
     let reqs = batch_then_latecomer();

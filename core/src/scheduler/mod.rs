@@ -607,7 +607,14 @@ impl Scheduler {
         } else {
             0
         };
-        while may_admit && budget > 0 && self.running.len() < self.cfg.max_batch_size {
+        // A static batch is admitted whole (up to the batch size, as memory allows), its
+        // prompts then prefilled over the steps the token budget takes: with chunked prefill
+        // one 512-token chunk would otherwise bound the batch to a prompt or two.
+        let fill_batch = self.cfg.batching_mode == BatchingMode::Static;
+        while may_admit
+            && (budget > 0 || (fill_batch && chunked))
+            && self.running.len() < self.cfg.max_batch_size
+        {
             let Some(slot) = self.waiting.front() else {
                 break;
             };
@@ -624,6 +631,9 @@ impl Scheduler {
                 break; // prefilled whole or not at all; nobody overtakes the head
             }
             let n = rest.min(budget);
+            // Tokens whose blocks it takes now: a static batch's prompts all fit at once,
+            // whatever this step computes of them.
+            let takes = if fill_batch { hit + rest } else { hit + n };
             if hit > reads && !plan.is_empty() {
                 self.waiting.pass_over(); // its context would take the reads past the limit
                 continue;
@@ -657,10 +667,10 @@ impl Scheduler {
                 }
                 if reserve_whole {
                     // All but what it takes now stays reserved.
-                    reserved += needed - blocks_for(hit + n, bs).saturating_sub(hit / bs);
+                    reserved += needed - blocks_for(takes, bs).saturating_sub(hit / bs);
                 }
             }
-            if !self.kv.allocate(&mut seq.kv, &prefix, hit + n) {
+            if !self.kv.allocate(&mut seq.kv, &prefix, takes) {
                 if margin {
                     self.waiting.pass_over(); // the next may fit
                     continue;
@@ -677,7 +687,9 @@ impl Scheduler {
             seq.state = SeqState::Running;
             self.waiting.pop_front();
             self.running.push(slot);
-            self.push_to_plan(slot, n, &mut plan);
+            if n > 0 {
+                self.push_to_plan(slot, n, &mut plan);
+            }
             budget -= n;
             reads = reads.saturating_sub(hit);
             if under_margin {
