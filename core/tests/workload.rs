@@ -132,7 +132,7 @@ name = "g"
 num_requests = 249
 prompt_tokens = 100
 output_tokens = 50
-groups = { count = 83, prompts_per_group = 3, system_tokens = 800 }
+groups = { count = 83, prompts_per_group = 3, system_tokens = 800, order = "interleaved" }
 [arrival]
 kind = "poisson"
 rate = 3
@@ -152,8 +152,8 @@ rate = 3
     );
 
     let conv = text.replace(
-        "groups = { count = 83, prompts_per_group = 3, system_tokens = 800 }",
-        "conversations = { count = 10, min_turns = 8 }",
+        "groups = { count = 83, prompts_per_group = 3, system_tokens = 800, order = \"interleaved\" }",
+        "conversations = { count = 10, min_turns = 8, order = \"interleaved\" }",
     );
     let s = Scenario::parse("c.toml", &conv, &[]).unwrap();
     let g = generator(&s);
@@ -168,6 +168,87 @@ rate = 3
     assert!(t1.prompt.starts_with(&t0.prompt));
 }
 
+/// By default (SGLang's generated-shared-prefix data is shuffled) each pass over the G×P
+/// set, and each round of conversations, comes in its own seeded order: every prompt once
+/// a pass, every conversation once a round, turn t of all before turn t+1 of any; the same
+/// seed gives the same order. (In turn, a round-robin router over R replicas fell in step
+/// with the groups: each group on one replica when R divides G.)
+#[test]
+fn shuffled_groups_and_conversations_cover_each_pass_once() {
+    let text = r#"
+name = "g"
+[workload]
+num_requests = 400
+prompt_tokens = 20
+output_tokens = 5
+groups = { count = 8, prompts_per_group = 5, system_tokens = 40 }
+[arrival]
+kind = "poisson"
+rate = 3
+"#;
+    let s = Scenario::parse("g.toml", text, &[]).unwrap();
+    let g = generator(&s);
+    let first_pass: Vec<String> = (0..40).map(|i| g.request(i).prompt).collect();
+    let second_pass: Vec<String> = (40..80).map(|i| g.request(i).prompt).collect();
+    let mut a = first_pass.clone();
+    let mut b = second_pass.clone();
+    a.sort();
+    b.sort();
+    a.dedup();
+    assert_eq!(a.len(), 40, "every prompt of the set once a pass");
+    assert_eq!(a, b, "the same set each pass");
+    assert_ne!(first_pass, second_pass, "in another order");
+    let groups: Vec<usize> = (0..8).map(|i| g.request(i).group.unwrap()).collect();
+    assert_ne!(groups, (0..8).collect::<Vec<_>>(), "not in turn");
+    // Round robin over 4 replicas: each group reaches more than one of them.
+    for group in 0..8 {
+        let replicas: std::collections::BTreeSet<usize> = (0..400)
+            .filter(|&i| g.request(i).group == Some(group))
+            .map(|i| i % 4)
+            .collect();
+        assert!(replicas.len() > 1, "group {group}: {replicas:?}");
+    }
+    assert_eq!(
+        generator(&s).request(17).prompt,
+        g.request(17).prompt,
+        "seeded"
+    );
+
+    let conv = text.replace(
+        "groups = { count = 8, prompts_per_group = 5, system_tokens = 40 }",
+        "conversations = { count = 8, min_turns = 3, max_turns = 3 }",
+    );
+    let s = Scenario::parse("c.toml", &conv, &[]).unwrap();
+    let g = generator(&s);
+    for round in 0..3 {
+        let mut seen: Vec<(usize, usize)> = (round * 8..round * 8 + 8)
+            .map(|i| g.request(i).turn.unwrap())
+            .collect();
+        seen.sort();
+        assert_eq!(seen, (0..8).map(|c| (c, round)).collect::<Vec<_>>());
+    }
+    let order = |round: usize| -> Vec<usize> {
+        (round * 8..round * 8 + 8)
+            .map(|i| g.request(i).group.unwrap())
+            .collect()
+    };
+    assert_ne!(order(0), order(1));
+}
+
+/// The keyed permutation behind a shuffled order is one: every position of `0..n` once.
+#[test]
+fn a_keyed_permutation_is_a_bijection() {
+    for n in [1u64, 2, 3, 7, 8, 83, 100, 1000, 4097] {
+        for key in [0u64, 1, 0xdead_beef] {
+            let mut seen: Vec<u64> = (0..n)
+                .map(|i| infer_core::workload::generate::permute(i, n, key))
+                .collect();
+            seen.sort();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n {n}, key {key}");
+        }
+    }
+}
+
 #[test]
 fn a_groups_set_too_large_to_count_never_cycles() {
     // Validation refuses it; a spec built in code reaches the generator anyway.
@@ -177,6 +258,7 @@ fn a_groups_set_too_large_to_count_never_cycles() {
         count: usize::MAX / 2 + 1,
         prompts_per_group: 2,
         system_tokens: 100,
+        order: Default::default(),
     });
     let g = generator(&s);
     assert_eq!(g.request(5).group, Some(5));

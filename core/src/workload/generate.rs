@@ -11,7 +11,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::arrival::{ArrivalSpec, Arrivals};
 use super::corpus::{TokenizedCorpus, Tokenizer};
-use super::scenario::WorkloadSpec;
+use super::scenario::{RequestOrder, WorkloadSpec};
 use super::trace::{Chat, Trace};
 
 /// One request of a workload.
@@ -74,6 +74,7 @@ const USER_TURN: u64 = 6;
 const REPLY: u64 = 7;
 const ARRIVALS: u64 = 8;
 const STRUCTURED: u64 = 9;
+const ORDER: u64 = 10;
 
 impl WorkloadGenerator {
     pub fn new(spec: WorkloadSpec, tokenizer: Arc<dyn Tokenizer>) -> Self {
@@ -182,10 +183,12 @@ impl WorkloadGenerator {
         } else if let Some(g) = w.groups {
             // Prompts cycle through the G×P set, groups interleaved (a set too large to
             // count, which validation refuses, never cycles).
-            let p = g
-                .count
-                .checked_mul(g.prompts_per_group)
-                .map_or(index, |n| index % n);
+            let set = g.count.checked_mul(g.prompts_per_group);
+            let p = set.map_or(index, |n| index % n);
+            let p = match (g.order, set) {
+                (RequestOrder::Shuffled, Some(n)) => self.shuffled(p, n, index / n),
+                _ => p,
+            };
             let (gi, qi) = (p % g.count, p / g.count);
             let tag = format!("System prompt {gi}: ");
             self.segment(
@@ -201,9 +204,13 @@ impl WorkloadGenerator {
             group = Some(gi);
         } else if let Some(c) = w.conversations {
             // Turn t of every conversation comes before turn t+1 of any.
-            let ci = index % c.count;
+            let round = index / c.count;
+            let ci = match c.order {
+                RequestOrder::Shuffled => self.shuffled(index % c.count, c.count, round),
+                RequestOrder::Interleaved => index % c.count,
+            };
             let turns = self.turns_of(ci);
-            let t = (index / c.count) % turns;
+            let t = round % turns;
             let tag = format!("Conversation {ci}. ");
             self.segment(
                 &tag,
@@ -298,9 +305,39 @@ impl WorkloadGenerator {
         self.corpus.window(offset, n - k, &mut out.0, &mut out.1);
     }
 
+    /// Position `i` of pass `pass` over `0..n` in that pass's seeded order.
+    fn shuffled(&self, i: usize, n: usize, pass: usize) -> usize {
+        permute(i as u64, n as u64, self.rng(ORDER, pass, 0).gen()) as usize
+    }
+
     fn rng(&self, stream: u64, a: usize, b: usize) -> ChaCha8Rng {
         let s = mix(self.spec.seed ^ mix(stream ^ mix(a as u64 ^ mix(b as u64))));
         ChaCha8Rng::seed_from_u64(s)
+    }
+}
+
+/// A permutation of `0..n` chosen by `key`, evaluated at `i < n` in constant memory (the
+/// generator builds any request alone): a four-round Feistel network over the smallest
+/// even number of bits that holds `n`, walked until it lands inside `0..n` (fewer than
+/// four steps on average, since the domain is under 4n).
+pub fn permute(i: u64, n: u64, key: u64) -> u64 {
+    debug_assert!(i < n);
+    if n <= 1 {
+        return i;
+    }
+    let bits = (64 - (n - 1).leading_zeros()).div_ceil(2).max(1);
+    let mask = (1u64 << bits) - 1;
+    let mut x = i;
+    loop {
+        let (mut l, mut r) = (x >> bits, x & mask);
+        for round in 0..4u64 {
+            let f = mix(key ^ mix(round ^ (r << 8))) & mask;
+            (l, r) = (r, l ^ f);
+        }
+        x = (l << bits) | r;
+        if x < n {
+            return x;
+        }
     }
 }
 

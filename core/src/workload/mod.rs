@@ -14,7 +14,7 @@ pub use corpus::{ApproxTokenizer, Token, Tokenizer};
 pub use dist::{InvalidDist, LengthDist};
 pub use generate::{GeneratedRequest, WorkloadGenerator};
 pub use scenario::{
-    ClusterSpec, ConversationsSpec, GroupsSpec, KvCacheDtype, Scenario, ScenarioError, ServerSpec,
-    WorkloadSpec,
+    ClusterSpec, ConversationsSpec, GroupsSpec, KvCacheDtype, RequestOrder, Scenario,
+    ScenarioError, ServerSpec, WorkloadSpec,
 };
 pub use trace::{Chat, ChatTurn, Trace, TraceError, TraceFormat, TraceRow, TraceSpec};

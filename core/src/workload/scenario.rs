@@ -100,6 +100,24 @@ pub struct GroupsSpec {
     pub count: usize,
     pub prompts_per_group: usize,
     pub system_tokens: usize,
+    /// The order the G×P prompts are sent in, each time through the set.
+    #[serde(default)]
+    pub order: RequestOrder,
+}
+
+/// The order of a workload's shared-prefix requests (groups' prompts, conversations'
+/// turns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestOrder {
+    /// A seeded random order (SGLang's generated-shared-prefix data is shuffled): groups,
+    /// or a round's conversations, come in no pattern a router could fall in step with.
+    #[default]
+    Shuffled,
+    /// Strictly in turn (group 0, 1, …, G−1, then again): a round-robin router over R
+    /// replicas sends each group to the same replica when R divides G and never when it
+    /// does not, and a least-recently-used cache meets its worst case.
+    Interleaved,
 }
 
 /// Multi-turn conversations: turn t's prompt holds every earlier turn and reply.
@@ -113,6 +131,10 @@ pub struct ConversationsSpec {
     /// A system prompt opening every conversation, in tokens.
     #[serde(default)]
     pub system_tokens: usize,
+    /// The order of each round's conversations (turn t of every conversation still comes
+    /// before turn t+1 of any).
+    #[serde(default)]
+    pub order: RequestOrder,
 }
 
 /// What the KV cache stores (vLLM's `--kv-cache-dtype`).
