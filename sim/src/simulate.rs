@@ -842,7 +842,16 @@ impl Sim<'_> {
         };
         let delay = self.cluster.metrics_delay;
         let rep = &mut self.cluster.replicas[r];
-        match rep.sched.add_request(request, now) {
+        // The server's API first: a request asking for more tokens than fit is refused, as
+        // the engine's (and vLLM's) refuses it, not cut short.
+        let max_model_len = rep.sched.config().max_model_len;
+        let added = infer_core::scheduler::completion_budget(
+            max_model_len,
+            request.prompt.len(),
+            Some(request.stop.max_tokens),
+        )
+        .and_then(|_| rep.sched.add_request(request, now));
+        match added {
             Ok(()) => {
                 self.live.insert(id);
                 if req.structured {

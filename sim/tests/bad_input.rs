@@ -151,6 +151,12 @@ fn every_bad_scenario_of_the_catalogue_is_refused_naming_file_and_key() {
             "workload.warmup_requests",
         ),
         ("baseline", "workload.seed=-1", "workload.seed"),
+        // 256 + 3,900 tokens past a 4,096-token context: every request refused.
+        (
+            "baseline",
+            "workload.output_tokens=3900",
+            "workload.output_tokens",
+        ),
         (
             "baseline",
             "workload.seed=\"18446744073709551616\"",
@@ -665,4 +671,35 @@ fn memory_past_its_bound_ends_the_run_naming_the_key() {
     );
     let e = infer_sim::run(&setup).unwrap_err().to_string();
     assert!(e.contains("sim.max_memory_mib") && e.contains("MiB"), "{e}");
+}
+
+/// A request whose prompt and max_tokens pass max_model_len fails as the engine's API (and
+/// vLLM's) refuses it, with its message, rather than being cut short at the context's end
+/// (before, it generated up to the context and counted as a success).
+#[test]
+fn a_request_past_the_context_fails_as_the_server_refuses_it() {
+    let s = common::setup(
+        "baseline",
+        &[
+            "workload.prompt_tokens=3000",
+            "workload.output_tokens={ uniform = [10, 2000] }",
+            "workload.num_requests=10",
+            "workload.warmup_requests=0",
+        ],
+    );
+    let (r, rows) = infer_sim::run_collect(&s).unwrap();
+    assert!(
+        r.summary.failed > 0 && r.summary.completed > 0,
+        "{:?}",
+        r.summary
+    );
+    for rec in &rows.records {
+        match &rec.error {
+            Some(e) => assert!(
+                e.contains("maximum context length is 4096 tokens, but you requested"),
+                "{e}"
+            ),
+            None => assert!(rec.prompt_tokens + rec.output_tokens <= 4096),
+        }
+    }
 }

@@ -54,6 +54,13 @@ pub enum AddError {
         prompt_tokens: usize,
         max_model_len: usize,
     },
+    /// The prompt and the tokens asked for pass `max_model_len` (an OpenAI-style server
+    /// refuses the request: see [`completion_budget`]).
+    ExceedsContext {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        max_model_len: usize,
+    },
     /// The prompt alone needs more KV than the whole pool holds.
     ExceedsKvCapacity {
         needed_tokens: usize,
@@ -78,6 +85,17 @@ impl std::fmt::Display for AddError {
                 "this model's maximum context length is {max_model_len} tokens, but the prompt \
                  has {prompt_tokens} tokens (at least one output token must fit)"
             ),
+            AddError::ExceedsContext {
+                prompt_tokens,
+                max_tokens,
+                max_model_len,
+            } => write!(
+                f,
+                "this model's maximum context length is {max_model_len} tokens, but you \
+                 requested {} tokens ({prompt_tokens} in the prompt, {max_tokens} for the \
+                 completion)",
+                prompt_tokens + max_tokens
+            ),
             AddError::ExceedsKvCapacity {
                 needed_tokens,
                 capacity_tokens,
@@ -96,6 +114,34 @@ impl std::fmt::Display for AddError {
 }
 
 impl std::error::Error for AddError {}
+
+/// The tokens a prompt of `prompt_tokens` may generate within `max_model_len`: `asked`, or
+/// as many as fit when none were asked; a prompt that leaves no room, or a request asking
+/// for more than fits, is refused, as vLLM's OpenAI server refuses it (400) rather than
+/// cut short. The engine's API and the simulator's client both ask here.
+pub fn completion_budget(
+    max_model_len: usize,
+    prompt_tokens: usize,
+    asked: Option<usize>,
+) -> Result<usize, AddError> {
+    if prompt_tokens >= max_model_len {
+        return Err(AddError::PromptTooLong {
+            prompt_tokens,
+            max_model_len,
+        });
+    }
+    match asked {
+        Some(max_tokens) if prompt_tokens + max_tokens > max_model_len => {
+            Err(AddError::ExceedsContext {
+                prompt_tokens,
+                max_tokens,
+                max_model_len,
+            })
+        }
+        Some(m) => Ok(m),
+        None => Ok(max_model_len - prompt_tokens),
+    }
+}
 
 /// Counters and gauges, as the metrics endpoint and time series report them.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -560,6 +560,19 @@ impl Scenario {
                 ),
             ));
         }
+        // A request whose prompt and max_tokens pass max_model_len is refused by the server
+        // (400, as vLLM's): a workload none of whose requests fits is a mistake.
+        let shortest = prefix + w.prompt_tokens.min() + w.output_tokens.min();
+        if w.trace.is_none() && shortest > max_len {
+            return Err((
+                at("workload", "output_tokens"),
+                format!(
+                    "every request asks for more than server.max_model_len {max_len}: its \
+                     shortest prompt and output make {shortest} tokens, and a server refuses \
+                     such a request (400) rather than cut it short"
+                ),
+            ));
+        }
         self.arrival
             .validate()
             .map_err(|(k, r)| (at("arrival", k), r))?;

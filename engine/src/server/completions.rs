@@ -272,32 +272,20 @@ pub(super) async fn generate(
     }
 }
 
-/// The tokens a prompt of `prompt_len` may generate: `asked`, or as many as fit.
+/// The tokens a prompt of `prompt_len` may generate: `asked`, or as many as fit (the
+/// core's rule, which the simulator's client follows too).
 fn completion_budget(
     max_model_len: usize,
     prompt_len: usize,
     asked: Option<usize>,
 ) -> Result<usize, ApiError> {
-    let n = prompt_len;
-    if n >= max_model_len {
-        return Err(ApiError::bad_request(
-            Some("prompt"),
-            format!(
-                "this model's maximum context length is {max_model_len} tokens, but the prompt has {n} tokens"
-            ),
-        ));
-    }
-    match asked {
-        Some(m) if n + m > max_model_len => Err(ApiError::bad_request(
-            Some("max_tokens"),
-            format!(
-                "this model's maximum context length is {max_model_len} tokens, but you requested {} tokens ({n} in the prompt, {m} for the completion)",
-                n + m
-            ),
-        )),
-        Some(m) => Ok(m),
-        None => Ok(max_model_len - n),
-    }
+    infer_core::scheduler::completion_budget(max_model_len, prompt_len, asked).map_err(|e| {
+        let param = match e {
+            AddError::ExceedsContext { .. } => "max_tokens",
+            _ => "prompt",
+        };
+        ApiError::bad_request(Some(param), e.to_string())
+    })
 }
 
 fn rejection(e: AddError) -> ApiError {
