@@ -105,7 +105,7 @@ pub fn saturation_warning(rate: f64, capacity: f64) -> Option<String> {
     let (what, consequence) = if load >= 1.0 {
         (
             "over capacity",
-            "the queue grows for the whole run, so latencies grow with num_requests",
+            "once a queue builds it does not drain, so latencies grow with num_requests",
         )
     } else {
         (
