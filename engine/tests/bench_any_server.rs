@@ -427,3 +427,61 @@ async fn engine_bench_exits_130_on_ctrl_c_and_1_when_nothing_completed() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("failed: 3 of 3 requests"));
     assert!(dir.path().join("failed/requests.csv").is_file());
 }
+
+/// A conversation's next turn is sent once its previous turn has ended (a chat client's
+/// prompt holds the reply), as the simulator's clients send it: with 200 ms replies and
+/// arrivals 10 ms apart, each turn waits for the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversations_next_turn_waits_for_the_previous_reply() {
+    let app = Router::new()
+        .route(
+            "/v1/models",
+            get(|| async { Json(json!({"data": [{"id": "mock-model"}]})) }),
+        )
+        .route(
+            "/v1/completions",
+            post(|_body: Bytes| async {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                let c = json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]});
+                let body = format!("data: {c}\n\ndata: [DONE]\n\n");
+                ([("content-type", "text/event-stream")], body).into_response()
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario());
+    opts.overrides = vec![
+        "workload.num_requests=6".into(),
+        "workload.warmup_requests=0".into(),
+        "workload.prompt_tokens=8".into(),
+        "workload.output_tokens=1".into(),
+        "workload.ignore_eos=false".into(),
+        "workload.conversations={count=2, min_turns=3, max_turns=3}".into(),
+        "arrival.kind=\"uniform\"".into(),
+        "arrival.rate=100".into(),
+    ];
+    let r = loadgen::run(&opts).await.unwrap();
+    assert_eq!((r.summary.completed, r.summary.failed), (6, 0));
+    let text = std::fs::read_to_string(scenario()).unwrap();
+    let s = infer_core::workload::Scenario::parse("s", &text, &opts.overrides).unwrap();
+    let gen = infer_core::workload::WorkloadGenerator::new(
+        s.workload.clone(),
+        Arc::new(infer_core::workload::ApproxTokenizer::default()),
+    );
+    let mut last_end: std::collections::HashMap<usize, f64> = Default::default();
+    for rec in &r.records {
+        let (c, _) = gen.request(rec.id as usize).turn.expect("a turn");
+        if let Some(&end) = last_end.get(&c) {
+            assert!(
+                rec.start >= end,
+                "request {}: sent at {} before {end}",
+                rec.id,
+                rec.start
+            );
+        }
+        last_end.insert(c, rec.start + rec.e2e);
+    }
+    // Three turns of 200 ms each, one after another: the run takes at least 0.6 s.
+    assert!(r.summary.duration >= 0.6, "{}", r.summary.duration);
+}

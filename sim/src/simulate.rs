@@ -170,7 +170,8 @@ impl RunStats {
 enum Ev {
     Arrival,
     ServerIn(u64),
-    ClientDone,
+    /// Request `id`'s client saw its end (its last token, or its error).
+    ClientDone(u64),
     StepStart(usize),
     StepEnd(usize),
     Sample,
@@ -179,7 +180,7 @@ enum Ev {
 impl Ev {
     fn class(self) -> u8 {
         match self {
-            Ev::Arrival | Ev::ServerIn(_) | Ev::ClientDone => 0,
+            Ev::Arrival | Ev::ServerIn(_) | Ev::ClientDone(_) => 0,
             Ev::StepStart(_) | Ev::StepEnd(_) => 1,
             Ev::Sample => 2,
         }
@@ -277,6 +278,47 @@ struct Clients {
     arrived: usize,
     next_send: usize,
     in_flight: usize,
+    /// Conversations' turns waiting for the turn before them to end.
+    turns: TurnGate,
+}
+
+/// A conversation's next turn is sent only once its previous turn has ended, as a chat
+/// client sends it (its prompt holds the reply). A turn that arrives while the one before
+/// is in flight waits, holding its client's place among `max_concurrency` (the client is
+/// busy with its conversation), and is sent when that one ends. `engine bench` waits alike.
+#[derive(Default)]
+struct TurnGate {
+    /// The turn of each conversation in flight (by request id), and its conversation.
+    in_flight: FxHashMap<usize, u64>,
+    conversation_of: FxHashMap<u64, usize>,
+    /// Turns waiting, in arrival order, per conversation.
+    held: FxHashMap<usize, std::collections::VecDeque<GeneratedRequest>>,
+}
+
+impl TurnGate {
+    /// Whether `req` may be sent now; if not, it is held.
+    fn admit(&mut self, req: GeneratedRequest) -> Option<GeneratedRequest> {
+        let Some((c, _)) = req.turn else {
+            return Some(req);
+        };
+        if self.in_flight.contains_key(&c) {
+            self.held.entry(c).or_default().push_back(req);
+            return None;
+        }
+        self.in_flight.insert(c, req.index as u64);
+        self.conversation_of.insert(req.index as u64, c);
+        Some(req)
+    }
+
+    /// Request `id` ended: the next turn of its conversation, if one waits, now in flight.
+    fn ended(&mut self, id: u64) -> Option<GeneratedRequest> {
+        let c = self.conversation_of.remove(&id)?;
+        self.in_flight.remove(&c);
+        let next = self.held.get_mut(&c)?.pop_front()?;
+        self.in_flight.insert(c, next.index as u64);
+        self.conversation_of.insert(next.index as u64, c);
+        Some(next)
+    }
 }
 
 /// The pending events, earliest first.
@@ -646,6 +688,7 @@ pub fn run_with(
             arrived: 0,
             next_send: 0,
             in_flight: 0,
+            turns: TurnGate::default(),
         },
         warmups: sc.workload.warmup_requests,
         warmups_done: 0,
@@ -722,10 +765,17 @@ impl Sim<'_> {
             let req = self.gen.request(self.clients.next_send);
             self.clients.next_send += 1;
             self.clients.in_flight += 1;
-            self.metrics
-                .start(req.index as u64, self.rel(now), req.prompt_ids.len());
-            self.send(req, now);
+            if let Some(req) = self.clients.turns.admit(req) {
+                self.send_measured(req, now);
+            }
         }
+    }
+
+    /// Send a measured request, its clock starting now.
+    fn send_measured(&mut self, req: GeneratedRequest, now: f64) {
+        self.metrics
+            .start(req.index as u64, self.rel(now), req.prompt_ids.len());
+        self.send(req, now);
     }
 
     fn send(&mut self, req: GeneratedRequest, now: f64) {
@@ -775,7 +825,7 @@ impl Sim<'_> {
             match e.ev {
                 Ev::Arrival => self.on_arrival(now),
                 Ev::ServerIn(id) => self.on_server_in(id, now),
-                Ev::ClientDone => self.on_client_done(now),
+                Ev::ClientDone(id) => self.on_client_done(id, now),
                 Ev::StepStart(r) => self.on_step_start(r, now),
                 Ev::StepEnd(r) => self.on_step_end(r, now),
                 Ev::Sample => self.on_sample(now),
@@ -874,12 +924,12 @@ impl Sim<'_> {
                     let record = self.metrics.fail(id, self.rel(t), e.to_string());
                     self.emit(record);
                 }
-                self.push(t, Ev::ClientDone);
+                self.push(t, Ev::ClientDone(id));
             }
         }
     }
 
-    fn on_client_done(&mut self, now: f64) {
+    fn on_client_done(&mut self, id: u64, now: f64) {
         self.last_done = self.last_done.max(now);
         if self.t0.is_none() {
             self.warmups_done += 1;
@@ -892,6 +942,9 @@ impl Sim<'_> {
             return;
         }
         self.clients.in_flight -= 1;
+        if let Some(next) = self.clients.turns.ended(id) {
+            self.send_measured(next, now);
+        }
         self.release(now);
     }
 
@@ -1026,7 +1079,7 @@ impl Sim<'_> {
                             self.emit(record);
                         }
                     }
-                    self.push(seen, Ev::ClientDone);
+                    self.push(seen, Ev::ClientDone(id));
                 }
             }
         }

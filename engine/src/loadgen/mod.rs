@@ -327,6 +327,8 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     };
     let load = Load {
         target: target.clone(),
+        previous_turn: previous_turns(&requests),
+        ended: (0..n).map(|_| tokio::sync::Notify::new()).collect(),
         requests,
         recorder: recorder.clone(),
         bar: bar.clone(),
@@ -437,9 +439,26 @@ fn load_workload(opts: &BenchOptions) -> Result<(Scenario, WorkloadGenerator)> {
     Ok((scenario, gen))
 }
 
+/// Each request's previous turn of its conversation (the request before it, in order,
+/// of the same conversation), if it has one.
+fn previous_turns(requests: &[GeneratedRequest]) -> Vec<Option<usize>> {
+    let mut last: std::collections::HashMap<usize, usize> = Default::default();
+    requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.turn.and_then(|(c, _)| last.insert(c, i)))
+        .collect()
+}
+
 /// A run's requests on their way: each one sent, recorded and counted.
 struct Load {
     target: Target,
+    /// A conversation's turn is sent once the turn before it has ended, as a chat client
+    /// sends it (its prompt holds the reply), holding its client's place meanwhile; the
+    /// simulator's clients wait alike.
+    previous_turn: Vec<Option<usize>>,
+    /// Notified when request `i` has ended (a permit kept for the one waiter).
+    ended: Vec<tokio::sync::Notify>,
     requests: Arc<Vec<GeneratedRequest>>,
     recorder: Arc<Mutex<Timelines>>,
     bar: indicatif::ProgressBar,
@@ -470,6 +489,12 @@ impl Load {
             move |i: usize| {
                 let (load, last_end) = (load.clone(), last_end.clone());
                 async move {
+                    if let Some(p) = load.previous_turn[i] {
+                        tokio::select! {
+                            _ = load.ended[p].notified() => {}
+                            _ = load.stop.cancelled() => return,
+                        }
+                    }
                     load.sent.fetch_add(1, Ordering::SeqCst);
                     let mut rec = Recorder::Shared(&load.recorder);
                     // Biased: the request is sent (and its start recorded) before `stop` is
@@ -481,6 +506,7 @@ impl Load {
                     };
                     match end {
                         Some(end) => {
+                            load.ended[i].notify_one();
                             let mut l = last_end.lock().unwrap();
                             *l = l.max(end);
                             load.bar.inc(1);
