@@ -765,7 +765,14 @@ fn run_bench(a: BenchArgs) -> Result<()> {
         .out
         .unwrap_or_else(|| infer_reports::default_run_dir(&format!("{name}-bench")));
     opts.out = Some(dir.clone());
-    let r = infer_engine::loadgen::run_until_ctrl_c(&opts)?;
+    let r = match infer_engine::loadgen::run_until_ctrl_c(&opts) {
+        Ok(r) => r,
+        Err(e) if e.is::<infer_engine::loadgen::InterruptedBeforeRun>() => {
+            eprintln!("{e}");
+            std::process::exit(130);
+        }
+        Err(e) => return Err(e),
+    };
     print!("{}", r.render());
     println!("run directory: {}", dir.display());
     if r.interrupted.is_some() {

@@ -139,7 +139,7 @@ pub fn phase_number(phase: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// A "Phase N vs N−1" table: one scenario, two phases, one column per model.
+/// A "Phase N vs N−1" table: one scenario, two phases, one column per model and setting.
 #[derive(Debug, Clone)]
 pub struct PhaseComparison {
     pub scenario: String,
@@ -231,9 +231,12 @@ pub fn phase_comparisons(runs: &[&Run]) -> Vec<PhaseComparison> {
 }
 
 /// Everything a run was run with but the techniques that make the benchmark log's phases
-/// (batching, KV backend, chunked prefill, prefix caching, CUDA graphs): which driver, the
-/// server's other settings (model, hardware, batch and pool sizes…), the arrivals, the
-/// seed and the cluster. `None` for a run without `run.json`.
+/// (batching, KV backend, chunked prefill, prefix caching, CUDA graphs) and the batch and
+/// pool sizes the log changes with its KV backend (paged blocks let P6 run 24 sequences
+/// where P5's contiguous slots ran 8): which driver, the server's other settings (model,
+/// hardware, context…), the arrivals, the seed and the cluster. `None` for a run without
+/// `run.json`. (An engine run's GPU is not in `run.json`: two engine runs on two GPUs
+/// still pair.)
 fn apart_from_phase(r: &Run) -> Option<String> {
     let i = r.info.as_ref()?;
     let ladder = infer_core::workload::ServerSpec::default();
@@ -243,6 +246,9 @@ fn apart_from_phase(r: &Run) -> Option<String> {
         chunked_prefill: ladder.chunked_prefill,
         prefix_caching: ladder.prefix_caching,
         cuda_graphs: ladder.cuda_graphs,
+        max_batch_size: ladder.max_batch_size,
+        num_gpu_blocks: ladder.num_gpu_blocks,
+        block_size: ladder.block_size,
         ..i.server.clone()
     };
     serde_json::to_string(&(&i.source, server, &i.arrival, i.seed, i.replicas, i.router)).ok()

@@ -680,7 +680,8 @@ impl Scheduler {
             // Tokens whose blocks it takes now: a static batch's prompts all fit at once,
             // whatever this step computes of them.
             let takes = if fill_batch { hit + rest } else { hit + n };
-            if hit > reads && !plan.is_empty() {
+            // (A static batch's member with no work this step reads nothing in it.)
+            if n > 0 && hit > reads && !plan.is_empty() {
                 self.waiting.pass_over(); // its context would take the reads past the limit
                 continue;
             }
@@ -695,7 +696,7 @@ impl Scheduler {
             if reserve_whole || headroom > 0 {
                 // The new blocks of its whole sequence (whole-sequence admission) or of its
                 // whole prompt (the watermark, as vLLM V0 checks it, though a chunked prompt
-                // takes its first chunk's now), beside what the running still have coming and
+                // of a continuous batch takes its first chunk's now), beside what the running still have coming and
                 // the watermark's headroom; cached prefix blocks nobody holds sit in the free
                 // count and leave it too.
                 let needed = if reserve_whole {
@@ -737,7 +738,9 @@ impl Scheduler {
                 self.push_to_plan(slot, n, &mut plan);
             }
             budget -= n;
-            reads = reads.saturating_sub(hit);
+            if n > 0 {
+                reads = reads.saturating_sub(hit);
+            }
             if under_margin {
                 break; // the step's only work
             }

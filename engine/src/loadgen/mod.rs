@@ -168,6 +168,21 @@ pub struct BenchResult {
     pub interrupted: Option<Interruption>,
 }
 
+/// The run was interrupted before its measured part began: nothing to report.
+#[derive(Debug)]
+pub struct InterruptedBeforeRun;
+
+impl std::fmt::Display for InterruptedBeforeRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "interrupted before the measured run began: nothing measured"
+        )
+    }
+}
+
+impl std::error::Error for InterruptedBeforeRun {}
+
 /// A run ended early: its figures are over the requests that ended before it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Interruption {
@@ -300,7 +315,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
     let stop = opts.interrupt.clone().unwrap_or_default();
     let target = tokio::select! {
         target = prepare(opts, &scenario, &gen) => target?,
-        _ = stop.cancelled() => bail!("interrupted before the measured run began: nothing measured"),
+        _ = stop.cancelled() => return Err(InterruptedBeforeRun.into()),
     };
 
     let arrivals = gen.arrivals(&scenario.arrival);
@@ -489,11 +504,16 @@ impl Load {
             move |i: usize| {
                 let (load, last_end) = (load.clone(), last_end.clone());
                 async move {
+                    // `stop` first in each wait: nothing is sent once it came.
                     if let Some(p) = load.previous_turn[i] {
                         tokio::select! {
-                            _ = load.ended[p].notified() => {}
+                            biased;
                             _ = load.stop.cancelled() => return,
+                            _ = load.ended[p].notified() => {}
                         }
+                    }
+                    if load.stop.is_cancelled() {
+                        return;
                     }
                     load.sent.fetch_add(1, Ordering::SeqCst);
                     let mut rec = Recorder::Shared(&load.recorder);
@@ -527,13 +547,15 @@ impl Load {
                 for (i, &t) in times.iter().enumerate().take(n) {
                     let at = load.start + Duration::from_secs_f64(t);
                     tokio::select! {
-                        _ = tokio::time::sleep_until(at.into()) => {}
+                        biased;
                         _ = load.stop.cancelled() => break,
+                        _ = tokio::time::sleep_until(at.into()) => {}
                     }
                     let permit = match &sem {
                         Some(s) => tokio::select! {
-                            permit = s.clone().acquire_owned() => Some(permit?),
+                            biased;
                             _ = load.stop.cancelled() => break,
+                            permit = s.clone().acquire_owned() => Some(permit?),
                         },
                         None => None,
                     };
@@ -698,10 +720,12 @@ impl Target {
             // Whether `ignore_eos` is what the server refuses: its error names it, or (the
             // name may fall past the 200 characters kept, or be in no message at all) the
             // same request without it goes through.
+            // (A structured request is sent without it; a 408 or 429 says nothing of it.)
+            let refused = e.starts_with("HTTP 400") || e.starts_with("HTTP 422");
             let refuses_ignore_eos = ignore_eos
+                && !structured
                 && (e.contains("ignore_eos")
-                    || (e.starts_with("HTTP 4")
-                        && self.test_request(false, structured).await.is_none()));
+                    || (refused && self.test_request(false, structured).await.is_none()));
             let hint = if refuses_ignore_eos {
                 " (the scenario asks for ignore_eos, which this server does not take: \
                  --set workload.ignore_eos=false)"
