@@ -39,10 +39,23 @@ async fn mock(models_status: StatusCode) -> (String, Seen) {
                 }
             }),
         );
+    (serve(app).await, seen)
+}
+
+/// Serves `app` on a free loopback port: its base URL.
+async fn serve(app: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), seen)
+    format!("http://{addr}")
+}
+
+/// A router whose `/v1/models` lists one model, `mock-model`.
+fn with_a_model() -> Router {
+    Router::new().route(
+        "/v1/models",
+        get(|| async { Json(json!({"data": [{"id": "mock-model"}]})) }),
+    )
 }
 
 fn completion(v: &Value) -> Response {
@@ -188,62 +201,54 @@ enum Misbehaviour {
 async fn misbehaving(how: Misbehaviour, proper: usize) -> (String, Arc<Mutex<usize>>) {
     let asked: Arc<Mutex<usize>> = Arc::default();
     let count = asked.clone();
-    let app = Router::new()
-        .route(
-            "/v1/models",
-            get(|| async { Json(json!({"data": [{"id": "mock-model"}]})) }),
-        )
-        .route(
-            "/v1/completions",
-            post(move |_body: Bytes| {
-                let count = count.clone();
-                async move {
-                    let k = {
-                        let mut c = count.lock().unwrap();
-                        *c += 1;
-                        *c
-                    };
-                    let token = |finish: Value| {
-                        let c = json!({"choices": [{"index": 0, "text": " w", "finish_reason": finish}]});
-                        Bytes::from(format!("data: {c}\n\n"))
-                    };
-                    let sse = [("content-type", "text/event-stream")];
-                    if k <= proper {
-                        // The last chunk's JSON over two `data:` lines, as SSE allows.
-                        let last = json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]})
+    let app = with_a_model().route(
+        "/v1/completions",
+        post(move |_body: Bytes| {
+            let count = count.clone();
+            async move {
+                let k = {
+                    let mut c = count.lock().unwrap();
+                    *c += 1;
+                    *c
+                };
+                let token = |finish: Value| {
+                    let c =
+                        json!({"choices": [{"index": 0, "text": " w", "finish_reason": finish}]});
+                    Bytes::from(format!("data: {c}\n\n"))
+                };
+                let sse = [("content-type", "text/event-stream")];
+                if k <= proper {
+                    // The last chunk's JSON over two `data:` lines, as SSE allows.
+                    let last =
+                        json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]})
                             .to_string();
-                        // (The lines are joined by a newline: split where JSON allows one.)
-                        let (a, b) = last.split_at(last.find('[').unwrap());
-                        let last = format!("data: {a}\ndata: {b}\n\n");
-                        let whole = [&token(Value::Null)[..], last.as_bytes()].concat();
-                        return (sse, [&whole[..], b"data: [DONE]\n\n"].concat()).into_response();
-                    }
-                    match how {
-                        Misbehaviour::PlainJson => Json(json!({
-                            "choices": [{"index": 0, "text": " w w", "finish_reason": "length"}],
-                            "usage": {"prompt_tokens": 3, "completion_tokens": 2}
-                        }))
-                        .into_response(),
-                        // TGI's way: an empty finish_reason until the last chunk.
-                        Misbehaviour::CutShort => (sse, token(json!(""))).into_response(),
-                        Misbehaviour::Stalls => {
-                            let first = futures_util::stream::once(async move {
-                                Ok::<_, std::io::Error>(token(Value::Null))
-                            });
-                            let body = futures_util::StreamExt::chain(
-                                first,
-                                futures_util::stream::pending(),
-                            );
-                            (sse, axum::body::Body::from_stream(body)).into_response()
-                        }
+                    // (The lines are joined by a newline: split where JSON allows one.)
+                    let (a, b) = last.split_at(last.find('[').unwrap());
+                    let last = format!("data: {a}\ndata: {b}\n\n");
+                    let whole = [&token(Value::Null)[..], last.as_bytes()].concat();
+                    return (sse, [&whole[..], b"data: [DONE]\n\n"].concat()).into_response();
+                }
+                match how {
+                    Misbehaviour::PlainJson => Json(json!({
+                        "choices": [{"index": 0, "text": " w w", "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2}
+                    }))
+                    .into_response(),
+                    // TGI's way: an empty finish_reason until the last chunk.
+                    Misbehaviour::CutShort => (sse, token(json!(""))).into_response(),
+                    Misbehaviour::Stalls => {
+                        let first = futures_util::stream::once(async move {
+                            Ok::<_, std::io::Error>(token(Value::Null))
+                        });
+                        let body =
+                            futures_util::StreamExt::chain(first, futures_util::stream::pending());
+                        (sse, axum::body::Body::from_stream(body)).into_response()
                     }
                 }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), asked)
+            }
+        }),
+    );
+    (serve(app).await, asked)
 }
 
 fn small_run(base: &str) -> BenchOptions {
@@ -433,24 +438,16 @@ async fn engine_bench_exits_130_on_ctrl_c_and_1_when_nothing_completed() {
 /// arrivals 10 ms apart, each turn waits for the one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversations_next_turn_waits_for_the_previous_reply() {
-    let app = Router::new()
-        .route(
-            "/v1/models",
-            get(|| async { Json(json!({"data": [{"id": "mock-model"}]})) }),
-        )
-        .route(
-            "/v1/completions",
-            post(|_body: Bytes| async {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                let c = json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]});
-                let body = format!("data: {c}\n\ndata: [DONE]\n\n");
-                ([("content-type", "text/event-stream")], body).into_response()
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario());
+    let app = with_a_model().route(
+        "/v1/completions",
+        post(|_body: Bytes| async {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let c = json!({"choices": [{"index": 0, "text": " w", "finish_reason": "length"}]});
+            let body = format!("data: {c}\n\ndata: [DONE]\n\n");
+            ([("content-type", "text/event-stream")], body).into_response()
+        }),
+    );
+    let mut opts = BenchOptions::new(&serve(app).await, scenario());
     opts.overrides = vec![
         "workload.num_requests=6".into(),
         "workload.warmup_requests=0".into(),
