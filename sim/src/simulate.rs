@@ -288,8 +288,9 @@ struct Clients {
 /// busy with its conversation), and is sent when that one ends. `engine bench` waits alike.
 #[derive(Default)]
 struct TurnGate {
-    /// The turn of each conversation in flight (by request id), and its conversation.
-    in_flight: FxHashMap<usize, u64>,
+    /// The conversations with a turn in flight, and each such turn's conversation (by
+    /// request id).
+    in_flight: FxHashSet<usize>,
     conversation_of: FxHashMap<u64, usize>,
     /// Turns waiting, in arrival order, per conversation.
     held: FxHashMap<usize, std::collections::VecDeque<GeneratedRequest>>,
@@ -301,11 +302,11 @@ impl TurnGate {
         let Some((c, _)) = req.turn else {
             return Some(req);
         };
-        if self.in_flight.contains_key(&c) {
+        if self.in_flight.contains(&c) {
             self.held.entry(c).or_default().push_back(req);
             return None;
         }
-        self.in_flight.insert(c, req.index as u64);
+        self.in_flight.insert(c);
         self.conversation_of.insert(req.index as u64, c);
         Some(req)
     }
@@ -315,7 +316,7 @@ impl TurnGate {
         let c = self.conversation_of.remove(&id)?;
         self.in_flight.remove(&c);
         let next = self.held.get_mut(&c)?.pop_front()?;
-        self.in_flight.insert(c, next.index as u64);
+        self.in_flight.insert(c);
         self.conversation_of.insert(next.index as u64, c);
         Some(next)
     }

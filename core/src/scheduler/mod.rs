@@ -696,9 +696,9 @@ impl Scheduler {
             if reserve_whole || headroom > 0 {
                 // The new blocks of its whole sequence (whole-sequence admission) or of its
                 // whole prompt (the watermark, as vLLM V0 checks it, though a chunked prompt
-                // of a continuous batch takes its first chunk's now), beside what the running still have coming and
-                // the watermark's headroom; cached prefix blocks nobody holds sit in the free
-                // count and leave it too.
+                // of a continuous batch takes its first chunk's now), beside what the running
+                // still have coming and the watermark's headroom; cached prefix blocks nobody
+                // holds sit in the free count and leave it too.
                 let needed = if reserve_whole {
                     blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs
                 } else {
@@ -734,11 +734,10 @@ impl Scheduler {
             seq.state = SeqState::Running;
             self.waiting.pop_front();
             self.running.push(slot);
+            // (A static batch's member may have no work this step: nothing to plan or read.)
             if n > 0 {
                 self.push_to_plan(slot, n, &mut plan);
-            }
-            budget -= n;
-            if n > 0 {
+                budget -= n;
                 reads = reads.saturating_sub(hit);
             }
             if under_margin {
