@@ -127,6 +127,20 @@ pub trait KvManager {
     /// whose last tokens share the most), never covering the last token (its logits must be
     /// computed). Changes nothing.
     fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch;
+    /// The prefix index's version, where the manager keeps one: it changes whenever a
+    /// block is registered in or removed from the index, so a lookup made at a version
+    /// holds until it changes. `None`: every lookup must be made again.
+    fn lookup_version(&self) -> Option<u64> {
+        None
+    }
+    /// [`KvManager::lookup_prefix`] of `tokens` again, given `found`, its answer for the
+    /// same tokens or fewer (`tokens` begins with them) when the index was at version
+    /// `since`: a manager may bring that answer up to date rather than start over (a
+    /// waiting prompt is looked up every step). The answer is the same either way.
+    fn update_prefix(&self, tokens: &[u32], found: &mut PrefixMatch, since: Option<u64>) {
+        let _ = since;
+        *found = self.lookup_prefix(tokens);
+    }
     /// Make `kv` hold enough blocks for positions `0..num_tokens`. For a sequence that holds
     /// nothing yet, `prefix` (from `lookup_prefix`) is reused first. On failure nothing changes.
     fn allocate(&mut self, kv: &mut SeqKv, prefix: &PrefixMatch, num_tokens: usize) -> bool;

@@ -42,6 +42,8 @@ pub struct PagedKv {
     prefix_caching: bool,
     /// hash → the block registered under it.
     cached: FxHashMap<u64, CachedBlock>,
+    /// Changes of `cached` so far (see [`KvManager::lookup_version`]).
+    cached_changes: u64,
     /// Per block: the hash it is registered under.
     block_hash: Vec<Option<u64>>,
     /// The cache's events, when a driver publishes them.
@@ -60,6 +62,7 @@ impl PagedKv {
             free: FreeQueue::full(num_blocks),
             prefix_caching,
             cached: FxHashMap::default(),
+            cached_changes: 0,
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
             events: None,
             dropped: Arc::default(),
@@ -77,11 +80,39 @@ impl PagedKv {
         (e.check == block_check(parent, tokens)).then_some(e.block)
     }
 
+    /// Go on matching `tokens` block by block past the blocks `m` holds (see
+    /// [`KvManager::lookup_prefix`]).
+    fn extend_prefix(&self, tokens: &[u32], m: &mut PrefixMatch) {
+        let max_blocks = if self.prefix_caching {
+            tokens.len().saturating_sub(1) / self.block_size
+        } else {
+            0
+        };
+        let mut parent = m.hashes.last().copied().unwrap_or(ROOT_HASH);
+        for chunk in tokens
+            .chunks_exact(self.block_size)
+            .take(max_blocks)
+            .skip(m.blocks.len())
+        {
+            let h = hash_block(parent, chunk);
+            match self.find(parent, h, chunk) {
+                Some(b) => {
+                    m.blocks.push(b);
+                    m.hashes.push(h);
+                    parent = h;
+                }
+                None => break,
+            }
+        }
+        m.tokens = m.blocks.len() * self.block_size;
+    }
+
     fn take_free_block(&mut self) -> BlockId {
         let b = self.free.pop_front().expect("checked free count");
         if self.prefix_caching {
             if let Some(h) = self.block_hash[b as usize].take() {
                 self.cached.remove(&h);
+                self.cached_changes += 1;
                 if let Some(log) = &mut self.events {
                     log.removed(h);
                 }
@@ -107,24 +138,36 @@ impl KvManager for PagedKv {
 
     fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
-        if !self.prefix_caching || tokens.is_empty() {
-            return m;
-        }
-        let max_blocks = (tokens.len() - 1) / self.block_size;
-        let mut parent = ROOT_HASH;
-        for chunk in tokens.chunks_exact(self.block_size).take(max_blocks) {
-            let h = hash_block(parent, chunk);
-            match self.find(parent, h, chunk) {
-                Some(b) => {
-                    m.blocks.push(b);
-                    m.hashes.push(h);
-                    parent = h;
-                }
-                None => break,
-            }
-        }
-        m.tokens = m.blocks.len() * self.block_size;
+        self.extend_prefix(tokens, &mut m);
         m
+    }
+
+    fn lookup_version(&self) -> Option<u64> {
+        Some(self.cached_changes)
+    }
+
+    fn update_prefix(&self, tokens: &[u32], found: &mut PrefixMatch, since: Option<u64>) {
+        let Some(since) = since else {
+            *found = self.lookup_prefix(tokens);
+            return;
+        };
+        if since == self.cached_changes {
+            // Nothing registered or removed since: only tokens added can match more.
+            self.extend_prefix(tokens, found);
+            return;
+        }
+        // The blocks found then that are still registered under the hash they matched
+        // match again (the same hash, the same parent and tokens), as far as the first
+        // that is not; the lookup goes on from there.
+        let still = found
+            .blocks
+            .iter()
+            .zip(&found.hashes)
+            .take_while(|&(&b, &h)| self.block_hash[b as usize] == Some(h))
+            .count();
+        found.blocks.truncate(still);
+        found.hashes.truncate(still);
+        self.extend_prefix(tokens, found);
     }
 
     fn allocate(&mut self, kv: &mut SeqKv, prefix: &PrefixMatch, num_tokens: usize) -> bool {
@@ -178,6 +221,7 @@ impl KvManager for PagedKv {
                         block: b,
                         check: block_check(parent, chunk),
                     });
+                    self.cached_changes += 1;
                     self.block_hash[b as usize] = Some(h);
                     if let Some(log) = &mut self.events {
                         log.stored(h, (i > 0).then_some(parent), chunk);
@@ -220,6 +264,7 @@ impl KvManager for PagedKv {
             return false;
         }
         self.cached.clear();
+        self.cached_changes += 1;
         self.block_hash.iter_mut().for_each(|h| *h = None);
         if let Some(log) = &mut self.events {
             log.cleared();
@@ -499,6 +544,59 @@ mod tests {
         kv.check().unwrap();
         // The cached prefix survives as evictable blocks, as after a normal free.
         assert_eq!(kv.lookup_prefix(&tokens).blocks.len(), 2);
+    }
+
+    proptest::proptest! {
+        /// A lookup brought up to date (`update_prefix`) answers as a fresh one, whatever
+        /// was registered, evicted or reset since, and as the tokens looked up grow.
+        #[test]
+        fn an_updated_lookup_answers_as_a_fresh_one(
+            ops in proptest::collection::vec((0u8..4, 0usize..6, 1usize..14), 1..60),
+        ) {
+            // Prompts over a two-letter alphabet and a 2-token block share prefixes often;
+            // a 6-block pool evicts often.
+            let prompt = |seed: usize, len: usize| -> Vec<u32> {
+                (0..len).map(|i| ((seed >> (i % 3)) & 1) as u32).collect()
+            };
+            let mut kv = PagedKv::new(6, 2, true);
+            let mut running: Vec<SeqKv> = Vec::new();
+            let mut probes: Vec<(Vec<u32>, PrefixMatch, Option<u64>)> = (0..6)
+                .map(|seed| (prompt(seed, 3), kv.lookup_prefix(&prompt(seed, 3)), kv.lookup_version()))
+                .collect();
+            for (op, seed, len) in ops {
+                match op {
+                    0 => {
+                        // A prompt runs: it takes its cached prefix and registers the rest.
+                        let tokens = prompt(seed, len);
+                        let hit = kv.lookup_prefix(&tokens);
+                        let mut seq = kv.new_seq();
+                        if kv.allocate(&mut seq, &hit, len) {
+                            kv.commit(&mut seq, &tokens, len);
+                            running.push(seq);
+                        }
+                    }
+                    1 if !running.is_empty() => {
+                        let mut seq = running.remove(seed % running.len());
+                        kv.free(&mut seq);
+                    }
+                    2 => {
+                        let _ = kv.reset_prefix_cache();
+                    }
+                    _ => {
+                        // A waiting prompt grows (a preempted sequence's output).
+                        let probe = &mut probes[seed];
+                        let more = prompt(seed, probe.0.len() + len);
+                        probe.0 = more;
+                    }
+                }
+                kv.check().unwrap();
+                for (tokens, found, since) in &mut probes {
+                    kv.update_prefix(tokens, found, *since);
+                    *since = kv.lookup_version();
+                    proptest::prop_assert_eq!(&*found, &kv.lookup_prefix(tokens));
+                }
+            }
+        }
     }
 
     #[test]

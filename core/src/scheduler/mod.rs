@@ -187,6 +187,48 @@ struct Sequence {
     forks: Vec<RequestId>,
     /// Compute every prompt token, none from the prefix cache (see [`AddOptions`]).
     every_prompt_token: bool,
+    /// Its last prefix-cache lookup while waiting: an admission that lets later sequences
+    /// by walks the whole queue every step, and would otherwise hash every waiting prompt
+    /// each time.
+    prefix_memo: Option<PrefixMemo>,
+}
+
+/// A waiting sequence's prefix-cache lookup, kept while the index stays as it was and
+/// brought up to date when it moves, rather than made again at each step.
+#[derive(Debug)]
+struct PrefixMemo {
+    /// The manager's [`KvManager::lookup_version`] as it was made.
+    version: Option<u64>,
+    /// How many tokens it looked up.
+    looked_up: usize,
+    found: PrefixMatch,
+}
+
+impl PrefixMemo {
+    /// The longest cached prefix of `tokens` in `kv`, from the sequence's last lookup.
+    fn refresh<'a>(
+        memo: &'a mut Option<PrefixMemo>,
+        kv: &dyn KvManager,
+        tokens: &[u32],
+    ) -> &'a PrefixMatch {
+        let version = kv.lookup_version();
+        let memo = match memo {
+            Some(memo) => {
+                if version.is_none() || memo.version != version || memo.looked_up != tokens.len() {
+                    kv.update_prefix(tokens, &mut memo.found, memo.version);
+                    memo.version = version;
+                    memo.looked_up = tokens.len();
+                }
+                memo
+            }
+            None => memo.insert(PrefixMemo {
+                version,
+                looked_up: tokens.len(),
+                found: kv.lookup_prefix(tokens),
+            }),
+        };
+        &memo.found
+    }
 }
 
 /// How a request is queued beyond the request itself.
@@ -426,6 +468,7 @@ impl Scheduler {
             preemptions: 0,
             forks,
             every_prompt_token,
+            prefix_memo: None,
         };
         self.pending_forks.extend(seq.forks.iter().copied());
         let slot = self.insert(seq, true);
@@ -479,6 +522,7 @@ impl Scheduler {
                 preemptions: 0,
                 forks: Vec::new(),
                 every_prompt_token: false,
+                prefix_memo: None,
             };
             // Not a free slot: `complete` frees slots of requests that end in its loop and
             // drops them from `running` only at its end, so one of them may still be listed.
@@ -657,6 +701,7 @@ impl Scheduler {
         // prompts then prefilled over the steps the token budget takes: with chunked prefill
         // one 512-token chunk would otherwise bound the batch to a prompt or two.
         let fill_batch = self.cfg.batching_mode == BatchingMode::Static;
+        let no_prefix = PrefixMatch::default();
         while may_admit
             && (budget > 0 || (fill_batch && chunked))
             && self.running.len() < self.cfg.max_batch_size
@@ -666,10 +711,11 @@ impl Scheduler {
             };
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
+            let max_kv_len = seq.max_kv_len(self.cfg.max_model_len);
             let prefix = if self.cfg.prefix_caching && !seq.every_prompt_token {
-                self.kv.lookup_prefix(&seq.tokens)
+                PrefixMemo::refresh(&mut seq.prefix_memo, &*self.kv, &seq.tokens)
             } else {
-                PrefixMatch::default()
+                &no_prefix
             };
             let hit = prefix.tokens;
             let rest = seq.tokens.len() - hit;
@@ -700,7 +746,7 @@ impl Scheduler {
                 // still have coming and the watermark's headroom; cached prefix blocks nobody
                 // holds sit in the free count and leave it too.
                 let needed = if reserve_whole {
-                    blocks_for(seq.max_kv_len(self.cfg.max_model_len), bs) - hit / bs
+                    blocks_for(max_kv_len, bs) - hit / bs
                 } else {
                     blocks_for(seq.tokens.len(), bs) - hit / bs
                 };
@@ -717,7 +763,7 @@ impl Scheduler {
                     reserved += needed - blocks_for(takes, bs).saturating_sub(hit / bs);
                 }
             }
-            if !self.kv.allocate(&mut seq.kv, &prefix, takes) {
+            if !self.kv.allocate(&mut seq.kv, prefix, takes) {
                 if margin {
                     self.waiting.pass_over(); // the next may fit
                     continue;
@@ -732,6 +778,7 @@ impl Scheduler {
             seq.cached_tokens.get_or_insert(hit);
             seq.first_scheduled_time.get_or_insert(now);
             seq.state = SeqState::Running;
+            seq.prefix_memo = None; // its blocks are its own now
             self.waiting.pop_front();
             self.running.push(slot);
             // (A static batch's member may have no work this step: nothing to plan or read.)
