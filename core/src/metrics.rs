@@ -441,6 +441,110 @@ impl Serialize for SummaryJson<'_> {
     }
 }
 
+/// The failed requests' errors by kind, for the few lines a run prints: errors that differ
+/// only in their numbers ("… you requested 1406 tokens …", "… 1395 tokens …") are one
+/// kind. At most [`FailureTally::MAX_KINDS`] kinds are kept; later ones are only counted.
+#[derive(Debug, Clone, Default)]
+pub struct FailureTally {
+    /// In the order first seen.
+    kinds: Vec<FailureKind>,
+    index: FxHashMap<String, usize>,
+    /// Failures of kinds past the first `MAX_KINDS`.
+    uncounted_kinds: usize,
+}
+
+#[derive(Debug, Clone)]
+struct FailureKind {
+    count: usize,
+    first_id: u64,
+    first: String,
+    /// Every error of the kind is its first, word for word.
+    all_alike: bool,
+}
+
+impl FailureTally {
+    pub const MAX_KINDS: usize = 64;
+    /// How many kinds [`FailureTally::lines`] names.
+    const SHOWN: usize = 3;
+
+    pub fn of(records: &[RequestRecord]) -> Self {
+        let mut t = FailureTally::default();
+        for r in records {
+            if let Some(e) = &r.error {
+                t.add(r.id, e);
+            }
+        }
+        t
+    }
+
+    pub fn add(&mut self, id: u64, error: &str) {
+        let kind = kind_of(error);
+        if let Some(&k) = self.index.get(&kind) {
+            let k = &mut self.kinds[k];
+            k.count += 1;
+            k.all_alike &= k.first == error;
+        } else if self.kinds.len() < Self::MAX_KINDS {
+            self.index.insert(kind, self.kinds.len());
+            self.kinds.push(FailureKind {
+                count: 1,
+                first_id: id,
+                first: error.to_string(),
+                all_alike: true,
+            });
+        } else {
+            self.uncounted_kinds += 1;
+        }
+    }
+
+    /// The most frequent kinds first, one line each, of `total` requests; then one line
+    /// for the rest.
+    pub fn lines(&self, total: usize) -> Vec<String> {
+        let mut kinds: Vec<&FailureKind> = self.kinds.iter().collect();
+        kinds.sort_by_key(|k| std::cmp::Reverse(k.count)); // stable: first seen first
+        let mut lines: Vec<String> = kinds
+            .iter()
+            .take(Self::SHOWN)
+            .map(|k| {
+                let n = k.count;
+                if k.all_alike {
+                    format!("failed: {n} of {total} requests: {}", k.first)
+                } else {
+                    format!(
+                        "failed: {n} of {total} requests, as request {}: {}",
+                        k.first_id, k.first
+                    )
+                }
+            })
+            .collect();
+        let rest: usize = kinds
+            .iter()
+            .skip(Self::SHOWN)
+            .map(|k| k.count)
+            .sum::<usize>()
+            + self.uncounted_kinds;
+        if rest > 0 {
+            lines.push(format!(
+                "failed: {rest} more of {total} requests, with other errors (each request's \
+                 is in requests.csv)"
+            ));
+        }
+        lines
+    }
+}
+
+/// An error with its numbers blanked out: what errors of one kind share.
+fn kind_of(error: &str) -> String {
+    let mut kind = String::with_capacity(error.len());
+    for c in error.chars() {
+        if !c.is_ascii_digit() {
+            kind.push(c);
+        } else if !kind.ends_with('#') {
+            kind.push('#');
+        }
+    }
+    kind
+}
+
 /// `requests.csv` of a whole run at once: the header and one row per record, in id order
 /// (through [`RequestsCsvWriter`], the one place rows are laid out).
 pub fn requests_csv(records: &[RequestRecord]) -> String {
@@ -614,6 +718,7 @@ pub struct MetricsRecorder {
     slo: Option<Slo>,
     /// Requests that met the SLO.
     good: usize,
+    failures: FailureTally,
 }
 
 impl MetricsRecorder {
@@ -766,8 +871,9 @@ impl MetricsRecorder {
         if self.slo.is_some_and(|s| s.met_by(r)) {
             self.good += 1;
         }
-        if !r.success() {
+        if let Some(e) = &r.error {
             self.failed += 1;
+            self.failures.add(r.id, e);
             return;
         }
         self.completed += 1;
@@ -780,6 +886,11 @@ impl MetricsRecorder {
             self.tpot.push(tpot);
         }
         self.e2el.push(r.e2e);
+    }
+
+    /// The failed requests' errors in a few lines (see [`FailureTally::lines`]).
+    pub fn failure_lines(&self) -> Vec<String> {
+        self.failures.lines(self.completed + self.failed)
     }
 
     /// When the last request that ended, ended (seconds from the run's start).
@@ -974,6 +1085,40 @@ impl<W: std::io::Write> RequestsCsvWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failures_are_told_by_kind_the_most_frequent_first() {
+        let mut t = FailureTally::default();
+        t.add(7, "HTTP 503: busy");
+        for (id, n) in [(3, 1406), (4, 1395), (5, 1406)] {
+            t.add(
+                id,
+                &format!("maximum context length is 1350 tokens, you requested {n}"),
+            );
+        }
+        t.add(8, "HTTP 503: busy");
+        t.add(9, "HTTP 503: busy");
+        t.add(10, "cut short");
+        t.add(11, "timed out after 30 s");
+        assert_eq!(
+            t.lines(20),
+            [
+                "failed: 3 of 20 requests: HTTP 503: busy", // seen first of the two
+                "failed: 3 of 20 requests, as request 3: maximum context length is 1350 \
+                 tokens, you requested 1406",
+                "failed: 1 of 20 requests: cut short",
+                "failed: 1 more of 20 requests, with other errors (each request's is in \
+                 requests.csv)",
+            ]
+        );
+        let mut many = FailureTally::default();
+        for k in 0..FailureTally::MAX_KINDS + 10 {
+            many.add(k as u64, &"x".repeat(k + 1));
+        }
+        assert_eq!(many.kinds.len(), FailureTally::MAX_KINDS);
+        assert!(many.lines(100)[3].starts_with("failed: 71 more of 100 requests"));
+        assert!(FailureTally::default().lines(5).is_empty());
+    }
 
     #[test]
     fn percentiles_interpolate_like_numpy() {

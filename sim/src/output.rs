@@ -43,8 +43,8 @@ pub fn run_info(setup: &Setup, intervals: Option<&RunIntervals>) -> RunInfo {
     }
 }
 
-/// What `sim run` prints: the setup, warnings, vLLM's block, the intervals, the extra line
-/// and, for a staged arrival schedule, one row per stage.
+/// What `sim run` prints: the setup, warnings, vLLM's block, the intervals, the extra lines,
+/// why requests failed and, for a staged arrival schedule, one row per stage.
 pub fn console(setup: &Setup, result: &SimResult, intervals: Option<&RunIntervals>) -> String {
     let mut s = String::new();
     let sc = &setup.scenario;
@@ -67,6 +67,9 @@ pub fn console(setup: &Setup, result: &SimResult, intervals: Option<&RunInterval
         s.push_str(&i.render());
     }
     let _ = writeln!(s, "{}", result.stats.lines());
+    for line in &result.failures {
+        let _ = writeln!(s, "{line}");
+    }
     if !result.stages.is_empty() {
         s.push_str(&stage_table(&result.stages));
     }

@@ -56,6 +56,8 @@ pub struct SimResult {
     pub stats: RunStats,
     /// One per stage of a staged arrival schedule, else empty.
     pub stages: Vec<StageRow>,
+    /// Why requests failed, in a few lines (empty when none did).
+    pub failures: Vec<String>,
 }
 
 /// Where a run's rows go as they are produced: one record per measured request when it
@@ -1173,6 +1175,7 @@ impl Sim<'_> {
             summary,
             stats,
             stages: self.stages.map_or(Vec::new(), StageTally::rows),
+            failures: self.metrics.failure_lines(),
         }
     }
 }

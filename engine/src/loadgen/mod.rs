@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
+use infer_core::metrics::{FailureTally, MetricsRecorder, RequestRecord, Summary, TimePoint};
 use infer_core::workload::{
     ApproxTokenizer, GeneratedRequest, Scenario, Tokenizer, WorkloadGenerator,
 };
@@ -225,7 +225,7 @@ impl BenchResult {
                 c.num_preemptions
             ));
         }
-        for line in failure_lines(&self.records) {
+        for line in FailureTally::of(&self.records).lines(self.records.len()) {
             s.push_str(&line);
             s.push('\n');
         }
@@ -235,21 +235,6 @@ impl BenchResult {
         }
         s
     }
-}
-
-/// The distinct errors of failed requests, most frequent first (at most three).
-fn failure_lines(records: &[RequestRecord]) -> Vec<String> {
-    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
-    for e in records.iter().filter_map(|r| r.error.as_deref()) {
-        *counts.entry(e).or_default() += 1;
-    }
-    let mut by_count: Vec<(&str, usize)> = counts.into_iter().collect();
-    by_count.sort_by_key(|&(_, n)| std::cmp::Reverse(n));
-    by_count
-        .iter()
-        .take(3)
-        .map(|(e, n)| format!("failed: {n} of {} requests: {e}", records.len()))
-        .collect()
 }
 
 /// `--whole-characters`: a `logit_bias` of −100 on every token of the tokenizer at `path`
