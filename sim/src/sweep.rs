@@ -274,8 +274,9 @@ pub fn par_map<T: Sync, R: Send>(
         .collect()
 }
 
-const COLUMNS: [&str; 14] = [
+const COLUMNS: [&str; 15] = [
     "completed",
+    "failed",
     "duration_s",
     "req_per_s",
     "out_tok_per_s",
@@ -303,11 +304,15 @@ const INTERVAL_COLUMNS: [(&str, &str); 8] = [
     ("e2el_p50_ms", "median_e2el_ms"),
 ];
 
+/// The leading [`COLUMNS`] that count requests (written without decimals).
+const COUNT_COLUMNS: usize = 2;
+
 /// The figures of [`COLUMNS`]; goodput is NaN (an empty CSV field) without an SLO.
-fn values(s: &Summary, st: &RunStats) -> [f64; 14] {
+fn values(s: &Summary, st: &RunStats) -> [f64; 15] {
     let g = s.goodput;
     [
         s.completed as f64,
+        s.failed as f64,
         s.duration,
         s.request_throughput,
         s.output_throughput,
@@ -346,9 +351,11 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
         let mut row: Vec<String> = p.assignment.iter().map(|(_, v)| csv_field(v)).collect();
         match &p.outcome {
             Ok((sum, st)) => {
-                row.extend(values(sum, st).iter().map(|v| {
+                row.extend(values(sum, st).iter().enumerate().map(|(c, v)| {
                     if v.is_nan() {
                         String::new()
+                    } else if c < COUNT_COLUMNS {
+                        format!("{v:.0}")
                     } else {
                         format!("{v:.4}")
                     }
@@ -385,7 +392,7 @@ pub fn csv_field(v: &str) -> String {
 /// The sweep as an aligned console table.
 pub fn table(axes: &[Axis], points: &[Point]) -> String {
     let mut s = String::new();
-    let shown = [0usize, 2, 3, 4, 6, 7, 8, 10];
+    let shown = [0usize, 1, 3, 4, 5, 7, 8, 9, 11];
     for a in axes {
         let _ = write!(s, "{:>24} ", a.key);
     }
@@ -401,7 +408,8 @@ pub fn table(axes: &[Axis], points: &[Point]) -> String {
             Ok((sum, st)) => {
                 let v = values(sum, st);
                 for &c in &shown {
-                    let _ = write!(s, "{:>14.2} ", v[c]);
+                    let decimals = if c < COUNT_COLUMNS { 0 } else { 2 };
+                    let _ = write!(s, "{:>14.decimals$} ", v[c]);
                 }
             }
             Err(e) => {

@@ -87,9 +87,15 @@ fn sweep_writes_a_row_per_point() {
     let csv = sweep("sweep", &[]);
     let rows: Vec<&str> = csv.lines().collect();
     assert_eq!(rows.len(), 4, "{csv}");
-    assert!(rows[0].starts_with("arrival.max_concurrency,completed"));
+    assert!(rows[0].starts_with("arrival.max_concurrency,completed,failed,"));
+    for r in &rows[1..] {
+        assert!(
+            r.starts_with(&format!("{},48,0,", &r[..r.find(',').unwrap()])),
+            "{r}"
+        );
+    }
     // Throughput grows with concurrency (the L4 sweep's shape).
-    let tput = |r: &str| r.split(',').nth(4).unwrap().parse::<f64>().unwrap();
+    let tput = |r: &str| r.split(',').nth(5).unwrap().parse::<f64>().unwrap();
     assert!(tput(rows[3]) > 3.0 * tput(rows[1]), "{csv}");
     assert!(!rows[0].contains("_lo"), "one seed: no intervals");
     // With seeds, each figure that has one gets its interval; the figures do not change.
