@@ -28,7 +28,7 @@ pub const NEAR_SATURATION: f64 = 0.8;
 /// more, are run (a trace's rows as they are): enough that the end of the run, where the
 /// last requests drain with the batch no longer full, weighs little, and few enough that a
 /// run of millions pays little for it.
-pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
+pub fn capacity(setup: &Setup) -> Result<Capacity, SimError> {
     let mut scenario = setup.scenario.clone();
     let replicas = scenario.cluster.as_ref().map_or(1, |c| c.replicas);
     // As many sequences as can run at once: the batch, or fewer where the KV pool holds
@@ -56,7 +56,31 @@ pub fn capacity(setup: &Setup) -> Result<f64, SimError> {
     }
     scenario.slo = None;
     let full = crate::setup::prepare(&setup.file, scenario)?;
-    Ok(crate::simulate::run(&full)?.summary.request_throughput)
+    let run = crate::simulate::run(&full)?;
+    Ok(Capacity {
+        requests_per_s: run.summary.request_throughput,
+        spilled_bytes: run.stats.spilled_bytes,
+    })
+}
+
+/// What [`capacity`]'s run of the server kept full gives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    pub requests_per_s: f64,
+    /// The activations its largest step spilled to host memory, which every later step of
+    /// that run paid for: a lighter load whose batches stay smaller never spills, and can
+    /// run well above this capacity until a burst fills the batch.
+    pub spilled_bytes: f64,
+}
+
+impl Capacity {
+    /// A capacity reached without spilling.
+    pub fn of(requests_per_s: f64) -> Self {
+        Capacity {
+            requests_per_s,
+            spilled_bytes: 0.0,
+        }
+    }
 }
 
 /// Add the warnings that take more simulations (saturation, knife-edge) to `setup`'s: for
@@ -88,7 +112,7 @@ pub fn saturation(setup: &Setup) -> Result<Option<String>, SimError> {
     // sequences a step, each step's attention growing with their square). A warning's
     // simulation does not fail the prediction: it says what it could not tell.
     match capacity(setup) {
-        Ok(capacity) => Ok(saturation_warning(rate, capacity)),
+        Ok(capacity) => Ok(saturation_warning(rate, &capacity)),
         Err(e) => Ok(Some(format!(
             "warning: capacity not estimated: this workload with the server kept full \
              (twice as many clients as it runs at once) did not run within the bounds:\n  {e}"
@@ -96,8 +120,19 @@ pub fn saturation(setup: &Setup) -> Result<Option<String>, SimError> {
     }
 }
 
-/// The warning for an offered `rate` against a predicted `capacity` (requests/s).
-pub fn saturation_warning(rate: f64, capacity: f64) -> Option<String> {
+/// The warning for an offered `rate` (requests/s) against a predicted `capacity`.
+pub fn saturation_warning(rate: f64, capacity: &Capacity) -> Option<String> {
+    let spill = if capacity.spilled_bytes > 0.0 {
+        format!(
+            "\n  kept full, its largest steps spill {:.2} GiB of activations to host memory and \
+             every later step pays for it: a load whose batches never grow that large runs \
+             faster, until a burst fills the batch",
+            capacity.spilled_bytes / (1u64 << 30) as f64
+        )
+    } else {
+        String::new()
+    };
+    let capacity = capacity.requests_per_s;
     let load = rate / capacity;
     if load.is_nan() || load < NEAR_SATURATION {
         return None;
@@ -115,7 +150,8 @@ pub fn saturation_warning(rate: f64, capacity: f64) -> Option<String> {
     };
     Some(format!(
         "warning: {what}: the offered {rate} requests/s are {:.0}% of the predicted capacity, \
-         {capacity:.3} requests/s\n  (this workload with the server kept full): {consequence}",
+         {capacity:.3} requests/s\n  (this workload with the server kept full): {consequence}\
+         {spill}",
         load * 100.0
     ))
 }
@@ -342,21 +378,29 @@ mod tests {
 
     #[test]
     fn saturation_is_named_from_80_percent() {
-        assert_eq!(saturation_warning(4.0, 10.0), None);
-        assert_eq!(saturation_warning(7.9, 10.0), None);
-        let near = saturation_warning(9.5, 10.0).unwrap();
+        let ten = Capacity::of(10.0);
+        assert_eq!(saturation_warning(4.0, &ten), None);
+        assert_eq!(saturation_warning(7.9, &ten), None);
+        let near = saturation_warning(9.5, &ten).unwrap();
         assert!(
             near.contains("near saturation") && near.contains("95%"),
             "{near}"
         );
-        let over = saturation_warning(12.0, 10.0).unwrap();
+        let over = saturation_warning(12.0, &ten).unwrap();
         assert!(
-            over.contains("over capacity") && over.contains("120%"),
+            over.contains("over capacity") && over.contains("120%") && !over.contains("spill"),
             "{over}"
         );
         // No capacity at all (nothing completes): over it.
-        assert!(saturation_warning(1.0, 0.0)
+        assert!(saturation_warning(1.0, &Capacity::of(0.0))
             .unwrap()
             .contains("over capacity"));
+        // A capacity whose run spilled says so: a lighter load may not.
+        let spilling = Capacity {
+            requests_per_s: 10.0,
+            spilled_bytes: 2.5 * (1u64 << 30) as f64,
+        };
+        let over = saturation_warning(12.0, &spilling).unwrap();
+        assert!(over.contains("spill 2.50 GiB of activations"), "{over}");
     }
 }

@@ -26,7 +26,9 @@ fn has(w: &[String], what: &str) -> bool {
 
 #[test]
 fn saturation_fires_near_capacity_and_not_below() {
-    let capacity = trust::capacity(&common::setup("chunked_prefill", &[])).unwrap();
+    let capacity = trust::capacity(&common::setup("chunked_prefill", &[]))
+        .unwrap()
+        .requests_per_s;
     assert!(capacity > 0.0);
     let at = |fraction: f64| {
         let rate = format!("arrival.rate={:?}", capacity * fraction);
