@@ -450,7 +450,7 @@ pub struct FailureTally {
     kinds: Vec<FailureKind>,
     index: FxHashMap<String, usize>,
     /// Failures of kinds past the first `MAX_KINDS`.
-    uncounted_kinds: usize,
+    failures_of_later_kinds: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -492,7 +492,7 @@ impl FailureTally {
                 all_alike: true,
             });
         } else {
-            self.uncounted_kinds += 1;
+            self.failures_of_later_kinds += 1;
         }
     }
 
@@ -510,7 +510,7 @@ impl FailureTally {
                     format!("failed: {n} of {total} requests: {}", k.first)
                 } else {
                     format!(
-                        "failed: {n} of {total} requests, as request {}: {}",
+                        "failed: {n} of {total} requests, the first (request {}): {}",
                         k.first_id, k.first
                     )
                 }
@@ -521,7 +521,7 @@ impl FailureTally {
             .skip(Self::SHOWN)
             .map(|k| k.count)
             .sum::<usize>()
-            + self.uncounted_kinds;
+            + self.failures_of_later_kinds;
         if rest > 0 {
             lines.push(format!(
                 "failed: {rest} more of {total} requests, with other errors (each request's \
@@ -1104,8 +1104,8 @@ mod tests {
             t.lines(20),
             [
                 "failed: 3 of 20 requests: HTTP 503: busy", // seen first of the two
-                "failed: 3 of 20 requests, as request 3: maximum context length is 1350 \
-                 tokens, you requested 1406",
+                "failed: 3 of 20 requests, the first (request 3): maximum context length is \
+                 1350 tokens, you requested 1406",
                 "failed: 1 of 20 requests: cut short",
                 "failed: 1 more of 20 requests, with other errors (each request's is in \
                  requests.csv)",

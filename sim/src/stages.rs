@@ -104,8 +104,8 @@ pub fn stage_table(rows: &[StageRow]) -> String {
     // The stage a figure belongs to is the one its request was sent in, not the one it
     // ended in: said once under the table, as its header cannot.
     s.push_str(
-        "(a stage's figures are of the requests sent in it that completed, wherever they \
-         ended;\n out tok/s is their output tokens over the stage's duration, as \
+        "(a stage's figures are of the requests sent in it that completed, whenever they \
+         ended;\nout tok/s is their output tokens over the stage's duration, as \
          inference-perf counts a stage)\n",
     );
     s

@@ -44,6 +44,9 @@ pub struct PagedKv {
     cached: FxHashMap<u64, CachedBlock>,
     /// Changes of `cached` so far (see [`KvManager::lookup_version`]).
     cached_changes: u64,
+    /// Per block: `cached_changes` as it was registered (an earlier lookup's block still
+    /// holds what that lookup matched if it has not been registered again since).
+    registered_at: Vec<u64>,
     /// Per block: the hash it is registered under.
     block_hash: Vec<Option<u64>>,
     /// The cache's events, when a driver publishes them.
@@ -63,6 +66,7 @@ impl PagedKv {
             prefix_caching,
             cached: FxHashMap::default(),
             cached_changes: 0,
+            registered_at: vec![0; if prefix_caching { num_blocks } else { 0 }],
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
             events: None,
             dropped: Arc::default(),
@@ -156,14 +160,18 @@ impl KvManager for PagedKv {
             self.extend_prefix(tokens, found);
             return;
         }
-        // The blocks found then that are still registered under the hash they matched
-        // match again (the same hash, the same parent and tokens), as far as the first
-        // that is not; the lookup goes on from there.
+        // The blocks found then that still hold the registration they matched (registered
+        // no later than `since`: a block is only registered again after its removal) match
+        // again, as far as the first that does not; the lookup goes on from there. (Under
+        // the same hash alone a block registered again could hold other tokens, where the
+        // 32-bit check would have refused it.)
         let still = found
             .blocks
             .iter()
             .zip(&found.hashes)
-            .take_while(|&(&b, &h)| self.block_hash[b as usize] == Some(h))
+            .take_while(|&(&b, &h)| {
+                self.block_hash[b as usize] == Some(h) && self.registered_at[b as usize] <= since
+            })
             .count();
         found.blocks.truncate(still);
         found.hashes.truncate(still);
@@ -223,6 +231,7 @@ impl KvManager for PagedKv {
                     });
                     self.cached_changes += 1;
                     self.block_hash[b as usize] = Some(h);
+                    self.registered_at[b as usize] = self.cached_changes;
                     if let Some(log) = &mut self.events {
                         log.stored(h, (i > 0).then_some(parent), chunk);
                     }
@@ -551,7 +560,10 @@ mod tests {
         /// was registered, evicted or reset since, and as the tokens looked up grow.
         #[test]
         fn an_updated_lookup_answers_as_a_fresh_one(
-            ops in proptest::collection::vec((0u8..4, 0usize..6, 1usize..14), 1..60),
+            ops in proptest::collection::vec(
+                (0u8..4, 0usize..6, 1usize..14, proptest::bool::ANY),
+                1..60,
+            ),
         ) {
             // Prompts over a two-letter alphabet and a 2-token block share prefixes often;
             // a 6-block pool evicts often.
@@ -563,7 +575,7 @@ mod tests {
             let mut probes: Vec<(Vec<u32>, PrefixMatch, Option<u64>)> = (0..6)
                 .map(|seed| (prompt(seed, 3), kv.lookup_prefix(&prompt(seed, 3)), kv.lookup_version()))
                 .collect();
-            for (op, seed, len) in ops {
+            for (op, seed, len, look) in ops {
                 match op {
                     0 => {
                         // A prompt runs: it takes its cached prefix and registers the rest.
@@ -590,6 +602,9 @@ mod tests {
                     }
                 }
                 kv.check().unwrap();
+                if !look {
+                    continue; // several changes, and growth, before the next update
+                }
                 for (tokens, found, since) in &mut probes {
                     kv.update_prefix(tokens, found, *since);
                     *since = kv.lookup_version();

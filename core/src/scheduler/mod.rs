@@ -227,6 +227,8 @@ impl PrefixMemo {
                 found: kv.lookup_prefix(tokens),
             }),
         };
+        #[cfg(test)]
+        debug_assert_eq!(memo.found, kv.lookup_prefix(tokens), "as a fresh lookup");
         &memo.found
     }
 }
