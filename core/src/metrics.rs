@@ -467,16 +467,6 @@ impl FailureTally {
     /// How many kinds [`FailureTally::lines`] names.
     const SHOWN: usize = 3;
 
-    pub fn of(records: &[RequestRecord]) -> Self {
-        let mut t = FailureTally::default();
-        for r in records {
-            if let Some(e) = &r.error {
-                t.add(r.id, e);
-            }
-        }
-        t
-    }
-
     pub fn add(&mut self, id: u64, error: &str) {
         let kind = kind_of(error);
         if let Some(&k) = self.index.get(&kind) {

@@ -194,13 +194,13 @@ struct Sequence {
 }
 
 /// A waiting sequence's prefix-cache lookup, kept while the index stays as it was and
-/// brought up to date when it moves, rather than made again at each step.
+/// brought up to date when it moves, rather than made again at each step. It lives only
+/// while its sequence waits (admission drops it), when the tokens it looked up cannot
+/// change.
 #[derive(Debug)]
 struct PrefixMemo {
     /// The manager's [`KvManager::lookup_version`] as it was made.
     version: Option<u64>,
-    /// How many tokens it looked up.
-    looked_up: usize,
     found: PrefixMatch,
 }
 
@@ -214,16 +214,14 @@ impl PrefixMemo {
         let version = kv.lookup_version();
         let memo = match memo {
             Some(memo) => {
-                if version.is_none() || memo.version != version || memo.looked_up != tokens.len() {
+                if version.is_none() || memo.version != version {
                     kv.update_prefix(tokens, &mut memo.found, memo.version);
                     memo.version = version;
-                    memo.looked_up = tokens.len();
                 }
                 memo
             }
             None => memo.insert(PrefixMemo {
                 version,
-                looked_up: tokens.len(),
                 found: kv.lookup_prefix(tokens),
             }),
         };

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use futures_util::StreamExt;
-use infer_core::metrics::{FailureTally, MetricsRecorder, RequestRecord, Summary, TimePoint};
+use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
 use infer_core::workload::{
     ApproxTokenizer, GeneratedRequest, Scenario, Tokenizer, WorkloadGenerator,
 };
@@ -166,6 +166,8 @@ pub struct BenchResult {
     pub server_counters: Option<ServerCounters>,
     /// Set when the run was ended early ([`BenchOptions::interrupt`]).
     pub interrupted: Option<Interruption>,
+    /// Why requests failed, in a few lines (empty when none did).
+    pub failures: Vec<String>,
 }
 
 /// The run was interrupted before its measured part began: nothing to report.
@@ -225,8 +227,8 @@ impl BenchResult {
                 c.num_preemptions
             ));
         }
-        for line in FailureTally::of(&self.records).lines(self.records.len()) {
-            s.push_str(&line);
+        for line in &self.failures {
+            s.push_str(line);
             s.push('\n');
         }
         if let Some(i) = &self.interrupted {
@@ -350,6 +352,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         .map_err(|_| anyhow!("requests still running"))?
         .into_inner()
         .unwrap();
+    let failures = metrics.failure_lines();
     let mut summary = metrics.summary(duration);
     summary.max_concurrency = arrivals.max_concurrency;
     let server_counters = match (before, after) {
@@ -373,6 +376,7 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         timeseries,
         server_counters,
         interrupted,
+        failures,
     };
     if let Some(out) = out {
         let backend = format!("{} ({})", target.base, target.model);
