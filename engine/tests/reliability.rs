@@ -26,7 +26,6 @@ fn config() -> ServeConfig {
     cfg
 }
 
-/// Polls `/health` every 5 ms until `done` and returns the longest answer time.
 /// A greedy streamed completion of `max_tokens` tokens (EOS ignored), its response open.
 async fn stream_completion(
     client: &reqwest::Client,
@@ -43,6 +42,7 @@ async fn stream_completion(
         .unwrap()
 }
 
+/// Polls `/health` every 5 ms until `done` and returns the longest answer time.
 async fn worst_health(base: String, done: tokio::sync::watch::Receiver<bool>) -> Duration {
     let client = reqwest::Client::new();
     let mut worst = Duration::ZERO;

@@ -47,9 +47,9 @@ pub struct EngineRequest {
     pub constraint: Option<Constraint>,
 }
 
-/// The logprob of one prompt token given the tokens before it.
+/// The logprob of one token given the tokens before it (a prompt's, or a generated one's).
 #[derive(Debug, Clone, PartialEq)]
-pub struct PromptLogprob {
+pub struct TokenLogprob {
     pub token: u32,
     pub logprob: f32,
     /// The most likely tokens at that position, most likely first.
@@ -72,7 +72,7 @@ pub struct TokenOutput {
     /// The request ended with this token.
     pub finish: Option<(FinishReason, RequestStats)>,
     /// With the first token of a request that asked: prompt positions 1.. in order.
-    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
+    pub prompt_logprobs: Option<Vec<TokenLogprob>>,
     /// What ended a request that stopped, when not its end-of-sequence token.
     pub stop_reason: Option<StopReason>,
 }
@@ -162,7 +162,7 @@ struct Live {
     stop_tokens: Vec<u32>,
     /// (the prompt, alternatives per position, logprobs of positions 1.. as computed) when
     /// the request asked for prompt logprobs.
-    prompt_logprobs: Option<(Vec<u32>, usize, Vec<Option<PromptLogprob>>)>,
+    prompt_logprobs: Option<(Vec<u32>, usize, Vec<Option<TokenLogprob>>)>,
 }
 
 /// The loop body. `M` is the model, owned (a server) or borrowed (a one-off run).
@@ -527,7 +527,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     if chunk.all_logits && next < prompt.len() {
                         let (logprob, top) =
                             crate::runtime::sampling::raw_logprobs(row, prompt[next], *k);
-                        lps[next - 1] = Some(PromptLogprob {
+                        lps[next - 1] = Some(TokenLogprob {
                             token: prompt[next],
                             logprob,
                             top,

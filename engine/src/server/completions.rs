@@ -16,15 +16,15 @@ use axum::Json;
 use futures_util::stream::Stream;
 use infer_core::AddError;
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{self, ApiError, Endpoint, GenerationRequest, Prompt};
 use super::engine_loop::{Command, Finish, NewRequest, StreamEvent};
+use super::outbox::{outbox, Inbox};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::runtime::engine_core::{
-    EngineRequest, FailureCause, PromptLogprob, RequestFailure, StopReason,
+    EngineRequest, FailureCause, RequestFailure, StopReason, TokenLogprob,
 };
 use crate::runtime::tokenizer::TextTokenizer;
 
@@ -187,7 +187,7 @@ pub(super) async fn generate(
     let choices = count * req.n;
     let id = s.next_id.fetch_add(choices as u64, Ordering::Relaxed);
     let ids = id..id + choices as u64;
-    let (tx, mut rx) = unbounded_channel();
+    let (tx, mut rx) = outbox();
     if let Some(why) = s.health.lost() {
         return Err(ApiError {
             status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -405,7 +405,8 @@ impl ResponseMeta {
     /// One token's logprobs. A completion's `top_logprobs` holds the sampled token too, as
     /// OpenAI's legacy API and vLLM return it (up to `logprobs` + 1 entries); a chat's holds
     /// the `top_logprobs` most likely only, each with its `bytes`, as OpenAI's.
-    fn token_logprobs(&self, token: u32, logprob: f32, top: &[(u32, f32)]) -> Value {
+    fn token_logprobs(&self, l: &TokenLogprob) -> Value {
+        let (token, logprob, top) = (l.token, l.logprob, &l.top);
         let text = |t: u32| self.token_name(t);
         match self.endpoint {
             Endpoint::Completions => {
@@ -569,7 +570,7 @@ struct StreamedChoice {
 }
 
 fn sse_stream(
-    mut rx: UnboundedReceiver<StreamEvent>,
+    mut rx: Inbox,
     guard: AbortOnDrop,
     meta: ResponseMeta,
 ) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
@@ -581,10 +582,10 @@ fn sse_stream(
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
-        let mut echoed: Vec<Option<Vec<PromptLogprob>>> = vec![None; meta.prompt_lens.len()];
+        let mut echoed: Vec<Option<Vec<TokenLogprob>>> = vec![None; meta.prompt_lens.len()];
         while let Some(ev) = rx.recv().await {
             match ev {
-                StreamEvent::Token { index, text, token, logprob, top_logprobs, finish, prompt_logprobs, stop_reason } => {
+                StreamEvent::Token { index, text, tokens, logprobs, finish, prompt_logprobs, stop_reason } => {
                     if let Some(lps) = prompt_logprobs {
                         echoed[index / meta.n] = Some(lps);
                     }
@@ -605,13 +606,13 @@ fn sse_stream(
                     let (text, lp) = if !meta.keep_generated {
                         (String::new(), Value::Null)
                     } else if meta.logprobs {
-                        let part = meta.token_logprobs(token, logprob, &top_logprobs);
-                        (text, merge_logprobs(meta.endpoint, &[part], c.sent_chars))
+                        let parts: Vec<Value> = logprobs.iter().map(|l| meta.token_logprobs(l)).collect();
+                        (text, merge_logprobs(meta.endpoint, &parts, c.sent_chars))
                     } else {
                         (text, Value::Null)
                     };
                     if meta.keep_generated {
-                        c.generated += 1;
+                        c.generated += tokens;
                     }
                     let reason = finish.map(|f| f.reason.as_str());
                     let first = c.first && meta.echo(index).is_none();
@@ -673,24 +674,23 @@ fn stop_reason_json(r: Option<&StopReason>) -> Value {
 }
 
 async fn collect(
-    mut rx: UnboundedReceiver<StreamEvent>,
+    mut rx: Inbox,
     mut guard: AbortOnDrop,
     meta: ResponseMeta,
 ) -> Result<Response, ApiError> {
     let mut choices: Vec<Choice> = (0..meta.choices()).map(|_| Choice::default()).collect();
     let mut open = choices.len();
-    let mut echoed: Vec<Option<Vec<PromptLogprob>>> = vec![None; meta.prompt_lens.len()];
+    let mut echoed: Vec<Option<Vec<TokenLogprob>>> = vec![None; meta.prompt_lens.len()];
     while let Some(ev) = rx.recv().await {
         match ev {
             StreamEvent::Token {
                 index,
                 text,
-                token,
-                logprob,
-                top_logprobs,
+                logprobs,
                 finish,
                 prompt_logprobs,
                 stop_reason,
+                ..
             } => {
                 if prompt_logprobs.is_some() {
                     echoed[index / meta.n] = prompt_logprobs;
@@ -700,7 +700,7 @@ async fn collect(
                     c.text.push_str(&text);
                     if meta.logprobs {
                         c.logprobs
-                            .push(meta.token_logprobs(token, logprob, &top_logprobs));
+                            .extend(logprobs.iter().map(|l| meta.token_logprobs(l)));
                     }
                 }
                 if finish.is_some() {
@@ -743,14 +743,11 @@ async fn collect(
 impl ResponseMeta {
     /// The logprob entries of an echoed prompt: its first token without a logprob, then
     /// each token's given the tokens before it.
-    fn prompt_logprob_parts(&self, echo: &Echo, lps: &[PromptLogprob]) -> Vec<Value> {
+    fn prompt_logprob_parts(&self, echo: &Echo, lps: &[TokenLogprob]) -> Vec<Value> {
         let first = json!({"tokens": [self.token_name(echo.first_token)], "token_logprobs": [null],
                            "top_logprobs": [null]});
         std::iter::once(first)
-            .chain(
-                lps.iter()
-                    .map(|p| self.token_logprobs(p.token, p.logprob, &p.top)),
-            )
+            .chain(lps.iter().map(|p| self.token_logprobs(p)))
             .collect()
     }
 
@@ -883,6 +880,145 @@ fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(
 mod tests {
     use super::*;
     use axum::http::StatusCode;
+
+    /// A stream's chunks read back as the client sees them.
+    async fn streamed(events: Vec<StreamEvent>, meta: ResponseMeta) -> Vec<Value> {
+        let (tx, rx) = outbox();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        drop(tx);
+        let guard = AbortOnDrop {
+            ids: 0..1,
+            commands: mpsc::channel().0,
+            done: false,
+        };
+        let body = Sse::new(sse_stream(rx, guard, meta))
+            .into_response()
+            .into_body();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        String::from_utf8(bytes.to_vec())
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    /// What the client reads of a stream's choice: its text, each logprob entry (tokens
+    /// with their offsets, or chat's content entries), its finish and the usage.
+    fn read(chunks: &[Value], endpoint: Endpoint) -> (String, Vec<Value>, Value, Value) {
+        let (mut text, mut logprobs, mut finish, mut usage) =
+            (String::new(), Vec::new(), Value::Null, Value::Null);
+        for c in chunks {
+            if !c["usage"].is_null() {
+                usage = c["usage"].clone();
+            }
+            let Some(choice) = c["choices"].get(0) else {
+                continue;
+            };
+            let (t, lp) = match endpoint {
+                Endpoint::Completions => (&choice["text"], &choice["logprobs"]),
+                Endpoint::Chat => (&choice["delta"]["content"], &choice["logprobs"]),
+            };
+            text.push_str(t.as_str().unwrap_or(""));
+            match endpoint {
+                Endpoint::Completions => {
+                    let at = |k: &str, i: usize| lp[k][i].clone();
+                    for i in 0..lp["tokens"].as_array().unwrap().len() {
+                        logprobs.push(json!([
+                            at("tokens", i),
+                            at("token_logprobs", i),
+                            at("top_logprobs", i),
+                            at("text_offset", i)
+                        ]));
+                    }
+                }
+                Endpoint::Chat => logprobs.extend(lp["content"].as_array().unwrap().clone()),
+            }
+            if !choice["finish_reason"].is_null() {
+                finish = choice["finish_reason"].clone();
+            }
+        }
+        (text, logprobs, finish, usage)
+    }
+
+    /// A stream whose tokens merged (a lagging reader's) says what the unmerged one says:
+    /// the same text, the same logprob entries with the same offsets, the same end and
+    /// usage — only in fewer chunks.
+    #[tokio::test]
+    async fn a_merged_stream_reads_as_the_unmerged_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("llama");
+        crate::tools::make_model::make_model(
+            &crate::tools::make_model::ModelSpec::new(crate::Arch::Llama),
+            &dir,
+        )
+        .unwrap();
+        let tokenizer = Arc::new(TextTokenizer::from_dir(&dir).unwrap());
+        let total = 12;
+        let token = |i: usize| {
+            let id = 40 + 7 * i as u32;
+            StreamEvent::Token {
+                index: 0,
+                text: tokenizer.decode(&[id]).unwrap(),
+                tokens: 1,
+                logprobs: vec![TokenLogprob {
+                    token: id,
+                    logprob: -0.5 * i as f32,
+                    top: vec![(id, -0.5 * i as f32), (id + 1, -3.0)],
+                }],
+                finish: (i + 1 == total).then_some(Finish {
+                    reason: infer_core::FinishReason::Length,
+                    prompt_tokens: 3,
+                    completion_tokens: total,
+                    cached_tokens: 0,
+                }),
+                prompt_logprobs: None,
+                stop_reason: None,
+            }
+        };
+        let one_by_one: Vec<StreamEvent> = (0..total).map(token).collect();
+        // Groups of 1, 3, 1, 5 and 2 tokens.
+        let mut merged: Vec<StreamEvent> = Vec::new();
+        for (i, e) in one_by_one.iter().cloned().enumerate() {
+            match merged.last_mut() {
+                Some(last) if ![0, 1, 4, 5, 10].contains(&i) => {
+                    assert!(last.absorb(e).is_none())
+                }
+                _ => merged.push(e),
+            }
+        }
+        assert_eq!(merged.len(), 5);
+        for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+            let meta = || ResponseMeta {
+                id: "cmpl-1".into(),
+                created: 0,
+                fingerprint: "fp".into(),
+                model: "m".into(),
+                endpoint,
+                logprobs: true,
+                tokens_as_ids: false,
+                tokenizer: tokenizer.clone(),
+                n: 1,
+                prompt_lens: vec![3],
+                echoes: Vec::new(),
+                keep_generated: true,
+                continuous_usage: false,
+                include_usage: true,
+                tool: None,
+                grammar_param: None,
+            };
+            let whole = streamed(one_by_one.clone(), meta()).await;
+            let lagging = streamed(merged.clone(), meta()).await;
+            assert_eq!((whole.len(), lagging.len()), (total + 1, 5 + 1));
+            let want = read(&whole, endpoint);
+            assert_eq!(want.1.len(), total);
+            assert_eq!(want.3["completion_tokens"], total);
+            assert_eq!(read(&lagging, endpoint), want, "{endpoint:?}");
+        }
+    }
 
     /// The cause decides the status, not the words: a step's error that happens to read like
     /// a grammar's is still the server's.

@@ -8,10 +8,12 @@ use std::time::Instant;
 
 use anyhow::Result;
 use infer_core::{AddError, FinishReason, RequestStats, SchedulerConfig};
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::ServerMetrics;
-use crate::runtime::engine_core::{EngineCore, EngineRequest, RequestFailure, TokenOutput};
+use super::outbox::Outbox;
+use crate::runtime::engine_core::{
+    EngineCore, EngineRequest, RequestFailure, TokenLogprob, TokenOutput,
+};
 use crate::runtime::model::LoadedModel;
 
 /// A request handed to the engine loop (already tokenised and validated).
@@ -22,7 +24,7 @@ pub struct NewRequest {
     /// prompts numbers its choices prompt by prompt, `n` each.
     pub first_index: usize,
     pub arrival: Instant,
-    pub events: UnboundedSender<StreamEvent>,
+    pub events: Outbox,
 }
 
 pub enum Command {
@@ -37,26 +39,72 @@ pub enum Command {
 }
 
 /// What an HTTP request's stream receives, in order: `Accepted` or `Rejected` for each of
-/// its prompts, then one `Token` per generated token of each choice — a choice's last
-/// carrying `finish` — or an `Error`.
+/// its prompts, then a `Token` per generated token of each choice (several tokens each
+/// once a lagging reader's merge: see [`super::outbox`]) — a choice's last carrying
+/// `finish` — or an `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
     Accepted,
     Rejected(AddError),
     Token {
-        /// Which of the response's choices this token belongs to.
+        /// Which of the response's choices these tokens belong to.
         index: usize,
         text: String,
-        token: u32,
-        logprob: f32,
-        top_logprobs: Vec<(u32, f32)>,
+        /// How many generated tokens the text came from.
+        tokens: usize,
+        /// Each token's logprobs, in order, when the request asked for them.
+        logprobs: Vec<TokenLogprob>,
         finish: Option<Finish>,
         /// With a request's first token, when it asked for prompt logprobs.
-        prompt_logprobs: Option<Vec<crate::runtime::engine_core::PromptLogprob>>,
+        prompt_logprobs: Option<Vec<TokenLogprob>>,
         /// With the last token of a request that a stop string or stop token ended.
         stop_reason: Option<crate::runtime::engine_core::StopReason>,
     },
     Error(RequestFailure),
+}
+
+impl StreamEvent {
+    /// Take a later token of the same choice into this one, as if both had come as one;
+    /// hands it back if this is not a token of that choice or has ended it.
+    pub fn absorb(&mut self, later: StreamEvent) -> Option<StreamEvent> {
+        let (
+            StreamEvent::Token {
+                index,
+                text,
+                tokens,
+                logprobs,
+                finish: None,
+                prompt_logprobs,
+                stop_reason,
+            },
+            StreamEvent::Token {
+                index: later_index,
+                text: later_text,
+                tokens: later_tokens,
+                logprobs: later_logprobs,
+                finish: later_finish,
+                prompt_logprobs: later_prompt,
+                stop_reason: later_stop,
+            },
+        ) = (&mut *self, &later)
+        else {
+            return Some(later);
+        };
+        if index != later_index {
+            return Some(later);
+        }
+        text.push_str(later_text);
+        *tokens += later_tokens;
+        logprobs.extend(later_logprobs.iter().cloned());
+        if prompt_logprobs.is_none() {
+            prompt_logprobs.clone_from(later_prompt);
+        }
+        *stop_reason = later_stop.clone();
+        if let StreamEvent::Token { finish, .. } = self {
+            *finish = *later_finish;
+        }
+        None
+    }
 }
 
 /// How a request ended, with its usage.
@@ -71,9 +119,11 @@ pub struct Finish {
 /// A sequence's client side: where its tokens go (one channel per HTTP request, shared by
 /// all its choices), and its timings for the metrics.
 struct Client {
-    events: UnboundedSender<StreamEvent>,
+    events: Outbox,
     /// Its choice among the response's.
     index: usize,
+    /// It asked for its tokens' logprobs.
+    logprobs: bool,
     arrival: Instant,
     /// Its prompt's tokens, counted in `vllm:prompt_tokens` once its prefill is done.
     prompt_tokens: usize,
@@ -224,6 +274,7 @@ impl EngineLoop {
     fn add(&mut self, r: NewRequest) {
         let max_tokens = r.request.max_tokens;
         let prompt_tokens = r.request.prompt.len();
+        let logprobs = r.request.params.logprobs.is_some();
         let ids: Vec<u64> = std::iter::once(r.id)
             .chain(r.request.forks.iter().copied())
             .collect();
@@ -241,6 +292,7 @@ impl EngineLoop {
             let client = Client {
                 events: r.events.clone(),
                 index: r.first_index + fork,
+                logprobs,
                 arrival: r.arrival,
                 prompt_tokens,
                 first_token: None,
@@ -340,9 +392,16 @@ impl EngineLoop {
             .send(StreamEvent::Token {
                 index: client.index,
                 text: t.text,
-                token: t.token,
-                logprob: t.logprob,
-                top_logprobs: t.top_logprobs,
+                tokens: 1,
+                logprobs: if client.logprobs {
+                    vec![TokenLogprob {
+                        token: t.token,
+                        logprob: t.logprob,
+                        top: t.top_logprobs,
+                    }]
+                } else {
+                    Vec::new()
+                },
                 finish: end,
                 prompt_logprobs: t.prompt_logprobs,
                 stop_reason: t.stop_reason,
@@ -409,6 +468,78 @@ mod tests {
     use crate::tools::make_model::{make_model, ModelSpec};
     use crate::{load_model_dir, Arch, Device};
 
+    /// A request whose reader reads nothing runs to its end (the loop never waits on a
+    /// reader), and what queues for it merges: at most `MERGE_AFTER` events, holding every
+    /// token's text and logprobs in order.
+    #[test]
+    fn an_unread_request_runs_to_its_end_and_its_tokens_merge() -> Result<()> {
+        use super::super::outbox::MERGE_AFTER;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("llama");
+        make_model(&ModelSpec::new(Arch::Llama), &dir)?;
+        let lm = load_model_dir(&dir, Some(candle_core::DType::F32), Device::Cpu)?;
+        let sched = SchedulerConfig {
+            num_gpu_blocks: 64,
+            max_model_len: 512,
+            ..SchedulerConfig::default()
+        };
+        let metrics = Arc::new(Mutex::new(ServerMetrics::new("m", 16, 64)));
+        let health = Arc::new(super::super::health::Health::default());
+        let mut engine = EngineLoop::new(lm, sched, metrics, health, 0)?;
+        let tokens = 4 * MERGE_AFTER;
+        let (tx, mut rx) = super::super::outbox::outbox();
+        let mut params = SamplingParams::greedy();
+        params.logprobs = Some(2);
+        let request = EngineRequest {
+            prompt: (0..20).map(|i| 10 + i).collect(),
+            params,
+            max_tokens: tokens,
+            stop_strings: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+            forks: Vec::new(),
+            prompt_logprobs: None,
+            constraint: None,
+        };
+        engine.add(NewRequest {
+            id: 0,
+            request,
+            first_index: 0,
+            arrival: Instant::now(),
+            events: tx,
+        });
+        let mut steps = 0;
+        while !engine.clients.is_empty() {
+            assert!(engine.step());
+            steps += 1;
+            assert!(steps <= 2 * tokens, "the request did not end");
+        }
+        let events: Vec<StreamEvent> = std::iter::from_fn(|| rx.try_recv()).collect();
+        assert_eq!(events[0], StreamEvent::Accepted);
+        assert!(events.len() <= MERGE_AFTER + 1, "{} events", events.len());
+        let (mut count, mut logprobs, mut end) = (0, Vec::new(), None);
+        for e in &events[1..] {
+            let StreamEvent::Token {
+                tokens,
+                logprobs: l,
+                finish,
+                ..
+            } = e
+            else {
+                panic!("{e:?}")
+            };
+            assert!(end.is_none(), "nothing after the end");
+            count += tokens;
+            logprobs.extend(l.iter().map(|l| (l.token, l.top.len())));
+            end = *finish;
+        }
+        assert_eq!(count, tokens);
+        assert_eq!(end.map(|f| f.completion_tokens), Some(tokens));
+        assert_eq!(logprobs.len(), tokens);
+        assert!(logprobs.iter().all(|&(_, top)| top == 2));
+        Ok(())
+    }
+
     /// A lost device ends every request, not only the step's, marks the server unhealthy and
     /// stops the loop.
     #[test]
@@ -428,7 +559,7 @@ mod tests {
         let mut engine = EngineLoop::new(lm, sched, metrics, health.clone(), 0)?;
         let mut streams = Vec::new();
         for id in [0, 10] {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (tx, rx) = super::super::outbox::outbox();
             let request = EngineRequest {
                 prompt: (0..20).map(|i| 10 + i).collect(),
                 params: SamplingParams::greedy(),
@@ -459,7 +590,7 @@ mod tests {
         // Both requests end with the reason: the running one and the one still waiting.
         for rx in &mut streams {
             let mut last = None;
-            while let Ok(e) = rx.try_recv() {
+            while let Some(e) = rx.try_recv() {
                 last = Some(e);
             }
             match last {

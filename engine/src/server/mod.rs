@@ -13,6 +13,7 @@ mod health;
 pub mod http;
 pub mod kv_events;
 pub mod metrics;
+mod outbox;
 mod pace;
 mod prompt;
 pub mod request_path;
