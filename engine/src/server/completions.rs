@@ -606,8 +606,22 @@ fn sse_stream(
                     let (text, lp) = if !meta.keep_generated {
                         (String::new(), Value::Null)
                     } else if meta.logprobs {
-                        let parts: Vec<Value> = logprobs.iter().map(|l| meta.token_logprobs(l)).collect();
-                        (text, merge_logprobs(meta.endpoint, &parts, c.sent_chars))
+                        let parts: Vec<Value> = logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)).collect();
+                        let mut lp = merge_logprobs(meta.endpoint, &parts, c.sent_chars);
+                        if meta.endpoint == Endpoint::Completions {
+                            // Where each token's text starts in what was sent, as when each
+                            // token came in a chunk of its own (merged tokens: see outbox.rs).
+                            let offsets: Vec<usize> = logprobs
+                                .iter()
+                                .scan(c.sent_chars, |at, l| {
+                                    let here = *at;
+                                    *at += l.chars;
+                                    Some(here)
+                                })
+                                .collect();
+                            lp["text_offset"] = json!(offsets);
+                        }
+                        (text, lp)
                     } else {
                         (text, Value::Null)
                     };
@@ -700,7 +714,7 @@ async fn collect(
                     c.text.push_str(&text);
                     if meta.logprobs {
                         c.logprobs
-                            .extend(logprobs.iter().map(|l| meta.token_logprobs(l)));
+                            .extend(logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)));
                     }
                 }
                 if finish.is_some() {
@@ -878,6 +892,7 @@ fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(
 
 #[cfg(test)]
 mod tests {
+    use super::super::engine_loop::SampledLogprob;
     use super::*;
     use axum::http::StatusCode;
 
@@ -958,17 +973,26 @@ mod tests {
         .unwrap();
         let tokenizer = Arc::new(TextTokenizer::from_dir(&dir).unwrap());
         let total = 12;
+        // Texts unlike the tokens' names, as a stop string's held-back text, a special
+        // token's or a character split across tokens make them: offsets follow the text.
         let token = |i: usize| {
             let id = 40 + 7 * i as u32;
+            let text = match i % 3 {
+                1 => String::new(),
+                _ => format!("t{i}·"),
+            };
             StreamEvent::Token {
                 index: 0,
-                text: tokenizer.decode(&[id]).unwrap(),
                 tokens: 1,
-                logprobs: vec![TokenLogprob {
-                    token: id,
-                    logprob: -0.5 * i as f32,
-                    top: vec![(id, -0.5 * i as f32), (id + 1, -3.0)],
+                logprobs: vec![SampledLogprob {
+                    logprob: TokenLogprob {
+                        token: id,
+                        logprob: -0.5 * i as f32,
+                        top: vec![(id, -0.5 * i as f32), (id + 1, -3.0)],
+                    },
+                    chars: text.chars().count(),
                 }],
+                text,
                 finish: (i + 1 == total).then_some(Finish {
                     reason: infer_core::FinishReason::Length,
                     prompt_tokens: 3,
@@ -991,7 +1015,10 @@ mod tests {
             }
         }
         assert_eq!(merged.len(), 5);
-        for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+        let cases = [Endpoint::Completions, Endpoint::Chat]
+            .into_iter()
+            .flat_map(|e| [(e, false, false), (e, true, true)]);
+        for (endpoint, tokens_as_ids, continuous_usage) in cases {
             let meta = || ResponseMeta {
                 id: "cmpl-1".into(),
                 created: 0,
@@ -999,13 +1026,13 @@ mod tests {
                 model: "m".into(),
                 endpoint,
                 logprobs: true,
-                tokens_as_ids: false,
+                tokens_as_ids,
                 tokenizer: tokenizer.clone(),
                 n: 1,
                 prompt_lens: vec![3],
                 echoes: Vec::new(),
                 keep_generated: true,
-                continuous_usage: false,
+                continuous_usage,
                 include_usage: true,
                 tool: None,
                 grammar_param: None,
@@ -1016,7 +1043,15 @@ mod tests {
             let want = read(&whole, endpoint);
             assert_eq!(want.1.len(), total);
             assert_eq!(want.3["completion_tokens"], total);
-            assert_eq!(read(&lagging, endpoint), want, "{endpoint:?}");
+            let case = format!("{endpoint:?}, ids {tokens_as_ids}");
+            assert_eq!(read(&lagging, endpoint), want, "{case}");
+            if continuous_usage {
+                // The running usage of the last token chunk counts every token.
+                for chunks in [&whole, &lagging] {
+                    let last = &chunks[chunks.len() - 2];
+                    assert_eq!(last["usage"]["completion_tokens"], total, "{case}");
+                }
+            }
         }
     }
 

@@ -53,7 +53,7 @@ pub enum StreamEvent {
         /// How many generated tokens the text came from.
         tokens: usize,
         /// Each token's logprobs, in order, when the request asked for them.
-        logprobs: Vec<TokenLogprob>,
+        logprobs: Vec<SampledLogprob>,
         finish: Option<Finish>,
         /// With a request's first token, when it asked for prompt logprobs.
         prompt_logprobs: Option<Vec<TokenLogprob>>,
@@ -67,16 +67,19 @@ impl StreamEvent {
     /// Take a later token of the same choice into this one, as if both had come as one;
     /// hands it back if this is not a token of that choice or has ended it.
     pub fn absorb(&mut self, later: StreamEvent) -> Option<StreamEvent> {
-        let (
-            StreamEvent::Token {
-                index,
-                text,
-                tokens,
-                logprobs,
-                finish: None,
-                prompt_logprobs,
-                stop_reason,
-            },
+        let StreamEvent::Token {
+            index,
+            text,
+            tokens,
+            logprobs,
+            finish: finish @ None,
+            prompt_logprobs,
+            stop_reason,
+        } = self
+        else {
+            return Some(later);
+        };
+        match later {
             StreamEvent::Token {
                 index: later_index,
                 text: later_text,
@@ -85,26 +88,28 @@ impl StreamEvent {
                 finish: later_finish,
                 prompt_logprobs: later_prompt,
                 stop_reason: later_stop,
-            },
-        ) = (&mut *self, &later)
-        else {
-            return Some(later);
-        };
-        if index != later_index {
-            return Some(later);
+            } if later_index == *index => {
+                text.push_str(&later_text);
+                *tokens += later_tokens;
+                logprobs.extend(later_logprobs);
+                if prompt_logprobs.is_none() {
+                    *prompt_logprobs = later_prompt;
+                }
+                *stop_reason = later_stop;
+                *finish = later_finish;
+                None
+            }
+            other => Some(other),
         }
-        text.push_str(later_text);
-        *tokens += later_tokens;
-        logprobs.extend(later_logprobs.iter().cloned());
-        if prompt_logprobs.is_none() {
-            prompt_logprobs.clone_from(later_prompt);
-        }
-        *stop_reason = later_stop.clone();
-        if let StreamEvent::Token { finish, .. } = self {
-            *finish = *later_finish;
-        }
-        None
     }
+}
+
+/// One generated token's logprobs, with the characters of text that came with it (where a
+/// completion's next `text_offset` starts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledLogprob {
+    pub logprob: TokenLogprob,
+    pub chars: usize,
 }
 
 /// How a request ended, with its usage.
@@ -387,6 +392,7 @@ impl EngineLoop {
             self.count_finished(*reason, stats, t.id);
         }
         let client = self.clients.get(&t.id).expect("checked above");
+        let chars = t.text.chars().count();
         let delivered = client
             .events
             .send(StreamEvent::Token {
@@ -394,10 +400,13 @@ impl EngineLoop {
                 text: t.text,
                 tokens: 1,
                 logprobs: if client.logprobs {
-                    vec![TokenLogprob {
-                        token: t.token,
-                        logprob: t.logprob,
-                        top: t.top_logprobs,
+                    vec![SampledLogprob {
+                        logprob: TokenLogprob {
+                            token: t.token,
+                            logprob: t.logprob,
+                            top: t.top_logprobs,
+                        },
+                        chars,
                     }]
                 } else {
                     Vec::new()
@@ -469,7 +478,7 @@ mod tests {
     use crate::{load_model_dir, Arch, Device};
 
     /// A request whose reader reads nothing runs to its end (the loop never waits on a
-    /// reader), and what queues for it merges: at most `MERGE_AFTER` events, holding every
+    /// reader), and what queues for it merges: `MERGE_AFTER` token events, holding every
     /// token's text and logprobs in order.
     #[test]
     fn an_unread_request_runs_to_its_end_and_its_tokens_merge() -> Result<()> {
@@ -516,7 +525,11 @@ mod tests {
         }
         let events: Vec<StreamEvent> = std::iter::from_fn(|| rx.try_recv()).collect();
         assert_eq!(events[0], StreamEvent::Accepted);
-        assert!(events.len() <= MERGE_AFTER + 1, "{} events", events.len());
+        assert_eq!(
+            events.len(),
+            1 + MERGE_AFTER,
+            "Accepted, then merged tokens"
+        );
         let (mut count, mut logprobs, mut end) = (0, Vec::new(), None);
         for e in &events[1..] {
             let StreamEvent::Token {
@@ -530,7 +543,7 @@ mod tests {
             };
             assert!(end.is_none(), "nothing after the end");
             count += tokens;
-            logprobs.extend(l.iter().map(|l| (l.token, l.top.len())));
+            logprobs.extend(l.iter().map(|l| (l.logprob.token, l.logprob.top.len())));
             end = *finish;
         }
         assert_eq!(count, tokens);

@@ -1,11 +1,12 @@
 //! One HTTP request's events on their way from the engine loop to its handler.
 //!
 //! A reader that keeps up gets one event per token: one stream chunk per token, each timed
-//! as it was generated. One that falls [`MERGE_AFTER`] events behind — a client that stopped
-//! reading its stream — gets each choice's further tokens merged into that choice's last
-//! queued event, as vLLM's output collector merges whenever its reader lags. What such a
-//! request holds then grows with its text (and the logprobs it asked for), not by an event
-//! per token; the engine never waits for a reader.
+//! as it was generated. Once a choice has [`MERGE_AFTER`] events queued — its client
+//! stopped reading the stream — its further tokens merge into its last queued event, as
+//! vLLM's output collector merges whenever its reader lags. What such a request holds then
+//! grows with its text (and the logprobs it asked for), not by an event per token; the
+//! engine never waits for a reader. The count is per choice, so a wide request (`n` = 64)
+//! whose step sends one event to each choice at once is not merged for that.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -14,11 +15,14 @@ use tokio::sync::Notify;
 
 use super::engine_loop::StreamEvent;
 
-/// Events queued before further tokens merge: a reader this far behind is not keeping up.
+/// A choice's events queued before its further tokens merge: a reader this far behind is
+/// not keeping up.
 pub const MERGE_AFTER: usize = 64;
 
 struct Queue {
     events: VecDeque<StreamEvent>,
+    /// Token events queued, by choice.
+    queued: Vec<usize>,
     /// Live [`Outbox`]es: at none, the reader has seen everything it will.
     senders: usize,
     /// The [`Inbox`] is alive.
@@ -46,6 +50,7 @@ pub fn outbox() -> (Outbox, Inbox) {
     let shared = Arc::new(Shared {
         queue: Mutex::new(Queue {
             events: VecDeque::new(),
+            queued: Vec::new(),
             senders: 1,
             reader: true,
         }),
@@ -55,21 +60,23 @@ pub fn outbox() -> (Outbox, Inbox) {
 }
 
 impl Outbox {
-    /// Queue an event, merging a token into its choice's last queued event once the reader
-    /// is [`MERGE_AFTER`] behind. Never blocks on the reader.
+    /// Queue an event, merging a token into its choice's last queued event once that choice
+    /// has [`MERGE_AFTER`] queued. Never blocks on the reader.
     pub fn send(&self, event: StreamEvent) -> Result<(), Gone> {
         let mut q = self.0.queue.lock().unwrap();
         if !q.reader {
             return Err(Gone);
         }
-        let event = if q.events.len() >= MERGE_AFTER {
-            match merge_into_queued(&mut q.events, event) {
-                Some(unmerged) => unmerged,
-                None => return Ok(()),
-            }
-        } else {
-            event
+        let event = match q.merge(event) {
+            Some(unmerged) => unmerged,
+            None => return Ok(()),
         };
+        if let StreamEvent::Token { index, .. } = event {
+            if q.queued.len() <= index {
+                q.queued.resize(index + 1, 0);
+            }
+            q.queued[index] += 1;
+        }
         q.events.push_back(event);
         drop(q);
         self.0.ready.notify_one();
@@ -77,22 +84,31 @@ impl Outbox {
     }
 }
 
-/// Merge a token into the last queued event of its choice, if that one is a token the
-/// choice's end has not come with; otherwise hand it back.
-fn merge_into_queued(
-    events: &mut VecDeque<StreamEvent>,
-    event: StreamEvent,
-) -> Option<StreamEvent> {
-    let StreamEvent::Token { index, .. } = &event else {
-        return Some(event);
-    };
-    let last = events
-        .iter_mut()
-        .rev()
-        .find(|e| matches!(e, StreamEvent::Token { index: i, .. } if i == index));
-    match last {
-        Some(queued) => queued.absorb(event),
-        None => Some(event),
+impl Queue {
+    /// Merge a token into the last queued event of its choice if the choice has
+    /// [`MERGE_AFTER`] queued (and that event has not ended it); otherwise hand it back.
+    fn merge(&mut self, event: StreamEvent) -> Option<StreamEvent> {
+        let StreamEvent::Token { index, .. } = event else {
+            return Some(event);
+        };
+        if self.queued.get(index).copied().unwrap_or(0) < MERGE_AFTER {
+            return Some(event);
+        }
+        let last = self
+            .events
+            .iter_mut()
+            .rev()
+            .find(|e| matches!(e, StreamEvent::Token { index: i, .. } if *i == index))
+            .expect("a choice with events queued has a last one");
+        last.absorb(event)
+    }
+
+    fn pop(&mut self) -> Option<StreamEvent> {
+        let event = self.events.pop_front()?;
+        if let StreamEvent::Token { index, .. } = event {
+            self.queued[index] -= 1;
+        }
+        Some(event)
     }
 }
 
@@ -120,7 +136,7 @@ impl Inbox {
         loop {
             {
                 let mut q = self.0.queue.lock().unwrap();
-                if let Some(e) = q.events.pop_front() {
+                if let Some(e) = q.pop() {
                     return Some(e);
                 }
                 if q.senders == 0 {
@@ -135,7 +151,7 @@ impl Inbox {
     /// The next event already queued, without waiting.
     #[cfg(test)]
     pub fn try_recv(&mut self) -> Option<StreamEvent> {
-        self.0.queue.lock().unwrap().events.pop_front()
+        self.0.queue.lock().unwrap().pop()
     }
 }
 
@@ -144,11 +160,13 @@ impl Drop for Inbox {
         let mut q = self.0.queue.lock().unwrap();
         q.reader = false;
         q.events.clear();
+        q.queued.clear();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::engine_loop::SampledLogprob;
     use super::*;
     use crate::runtime::engine_core::TokenLogprob;
 
@@ -157,10 +175,13 @@ mod tests {
             index,
             text: text.into(),
             tokens: 1,
-            logprobs: vec![TokenLogprob {
-                token: id,
-                logprob: -(id as f32),
-                top: vec![(id, -(id as f32))],
+            logprobs: vec![SampledLogprob {
+                logprob: TokenLogprob {
+                    token: id,
+                    logprob: -(id as f32),
+                    top: vec![(id, -(id as f32))],
+                },
+                chars: text.chars().count(),
             }],
             finish: None,
             prompt_logprobs: None,
@@ -200,15 +221,12 @@ mod tests {
         ))
         .unwrap();
         let events = drain(&mut rx);
-        assert_eq!(
-            events.len(),
-            MERGE_AFTER + 1,
-            "merged, then the error after"
-        );
+        let kept = 2 * MERGE_AFTER;
+        assert_eq!(events.len(), kept + 1, "merged, then the error after");
         let mut got = [String::new(), String::new()];
         let mut ids = [Vec::new(), Vec::new()];
         let mut counted = 0;
-        for e in &events[..MERGE_AFTER] {
+        for e in &events[..kept] {
             let StreamEvent::Token {
                 index,
                 text,
@@ -221,8 +239,10 @@ mod tests {
             };
             got[*index].push_str(text);
             assert_eq!(*tokens, logprobs.len());
+            let chars: usize = logprobs.iter().map(|l| l.chars).sum();
+            assert_eq!(chars, text.chars().count());
             counted += tokens;
-            ids[*index].extend(logprobs.iter().map(|l| l.token));
+            ids[*index].extend(logprobs.iter().map(|l| l.logprob.token));
         }
         assert_eq!(got, want);
         assert_eq!(counted, total as usize);
@@ -230,7 +250,23 @@ mod tests {
             let want: Vec<u32> = (0..total).filter(|i| (i % 2) as usize == index).collect();
             assert_eq!(ids, &want);
         }
-        assert!(matches!(events[MERGE_AFTER], StreamEvent::Error(_)));
+        assert!(matches!(events[kept], StreamEvent::Error(_)));
+    }
+
+    /// The count is per choice: a hundred choices each a few tokens behind are not merged.
+    #[test]
+    fn a_wide_request_a_few_steps_behind_is_not_merged() {
+        let (tx, mut rx) = outbox();
+        for step in 0..3 {
+            for index in 0..100 {
+                tx.send(token(index, "x", step)).unwrap();
+            }
+        }
+        let events = drain(&mut rx);
+        assert_eq!(events.len(), 300);
+        assert!(events
+            .iter()
+            .all(|e| matches!(e, StreamEvent::Token { tokens: 1, .. })));
     }
 
     /// A choice's last token merges like any other, carrying the end; nothing merges
