@@ -83,7 +83,7 @@ fn best_of_plain(n: usize, mut f: impl FnMut()) -> f64 {
 /// 256 MiB of weight copies, so that, as in a model, no weight is still in cache.
 fn linear_kernel_lines() -> [f64; 2] {
     let mut peak = [0f64; 2];
-    use infer_engine::runtime::backend::cpu::matmul::Weights;
+    use infer_kernels::cpu_matmul::Weights;
     for (n, k) in [(8192, 1024), (1024, 4096)] {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i % 97) as f32 - 48.0) / 97.0)

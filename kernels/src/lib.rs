@@ -10,6 +10,11 @@
 //!   compute capability, typed launch wrappers over raw device-address spans, and cuBLAS for
 //!   the linear layers (`reference::matmul_xwt` is its CPU counterpart).
 //!
+//! And one CPU kernel that is not a reference: [`cpu_matmul`], the engine's CPU backend's
+//! linear layers, where nearly all of a CPU forward pass goes. It lives here so that test
+//! builds optimise it (the workspace's `Cargo.toml` optimises this crate in the dev
+//! profile): unoptimised, it made the engine's tests four times slower.
+//!
 //! Both sides share the tensor layouts described in [`layout`]; storage on the GPU is bf16
 //! (raw `u16` bits, see [`bf16`]) with f32 arithmetic inside every kernel.
 //!
@@ -23,6 +28,7 @@
 
 pub mod bf16;
 pub mod compat;
+pub mod cpu_matmul;
 pub mod decode_split;
 pub mod fp8;
 pub mod layout;

@@ -9,7 +9,6 @@
 pub(crate) mod attention;
 pub(crate) mod decode_attention;
 pub mod kv;
-pub mod matmul;
 
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
@@ -21,7 +20,7 @@ use infer_kernels::sampling::{SampledRows, SamplingBatch};
 pub use kv::CpuKv;
 
 use infer_core::workload::KvCacheDtype;
-use matmul::Weights;
+use infer_kernels::cpu_matmul::Weights;
 
 pub enum CpuWeight {
     Linear(Weights),
