@@ -477,46 +477,63 @@ mod tests {
     use crate::tools::make_model::{make_model, ModelSpec};
     use crate::{load_model_dir, Arch, Device};
 
+    /// An engine loop on a generated Llama (the directory lives as long as the guard) and
+    /// its health.
+    fn engine(
+        sched: SchedulerConfig,
+    ) -> Result<(
+        tempfile::TempDir,
+        EngineLoop,
+        Arc<super::super::health::Health>,
+    )> {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("llama");
+        make_model(&ModelSpec::new(Arch::Llama), &dir)?;
+        let lm = load_model_dir(&dir, Some(candle_core::DType::F32), Device::Cpu)?;
+        let metrics = Arc::new(Mutex::new(ServerMetrics::new("m", 16, 64)));
+        let health = Arc::new(super::super::health::Health::default());
+        let engine = EngineLoop::new(lm, sched, metrics, health.clone(), 0)?;
+        Ok((tmp, engine, health))
+    }
+
+    /// Request `id`: 20 prompt tokens, `max_tokens` generated (EOS ignored), its events
+    /// to `events`.
+    fn request(id: u64, params: SamplingParams, max_tokens: usize, events: Outbox) -> NewRequest {
+        NewRequest {
+            id,
+            request: EngineRequest {
+                prompt: (0..20).map(|i| 10 + i).collect(),
+                params,
+                max_tokens,
+                stop_strings: Vec::new(),
+                stop_token_ids: Vec::new(),
+                ignore_eos: true,
+                forks: Vec::new(),
+                prompt_logprobs: None,
+                constraint: None,
+            },
+            first_index: 0,
+            arrival: Instant::now(),
+            events,
+        }
+    }
+
     /// A request whose reader reads nothing runs to its end (the loop never waits on a
     /// reader), and what queues for it merges: `MERGE_AFTER` token events, holding every
     /// token's text and logprobs in order.
     #[test]
     fn an_unread_request_runs_to_its_end_and_its_tokens_merge() -> Result<()> {
         use super::super::outbox::MERGE_AFTER;
-        let tmp = tempfile::tempdir()?;
-        let dir = tmp.path().join("llama");
-        make_model(&ModelSpec::new(Arch::Llama), &dir)?;
-        let lm = load_model_dir(&dir, Some(candle_core::DType::F32), Device::Cpu)?;
-        let sched = SchedulerConfig {
+        let (_dir, mut engine, _) = engine(SchedulerConfig {
             num_gpu_blocks: 64,
             max_model_len: 512,
             ..SchedulerConfig::default()
-        };
-        let metrics = Arc::new(Mutex::new(ServerMetrics::new("m", 16, 64)));
-        let health = Arc::new(super::super::health::Health::default());
-        let mut engine = EngineLoop::new(lm, sched, metrics, health, 0)?;
+        })?;
         let tokens = 4 * MERGE_AFTER;
         let (tx, mut rx) = super::super::outbox::outbox();
         let mut params = SamplingParams::greedy();
         params.logprobs = Some(2);
-        let request = EngineRequest {
-            prompt: (0..20).map(|i| 10 + i).collect(),
-            params,
-            max_tokens: tokens,
-            stop_strings: Vec::new(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: true,
-            forks: Vec::new(),
-            prompt_logprobs: None,
-            constraint: None,
-        };
-        engine.add(NewRequest {
-            id: 0,
-            request,
-            first_index: 0,
-            arrival: Instant::now(),
-            events: tx,
-        });
+        engine.add(request(0, params, tokens, tx));
         let mut steps = 0;
         while !engine.clients.is_empty() {
             assert!(engine.step());
@@ -557,40 +574,16 @@ mod tests {
     /// stops the loop.
     #[test]
     fn a_lost_device_stops_the_loop_and_marks_the_server_unhealthy() -> Result<()> {
-        let tmp = tempfile::tempdir()?;
-        let dir = tmp.path().join("llama");
-        make_model(&ModelSpec::new(Arch::Llama), &dir)?;
-        let lm = load_model_dir(&dir, Some(candle_core::DType::F32), Device::Cpu)?;
-        let sched = SchedulerConfig {
+        let (_dir, mut engine, health) = engine(SchedulerConfig {
             max_batch_size: 1,
             num_gpu_blocks: 64,
             max_model_len: 256,
             ..SchedulerConfig::default()
-        };
-        let metrics = Arc::new(Mutex::new(ServerMetrics::new("m", 16, 64)));
-        let health = Arc::new(super::super::health::Health::default());
-        let mut engine = EngineLoop::new(lm, sched, metrics, health.clone(), 0)?;
+        })?;
         let mut streams = Vec::new();
         for id in [0, 10] {
             let (tx, rx) = super::super::outbox::outbox();
-            let request = EngineRequest {
-                prompt: (0..20).map(|i| 10 + i).collect(),
-                params: SamplingParams::greedy(),
-                max_tokens: 4,
-                stop_strings: Vec::new(),
-                stop_token_ids: Vec::new(),
-                ignore_eos: true,
-                forks: Vec::new(),
-                prompt_logprobs: None,
-                constraint: None,
-            };
-            engine.add(NewRequest {
-                id,
-                request,
-                first_index: 0,
-                arrival: Instant::now(),
-                events: tx,
-            });
+            engine.add(request(id, SamplingParams::greedy(), 4, tx));
             streams.push(rx);
         }
         // A step that works, then one whose device is lost.
