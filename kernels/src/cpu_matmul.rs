@@ -20,7 +20,9 @@
 //! into one contiguous run each, on the calling rayon pool (the engine loop runs on it).
 //!
 //! AVX-512 (F, BW, VL; BF16 for the native dot products) is used when the CPU has it,
-//! detected once at run time; elsewhere a portable loop computes the same products.
+//! AVX2 with FMA on other x86 CPUs, detected once at run time; elsewhere a portable loop
+//! computes the same products. (Each kernel sums in its own fixed order, so results are
+//! bit-identical across batches on one machine, not across kernels.)
 
 use half::bf16;
 use rayon::prelude::*;
@@ -97,6 +99,8 @@ impl Weights {
                 let tile: TileFn<f32, f32> = match kernel {
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx512 | Kernel::Avx512Bf16 => avx512::f32_tiles,
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx2 => avx2::f32_tiles,
                     _ => portable,
                 };
                 let x = if w.k_pad == k {
@@ -112,6 +116,8 @@ impl Weights {
                     Kernel::Avx512Bf16 => avx512::bf16_dot_tiles,
                     #[cfg(target_arch = "x86_64")]
                     Kernel::Avx512 => avx512::bf16_wide_tiles,
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx2 => avx2::bf16_tiles,
                     _ => portable,
                 };
                 product(w, n, &to_bf16(kernel, x, m, k, w.k_pad), m, y, tile)
@@ -124,6 +130,9 @@ impl Weights {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
     Portable,
+    /// AVX2 and FMA: eight f32 lanes.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
     /// AVX-512 F, BW and VL.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx512,
@@ -144,6 +153,9 @@ fn kernel() -> Kernel {
                 } else {
                     Kernel::Avx512
                 };
+            }
+            if has!("avx2") && has!("fma") {
+                return Kernel::Avx2;
             }
         }
         Kernel::Portable
@@ -343,6 +355,44 @@ fn portable<W: Elem, X: Elem>(w: &[W], x: &[X], nx: usize, k_pad: usize, acc: &m
     }
 }
 
+/// A register tile kernel running `$step` over the row (its sums, `Sums<NX>`, start at
+/// `$zero` and are reduced by `$reduce`), and its dispatcher over the number of activation
+/// rows.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tiles {
+    ($dispatch:ident, $tile:ident, $features:literal, $e:ty, $step:ident, $zero:expr, $reduce:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $tile<const NX: usize>(w: *const $e, x: *const $e, k: usize, acc: &mut Acc) {
+            let mut sum: Sums<NX> = [[$zero; TILE_W]; NX];
+            let mut i = 0;
+            while i < k {
+                $step(&mut sum, w.add(i * TILE_W), x.add(i), k);
+                i += <$e as Elem>::STEP;
+            }
+            for (r, s) in sum.iter().enumerate() {
+                for (c, v) in s.iter().enumerate() {
+                    acc[r][c] = $reduce(*v);
+                }
+            }
+        }
+
+        /// # Safety
+        /// See [`super::TileFn`].
+        pub(super) unsafe fn $dispatch(w: &[$e], x: &[$e], nx: usize, k: usize, acc: &mut Acc) {
+            debug_assert!(w.len() == TILE_W * k && x.len() >= nx * k);
+            debug_assert!(k % <$e as Elem>::STEP == 0);
+            let (w, x) = (w.as_ptr(), x.as_ptr());
+            match nx {
+                4 => $tile::<4>(w, x, k, acc),
+                3 => $tile::<3>(w, x, k, acc),
+                2 => $tile::<2>(w, x, k, acc),
+                1 => $tile::<1>(w, x, k, acc),
+                _ => unreachable!("a tile of {nx} activation rows"),
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Acc, Elem, TILE_W, TILE_X};
@@ -427,67 +477,43 @@ mod avx512 {
         }
     }
 
-    /// A register tile kernel running `$step` over the row, and its dispatcher over the
-    /// number of activation rows.
-    macro_rules! tiles {
-        ($dispatch:ident, $tile:ident, $features:literal, $e:ty, $step:ident) => {
-            #[target_feature(enable = $features)]
-            unsafe fn $tile<const NX: usize>(w: *const $e, x: *const $e, k: usize, acc: &mut Acc) {
-                let mut sum: Sums<NX> = [[_mm512_setzero_ps(); TILE_W]; NX];
-                let mut i = 0;
-                while i < k {
-                    $step(&mut sum, w.add(i * TILE_W), x.add(i), k);
-                    i += <$e as Elem>::STEP;
-                }
-                for (r, s) in sum.iter().enumerate() {
-                    for (c, v) in s.iter().enumerate() {
-                        acc[r][c] = _mm512_reduce_add_ps(*v);
-                    }
-                }
-            }
-
-            /// # Safety
-            /// See [`super::TileFn`].
-            pub(super) unsafe fn $dispatch(w: &[$e], x: &[$e], nx: usize, k: usize, acc: &mut Acc) {
-                debug_assert!(w.len() == TILE_W * k && x.len() >= nx * k);
-                debug_assert!(k % <$e as Elem>::STEP == 0);
-                let (w, x) = (w.as_ptr(), x.as_ptr());
-                match nx {
-                    4 => $tile::<4>(w, x, k, acc),
-                    3 => $tile::<3>(w, x, k, acc),
-                    2 => $tile::<2>(w, x, k, acc),
-                    1 => $tile::<1>(w, x, k, acc),
-                    _ => unreachable!("a tile of {nx} activation rows"),
-                }
-            }
-        };
-    }
-
     const _: () = assert!(
         TILE_W == 4 && TILE_X == 4,
         "the steps load four weight rows"
     );
+
+    /// The sum of a register's lanes.
+    #[inline(always)]
+    unsafe fn reduce(v: __m512) -> f32 {
+        _mm512_reduce_add_ps(v)
+    }
 
     tiles!(
         f32_tiles,
         f32_tile,
         "avx512f,avx512bw,avx512vl",
         f32,
-        step_f32
+        step_f32,
+        _mm512_setzero_ps(),
+        reduce
     );
     tiles!(
         bf16_wide_tiles,
         bf16_wide_tile,
         "avx512f,avx512bw,avx512vl",
         bf16,
-        step_bf16_wide
+        step_bf16_wide,
+        _mm512_setzero_ps(),
+        reduce
     );
     tiles!(
         bf16_dot_tiles,
         bf16_dot_tile,
         "avx512f,avx512bw,avx512vl,avx512bf16",
         bf16,
-        step_bf16_dot
+        step_bf16_dot,
+        _mm512_setzero_ps(),
+        reduce
     );
 
     /// `out = x` rounded to bf16 (to nearest even), sixteen at a time.
@@ -511,6 +537,94 @@ mod avx512 {
             i += 16;
         }
     }
+}
+
+/// The AVX2 + FMA kernels, for x86 CPUs without AVX-512: the same packed tiles, eight f32
+/// lanes a register, each step's 16 (f32) or 32 (bf16) elements in halves or quarters.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Acc, Elem, TILE_W};
+    use half::bf16;
+    use std::arch::x86_64::*;
+
+    type Sums<const NX: usize> = [[__m256; TILE_W]; NX];
+
+    /// One step of f32 tiles: 16 elements of each row, as two halves.
+    #[inline(always)]
+    unsafe fn step_f32<const NX: usize>(s: &mut Sums<NX>, w: *const f32, x: *const f32, k: usize) {
+        for half in [0, 8] {
+            let wv: [__m256; TILE_W] = [
+                _mm256_loadu_ps(w.add(half)),
+                _mm256_loadu_ps(w.add(16 + half)),
+                _mm256_loadu_ps(w.add(32 + half)),
+                _mm256_loadu_ps(w.add(48 + half)),
+            ];
+            for (r, sr) in s.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(x.add(r * k + half));
+                for (c, v) in sr.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(xv, wv[c], *v);
+                }
+            }
+        }
+    }
+
+    /// Eight bf16 widened to f32 (exactly: bf16 is the top half of an f32).
+    #[inline(always)]
+    unsafe fn wide(p: *const bf16) -> __m256 {
+        let h = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+
+    /// One step of bf16 tiles: 32 elements of each row, widened to f32 as four quarters.
+    #[inline(always)]
+    unsafe fn step_bf16<const NX: usize>(
+        s: &mut Sums<NX>,
+        w: *const bf16,
+        x: *const bf16,
+        k: usize,
+    ) {
+        for quarter in [0, 8, 16, 24] {
+            let wv: [__m256; TILE_W] = [
+                wide(w.add(quarter)),
+                wide(w.add(32 + quarter)),
+                wide(w.add(64 + quarter)),
+                wide(w.add(96 + quarter)),
+            ];
+            for (r, sr) in s.iter_mut().enumerate() {
+                let xv = wide(x.add(r * k + quarter));
+                for (c, v) in sr.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(xv, wv[c], *v);
+                }
+            }
+        }
+    }
+
+    /// The sum of a register's lanes, always in the same order.
+    #[inline(always)]
+    unsafe fn reduce(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    }
+
+    tiles!(
+        f32_tiles,
+        f32_tile,
+        "avx2,fma",
+        f32,
+        step_f32,
+        _mm256_setzero_ps(),
+        reduce
+    );
+    tiles!(
+        bf16_tiles,
+        bf16_tile,
+        "avx2,fma",
+        bf16,
+        step_bf16,
+        _mm256_setzero_ps(),
+        reduce
+    );
 }
 
 #[cfg(test)]
@@ -543,8 +657,14 @@ mod tests {
     fn kernels_here() -> Vec<Kernel> {
         match kernel() {
             Kernel::Portable => vec![Kernel::Portable],
-            Kernel::Avx512 => vec![Kernel::Portable, Kernel::Avx512],
-            Kernel::Avx512Bf16 => vec![Kernel::Portable, Kernel::Avx512, Kernel::Avx512Bf16],
+            Kernel::Avx2 => vec![Kernel::Portable, Kernel::Avx2],
+            Kernel::Avx512 => vec![Kernel::Portable, Kernel::Avx2, Kernel::Avx512],
+            Kernel::Avx512Bf16 => vec![
+                Kernel::Portable,
+                Kernel::Avx2,
+                Kernel::Avx512,
+                Kernel::Avx512Bf16,
+            ],
         }
     }
 
