@@ -594,7 +594,7 @@ fn sse_stream(
                         if let Some(echo) = meta.echo(index) {
                             // The prompt first, as its own chunk.
                             let lp = match (&echoed[index / meta.n], meta.logprobs) {
-                                (Some(lps), true) => merge_logprobs(meta.endpoint, &meta.prompt_logprob_parts(echo, lps), 0),
+                                (Some(lps), true) => merge_logprobs(meta.endpoint, &meta.prompt_logprob_parts(echo, lps), 0, None),
                                 _ => Value::Null,
                             };
                             let chunk = meta.chunk(index, &echo.text, lp, None, true);
@@ -607,21 +607,8 @@ fn sse_stream(
                         (String::new(), Value::Null)
                     } else if meta.logprobs {
                         let parts: Vec<Value> = logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)).collect();
-                        let mut lp = merge_logprobs(meta.endpoint, &parts, c.sent_chars);
-                        if meta.endpoint == Endpoint::Completions {
-                            // Where each token's text starts in what was sent, as when each
-                            // token came in a chunk of its own (merged tokens: see outbox.rs).
-                            let offsets: Vec<usize> = logprobs
-                                .iter()
-                                .scan(c.sent_chars, |at, l| {
-                                    let here = *at;
-                                    *at += l.chars;
-                                    Some(here)
-                                })
-                                .collect();
-                            lp["text_offset"] = json!(offsets);
-                        }
-                        (text, lp)
+                        let widths: Vec<usize> = logprobs.iter().map(|l| l.chars).collect();
+                        (text, merge_logprobs(meta.endpoint, &parts, c.sent_chars, Some(&widths)))
                     } else {
                         (text, Value::Null)
                     };
@@ -768,7 +755,7 @@ impl ResponseMeta {
     /// A finished choice of a non-streaming response.
     fn choice(&self, index: usize, c: &Choice) -> Value {
         let logprobs = if self.logprobs {
-            merge_logprobs(self.endpoint, &c.logprobs, 0)
+            merge_logprobs(self.endpoint, &c.logprobs, 0, None)
         } else {
             Value::Null
         };
@@ -815,9 +802,15 @@ fn tool_finish_reason(tool: &ToolChoice, reason: &'static str, whole_calls: bool
 
 /// Per-token logprob objects → one object, as a response or chunk carries them. A
 /// completion's also gets `text_offset`: where each token starts in the choice's text, in
-/// characters, the first at `start` (what the choice sent before), counted as vLLM does
-/// from each token's own text.
-fn merge_logprobs(endpoint: Endpoint, parts: &[Value], start: usize) -> Value {
+/// characters, the first at `start` (what the choice sent before), each token taking
+/// `widths[i]` characters where the text each released is known (a stream's, so that a
+/// chunk of several tokens reads as one chunk each), else its own text's, as vLLM counts.
+fn merge_logprobs(
+    endpoint: Endpoint,
+    parts: &[Value],
+    start: usize,
+    widths: Option<&[usize]>,
+) -> Value {
     match endpoint {
         Endpoint::Completions => {
             let cat = |k: &str| {
@@ -829,9 +822,13 @@ fn merge_logprobs(endpoint: Endpoint, parts: &[Value], start: usize) -> Value {
             let tokens = cat("tokens");
             let text_offset: Vec<usize> = tokens
                 .iter()
-                .scan(start, |at, t| {
+                .enumerate()
+                .scan(start, |at, (i, t)| {
                     let here = *at;
-                    *at += t.as_str().map_or(0, |t| t.chars().count());
+                    *at += match widths {
+                        Some(w) => w[i],
+                        None => t.as_str().map_or(0, |t| t.chars().count()),
+                    };
                     Some(here)
                 })
                 .collect();

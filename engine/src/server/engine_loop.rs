@@ -392,25 +392,24 @@ impl EngineLoop {
             self.count_finished(*reason, stats, t.id);
         }
         let client = self.clients.get(&t.id).expect("checked above");
-        let chars = t.text.chars().count();
+        let logprobs = match client.logprobs {
+            true => vec![SampledLogprob {
+                logprob: TokenLogprob {
+                    token: t.token,
+                    logprob: t.logprob,
+                    top: t.top_logprobs,
+                },
+                chars: t.text.chars().count(),
+            }],
+            false => Vec::new(),
+        };
         let delivered = client
             .events
             .send(StreamEvent::Token {
                 index: client.index,
                 text: t.text,
                 tokens: 1,
-                logprobs: if client.logprobs {
-                    vec![SampledLogprob {
-                        logprob: TokenLogprob {
-                            token: t.token,
-                            logprob: t.logprob,
-                            top: t.top_logprobs,
-                        },
-                        chars,
-                    }]
-                } else {
-                    Vec::new()
-                },
+                logprobs,
                 finish: end,
                 prompt_logprobs: t.prompt_logprobs,
                 stop_reason: t.stop_reason,
