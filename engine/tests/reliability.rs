@@ -42,6 +42,27 @@ async fn stream_completion(
         .unwrap()
 }
 
+/// Runs `clients` on a runtime of their own and waits for them. The server under test
+/// serves on the test's runtime; the hostile clients' own work (their JSON is compiled
+/// unoptimised here: parsing one 4 MiB prompt's `/tokenize` answer held a thread for about
+/// half a second) must not take its HTTP threads, or a stall of the test's making reads
+/// as the server's.
+async fn apart<T: Send + 'static>(
+    clients: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(clients)
+    });
+    tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap()
+}
+
 /// Polls `/health` every 5 ms until `done` and returns the longest answer time.
 async fn worst_health(base: String, done: tokio::sync::watch::Receiver<bool>) -> Duration {
     let client = reqwest::Client::new();
@@ -106,39 +127,44 @@ async fn huge_prompts_are_refused_or_tokenised_without_stalling_anyone() {
     };
 
     let huge = "harbour lights ".repeat(4 << 20 >> 4); // 4 MiB
-    let mut jobs = Vec::new();
-    for i in 0..4 {
-        let (client, base, huge) = (client.clone(), base.clone(), huge.clone());
-        jobs.push(tokio::spawn(async move {
-            if i % 2 == 0 {
-                // Cannot fit max_model_len: refused by its length, before tokenisation.
-                let t = Instant::now();
-                let body = json!({"prompt": huge, "max_tokens": 4});
-                let (status, v) = post(&client, &format!("{base}/v1/completions"), &body).await;
-                assert_eq!(status, 400, "{v}");
-                assert_eq!(v["error"]["param"], "prompt");
-                assert!(v["error"]["message"].as_str().unwrap().contains("bytes"));
-                // Without waiting for the tokenizer pool the /tokenize calls occupy.
-                assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-                t.elapsed()
-            } else {
-                // /tokenize has no length limit: it is tokenised, off the HTTP threads.
-                let t = Instant::now();
-                let (status, v) = post(
-                    &client,
-                    &format!("{base}/tokenize"),
-                    &json!({"prompt": huge}),
-                )
-                .await;
-                assert_eq!(status, 200);
-                assert!(v["count"].as_u64().unwrap() > 100_000);
-                t.elapsed()
-            }
-        }));
-    }
-    for j in jobs {
-        j.await.unwrap();
-    }
+    let hostile = (client.clone(), base.clone());
+    apart(async move {
+        let (client, base) = hostile;
+        let mut jobs = Vec::new();
+        for i in 0..4 {
+            let (client, base, huge) = (client.clone(), base.clone(), huge.clone());
+            jobs.push(tokio::spawn(async move {
+                if i % 2 == 0 {
+                    // Cannot fit max_model_len: refused by its length, before tokenisation.
+                    let t = Instant::now();
+                    let body = json!({"prompt": huge, "max_tokens": 4});
+                    let (status, v) = post(&client, &format!("{base}/v1/completions"), &body).await;
+                    assert_eq!(status, 400, "{v}");
+                    assert_eq!(v["error"]["param"], "prompt");
+                    assert!(v["error"]["message"].as_str().unwrap().contains("bytes"));
+                    // Without waiting for the tokenizer pool the /tokenize calls occupy.
+                    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+                    t.elapsed()
+                } else {
+                    // /tokenize has no length limit: it is tokenised, off the HTTP threads.
+                    let t = Instant::now();
+                    let (status, v) = post(
+                        &client,
+                        &format!("{base}/tokenize"),
+                        &json!({"prompt": huge}),
+                    )
+                    .await;
+                    assert_eq!(status, 200);
+                    assert!(v["count"].as_u64().unwrap() > 100_000);
+                    t.elapsed()
+                }
+            }));
+        }
+        for j in jobs {
+            j.await.unwrap();
+        }
+    })
+    .await;
     let gap = stream.await.unwrap();
     done_tx.send(true).unwrap();
     let worst = health.await.unwrap();
@@ -1167,20 +1193,26 @@ async fn small_prompts_do_not_wait_behind_huge_ones_and_every_message_counts() {
     let (addr, server) = spawn_local(config()).await.unwrap();
     let base = format!("http://{addr}");
     let huge = "harbour lights ".repeat(4 << 20 >> 4);
-    let mut jobs = Vec::new();
-    for _ in 0..4 {
-        let (base, huge) = (base.clone(), huge.clone());
-        jobs.push(tokio::spawn(async move {
-            let client = reqwest::Client::new();
-            let (status, _) = post(
-                &client,
-                &format!("{base}/tokenize"),
-                &json!({"prompt": huge}),
-            )
-            .await;
-            assert_eq!(status, 200);
-        }));
-    }
+    let hostile = base.clone();
+    let tokenizing = tokio::spawn(apart(async move {
+        let mut jobs = Vec::new();
+        for _ in 0..4 {
+            let (base, huge) = (hostile.clone(), huge.clone());
+            jobs.push(tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let (status, _) = post(
+                    &client,
+                    &format!("{base}/tokenize"),
+                    &json!({"prompt": huge}),
+                )
+                .await;
+                assert_eq!(status, 200);
+            }));
+        }
+        for j in jobs {
+            j.await.unwrap();
+        }
+    }));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = Instant::now();
     let (status, v) = post(
@@ -1205,9 +1237,7 @@ async fn small_prompts_do_not_wait_behind_huge_ones_and_every_message_counts() {
         "{v}"
     );
     let all_done = Instant::now();
-    for j in jobs {
-        j.await.unwrap();
-    }
+    tokenizing.await.unwrap();
     eprintln!(
         "a short prompt beside four 4 MiB /tokenize calls: {short:?} (they took {:?} more)",
         all_done.elapsed()
