@@ -357,12 +357,18 @@ fn portable<W: Elem, X: Elem>(w: &[W], x: &[X], nx: usize, k_pad: usize, acc: &m
 
 /// A register tile kernel running `$step` over the row (its sums, `Sums<NX>`, start at
 /// `$zero` and are reduced by `$reduce`), and its dispatcher over the number of activation
-/// rows.
+/// rows, at most `$pass` of them in registers at once (with 16 AVX2 registers, four rows'
+/// 16 sums beside the 4 weight vectors would spill to the stack).
 #[cfg(target_arch = "x86_64")]
 macro_rules! tiles {
-    ($dispatch:ident, $tile:ident, $features:literal, $e:ty, $step:ident, $zero:expr, $reduce:ident) => {
+    ($dispatch:ident, $tile:ident, $features:literal, $pass:literal, $e:ty, $step:ident, $zero:expr, $reduce:ident) => {
         #[target_feature(enable = $features)]
-        unsafe fn $tile<const NX: usize>(w: *const $e, x: *const $e, k: usize, acc: &mut Acc) {
+        unsafe fn $tile<const NX: usize>(
+            w: *const $e,
+            x: *const $e,
+            k: usize,
+            acc: &mut [[f32; TILE_W]],
+        ) {
             let mut sum: Sums<NX> = [[$zero; TILE_W]; NX];
             let mut i = 0;
             while i < k {
@@ -382,12 +388,19 @@ macro_rules! tiles {
             debug_assert!(w.len() == TILE_W * k && x.len() >= nx * k);
             debug_assert!(k % <$e as Elem>::STEP == 0);
             let (w, x) = (w.as_ptr(), x.as_ptr());
-            match nx {
-                4 => $tile::<4>(w, x, k, acc),
-                3 => $tile::<3>(w, x, k, acc),
-                2 => $tile::<2>(w, x, k, acc),
-                1 => $tile::<1>(w, x, k, acc),
-                _ => unreachable!("a tile of {nx} activation rows"),
+            // Each sum's order is the same in any pass: results do not depend on `nx`.
+            let mut r = 0;
+            while r < nx {
+                let (x, acc) = (x.add(r * k), &mut acc[r..]);
+                let rows = (nx - r).min($pass);
+                match rows {
+                    4 => $tile::<4>(w, x, k, acc),
+                    3 => $tile::<3>(w, x, k, acc),
+                    2 => $tile::<2>(w, x, k, acc),
+                    1 => $tile::<1>(w, x, k, acc),
+                    _ => unreachable!("a tile of {nx} activation rows"),
+                }
+                r += rows;
             }
         }
     };
@@ -492,6 +505,7 @@ mod avx512 {
         f32_tiles,
         f32_tile,
         "avx512f,avx512bw,avx512vl",
+        4,
         f32,
         step_f32,
         _mm512_setzero_ps(),
@@ -501,6 +515,7 @@ mod avx512 {
         bf16_wide_tiles,
         bf16_wide_tile,
         "avx512f,avx512bw,avx512vl",
+        4,
         bf16,
         step_bf16_wide,
         _mm512_setzero_ps(),
@@ -510,6 +525,7 @@ mod avx512 {
         bf16_dot_tiles,
         bf16_dot_tile,
         "avx512f,avx512bw,avx512vl,avx512bf16",
+        4,
         bf16,
         step_bf16_dot,
         _mm512_setzero_ps(),
@@ -611,6 +627,7 @@ mod avx2 {
         f32_tiles,
         f32_tile,
         "avx2,fma",
+        2,
         f32,
         step_f32,
         _mm256_setzero_ps(),
@@ -620,6 +637,7 @@ mod avx2 {
         bf16_tiles,
         bf16_tile,
         "avx2,fma",
+        2,
         bf16,
         step_bf16,
         _mm256_setzero_ps(),
