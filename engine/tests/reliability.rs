@@ -127,9 +127,8 @@ async fn huge_prompts_are_refused_or_tokenised_without_stalling_anyone() {
     };
 
     let huge = "harbour lights ".repeat(4 << 20 >> 4); // 4 MiB
-    let hostile = (client.clone(), base.clone());
+    let (client, base) = (client.clone(), base.clone());
     apart(async move {
-        let (client, base) = hostile;
         let mut jobs = Vec::new();
         for i in 0..4 {
             let (client, base, huge) = (client.clone(), base.clone(), huge.clone());

@@ -556,7 +556,8 @@ mod avx512 {
 }
 
 /// The AVX2 + FMA kernels, for x86 CPUs without AVX-512: the same packed tiles, eight f32
-/// lanes a register, each step's 16 (f32) or 32 (bf16) elements in halves or quarters.
+/// lanes a register, each step's 16 (f32) or 32 (bf16) elements in halves (a bf16 half as
+/// its even and its odd elements), two activation rows at a time.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{Acc, Elem, TILE_W};

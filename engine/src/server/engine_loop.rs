@@ -392,16 +392,17 @@ impl EngineLoop {
             self.count_finished(*reason, stats, t.id);
         }
         let client = self.clients.get(&t.id).expect("checked above");
-        let logprobs = match client.logprobs {
-            true => vec![SampledLogprob {
+        let logprobs = if client.logprobs {
+            vec![SampledLogprob {
                 logprob: TokenLogprob {
                     token: t.token,
                     logprob: t.logprob,
                     top: t.top_logprobs,
                 },
                 chars: t.text.chars().count(),
-            }],
-            false => Vec::new(),
+            }]
+        } else {
+            Vec::new()
         };
         let delivered = client
             .events
