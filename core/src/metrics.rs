@@ -607,6 +607,9 @@ struct Live {
     /// When the last chunk came (the start before the first).
     last: f64,
     timeline: Timeline,
+    /// The gaps between its chunks, pooled into the ITL once it completes (as vLLM pools
+    /// the gaps of successful requests only).
+    gaps: Vec<f64>,
 }
 
 /// Service-level objectives as `vllm bench serve --goodput` takes them (milliseconds): a
@@ -729,6 +732,7 @@ impl MetricsRecorder {
             prompt_tokens,
             last: t,
             timeline: Timeline::default(),
+            gaps: Vec::new(),
         };
         self.live.insert(id, live);
     }
@@ -743,7 +747,7 @@ impl MetricsRecorder {
             tl.first = Some(t);
         } else {
             let gap = t - l.last;
-            self.itl.push(gap);
+            l.gaps.push(gap);
             tl.itl_sum += gap;
             tl.itl_max = tl.itl_max.max(gap);
         }
@@ -776,7 +780,11 @@ impl MetricsRecorder {
         queue_time: Option<f64>,
         replica: Option<usize>,
     ) -> Option<RequestRecord> {
-        let timeline = self.live.get(&id)?.timeline;
+        let live = self.live.get_mut(&id)?;
+        let timeline = live.timeline;
+        for gap in std::mem::take(&mut live.gaps) {
+            self.itl.push(gap);
+        }
         self.finish_timed(
             id,
             t,
@@ -826,14 +834,13 @@ impl MetricsRecorder {
     }
 
     /// Forget request `id`, which neither completed nor failed: a run interrupted while it
-    /// was in flight. Its gaps so far stay in the ITL pool (they were measured); it has no
-    /// record. Whether it was live.
+    /// was in flight. It has no record, and its gaps are not pooled. Whether it was live.
     pub fn abandon(&mut self, id: u64) -> bool {
         self.live.remove(&id).is_some()
     }
 
-    /// Request `id` failed at `t` (its ITL gaps, if any, stay in the pool as vLLM's do not;
-    /// they are few and the alternative is keeping them per request).
+    /// Request `id` failed at `t` (its gaps are not pooled: as vLLM's, the ITL is that of
+    /// completed requests).
     pub fn fail(&mut self, id: u64, t: f64, error: String) -> RequestRecord {
         let l = self.live.remove(&id);
         let (start, prompt_tokens) = l.map_or((t, 0), |l| (l.start, l.prompt_tokens));
@@ -1199,7 +1206,11 @@ mod tests {
             m.chunk(1, t);
         }
         let done = m.finish(1, 1.1, 4, 0, 0, Some(0.1), None).unwrap();
+        // A request that fails after two chunks: its gap (0.3) is not pooled, as vLLM's
+        // ITL is over completed requests only.
         m.start(2, 1.0, 50);
+        m.chunk(2, 1.1);
+        m.chunk(2, 1.4);
         m.fail(2, 1.5, "boom".into());
         assert_eq!(
             m.last_end(),
@@ -1210,7 +1221,10 @@ mod tests {
         assert_eq!((s.completed, s.failed), (1, 1));
         assert!((s.ttft.median - 0.5).abs() < 1e-12);
         assert!((s.tpot.mean - 0.2).abs() < 1e-12, "(1.1-0.5)/3");
-        assert!((s.itl.median - 0.2).abs() < 1e-12, "gaps 0.1, 0.2, 0.3");
+        assert!(
+            (s.itl.median - 0.2).abs() < 1e-12,
+            "gaps 0.1, 0.2, 0.3 (with the failed one's 0.3, 0.25)"
+        );
         assert!((s.e2el.mean - 1.1).abs() < 1e-12);
         assert_eq!(s.output_throughput, 2.0);
         let block = s.render();

@@ -295,6 +295,65 @@ async fn streams_without_tokens_cut_short_or_stalled_are_failures_that_say_why()
     }
 }
 
+/// A server within the protocol's letter but odd: `/metrics` accepts and never answers;
+/// every chunk carries `"error": null`; the first chunk is empty and the others hold two
+/// words each; there is no usage, and after the finish_reason the stream neither sends
+/// `[DONE]` nor closes. The run ends (the scrapes time out, the stream is read a short
+/// while past its finish), every request completed, its output tokens counted from its
+/// text (as vLLM's client counts them without usage), its E2E ending at its last token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_odd_but_valid_server_is_measured_and_its_silent_metrics_do_not_hold_the_run() {
+    let app = with_a_model()
+        .route("/metrics", get(std::future::pending::<String>))
+        .route(
+            "/v1/completions",
+            post(|_body: Bytes| async {
+                let chunk = |text: &str, finish: Value| {
+                    let c = json!({"error": null,
+                                   "choices": [{"index": 0, "text": text, "finish_reason": finish}]});
+                    Ok::<_, std::io::Error>(Bytes::from(format!("data: {c}\n\n")))
+                };
+                let chunks = vec![
+                    chunk("", Value::Null),
+                    chunk(" w w", Value::Null),
+                    chunk(" w w", json!("length")),
+                ];
+                let body = futures_util::StreamExt::chain(
+                    futures_util::stream::iter(chunks),
+                    futures_util::stream::pending(),
+                );
+                (
+                    [("content-type", "text/event-stream")],
+                    axum::body::Body::from_stream(body),
+                )
+                    .into_response()
+            }),
+        );
+    let base = serve(app).await;
+    let started = std::time::Instant::now();
+    let r = loadgen::run(&small_run(&base)).await.unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (r.summary.completed, r.summary.failed),
+        (3, 0),
+        "{:?}",
+        r.failures
+    );
+    use infer_core::workload::{ApproxTokenizer, Tokenizer};
+    let per_request = ApproxTokenizer::default().encode(" w w w w").len();
+    assert!(per_request > 0);
+    assert_eq!(r.summary.total_output_tokens, 3 * per_request);
+    assert!(r.server_counters.is_none(), "no /metrics answered");
+    // The stream was held open 2 s past its last token; E2E ends at the token.
+    for rec in &r.records {
+        assert!(rec.e2e < 1.0, "E2E {} s", rec.e2e);
+    }
+}
+
 /// A run directory that cannot take the run is refused before any request is sent (before,
 /// after the whole run, its results lost).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,7 +42,9 @@ pub enum TraceFormat {
     /// Azure LLM inference trace: `TIMESTAMP` (`YYYY-MM-DD HH:MM:SS[.fraction]`),
     /// `ContextTokens`, `GeneratedTokens`.
     Azure,
-    /// A run directory's `requests.csv` (`start_s`, `prompt_tokens`, `output_tokens`).
+    /// A run directory's `requests.csv` (`start_s`, `prompt_tokens`, `output_tokens`; rows
+    /// whose `success` is `false` are left out, since their answers' lengths are unknown).
+    /// Its rows are in id order, so they are replayed in order of their start times.
     Requests,
     /// ShareGPT's conversations (JSON): text, no times.
     Sharegpt,
@@ -228,10 +230,15 @@ impl Trace {
             ),
             TraceFormat::Sharegpt => unreachable!("parsed above"),
         };
+        let success = columns.iter().position(|c| *c == "success");
+        let requests = format == TraceFormat::Requests;
         let mut rows = Vec::new();
         let mut first: Option<f64> = None;
         for (i, line) in lines {
             let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+            if requests && success.and_then(|c| fields.get(c)) == Some(&"false") {
+                continue;
+            }
             let field = |c: usize, name: &str| {
                 fields
                     .get(c)
@@ -272,7 +279,7 @@ impl Trace {
                     "a request needs at least one prompt and one output token".into(),
                 ));
             }
-            if rows.last().is_some_and(|r: &TraceRow| row.t_s < r.t_s) {
+            if !requests && rows.last().is_some_and(|r: &TraceRow| row.t_s < r.t_s) {
                 return Err(bad(
                     i + 1,
                     format!(
@@ -288,6 +295,15 @@ impl Trace {
                 line: None,
                 reason: "the trace has a header but no requests".into(),
             });
+        }
+        if requests {
+            // A later turn of a conversation, or a closed loop's clients, start out of id
+            // order; the first to start is time 0.
+            rows.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+            let t0 = rows[0].t_s;
+            for r in &mut rows {
+                r.t_s -= t0;
+            }
         }
         Ok(Trace {
             rows,
@@ -456,6 +472,23 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// A run's own requests.csv replays: rows out of start order (a conversation's later
+    /// turn, a closed loop's clients) are put in order, and failed requests (0 output
+    /// tokens, their answers' lengths unknown) are left out.
+    #[test]
+    fn a_requests_csv_replays_in_start_order_without_its_failures() {
+        let text = format!(
+            "{}\n0,0.5,,,,,,10,4,0,0,,,true,\n1,0.2,,,,,,20,5,0,0,,,true,\n\
+             2,0.3,,,,,,30,0,0,0,,,false,HTTP 500: a, b\n",
+            crate::metrics::RequestRecord::CSV_HEADER
+        );
+        let t = Trace::parse(&text, TraceFormat::Requests, 1.0).unwrap();
+        let got: Vec<(f64, usize)> = t.rows.iter().map(|r| (r.t_s, r.prompt_tokens)).collect();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0], (0.0, 20));
+        assert!((got[1].0 - 0.3).abs() < 1e-12 && got[1].1 == 10, "{got:?}");
     }
 
     #[test]

@@ -395,7 +395,7 @@ async fn prepare(
     scenario: &Scenario,
     gen: &WorkloadGenerator,
 ) -> Result<Target> {
-    let target = Target::connect(opts).await?;
+    let target = Target::connect(opts, gen.tokenizer().clone()).await?;
     if opts.reset_prefix_cache {
         let status = reset_prefix_cache(opts).await?;
         if !status.is_success() {
@@ -620,6 +620,9 @@ struct Target {
     logit_bias: Option<Value>,
     /// See [`BenchOptions::request_timeout`].
     request_timeout: Duration,
+    /// Counts a request's output tokens when the server reports none (as vLLM's client:
+    /// streamed chunks may hold several tokens, or none).
+    tokenizer: Arc<dyn Tokenizer>,
 }
 
 /// The timelines of a run's requests and the records of those that ended.
@@ -670,7 +673,7 @@ impl Target {
         format!("{stage}: {}", shortened(&why))
     }
 
-    async fn connect(opts: &BenchOptions) -> Result<Target> {
+    async fn connect(opts: &BenchOptions, tokenizer: Arc<dyn Tokenizer>) -> Result<Target> {
         let client = opts.http_client()?;
         let auth = opts.bearer()?;
         let base = opts.server.trim_end_matches('/').to_string();
@@ -698,6 +701,7 @@ impl Target {
                 .clone()
                 .filter(|b| b.as_object().is_some_and(|m| !m.is_empty())),
             request_timeout: opts.request_timeout,
+            tokenizer,
         })
     }
 
@@ -812,10 +816,25 @@ impl Target {
         let mut stream = resp.bytes_stream();
         let mut events = SseEvents::default();
         let (mut chunks, mut usage, mut error) = (0usize, None::<Value>, None::<String>);
+        // The last token chunk's time (E2E ends there, as vLLM's client measures it: not at
+        // a usage chunk or `[DONE]` after it) and the text streamed.
+        let (mut last_token, mut text) = (None::<f64>, String::new());
         // How the stream ended: `[DONE]`, or a choice's finish_reason (a server that sends
         // no `[DONE]`); neither, and it was cut short (a server that died mid-run).
         let (mut done, mut finished) = (false, false);
-        'read: while let Some(piece) = stream.next().await {
+        'read: loop {
+            // Once a choice has finished, the stream has only its usage and `[DONE]` to
+            // send: a server that then neither sends them nor closes the connection has
+            // still answered in full.
+            let piece = if finished {
+                match tokio::time::timeout(AFTER_FINISH, stream.next()).await {
+                    Ok(p) => p,
+                    Err(_) => break,
+                }
+            } else {
+                stream.next().await
+            };
+            let Some(piece) = piece else { break };
             let piece = match piece {
                 Ok(p) => p,
                 Err(e) => {
@@ -844,7 +863,8 @@ impl Target {
                         error = Some(format!("bad stream chunk: {}", shortened(data)));
                         break 'read;
                     };
-                    if let Some(e) = v.get("error") {
+                    // (Some gateways send `"error": null` in every chunk.)
+                    if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
                         error = Some(format!("server error: {}", shortened(&e.to_string())));
                         break 'read;
                     }
@@ -857,6 +877,10 @@ impl Target {
                         chunks += 1;
                         let t = now();
                         rec.with(|r| r.metrics.chunk(id, t));
+                        last_token = Some(t);
+                        if let Some(piece) = choices[0].get("text").and_then(Value::as_str) {
+                            text.push_str(piece);
+                        }
                         // (TGI sends `"finish_reason": ""` until the last chunk.)
                         finished |= choices.iter().any(|c| {
                             c.get("finish_reason")
@@ -897,7 +921,12 @@ impl Target {
                 .and_then(|u| u.get(k))
                 .and_then(Value::as_u64)
         };
-        let output = field("completion_tokens").map_or(chunks, |v| v as usize);
+        // A server that reports no output tokens (no usage, or 0): the streamed text
+        // tokenised, as vLLM's client counts them.
+        let output = match field("completion_tokens") {
+            Some(n) if n > 0 => n as usize,
+            _ => self.tokenizer.encode(&text).len(),
+        };
         let cached = usage
             .as_ref()
             .and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens"))
@@ -907,7 +936,8 @@ impl Target {
             if let Some(p) = field("prompt_tokens") {
                 r.metrics.set_prompt_tokens(id, p as usize);
             }
-            if let Some(record) = r.metrics.finish(id, t, output, cached, 0, None, None) {
+            let end = last_token.unwrap_or(t);
+            if let Some(record) = r.metrics.finish(id, end, output, cached, 0, None, None) {
                 r.records.push(record);
             }
         });
@@ -921,6 +951,7 @@ impl Target {
             let resp = self
                 .client
                 .get(format!("{base}/metrics"))
+                .timeout(SCRAPE_TIMEOUT)
                 .send()
                 .await
                 .ok()?;
@@ -932,6 +963,14 @@ impl Target {
         Some(texts)
     }
 }
+
+/// How long a `/metrics` read may take: a server that never answers one must not hold the
+/// run (the scrapes before and after it, and the one in flight when it ends, are awaited).
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `/v1/models` may take to answer (the model's name, asked before the run).
+const MODELS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a stream is read after a choice's finish_reason, for its usage and `[DONE]`.
+const AFTER_FINISH: Duration = Duration::from_secs(2);
 
 /// A response's bytes cut into SSE events (each ends with a blank line). Each byte is
 /// looked at once, however the stream is split: an 8 MB event in 16 KB reads took 10 s to
@@ -990,6 +1029,7 @@ async fn served_model(
 ) -> Result<String> {
     let url = format!("{base}/v1/models");
     let r = authorized(client.get(&url), auth)
+        .timeout(MODELS_TIMEOUT)
         .send()
         .await
         .with_context(|| format!("{base}: cannot reach the server"))?;
@@ -1078,7 +1118,7 @@ async fn scrape_loop(
                     replica,
                     waiting: g("vllm:num_requests_waiting") as usize,
                     running: g("vllm:num_requests_running") as usize,
-                    kv_usage: g("vllm:kv_cache_usage_perc"),
+                    kv_usage: prom::mean(text, "vllm:kv_cache_usage_perc").unwrap_or(0.0),
                     prefix_queries: c.prefix_cache_queries as u64,
                     prefix_hits: c.prefix_cache_hits as u64,
                     preemptions: c.num_preemptions as u64,
