@@ -25,7 +25,7 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
             prompt: prompt(i as u64 + 100, len, vocab),
             params: SamplingParams::greedy(),
             max_tokens: NEW_TOKENS,
-            stop_strings: Vec::new(),
+            stop_strings: Default::default(),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
             forks: Vec::new(),

@@ -6,6 +6,7 @@ mod common;
 use anyhow::Result;
 use common::*;
 use infer_core::FinishReason;
+use infer_engine::runtime::detokenize::StopSet;
 use infer_engine::runtime::sampling::SamplingParams;
 use infer_engine::tools::generate::{generate, GenerateOptions, GenerateRequest};
 use infer_engine::Arch;
@@ -24,7 +25,7 @@ fn request(prompt: Vec<u32>, params: SamplingParams, stop: Stop) -> GenerateRequ
         prompt,
         params,
         max_tokens: stop.max_tokens,
-        stop_strings: stop.stop,
+        stop_strings: StopSet::new(&stop.stop),
         stop_token_ids: stop.stop_token_ids,
         ignore_eos: stop.ignore_eos,
         forks: Vec::new(),

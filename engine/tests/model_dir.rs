@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use infer_engine::runtime::detokenize::IncrementalDetokenizer;
-use infer_engine::runtime::tokenizer::ChatMessage;
+use infer_engine::runtime::tokenizer::{ChatMessage, TextTokenizer};
 use infer_engine::tools::make_model::ModelSpec;
 use infer_engine::{load_model_dir, Arch, ForwardBatch, LoadedModel, SeqChunk};
 use std::collections::HashMap;
@@ -231,7 +231,7 @@ fn incremental_detokenization_never_splits_utf8() -> Result<()> {
     let ids = tok.encode(text, false)?;
     // The English-trained tokenizer splits the CJK and emoji into byte tokens.
     assert!(ids.len() > text.chars().count() / 2);
-    let mut d = IncrementalDetokenizer::new();
+    let mut d = IncrementalDetokenizer::after(&[]);
     let mut out = String::new();
     let mut held_back = 0;
     for &id in &ids {
@@ -245,6 +245,86 @@ fn incremental_detokenization_never_splits_utf8() -> Result<()> {
     assert!(
         held_back > 0,
         "multi-byte characters should have been held back at least once"
+    );
+    Ok(())
+}
+
+/// Llama 2's and Mistral's decoder (SentencePiece's `▁` for a space, byte fallback, and the
+/// text's first leading space stripped) over a handful of whole-word tokens.
+fn sentencepiece_tokenizer() -> Result<(tempfile::TempDir, TextTokenizer)> {
+    let dir = tempfile::tempdir()?;
+    let special = |id: u32, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": true})
+    };
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": true, "byte_fallback": true,
+                  "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "\u{2581}The": 3,
+                            "\u{2581}capital": 4, "\u{2581}is": 5, "\u{2581}Paris": 6,
+                            "<0xE2>": 7, "<0x9C>": 8, "<0x93>": 9, ".": 10},
+                  "merges": []}
+    });
+    std::fs::write(dir.path().join("tokenizer.json"), json.to_string())?;
+    let tok = TextTokenizer::from_dir(dir.path())?;
+    Ok((dir, tok))
+}
+
+/// The first generated token's text is what it adds after the prompt, as vLLM streams it:
+/// `▁Paris` after "The capital is" is " Paris", though alone it decodes to "Paris".
+#[test]
+fn the_first_token_keeps_its_leading_space_after_the_prompt() -> Result<()> {
+    let (_dir, tok) = sentencepiece_tokenizer()?;
+    let prompt = [1, 3, 4, 5];
+    assert_eq!(tok.decode(&prompt)?, "The capital is");
+    assert_eq!(tok.decode(&[6])?, "Paris", "alone, the space is stripped");
+    let mut d = IncrementalDetokenizer::after(&prompt);
+    assert_eq!(d.push(&tok, 6)?, " Paris");
+    assert_eq!(d.push(&tok, 10)?, ".");
+    // Without a prompt (or a tail that ends inside a character) there is no context.
+    let mut d = IncrementalDetokenizer::after(&[]);
+    assert_eq!(d.push(&tok, 6)?, "Paris");
+    let mut d = IncrementalDetokenizer::after(&[3, 7, 8]);
+    assert_eq!(d.push(&tok, 6)?, "Paris");
+    Ok(())
+}
+
+/// Tokens that add no text (special tokens, skipped) leave the decode window: a model that
+/// samples its end token over and over under `ignore_eos` does not make each decode longer
+/// than the last. Characters split over byte tokens still come out whole, and a run of
+/// bytes that never completes one comes out as U+FFFD rather than growing the window.
+#[test]
+fn tokens_that_add_no_text_leave_the_decode_window() -> Result<()> {
+    let (_dir, tok) = sentencepiece_tokenizer()?;
+    let mut d = IncrementalDetokenizer::after(&[1, 3]);
+    let mut out = String::new();
+    for _ in 0..1000 {
+        out.push_str(&d.push(&tok, 2)?);
+        assert!(d.window_len() <= 2, "{}", d.window_len());
+    }
+    for id in [6, 2, 7, 8, 2, 9, 5] {
+        out.push_str(&d.push(&tok, id)?);
+    }
+    out.push_str(&d.flush(&tok)?);
+    assert_eq!(out, " Paris\u{2713} is");
+    let mut d = IncrementalDetokenizer::after(&[]);
+    let mut out = String::new();
+    for _ in 0..100 {
+        out.push_str(&d.push(&tok, 7)?);
+        assert!(d.window_len() <= 8, "{}", d.window_len());
+    }
+    out.push_str(&d.flush(&tok)?);
+    assert!(
+        !out.is_empty() && out.chars().all(|c| c == '\u{FFFD}'),
+        "{out:?}"
     );
     Ok(())
 }

@@ -7,13 +7,19 @@ use aho_corasick::dfa::DFA;
 use aho_corasick::{Anchored, MatchKind, StartKind};
 use anyhow::Result;
 use rustc_hash::FxHashMap;
+use std::sync::Arc;
 
 /// Turns a growing token list into text deltas. Decoding a token alone is wrong (BPE and
 /// byte-level tokens only make sense in context, a character may span tokens), so each
 /// step decodes a short window of recent tokens and emits what it adds beyond the text the
 /// window's first part already produced; while the new text ends in an incomplete
 /// character (decoded as U+FFFD), nothing is emitted.
+///
+/// The window starts with the prompt's last tokens (vLLM's rule), so that the first
+/// token's text is what it adds after the prompt: SentencePiece decoders (Llama 2, Mistral)
+/// strip the leading space of a text's first token, and `▁Paris` alone is `Paris`.
 pub struct IncrementalDetokenizer {
+    /// The prompt's last tokens, then the generated ones.
     tokens: Vec<u32>,
     /// Start of the decode window.
     prefix_offset: usize,
@@ -21,35 +27,61 @@ pub struct IncrementalDetokenizer {
     read_offset: usize,
 }
 
-impl Default for IncrementalDetokenizer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// Prompt tokens decoded before the first generated one (vLLM's
+/// `INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET`).
+const PROMPT_CONTEXT: usize = 5;
+
+/// Generated tokens held back at most while they end inside a character: a UTF-8 character
+/// is at most 4 bytes, so past this the tokens are invalid bytes, decoded as U+FFFD
+/// (a window that grew with them would make every later decode longer).
+const MAX_UNFINISHED: usize = 8;
 
 impl IncrementalDetokenizer {
-    pub fn new() -> Self {
+    /// The detokenizer of an output that follows `prompt`.
+    pub fn after(prompt: &[u32]) -> Self {
+        let context = prompt[prompt.len().saturating_sub(PROMPT_CONTEXT)..].to_vec();
         Self {
-            tokens: Vec::new(),
             prefix_offset: 0,
-            read_offset: 0,
+            read_offset: context.len(),
+            tokens: context,
         }
     }
 
     /// Adds one token; returns the newly completed text (possibly empty).
     pub fn push(&mut self, tok: &TextTokenizer, token: u32) -> Result<String> {
         self.tokens.push(token);
-        let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let mut prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        if prefix.ends_with('\u{FFFD}') {
+            // The prompt's tail ends inside a character: no context then.
+            self.prefix_offset = self.read_offset;
+            prefix.clear();
+        }
         let full = tok.decode(&self.tokens[self.prefix_offset..])?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
-            if let Some(delta) = full.strip_prefix(prefix.as_str()) {
-                let delta = delta.to_string();
-                self.prefix_offset = self.read_offset;
-                self.read_offset = self.tokens.len();
-                return Ok(delta);
+        if full == prefix {
+            // The token adds no text (a special token, skipped in decoding): out of the
+            // window, or a model that keeps sampling its end token under `ignore_eos`
+            // would make each decode longer than the last.
+            self.tokens.pop();
+            return Ok(String::new());
+        }
+        if full.ends_with('\u{FFFD}') {
+            if self.tokens.len() - self.read_offset < MAX_UNFINISHED {
+                return Ok(String::new());
             }
+            return self.flush(tok);
+        }
+        if let Some(delta) = full.strip_prefix(prefix.as_str()) {
+            let delta = delta.to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.tokens.len();
+            return Ok(delta);
         }
         Ok(String::new())
+    }
+
+    /// Tokens each decode reads (the window).
+    pub fn window_len(&self) -> usize {
+        self.tokens.len() - self.prefix_offset
     }
 
     /// The text still held back at the end of generation (an incomplete character is
@@ -74,13 +106,41 @@ impl IncrementalDetokenizer {
 /// bytes, whatever the number or length of the stop strings: one request's stop strings
 /// cannot slow the engine thread every stream shares.
 pub struct StopStrings {
-    matcher: Option<StopMatcher>,
+    matcher: StopSet,
     /// The automaton's state after all text so far.
     state: StateID,
     /// Text not yet emitted: the longest suffix that could begin a stop string.
     pending: String,
     /// The stop string that ended the output, once one has.
     matched: Option<String>,
+}
+
+/// A request's stop strings, compiled once (by the request's handler, not on the engine
+/// thread) and shared by each of its sequences.
+#[derive(Clone, Default)]
+pub struct StopSet(Option<Arc<StopMatcher>>);
+
+impl StopSet {
+    pub fn new(stops: &[String]) -> Self {
+        StopSet(StopMatcher::new(stops).map(Arc::new))
+    }
+
+    /// The (non-empty) stop strings.
+    pub fn strings(&self) -> &[String] {
+        self.0.as_ref().map_or(&[], |m| &m.stops)
+    }
+}
+
+impl std::fmt::Debug for StopSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StopSet").field(&self.strings()).finish()
+    }
+}
+
+impl PartialEq for StopSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.strings() == other.strings()
+    }
 }
 
 /// Stop strings compiled: the automaton, and for each of its states the length of the text
@@ -136,9 +196,8 @@ impl StopMatcher {
 }
 
 impl StopStrings {
-    pub fn new(stops: &[String]) -> Self {
-        let matcher = StopMatcher::new(stops);
-        let state = matcher.as_ref().map_or(StateID::ZERO, |m| {
+    pub fn new(matcher: StopSet) -> Self {
+        let state = matcher.0.as_ref().map_or(StateID::ZERO, |m| {
             m.dfa.start_state(Anchored::No).expect("unanchored")
         });
         Self {
@@ -156,7 +215,7 @@ impl StopStrings {
 
     /// Feeds new text. Returns the text safe to emit and whether a stop string matched.
     pub fn push(&mut self, text: &str) -> (String, bool) {
-        let Some(m) = &self.matcher else {
+        let Some(m) = &self.matcher.0 else {
             return (text.to_string(), false);
         };
         let base = self.pending.len();
@@ -203,10 +262,11 @@ pub struct OutputStream {
 }
 
 impl OutputStream {
-    pub fn new(stop_strings: &[String]) -> Self {
+    /// The output of a sequence of `prompt`, ended by `stops`.
+    pub fn new(stops: StopSet, prompt: &[u32]) -> Self {
         Self {
-            detok: IncrementalDetokenizer::new(),
-            stops: StopStrings::new(stop_strings),
+            detok: IncrementalDetokenizer::after(prompt),
+            stops: StopStrings::new(stops),
             stopped: false,
         }
     }
@@ -254,7 +314,9 @@ mod tests {
     use super::*;
 
     fn stream(stops: &[&str], pieces: &[&str]) -> (String, bool, Vec<String>) {
-        let mut s = StopStrings::new(&stops.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let mut s = StopStrings::new(StopSet::new(
+            &stops.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        ));
         let mut out = String::new();
         let mut deltas = Vec::new();
         for p in pieces {
@@ -291,7 +353,7 @@ mod tests {
         let (out, stopped, _) = stream(&["world", "lo w"], &["hello world"]);
         assert!(stopped);
         assert_eq!(out, "hel");
-        let mut s = StopStrings::new(&["world".into(), "lo w".into()]);
+        let mut s = StopStrings::new(StopSet::new(&["world".into(), "lo w".into()]));
         s.push("hello world");
         assert_eq!(s.matched(), Some("lo w"), "the one that matched is named");
     }
@@ -332,7 +394,7 @@ mod tests {
             stops in proptest::collection::vec("[abé]{1,4}", 1..5),
             pieces in proptest::collection::vec("[abcé]{0,5}", 0..8),
         ) {
-            let mut s = StopStrings::new(&stops);
+            let mut s = StopStrings::new(StopSet::new(&stops));
             let (mut out, mut seen, mut stopped) = (String::new(), String::new(), false);
             for p in &pieces {
                 seen.push_str(p);
@@ -364,7 +426,7 @@ mod tests {
             .collect();
         let m = StopMatcher::new(&many).unwrap();
         assert!(m.depth.len() <= 16 * 1024 + 1, "{} states", m.depth.len());
-        let mut s = StopStrings::new(&many);
+        let mut s = StopStrings::new(StopSet::new(&many));
         let mut emitted = 0;
         for _ in 0..1000 {
             let (d, stopped) = s.push("token ");

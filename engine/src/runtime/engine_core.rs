@@ -17,11 +17,11 @@ use infer_core::{
 };
 
 use crate::runtime::batch::{ForwardBatch, SeqChunk};
-use crate::runtime::detokenize::OutputStream;
+use crate::runtime::detokenize::{OutputStream, StopSet};
 use crate::runtime::model::{KvCache, LoadedModel};
 use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
 use crate::runtime::structured::{Constraint, STRUCTURED_FAILURE};
-use infer_kernels::sampling::{RowParams, SamplingBatch};
+use infer_kernels::sampling::{PackError, RowParams, SamplingBatch};
 
 /// A tokenised request.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,7 +30,7 @@ pub struct EngineRequest {
     pub params: SamplingParams,
     pub max_tokens: usize,
     /// Text that ends generation; the output stops right before it.
-    pub stop_strings: Vec<String>,
+    pub stop_strings: StopSet,
     /// Token ids that end generation, honoured even with `ignore_eos` (as vLLM does).
     pub stop_token_ids: Vec<u32>,
     /// Generate past the model's end-of-sequence tokens.
@@ -338,7 +338,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 });
                 let live = Live {
                     sampler,
-                    output: OutputStream::new(&r.stop_strings),
+                    output: OutputStream::new(r.stop_strings.clone(), &req.prompt),
                     want_logprobs,
                     stop_tokens: stop_tokens.clone(),
                     prompt_logprobs,
@@ -593,8 +593,24 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     .ok_or_else(|| anyhow!("request {id} has no state"))?;
                 match live.sampler.device_row() {
                     Ok(row) => {
-                        sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
-                        grammar_s.push(row.mask.is_some().then_some(row.constraint_s));
+                        match sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref()) {
+                            Ok(()) => {
+                                grammar_s.push(row.mask.is_some().then_some(row.constraint_s))
+                            }
+                            // A row that cannot be sampled (its grammar allows no token) ends
+                            // its own request, as a failed grammar does, not the step.
+                            Err(e) => {
+                                let failure = match e {
+                                    PackError::EmptyMask => {
+                                        RequestFailure::grammar(&anyhow!("{e}"))
+                                    }
+                                    _ => RequestFailure::server(e.to_string()),
+                                };
+                                failed.insert(id, failure);
+                                sampling.push(&RowParams::greedy(), &[])?;
+                                grammar_s.push(None);
+                            }
+                        }
                     }
                     Err(e) => {
                         // Its grammar failed: a greedy row holds its place, its token unused.
@@ -802,7 +818,7 @@ mod tests {
             prompt: (0..len as u32).map(|i| 10 + i % 50).collect(),
             params: SamplingParams::greedy(),
             max_tokens,
-            stop_strings: Vec::new(),
+            stop_strings: StopSet::default(),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
             forks: Vec::new(),

@@ -129,6 +129,9 @@ pub struct GenerationRequest {
 /// The most choices one request may ask for per prompt.
 pub const MAX_N: usize = 64;
 
+/// The most top log-probabilities a token may carry (OpenAI's and vLLM's default bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
 /// The most sequences one request may start: its prompts times `n`. A batch is one HTTP
 /// request, so this bounds what one client adds to the queue at once.
 pub const MAX_SEQUENCES: usize = 256;
@@ -205,6 +208,8 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     // Without priority scheduling, as vLLM refuses it.
     ("priority", |v| v.as_i64() == Some(0)),
     ("chat_template", |_| false),
+    // vLLM's older name for `structured_outputs.whitespace_pattern`, refused likewise.
+    ("guided_whitespace_pattern", |_| false),
     ("chat_template_kwargs", |v| {
         v.as_object().is_some_and(Map::is_empty)
     }),
@@ -452,7 +457,10 @@ fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiE
     if let Some(v) = f.float_in("frequency_penalty", "in [-2, 2]", penalty)? {
         params.frequency_penalty = v as f32;
     }
-    if let Some(v) = f.float_in("repetition_penalty", "> 0", |v| v > 0.0)? {
+    // Logits are divided or multiplied by it in f32: a value that is 0 or infinite there
+    // would make a logit NaN.
+    let positive_f32 = |v: f64| v > 0.0 && (v as f32).is_finite() && v as f32 > 0.0;
+    if let Some(v) = f.float_in("repetition_penalty", "> 0, within f32", positive_f32)? {
         params.repetition_penalty = v as f32;
     }
     // Any 64-bit integer, as vLLM takes (a negative one as its two's complement).
@@ -481,14 +489,14 @@ fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiE
             }
         }
     };
-    if params.logprobs.is_some_and(|n| n > 20) {
+    if params.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
         let key = match endpoint {
             Endpoint::Completions => "logprobs",
             Endpoint::Chat => "top_logprobs",
         };
         return Err(ApiError::bad_request(
             Some(key),
-            format!("{key}: at most 20 logprobs per token"),
+            format!("{key}: at most {MAX_TOP_LOGPROBS} logprobs per token"),
         ));
     }
     Ok(params)
@@ -827,6 +835,21 @@ mod tests {
                 r#"{"prompt":"x","priority":1}"#,
                 Endpoint::Completions,
                 "priority",
+            ),
+            (
+                r#"{"prompt":"x","guided_whitespace_pattern":" "}"#,
+                Endpoint::Completions,
+                "guided_whitespace_pattern",
+            ),
+            (
+                r#"{"prompt":"x","repetition_penalty":1e300}"#,
+                Endpoint::Completions,
+                "repetition_penalty",
+            ),
+            (
+                r#"{"prompt":"x","repetition_penalty":1e-60}"#,
+                Endpoint::Completions,
+                "repetition_penalty",
             ),
             (
                 r#"{"prompt":"x","add_special_tokens":false}"#,

@@ -23,6 +23,7 @@ use super::outbox::{outbox, Inbox};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::structured::{self, ToolChoice};
 use super::AppState;
+use crate::runtime::detokenize::StopSet;
 use crate::runtime::engine_core::{
     EngineRequest, FailureCause, RequestFailure, StopReason, TokenLogprob,
 };
@@ -166,7 +167,7 @@ pub(super) async fn generate(
             Ok(Planned { tokens, max_tokens })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    check_response_size(&req, &planned)?;
+    check_response_size(&req, &planned, s.max_model_len)?;
     // `max_tokens: 0` (with echo): one token is computed, as the step samples one, and
     // not returned.
     let keep_generated = req.max_tokens != Some(0);
@@ -195,6 +196,9 @@ pub(super) async fn generate(
         });
     }
     let commands = s.commands.lock().unwrap().clone();
+    // Compiled here, once, for every prompt and sequence of the request: not on the engine
+    // thread every stream shares.
+    let stops = StopSet::new(&req.stop);
     let batch = planned
         .into_iter()
         .enumerate()
@@ -206,7 +210,7 @@ pub(super) async fn generate(
                     prompt: p.tokens,
                     max_tokens: if keep_generated { p.max_tokens } else { 1 },
                     params: req.params.clone(),
-                    stop_strings: req.stop.clone(),
+                    stop_strings: stops.clone(),
                     stop_token_ids: req.stop_token_ids.clone(),
                     ignore_eos: req.ignore_eos,
                     forks: (first + 1..first + req.n as u64).collect(),
@@ -844,12 +848,19 @@ fn merge_logprobs(
 /// Log-probabilities a response may carry: about 25 MB of JSON. A response's size follows
 /// `n` × (echoed prompt + completion) × (1 + top log-probabilities), summed over its
 /// prompts, so without a bound a 22 KB request (`echo`, `logprobs: 20`, `n: 64`, a
-/// 4,000-token prompt) makes the server build 124 MB.
+/// 4,000-token prompt) makes the server build 124 MB. One sequence as long as the context
+/// with 20 top log-probabilities a token is always allowed (a chat request asking for
+/// `top_logprobs` without `max_tokens` on a 128k model): the bound is on what `n`, `echo`
+/// and several prompts multiply.
 pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
 
 /// Refuses a request whose log-probabilities would pass [`MAX_LOGPROB_ENTRIES`], naming
 /// what multiplies to it.
-fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(), ApiError> {
+fn check_response_size(
+    req: &GenerationRequest,
+    planned: &[Planned],
+    max_model_len: usize,
+) -> Result<(), ApiError> {
     let Some(top) = req.params.logprobs else {
         return Ok(());
     };
@@ -861,7 +872,8 @@ fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(
         .n
         .saturating_mul(positions)
         .saturating_mul(top.saturating_add(1));
-    if entries <= MAX_LOGPROB_ENTRIES {
+    let bound = MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + api::MAX_TOP_LOGPROBS));
+    if entries <= bound {
         return Ok(());
     }
     let prompt_tokens: usize = planned.iter().map(|p| p.tokens.len()).sum();
@@ -869,8 +881,8 @@ fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(
     Err(ApiError::bad_request(
         Some("logprobs"),
         format!(
-            "n {} x {positions} positions ({}max_tokens {max_tokens}{}) x (1 + {top} top \
-             log-probabilities) = {entries} log-probabilities, more than the {MAX_LOGPROB_ENTRIES} \
+            "n {} x {positions} positions ({}max_tokens {max_tokens}{}{}) x (1 + {top} top \
+             log-probabilities) = {entries} log-probabilities, more than the {bound} \
              a response may carry: lower n, logprobs or max_tokens",
             req.n,
             if req.echo {
@@ -882,6 +894,11 @@ fn check_response_size(req: &GenerationRequest, planned: &[Planned]) -> Result<(
                 format!(" over {} prompts", planned.len())
             } else {
                 String::new()
+            },
+            if req.max_tokens.is_none() {
+                ", not given: the context left"
+            } else {
+                ""
             },
         ),
     ))
@@ -1054,6 +1071,35 @@ mod tests {
 
     /// The cause decides the status, not the words: a step's error that happens to read like
     /// a grammar's is still the server's.
+    /// A chat asking for 20 top log-probabilities without max_tokens on a 128k-context
+    /// model is one sequence as long as the context: answered, not refused for size. What
+    /// `n` multiplies past the bound is refused, saying max_tokens was the context left.
+    #[test]
+    fn one_sequence_of_the_whole_context_is_never_refused_for_its_logprobs() {
+        let body = |n: usize| {
+            let v = json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+                           "top_logprobs": 20, "n": n});
+            v.as_object().unwrap().clone()
+        };
+        let context = 131_072;
+        let planned = |tokens: usize| {
+            vec![Planned {
+                tokens: vec![1; tokens],
+                max_tokens: completion_budget(context, tokens, None).unwrap(),
+            }]
+        };
+        let one = api::parse_request(&body(1), Endpoint::Chat).unwrap();
+        check_response_size(&one, &planned(10), context).unwrap();
+        let two = api::parse_request(&body(2), Endpoint::Chat).unwrap();
+        let e = check_response_size(&two, &planned(10), context).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("logprobs"));
+        assert!(
+            e.message.contains("not given: the context left"),
+            "{}",
+            e.message
+        );
+    }
+
     #[test]
     fn a_grammar_failure_is_the_requests_and_a_step_failure_the_servers() {
         let grammar = RequestFailure::grammar(&anyhow::anyhow!("parser row too large"));

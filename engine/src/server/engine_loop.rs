@@ -505,7 +505,7 @@ mod tests {
                 prompt: (0..20).map(|i| 10 + i).collect(),
                 params,
                 max_tokens,
-                stop_strings: Vec::new(),
+                stop_strings: Default::default(),
                 stop_token_ids: Vec::new(),
                 ignore_eos: true,
                 forks: Vec::new(),

@@ -281,7 +281,18 @@ fn tool_choice(
             if functions.is_empty() {
                 return Err(bad("tool_choice", "tool_choice \"required\" needs tools"));
             }
-            Some((ToolGrammar(required_grammar(&functions)?), ToolChoice::Required))
+            let parallel = match body.get("parallel_tool_calls") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(bad(
+                        "parallel_tool_calls",
+                        "parallel_tool_calls must be true or false",
+                    ))
+                }
+            };
+            let grammar = required_grammar(&functions, parallel)?;
+            Some((ToolGrammar(grammar), ToolChoice::Required))
         }
         Value::Object(o) => {
             let name = o
@@ -321,10 +332,13 @@ fn empty_object() -> Value {
     json!({"type": "object", "properties": {}})
 }
 
-/// vLLM's schema for `tool_choice: "required"`: a non-empty list of calls, each one of
-/// the tools by name with its parameters and nothing else; the tools' `$defs` are hoisted
-/// to the top.
-fn required_grammar(functions: &[(String, Option<Value>)]) -> Result<Grammar, ApiError> {
+/// vLLM's schema for `tool_choice: "required"`: a non-empty list of calls (one, with
+/// `parallel_tool_calls: false`), each one of the tools by name with its parameters and
+/// nothing else; the tools' `$defs` are hoisted to the top.
+fn required_grammar(
+    functions: &[(String, Option<Value>)],
+    parallel: bool,
+) -> Result<Grammar, ApiError> {
     let mut defs = Map::new();
     let mut any_of = Vec::new();
     for (name, params) in functions {
@@ -348,6 +362,9 @@ fn required_grammar(functions: &[(String, Option<Value>)]) -> Result<Grammar, Ap
     }
     let mut schema = json!({"type": "array", "minItems": 1,
                             "items": {"type": "object", "anyOf": any_of}});
+    if !parallel {
+        schema["maxItems"] = json!(1);
+    }
     if !defs.is_empty() {
         schema["$defs"] = Value::Object(defs);
     }
@@ -444,6 +461,22 @@ mod tests {
             schema["items"]["anyOf"][1]["properties"]["parameters"],
             empty_object()
         );
+        assert_eq!(schema.get("maxItems"), None, "parallel calls by default");
+        // `parallel_tool_calls: false`: at most one call (OpenAI's meaning).
+        let one = json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false});
+        let r = parse_str(&one.to_string(), Endpoint::Chat)
+            .unwrap()
+            .unwrap();
+        let Grammar::JsonSchema { schema, .. } = &r.grammar else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (&schema["minItems"], &schema["maxItems"]),
+            (&json!(1), &json!(1))
+        );
+        let bad = json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": "no"});
+        let e = parse_str(&bad.to_string(), Endpoint::Chat).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("parallel_tool_calls"));
         let body = json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "now"}}});
         let r = parse_str(&body.to_string(), Endpoint::Chat)
             .unwrap()

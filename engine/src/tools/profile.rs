@@ -212,7 +212,7 @@ pub fn measure_structured_output(
                     .collect(),
                 params: SamplingParams::greedy(),
                 max_tokens: tokens,
-                stop_strings: Vec::new(),
+                stop_strings: Default::default(),
                 stop_token_ids: Vec::new(),
                 ignore_eos: false,
                 forks: Vec::new(),
