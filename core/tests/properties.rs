@@ -151,10 +151,11 @@ proptest! {
     #[test]
     fn invariants_hold(c in case()) {
         let (log, sched) = drive(c.cfg.clone(), c.requests.clone(), simple_cost, c.aborts.clone());
-        let budget = if c.cfg.chunked_prefill {
-            c.cfg.prefill_chunk_size
-        } else {
-            c.cfg.max_num_batched_tokens.unwrap_or(usize::MAX)
+        // With chunking, a given max_num_batched_tokens is the chunk budget (vLLM's).
+        let budget = match (c.cfg.chunked_prefill, c.cfg.max_num_batched_tokens) {
+            (_, Some(b)) => b,
+            (true, None) => c.cfg.prefill_chunk_size,
+            (false, None) => usize::MAX,
         };
         for s in &log.steps {
             prop_assert!(s.num_tokens <= budget, "INV-5: step of {} tokens > budget {}", s.num_tokens, budget);

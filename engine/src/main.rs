@@ -232,8 +232,9 @@ struct ServeArgs {
     chunked_prefill: bool,
     #[arg(long = "prefill-chunk-size", default_value_t = 512)]
     prefill_chunk_size: usize,
-    /// Without chunked prefill: tokens one step processes at most (prompts stay whole, so
-    /// at least --max-model-len). Default: no limit but the KV pool.
+    /// Tokens one step processes at most (vLLM's). With chunked prefill, the chunk budget in
+    /// place of --prefill-chunk-size; without, prompts stay whole, so at least
+    /// --max-model-len. Default: --prefill-chunk-size, or unchunked no limit but the KV pool.
     #[arg(long = "max-num-batched-tokens")]
     max_num_batched_tokens: Option<usize>,
     #[arg(long = "prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -821,7 +822,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
             ..Default::default()
         },
         max_tokens: a.max_tokens,
-        stop_strings: a.stop,
+        stop_strings: infer_engine::runtime::detokenize::StopSet::new(&a.stop),
         stop_token_ids: Vec::new(),
         ignore_eos: a.ignore_eos,
         forks: Vec::new(),

@@ -194,8 +194,8 @@ pub fn plan(
 /// prefill, otherwise min(KV capacity, max_batch_size × max_model_len,
 /// max_num_batched_tokens).
 fn step_tokens(cfg: &SchedulerConfig) -> usize {
-    if cfg.chunked_prefill {
-        return cfg.prefill_chunk_size;
+    if let (true, Some(budget)) = (cfg.chunked_prefill, cfg.step_token_budget()) {
+        return budget;
     }
     let unbounded = cfg
         .kv_capacity_tokens()

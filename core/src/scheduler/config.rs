@@ -82,13 +82,15 @@ pub struct SchedulerConfig {
     /// budget: `num_gpu_blocks * block_size / max_model_len` of them).
     pub num_gpu_blocks: usize,
     pub block_size: usize,
-    /// With chunked prefill, `prefill_chunk_size` is the token budget of a step (decodes
-    /// first, then prefill chunks). Without it a prompt is prefilled whole, in one step.
+    /// With chunked prefill, a step's tokens are budgeted (decodes first, then prefill
+    /// chunks): see [`Self::step_token_budget`]. Without it a prompt is prefilled whole, in
+    /// one step.
     pub chunked_prefill: bool,
     pub prefill_chunk_size: usize,
-    /// Without chunked prefill: tokens a step processes at most (vLLM's
-    /// `max_num_batched_tokens`); prompts are still prefilled whole, so it must hold one of
-    /// `max_model_len`. `None`: no limit but the KV pool.
+    /// Tokens a step processes at most (vLLM's `max_num_batched_tokens`). With chunked
+    /// prefill it is the chunk budget, in place of `prefill_chunk_size`; without, prompts
+    /// are still prefilled whole, so it must hold one of `max_model_len`. `None`: the
+    /// chunk budget `prefill_chunk_size`, or without chunking no limit but the KV pool.
     #[serde(default)]
     pub max_num_batched_tokens: Option<usize>,
     /// Reuse the KV of earlier prompts' prefixes: a paged pool's content-addressed full
@@ -184,6 +186,20 @@ impl SchedulerConfig {
         }
     }
 
+    /// The most tokens one step may hold: with chunked prefill the chunk budget
+    /// (`max_num_batched_tokens` when given, as vLLM's, else `prefill_chunk_size`); without,
+    /// `max_num_batched_tokens` (`None`: no limit but the KV pool and the batch).
+    pub fn step_token_budget(&self) -> Option<usize> {
+        if self.chunked_prefill {
+            Some(
+                self.max_num_batched_tokens
+                    .unwrap_or(self.prefill_chunk_size),
+            )
+        } else {
+            self.max_num_batched_tokens
+        }
+    }
+
     /// Every inconsistency, as (key, reason).
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if !(0.0..1.0).contains(&self.kv_watermark) {
@@ -206,17 +222,22 @@ impl SchedulerConfig {
                 return Err((key, "must be at least 1".into()));
             }
         }
-        if self.chunked_prefill {
-            if self.prefill_chunk_size == 0 {
-                return Err(("prefill_chunk_size", "must be at least 1".into()));
+        if let (true, Some(budget)) = (self.chunked_prefill, self.step_token_budget()) {
+            let key = if self.max_num_batched_tokens.is_some() {
+                "max_num_batched_tokens"
+            } else {
+                "prefill_chunk_size"
+            };
+            if budget == 0 {
+                return Err((key, "must be at least 1".into()));
             }
-            if self.prefill_chunk_size < self.max_batch_size {
+            if budget < self.max_batch_size {
                 return Err((
-                    "prefill_chunk_size",
+                    key,
                     format!(
-                        "the step budget {} must be at least max_batch_size {} so that every \
-                         running sequence can decode each step",
-                        self.prefill_chunk_size, self.max_batch_size
+                        "the step budget {budget} must be at least max_batch_size {} so that \
+                         every running sequence can decode each step",
+                        self.max_batch_size
                     ),
                 ));
             }
@@ -224,7 +245,7 @@ impl SchedulerConfig {
         if self.max_step_read_tokens == Some(0) {
             return Err(("max_step_read_tokens", "must be at least 1".into()));
         }
-        if let Some(budget) = self.max_num_batched_tokens {
+        if let (false, Some(budget)) = (self.chunked_prefill, self.max_num_batched_tokens) {
             let need = self.max_model_len.max(self.max_batch_size);
             if budget < need {
                 return Err((
@@ -322,9 +343,24 @@ mod tests {
         assert_eq!(key(no_queue), "max_waiting");
         let small_budget = SchedulerConfig {
             max_num_batched_tokens: Some(1000),
+            chunked_prefill: false,
             ..ok.clone()
         };
         assert_eq!(key(small_budget), "max_num_batched_tokens");
+        // With chunked prefill it is the chunk budget (vLLM's meaning): no whole prompt
+        // needs to fit, but a decode of every running sequence does.
+        let chunk_budget = SchedulerConfig {
+            max_num_batched_tokens: Some(1000),
+            ..ok.clone()
+        };
+        assert!(chunk_budget.chunked_prefill);
+        chunk_budget.validate().unwrap();
+        assert_eq!(chunk_budget.step_token_budget(), Some(1000));
+        let under_batch = SchedulerConfig {
+            max_num_batched_tokens: Some(ok.max_batch_size - 1),
+            ..ok.clone()
+        };
+        assert_eq!(key(under_batch), "max_num_batched_tokens");
         let small = SchedulerConfig {
             num_gpu_blocks: 10,
             ..ok

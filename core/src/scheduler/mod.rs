@@ -539,6 +539,13 @@ impl Scheduler {
     /// End a request from outside (an aborted client, or a stop string the engine matched).
     /// Returns its stats, or `None` if it was not live.
     pub fn finish(&mut self, id: RequestId, reason: FinishReason) -> Option<RequestStats> {
+        if self.pending_forks.remove(&id) {
+            // A fork not made yet (its parent has no first token): it never will be.
+            for seq in self.seqs.iter_mut().flatten() {
+                seq.forks.retain(|&f| f != id);
+            }
+            return None;
+        }
         let slot = *self.index.get(&id)?;
         self.waiting.remove(slot);
         if let Some(pos) = self.running.iter().position(|&s| s == slot) {
@@ -593,18 +600,15 @@ impl Scheduler {
         plan.reset(self.step, now, self.kv.block_size());
         plan.finished.append(&mut self.ended_outside);
         let chunked = self.cfg.chunked_prefill;
-        let mut budget = if chunked {
-            self.cfg.prefill_chunk_size
-        } else {
-            self.cfg.max_num_batched_tokens.unwrap_or(usize::MAX)
-        };
+        let mut budget = self.cfg.step_token_budget().unwrap_or(usize::MAX);
 
         // Free-margin admission looks at the pool as the step begins, before it takes a block
         // (transformers checks its safety margin once per batch).
         let margin = self.cfg.kv_admission == KvAdmission::FreeMargin;
+        // (In the pool's own units: a contiguous pool counts slots, not blocks.)
         let under_margin = margin
             && (self.kv.num_free_blocks() as f64)
-                < self.cfg.kv_watermark * self.cfg.num_gpu_blocks as f64;
+                < self.cfg.kv_watermark * self.kv.num_blocks() as f64;
 
         // Context tokens the step may still read from the cache (each sequence's computed
         // tokens).
@@ -1486,6 +1490,52 @@ mod tests {
             run_to_end(&mut s, 3.0);
             assert_eq!(s.stats().num_free_blocks, 16);
         }
+    }
+
+    /// The free margin is a fraction of the pool in its own units: a contiguous pool of 4
+    /// slots (64 blocks of 16 tokens, 256 a slot) with one slot taken is 3/4 free, above a
+    /// margin of 0.15, so a second prompt joins the first one's decode (compared with the
+    /// block count, 3 free slots were always "under" 0.15 × 64 blocks).
+    #[test]
+    fn the_free_margin_of_a_contiguous_pool_counts_slots() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            kv_cache_backend: KvBackend::Contiguous,
+            num_gpu_blocks: 64,
+            block_size: 16,
+            max_model_len: 256,
+            prefix_caching: false,
+            kv_admission: KvAdmission::FreeMargin,
+            kv_watermark: 0.15,
+            ..cfg()
+        });
+        s.add_request(Request::new(1, vec![3; 10], 8), 0.0).unwrap();
+        assert_eq!(step_ids(&mut s, 1.0), [1]);
+        s.add_request(Request::new(2, vec![4; 10], 8), 1.0).unwrap();
+        assert_eq!(step_ids(&mut s, 2.0), [1, 2]);
+        run_to_end(&mut s, 3.0);
+    }
+
+    /// A fork aborted before its parent's first token (so before it exists) is never made.
+    #[test]
+    fn a_fork_aborted_before_it_is_made_never_runs() {
+        let mut s = Scheduler::new(cfg());
+        s.add_forked(
+            Request::new(1, (100..140).collect(), 3),
+            vec![RequestId(2), RequestId(3)],
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(s.abort(RequestId(2)), None, "not live yet");
+        let mut seen = std::collections::BTreeSet::new();
+        let mut t = 1.0;
+        while s.has_unfinished() {
+            assert!(t < 30.0, "livelock");
+            seen.extend(step_ids(&mut s, t));
+            s.check_invariants().unwrap();
+            t += 1.0;
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(s.stats().num_free_blocks, 64);
     }
 
     /// The step's reads (transformers' cache budget), at most 40 tokens of computed

@@ -83,13 +83,10 @@ pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
     spread_step(cfg, step_token_budget(cfg), vocab)
 }
 
-/// The most tokens one step of `cfg` can hold.
+/// The most tokens one step of `cfg` can hold; without chunking and without a budget, one
+/// whole prompt of `max_model_len` (the scheduler may plan more: several whole prompts).
 fn step_token_budget(cfg: &SchedulerConfig) -> usize {
-    if cfg.chunked_prefill {
-        cfg.prefill_chunk_size
-    } else {
-        cfg.max_num_batched_tokens.unwrap_or(cfg.max_model_len)
-    }
+    cfg.step_token_budget().unwrap_or(cfg.max_model_len)
 }
 
 /// `budget` tokens spread as evenly as they go over up to `max_batch_size` sequences of at
