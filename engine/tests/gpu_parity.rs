@@ -5,7 +5,8 @@
 //! bit-identical to the same steps run eagerly. The first comparison runs again with fp8 KV
 //! caches on both backends. Device sampling (masks, penalties, draws, logprobs) on a model's
 //! logits matches the kernels' CPU reference. The decodes' GEMMs run through cuBLAS and through
-//! the skinny GEMM kernel in turn, with and without programmatic dependent launch.
+//! the skinny GEMM kernel in turn, with and without programmatic dependent launch. Graph
+//! replays of decodes over long contexts (split attention, cuBLAS GEMMs captured) match too.
 //!
 //! Needs an NVIDIA GPU, so ignored by default. On a GPU machine (see scripts/gpu-check.sh):
 //!   cargo test --release -p infer-engine --features cuda --test gpu_parity -- --ignored --nocapture
@@ -336,6 +337,85 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
 /// rows back in one download, page-locked buffers) on a model's real logits, against the
 /// kernels' CPU reference on the very same logits: greedy rows, a grammar-style mask, penalties
 /// and bias, top-p draws and logprobs, two steps in a row (the buffers reused).
+/// Decode steps replayed from a graph captured for long contexts split their keys (the
+/// bucket is 128 blocks wide: 2,048 keys, several splits on any GPU for 2 sequences of 2 KV
+/// heads) and merge the splits in the same launch: each replay cuts the splits from its own
+/// contexts (600 and 900 keys, one more each step), and the merge counters must be back at
+/// zero for the next. The decodes' GEMMs go through cuBLAS, so the graphs hold cuBLAS
+/// kernels between kernels launched with programmatic dependent launch. Eager steps (split
+/// as their own, narrower tables give) and graph replays both match the CPU.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn graph_replays_of_split_decodes_match() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&gpu_spec(Arch::Llama))?;
+    let cpu = load(&dir)?;
+    let gpu = load_model_dir(&dir, None, Device::Cuda(0))?;
+    let graphed = load_model_dir(&dir, None, Device::Cuda(0))?;
+    for lm in [&gpu, &graphed] {
+        lm.model.set_gemv_mode(GemvMode::Never)?;
+    }
+    graphed.model.enable_cuda_graphs(8, 2048)?;
+    let lens = [600usize, 900];
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(30 + i as u64, n, 1024))
+        .collect();
+    // 64 blocks (1,024 keys) a sequence, the two interleaved through the pool.
+    let table = |i: usize| -> Vec<u32> { (0..64u32).map(|b| 2 * b + i as u32).collect() };
+    let mut steps = Vec::new();
+    let mut pools = Vec::new();
+    for lm in [&cpu, &gpu, &graphed] {
+        let mut kv = lm.model.new_kv_cache(128, BLOCK)?;
+        for (i, p) in prompts.iter().enumerate() {
+            for (c, piece) in p.chunks(256).enumerate() {
+                lm.model
+                    .forward(&chunk(piece, c * 256, &table(i), false), &mut kv)?;
+            }
+        }
+        let mut decodes = Vec::new();
+        for j in 0..4u32 {
+            let batch = ForwardBatch {
+                seqs: (0..2)
+                    .map(|i| SeqChunk {
+                        tokens: vec![50 + j],
+                        start_pos: lens[i] + j as usize,
+                        block_table: table(i),
+                        sample: true,
+                        all_logits: false,
+                    })
+                    .collect(),
+            };
+            decodes.push(lm.model.forward(&batch, &mut kv)?);
+        }
+        steps.push(decodes);
+        pools.push(kv);
+    }
+    for (j, cpu_step) in steps[0].iter().enumerate() {
+        for (row, len) in lens.iter().enumerate() {
+            for (name, k) in [("eager", 1), ("graph replay", 2)] {
+                let d = rel_diff(steps[k][j].row(row), cpu_step.row(row));
+                println!("gpu_parity[split decodes,{name}] decode {j} row {row}: {d:.4}");
+                assert!(
+                    d <= TOLERANCE,
+                    "{name}: decode {j} row {row} (context {}): relative difference {d}",
+                    len + j
+                );
+            }
+        }
+    }
+    let infer_engine::Model::Cuda(m) = &graphed.model else {
+        unreachable!("loaded on CUDA")
+    };
+    assert_eq!(
+        m.backend().graph_count(),
+        1,
+        "one bucket captured, replayed"
+    );
+    drop(pools);
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn device_sampling_matches_the_reference_on_the_models_logits() -> Result<()> {

@@ -28,7 +28,11 @@ __device__ __forceinline__ void gemv_word(float (&acc)[C][M], const uint4 (&w)[C
 #pragma unroll
     for (int r = 0; r < M; ++r) {
         float xf[8];
-        bf16x8_to_f32(__ldg(x + (long long)r * words + i), xf);
+        // Cached in L1 (each word serves every column of the warp), but not a read-only
+        // (non-coherent) load: x is the output of the kernel before, which may still be
+        // running until griddepcontrol.wait, and a load the compiler deems invariant may
+        // be moved above that wait.
+        bf16x8_to_f32(__ldca(x + (long long)r * words + i), xf);
 #pragma unroll
         for (int c = 0; c < C; ++c) {
 #pragma unroll
