@@ -848,7 +848,8 @@ impl MetricsRecorder {
             id,
             start,
             ttft: None,
-            e2e: t - start,
+            // (A driver may end a request it never started at its last event, before it.)
+            e2e: (t - start).max(0.0),
             prompt_tokens,
             output_tokens: 0,
             cached_tokens: 0,

@@ -234,7 +234,7 @@ pub fn phase_comparisons(runs: &[&Run]) -> Vec<PhaseComparison> {
 /// (batching, KV backend, chunked prefill, prefix caching, CUDA graphs) and the batch and
 /// pool sizes the log changes with its KV backend (paged blocks let P6 run 24 sequences
 /// where P5's contiguous slots ran 8): which driver, the server's other settings (model,
-/// hardware, context…), the arrivals, the seed and the cluster. `None` for a run without
+/// hardware, context…), the workload, the arrivals, the seed and the cluster. `None` for a run without
 /// `run.json`. (An engine run's GPU is not in `run.json`: two engine runs on two GPUs
 /// still pair.)
 fn apart_from_phase(r: &Run) -> Option<String> {
@@ -251,7 +251,16 @@ fn apart_from_phase(r: &Run) -> Option<String> {
         block_size: ladder.block_size,
         ..i.server.clone()
     };
-    serde_json::to_string(&(&i.source, server, &i.arrival, i.seed, i.replicas, i.router)).ok()
+    let setup = (
+        &i.source,
+        server,
+        &i.workload,
+        &i.arrival,
+        i.seed,
+        i.replicas,
+        i.router,
+    );
+    serde_json::to_string(&setup).ok()
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ pub struct RunInfo {
     pub seed: u64,
     pub replicas: usize,
     pub router: Option<infer_core::router::RouterKind>,
+    /// The scenario's `[workload]` as run (overrides applied): two runs are compared phase
+    /// against phase only on the same one. Absent from older runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<serde_json::Value>,
     /// The cost model (sim) or the device and model path (engine).
     pub backend: String,
     /// Where the prediction is fragile (sim: near saturation, extrapolation, uncalibrated),
@@ -58,6 +62,10 @@ impl RunInfo {
             seed: scenario.workload.seed,
             replicas: scenario.cluster.as_ref().map_or(1, |c| c.replicas),
             router: scenario.cluster.as_ref().map(|c| c.router),
+            workload: scenario
+                .resolved
+                .get("workload")
+                .and_then(|w| serde_json::to_value(w).ok()),
             backend,
             warnings: Vec::new(),
             intervals: String::new(),

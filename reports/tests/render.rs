@@ -228,7 +228,11 @@ fn a_phase_step_differs_in_its_techniques_only() {
     let faster = changed(&|i| i.arrival.rate = Some(12.0));
     let engine = changed(&|i| i.source = "engine".into());
     let longer = changed(&|i| i.server.max_model_len *= 2);
-    for other in [&h100, &faster, &engine, &longer] {
+    // Another workload under the same scenario name (`--set workload.…`).
+    let other_prompts = changed(&|i| {
+        i.workload = Some(serde_json::json!({"num_requests": 10, "prompt_tokens": 4096}))
+    });
+    for other in [&h100, &faster, &engine, &longer, &other_prompts] {
         assert!(phase_comparisons(&[&p6, other]).is_empty());
         let cs = phase_comparisons(&[&p6, other, &p7]);
         assert_eq!(cs.len(), 1);

@@ -252,6 +252,12 @@ fn headline(s: &Summary) -> [(&'static str, f64, &'static str); 4] {
     ]
 }
 
+/// Requests of each knife-edge run: the first [`KNIFE_EDGE_REQUESTS`], but at least one
+/// past the warm-up, which a scenario may make as long.
+fn knife_edge_requests(num_requests: usize, warmup_requests: usize) -> usize {
+    num_requests.min(KNIFE_EDGE_REQUESTS.max(warmup_requests + 1))
+}
+
 /// The knife-edge warning of an analytically priced scenario: each calibrated coefficient
 /// is moved in turn by ±[`DEFAULT_SPREAD`], narrowed to the range of its calibration's
 /// bootstrap refits (`[[draws]]`) where they move it, within the bounds a fit may give it (the
@@ -270,7 +276,7 @@ pub fn knife_edge(
     let capped = if w.trace.is_none() {
         Some(format!(
             "workload.num_requests={}",
-            w.num_requests.min(KNIFE_EDGE_REQUESTS)
+            knife_edge_requests(w.num_requests, w.warmup_requests)
         ))
     } else {
         None
@@ -375,6 +381,16 @@ pub fn uncalibrated(hardware: &str, model: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The knife-edge runs keep a request past the warm-up: a scenario warming up with
+    /// 1,000 requests was refused by its own check, naming warmup_requests.
+    #[test]
+    fn knife_edge_runs_measure_past_a_long_warm_up() {
+        assert_eq!(knife_edge_requests(5000, 10), KNIFE_EDGE_REQUESTS);
+        assert_eq!(knife_edge_requests(300, 10), 300);
+        assert_eq!(knife_edge_requests(2000, 1000), 1001);
+        assert_eq!(knife_edge_requests(1500, 1499), 1500);
+    }
 
     #[test]
     fn saturation_is_named_from_80_percent() {

@@ -161,6 +161,20 @@ impl ArrivalSpec {
                 return Err(("burstiness", format!("must be positive, got {b}")));
             }
         }
+        if self.kind == ArrivalKind::Gamma {
+            // The gaps' scale, 1 / (rate × burstiness), must be a positive float.
+            let (rate, shape) = (self.rate.unwrap_or(1.0), self.burstiness.unwrap_or(1.0));
+            let scale = 1.0 / (rate * shape);
+            if !(scale > 0.0 && scale.is_finite()) {
+                return Err((
+                    "burstiness",
+                    format!(
+                        "rate {rate} x burstiness {shape} is out of range (the mean gap, \
+                         1 / rate, is split into gaps of scale 1 / (rate x burstiness))"
+                    ),
+                ));
+            }
+        }
         if self.max_concurrency == Some(0) {
             return Err(("max_concurrency", "must be at least 1".into()));
         }
@@ -362,5 +376,9 @@ mod tests {
                 .0,
             "max_concurrency"
         );
+        // Each valid alone, their product overflows: the gaps' scale would be 0.
+        let mut g = spec(ArrivalKind::Gamma, Some(1e300));
+        g.burstiness = Some(1e10);
+        assert_eq!(g.validate().unwrap_err().0, "burstiness");
     }
 }
