@@ -92,10 +92,14 @@ impl SampledToken {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
-    /// Tokens of the prompt and the output so far (repetition penalty).
-    seen: HashMap<u32, u32>,
     /// Occurrences in the output so far (presence / frequency penalties).
     output_counts: HashMap<u32, u32>,
+    /// The penalties and bias as one change per token, in token order: what the device
+    /// sampler applies, and the host one through the same function. Made from the bias and
+    /// the prompt once and changed token by token, not rebuilt each step (a step rebuilt
+    /// it from every distinct prompt token under a repetition penalty, for every sequence,
+    /// on the engine thread).
+    adjustments: Vec<Adjustment>,
     /// The grammar the output must follow, if any.
     constraint: Option<Constraint>,
 }
@@ -103,15 +107,21 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, prompt: &[u32], default_seed: u64) -> Self {
         let rng = ChaCha8Rng::seed_from_u64(params.seed.unwrap_or(default_seed));
-        let mut seen = HashMap::new();
-        for &t in prompt {
-            *seen.entry(t).or_insert(0) += 1;
+        let mut by_token: BTreeMap<u32, Adjustment> = BTreeMap::new();
+        for &(t, bias) in &params.logit_bias {
+            by_token.entry(t).or_insert_with(|| no_change(t)).bias += bias;
+        }
+        if params.repetition_penalty != 1.0 {
+            for &t in prompt {
+                by_token.entry(t).or_insert_with(|| no_change(t)).repetition =
+                    params.repetition_penalty;
+            }
         }
         Self {
             params,
             rng,
-            seen,
             output_counts: HashMap::new(),
+            adjustments: by_token.into_values().collect(),
             constraint: None,
         }
     }
@@ -176,37 +186,7 @@ impl Sampler {
     }
 
     fn apply_penalties(&self, l: &mut [f32]) {
-        reference::adjust_logits(l, &self.adjustments());
-    }
-
-    /// The penalties and bias as one change per token, in token order: what the device
-    /// sampler applies, and the host one through the same function.
-    fn adjustments(&self) -> Vec<Adjustment> {
-        let p = &self.params;
-        let mut by_token: BTreeMap<u32, Adjustment> = BTreeMap::new();
-        fn entry(map: &mut BTreeMap<u32, Adjustment>, token: u32) -> &mut Adjustment {
-            map.entry(token).or_insert(Adjustment {
-                token,
-                repetition: 1.0,
-                penalty: 0.0,
-                bias: 0.0,
-            })
-        }
-        if p.repetition_penalty != 1.0 {
-            for &t in self.seen.keys() {
-                entry(&mut by_token, t).repetition = p.repetition_penalty;
-            }
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            for (&t, &n) in &self.output_counts {
-                entry(&mut by_token, t).penalty =
-                    p.presence_penalty + p.frequency_penalty * n as f32;
-            }
-        }
-        for &(t, bias) in &p.logit_bias {
-            entry(&mut by_token, t).bias += bias;
-        }
-        by_token.into_values().collect()
+        reference::adjust_logits(l, &self.adjustments);
     }
 
     /// This step's row for the device sampler, its uniform drawn from the request's
@@ -230,7 +210,7 @@ impl Sampler {
         };
         Ok(DeviceRow {
             params: row,
-            adjust: self.adjustments(),
+            adjust: self.adjustments.clone(),
             mask,
             constraint_s,
         })
@@ -250,8 +230,30 @@ impl Sampler {
     }
 
     fn record(&mut self, token: u32) {
-        *self.seen.entry(token).or_insert(0) += 1;
-        *self.output_counts.entry(token).or_insert(0) += 1;
+        let n = self.output_counts.entry(token).or_insert(0);
+        *n += 1;
+        let p = &self.params;
+        let (repetition, penalty) = (
+            p.repetition_penalty != 1.0,
+            p.presence_penalty != 0.0 || p.frequency_penalty != 0.0,
+        );
+        if !(repetition || penalty) {
+            return;
+        }
+        let i = match self.adjustments.binary_search_by_key(&token, |a| a.token) {
+            Ok(i) => i,
+            Err(i) => {
+                self.adjustments.insert(i, no_change(token));
+                i
+            }
+        };
+        let a = &mut self.adjustments[i];
+        if repetition {
+            a.repetition = p.repetition_penalty;
+        }
+        if penalty {
+            a.penalty = p.presence_penalty + p.frequency_penalty * *n as f32;
+        }
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
@@ -345,6 +347,16 @@ pub(crate) fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Ve
         top = idx.into_iter().map(|t| (t, lp(t))).collect();
     }
     (lp(token), top)
+}
+
+/// A token's adjustment that changes nothing yet.
+fn no_change(token: u32) -> Adjustment {
+    Adjustment {
+        token,
+        repetition: 1.0,
+        penalty: 0.0,
+        bias: 0.0,
+    }
 }
 
 #[cfg(test)]
@@ -492,6 +504,43 @@ mod tests {
         );
         let tokens: Vec<u32> = (0..4).map(|_| s.sample(&logits()).unwrap().token).collect();
         assert_eq!(tokens, vec![1, 5, 1, 2]);
+    }
+
+    /// The adjustments kept token by token are those built afresh from the prompt and the
+    /// output so far (as they were each step before), with every penalty and a bias.
+    #[test]
+    fn adjustments_kept_token_by_token_are_those_built_afresh() {
+        let params = SamplingParams {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.2,
+            frequency_penalty: 0.1,
+            logit_bias: vec![(3, -2.0), (39, 1.5), (3, 0.5)],
+            temperature: 0.8,
+            seed: Some(7),
+            ..SamplingParams::greedy()
+        };
+        let prompt = [5, 9, 5, 30];
+        let afresh = |output: &[u32]| -> Vec<Adjustment> {
+            let mut m: BTreeMap<u32, Adjustment> = BTreeMap::new();
+            for &t in prompt.iter().chain(output) {
+                m.entry(t).or_insert_with(|| no_change(t)).repetition = 1.3;
+            }
+            for &t in output {
+                let n = output.iter().filter(|&&o| o == t).count() as f32;
+                m.entry(t).or_insert_with(|| no_change(t)).penalty = 0.2 + 0.1 * n;
+            }
+            for &(t, b) in &params.logit_bias {
+                m.entry(t).or_insert_with(|| no_change(t)).bias += b;
+            }
+            m.into_values().collect()
+        };
+        let mut s = Sampler::new(params.clone(), &prompt, 0);
+        let mut output = Vec::new();
+        assert_eq!(s.adjustments, afresh(&output));
+        for step in 0..30 {
+            output.push(s.sample(&step_logits(step)).unwrap().token);
+            assert_eq!(s.adjustments, afresh(&output), "step {step}");
+        }
     }
 
     /// Logits that change with the step, so penalties and bias keep changing the choice.
