@@ -14,7 +14,7 @@
 # POLICY     vllm-router's policy (default cache_aware). The simulator runs the closest:
 #              random -> random             round_robin -> round-robin
 #              cache_aware -> approx-prefix kv_aware -> precise-prefix (replicas publish
-#              power_of_two -> least-queue               their KV events to the router)
+#              power_of_two -> power-of-two              their KV events to the router)
 #              consistent_hash -> chwbl
 #
 # The model is a small Llama generated here (`engine make-model`, deterministic weights, a
@@ -33,7 +33,7 @@ case "$policy" in
     round_robin) sim_router=round-robin ;;
     cache_aware) sim_router=approx-prefix ;;
     kv_aware) sim_router=precise-prefix ;;
-    power_of_two) sim_router=least-queue ;;
+    power_of_two) sim_router=power-of-two ;;
     consistent_hash) sim_router=chwbl ;;
     *) echo "unknown policy $policy" >&2; exit 2 ;;
 esac

@@ -14,8 +14,13 @@ use crate::kv::{hash_block, ROOT_HASH};
 pub enum RouterKind {
     Random,
     RoundRobin,
-    /// Fewest waiting, then fewest running.
+    /// Fewest waiting, then fewest running (the replicas' state: a request on its way to a
+    /// replica is not in it yet).
     LeastQueue,
+    /// vllm-router's `power_of_two`: two different replicas drawn at random, the one with
+    /// fewer requests this router has sent it and not yet seen end (its own count, no
+    /// replica state; ties to the first drawn).
+    PowerOfTwo,
     /// Lowest KV-cache usage.
     KvUsage,
     /// llm-d's load-only profile: queue scorer + KV scorer, weights 1 and 1.
@@ -32,10 +37,11 @@ pub enum RouterKind {
 }
 
 impl RouterKind {
-    pub const ALL: [RouterKind; 9] = [
+    pub const ALL: [RouterKind; 10] = [
         RouterKind::Random,
         RouterKind::RoundRobin,
         RouterKind::LeastQueue,
+        RouterKind::PowerOfTwo,
         RouterKind::KvUsage,
         RouterKind::Load,
         RouterKind::ApproxPrefix,
@@ -50,7 +56,10 @@ impl RouterKind {
     pub fn reads_replica_state(self) -> bool {
         !matches!(
             self,
-            RouterKind::Random | RouterKind::RoundRobin | RouterKind::Chwbl
+            RouterKind::Random
+                | RouterKind::RoundRobin
+                | RouterKind::PowerOfTwo
+                | RouterKind::Chwbl
         )
     }
 }
@@ -151,6 +160,16 @@ impl Router {
             RouterKind::LeastQueue => (0..n)
                 .min_by_key(|&r| (replicas[r].waiting, replicas[r].running, r))
                 .expect("n > 0"),
+            RouterKind::PowerOfTwo if n == 1 => 0,
+            RouterKind::PowerOfTwo => {
+                let a = self.rng.gen_range(0..n);
+                let b = (a + self.rng.gen_range(1..n)) % n;
+                if self.in_flight[a] <= self.in_flight[b] {
+                    a
+                } else {
+                    b
+                }
+            }
             RouterKind::KvUsage => (0..n)
                 .min_by(|&a, &b| replicas[a].kv_usage.total_cmp(&replicas[b].kv_usage))
                 .expect("n > 0"),
@@ -305,6 +324,42 @@ mod tests {
             let mut r = Router::new(kind, 3, 16, 1);
             assert_eq!(r.route(&req, &snaps, &|_, _| 0), 2, "{kind:?}");
         }
+    }
+
+    /// A burst routed before any replica shows it: least-queue, reading the replicas'
+    /// state, sends all of it to the first; power-of-two, counting what it sent, spreads it
+    /// (the most loaded replica never wins a draw it is not tied in), and a replica whose
+    /// requests end is preferred again.
+    #[test]
+    fn power_of_two_spreads_a_burst_by_its_own_count() {
+        let snaps = vec![ReplicaSnapshot::default(); 4];
+        let ids = [1u32; 40];
+        let req = RouteRequest {
+            prompt_ids: &ids,
+            prompt_text: "x",
+        };
+        let burst = |kind| {
+            let mut r = Router::new(kind, 4, 16, 7);
+            let mut counts = [0usize; 4];
+            for _ in 0..40 {
+                counts[r.route(&req, &snaps, &|_, _| 0)] += 1;
+            }
+            (r, counts)
+        };
+        assert_eq!(burst(RouterKind::LeastQueue).1, [40, 0, 0, 0]);
+        let (mut r, counts) = burst(RouterKind::PowerOfTwo);
+        assert!(counts.iter().all(|&c| (5..=15).contains(&c)), "{counts:?}");
+        let least = (0..4).min_by_key(|&i| counts[i]).unwrap();
+        for _ in 0..counts[least] {
+            r.finished(least);
+        }
+        // It wins every draw it is in, about half of them, until it catches up.
+        let mut again = [0usize; 4];
+        for _ in 0..16 {
+            again[r.route(&req, &snaps, &|_, _| 0)] += 1;
+        }
+        assert_eq!(again.iter().max(), Some(&again[least]), "{again:?}");
+        assert!(again[least] >= 5, "{again:?}");
     }
 
     #[test]
