@@ -17,9 +17,11 @@ pub enum RouterKind {
     /// Fewest waiting, then fewest running (the replicas' state: a request on its way to a
     /// replica is not in it yet).
     LeastQueue,
-    /// vllm-router's `power_of_two`: two different replicas drawn at random, the one with
-    /// fewer requests this router has sent it and not yet seen end (its own count, no
-    /// replica state; ties to the first drawn).
+    /// vllm-router's `power_of_two`: two different replicas drawn at random, the less
+    /// loaded winning (ties to the first drawn); a replica's load is its running and waiting
+    /// requests as last polled (`/get_load`, as old as the cluster's metrics delay) plus the
+    /// requests this router has sent it and not yet seen end, which a poll may count again
+    /// (vllm-router adds the two likewise, so a burst between polls still spreads).
     PowerOfTwo,
     /// Lowest KV-cache usage.
     KvUsage,
@@ -56,10 +58,7 @@ impl RouterKind {
     pub fn reads_replica_state(self) -> bool {
         !matches!(
             self,
-            RouterKind::Random
-                | RouterKind::RoundRobin
-                | RouterKind::PowerOfTwo
-                | RouterKind::Chwbl
+            RouterKind::Random | RouterKind::RoundRobin | RouterKind::Chwbl
         )
     }
 }
@@ -164,7 +163,8 @@ impl Router {
             RouterKind::PowerOfTwo => {
                 let a = self.rng.gen_range(0..n);
                 let b = (a + self.rng.gen_range(1..n)) % n;
-                if self.in_flight[a] <= self.in_flight[b] {
+                let load = |r: usize| replicas[r].waiting + replicas[r].running + self.in_flight[r];
+                if load(a) <= load(b) {
                     a
                 } else {
                     b
@@ -197,7 +197,8 @@ impl Router {
         choice
     }
 
-    /// A request routed to `replica` has ended (CHWBL's load accounting).
+    /// A request routed to `replica` has ended (the router's own load count: CHWBL's and
+    /// power-of-two's).
     pub fn finished(&mut self, replica: usize) {
         self.in_flight[replica] = self.in_flight[replica].saturating_sub(1);
     }
@@ -327,9 +328,9 @@ mod tests {
     }
 
     /// A burst routed before any replica shows it: least-queue, reading the replicas'
-    /// state, sends all of it to the first; power-of-two, counting what it sent, spreads it
-    /// (the most loaded replica never wins a draw it is not tied in), and a replica whose
-    /// requests end is preferred again.
+    /// state, sends all of it to the first; power-of-two, adding what it sent, spreads it
+    /// (the most loaded replica never wins a draw it is not tied in), a replica whose
+    /// requests end is preferred again, and one whose polled load is high is avoided.
     #[test]
     fn power_of_two_spreads_a_burst_by_its_own_count() {
         let snaps = vec![ReplicaSnapshot::default(); 4];
@@ -360,6 +361,12 @@ mod tests {
         }
         assert_eq!(again.iter().max(), Some(&again[least]), "{again:?}");
         assert!(again[least] >= 5, "{again:?}");
+        let mut busy = snaps.clone();
+        busy[1].waiting = 1000;
+        let mut r = Router::new(RouterKind::PowerOfTwo, 4, 16, 7);
+        for _ in 0..40 {
+            assert_ne!(r.route(&req, &busy, &|_, _| 0), 1);
+        }
     }
 
     #[test]

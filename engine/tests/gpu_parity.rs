@@ -333,10 +333,6 @@ fn mixed_steps_and_graph_replays_match() -> Result<()> {
     Ok(())
 }
 
-/// Device sampling through the CUDA backend's own path (inputs packed into one upload, the
-/// rows back in one download, page-locked buffers) on a model's real logits, against the
-/// kernels' CPU reference on the very same logits: greedy rows, a grammar-style mask, penalties
-/// and bias, top-p draws and logprobs, two steps in a row (the buffers reused).
 /// Decode steps replayed from a graph captured for long contexts split their keys (the
 /// bucket is 128 blocks wide: 2,048 keys, several splits on any GPU for 2 sequences of 2 KV
 /// heads) and merge the splits in the same launch: each replay cuts the splits from its own
@@ -416,6 +412,10 @@ fn graph_replays_of_split_decodes_match() -> Result<()> {
     Ok(())
 }
 
+/// Device sampling through the CUDA backend's own path (inputs packed into one upload, the
+/// rows back in one download, page-locked buffers) on a model's real logits, against the
+/// kernels' CPU reference on the very same logits: greedy rows, a grammar-style mask, penalties
+/// and bias, top-p draws and logprobs, two steps in a row (the buffers reused).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn device_sampling_matches_the_reference_on_the_models_logits() -> Result<()> {

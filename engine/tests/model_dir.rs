@@ -300,7 +300,8 @@ fn the_first_token_keeps_its_leading_space_after_the_prompt() -> Result<()> {
 /// Tokens that add no text (special tokens, skipped) leave the decode window: a model that
 /// samples its end token over and over under `ignore_eos` does not make each decode longer
 /// than the last. Characters split over byte tokens still come out whole, and a run of
-/// bytes that never completes one comes out as U+FFFD rather than growing the window.
+/// bytes that can never make one (more than a character's first 3) comes out as U+FFFD
+/// rather than growing the window.
 #[test]
 fn tokens_that_add_no_text_leave_the_decode_window() -> Result<()> {
     let (_dir, tok) = sentencepiece_tokenizer()?;
@@ -319,7 +320,7 @@ fn tokens_that_add_no_text_leave_the_decode_window() -> Result<()> {
     let mut out = String::new();
     for _ in 0..100 {
         out.push_str(&d.push(&tok, 7)?);
-        assert!(d.window_len() <= 8, "{}", d.window_len());
+        assert!(d.window_len() <= 4, "{}", d.window_len());
     }
     out.push_str(&d.flush(&tok)?);
     assert!(

@@ -1515,6 +1515,29 @@ mod tests {
         run_to_end(&mut s, 3.0);
     }
 
+    /// With chunked prefill, `max_num_batched_tokens` is the step's budget in place of
+    /// `prefill_chunk_size` (vLLM's meaning): a 200-token prompt goes in chunks of 64.
+    #[test]
+    fn max_num_batched_tokens_is_the_chunk_budget_when_chunked() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            chunked_prefill: true,
+            prefill_chunk_size: 512,
+            max_num_batched_tokens: Some(64),
+            max_batch_size: 4,
+            ..cfg()
+        });
+        s.add_request(Request::new(1, vec![3; 200], 2), 0.0)
+            .unwrap();
+        let mut chunks = Vec::new();
+        for t in 0..4 {
+            let plan = s.schedule(t as f64);
+            chunks.push(plan.num_tokens());
+            let sampled = vec![9; plan.num_sampling()];
+            s.complete(plan, &sampled, t as f64 + 0.5);
+        }
+        assert_eq!(chunks, [64, 64, 64, 8]);
+    }
+
     /// A fork aborted before its parent's first token (so before it exists) is never made.
     #[test]
     fn a_fork_aborted_before_it_is_made_never_runs() {

@@ -822,12 +822,15 @@ impl Target {
         // How the stream ended: `[DONE]`, or a choice's finish_reason (a server that sends
         // no `[DONE]`); neither, and it was cut short (a server that died mid-run).
         let (mut done, mut finished) = (false, false);
+        // Once a choice has finished, the stream has only its usage and `[DONE]` to send: a
+        // server that then neither sends them nor closes the connection (or sends only
+        // keep-alive comments) has still answered in full by this deadline.
+        let mut after_finish = None;
         'read: loop {
-            // Once a choice has finished, the stream has only its usage and `[DONE]` to
-            // send: a server that then neither sends them nor closes the connection has
-            // still answered in full.
             let piece = if finished {
-                match tokio::time::timeout(AFTER_FINISH, stream.next()).await {
+                let deadline =
+                    *after_finish.get_or_insert_with(|| tokio::time::Instant::now() + AFTER_FINISH);
+                match tokio::time::timeout_at(deadline, stream.next()).await {
                     Ok(p) => p,
                     Err(_) => break,
                 }

@@ -31,10 +31,11 @@ pub struct IncrementalDetokenizer {
 /// `INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET`).
 const PROMPT_CONTEXT: usize = 5;
 
-/// Generated tokens held back at most while they end inside a character: a UTF-8 character
-/// is at most 4 bytes, so past this the tokens are invalid bytes, decoded as U+FFFD
-/// (a window that grew with them would make every later decode longer).
-const MAX_UNFINISHED: usize = 8;
+/// U+FFFD an unfinished character decodes to at most: one for each of its first 3 bytes
+/// (a decoder that falls back to bytes replaces each). More at the end, or one before other
+/// text, are bytes that will never make a character: they are released as they decode, or
+/// the window would grow with them and make every later decode longer.
+const MAX_UNFINISHED_BYTES: usize = 3;
 
 impl IncrementalDetokenizer {
     /// The detokenizer of an output that follows `prompt`.
@@ -65,7 +66,10 @@ impl IncrementalDetokenizer {
             return Ok(String::new());
         }
         if full.ends_with('\u{FFFD}') {
-            if self.tokens.len() - self.read_offset < MAX_UNFINISHED {
+            let new = full.strip_prefix(prefix.as_str()).unwrap_or(&full);
+            let held = new.trim_end_matches('\u{FFFD}');
+            let unfinished = new[held.len()..].chars().count();
+            if unfinished <= MAX_UNFINISHED_BYTES && !held.contains('\u{FFFD}') {
                 return Ok(String::new());
             }
             return self.flush(tok);

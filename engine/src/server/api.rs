@@ -457,9 +457,9 @@ fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiE
     if let Some(v) = f.float_in("frequency_penalty", "in [-2, 2]", penalty)? {
         params.frequency_penalty = v as f32;
     }
-    // Logits are divided or multiplied by it in f32: a value that is 0 or infinite there
-    // would make a logit NaN.
-    let positive_f32 = |v: f64| v > 0.0 && (v as f32).is_finite() && v as f32 > 0.0;
+    // Logits are divided or multiplied by it in f32: a value that is 0, subnormal or
+    // infinite there would make a logit infinite or NaN.
+    let positive_f32 = |v: f64| (v as f32).is_finite() && v as f32 >= f32::MIN_POSITIVE;
     if let Some(v) = f.float_in("repetition_penalty", "> 0, within f32", positive_f32)? {
         params.repetition_penalty = v as f32;
     }
@@ -848,6 +848,11 @@ mod tests {
             ),
             (
                 r#"{"prompt":"x","repetition_penalty":1e-60}"#,
+                Endpoint::Completions,
+                "repetition_penalty",
+            ),
+            (
+                r#"{"prompt":"x","repetition_penalty":1e-40}"#,
                 Endpoint::Completions,
                 "repetition_penalty",
             ),

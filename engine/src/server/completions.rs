@@ -116,9 +116,12 @@ pub(super) async fn generate(
             _ => None,
         })
         .collect();
-    // Tokenising and compiling the grammar both take a blocking thread, never the engine's.
-    let (tokenized, constraint) = {
+    // Tokenising and compiling the grammar and the stop strings take a blocking thread,
+    // never the engine's (the stop strings are compiled once, for every prompt and
+    // sequence of the request).
+    let (tokenized, constraint, stops) = {
         let prompts = std::mem::take(&mut req.prompts);
+        let stop = req.stop.clone();
         let tools = req.tools.take();
         let compact = s.compact_json;
         let grammar = req.structured.as_ref().map(|r| {
@@ -138,7 +141,8 @@ pub(super) async fn generate(
         };
         let bytes = prompts.iter().map(Prompt::bytes).sum::<usize>()
             + tools.as_ref().map_or(0, |t| t.to_string().len())
-            + grammar_bytes;
+            + grammar_bytes
+            + stop.iter().map(String::len).sum::<usize>();
         off_thread(&state, bytes, move |s| {
             let tokens = prompts
                 .iter()
@@ -153,7 +157,7 @@ pub(super) async fn generate(
                 })?),
                 None => None,
             };
-            Ok::<_, ApiError>((tokens, constraint))
+            Ok::<_, ApiError>((tokens, constraint, StopSet::new(&stop)))
         })
         .await??
     };
@@ -196,9 +200,6 @@ pub(super) async fn generate(
         });
     }
     let commands = s.commands.lock().unwrap().clone();
-    // Compiled here, once, for every prompt and sequence of the request: not on the engine
-    // thread every stream shares.
-    let stops = StopSet::new(&req.stop);
     let batch = planned
         .into_iter()
         .enumerate()
@@ -848,10 +849,10 @@ fn merge_logprobs(
 /// Log-probabilities a response may carry: about 25 MB of JSON. A response's size follows
 /// `n` × (echoed prompt + completion) × (1 + top log-probabilities), summed over its
 /// prompts, so without a bound a 22 KB request (`echo`, `logprobs: 20`, `n: 64`, a
-/// 4,000-token prompt) makes the server build 124 MB. One sequence as long as the context
-/// with 20 top log-probabilities a token is always allowed (a chat request asking for
-/// `top_logprobs` without `max_tokens` on a 128k model): the bound is on what `n`, `echo`
-/// and several prompts multiply.
+/// 4,000-token prompt) makes the server build 124 MB. One choice of one prompt may instead
+/// reach the whole context with 20 top log-probabilities a token (a chat request asking
+/// for `top_logprobs` without `max_tokens` on a 128k model, some 70 MB): the bound is on
+/// what `n` and several prompts multiply.
 pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
 
 /// Refuses a request whose log-probabilities would pass [`MAX_LOGPROB_ENTRIES`], naming
@@ -872,7 +873,12 @@ fn check_response_size(
         .n
         .saturating_mul(positions)
         .saturating_mul(top.saturating_add(1));
-    let bound = MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + api::MAX_TOP_LOGPROBS));
+    let one_sequence = req.n == 1 && planned.len() == 1;
+    let bound = if one_sequence {
+        MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + api::MAX_TOP_LOGPROBS))
+    } else {
+        MAX_LOGPROB_ENTRIES
+    };
     if entries <= bound {
         return Ok(());
     }
@@ -1069,8 +1075,6 @@ mod tests {
         }
     }
 
-    /// The cause decides the status, not the words: a step's error that happens to read like
-    /// a grammar's is still the server's.
     /// A chat asking for 20 top log-probabilities without max_tokens on a 128k-context
     /// model is one sequence as long as the context: answered, not refused for size. What
     /// `n` multiplies past the bound is refused, saying max_tokens was the context left.
@@ -1100,6 +1104,8 @@ mod tests {
         );
     }
 
+    /// The cause decides the status, not the words: a step's error that happens to read like
+    /// a grammar's is still the server's.
     #[test]
     fn a_grammar_failure_is_the_requests_and_a_step_failure_the_servers() {
         let grammar = RequestFailure::grammar(&anyhow::anyhow!("parser row too large"));

@@ -266,6 +266,17 @@ fn tool_choice(
         };
         functions.push((f["name"].as_str().unwrap_or_default().to_string(), params));
     }
+    // (Read whatever the choice: `none` and a named function make at most one call.)
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(bad(
+                "parallel_tool_calls",
+                "parallel_tool_calls must be true or false",
+            ))
+        }
+    };
     let tools_value = (!tools.is_empty()).then(|| Value::Array(tools));
     let default = if functions.is_empty() { "none" } else { "auto" };
     let choice = choice.cloned().unwrap_or_else(|| json!(default));
@@ -281,16 +292,6 @@ fn tool_choice(
             if functions.is_empty() {
                 return Err(bad("tool_choice", "tool_choice \"required\" needs tools"));
             }
-            let parallel = match body.get("parallel_tool_calls") {
-                None | Some(Value::Null) => true,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(bad(
-                        "parallel_tool_calls",
-                        "parallel_tool_calls must be true or false",
-                    ))
-                }
-            };
             let grammar = required_grammar(&functions, parallel)?;
             Some((ToolGrammar(grammar), ToolChoice::Required))
         }
