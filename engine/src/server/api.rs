@@ -6,6 +6,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use infer_kernels::sampling::MAX_TOP_LOGPROBS;
 use serde_json::{json, Map, Value};
 
 use super::structured::StructuredRequest;
@@ -128,9 +129,6 @@ pub struct GenerationRequest {
 
 /// The most choices one request may ask for per prompt.
 pub const MAX_N: usize = 64;
-
-/// The most top log-probabilities a token may carry (OpenAI's and vLLM's default bound).
-pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// The most sequences one request may start: its prompts times `n`. A batch is one HTTP
 /// request, so this bounds what one client adds to the queue at once.

@@ -28,6 +28,7 @@ use crate::runtime::engine_core::{
     EngineRequest, FailureCause, RequestFailure, StopReason, TokenLogprob,
 };
 use crate::runtime::tokenizer::TextTokenizer;
+use infer_kernels::sampling::MAX_TOP_LOGPROBS;
 
 pub(super) async fn completions(
     State(s): State<AppState>,
@@ -875,7 +876,7 @@ fn check_response_size(
         .saturating_mul(top.saturating_add(1));
     let one_sequence = req.n == 1 && planned.len() == 1;
     let bound = if one_sequence {
-        MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + api::MAX_TOP_LOGPROBS))
+        MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + MAX_TOP_LOGPROBS))
     } else {
         MAX_LOGPROB_ENTRIES
     };
