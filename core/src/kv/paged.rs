@@ -12,6 +12,12 @@
 //! block's tokens, so a wrong match needs a 64-bit and an unrelated 32-bit collision at
 //! once (vLLM trusts one hash); the index is one 16-byte table entry per block, which
 //! keeps a lookup to one memory access (a cluster simulation holds hundreds of these pools).
+//!
+//! The same tokens computed twice (two prompts with one prefix admitted in the same step,
+//! before either was computed) leave two blocks of one content. As in vLLM V1, whose
+//! `BlockHashToBlockMap` keeps every block of a hash, the second is registered too, as a
+//! spare: lookups find the first, and when the first is evicted the spare takes its place,
+//! so the content stays cached while any block holds it.
 
 use super::BrokenInvariant;
 use rustc_hash::FxHashMap;
@@ -42,6 +48,9 @@ pub struct PagedKv {
     prefix_caching: bool,
     /// hash → the block registered under it.
     cached: FxHashMap<u64, CachedBlock>,
+    /// hash → the other blocks holding that block's content (registered, not found by
+    /// lookups until the block in `cached` is evicted). Empty unless prompts raced.
+    spares: FxHashMap<u64, Vec<BlockId>>,
     /// Changes of `cached` so far (see [`KvManager::lookup_version`]).
     cached_changes: u64,
     /// Per block: `cached_changes` as it was registered (an earlier lookup's block still
@@ -65,6 +74,7 @@ impl PagedKv {
             free: FreeQueue::full(num_blocks),
             prefix_caching,
             cached: FxHashMap::default(),
+            spares: FxHashMap::default(),
             cached_changes: 0,
             registered_at: vec![0; if prefix_caching { num_blocks } else { 0 }],
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
@@ -73,7 +83,8 @@ impl PagedKv {
         }
     }
 
-    /// Blocks currently registered in the prefix cache (held or evictable).
+    /// Contents currently in the prefix cache (held or evictable), each counted once
+    /// however many blocks hold it.
     pub fn num_cached_blocks(&self) -> usize {
         self.cached.len()
     }
@@ -115,15 +126,45 @@ impl PagedKv {
         let b = self.free.pop_front().expect("checked free count");
         if self.prefix_caching {
             if let Some(h) = self.block_hash[b as usize].take() {
-                self.cached.remove(&h);
-                self.cached_changes += 1;
-                if let Some(log) = &mut self.events {
-                    log.removed(h);
-                }
+                self.unregister(b, h);
             }
         }
         self.refs[b as usize] = 1;
         b
+    }
+
+    /// Block `b`, registered under `h`, is evicted: a spare of its content takes its place
+    /// in the index (the content stays cached: no event), else the content leaves it.
+    fn unregister(&mut self, b: BlockId, h: u64) {
+        let Some(entry) = self.cached.get_mut(&h) else {
+            return;
+        };
+        if entry.block != b {
+            // A spare: lookups never found it.
+            if let Some(spares) = self.spares.get_mut(&h) {
+                spares.retain(|&s| s != b);
+                if spares.is_empty() {
+                    self.spares.remove(&h);
+                }
+            }
+            return;
+        }
+        // Every change of a hash's block is a new version: a lookup that holds `b` must
+        // not pass as current.
+        self.cached_changes += 1;
+        if let Some(spares) = self.spares.get_mut(&h) {
+            let spare = spares.pop().expect("no empty spare lists are kept");
+            if spares.is_empty() {
+                self.spares.remove(&h);
+            }
+            entry.block = spare;
+            self.registered_at[spare as usize] = self.cached_changes;
+            return;
+        }
+        self.cached.remove(&h);
+        if let Some(log) = &mut self.events {
+            log.removed(h);
+        }
     }
 }
 
@@ -160,17 +201,18 @@ impl KvManager for PagedKv {
             self.extend_prefix(tokens, found);
             return;
         }
-        // The blocks found then that still hold the registration they matched (registered
-        // no later than `since`: a block is only registered again after its removal) match
-        // again, as far as the first that does not; the lookup goes on from there. (Under
-        // the same hash alone a block registered again could hold other tokens, where the
-        // 32-bit check would have refused it.)
+        // The blocks found then that are still what a lookup finds under their hash, in the
+        // registration they matched (registered no later than `since`: a block is only
+        // registered again after its removal), match again, as far as the first that does
+        // not; the lookup goes on from there. (Under the same hash alone a block registered
+        // again could hold other tokens, where the 32-bit check would have refused it.)
         let still = found
             .blocks
             .iter()
             .zip(&found.hashes)
             .take_while(|&(&b, &h)| {
-                self.block_hash[b as usize] == Some(h) && self.registered_at[b as usize] <= since
+                self.cached.get(&h).is_some_and(|e| e.block == b)
+                    && self.registered_at[b as usize] <= since
             })
             .count();
         found.blocks.truncate(still);
@@ -222,13 +264,13 @@ impl KvManager for PagedKv {
             let h = hash_block(parent, chunk);
             kv.hashes.push(h);
             let b = kv.blocks[i];
-            // A block whose content is already cached elsewhere stays a private duplicate.
-            if self.block_hash[b as usize].is_none() {
-                if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
-                    e.insert(CachedBlock {
-                        block: b,
-                        check: block_check(parent, chunk),
-                    });
+            if self.block_hash[b as usize].is_some() {
+                continue; // found by a lookup: registered already
+            }
+            let check = block_check(parent, chunk);
+            match self.cached.entry(h) {
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(CachedBlock { block: b, check });
                     self.cached_changes += 1;
                     self.block_hash[b as usize] = Some(h);
                     self.registered_at[b as usize] = self.cached_changes;
@@ -236,6 +278,13 @@ impl KvManager for PagedKv {
                         log.stored(h, (i > 0).then_some(parent), chunk);
                     }
                 }
+                // The same content computed again: a spare, announced with the first.
+                std::collections::hash_map::Entry::Occupied(e) if e.get().check == check => {
+                    self.spares.entry(h).or_default().push(b);
+                    self.block_hash[b as usize] = Some(h);
+                }
+                // Other content under the same 64-bit hash: left out of the cache.
+                std::collections::hash_map::Entry::Occupied(_) => {}
             }
         }
     }
@@ -273,6 +322,7 @@ impl KvManager for PagedKv {
             return false;
         }
         self.cached.clear();
+        self.spares.clear();
         self.cached_changes += 1;
         self.block_hash.iter_mut().for_each(|h| *h = None);
         if let Some(log) = &mut self.events {
@@ -340,12 +390,37 @@ impl KvManager for PagedKv {
                     ));
                 }
             }
+            let mut spares = 0;
+            for (&h, blocks) in &self.spares {
+                let Some(e) = self.cached.get(&h) else {
+                    return Err(BrokenInvariant::new(
+                        8,
+                        format!("spares of {h:x}, which has no cache entry"),
+                    ));
+                };
+                if blocks.is_empty() {
+                    return Err(BrokenInvariant::new(
+                        8,
+                        format!("an empty list of spares of {h:x}"),
+                    ));
+                }
+                for &b in blocks {
+                    if b == e.block || self.block_hash[b as usize] != Some(h) {
+                        return Err(BrokenInvariant::new(
+                            8,
+                            format!("block {b}, a spare of {h:x}, is not registered as one"),
+                        ));
+                    }
+                }
+                spares += blocks.len();
+            }
             let registered = self.block_hash.iter().flatten().count();
-            if registered != self.cached.len() {
+            if registered != self.cached.len() + spares {
                 return Err(BrokenInvariant::new(
                     8,
                     format!(
-                        "{registered} blocks registered but {} cache entries",
+                        "{registered} blocks registered but {} cache entries and {spares} \
+                         spares",
                         self.cached.len()
                     ),
                 ));
@@ -444,7 +519,7 @@ mod tests {
                 block_size: 4,
             }]
         );
-        // The same tokens computed again in other blocks: a private duplicate, no event.
+        // The same tokens computed again in other blocks: a spare, no event.
         let mut b = kv.new_seq();
         assert!(kv.allocate(&mut b, &PrefixMatch::default(), 4));
         kv.commit(&mut b, &prompt, 4);
@@ -463,6 +538,49 @@ mod tests {
         all.sort_unstable();
         assert_eq!(removed, all);
         assert_eq!(kv.num_cached_blocks(), 0);
+    }
+
+    /// Two prompts of one prefix admitted in the same step, before either was computed,
+    /// hold the same content in two blocks. When the registered block is evicted, the other
+    /// is found in its place (vLLM V1 keeps every block of a hash), and the content leaves
+    /// the cache, announced, only with the last block that holds it.
+    #[test]
+    fn content_computed_twice_stays_cached_while_a_block_holds_it() {
+        let mut kv = PagedKv::new(6, 4, true);
+        kv.record_events();
+        let prompt = seq_tokens(9, 1); // two full blocks and one token
+        let (mut a, mut b) = (kv.new_seq(), kv.new_seq());
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 9));
+        assert!(kv.allocate(&mut b, &PrefixMatch::default(), 9));
+        kv.commit(&mut a, &prompt, 9);
+        kv.commit(&mut b, &prompt, 9);
+        kv.check().unwrap();
+        assert_eq!(kv.num_cached_blocks(), 2);
+        let stored = kv.take_events();
+        assert_eq!(stored.len(), 1, "announced once: {stored:?}");
+        assert_eq!(kv.lookup_prefix(&prompt).blocks, a.blocks[..2]);
+        let (a_blocks, b_blocks, hashes) = (a.blocks.clone(), b.blocks.clone(), a.hashes.clone());
+        // a's blocks are freed first, so evicted first: b's take their place, unannounced.
+        kv.free(&mut a);
+        kv.free(&mut b);
+        let mut c = kv.new_seq();
+        assert!(kv.allocate(&mut c, &PrefixMatch::default(), 12));
+        assert_eq!(c.blocks, vec![a_blocks[2], a_blocks[1], a_blocks[0]]);
+        kv.check().unwrap();
+        assert!(kv.take_events().is_empty());
+        assert_eq!(kv.lookup_prefix(&prompt).blocks, b_blocks[..2]);
+        // The last blocks holding it evicted, the content is gone, and announced so.
+        let mut d = kv.new_seq();
+        assert!(kv.allocate(&mut d, &PrefixMatch::default(), 12));
+        kv.check().unwrap();
+        assert_eq!(kv.num_cached_blocks(), 0);
+        assert!(kv.lookup_prefix(&prompt).blocks.is_empty());
+        assert_eq!(
+            kv.take_events(),
+            vec![KvEvent::Removed {
+                hashes: vec![hashes[1], hashes[0]]
+            }]
+        );
     }
 
     /// `reset_prefix_cache` is refused while a sequence holds a cached block; once none
