@@ -176,6 +176,11 @@ pub struct SlotPasses {
     pub multi: PassSum,
 }
 
+/// The largest decode batch replayed from a CUDA graph: larger ones run eagerly. vLLM V0
+/// captured batches up to 256 by default, and so does the engine (its bucket ladder ends
+/// here); the simulator prices a decode step as replayed up to this size.
+pub const MAX_GRAPH_DECODE_BATCH: usize = 256;
+
 /// llama.cpp pads a pass's key count to a multiple of this (`get_n_kv`).
 pub const SLOT_KEY_PAD: usize = 256;
 

@@ -448,7 +448,10 @@ impl Analytic {
             / tp
             / (hw.bandwidth * bandwidth_efficiency)
             + faults / tp;
-        let graph = self.cuda_graphs && p.decode_only;
+        // Decode batches past the capture ladder run eagerly, as the engine's and vLLM's do.
+        let graph = self.cuda_graphs
+            && p.decode_only
+            && p.tokens <= infer_core::scheduler::MAX_GRAPH_DECODE_BATCH as f64;
         let (launch, replay) = if graph {
             (hw.graph_launch_s, cal.graph_replay_factor)
         } else {
@@ -1298,10 +1301,21 @@ mod tests {
             "a 0.5B decode is launch-bound eagerly: {t:?}"
         );
         assert!(graphs.step_time(&decode(1, 256)) < eager.step_time(&decode(1, 256)));
-        // Prefill stays eager.
+        // Prefill stays eager, and so do decode batches past the capture ladder.
         assert_eq!(
             graphs.step_time(&prefill(256)),
             eager.step_time(&prefill(256))
+        );
+        let (largest, past) = (
+            infer_core::scheduler::MAX_GRAPH_DECODE_BATCH,
+            infer_core::scheduler::MAX_GRAPH_DECODE_BATCH + 1,
+        );
+        assert!(
+            graphs.terms(&decode(largest, 16)).launch < eager.terms(&decode(largest, 16)).launch
+        );
+        assert_eq!(
+            graphs.terms(&decode(past, 16)),
+            eager.terms(&decode(past, 16))
         );
     }
 
