@@ -254,13 +254,23 @@ fn apart_from_phase(r: &Run) -> Option<String> {
     let setup = (
         &i.source,
         server,
-        &i.workload,
+        i.workload.as_ref().map(resolved_workload),
         &i.arrival,
         i.seed,
         i.replicas,
         i.router,
     );
     serde_json::to_string(&setup).ok()
+}
+
+/// A run's `[workload]` as it was resolved: parsed, so that a default written out and the
+/// same default left out read the same (the table as written where it does not parse, as a
+/// newer version's keys would not).
+fn resolved_workload(table: &serde_json::Value) -> String {
+    match serde_json::from_value::<infer_core::workload::WorkloadSpec>(table.clone()) {
+        Ok(spec) => format!("{spec:?}"),
+        Err(_) => table.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -252,6 +252,20 @@ fn a_phase_step_differs_in_its_techniques_only() {
     assert_eq!(cs[0].table.header.len(), 3, "{:?}", cs[0].table.header);
     let off_ladder = changed(&|i| i.phase = "P6 paged + prefix-caching".into());
     assert!(phase_comparisons(&[&off_ladder, &p7]).is_empty());
+    // The same workload, one with its defaults written out: a step.
+    let workload = |i: &mut infer_reports::RunInfo, defaults: bool| {
+        let mut w = serde_json::json!({"num_requests": 10, "prompt_tokens": 4096});
+        if defaults {
+            w["warmup_requests"] = 0.into();
+            w["ignore_eos"] = false.into();
+            w["seed"] = 42.into();
+        }
+        i.workload = Some(w);
+    };
+    let mut p6_set = load("cp_p6");
+    workload(p6_set.info.as_mut().unwrap(), false);
+    let p7_set = changed(&|i| workload(i, true));
+    assert_eq!(phase_comparisons(&[&p6_set, &p7_set]).len(), 1);
     // The batch and pool sizes the log changes with its KV backend do not part a step.
     let bigger = changed(&|i| i.server.num_gpu_blocks *= 2);
     assert_eq!(phase_comparisons(&[&p6, &bigger]).len(), 1);
