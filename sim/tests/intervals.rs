@@ -144,6 +144,24 @@ fn the_shipped_intervals_hold_the_held_out_phases_as_often_as_they_claim() {
         .filter(|c| c.interval.contains(c.measured))
         .count();
     let share = inside as f64 / n as f64;
+    // Per metric, for docs/results/intervals.md (`--nocapture`).
+    let mut metrics: Vec<&str> = covered.iter().map(|c| c.metric.as_str()).collect();
+    metrics.sort_unstable();
+    metrics.dedup();
+    for m in metrics {
+        let of: Vec<_> = covered.iter().filter(|c| c.metric == m).collect();
+        let mut widths: Vec<f64> = of.iter().map(|c| c.interval.relative_width()).collect();
+        widths.sort_by(f64::total_cmp);
+        println!(
+            "{m}: {} of {} inside, median width {:.0}%",
+            of.iter()
+                .filter(|c| c.interval.contains(c.measured))
+                .count(),
+            of.len(),
+            100.0 * widths[widths.len() / 2]
+        );
+    }
+    println!("pooled: {inside} of {n} inside");
     assert!(n >= 60, "{n} figures");
     assert!((0.80..=0.97).contains(&share), "{inside} of {n} inside");
 }
