@@ -16,6 +16,7 @@ use infer_core::{
     SchedulerStats, StepPlan, StepShape, StopConditions,
 };
 
+use crate::runtime::backend::Logits;
 use crate::runtime::batch::{ForwardBatch, SeqChunk};
 use crate::runtime::detokenize::{OutputStream, StopSet};
 use crate::runtime::model::{KvCache, LoadedModel};
@@ -178,12 +179,19 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     sample_failed: HashMap<u64, RequestFailure>,
     /// Seconds and tokens of structured output's host work so far.
     constraint_cost: (f64, u64),
+    /// Tokens one forward pass holds at most: the step the memory plan sized the device's
+    /// activations and GEMM algorithms for. A larger step (several whole prompts, unchunked
+    /// and without `max_num_batched_tokens`) runs as several passes.
+    max_pass_tokens: usize,
     /// The next forward's error, in place of running it.
     #[cfg(test)]
     pub(crate) inject_failure: Option<anyhow::Error>,
     /// Take the device-sampling path on the CPU backend (its reference sampler).
     #[cfg(test)]
     pub(crate) force_device_sampling: bool,
+    /// Forward passes run on the host-logits path so far.
+    #[cfg(test)]
+    pub(crate) passes_run: usize,
 }
 
 impl<M: Borrow<LoadedModel>> EngineCore<M> {
@@ -192,6 +200,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     pub fn new(model: M, cfg: SchedulerConfig, default_seed: u64) -> Result<Self> {
         cfg.validate()
             .map_err(|(k, r)| anyhow!("invalid scheduler configuration: {k}: {r}"))?;
+        let max_pass_tokens = crate::runtime::memory_plan::planned_step_tokens(&cfg);
         let sched = Scheduler::new(cfg);
         let kv = model
             .borrow()
@@ -207,10 +216,13 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             trace: false,
             sample_failed: HashMap::new(),
             constraint_cost: (0.0, 0),
+            max_pass_tokens,
             #[cfg(test)]
             inject_failure: None,
             #[cfg(test)]
             force_device_sampling: false,
+            #[cfg(test)]
+            passes_run: 0,
         })
     }
 
@@ -507,7 +519,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         if self.samples_on_device(&batch) {
             return self.forward_and_sample_on_device(plan, &batch);
         }
-        let logits = self.model.borrow().model.forward(&batch, &mut self.kv)?;
+        let logits = self.forward_in_passes(&batch)?;
         let mut out = Vec::with_capacity(plan.num_sampling());
         let mut rows = logits.iter();
         for (s, chunk) in plan.seqs.iter().zip(&batch.seqs) {
@@ -568,6 +580,32 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         let forced = false;
         (forced || self.model.borrow().model.samples_on_device())
             && batch.seqs.iter().all(|c| !c.all_logits)
+            && batch.total_tokens() <= self.max_pass_tokens
+    }
+
+    /// The step's logits, from one forward pass, or from several of whole sequences where
+    /// the step holds more tokens than a pass may ([`Self::max_pass_tokens`]).
+    fn forward_in_passes(&mut self, batch: &ForwardBatch) -> Result<Logits> {
+        let model = &self.model.borrow().model;
+        if batch.total_tokens() <= self.max_pass_tokens {
+            #[cfg(test)]
+            {
+                self.passes_run += 1;
+            }
+            return model.forward(batch, &mut self.kv);
+        }
+        let mut rows = Vec::new();
+        let mut vocab = model.config().vocab_size;
+        for pass in batch.passes(self.max_pass_tokens) {
+            #[cfg(test)]
+            {
+                self.passes_run += 1;
+            }
+            let logits = model.forward(&pass, &mut self.kv)?;
+            vocab = logits.vocab();
+            rows.extend(logits.into_vec());
+        }
+        Ok(Logits::new(rows, vocab))
     }
 
     /// [`Self::forward_and_sample`] with the sampling done where the logits are: each
@@ -884,6 +922,57 @@ mod tests {
         assert_eq!(counts, HashMap::from([(2, 4), (3, 5)]));
         assert_eq!(core.stats().num_free_blocks, 64);
         assert!(core.live.is_empty());
+        Ok(())
+    }
+
+    /// Without chunking and without `max_num_batched_tokens`, one step may hold several
+    /// whole prompts, more tokens than the memory plan sized a pass for: it runs as passes
+    /// of whole sequences within the plan, and computes what one pass would.
+    #[test]
+    fn a_step_past_the_planned_tokens_runs_in_passes_and_computes_the_same() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let cfg = SchedulerConfig {
+            max_batch_size: 3,
+            chunked_prefill: false,
+            max_model_len: 64,
+            ..config()
+        };
+        // (the first step's tokens, its forward passes, each request's tokens)
+        let run = |max_pass_tokens: Option<usize>| -> Result<(usize, usize, Vec<Vec<u32>>)> {
+            let mut core = EngineCore::new(&lm, cfg.clone(), 0)?;
+            if let Some(n) = max_pass_tokens {
+                core.max_pass_tokens = n;
+            }
+            let now = Instant::now();
+            for (id, len) in [40, 33, 20].into_iter().enumerate() {
+                let mut r = request(len, 6);
+                r.prompt.iter_mut().for_each(|t| *t += id as u32);
+                core.add(id as u64, r, now).unwrap();
+            }
+            let mut tokens = vec![Vec::new(); 3];
+            let first = core.step();
+            let (first_tokens, first_passes) = (first.num_tokens, core.passes_run);
+            let mut out = first;
+            loop {
+                assert!(out.failed.is_empty());
+                for t in &out.tokens {
+                    tokens[t.id as usize].push(t.token);
+                }
+                if !core.has_unfinished() {
+                    break;
+                }
+                out = core.step();
+            }
+            Ok((first_tokens, first_passes, tokens))
+        };
+        let (first, passes, in_passes) = run(None)?;
+        assert_eq!(first, 93, "the three prompts in one step");
+        assert_eq!(crate::runtime::memory_plan::planned_step_tokens(&cfg), 64);
+        assert_eq!(passes, 2, "40 tokens, then 33 + 20");
+        let (_, passes, in_one) = run(Some(usize::MAX))?;
+        assert_eq!(passes, 1);
+        assert_eq!(in_passes, in_one);
+        assert!(in_passes.iter().all(|t| t.len() == 6));
         Ok(())
     }
 

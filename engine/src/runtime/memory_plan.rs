@@ -80,12 +80,14 @@ impl MemoryPlan {
 /// evenly as it goes over up to `max_batch_size` sequences of at most `max_model_len`
 /// tokens, every one sampled. Returns the batch and the blocks its tables use.
 pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
-    spread_step(cfg, step_token_budget(cfg), vocab)
+    spread_step(cfg, planned_step_tokens(cfg), vocab)
 }
 
-/// The most tokens one step of `cfg` can hold; without chunking and without a budget, one
-/// whole prompt of `max_model_len` (the scheduler may plan more: several whole prompts).
-fn step_token_budget(cfg: &SchedulerConfig) -> usize {
+/// The most tokens one forward pass of `cfg` holds, what the plan sizes activations for:
+/// the step's budget; without chunking and without one, a whole prompt of `max_model_len`
+/// (the scheduler may then plan several whole prompts in a step, which the engine runs as
+/// several passes: [`crate::runtime::batch::ForwardBatch::passes`]).
+pub fn planned_step_tokens(cfg: &SchedulerConfig) -> usize {
     cfg.step_token_budget().unwrap_or(cfg.max_model_len)
 }
 
@@ -167,7 +169,7 @@ pub fn plan(
         // its algorithms before the first request instead of on its TTFT (see
         // `Gemm::padded_rows`); the largest bucket may round past the peak.
         let warm_up: Vec<(ForwardBatch, usize)> = model
-            .gemm_row_buckets(step_token_budget(sched))
+            .gemm_row_buckets(planned_step_tokens(sched))
             .into_iter()
             .map(|rows| spread_step(sched, rows, vocab))
             .collect();
