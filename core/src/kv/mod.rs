@@ -127,9 +127,10 @@ pub trait KvManager {
     /// whose last tokens share the most), never covering the last token (its logits must be
     /// computed). Changes nothing.
     fn lookup_prefix(&self, tokens: &[u32]) -> PrefixMatch;
-    /// The prefix index's version, where the manager keeps one: it changes whenever a
-    /// block is registered in or removed from the index, so a lookup made at a version
-    /// holds until it changes. `None`: every lookup must be made again.
+    /// The prefix index's version, where the manager keeps one: it changes whenever what a
+    /// lookup finds changes (a block registered or evicted, or another block of the same
+    /// content found in its place), so a lookup made at a version holds until it changes.
+    /// `None`: every lookup must be made again.
     fn lookup_version(&self) -> Option<u64> {
         None
     }
@@ -184,7 +185,7 @@ pub trait KvManager {
         0
     }
     /// Forget every cached block (vLLM's `reset_prefix_cache`): later prompts find nothing.
-    /// Refused (false, nothing changes) while a sequence holds a cached block.
+    /// Refused (false, nothing changes) while a sequence holds a block that lookups find.
     fn reset_prefix_cache(&mut self) -> bool {
         true
     }

@@ -13,11 +13,13 @@
 //! once (vLLM trusts one hash); the index is one 16-byte table entry per block, which
 //! keeps a lookup to one memory access (a cluster simulation holds hundreds of these pools).
 //!
-//! The same tokens computed twice (two prompts with one prefix admitted in the same step,
-//! before either was computed) leave two blocks of one content. As in vLLM V1, whose
-//! `BlockHashToBlockMap` keeps every block of a hash, the second is registered too, as a
-//! spare: lookups find the first, and when the first is evicted the spare takes its place,
-//! so the content stays cached while any block holds it.
+//! The same tokens computed twice leave two blocks of one content: two prompts of one
+//! prefix admitted in the same step, before either was computed, and routinely the last
+//! full block of a prompt sent again (a lookup never covers a prompt's last token, so that
+//! block is computed anew). As in vLLM V1, whose `BlockHashToBlockMap` keeps every block of
+//! a hash, the second is registered too, as a spare: lookups find the first, and when the
+//! first is evicted a spare takes its place, so the content stays cached while any block
+//! holds it.
 
 use super::BrokenInvariant;
 use rustc_hash::FxHashMap;
@@ -49,8 +51,11 @@ pub struct PagedKv {
     /// hash → the block registered under it.
     cached: FxHashMap<u64, CachedBlock>,
     /// hash → the other blocks holding that block's content (registered, not found by
-    /// lookups until the block in `cached` is evicted). Empty unless prompts raced.
+    /// lookups until the block in `cached` is evicted).
     spares: FxHashMap<u64, Vec<BlockId>>,
+    /// Per block: its index in its hash's `spares` list, when it is a spare (so an evicted
+    /// spare leaves its list at once, however many share its content).
+    spare_at: Vec<u32>,
     /// Changes of `cached` so far (see [`KvManager::lookup_version`]).
     cached_changes: u64,
     /// Per block: `cached_changes` as it was registered (an earlier lookup's block still
@@ -75,6 +80,7 @@ impl PagedKv {
             prefix_caching,
             cached: FxHashMap::default(),
             spares: FxHashMap::default(),
+            spare_at: vec![0; if prefix_caching { num_blocks } else { 0 }],
             cached_changes: 0,
             registered_at: vec![0; if prefix_caching { num_blocks } else { 0 }],
             block_hash: vec![None; if prefix_caching { num_blocks } else { 0 }],
@@ -142,7 +148,12 @@ impl PagedKv {
         if entry.block != b {
             // A spare: lookups never found it.
             if let Some(spares) = self.spares.get_mut(&h) {
-                spares.retain(|&s| s != b);
+                let i = self.spare_at[b as usize] as usize;
+                debug_assert_eq!(spares[i], b);
+                spares.swap_remove(i);
+                if let Some(&moved) = spares.get(i) {
+                    self.spare_at[moved as usize] = i as u32;
+                }
                 if spares.is_empty() {
                     self.spares.remove(&h);
                 }
@@ -280,7 +291,9 @@ impl KvManager for PagedKv {
                 }
                 // The same content computed again: a spare, announced with the first.
                 std::collections::hash_map::Entry::Occupied(e) if e.get().check == check => {
-                    self.spares.entry(h).or_default().push(b);
+                    let spares = self.spares.entry(h).or_default();
+                    self.spare_at[b as usize] = spares.len() as u32;
+                    spares.push(b);
                     self.block_hash[b as usize] = Some(h);
                 }
                 // Other content under the same 64-bit hash: left out of the cache.
@@ -404,8 +417,11 @@ impl KvManager for PagedKv {
                         format!("an empty list of spares of {h:x}"),
                     ));
                 }
-                for &b in blocks {
-                    if b == e.block || self.block_hash[b as usize] != Some(h) {
+                for (i, &b) in blocks.iter().enumerate() {
+                    if b == e.block
+                        || self.block_hash[b as usize] != Some(h)
+                        || self.spare_at[b as usize] as usize != i
+                    {
                         return Err(BrokenInvariant::new(
                             8,
                             format!("block {b}, a spare of {h:x}, is not registered as one"),
@@ -581,6 +597,39 @@ mod tests {
                 hashes: vec![hashes[1], hashes[0]]
             }]
         );
+    }
+
+    /// Many blocks of one content: a spare evicted from the middle of its list leaves it,
+    /// and the others stay registered and take the first's place in turn.
+    #[test]
+    fn spares_leave_their_list_from_anywhere() {
+        let mut kv = PagedKv::new(8, 4, true);
+        let prompt = seq_tokens(8, 5);
+        let mut seqs: Vec<SeqKv> = (0..3).map(|_| kv.new_seq()).collect();
+        for s in &mut seqs {
+            assert!(kv.allocate(s, &PrefixMatch::default(), 8));
+        }
+        for s in &mut seqs {
+            kv.commit(s, &prompt, 8);
+        }
+        kv.check().unwrap();
+        let blocks: Vec<Vec<BlockId>> = seqs.iter().map(|s| s.blocks.clone()).collect();
+        let mut probe = prompt.clone();
+        probe.push(1);
+        // The middle sequence's blocks (spares) are evicted first.
+        kv.free(&mut seqs[1]);
+        let mut d = kv.new_seq();
+        assert!(kv.allocate(&mut d, &PrefixMatch::default(), 16));
+        assert!(d.blocks.contains(&blocks[1][0]) && d.blocks.contains(&blocks[1][1]));
+        kv.check().unwrap();
+        assert_eq!(kv.lookup_prefix(&probe).blocks, blocks[0]);
+        // Then the first's: the last sequence's blocks are found in their place.
+        kv.free(&mut seqs[0]);
+        let mut e = kv.new_seq();
+        assert!(kv.allocate(&mut e, &PrefixMatch::default(), 8));
+        kv.check().unwrap();
+        assert_eq!(kv.lookup_prefix(&probe).blocks, blocks[2]);
+        assert_eq!(kv.num_cached_blocks(), 2);
     }
 
     /// `reset_prefix_cache` is refused while a sequence holds a cached block; once none
