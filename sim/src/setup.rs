@@ -46,7 +46,7 @@ impl Setup {
             self.hardware.clone(),
             self.model.clone(),
             cal,
-            self.scenario.server.cuda_graphs,
+            graphs_up_to(&self.scenario.server),
         ));
         self.memory = with_largest_step(memory, &*self.cost, &self.scenario);
         Ok(())
@@ -54,6 +54,11 @@ impl Setup {
 }
 
 /// The memory plan on `hw` with the device memory `cal` says the engine never gets.
+/// With CUDA graphs, the largest decode batch the server captures: its `max_batch_size`.
+fn graphs_up_to(server: &infer_core::workload::ServerSpec) -> Option<usize> {
+    server.cuda_graphs.then_some(server.max_batch_size)
+}
+
 fn plan_memory(
     hw: &HardwareSpec,
     model: &ModelSpec,
@@ -156,7 +161,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
                 hardware.clone(),
                 model.clone(),
                 cal,
-                scenario.server.cuda_graphs,
+                graphs_up_to(&scenario.server),
             ))
         }
         CostModelKind::Profiled => {

@@ -110,8 +110,8 @@ fn sweep_writes_a_row_per_point() {
             b[col("out_tok_per_s")].parse::<f64>().unwrap(),
             b[col("out_tok_per_s_hi")].parse::<f64>().unwrap(),
         );
-        // An uncalibrated pair has no recorded errors: the seeds' spread alone, around
-        // the given seed's figure (none at all where every seed gives the same).
+        // An uncalibrated pair has no recorded errors: the seeds' alone, which always hold
+        // the given seed's figure (no width at all where every seed gives the same).
         assert!(0.0 < lo && lo <= v && v <= hi, "{lo} {v} {hi}");
     }
 }

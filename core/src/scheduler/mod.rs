@@ -38,7 +38,7 @@ pub use config::{
     DEFAULT_MAX_WAITING, MAX_MODEL_LEN,
 };
 pub use plan::{Event, ScheduledSeq, StepPlan};
-pub use shape::{PassSum, SlotPasses, StepShape, MAX_GRAPH_DECODE_BATCH, SLOT_KEY_PAD};
+pub use shape::{graph_bucket, PassSum, SlotPasses, StepShape, GRAPH_BUCKETS, SLOT_KEY_PAD};
 use waiting::WaitQueue;
 
 use crate::kv::{

@@ -176,10 +176,21 @@ pub struct SlotPasses {
     pub multi: PassSum,
 }
 
-/// The largest decode batch replayed from a CUDA graph: larger ones run eagerly. vLLM V0
-/// captured batches up to 256 by default, and so does the engine (its bucket ladder ends
-/// here); the simulator prices a decode step as replayed up to this size.
-pub const MAX_GRAPH_DECODE_BATCH: usize = 256;
+/// Decode batch sizes that get a CUDA graph of their own: vLLM V0's capture ladder, up to
+/// 256. A decode step runs in the graph of the smallest bucket that holds it ([`graph_bucket`]);
+/// the engine captures these and the simulator prices a step as replayed by the same rule.
+pub const GRAPH_BUCKETS: [usize; 13] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+
+/// The bucket a decode step of `n` sequences replays when the buckets up to `max` (the
+/// server's largest batch) are captured: the smallest of at most `max` holding `n`. `None`:
+/// the step runs eagerly (past the ladder, or past `max` where `max` falls between buckets).
+pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
+    GRAPH_BUCKETS
+        .iter()
+        .copied()
+        .find(|&b| b >= n && b <= max)
+        .filter(|_| n > 0)
+}
 
 /// llama.cpp pads a pass's key count to a multiple of this (`get_n_kv`).
 pub const SLOT_KEY_PAD: usize = 256;

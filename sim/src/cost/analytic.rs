@@ -68,6 +68,7 @@ use crate::calibration::{
     PrefillBatching, Roofline,
 };
 use crate::catalog::{HardwareSpec, ModelSpec, GIB};
+use infer_core::scheduler::graph_bucket;
 use infer_core::PassSum;
 
 /// Device bytes per attention score while eager attention softmaxes a layer: the bf16
@@ -95,7 +96,9 @@ pub struct Analytic {
     hw: HardwareSpec,
     model: ModelSpec,
     cal: Calibration,
-    cuda_graphs: bool,
+    /// With CUDA graphs, the largest decode batch captured (the server's `max_batch_size`):
+    /// decode steps that fit a bucket of the ladder up to it replay ([`graph_bucket`]).
+    graphs_up_to: Option<usize>,
 }
 
 /// The terms of one step, for tests and calibration. `compute`, `memory` and `launch` are
@@ -179,7 +182,7 @@ struct Held {
 impl Analytic {
     /// "analytic roofline: MODEL on HW[ with CUDA graphs]": how both descriptions start.
     fn name(&self) -> String {
-        let graphs = if self.cuda_graphs {
+        let graphs = if self.graphs_up_to.is_some() {
             " with CUDA graphs"
         } else {
             ""
@@ -190,12 +193,18 @@ impl Analytic {
         )
     }
 
-    pub fn new(hw: HardwareSpec, model: ModelSpec, cal: Calibration, cuda_graphs: bool) -> Self {
+    /// `graphs_up_to`: with CUDA graphs, the server's `max_batch_size`.
+    pub fn new(
+        hw: HardwareSpec,
+        model: ModelSpec,
+        cal: Calibration,
+        graphs_up_to: Option<usize>,
+    ) -> Self {
         Analytic {
             hw,
             model,
             cal,
-            cuda_graphs,
+            graphs_up_to,
         }
     }
 
@@ -448,10 +457,13 @@ impl Analytic {
             / tp
             / (hw.bandwidth * bandwidth_efficiency)
             + faults / tp;
-        // Decode batches past the capture ladder run eagerly, as the engine's and vLLM's do.
-        let graph = self.cuda_graphs
-            && p.decode_only
-            && p.tokens <= infer_core::scheduler::MAX_GRAPH_DECODE_BATCH as f64;
+        // A decode batch replays the graph of its bucket; one that fits none (past the
+        // ladder, or past the server's batch where that falls between buckets) runs
+        // eagerly, as in the engine and vLLM V0.
+        let graph = p.decode_only
+            && self
+                .graphs_up_to
+                .is_some_and(|max| graph_bucket(p.tokens as usize, max).is_some());
         let (launch, replay) = if graph {
             (hw.graph_launch_s, cal.graph_replay_factor)
         } else {
@@ -641,7 +653,7 @@ mod tests {
     fn model(hw: &str, m: &str, graphs: bool) -> Analytic {
         let (hw, m) = (find_hardware(hw).unwrap(), find_model(m).unwrap());
         let cal = Calibration::default_for(&hw);
-        Analytic::new(hw, m, cal, graphs)
+        Analytic::new(hw, m, cal, graphs.then_some(256))
     }
 
     fn decode(seqs: usize, ctx: usize) -> StepShape {
@@ -861,7 +873,7 @@ mod tests {
             find_model("llama-3.2-3b").unwrap(),
         );
         let cal = cal(Calibration::default_for(&hw));
-        Analytic::new(hw, m, cal, false)
+        Analytic::new(hw, m, cal, None)
     }
 
     /// Eager attention holds each layer's scores: a padded pass of four 2,048-token prompts
@@ -1151,8 +1163,8 @@ mod tests {
             ..packed.clone()
         };
         let (a, b) = (
-            Analytic::new(hw.clone(), m.clone(), packed.clone(), false),
-            Analytic::new(hw.clone(), m.clone(), padded.clone(), false),
+            Analytic::new(hw.clone(), m.clone(), packed.clone(), None),
+            Analytic::new(hw.clone(), m.clone(), padded.clone(), None),
         );
         // Two passes read the weights twice: a mixed step costs more, a pure one the same.
         let s = mixed(1, 64);
@@ -1182,7 +1194,7 @@ mod tests {
                 logits: LogitRows::All,
                 ..padded
             },
-            false,
+            None,
         );
         let s = mixed(4, 4096);
         assert!(all.activation_bytes(&s) > 3.0 * b.activation_bytes(&s));
@@ -1197,7 +1209,7 @@ mod tests {
                 roofline: Roofline::Serial,
                 ..packed
             },
-            false,
+            None,
         );
         let s = decode(8, 512);
         let (o, t) = (a.terms(&s), serial.terms(&s));
@@ -1257,7 +1269,7 @@ mod tests {
             if let Some(e) = decode {
                 cal.decode_attention_efficiency = e;
             }
-            Analytic::new(hw, m, cal, graphs)
+            Analytic::new(hw, m, cal, graphs.then_some(24))
         };
         let with_factor = |graphs: bool, factor: f64| replayed(graphs, factor, None);
         let (plain, slow) = (with_factor(true, 1.0), with_factor(true, 2.0));
@@ -1306,16 +1318,27 @@ mod tests {
             graphs.step_time(&prefill(256)),
             eager.step_time(&prefill(256))
         );
-        let (largest, past) = (
-            infer_core::scheduler::MAX_GRAPH_DECODE_BATCH,
-            infer_core::scheduler::MAX_GRAPH_DECODE_BATCH + 1,
-        );
+        let (largest, past) = (256, 257);
         assert!(
             graphs.terms(&decode(largest, 16)).launch < eager.terms(&decode(largest, 16)).launch
         );
         assert_eq!(
             graphs.terms(&decode(past, 16)),
             eager.terms(&decode(past, 16))
+        );
+        // A server of 100 sequences captures the buckets up to 96: 97 to 100 run eagerly.
+        let (hw, m) = (
+            find_hardware("h100-80gb").unwrap(),
+            find_model("qwen2.5-0.5b").unwrap(),
+        );
+        let up_to_100 = Analytic::new(hw.clone(), m, Calibration::default_for(&hw), Some(100));
+        assert_eq!(
+            up_to_100.terms(&decode(96, 16)).launch,
+            graphs.terms(&decode(96, 16)).launch
+        );
+        assert_eq!(
+            up_to_100.terms(&decode(97, 16)),
+            eager.terms(&decode(97, 16))
         );
     }
 

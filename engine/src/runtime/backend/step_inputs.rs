@@ -18,22 +18,8 @@
 use anyhow::{ensure, Result};
 
 use crate::runtime::batch::ForwardBatch;
-use infer_core::scheduler::MAX_GRAPH_DECODE_BATCH;
-
-/// Decode batch sizes that get a CUDA graph of their own (vLLM's ladder up to
-/// [`MAX_GRAPH_DECODE_BATCH`], which the simulator prices as replayed); a decode step runs in
-/// the graph of the smallest bucket that holds it.
-pub const GRAPH_BUCKETS: [usize; 13] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
-const _: () = assert!(GRAPH_BUCKETS[GRAPH_BUCKETS.len() - 1] == MAX_GRAPH_DECODE_BATCH);
-
-/// The smallest bucket of at most `max` holding `n` decodes.
-pub fn graph_bucket(n: usize, max: usize) -> Option<usize> {
-    GRAPH_BUCKETS
-        .iter()
-        .copied()
-        .find(|&b| b >= n && b <= max)
-        .filter(|_| n > 0)
-}
+/// The capture ladder, shared with the simulator's pricing of graph replays.
+pub use infer_core::scheduler::{graph_bucket, GRAPH_BUCKETS};
 
 /// Where each array starts in [`StepInputs::data`], and its length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
