@@ -26,6 +26,22 @@ pub enum ArrivalKind {
     Trace,
 }
 
+impl ArrivalKind {
+    /// The kind as scenario files write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ArrivalKind::Sequential => "sequential",
+            ArrivalKind::Uniform => "uniform",
+            ArrivalKind::Poisson => "poisson",
+            ArrivalKind::Gamma => "gamma",
+            ArrivalKind::Burst => "burst",
+            ArrivalKind::Concurrency => "concurrency",
+            ArrivalKind::Stages => "stages",
+            ArrivalKind::Trace => "trace",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Stage {
@@ -151,7 +167,7 @@ impl ArrivalSpec {
             None if needs_rate => {
                 return Err((
                     "rate",
-                    format!("is required for kind = \"{:?}\"", self.kind),
+                    format!("is required for kind = \"{}\"", self.kind.name()),
                 ))
             }
             _ => {}
@@ -159,6 +175,17 @@ impl ArrivalSpec {
         if let Some(b) = self.burstiness {
             if !(b > 0.0 && b.is_finite()) {
                 return Err(("burstiness", format!("must be positive, got {b}")));
+            }
+            // Accepted and ignored, it would leave a user expecting bursts with Poisson gaps.
+            if self.kind != ArrivalKind::Gamma {
+                return Err((
+                    "burstiness",
+                    format!(
+                        "shapes kind = \"gamma\" arrivals only, and kind is \"{}\" (vLLM's \
+                         --burstiness with a --request-rate is kind = \"gamma\" here)",
+                        self.kind.name()
+                    ),
+                ));
             }
         }
         if self.kind == ArrivalKind::Gamma {
@@ -350,6 +377,36 @@ mod tests {
             t[..10],
             "a cap takes the schedule's first times"
         );
+    }
+
+    /// A burstiness the kind would ignore is refused, not accepted and dropped.
+    #[test]
+    fn burstiness_belongs_to_gamma_arrivals() {
+        let mut poisson = spec(ArrivalKind::Poisson, Some(4.0));
+        poisson.burstiness = Some(0.5);
+        let (key, why) = poisson.validate().unwrap_err();
+        assert_eq!(key, "burstiness");
+        assert!(
+            why.contains("kind = \"gamma\"") && why.contains("\"poisson\""),
+            "{why}"
+        );
+        let mut gamma = poisson.clone();
+        gamma.kind = ArrivalKind::Gamma;
+        gamma.validate().unwrap();
+        // Names as scenario files write them.
+        for kind in [
+            ArrivalKind::Sequential,
+            ArrivalKind::Uniform,
+            ArrivalKind::Poisson,
+            ArrivalKind::Gamma,
+            ArrivalKind::Burst,
+            ArrivalKind::Concurrency,
+            ArrivalKind::Stages,
+            ArrivalKind::Trace,
+        ] {
+            let written = toml::Value::try_from(kind).unwrap();
+            assert_eq!(written.as_str(), Some(kind.name()));
+        }
     }
 
     #[test]
