@@ -58,7 +58,16 @@ pub fn console(setup: &Setup, result: &SimResult, intervals: Option<&RunInterval
     // In short: the cost model in full (a calibration's provenance is a thousand
     // characters) is run.json's `backend`.
     let _ = writeln!(s, "cost model: {}", setup.cost.summary());
-    let _ = writeln!(s, "memory per GPU: {}", setup.memory.describe());
+    // Memory is planned from the scenario's model and hardware whatever prices the steps
+    // (a profile measures time, not memory): say so where they may differ.
+    let whose = match setup.settings.cost_model {
+        crate::settings::CostModelKind::Profiled => format!(
+            " ({} on {}, the scenario's)",
+            sc.server.model, sc.server.hardware
+        ),
+        crate::settings::CostModelKind::Analytic => String::new(),
+    };
+    let _ = writeln!(s, "memory per GPU{whose}: {}", setup.memory.describe());
     for w in &setup.warnings {
         let _ = writeln!(s, "{w}");
     }

@@ -144,17 +144,25 @@ impl RunStats {
         } else {
             String::new()
         };
+        // No lookups: prefix caching is off (or no prompt ran).
+        let prefix = if self.prefix_queries == 0 {
+            "prefix cache not looked up".to_string()
+        } else {
+            format!(
+                "prefix cache {} of {} prompt tokens hit ({:.1}%)",
+                self.prefix_hits,
+                self.prefix_queries,
+                self.prefix_hit_rate() * 100.0
+            )
+        };
         format!(
             "KV usage peak {:.1}% mean {:.1}% | waiting peak {} mean {:.1}, queue time mean {:.1} ms | \
-             prefix cache {} of {} prompt tokens hit ({:.1}%)\npreemptions {}{} | steps {} on {} replica(s){}",
+             {prefix}\npreemptions {}{} | steps {} on {} replica(s){}",
             self.peak_kv_usage * 100.0,
             self.mean_kv_usage * 100.0,
             self.peak_waiting,
             self.mean_waiting,
             self.mean_queue_time * 1e3,
-            self.prefix_hits,
-            self.prefix_queries,
-            self.prefix_hit_rate() * 100.0,
             self.preemptions,
             if self.kv_waits > 0 {
                 format!(", waits for a block {}", self.kv_waits)

@@ -274,10 +274,10 @@ impl Engine {
             engine.publish_kv_events(kv_events::start(events)?);
         }
         let startup_log = format!(
-            "model {} ({}) served as {model_name}\nscheduler {:?}\nKV capacity {} tokens\n{}{launch_log}{graphs_log}",
+            "model {} ({}) served as {model_name}\nscheduler: {}\nKV capacity {} tokens\n{}{launch_log}{graphs_log}",
             cfg.model,
             engine_description(&cfg.model, cfg.device),
-            sched,
+            scheduler_settings(&sched),
             sched.kv_capacity_tokens(),
             memory.describe(),
         );
@@ -553,4 +553,21 @@ impl LocalServer {
             tokio::task::spawn_blocking(move || e.shutdown()).await.ok();
         }
     }
+}
+
+/// The scheduler's settings as `key=value`, by the names scenario files and `sim` use
+/// (unset ones left out).
+fn scheduler_settings(sched: &SchedulerConfig) -> String {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(sched) else {
+        return format!("{sched:?}");
+    };
+    fields
+        .into_iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => format!("{k}={s}"),
+            v => format!("{k}={v}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }

@@ -616,7 +616,17 @@ pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<St
     let mut printed = format!("{reps}{table}\n{headline}\n{coverage}{warnings}\n{steps}");
     for r in results {
         if let Some(e) = r.verification.median_abs_error_pct {
-            printed.push_str(&format!("median_abs_error_pct[{}]: {e:.1} %\n", r.scenario));
+            // Over every figure of the table, not the headline's four.
+            let n = r
+                .verification
+                .rows
+                .iter()
+                .filter(|row| row.error_pct.is_some())
+                .count();
+            printed.push_str(&format!(
+                "{}: median |error| over its {n} figures {e:.1}%\n",
+                r.scenario
+            ));
         }
     }
     printed.push_str(&format!("reports under {}\n", opts.out.display()));

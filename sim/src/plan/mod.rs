@@ -592,19 +592,32 @@ fn merit(spec: &PlanSpec, e: &Evaluated) -> Option<f64> {
     e.meets(spec.attainment).then(|| e.goodput_per_gpu())
 }
 
-/// The best configuration: the highest merit; ties go to the lower P99 latencies summed,
-/// then to the earlier configuration.
-fn best(spec: &PlanSpec, outcomes: &[Outcome]) -> Option<usize> {
-    let mut best: Option<(usize, f64, f64)> = None;
-    for (i, o) in outcomes.iter().enumerate() {
-        let Ok(e) = &o.result else { continue };
-        let Some(m) = merit(spec, e) else { continue };
-        let lat: f64 = e.figures.latencies(&spec.slo).iter().sum();
-        if best.is_none_or(|(_, bm, bl)| m > bm || (m == bm && lat < bl)) {
-            best = Some((i, m, lat));
+/// How a configuration ranks, `None` when it cannot be chosen: by merit (higher first), ties
+/// by the P99 latencies summed (lower first), then by plan order.
+fn standing(spec: &PlanSpec, o: &Outcome) -> Option<(f64, f64)> {
+    let e = o.result.as_ref().ok()?;
+    let m = merit(spec, e)?;
+    Some((m, e.figures.latencies(&spec.slo).iter().sum()))
+}
+
+/// Configurations `a` and `b` (plan indices) in rank order ([`standing`]).
+fn rank_order(spec: &PlanSpec, outcomes: &[Outcome], a: usize, b: usize) -> std::cmp::Ordering {
+    use std::cmp::Ordering::{Greater, Less};
+    match (standing(spec, &outcomes[a]), standing(spec, &outcomes[b])) {
+        (Some((ma, la)), Some((mb, lb))) => {
+            mb.total_cmp(&ma).then(la.total_cmp(&lb)).then(a.cmp(&b))
         }
+        (Some(_), None) => Less,
+        (None, Some(_)) => Greater,
+        (None, None) => a.cmp(&b),
     }
-    best.map(|b| b.0)
+}
+
+/// The best configuration: the first in rank order, if it can be chosen.
+fn best(spec: &PlanSpec, outcomes: &[Outcome]) -> Option<usize> {
+    (0..outcomes.len())
+        .filter(|&i| standing(spec, &outcomes[i]).is_some())
+        .min_by(|&a, &b| rank_order(spec, outcomes, a, b))
 }
 
 /// Whether each outcome is on the Pareto front of goodput per GPU against the P99 of each
@@ -850,6 +863,16 @@ mod tests {
         assert!(text
             .contains("4 configurations, 3 meet TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests"));
         assert!(text.contains("best: good ("), "{text}");
+        // A tie on merit goes to the lower latencies, in the answer and the ranking alike.
+        let tied = Plan::new(
+            spec(),
+            vec![
+                outcome("slower", 1, 4.0, 0.95, 400.0),
+                outcome("faster", 1, 4.0, 0.95, 300.0),
+            ],
+        );
+        assert_eq!(tied.best, Some(1));
+        assert_eq!(render::ranked(&tied), vec![1, 0]);
         let none = Plan::new(spec(), vec![outcome("misses", 1, 5.0, 0.5, 100.0)]);
         assert_eq!(none.best, None);
         assert!(answer(&none).contains("no configuration holds the SLO"));

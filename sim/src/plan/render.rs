@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{merit, Configuration, Outcome, Plan, PlanSpec, MAX_REPLICAS};
+use super::{Configuration, Outcome, Plan, PlanSpec, MAX_REPLICAS};
 use crate::sweep;
 
 const HEADER: [&str; 12] = [
@@ -187,22 +187,11 @@ fn table(plan: &Plan, rows: &[usize]) -> String {
     s
 }
 
-/// Outcomes in rank order: chosen ones by merit, then the rest in plan order.
-fn ranked(plan: &Plan) -> Vec<usize> {
+/// Outcomes in rank order: chosen ones by merit (ties as the best is chosen), then the rest
+/// in plan order. The best, when there is one, comes first.
+pub(super) fn ranked(plan: &Plan) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..plan.outcomes.len()).collect();
-    let key = |i: usize| {
-        plan.outcomes[i]
-            .result
-            .as_ref()
-            .ok()
-            .and_then(|e| merit(&plan.spec, e))
-    };
-    idx.sort_by(|&a, &b| match (key(a), key(b)) {
-        (Some(x), Some(y)) => y.total_cmp(&x).then(a.cmp(&b)),
-        (Some(_), None) => std::cmp::Ordering::Less,
-        (None, Some(_)) => std::cmp::Ordering::Greater,
-        (None, None) => a.cmp(&b),
-    });
+    idx.sort_by(|&a, &b| super::rank_order(&plan.spec, &plan.outcomes, a, b));
     idx
 }
 
