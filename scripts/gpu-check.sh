@@ -143,21 +143,27 @@ step oracle_fp8 oracle_fp8
 # The served path against the same oracle (scripts/served_oracle.py): 48 concurrent greedy
 # requests of 128 / 1,024 / 4,096 prompt tokens, a third sharing long prefixes, into a pool of
 # 16,384 tokens (so prefix hits and preemptions both happen, and must), eager and with graphs
-# and device sampling; each position's token and top-5 logprobs against transformers.
+# and device sampling; each position's token and top-5 logprobs against transformers. For
+# Llama also unchunked without a token budget, graphs and device sampling on: steps of
+# several whole prompts past the memory plan's 8,192 tokens run as several forward passes.
 served_oracle() {
     local arch dir mode pid rc=0
     for arch in ${SERVED_ARCHS:-llama qwen3 gemma3}; do
         dir="$(oracle_model "$arch")" || return 1
-        for mode in eager graphs; do
-            local flags=()
+        local modes="eager graphs"
+        [ "$arch" = llama ] && modes+=" unchunked"
+        for mode in $modes; do
+            local flags=() require=(--require-prefix-hits --require-preemption)
             [ "$mode" = graphs ] && flags=(--cuda-graphs --device-sampling)
+            [ "$mode" = unchunked ] && flags=(--cuda-graphs --device-sampling --chunked-prefill=false) \
+                && require=(--require-prefix-hits)
             "$bin/engine" serve --device cuda --model "$dir" --num-gpu-blocks 1024 \
                 --max-model-len 8192 --port 8767 "${flags[@]}" >"$out/served-$arch-$mode.log" 2>&1 &
             pid=$!
             wait_port 8767 $pid "$out/served-$arch-$mode.log" || { rc=1; continue; }
             python3 "$here/served_oracle.py" --server http://127.0.0.1:8767 --model "$dir" \
                 --torch-device cuda --prompt-lens 128,1024,4096 --requests 48 --decode 32 \
-                --require-prefix-hits --require-preemption \
+                "${require[@]}" \
                 --label "$arch (4 layers, 32 heads), $mode" --out "$out/oracle" || rc=1
             stop_server $pid
         done
