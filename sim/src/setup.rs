@@ -53,12 +53,12 @@ impl Setup {
     }
 }
 
-/// The memory plan on `hw` with the device memory `cal` says the engine never gets.
 /// With CUDA graphs, the largest decode batch the server captures: its `max_batch_size`.
 fn graphs_up_to(server: &infer_core::workload::ServerSpec) -> Option<usize> {
     server.cuda_graphs.then_some(server.max_batch_size)
 }
 
+/// The memory plan on `hw` with the device memory `cal` says the engine never gets.
 fn plan_memory(
     hw: &HardwareSpec,
     model: &ModelSpec,
@@ -130,7 +130,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     let uncalibrated = cal.source == crate::calibration::UNCALIBRATED;
     let memory =
         plan_memory(&hardware, &model, &cfg, &cal).map_err(|r| at("server.num_gpu_blocks", r.0))?;
-    let mut warnings: Vec<String> = Vec::new();
+    let mut warnings: Vec<String> = scenario.arrival.unused_keys();
     if cfg.kv_cache_backend != KvBackend::Contiguous {
         // A contiguous cache's mechanisms, asked for in `[sim]`, describe no cache here.
         let asked = [

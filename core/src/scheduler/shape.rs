@@ -176,9 +176,10 @@ pub struct SlotPasses {
     pub multi: PassSum,
 }
 
-/// Decode batch sizes that get a CUDA graph of their own: vLLM V0's capture ladder, up to
-/// 256. A decode step runs in the graph of the smallest bucket that holds it ([`graph_bucket`]);
-/// the engine captures these and the simulator prices a step as replayed by the same rule.
+/// Decode batch sizes that get a CUDA graph of their own, up to 256 as in vLLM V0 (which
+/// captures every multiple of 8 there, and rounds a server's batch up to one). A decode step
+/// runs in the graph of the smallest bucket that holds it ([`graph_bucket`]); the engine
+/// captures these and the simulator prices a step as replayed by the same rule.
 pub const GRAPH_BUCKETS: [usize; 13] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
 
 /// The bucket a decode step of `n` sequences replays when the buckets up to `max` (the

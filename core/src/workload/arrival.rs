@@ -176,17 +176,6 @@ impl ArrivalSpec {
             if !(b > 0.0 && b.is_finite()) {
                 return Err(("burstiness", format!("must be positive, got {b}")));
             }
-            // Accepted and ignored, it would leave a user expecting bursts with Poisson gaps.
-            if self.kind != ArrivalKind::Gamma {
-                return Err((
-                    "burstiness",
-                    format!(
-                        "shapes kind = \"gamma\" arrivals only, and kind is \"{}\" (vLLM's \
-                         --burstiness with a --request-rate is kind = \"gamma\" here)",
-                        self.kind.name()
-                    ),
-                ));
-            }
         }
         if self.kind == ArrivalKind::Gamma {
             // The gaps' scale, 1 / (rate × burstiness), must be a positive float.
@@ -233,6 +222,38 @@ impl ArrivalSpec {
             }
         }
         Ok(())
+    }
+
+    /// Warnings for keys set that the kind does not read: `rate` with a kind that takes no
+    /// rate, `burstiness` with a kind other than `gamma`, `stages` with a kind other than
+    /// `stages`. Noted, not refused: an override (`--set arrival.kind=concurrency`) cannot
+    /// unset a key its file sets.
+    pub fn unused_keys(&self) -> Vec<String> {
+        let reads_rate = matches!(
+            self.kind,
+            ArrivalKind::Uniform | ArrivalKind::Poisson | ArrivalKind::Gamma
+        );
+        let mut out = Vec::new();
+        if let (Some(rate), false) = (self.rate, reads_rate) {
+            out.push(format!(
+                "warning: arrival.rate = {rate} has no effect: kind = \"{}\" does not read it",
+                self.kind.name()
+            ));
+        }
+        if let (Some(b), false) = (self.burstiness, self.kind == ArrivalKind::Gamma) {
+            out.push(format!(
+                "warning: arrival.burstiness = {b} has no effect: kind = \"{}\" does not read \
+                 it (vLLM's --burstiness with a --request-rate is kind = \"gamma\" here)",
+                self.kind.name()
+            ));
+        }
+        if !self.stages.is_empty() && self.kind != ArrivalKind::Stages {
+            out.push(format!(
+                "warning: arrival.stages has no effect: kind = \"{}\" does not read it",
+                self.kind.name()
+            ));
+        }
+        out
     }
 
     /// The release schedule of `num_requests` requests, drawing from `rng`.
@@ -379,20 +400,39 @@ mod tests {
         );
     }
 
-    /// A burstiness the kind would ignore is refused, not accepted and dropped.
+    #[test]
+    fn keys_the_kind_does_not_read_are_warned_of() {
+        let mut closed = spec(ArrivalKind::Concurrency, Some(6.0));
+        closed.max_concurrency = Some(4);
+        closed.stages = vec![Stage {
+            rate: 1.0,
+            duration_s: 1.0,
+        }];
+        let w = closed.unused_keys();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("arrival.rate = 6 has no effect: kind = \"concurrency\""));
+        assert!(w[1].contains("arrival.stages"));
+        assert!(spec(ArrivalKind::Poisson, Some(6.0))
+            .unused_keys()
+            .is_empty());
+    }
+
+    /// A burstiness the kind does not read is warned of: Poisson gaps for a user who asked
+    /// for bursts would otherwise pass unnoticed.
     #[test]
     fn burstiness_belongs_to_gamma_arrivals() {
         let mut poisson = spec(ArrivalKind::Poisson, Some(4.0));
         poisson.burstiness = Some(0.5);
-        let (key, why) = poisson.validate().unwrap_err();
-        assert_eq!(key, "burstiness");
+        poisson.validate().unwrap();
+        let w = poisson.unused_keys();
         assert!(
-            why.contains("kind = \"gamma\"") && why.contains("\"poisson\""),
-            "{why}"
+            w.len() == 1 && w[0].contains("kind = \"gamma\"") && w[0].contains("\"poisson\""),
+            "{w:?}"
         );
         let mut gamma = poisson.clone();
         gamma.kind = ArrivalKind::Gamma;
         gamma.validate().unwrap();
+        assert!(gamma.unused_keys().is_empty());
         // Names as scenario files write them.
         for kind in [
             ArrivalKind::Sequential,

@@ -432,6 +432,9 @@ fn load_workload(opts: &BenchOptions) -> Result<(Scenario, WorkloadGenerator)> {
     let text = std::fs::read_to_string(&opts.scenario)
         .with_context(|| format!("{path}: cannot read scenario"))?;
     let scenario = Scenario::parse(&path, &text, &opts.overrides)?;
+    for w in scenario.arrival.unused_keys() {
+        eprintln!("{w}");
+    }
     let tokenizer = opts
         .tokenizer
         .clone()

@@ -459,11 +459,13 @@ impl Analytic {
             + faults / tp;
         // A decode batch replays the graph of its bucket; one that fits none (past the
         // ladder, or past the server's batch where that falls between buckets) runs
-        // eagerly, as in the engine and vLLM V0.
+        // eagerly, as in the engine. (The engine also replays a step whose prompts all end
+        // with a one-token chunk, priced here as a prefill: rare.) An average pass of
+        // micro-batches rounds up: its larger passes set whether they replay.
         let graph = p.decode_only
             && self
                 .graphs_up_to
-                .is_some_and(|max| graph_bucket(p.tokens as usize, max).is_some());
+                .is_some_and(|max| graph_bucket(p.tokens.ceil() as usize, max).is_some());
         let (launch, replay) = if graph {
             (hw.graph_launch_s, cal.graph_replay_factor)
         } else {

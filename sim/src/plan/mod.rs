@@ -504,7 +504,7 @@ fn rate_of(file: &str, sc: &Scenario) -> Result<f64, SimError> {
             reason: format!(
                 "a capacity search varies the arrival rate: it needs kind = \"poisson\", \
                  \"gamma\" or \"uniform\" with a rate, not \"{}\"",
-                format!("{kind:?}").to_lowercase()
+                kind.name()
             ),
         }),
     }
