@@ -906,6 +906,24 @@ pub fn reach(targets: &[Target]) -> Option<crate::cost::ProfileCoverage> {
         .reduce(|a, b| a.max(b))
 }
 
+/// The (run, key) pairs where a fitted run's own `[sim]` table sets a coefficient being
+/// fitted: the scenario's `[sim]` keys are put back on top of every calibration it is
+/// priced with, so the fit cannot move that coefficient for that run.
+pub fn pinned_by_runs(targets: &[Target], params: &[Param]) -> Vec<(String, &'static str)> {
+    let mut out = Vec::new();
+    for t in targets.iter().filter(|t| !t.held_out) {
+        let Some(sim) = &t.setup.scenario.sim else {
+            continue;
+        };
+        for p in params {
+            if sim.contains_key(p.name()) {
+                out.push((t.label.clone(), p.name()));
+            }
+        }
+    }
+    out
+}
+
 /// One held-out figure against its interval.
 #[derive(Debug, Clone)]
 pub struct Covered {
@@ -913,6 +931,15 @@ pub struct Covered {
     pub metric: String,
     pub measured: f64,
     pub interval: Interval,
+}
+
+/// The held-out figures against their intervals, and the held-out runs that could not be
+/// predicted at all (no model, a failed simulation): the worst misses, said beside the
+/// count rather than hidden from it.
+#[derive(Debug, Clone, Default)]
+pub struct Coverage {
+    pub covered: Vec<Covered>,
+    pub unpredicted: Vec<String>,
 }
 
 /// Each held-out target's figures against their 90% intervals: the target run under
@@ -925,10 +952,12 @@ pub fn coverage(
     residuals: &[Residual],
     draws: &[Draw],
     seeds: usize,
-) -> Vec<Covered> {
+) -> Coverage {
     let mut out = Vec::new();
+    let mut unpredicted = Vec::new();
     for t in targets.iter_mut().filter(|t| t.held_out) {
         let Some(m) = fit.models.iter().find(|m| m.model == t.model()) else {
+            unpredicted.push(t.label.clone());
             continue;
         };
         let mut cal =
@@ -939,9 +968,11 @@ pub fn coverage(
             .map(|d| d.coefficients)
             .collect();
         let Some(central) = t.summary(&cal) else {
+            unpredicted.push(t.label.clone());
             continue;
         };
         let Ok(others) = interval::seeded_summaries(&t.setup, seeds, 1) else {
+            unpredicted.push(t.label.clone());
             continue;
         };
         let group = t.group();
@@ -957,14 +988,26 @@ pub fn coverage(
             }
         }
     }
-    out
+    Coverage {
+        covered: out,
+        unpredicted,
+    }
 }
 
 /// The coverage in lines: per metric and pooled, how many held-out figures fell inside
 /// their interval and the intervals' median width (percent of the predicted figure).
-pub fn render_coverage(covered: &[Covered], seeds: usize) -> String {
+pub fn render_coverage(coverage: &Coverage, seeds: usize) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
+    let covered = &coverage.covered;
+    if !coverage.unpredicted.is_empty() {
+        let _ = writeln!(
+            s,
+            "\n{} held-out runs could not be predicted, so are in no count below: {}",
+            coverage.unpredicted.len(),
+            coverage.unpredicted.join(", ")
+        );
+    }
     if covered.is_empty() {
         return s;
     }
@@ -1183,6 +1226,32 @@ mod tests {
             }],
         }
         .file("", "")
+    }
+
+    /// A held-out run that cannot be predicted is named beside the coverage, not dropped
+    /// from it unsaid.
+    #[test]
+    fn held_out_runs_without_a_prediction_are_said_not_dropped() {
+        let truth = Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
+        let [single, ..] = llama_runs();
+        let mut targets = measured_targets(&[single], &truth);
+        targets[0].held_out = true;
+        let no_models = Fit {
+            hardware: "rtx-5080".into(),
+            mechanisms: Mechanisms::default(),
+            models: Vec::new(),
+        };
+        let c = coverage(&mut targets, &no_models, &[], &[], 2);
+        assert!(c.covered.is_empty());
+        // A fitted run whose own [sim] sets a fitted coefficient is named.
+        let pinned = vec!["server.model=llama-3.2-3b", "sim.step_overhead_s=0.004"];
+        let t = measured_targets(&[pinned], &truth);
+        assert_eq!(
+            pinned_by_runs(&t, &[Param::StepOverhead, Param::PerSeqOverhead]),
+            vec![(t[0].label.clone(), "step_overhead_s")]
+        );
+        assert_eq!(c.unpredicted, vec![targets[0].label.clone()]);
+        assert!(render_coverage(&c, 2).contains("1 held-out runs could not be predicted"));
     }
 
     #[test]

@@ -376,7 +376,8 @@ fn search_kv_policies(
     if given.iter().any(|&g| g != chosen.backend) {
         println!(
             "note: the runs' scenarios describe another layout; to predict with this one, \
-             give the runs `--set server.kv_cache_backend={name}` and calibrate again"
+             set `server.kv_cache_backend = \"{name}\"` in each run's scenario.toml and \
+             calibrate again"
         );
     }
     Ok(kept)
@@ -497,6 +498,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 }
                 named
             };
+            for (label, key) in fit::pinned_by_runs(&targets, &params) {
+                eprintln!(
+                    "warning: run {label} sets [sim] {key} in its scenario: that value prices it \
+                     whatever the fit tries, so the fit learns nothing of {key} from it (remove \
+                     the key from the run's scenario.toml)"
+                );
+            }
             if let Some(v) = spill_bandwidth_gb_s {
                 if !(v > 0.0 && v.is_finite()) {
                     anyhow::bail!("--spill-bandwidth-gb-s must be > 0, got {v}");
@@ -607,9 +615,14 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     "--bootstrap with --fit none: name what it refits with --bootstrap-fit"
                 );
             }
-            let draws = fit::bootstrap(&targets, &best, &bootstrap_params, bootstrap);
-            let covered = fit::coverage(&mut targets, &best, &residuals, &draws, seeds);
-            print!("{}", fit::render_coverage(&covered, seeds));
+            let mut draws = fit::bootstrap(&targets, &best, &bootstrap_params, bootstrap);
+            if let (Some(start), true, 0) = (&start, params.is_empty(), bootstrap) {
+                // Nothing refitted and nothing resampled: the start's coefficients are the
+                // file's, and so are their draws.
+                draws = start.draws.clone();
+            }
+            let coverage = fit::coverage(&mut targets, &best, &residuals, &draws, seeds);
+            print!("{}", fit::render_coverage(&coverage, seeds));
             if let Some(out) = out {
                 let command: Vec<String> = std::env::args().skip(1).collect();
                 let mut held_out = targets.iter().filter(|t| t.held_out).count();
@@ -639,7 +652,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     Some(file) if engine.is_empty() => file.engine.clone(),
                     _ => engine.clone(),
                 };
-                let file = calibration::CalibrationFile {
+                let mut file = calibration::CalibrationFile {
                     runs_fitted: Some(fitted),
                     runs_held_out: Some(held_out),
                     residuals,
@@ -647,6 +660,18 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     reach: fit::reach(&targets),
                     ..best.file(&engine, &source)
                 };
+                // The start's models no run here covers keep their coefficients and draws
+                // (written to the start's own path, they would otherwise be lost).
+                if let Some(start) = &start {
+                    for (name, c) in &start.models {
+                        if !file.models.contains_key(name) {
+                            file.models.insert(name.clone(), *c);
+                            let theirs = start.draws.iter().filter(|d| &d.model == name);
+                            file.draws.extend(theirs.cloned());
+                            println!("{name}: no run of it here, kept from the start file");
+                        }
+                    }
+                }
                 let text = format!(
                     "# Written by `sim calibrate`; a scenario uses it with\n\
                      # [sim] calibration = \"{}\"\n{}",

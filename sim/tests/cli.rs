@@ -341,6 +341,26 @@ fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
         "none".as_ref(),
     ]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--fit none keeps the --start file"));
+    // A start file's model that no run covers keeps its coefficients (written to the start's
+    // own path, it would otherwise be lost).
+    let at = first_text.find("[models").unwrap();
+    let end = first_text[at + 1..]
+        .find("\n[")
+        .map_or(first_text.len(), |i| at + 1 + i);
+    let section = &first_text[at..end];
+    let header = section.lines().next().unwrap();
+    let other = section.replacen(header, "[models.qwen3-4b]", 1);
+    let two_models = format!("{}\n{other}\n{}", &first_text[..end], &first_text[end..]);
+    std::fs::write(&first, &two_models).unwrap();
+    let o = calibrate(&["--start", &start, "--fit", "step_overhead_s"], &second);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("qwen3-4b: no run of it here, kept from the start file"),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(&second).unwrap();
+    assert!(text.contains("[models.qwen3-4b]"), "{text}");
     std::fs::remove_dir_all(&run).unwrap();
     for f in [first, second] {
         std::fs::remove_file(f).unwrap();

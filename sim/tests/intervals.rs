@@ -131,13 +131,19 @@ fn the_shipped_intervals_hold_the_held_out_phases_as_often_as_they_claim() {
     let path = format!("{root}/rtx5080-seed-server.toml");
     let file = CalibrationFile::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(file.residuals.len(), targets.len(), "a residual per run");
-    let covered = fit::coverage(
+    let coverage = fit::coverage(
         &mut targets,
         &fit::Fit::of_file(&file),
         &file.residuals,
         &file.draws,
         infer_sim::interval::DEFAULT_SEEDS,
     );
+    assert!(
+        coverage.unpredicted.is_empty(),
+        "{:?}",
+        coverage.unpredicted
+    );
+    let covered = coverage.covered;
     let n = covered.len();
     let inside = covered
         .iter()
