@@ -2,7 +2,6 @@
 //! Every refusal here names the file and the key, as scenario errors do.
 
 use infer_core::{FileError, KvBackend};
-use std::path::Path;
 use std::sync::Arc;
 
 use infer_core::workload::{KvCacheDtype, Scenario, ScenarioError};
@@ -458,13 +457,7 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
 
 /// A relative profile or calibration path: as given if it exists, else next to the scenario file.
 fn resolve(p: &str, scenario_file: &str) -> std::path::PathBuf {
-    let direct = Path::new(p);
-    if direct.is_absolute() || direct.exists() {
-        return direct.to_path_buf();
-    }
-    Path::new(scenario_file)
-        .parent()
-        .map_or(direct.to_path_buf(), |d| d.join(p))
+    infer_core::workload::resolve_path(p, scenario_file)
 }
 
 #[cfg(test)]

@@ -135,6 +135,52 @@ fn bad_input_exits_non_zero_with_the_reason() {
 
 /// A short baseline run simulated into a fresh directory named `name`: a run directory to
 /// calibrate from.
+/// A run directory's scenario.toml names its files (a trace, a profile) by absolute paths:
+/// simulated again from another directory, it finds them (relative to the scenario's own
+/// folder, `traces/…` and `../profiles/…` named nothing next to the run).
+#[test]
+fn a_run_directorys_scenario_runs_again_from_anywhere() {
+    let (first, again, elsewhere) = (tmp("anywhere-1"), tmp("anywhere-2"), tmp("anywhere-cwd"));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    for (scenario, extra) in [
+        ("trace_replay", "workload.num_requests=8"),
+        ("plan_cpu", "workload.num_requests=8"),
+    ] {
+        let _ = std::fs::remove_dir_all(&first);
+        let _ = std::fs::remove_dir_all(&again);
+        sim_ok([
+            "run".as_ref(),
+            common::path(scenario).as_ref(),
+            "--quiet".as_ref(),
+            "--set".as_ref(),
+            OsStr::new(extra),
+            "--out".as_ref(),
+            first.as_os_str(),
+        ]);
+        let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+            .current_dir(&elsewhere)
+            .arg("run")
+            .arg(first.join("scenario.toml"))
+            .args(["--quiet", "--out"])
+            .arg(&again)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{scenario}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(
+            std::fs::read(first.join("summary.json")).unwrap(),
+            std::fs::read(again.join("summary.json")).unwrap(),
+            "{scenario}"
+        );
+    }
+    for d in [first, again, elsewhere] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 fn simulated_run(name: &str) -> std::path::PathBuf {
     let run = tmp(name);
     let baseline = common::path("baseline");

@@ -13,6 +13,7 @@ pub use arrival::{ArrivalKind, ArrivalSpec, ArrivalTimes, Arrivals, Stage};
 pub use corpus::{ApproxTokenizer, Token, Tokenizer};
 pub use dist::{InvalidDist, LengthDist};
 pub use generate::{GeneratedRequest, WorkloadGenerator};
+pub use scenario::resolve_path;
 pub use scenario::{
     ClusterSpec, ConversationsSpec, GroupsSpec, KvCacheDtype, RequestOrder, Scenario,
     ScenarioError, ServerSpec, WorkloadSpec,

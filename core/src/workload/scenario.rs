@@ -385,7 +385,7 @@ impl Scenario {
         scenario
             .validate()
             .map_err(|(key, reason)| err(&key, reason))?;
-        scenario.resolved = resolved;
+        scenario.resolved = with_absolute_paths(resolved, file);
         Ok(scenario)
     }
 
@@ -619,6 +619,48 @@ fn set_path(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<()
     }
     cur.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
+}
+
+/// Where a file a scenario names is: the path as given if it exists there (or is absolute),
+/// else next to the scenario file. Every driver resolves `[workload] trace.path`,
+/// `[sim] profile` and `[sim] calibration` so.
+pub fn resolve_path(path: &str, scenario_file: &str) -> std::path::PathBuf {
+    let given = std::path::PathBuf::from(path);
+    if given.exists() || given.is_absolute() {
+        return given;
+    }
+    std::path::Path::new(scenario_file)
+        .parent()
+        .map_or(given.clone(), |dir| dir.join(&given))
+}
+
+/// The files a scenario names, as keys of its table.
+const PATH_KEYS: [&[&str]; 3] = [
+    &["workload", "trace", "path"],
+    &["sim", "profile"],
+    &["sim", "calibration"],
+];
+
+/// `table` with the files it names made absolute ([`resolve_path`] from `file`): a run
+/// directory keeps it as `scenario.toml`, which is read again from another directory (`sim
+/// calibrate RUN`, `engine verify --measured`), where a path relative to the scenario's own
+/// folder would name nothing.
+fn with_absolute_paths(mut table: toml::Table, file: &str) -> toml::Table {
+    for keys in PATH_KEYS {
+        let (last, parents) = keys.split_last().expect("a key");
+        let mut at = Some(&mut table);
+        for k in parents {
+            at = at
+                .and_then(|t| t.get_mut(*k))
+                .and_then(toml::Value::as_table_mut);
+        }
+        if let Some(toml::Value::String(p)) = at.and_then(|t| t.get_mut(*last)) {
+            if let Ok(absolute) = std::path::absolute(resolve_path(p, file)) {
+                *p = absolute.display().to_string();
+            }
+        }
+    }
+    table
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 //! The scenario names the file (`[workload] trace = { path, format, time_scale }`); drivers
 //! read it with [`Trace::load`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -102,13 +102,7 @@ impl TraceSpec {
 
     /// Where the file is: `path` as given if it exists, else next to `scenario_file`.
     pub fn resolve(&self, scenario_file: &str) -> PathBuf {
-        let given = PathBuf::from(&self.path);
-        if given.exists() || given.is_absolute() {
-            return given;
-        }
-        Path::new(scenario_file)
-            .parent()
-            .map_or(given.clone(), |dir| dir.join(&given))
+        super::scenario::resolve_path(&self.path, scenario_file)
     }
 }
 
