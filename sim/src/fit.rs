@@ -12,7 +12,7 @@
 //! targets, by a pattern search in log space: every parameter is multiplied and divided
 //! by a step factor in turn, an improvement is kept, and the step halves when none is
 //! found. Each evaluation simulates every target of the model (milliseconds each), so a
-//! fit takes seconds. The engine's mechanisms (padded prefill, logits) are given, or
+//! fit takes seconds to a minute. The engine's mechanisms (padded prefill, logits) are given, or
 //! searched over: each combination is fitted and the best kept.
 
 use crate::error::SimError;

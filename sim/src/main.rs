@@ -476,6 +476,21 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             for d in &hold_out {
                 targets.push(fit::load_run_dir(d, true)?);
             }
+            // A run's errors are recorded by its label: two runs of one label would share them.
+            let mut labels: Vec<&str> = targets.iter().map(|t| t.label.as_str()).collect();
+            labels.sort_unstable();
+            if let Some(w) = labels.windows(2).find(|w| w[0] == w[1]) {
+                anyhow::bail!(
+                    "two runs are labelled {:?}: give each run once (a run directory, or a \
+                     published run, appears twice)",
+                    w[0]
+                );
+            }
+            // The bootstrap's coefficients, checked before the fit rather than after it.
+            let bootstrap_named = bootstrap_fit
+                .iter()
+                .map(|p| fit::Param::parse(p))
+                .collect::<Result<Vec<_>, _>>()?;
             let params = if fit.is_empty() {
                 fit::DEFAULT_PARAMS.to_vec()
             } else if fit == ["none"] {
@@ -498,6 +513,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 }
                 named
             };
+            if bootstrap > 0 && params.is_empty() && bootstrap_named.is_empty() {
+                anyhow::bail!(
+                    "--bootstrap with --fit none: name what it refits with --bootstrap-fit"
+                );
+            }
             for (label, key) in fit::pinned_by_runs(&targets, &params) {
                 eprintln!(
                     "warning: run {label} sets [sim] {key} in its scenario: that value prices it \
@@ -602,19 +622,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let rows = fit::rows(&mut targets, &best);
             print!("{}", fit::render(&rows, &best));
             let residuals = fit::residuals(&targets, &rows);
-            let bootstrap_params = if bootstrap_fit.is_empty() {
+            let bootstrap_params = if bootstrap_named.is_empty() {
                 params.clone()
             } else {
-                bootstrap_fit
-                    .iter()
-                    .map(|p| fit::Param::parse(p))
-                    .collect::<Result<Vec<_>, _>>()?
+                bootstrap_named
             };
-            if bootstrap > 0 && bootstrap_params.is_empty() {
-                anyhow::bail!(
-                    "--bootstrap with --fit none: name what it refits with --bootstrap-fit"
-                );
-            }
             let mut draws = fit::bootstrap(&targets, &best, &bootstrap_params, bootstrap);
             if let (Some(start), true, 0) = (&start, params.is_empty(), bootstrap) {
                 // Nothing refitted and nothing resampled: the start's coefficients are the

@@ -352,6 +352,7 @@ fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
     }
     // `--fit none`: the start file's coefficients kept, its errors on the runs recorded,
     // and the intervals checked on the held-out ones.
+    let held = simulated_run("second-stage-held");
     let o = calibrate(
         &[
             "--start",
@@ -359,10 +360,11 @@ fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
             "--fit",
             "none",
             "--hold-out",
-            &run.display().to_string(),
+            &held.display().to_string(),
         ],
         &second,
     );
+    std::fs::remove_dir_all(&held).unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
@@ -387,6 +389,34 @@ fn a_second_stage_takes_its_start_files_mechanisms_and_refuses_others() {
         "none".as_ref(),
     ]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("--fit none keeps the --start file"));
+    // The same run twice would share its recorded errors: refused.
+    let o = sim(["calibrate".as_ref(), run.as_os_str(), run.as_os_str()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("two runs are labelled"),
+        "{err}"
+    );
+    // A bootstrap coefficient that does not exist is refused before any fitting.
+    let o = sim([
+        "calibrate".as_ref(),
+        run.as_os_str(),
+        "--bootstrap".as_ref(),
+        "2".as_ref(),
+        "--bootstrap-fit".as_ref(),
+        "step_overheads".as_ref(),
+    ]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        !o.status.success() && err.contains("step_overheads"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("median |error|"),
+        "refused before the fit: {out}"
+    );
     // A start file's model that no run covers keeps its coefficients (written to the start's
     // own path, it would otherwise be lost).
     let at = first_text.find("[models").unwrap();
