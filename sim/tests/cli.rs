@@ -222,15 +222,22 @@ fn calibrate_fits_a_run_directory_it_wrote_and_the_file_it_writes_is_used() {
         "{text}"
     );
     // `--hold-out` takes every directory after it, as a shell glob gives them.
+    let held = [
+        simulated_run("calibrate-held-1"),
+        simulated_run("calibrate-held-2"),
+    ];
     let stdout = sim_ok([
         "calibrate".as_ref(),
         run.as_os_str(),
         "--fit".as_ref(),
         "step_overhead_s".as_ref(),
         "--hold-out".as_ref(),
-        run.as_os_str(),
-        run.as_os_str(),
+        held[0].as_os_str(),
+        held[1].as_os_str(),
     ]);
+    for d in &held {
+        std::fs::remove_dir_all(d).unwrap();
+    }
     assert!(
         stdout.contains("median |error| fit (5 figures)"),
         "{stdout}"
