@@ -1243,15 +1243,21 @@ mod tests {
         };
         let c = coverage(&mut targets, &no_models, &[], &[], 2);
         assert!(c.covered.is_empty());
-        // A fitted run whose own [sim] sets a fitted coefficient is named.
+        assert_eq!(c.unpredicted, vec![targets[0].label.clone()]);
+        assert!(render_coverage(&c, 2).contains("1 held-out runs could not be predicted"));
+    }
+
+    /// A fitted run whose own `[sim]` sets a coefficient being fitted is named: that value
+    /// prices it whatever the fit tries.
+    #[test]
+    fn runs_that_pin_a_fitted_coefficient_are_named() {
+        let truth = Calibration::default_for(&crate::catalog::find_hardware("rtx-5080").unwrap());
         let pinned = vec!["server.model=llama-3.2-3b", "sim.step_overhead_s=0.004"];
         let t = measured_targets(&[pinned], &truth);
         assert_eq!(
             pinned_by_runs(&t, &[Param::StepOverhead, Param::PerSeqOverhead]),
             vec![(t[0].label.clone(), "step_overhead_s")]
         );
-        assert_eq!(c.unpredicted, vec![targets[0].label.clone()]);
-        assert!(render_coverage(&c, 2).contains("1 held-out runs could not be predicted"));
     }
 
     #[test]

@@ -347,7 +347,7 @@ fn solve_increasing(f: impl Fn(f64) -> f64, target: f64, bracket: (f64, f64)) ->
 
 /// Student's t distribution function with `degrees` (≥ 1) degrees of freedom, exact
 /// (Abramowitz & Stegun 26.7.3–4: a finite series in θ = atan(t/√ν), `degrees / 2` terms).
-pub fn student_t_cdf(t: f64, degrees: u32) -> f64 {
+fn student_t_cdf(t: f64, degrees: u32) -> f64 {
     assert!(degrees >= 1, "Student's t needs a degree of freedom");
     if t.is_nan() {
         return f64::NAN;

@@ -678,8 +678,11 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     for (name, c) in &start.models {
                         if !file.models.contains_key(name) {
                             file.models.insert(name.clone(), *c);
-                            let theirs = start.draws.iter().filter(|d| &d.model == name);
-                            file.draws.extend(theirs.cloned());
+                            // Unless --fit none kept every draw of the start already.
+                            if !file.draws.iter().any(|d| &d.model == name) {
+                                let theirs = start.draws.iter().filter(|d| &d.model == name);
+                                file.draws.extend(theirs.cloned());
+                            }
                             println!("{name}: no run of it here, kept from the start file");
                         }
                     }

@@ -113,7 +113,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
     let cfg = scenario.server.scheduler_config();
     let mut cal = match &settings.calibration {
         Some(p) => {
-            let path = resolve(p, file);
+            let path = infer_core::workload::resolve_path(p, file);
             let name = path.display().to_string();
             std::fs::read_to_string(&path)
                 .map_err(|e| SimError::from(FileError::at(&path, "read")(e)))
@@ -165,7 +165,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         }
         CostModelKind::Profiled => {
             let p = settings.profile.as_deref().expect("validated");
-            let path = resolve(p, file);
+            let path = infer_core::workload::resolve_path(p, file);
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 at(
                     "sim.profile",
@@ -453,11 +453,6 @@ pub(crate) fn apply_overrides(cal: &mut Calibration, s: &SimSettings) {
         cal.source.push_str(", with [sim] overrides");
         cal.label.push_str(", with [sim] overrides");
     }
-}
-
-/// A relative profile or calibration path: as given if it exists, else next to the scenario file.
-fn resolve(p: &str, scenario_file: &str) -> std::path::PathBuf {
-    infer_core::workload::resolve_path(p, scenario_file)
 }
 
 #[cfg(test)]

@@ -212,18 +212,17 @@ impl KvManager for PagedKv {
             self.extend_prefix(tokens, found);
             return;
         }
-        // The blocks found then that are still what a lookup finds under their hash, in the
-        // registration they matched (registered no later than `since`: a block is only
-        // registered again after its removal), match again, as far as the first that does
-        // not; the lookup goes on from there. (Under the same hash alone a block registered
+        // The blocks found then that still hold the registration they matched (registered
+        // no later than `since`: a block is only registered again after its removal, and a
+        // spare is dated when promoted) match again, as far as the first that does not; the
+        // lookup goes on from there. (Under the same hash alone a block registered
         // again could hold other tokens, where the 32-bit check would have refused it.)
         let still = found
             .blocks
             .iter()
             .zip(&found.hashes)
             .take_while(|&(&b, &h)| {
-                self.cached.get(&h).is_some_and(|e| e.block == b)
-                    && self.registered_at[b as usize] <= since
+                self.block_hash[b as usize] == Some(h) && self.registered_at[b as usize] <= since
             })
             .count();
         found.blocks.truncate(still);
@@ -295,6 +294,9 @@ impl KvManager for PagedKv {
                     self.spare_at[b as usize] = spares.len() as u32;
                     spares.push(b);
                     self.block_hash[b as usize] = Some(h);
+                    // Not what a lookup finds (until promoted, which dates it): no lookup
+                    // made before may take it as current.
+                    self.registered_at[b as usize] = u64::MAX;
                 }
                 // Other content under the same 64-bit hash: left out of the cache.
                 std::collections::hash_map::Entry::Occupied(_) => {}

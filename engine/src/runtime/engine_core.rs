@@ -587,21 +587,24 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     /// the step holds more tokens than a pass may ([`Self::max_pass_tokens`]).
     fn forward_in_passes(&mut self, batch: &ForwardBatch) -> Result<Logits> {
         let model = &self.model.borrow().model;
-        if batch.total_tokens() <= self.max_pass_tokens {
-            #[cfg(test)]
-            {
-                self.passes_run += 1;
-            }
-            return model.forward(batch, &mut self.kv);
+        let split;
+        let passes = if batch.total_tokens() <= self.max_pass_tokens {
+            std::slice::from_ref(batch)
+        } else {
+            split = batch.passes(self.max_pass_tokens);
+            &split[..]
+        };
+        #[cfg(test)]
+        {
+            self.passes_run += passes.len();
+        }
+        if let [one] = passes {
+            return model.forward(one, &mut self.kv);
         }
         let mut rows = Vec::new();
         let mut vocab = model.config().vocab_size;
-        for pass in batch.passes(self.max_pass_tokens) {
-            #[cfg(test)]
-            {
-                self.passes_run += 1;
-            }
-            let logits = model.forward(&pass, &mut self.kv)?;
+        for pass in passes {
+            let logits = model.forward(pass, &mut self.kv)?;
             vocab = logits.vocab();
             rows.extend(logits.into_vec());
         }
