@@ -16,8 +16,7 @@ use infer_core::{
     SchedulerStats, StepPlan, StepShape, StopConditions,
 };
 
-use crate::runtime::backend::Logits;
-use crate::runtime::batch::{ForwardBatch, SeqChunk};
+use crate::runtime::batch::{ForwardBatch, Pass, SeqChunk};
 use crate::runtime::detokenize::{OutputStream, StopSet};
 use crate::runtime::model::{KvCache, LoadedModel};
 use crate::runtime::sampling::{SampledToken, Sampler, SamplingParams};
@@ -183,6 +182,10 @@ pub struct EngineCore<M: Borrow<LoadedModel> = LoadedModel> {
     /// activations and GEMM algorithms for. A larger step (several whole prompts, unchunked
     /// and without `max_num_batched_tokens`) runs as several passes.
     max_pass_tokens: usize,
+    /// Rows of logits one forward pass returns at most: those of the planned step, one per
+    /// sequence. A prompt whose every row is asked for (prompt logprobs) runs in pieces of
+    /// this many tokens, so no prompt's length sets what a step holds.
+    max_pass_rows: usize,
     /// The next forward's error, in place of running it.
     #[cfg(test)]
     pub(crate) inject_failure: Option<anyhow::Error>,
@@ -201,6 +204,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         cfg.validate()
             .map_err(|(k, r)| anyhow!("invalid scheduler configuration: {k}: {r}"))?;
         let max_pass_tokens = crate::runtime::memory_plan::planned_step_tokens(&cfg);
+        let max_pass_rows = crate::runtime::memory_plan::planned_logit_rows(&cfg);
         let sched = Scheduler::new(cfg);
         let kv = model
             .borrow()
@@ -217,6 +221,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             sample_failed: HashMap::new(),
             constraint_cost: (0.0, 0),
             max_pass_tokens,
+            max_pass_rows,
             #[cfg(test)]
             inject_failure: None,
             #[cfg(test)]
@@ -519,54 +524,72 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         if self.samples_on_device(&batch) {
             return self.forward_and_sample_on_device(plan, &batch);
         }
-        let logits = self.forward_in_passes(&batch)?;
-        let mut out = Vec::with_capacity(plan.num_sampling());
-        let mut rows = logits.iter();
-        for (s, chunk) in plan.seqs.iter().zip(&batch.seqs) {
-            let id = s.request.0;
-            let live = self
-                .live
-                .get_mut(&id)
-                .ok_or_else(|| anyhow!("request {id} has no state"))?;
-            let mut last = None;
-            for j in chunk.logit_rows() {
-                let row = rows
-                    .next()
-                    .ok_or_else(|| anyhow!("fewer logits rows than asked"))?;
-                // Row j predicts the token after position `num_computed + j`.
-                let next = s.num_computed + j + 1;
-                if let Some((prompt, k, lps)) = &mut live.prompt_logprobs {
-                    if chunk.all_logits && next < prompt.len() {
-                        let (logprob, top) =
-                            crate::runtime::sampling::raw_logprobs(row, prompt[next], *k);
-                        lps[next - 1] = Some(TokenLogprob {
-                            token: prompt[next],
-                            logprob,
-                            top,
-                        });
-                    }
-                }
-                last = Some(row);
+        // Each sampling sequence's token, by its index in the plan: a pass's rows are used
+        // (prompt logprobs computed, tokens sampled) before the next pass runs, so a step
+        // never holds more logits than one pass returns.
+        let mut sampled: Vec<Option<(u64, SampledToken)>> = vec![None; plan.seqs.len()];
+        let model = &self.model.borrow().model;
+        for pass in self.passes(batch) {
+            #[cfg(test)]
+            {
+                self.passes_run += 1;
             }
-            if s.samples {
+            let logits = model.forward(&pass.batch, &mut self.kv)?;
+            let mut rows = logits.iter();
+            for (&i, chunk) in pass.origin.iter().zip(&pass.batch.seqs) {
+                let id = plan.seqs[i].request.0;
+                let live = self
+                    .live
+                    .get_mut(&id)
+                    .ok_or_else(|| anyhow!("request {id} has no state"))?;
+                let mut last = None;
+                for j in chunk.logit_rows() {
+                    let row = rows
+                        .next()
+                        .ok_or_else(|| anyhow!("fewer logits rows than asked"))?;
+                    // Row j predicts the token after position `start_pos + j`.
+                    let next = chunk.start_pos + j + 1;
+                    if let Some((prompt, k, lps)) = &mut live.prompt_logprobs {
+                        if chunk.all_logits && next < prompt.len() {
+                            let (logprob, top) =
+                                crate::runtime::sampling::raw_logprobs(row, prompt[next], *k);
+                            lps[next - 1] = Some(TokenLogprob {
+                                token: prompt[next],
+                                logprob,
+                                top,
+                            });
+                        }
+                    }
+                    last = Some(row);
+                }
+                if !chunk.sample {
+                    continue;
+                }
                 let row = last.ok_or_else(|| anyhow!("no logits for a sampled row"))?;
-                match live.sampler.sample(row) {
+                sampled[i] = Some(match live.sampler.sample(row) {
                     Ok(t) => {
                         if live.sampler.constraint().is_some() {
                             self.constraint_cost.0 += t.constraint_s;
                             self.constraint_cost.1 += 1;
                         }
-                        out.push((id, t))
+                        (id, t)
                     }
                     Err(e) => {
                         // Only a grammar fails here: this request ends with the error after
                         // the step (its placeholder token is never shown), the others go on.
                         self.sample_failed.insert(id, RequestFailure::grammar(&e));
-                        out.push((id, SampledToken::placeholder()));
+                        (id, SampledToken::placeholder())
                     }
-                }
+                });
             }
         }
+        let out: Vec<(u64, SampledToken)> = sampled.into_iter().flatten().collect();
+        ensure!(
+            out.len() == plan.num_sampling(),
+            "{} tokens sampled for {} sampling sequences",
+            out.len(),
+            plan.num_sampling()
+        );
         Ok(out)
     }
 
@@ -583,32 +606,17 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             && batch.total_tokens() <= self.max_pass_tokens
     }
 
-    /// The step's logits, from one forward pass, or from several of whole sequences where
-    /// the step holds more tokens than a pass may ([`Self::max_pass_tokens`]).
-    fn forward_in_passes(&mut self, batch: &ForwardBatch) -> Result<Logits> {
-        let model = &self.model.borrow().model;
-        let split;
-        let passes = if batch.total_tokens() <= self.max_pass_tokens {
-            std::slice::from_ref(batch)
-        } else {
-            split = batch.passes(self.max_pass_tokens);
-            &split[..]
-        };
-        #[cfg(test)]
+    /// The step's forward passes: the batch as it is, or where it holds more tokens or rows
+    /// of logits than the memory plan sized a pass for, several
+    /// ([`ForwardBatch::passes`]).
+    fn passes(&self, batch: ForwardBatch) -> Vec<Pass> {
+        if batch.total_tokens() <= self.max_pass_tokens
+            && batch.num_logit_rows() <= self.max_pass_rows
         {
-            self.passes_run += passes.len();
+            let origin = (0..batch.seqs.len()).collect();
+            return vec![Pass { batch, origin }];
         }
-        if let [one] = passes {
-            return model.forward(one, &mut self.kv);
-        }
-        let mut rows = Vec::new();
-        let mut vocab = model.config().vocab_size;
-        for pass in passes {
-            let logits = model.forward(pass, &mut self.kv)?;
-            vocab = logits.vocab();
-            rows.extend(logits.into_vec());
-        }
-        Ok(Logits::new(rows, vocab))
+        batch.passes(self.max_pass_tokens, self.max_pass_rows)
     }
 
     /// [`Self::forward_and_sample`] with the sampling done where the logits are: each
@@ -976,6 +984,68 @@ mod tests {
         assert_eq!(passes, 1);
         assert_eq!(in_passes, in_one);
         assert!(in_passes.iter().all(|t| t.len() == 6));
+        Ok(())
+    }
+
+    /// A prompt whose every row is asked for (prompt logprobs) returns a row of logits per
+    /// token: past the rows the memory plan sized a pass for, it runs in consecutive pieces
+    /// of that many tokens, each pass's rows used before the next, and computes what one
+    /// pass would.
+    #[test]
+    fn prompt_logprobs_past_the_planned_rows_run_in_pieces_and_compute_the_same() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let cfg = SchedulerConfig {
+            chunked_prefill: false,
+            ..config()
+        };
+        assert_eq!(crate::runtime::memory_plan::planned_logit_rows(&cfg), 2);
+        type Run = (usize, Vec<TokenLogprob>, Vec<u32>, Vec<u32>);
+        // (the first step's passes, request 0's prompt logprobs, each request's tokens)
+        let run = |max_pass_rows: Option<usize>| -> Result<Run> {
+            let mut core = EngineCore::new(&lm, cfg.clone(), 0)?;
+            if let Some(n) = max_pass_rows {
+                core.max_pass_rows = n;
+            }
+            let now = Instant::now();
+            let mut scored = request(37, 4);
+            scored.prompt_logprobs = Some(3);
+            core.add(0, scored, now).unwrap();
+            core.add(1, request(9, 4), now).unwrap();
+            let mut out = core.step();
+            let passes = core.passes_run;
+            let (mut prompt, mut tokens) = (None, [Vec::new(), Vec::new()]);
+            loop {
+                assert!(out.failed.is_empty());
+                for t in out.tokens {
+                    prompt = prompt.or(t.prompt_logprobs);
+                    tokens[t.id as usize].push(t.token);
+                }
+                if !core.has_unfinished() {
+                    break;
+                }
+                out = core.step();
+            }
+            let [a, b] = tokens;
+            Ok((passes, prompt.expect("prompt logprobs"), a, b))
+        };
+        let (passes, in_pieces, a, b) = run(None)?;
+        // 37 rows in 19 pieces of 2; the last, of 1 row, samples and shares its pass with
+        // the other prompt (1 row).
+        assert_eq!(passes, 19);
+        let (one_pass, whole, a1, b1) = run(Some(usize::MAX))?;
+        assert_eq!(one_pass, 1);
+        assert_eq!((a, b), (a1, b1));
+        assert_eq!(
+            in_pieces.len(),
+            36,
+            "a logprob for each prompt token after the first"
+        );
+        for (p, w) in in_pieces.iter().zip(&whole) {
+            assert_eq!(p.token, w.token);
+            assert!((p.logprob - w.logprob).abs() < 1e-4, "{p:?} vs {w:?}");
+            let ids = |l: &TokenLogprob| l.top.iter().map(|t| t.0).collect::<Vec<_>>();
+            assert_eq!(ids(p), ids(w));
+        }
         Ok(())
     }
 

@@ -15,8 +15,8 @@
 //! cuBLAS' workspace, the CUDA context, and other processes' memory (counted against this
 //! server, so the plan never takes memory that is not free). A step larger than the one
 //! measured (several whole prompts in one step without chunked prefill and without
-//! `--max-num-batched-tokens`) grows the arena; if the device cannot give it, that step's
-//! requests fail and the server goes on.
+//! `--max-num-batched-tokens`, or a prompt whose every row of logits is asked for) runs as
+//! several forward passes within it ([`planned_step_tokens`], [`planned_logit_rows`]).
 
 use anyhow::{bail, Result};
 use infer_core::SchedulerConfig;
@@ -89,6 +89,12 @@ pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
 /// several passes: [`crate::runtime::batch::ForwardBatch::passes`]).
 pub fn planned_step_tokens(cfg: &SchedulerConfig) -> usize {
     cfg.step_token_budget().unwrap_or(cfg.max_model_len)
+}
+
+/// Rows of logits the planned step returns, one per sequence: what a forward pass may
+/// return (a prompt whose every row is asked for runs in pieces of this many tokens).
+pub fn planned_logit_rows(cfg: &SchedulerConfig) -> usize {
+    cfg.max_batch_size.min(planned_step_tokens(cfg)).max(1)
 }
 
 /// `budget` tokens spread as evenly as they go over up to `max_batch_size` sequences of at
