@@ -41,20 +41,28 @@ impl Setup {
         let cal = cal.for_server(&cfg);
         let memory = plan_memory(&self.hardware, &self.model, &cfg, &cal)?;
         self.calibration = Some(cal.clone());
-        self.cost = Arc::new(Analytic::new(
-            self.hardware.clone(),
-            self.model.clone(),
+        self.cost = Arc::new(analytic(
+            &self.hardware,
+            &self.model,
             cal,
-            graphs_up_to(&self.scenario.server),
+            &self.scenario.server,
         ));
         self.memory = with_largest_step(memory, &*self.cost, &self.scenario);
         Ok(())
     }
 }
 
-/// With CUDA graphs, the largest decode batch the server captures: its `max_batch_size`.
-fn graphs_up_to(server: &infer_core::workload::ServerSpec) -> Option<usize> {
-    server.cuda_graphs.then_some(server.max_batch_size)
+/// The analytic model of `server`: with CUDA graphs, decode batches up to its
+/// `max_batch_size` replay; a step past what one pass holds runs as several.
+fn analytic(
+    hw: &HardwareSpec,
+    model: &ModelSpec,
+    cal: Calibration,
+    server: &infer_core::workload::ServerSpec,
+) -> Analytic {
+    let graphs_up_to = server.cuda_graphs.then_some(server.max_batch_size);
+    Analytic::new(hw.clone(), model.clone(), cal, graphs_up_to)
+        .with_max_pass_tokens(server.scheduler_config().max_pass_tokens())
 }
 
 /// The memory plan on `hw` with the device memory `cal` says the engine never gets.
@@ -156,12 +164,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
                     crate::trust::Measured::Calibration,
                 ));
             }
-            Arc::new(Analytic::new(
-                hardware.clone(),
-                model.clone(),
-                cal,
-                graphs_up_to(&scenario.server),
-            ))
+            Arc::new(analytic(&hardware, &model, cal, &scenario.server))
         }
         CostModelKind::Profiled => {
             let p = settings.profile.as_deref().expect("validated");
@@ -175,6 +178,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             let mut fit = Profiled::from_json(&text, cal.client)
                 .map_err(|r| at("sim.profile", format!("{}: {r}", path.display())))?;
             fit.step_jitter_s = cal.step_jitter_s;
+            fit.max_pass_tokens = Some(cfg.max_pass_tokens());
             // A profile's measured client path would otherwise win over `[sim]`'s, and a
             // client cost set there would change nothing.
             let mut client = fit.client_path();

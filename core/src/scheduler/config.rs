@@ -200,6 +200,14 @@ impl SchedulerConfig {
         }
     }
 
+    /// The most tokens one forward pass holds: the step's token budget, or without one a
+    /// whole prompt of `max_model_len`. A step of more (several whole prompts, unchunked and
+    /// without `max_num_batched_tokens`) runs as several passes, in the engine and in the
+    /// simulator's cost models; the engine's memory plan sizes activations for one pass.
+    pub fn max_pass_tokens(&self) -> usize {
+        self.step_token_budget().unwrap_or(self.max_model_len)
+    }
+
     /// Every inconsistency, as (key, reason).
     pub fn validate(&self) -> Result<(), (&'static str, String)> {
         if !(0.0..1.0).contains(&self.kv_watermark) {

@@ -83,6 +83,13 @@ impl StepShape {
     pub fn new_tokens(&self) -> usize {
         self.prefill_tokens + self.decode_seqs
     }
+
+    /// Whether every sequence computes one token and samples from it: a step the engine
+    /// runs as a decode (its decode attention kernel, its CUDA graphs), the prompts whose
+    /// last chunk is one token included.
+    pub fn one_token_each(&self) -> bool {
+        self.num_seqs > 0 && self.new_tokens() == self.num_seqs && self.sampled == self.num_seqs
+    }
 }
 
 /// Context tokens of a step's decodes that re-read a block another decode of the step

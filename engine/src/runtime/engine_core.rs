@@ -203,7 +203,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
     pub fn new(model: M, cfg: SchedulerConfig, default_seed: u64) -> Result<Self> {
         cfg.validate()
             .map_err(|(k, r)| anyhow!("invalid scheduler configuration: {k}: {r}"))?;
-        let max_pass_tokens = crate::runtime::memory_plan::planned_step_tokens(&cfg);
+        let max_pass_tokens = cfg.max_pass_tokens();
         let max_pass_rows = crate::runtime::memory_plan::planned_logit_rows(&cfg);
         let sched = Scheduler::new(cfg);
         let kv = model
@@ -978,7 +978,7 @@ mod tests {
         };
         let (first, passes, in_passes) = run(None)?;
         assert_eq!(first, 93, "the three prompts in one step");
-        assert_eq!(crate::runtime::memory_plan::planned_step_tokens(&cfg), 64);
+        assert_eq!(cfg.max_pass_tokens(), 64);
         assert_eq!(passes, 2, "40 tokens, then 33 + 20");
         let (_, passes, in_one) = run(Some(usize::MAX))?;
         assert_eq!(passes, 1);

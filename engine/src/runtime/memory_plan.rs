@@ -16,7 +16,8 @@
 //! server, so the plan never takes memory that is not free). A step larger than the one
 //! measured (several whole prompts in one step without chunked prefill and without
 //! `--max-num-batched-tokens`, or a prompt whose every row of logits is asked for) runs as
-//! several forward passes within it ([`planned_step_tokens`], [`planned_logit_rows`]).
+//! several forward passes within it ([`SchedulerConfig::max_pass_tokens`],
+//! [`planned_logit_rows`]).
 
 use anyhow::{bail, Result};
 use infer_core::SchedulerConfig;
@@ -74,27 +75,18 @@ impl MemoryPlan {
     }
 }
 
-/// The largest step `cfg` can plan, as a batch over a scratch KV store: the step's token
-/// budget (the chunk budget; without chunking `max_num_batched_tokens`, or one whole
-/// `max_model_len` prompt when that is unset) split as
-/// evenly as it goes over up to `max_batch_size` sequences of at most `max_model_len`
-/// tokens, every one sampled. Returns the batch and the blocks its tables use.
+/// The largest forward pass `cfg` can run, as a batch over a scratch KV store: its
+/// [`SchedulerConfig::max_pass_tokens`] split as evenly as they go over up to
+/// `max_batch_size` sequences of at most `max_model_len` tokens, every one sampled. Returns
+/// the batch and the blocks its tables use.
 pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
-    spread_step(cfg, planned_step_tokens(cfg), vocab)
-}
-
-/// The most tokens one forward pass of `cfg` holds, what the plan sizes activations for:
-/// the step's budget; without chunking and without one, a whole prompt of `max_model_len`
-/// (the scheduler may then plan several whole prompts in a step, which the engine runs as
-/// several passes: [`crate::runtime::batch::ForwardBatch::passes`]).
-pub fn planned_step_tokens(cfg: &SchedulerConfig) -> usize {
-    cfg.step_token_budget().unwrap_or(cfg.max_model_len)
+    spread_step(cfg, cfg.max_pass_tokens(), vocab)
 }
 
 /// Rows of logits the planned step returns, one per sequence: what a forward pass may
 /// return (a prompt whose every row is asked for runs in pieces of this many tokens).
 pub fn planned_logit_rows(cfg: &SchedulerConfig) -> usize {
-    cfg.max_batch_size.min(planned_step_tokens(cfg)).max(1)
+    cfg.max_batch_size.min(cfg.max_pass_tokens()).max(1)
 }
 
 /// `budget` tokens spread as evenly as they go over up to `max_batch_size` sequences of at
@@ -175,7 +167,7 @@ pub fn plan(
         // its algorithms before the first request instead of on its TTFT (see
         // `Gemm::padded_rows`); the largest bucket may round past the peak.
         let warm_up: Vec<(ForwardBatch, usize)> = model
-            .gemm_row_buckets(planned_step_tokens(sched))
+            .gemm_row_buckets(sched.max_pass_tokens())
             .into_iter()
             .map(|rows| spread_step(sched, rows, vocab))
             .collect();

@@ -99,6 +99,10 @@ pub struct Analytic {
     /// With CUDA graphs, the largest decode batch captured (the server's `max_batch_size`):
     /// decode steps that fit a bucket of the ladder up to it replay ([`graph_bucket`]).
     graphs_up_to: Option<usize>,
+    /// The most tokens one pass holds (the server's
+    /// [`infer_core::SchedulerConfig::max_pass_tokens`]): a packed step of more runs as
+    /// several passes, as in the engine.
+    max_pass_tokens: Option<usize>,
 }
 
 /// The terms of one step, for tests and calibration. `compute`, `memory` and `launch` are
@@ -205,6 +209,15 @@ impl Analytic {
             model,
             cal,
             graphs_up_to,
+            max_pass_tokens: None,
+        }
+    }
+
+    /// The same model for a server whose passes hold at most `tokens` tokens.
+    pub fn with_max_pass_tokens(self, tokens: usize) -> Self {
+        Analytic {
+            max_pass_tokens: Some(tokens),
+            ..self
         }
     }
 
@@ -241,6 +254,9 @@ impl Analytic {
         // of each chunk's square.
         let prompt_rectangles =
             |pairs: f64| (pairs + (s.chunk_self_pairs - s.prefill_tokens as f64) / 2.0).max(0.0);
+        // A step of one sampled token per sequence runs as a decode, its prompts' last
+        // one-token chunks too: all its pairs are decode attention's.
+        let as_decode = s.one_token_each();
         let packed = || {
             let tokens = s.new_tokens() as f64;
             let ragged = Pass {
@@ -248,7 +264,11 @@ impl Analytic {
                 logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                 kv_tokens: (s.context_tokens + s.new_tokens()) as f64 + decode_padding,
                 attention_pairs: s.attention_pairs + decode_padding,
-                decode_pairs: decode_keys,
+                decode_pairs: if as_decode {
+                    s.attention_pairs + decode_padding
+                } else {
+                    decode_keys
+                },
                 score_elements: prompt_rectangles(
                     s.attention_pairs - s.decode_context_tokens as f64,
                 ) + decode_keys,
@@ -258,7 +278,7 @@ impl Analytic {
                     logit_rows: if all_logits { tokens } else { s.sampled as f64 },
                     score_elements: prompt_scores + decode_keys,
                 },
-                decode_only: s.prefill_tokens == 0,
+                decode_only: as_decode,
                 count: 1.0,
             };
             match self.cal.packed_attention {
@@ -276,7 +296,8 @@ impl Analytic {
                     let prompt_rows = s.prefill_tokens as f64 * s.context_tokens as f64;
                     let grouped = self.model.heads > self.model.kv_heads;
                     Pass {
-                        attention_pairs: prompt_rows + ragged.decode_pairs,
+                        attention_pairs: prompt_rows + decode_keys,
+                        decode_pairs: decode_keys,
                         score_elements: prompt_rows + decode_keys,
                         expanded_keys: if grouped && tokens > 1.0 {
                             s.context_tokens as f64
@@ -296,9 +317,14 @@ impl Analytic {
             return p;
         }
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
+            // Micro-batches, and a step past what one pass holds, run as equal passes.
             let pass = packed();
+            let limit = [self.cal.micro_batch_tokens, self.max_pass_tokens]
+                .into_iter()
+                .flatten()
+                .min();
             return [
-                Some(match self.cal.micro_batch_tokens {
+                Some(match limit {
                     Some(u) if pass.tokens > u as f64 => {
                         pass.split((pass.tokens / u as f64).ceil())
                     }
@@ -459,9 +485,8 @@ impl Analytic {
             + faults / tp;
         // A decode batch replays the graph of its bucket; one that fits none (past the
         // ladder, or past the server's batch where that falls between buckets) runs
-        // eagerly, as in the engine. (The engine also replays a step whose prompts all end
-        // with a one-token chunk, priced here as a prefill: rare.) An average pass of
-        // micro-batches rounds up: its larger passes set whether they replay.
+        // eagerly, as in the engine. An average pass of micro-batches rounds up: its larger
+        // passes set whether they replay.
         let graph = p.decode_only
             && self
                 .graphs_up_to
@@ -1342,6 +1367,66 @@ mod tests {
             up_to_100.terms(&decode(97, 16)),
             eager.terms(&decode(97, 16))
         );
+    }
+
+    /// A step of one sampled token per sequence runs in the engine as a decode, graphs
+    /// and decode attention, where a prompt's last chunk is one of those tokens: priced as
+    /// the decode step of the same contexts. Two tokens of a prompt make it a prefill step.
+    #[test]
+    fn a_prompts_last_one_token_chunk_among_decodes_is_priced_as_a_decode() {
+        let graphs = model("h100-80gb", "llama-3.2-3b", true);
+        let with_chunk = |n: usize| {
+            let mut s = decode(7, 512);
+            s.num_seqs += 1;
+            s.prefill_tokens = n;
+            s.prefill_seqs = 1;
+            s.max_prefill_chunk = n;
+            s.max_prefill_context = 512;
+            s.sampled += 1;
+            s.context_tokens += 512;
+            // n queries over the 512 - n computed tokens, causal within the chunk.
+            s.attention_pairs += (n * (512 - n) + n * (n + 1) / 2) as f64;
+            s.chunk_self_pairs = (n * n) as f64;
+            s
+        };
+        let one = with_chunk(1);
+        assert!(one.one_token_each());
+        assert_eq!(graphs.terms(&one), graphs.terms(&decode(8, 512)));
+        assert_eq!(graphs.terms(&one).launch, graphs.hw.graph_launch_s);
+        let two = with_chunk(2);
+        assert!(!two.one_token_each());
+        let eager = model("h100-80gb", "llama-3.2-3b", false);
+        assert_eq!(graphs.terms(&two).launch, eager.terms(&two).launch);
+    }
+
+    /// A step of more tokens than one pass of the server holds (several whole prompts,
+    /// unchunked) runs as passes, as in the engine: the weights are read and the kernels
+    /// launched once per pass. A step within is priced as before.
+    #[test]
+    fn a_step_past_what_one_pass_holds_is_priced_as_passes() {
+        let one = model("h100-80gb", "llama-3.2-3b", false);
+        let limited = model("h100-80gb", "llama-3.2-3b", false).with_max_pass_tokens(1024);
+        assert_eq!(limited.terms(&prefill(1000)), one.terms(&prefill(1000)));
+        let three = StepShape {
+            num_seqs: 3,
+            prefill_tokens: 1500,
+            prefill_seqs: 3,
+            max_prefill_chunk: 500,
+            max_prefill_context: 500,
+            sampled: 3,
+            context_tokens: 1500,
+            attention_pairs: (3 * 500 * 501 / 2) as f64,
+            chunk_self_pairs: (3 * 500 * 500) as f64,
+            ..StepShape::default()
+        };
+        let (split, whole) = (limited.terms(&three), one.terms(&three));
+        assert_eq!(split.launch, 2.0 * whole.launch);
+        let weights = one.model.weight_bytes() / one.hw.bandwidth;
+        assert!(
+            split.memory - whole.memory > 0.5 * weights,
+            "the weights read again: {split:?} vs {whole:?}"
+        );
+        assert!((split.compute - whole.compute).abs() < 1e-12 * whole.compute.max(1.0));
     }
 
     #[test]

@@ -309,6 +309,10 @@ pub struct Profiled {
     pub rms_rel_error: f64,
     /// The largest steps the profile measured.
     pub coverage: ProfileCoverage,
+    /// The most tokens one pass of the server holds
+    /// ([`infer_core::SchedulerConfig::max_pass_tokens`]): a step of more runs as several
+    /// equal passes, each paying the dense term (the engine's steps past it do).
+    pub max_pass_tokens: Option<usize>,
 }
 
 /// The largest step the profile measured in each dimension a scenario can outgrow: a step
@@ -507,6 +511,7 @@ impl Profiled {
             after_idle: profile.after_idle,
             rms_rel_error: 0.0,
             coverage: ProfileCoverage::of(pts),
+            max_pass_tokens: None,
         };
         let sq: f64 = pts
             .iter()
@@ -530,7 +535,23 @@ impl Profiled {
 
     /// The dense term at `n` new tokens.
     pub fn dense_time(&self, n: usize) -> f64 {
-        let (k, n) = (self.knots.len(), n as f64);
+        self.dense_at(n as f64)
+    }
+
+    /// The dense term of a step of `n` new tokens: of one pass, or of the equal passes it
+    /// runs as past [`Self::max_pass_tokens`].
+    fn step_dense_time(&self, n: usize) -> f64 {
+        match self.max_pass_tokens {
+            Some(u) if u > 0 && n > u => {
+                let passes = n.div_ceil(u) as f64;
+                passes * self.dense_at(n as f64 / passes)
+            }
+            _ => self.dense_time(n),
+        }
+    }
+
+    fn dense_at(&self, n: f64) -> f64 {
+        let k = self.knots.len();
         if k > 1 && n > self.knots[k - 1] {
             // Extrapolate the last segment, never downwards.
             let slope =
@@ -560,7 +581,17 @@ impl Profiled {
         prefill_ctx: f64,
     ) -> f64 {
         self.dense_time(new_tokens)
-            + self.per_decode_context * own_ctx
+            + self.attention_time((own_ctx, shared_ctx), (cross, within), prefill_ctx)
+    }
+
+    /// The terms of a step beyond its dense one: attention's reads and pairs.
+    fn attention_time(
+        &self,
+        (own_ctx, shared_ctx): (f64, f64),
+        (cross, within): (f64, f64),
+        prefill_ctx: f64,
+    ) -> f64 {
+        self.per_decode_context * own_ctx
             + self.per_shared_context * shared_ctx
             + self.per_cross_pair * cross
             + self.per_self_pair * within
@@ -576,7 +607,8 @@ impl CostModel for Profiled {
         let ctx = ((s.decode_context_tokens - shared) as f64, shared as f64);
         let prefill_ctx =
             prefill_context(s.context_tokens, s.decode_context_tokens, s.prefill_tokens);
-        self.predict(s.new_tokens(), ctx, pairs, prefill_ctx)
+        self.step_dense_time(s.new_tokens())
+            + self.attention_time(ctx, pairs, prefill_ctx)
             + s.constrained_seqs as f64 * self.constrained_token_s.unwrap_or(0.0)
     }
 
@@ -749,6 +781,24 @@ mod tests {
             chunk_self_pairs: p.chunk_self_pairs.unwrap(),
             ..StepShape::default()
         }
+    }
+
+    /// A step past what one pass of the server holds runs as equal passes, each paying the
+    /// dense term; its attention is what it is in one pass. A step within is unchanged.
+    #[test]
+    fn a_step_past_what_one_pass_holds_pays_the_dense_term_per_pass() {
+        let one = Profiled::fit(&profile(), ClientPath::default()).unwrap();
+        let limited = Profiled {
+            max_pass_tokens: Some(1000),
+            ..one.clone()
+        };
+        let within = shape(0, 1000, 0, 0);
+        assert_eq!(limited.step_time(&within), one.step_time(&within));
+        let past = shape(0, 1500, 0, 0);
+        let extra = 2.0 * one.dense_time(750) - one.dense_time(1500);
+        let got = limited.step_time(&past) - one.step_time(&past);
+        assert!((got - extra).abs() < 1e-12, "{got} vs {extra}");
+        assert!(extra > 0.0, "a second pass costs its fixed part again");
     }
 
     #[test]
