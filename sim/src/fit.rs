@@ -572,14 +572,15 @@ fn far_below_the_roofline(base: &Calibration) -> [Calibration; 2] {
 
 /// Fit every model of `targets` under `mechanisms`. All targets must be on one GPU.
 ///
-/// With `start` (an earlier calibration file), each model's search starts from that file's
-/// coefficients, and what `params` does not name keeps the file's value: a second stage
-/// that refits a few coefficients of a calibration without moving the rest.
+/// With `start` (an earlier calibration file, with the name it was read as), each model's
+/// search starts from that file's coefficients, and what `params` does not name keeps the
+/// file's value: a second stage that refits a few coefficients of a calibration without
+/// moving the rest.
 pub fn fit_all(
     targets: &mut [Target],
     mechanisms: &Mechanisms,
     params: &[Param],
-    start: Option<&CalibrationFile>,
+    start: Option<(&str, &CalibrationFile)>,
 ) -> Result<Fit, SimError> {
     let hardware = match targets.first() {
         Some(t) => t.setup.hardware.clone(),
@@ -594,22 +595,34 @@ pub fn fit_all(
             t.label, t.setup.hardware.name, hardware.name
         )));
     }
-    if let Some(file) = start {
+    // A start file's faults name it and the key at fault.
+    let in_start = |key: &str, reason: String| SimError::Key {
+        file: start.map_or(String::new(), |(name, _)| name.to_string()),
+        key: key.to_string(),
+        reason,
+    };
+    if let Some((_, file)) = start {
         if file.hardware != hardware.name {
-            return Err(SimError::Invalid(format!(
-                "the start calibration is for {}, the targets run on {}",
-                file.hardware, hardware.name
-            )));
+            return Err(in_start(
+                "hardware",
+                format!(
+                    "the start calibration is for {}, the runs ran on {}",
+                    file.hardware, hardware.name
+                ),
+            ));
         }
         // Its coefficients were fitted under its mechanisms: kept under others, they would
         // describe an engine that was never measured.
         if file.mechanisms != *mechanisms {
-            return Err(SimError::Invalid(format!(
-                "the start calibration was fitted under other mechanisms ({}); give the same \
-                 ones ({} asked)",
-                file.mechanisms.describe(),
-                mechanisms.describe()
-            )));
+            return Err(in_start(
+                "mechanisms",
+                format!(
+                    "the start calibration was fitted under other mechanisms ({}); give the \
+                     same ones ({} asked)",
+                    file.mechanisms.describe(),
+                    mechanisms.describe()
+                ),
+            ));
         }
     }
     let names = model_names(targets);
@@ -625,12 +638,15 @@ pub fn fit_all(
         let generic = Calibration::default_for(&hardware);
         let mut starts = match start {
             // A second stage starts where the first one ended.
-            Some(file) => {
+            Some((_, file)) => {
                 let coefficients = file.models.get(name).ok_or_else(|| {
-                    SimError::Invalid(format!(
-                        "the start calibration has no coefficients for {name} (it has {})",
-                        file.models.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ))
+                    in_start(
+                        "models",
+                        format!(
+                            "the start calibration has no coefficients for {name} (it has {})",
+                            file.models.keys().cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
                 })?;
                 vec![generic.with(mechanisms, coefficients)]
             }
@@ -1432,7 +1448,7 @@ mod tests {
             &mut targets,
             &Mechanisms::default(),
             &[Param::StepOverhead],
-            Some(&file),
+            Some(("start.toml", &file)),
         )
         .unwrap();
         let c = fit.models[0].coefficients;
@@ -1473,17 +1489,22 @@ mod tests {
             &mut long,
             &Mechanisms::default(),
             &[Param::DecodeAttentionEfficiency],
-            Some(&tied),
+            Some(("start.toml", &tied)),
         )
         .unwrap();
         let d = fit.models[0].coefficients.decode_attention_efficiency;
         assert!(d.is_some_and(|d| (d / 0.003 - 1.0).abs() < 0.2), "{d:?}");
 
         let refused = |file: &CalibrationFile, mechanisms: &Mechanisms, targets: &mut [Target]| {
-            fit_all(targets, mechanisms, &[Param::StepOverhead], Some(file))
-                .err()
-                .unwrap()
-                .to_string()
+            fit_all(
+                targets,
+                mechanisms,
+                &[Param::StepOverhead],
+                Some(("start.toml", file)),
+            )
+            .err()
+            .unwrap()
+            .to_string()
         };
         let padded = Mechanisms {
             prefill_batching: PrefillBatching::Padded,
@@ -1491,7 +1512,9 @@ mod tests {
         };
         let e = refused(&file, &padded, &mut targets);
         assert!(
-            e.contains("other mechanisms") && e.contains("Padded"),
+            e.starts_with("start.toml: key `mechanisms`")
+                && e.contains("other mechanisms")
+                && e.contains("Padded"),
             "{e}"
         );
         let elsewhere = CalibrationFile {
@@ -1499,10 +1522,19 @@ mod tests {
             ..file.clone()
         };
         let e = refused(&elsewhere, &Mechanisms::default(), &mut targets);
-        assert!(e.contains("l4") && e.contains("rtx-5080"), "{e}");
+        assert!(
+            e.starts_with("start.toml: key `hardware`")
+                && e.contains("l4")
+                && e.contains("rtx-5080"),
+            "{e}"
+        );
         file.models.clear();
         let e = refused(&file, &Mechanisms::default(), &mut targets);
-        assert!(e.contains("no coefficients for llama-3.2-3b"), "{e}");
+        assert!(
+            e.starts_with("start.toml: key `models`")
+                && e.contains("no coefficients for llama-3.2-3b"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -544,14 +544,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                      it cannot be combined with --search-mechanisms"
                 );
             }
+            let start_name = start.as_ref().map(|p| p.display().to_string());
             let start = match &start {
                 Some(path) => {
                     let text =
                         std::fs::read_to_string(path).map_err(FileError::at(path, "read"))?;
-                    Some(calibration::CalibrationFile::parse(
-                        &path.display().to_string(),
-                        &text,
-                    )?)
+                    let name = start_name.as_deref().unwrap_or_default();
+                    Some(calibration::CalibrationFile::parse(name, &text)?)
                 }
                 None => None,
             };
@@ -599,7 +598,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 };
                 let mut best: Option<fit::Fit> = None;
                 for m in candidates {
-                    let f = fit::fit_all(targets, &m, &params, start.as_ref())?;
+                    let named_start = start_name.as_deref().zip(start.as_ref());
+                    let f = fit::fit_all(targets, &m, &params, named_start)?;
                     if search_mechanisms {
                         println!("mechanisms {}: fit loss {:.4}", m.describe(), f.loss());
                     }
