@@ -34,18 +34,17 @@ profile=$(cd "$(dirname "$profile")" && pwd)/$(basename "$profile")
 $sim plan "$scenario" --set "sim.cost_model=\"profiled\"" --set "sim.profile=\"$profile\"" \
   --out "$out/plan" --quiet | tee "$out/plan.log"
 
-# The configurations to measure: the plan's ranking (best first, then those holding the SLO,
-# then by goodput per GPU), N of them spread evenly over it.
+# The configurations to measure: the plan's own ranking (its `rank` column, 1 the best), N of
+# them spread evenly over it.
 python3 - "$out/plan/plan.csv" "$n" > "$out/chosen.tsv" <<'PY'
 import csv, sys
 rows = [r for r in csv.DictReader(open(sys.argv[1])) if not r["error"]]
-rows.sort(key=lambda r: (r["best"] != "true", r["meets_slo"] != "true",
-                         -float(r["goodput_per_gpu"])))
+rows.sort(key=lambda r: int(r["rank"]))
 n = min(int(sys.argv[2]), len(rows))
 picked = sorted({round(i * (len(rows) - 1) / max(n - 1, 1)) for i in range(n)})
-for rank in picked:
-    r = rows[rank]
-    print(f"{rank + 1}\t{r['configuration']}\t{r['goodput_req_per_s']}\t{r['best']}\t{r['settings']}")
+for k in picked:
+    r = rows[k]
+    print(f"{r['rank']}\t{r['configuration']}\t{r['goodput_req_per_s']}\t{r['best']}\t{r['settings']}")
 PY
 
 for round in $(seq 1 "$rounds"); do

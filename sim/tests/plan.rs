@@ -76,6 +76,18 @@ fn the_cpu_plan_ranks_eight_configurations_and_is_deterministic() {
     let top = capacity(best[0]);
     assert!(rows[1..].iter().all(|r| capacity(r) <= top), "{}", csv[0]);
     assert_eq!(cells[col("meets_slo")], "true");
+    // `rank` orders every configuration, the best first, by capacity per GPU.
+    assert_eq!(cells[col("rank")], "1");
+    let cell =
+        |r: &str, name: &str| -> f64 { r.split(',').nth(col(name)).unwrap().parse().unwrap() };
+    let mut ranked: Vec<(f64, f64)> = rows[1..]
+        .iter()
+        .map(|r| (cell(r, "rank"), cell(r, "capacity_per_gpu")))
+        .collect();
+    ranked.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let ranks: Vec<f64> = ranked.iter().map(|r| r.0).collect();
+    assert_eq!(ranks, (1..=8).map(f64::from).collect::<Vec<_>>());
+    assert!(ranked.windows(2).all(|w| w[0].1 >= w[1].1), "{ranked:?}");
     for dir in [a, b] {
         std::fs::remove_dir_all(dir).unwrap();
     }

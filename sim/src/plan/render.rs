@@ -21,8 +21,13 @@ const HEADER: [&str; 12] = [
     "pareto",
 ];
 
-/// The plan as CSV: a row per configuration, in plan order.
+/// The plan as CSV: a row per configuration, in plan order, each with its `rank` (1 the
+/// best; the order of `plan.md`'s ranked table).
 pub fn csv(plan: &Plan) -> String {
+    let mut rank = vec![0; plan.outcomes.len()];
+    for (position, &i) in ranked(plan).iter().enumerate() {
+        rank[i] = position + 1;
+    }
     let mut s = String::new();
     let mut head: Vec<String> = vec!["configuration".into(), "config".into()];
     head.extend(plan.spec.axes.iter().map(|a| a.key.clone()));
@@ -33,7 +38,12 @@ pub fn csv(plan: &Plan) -> String {
     if plan.spec.target_rate.is_some() {
         head.push("replicas_for_target".into());
     }
-    head.extend(["best".into(), "settings".into(), "error".into()]);
+    head.extend([
+        "rank".into(),
+        "best".into(),
+        "settings".into(),
+        "error".into(),
+    ]);
     let _ = writeln!(s, "{}", head.join(","));
     for (i, o) in plan.outcomes.iter().enumerate() {
         let c = &o.configuration;
@@ -78,6 +88,7 @@ pub fn csv(plan: &Plan) -> String {
                         _ => String::new(),
                     });
                 }
+                row.push(rank[i].to_string());
                 row.push((plan.best == Some(i)).to_string());
                 row.push(settings_field(c));
                 row.push(String::new());
@@ -85,8 +96,9 @@ pub fn csv(plan: &Plan) -> String {
             Err(err) => {
                 let blanks = HEADER.len()
                     + if plan.spec.capacity { 2 } else { 0 }
-                    + usize::from(plan.spec.target_rate.is_some())
-                    + 1;
+                    + usize::from(plan.spec.target_rate.is_some());
+                row.push(rank[i].to_string());
+                row.push(String::new());
                 row.extend(std::iter::repeat_n(String::new(), blanks));
                 row.push(settings_field(c));
                 row.push(sweep::csv_field(&err.to_string()));
