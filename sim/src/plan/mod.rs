@@ -858,7 +858,41 @@ mod tests {
         assert_eq!(plan.pareto, vec![true, true, true, false]);
         let csv = csv(&plan);
         assert_eq!(csv.lines().count(), 5);
-        assert!(csv.lines().nth(2).unwrap().ends_with(",true,,"));
+        assert!(csv.lines().nth(2).unwrap().ends_with(",1,true,,"));
+        // Every row, a failed configuration's too, has its cells under their header: the
+        // rank in `rank`, the reason in `error`, the figures blank.
+        let outcomes = vec![
+            outcome("fast but misses", 1, 5.0, 0.5, 3000.0),
+            outcome("good", 1, 4.0, 0.95, 300.0),
+            outcome("two GPUs", 2, 6.0, 0.99, 200.0),
+            outcome("dominated", 1, 3.0, 0.95, 400.0),
+            Outcome {
+                result: Err(SimError::Invalid("it failed".into())),
+                ..outcome("failed", 1, 0.0, 0.0, 0.0)
+            },
+        ];
+        let with_failed = super::render::csv(&Plan::new(spec(), outcomes));
+        let rows: Vec<Vec<&str>> = with_failed
+            .lines()
+            .map(|l| l.split(',').collect())
+            .collect();
+        let col = |name: &str| rows[0].iter().position(|h| *h == name).unwrap();
+        assert!(
+            rows.iter().all(|r| r.len() == rows[0].len()),
+            "{with_failed}"
+        );
+        let failed = &rows[5];
+        assert_eq!(
+            (
+                failed[col("rank")],
+                failed[col("best")],
+                failed[col("error")]
+            ),
+            ("5", "", "it failed")
+        );
+        assert_eq!(failed[col("gpus")], "");
+        let ranks: Vec<&str> = rows[1..].iter().map(|r| r[col("rank")]).collect();
+        assert_eq!(ranks, vec!["4", "1", "2", "3", "5"]);
         let text = console(&plan, 10);
         assert!(text
             .contains("4 configurations, 3 meet TTFT ≤ 500 ms, TPOT ≤ 50 ms for 90% of requests"));

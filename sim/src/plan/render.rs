@@ -97,9 +97,9 @@ pub fn csv(plan: &Plan) -> String {
                 let blanks = HEADER.len()
                     + if plan.spec.capacity { 2 } else { 0 }
                     + usize::from(plan.spec.target_rate.is_some());
+                row.extend(std::iter::repeat_n(String::new(), blanks));
                 row.push(rank[i].to_string());
                 row.push(String::new());
-                row.extend(std::iter::repeat_n(String::new(), blanks));
                 row.push(settings_field(c));
                 row.push(sweep::csv_field(&err.to_string()));
             }
