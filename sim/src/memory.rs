@@ -157,8 +157,7 @@ pub fn plan(
     let weights = model.weight_bytes() / tp;
     let kv_pool = capacity_tokens as f64 * model.kv_bytes_per_token() / tp;
     let usable = hw.memory_bytes - hw.reserved_bytes;
-    let activations = step_tokens(cfg) as f64 * model.activation_bytes_per_token() / tp
-        + (cfg.max_batch_size * model.vocab) as f64 * 4.0;
+    let activations = estimated_activations(model, cfg, step_tokens(cfg));
     if weights + kv_pool > usable {
         return Err(DoesNotFit(format!(
             "{} on {} does not fit: weights {:.2} GiB + KV pool {:.2} GiB ({} blocks) = {:.2} \
@@ -188,6 +187,27 @@ pub fn plan(
         spill: 0.0,
     };
     Ok(plan.with_activations(activations))
+}
+
+/// What a step of `tokens` tokens holds beside weights and KV by the model's activation
+/// bytes per token, with a row of f32 logits per sequence: the estimate where the cost model
+/// prices no activations.
+fn estimated_activations(model: &ModelSpec, cfg: &SchedulerConfig, tokens: usize) -> f64 {
+    tokens as f64 * model.activation_bytes_per_token() / model.tp as f64
+        + (cfg.max_batch_size * model.vocab) as f64 * 4.0
+}
+
+/// `plan` (the estimate of [`plan`]) with the activations of one forward pass of the
+/// engine, which runs a step of more tokens than
+/// [`infer_core::SchedulerConfig::max_pass_tokens`] as several passes: the plan of a server
+/// priced by its measured profile, which prices no activations.
+pub fn with_engine_passes(
+    plan: MemoryPlan,
+    model: &ModelSpec,
+    cfg: &SchedulerConfig,
+) -> MemoryPlan {
+    let tokens = step_tokens(cfg).min(cfg.max_pass_tokens());
+    plan.with_activations(estimated_activations(model, cfg, tokens))
 }
 
 /// Tokens of the largest step `cfg` lets the scheduler plan: the chunk budget with chunked
@@ -240,6 +260,10 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
         // Unset: the step priced as its tokens cut into passes, whose largest is at least
         // as large as a pass of consecutive slots.
         slot_passes: Default::default(),
+        forward_passes: infer_core::scheduler::whole_sequence_passes(
+            std::iter::repeat_n(chunk, prompts).chain(std::iter::repeat_n(1, decodes)),
+            cfg.max_pass_tokens(),
+        ),
     }
 }
 
@@ -256,6 +280,33 @@ mod tests {
             chunked_prefill: chunked,
             ..SchedulerConfig::default()
         }
+    }
+
+    /// The engine runs a step past what one pass holds as several: priced by its profile,
+    /// a server without a token budget holds one `max_model_len` pass of activations, not
+    /// its whole batch of prompts.
+    #[test]
+    fn the_engines_plan_holds_one_pass_of_activations() {
+        let hw = find_hardware("rtx-5080").unwrap();
+        let qwen = find_model("qwen3-4b").unwrap();
+        // The log's Phase 6 cliff: 24 sequences, 2,048 blocks of 16 tokens.
+        let c = SchedulerConfig {
+            max_model_len: 2048,
+            ..cfg(24, 2048, false)
+        };
+        let whole = plan(&hw, &qwen, &c, ContiguousKv::Reserved).unwrap();
+        let engine = with_engine_passes(whole.clone(), &qwen, &c);
+        let per_token = qwen.activation_bytes_per_token() / qwen.tp as f64;
+        let logits = (24 * qwen.vocab) as f64 * 4.0;
+        // The whole step: as many prompt tokens as the KV pool holds.
+        let step = c.kv_capacity_tokens().min(24 * 2048);
+        assert_eq!(whole.activations, step as f64 * per_token + logits);
+        assert_eq!(engine.activations, 2048.0 * per_token + logits);
+        assert!(
+            whole.spill > 0.0 && engine.spill == 0.0,
+            "{}",
+            engine.describe()
+        );
     }
 
     #[test]

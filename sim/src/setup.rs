@@ -47,13 +47,13 @@ impl Setup {
             cal,
             &self.scenario.server,
         ));
-        self.memory = with_largest_step(memory, &*self.cost, &self.scenario);
+        self.memory = with_largest_step(memory, &*self.cost, &self.scenario, &self.model);
         Ok(())
     }
 }
 
 /// The analytic model of `server`: with CUDA graphs, decode batches up to its
-/// `max_batch_size` replay; a step past what one pass holds runs as several.
+/// `max_batch_size` replay.
 fn analytic(
     hw: &HardwareSpec,
     model: &ModelSpec,
@@ -62,7 +62,6 @@ fn analytic(
 ) -> Analytic {
     let graphs_up_to = server.cuda_graphs.then_some(server.max_batch_size);
     Analytic::new(hw.clone(), model.clone(), cal, graphs_up_to)
-        .with_max_pass_tokens(server.scheduler_config().max_pass_tokens())
 }
 
 /// The memory plan on `hw` with the device memory `cal` says the engine never gets.
@@ -80,13 +79,19 @@ fn plan_memory(
 }
 
 /// `memory` with the cost model's activations for the largest step the scenario allows,
-/// where the cost model prices activations (the analytic one does).
-fn with_largest_step(memory: MemoryPlan, cost: &dyn CostModel, scenario: &Scenario) -> MemoryPlan {
+/// where the cost model prices activations (the analytic one does); else (the engine's
+/// measured profile) estimated for the engine's largest forward pass.
+fn with_largest_step(
+    memory: MemoryPlan,
+    cost: &dyn CostModel,
+    scenario: &Scenario,
+    model: &ModelSpec,
+) -> MemoryPlan {
     let cfg = scenario.server.scheduler_config();
     let step = memory::largest_step(&cfg, scenario.prompt_range());
     match cost.activation_bytes(&step) {
         bytes if bytes > 0.0 => memory.with_activations(bytes),
-        _ => memory,
+        _ => memory::with_engine_passes(memory, model, &cfg),
     }
 }
 
@@ -178,7 +183,6 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
             let mut fit = Profiled::from_json(&text, cal.client)
                 .map_err(|r| at("sim.profile", format!("{}: {r}", path.display())))?;
             fit.step_jitter_s = cal.step_jitter_s;
-            fit.max_pass_tokens = Some(cfg.max_pass_tokens());
             // A profile's measured client path would otherwise win over `[sim]`'s, and a
             // client cost set there would change nothing.
             let mut client = fit.client_path();
@@ -225,7 +229,7 @@ pub fn prepare(file: &str, scenario: Scenario) -> Result<Setup, SimError> {
         )
         .into());
     }
-    let memory = with_largest_step(memory, &*cost, &scenario);
+    let memory = with_largest_step(memory, &*cost, &scenario, &model);
     warnings.splice(0..0, memory.warning());
     let limit = settings.max_memory_bytes();
     if let Some((key, bytes, what)) = memory_floor(&scenario, file)

@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint, Timeline};
 use infer_core::router::{ReplicaSnapshot, RouteRequest, Router};
+use infer_core::scheduler::whole_sequence_passes;
 use infer_core::workload::{
     ApproxTokenizer, ArrivalKind, ArrivalTimes, GeneratedRequest, Tokenizer, WorkloadGenerator,
 };
@@ -971,6 +972,12 @@ impl Sim<'_> {
         }
         let idle_s = rep.idle_since.take().map(|t| now - t);
         let mut shape = StepShape::of(&plan);
+        // A step past what one pass holds runs as several, as in the engine.
+        let max_pass_tokens = rep.sched.config().max_pass_tokens();
+        if shape.new_tokens() > max_pass_tokens {
+            shape.forward_passes =
+                whole_sequence_passes(plan.seqs.iter().map(|q| q.num_new_tokens), max_pass_tokens);
+        }
         if let Some((tokens, padded)) = self.cost.slot_passes() {
             let slot_tokens = rep.sched.config().max_model_len;
             shape.slot_passes = SlotPasses::of(&plan, tokens, slot_tokens, padded);

@@ -38,7 +38,10 @@ pub use config::{
     DEFAULT_MAX_WAITING, MAX_MODEL_LEN,
 };
 pub use plan::{Event, ScheduledSeq, StepPlan};
-pub use shape::{graph_bucket, PassSum, SlotPasses, StepShape, GRAPH_BUCKETS, SLOT_KEY_PAD};
+pub use shape::{
+    graph_bucket, whole_sequence_passes, PassSum, SlotPasses, StepShape, GRAPH_BUCKETS,
+    SLOT_KEY_PAD,
+};
 use waiting::WaitQueue;
 
 use crate::kv::{

@@ -47,6 +47,10 @@ pub struct StepShape {
     /// KV stream per slot runs it ([`SlotPasses::of`]); empty unless the driver whose cost
     /// model prices that sets it.
     pub slot_passes: SlotPasses,
+    /// The forward passes the step runs as: more than one where it holds more tokens than
+    /// one pass of the server may ([`whole_sequence_passes`] of its
+    /// [`crate::SchedulerConfig::max_pass_tokens`]); 0 where the driver did not count them.
+    pub forward_passes: usize,
 }
 
 impl StepShape {
@@ -90,6 +94,34 @@ impl StepShape {
     pub fn one_token_each(&self) -> bool {
         self.num_seqs > 0 && self.new_tokens() == self.num_seqs && self.sampled == self.num_seqs
     }
+}
+
+/// How many forward passes a step of sequences with `new_tokens` each runs as, where a pass
+/// holds at most `max_tokens`: the sequences in order, each whole, a pass closed when the
+/// next would take it past `max_tokens`; a sequence larger than a pass runs as pieces of
+/// `max_tokens`, its last piece sharing a pass with what follows. The rule of the engine's
+/// `ForwardBatch::passes`, which the simulator's cost models price.
+pub fn whole_sequence_passes(
+    new_tokens: impl IntoIterator<Item = usize>,
+    max_tokens: usize,
+) -> usize {
+    let max = max_tokens.max(1);
+    // Passes so far, and the tokens of the last one.
+    let (mut passes, mut last) = (0, 0);
+    for n in new_tokens {
+        if n <= max {
+            if passes == 0 || last + n > max {
+                passes += 1;
+                last = 0;
+            }
+            last += n;
+        } else {
+            let pieces = n.div_ceil(max);
+            passes += pieces;
+            last = n - (pieces - 1) * max;
+        }
+    }
+    passes
 }
 
 /// Context tokens of a step's decodes that re-read a block another decode of the step
@@ -325,6 +357,19 @@ mod tests {
             );
         }
         plan
+    }
+
+    /// Whole sequences in order, a pass closed when the next would not fit; a sequence
+    /// larger than a pass in pieces, its last piece open to what follows.
+    #[test]
+    fn whole_sequence_passes_pack_in_order() {
+        assert_eq!(whole_sequence_passes([30, 30, 50, 1, 64, 5], 64), 4);
+        // Three prompts of 60 need three passes of 100, not ⌈180 / 100⌉ = 2.
+        assert_eq!(whole_sequence_passes([60, 60, 60], 100), 3);
+        // 250 = 100 + 100 + 50, and the 50 shares its pass with the next 40.
+        assert_eq!(whole_sequence_passes([250, 40, 20], 100), 4);
+        assert_eq!(whole_sequence_passes([1; 8], 8), 1);
+        assert_eq!(whole_sequence_passes([], 8), 0);
     }
 
     #[test]

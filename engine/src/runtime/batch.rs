@@ -159,6 +159,33 @@ mod tests {
         assert_eq!(one[0].batch, batch);
     }
 
+    /// The simulator counts a step's passes by core's rule ([`whole_sequence_passes`]): the
+    /// same number as the engine runs, over mixes of whole and oversized sequences.
+    #[test]
+    fn passes_are_the_ones_the_simulator_counts() {
+        use infer_core::scheduler::whole_sequence_passes;
+        let mut state = 7u64;
+        for _ in 0..500 {
+            let mut next = |m: u64| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 33) % m
+            };
+            let max = 1 + next(96) as usize;
+            let seqs: Vec<SeqChunk> = (0..1 + next(12))
+                .map(|i| seq(1 + next(2 * max as u64) as usize, i as u32))
+                .collect();
+            let sizes: Vec<usize> = seqs.iter().map(|s| s.tokens.len()).collect();
+            let batch = ForwardBatch { seqs };
+            assert_eq!(
+                batch.passes(max, usize::MAX).len(),
+                whole_sequence_passes(sizes.iter().copied(), max),
+                "{sizes:?} in passes of {max}"
+            );
+        }
+    }
+
     /// A prompt whose every row is asked for is cut into consecutive pieces within the rows
     /// a pass may return; only the last piece samples, and the pieces' rows, in order, are
     /// the whole chunk's.

@@ -155,8 +155,10 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 attention_pairs: x(12)?,
                 chunk_self_pairs: x(13)?,
                 constrained_seqs: u(14)?,
-                // The log keeps the plan's totals, not its slots.
+                // The log keeps the plan's totals, not its slots nor its forward passes
+                // (a step past what one pass holds is read back as one).
                 slot_passes: Default::default(),
+                forward_passes: 0,
             },
             forward_s: x(15)?,
             constraint_s: x(16)?,
@@ -203,6 +205,7 @@ mod tests {
                 chunk_self_pairs: 4096.0,
                 constrained_seqs: 2,
                 slot_passes: Default::default(),
+                forward_passes: 0,
             },
             forward_s: 0.012,
             constraint_s: 0.00025,

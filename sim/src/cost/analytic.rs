@@ -99,10 +99,6 @@ pub struct Analytic {
     /// With CUDA graphs, the largest decode batch captured (the server's `max_batch_size`):
     /// decode steps that fit a bucket of the ladder up to it replay ([`graph_bucket`]).
     graphs_up_to: Option<usize>,
-    /// The most tokens one pass holds (the server's
-    /// [`infer_core::SchedulerConfig::max_pass_tokens`]): a packed step of more runs as
-    /// several passes, as in the engine.
-    max_pass_tokens: Option<usize>,
 }
 
 /// The terms of one step, for tests and calibration. `compute`, `memory` and `launch` are
@@ -209,15 +205,6 @@ impl Analytic {
             model,
             cal,
             graphs_up_to,
-            max_pass_tokens: None,
-        }
-    }
-
-    /// The same model for a server whose passes hold at most `tokens` tokens.
-    pub fn with_max_pass_tokens(self, tokens: usize) -> Self {
-        Analytic {
-            max_pass_tokens: Some(tokens),
-            ..self
         }
     }
 
@@ -317,21 +304,15 @@ impl Analytic {
             return p;
         }
         if self.cal.prefill == PrefillBatching::Packed || s.prefill_tokens == 0 {
-            // Micro-batches, and a step past what one pass holds, run as equal passes.
+            // Micro-batches, and a step past what one pass holds (the engine's forward
+            // passes), run as equal passes.
             let pass = packed();
-            let limit = [self.cal.micro_batch_tokens, self.max_pass_tokens]
-                .into_iter()
-                .flatten()
-                .min();
-            return [
-                Some(match limit {
-                    Some(u) if pass.tokens > u as f64 => {
-                        pass.split((pass.tokens / u as f64).ceil())
-                    }
-                    _ => pass,
-                }),
-                None,
-            ];
+            let micro_batches = match self.cal.micro_batch_tokens {
+                Some(u) if pass.tokens > u as f64 => (pass.tokens / u as f64).ceil(),
+                _ => 1.0,
+            };
+            let n = micro_batches.max(s.forward_passes as f64);
+            return [Some(if n > 1.0 { pass.split(n) } else { pass }), None];
         }
         let prompt_sampled = s.sampled.saturating_sub(s.decode_seqs) as f64;
         let prompt_kv = (s.context_tokens - s.decode_context_tokens) as f64;
@@ -1404,9 +1385,10 @@ mod tests {
     /// launched once per pass. A step within is priced as before.
     #[test]
     fn a_step_past_what_one_pass_holds_is_priced_as_passes() {
-        let one = model("h100-80gb", "llama-3.2-3b", false);
-        let limited = model("h100-80gb", "llama-3.2-3b", false).with_max_pass_tokens(1024);
-        assert_eq!(limited.terms(&prefill(1000)), one.terms(&prefill(1000)));
+        let a = model("h100-80gb", "llama-3.2-3b", false);
+        let mut counted = prefill(1000);
+        counted.forward_passes = 1;
+        assert_eq!(a.terms(&counted), a.terms(&prefill(1000)));
         let three = StepShape {
             num_seqs: 3,
             prefill_tokens: 1500,
@@ -1419,9 +1401,13 @@ mod tests {
             chunk_self_pairs: (3 * 500 * 500) as f64,
             ..StepShape::default()
         };
-        let (split, whole) = (limited.terms(&three), one.terms(&three));
+        let in_two = StepShape {
+            forward_passes: 2,
+            ..three
+        };
+        let (split, whole) = (a.terms(&in_two), a.terms(&three));
         assert_eq!(split.launch, 2.0 * whole.launch);
-        let weights = one.model.weight_bytes() / one.hw.bandwidth;
+        let weights = a.model.weight_bytes() / a.hw.bandwidth;
         assert!(
             split.memory - whole.memory > 0.5 * weights,
             "the weights read again: {split:?} vs {whole:?}"

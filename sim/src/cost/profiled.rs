@@ -207,6 +207,22 @@ impl ProfilePoint {
     }
 }
 
+/// A step of one sampled token per sequence as the engine runs it: a decode step, its
+/// prompts' last one-token chunks decoding over their context.
+fn as_decode(s: &StepShape) -> StepShape {
+    StepShape {
+        decode_seqs: s.num_seqs,
+        decode_context_tokens: s.context_tokens,
+        max_decode_context: s.max_decode_context.max(s.max_prefill_context),
+        prefill_tokens: 0,
+        prefill_seqs: 0,
+        max_prefill_chunk: 0,
+        max_prefill_context: 0,
+        chunk_self_pairs: 0.0,
+        ..*s
+    }
+}
+
 /// Σ over a step's prompt chunks of the tokens computed before each: its context less the
 /// decodes' and less the chunks themselves.
 fn prefill_context(context_tokens: usize, decode_context: usize, prefill_tokens: usize) -> f64 {
@@ -309,10 +325,6 @@ pub struct Profiled {
     pub rms_rel_error: f64,
     /// The largest steps the profile measured.
     pub coverage: ProfileCoverage,
-    /// The most tokens one pass of the server holds
-    /// ([`infer_core::SchedulerConfig::max_pass_tokens`]): a step of more runs as several
-    /// equal passes, each paying the dense term (the engine's steps past it do).
-    pub max_pass_tokens: Option<usize>,
 }
 
 /// The largest step the profile measured in each dimension a scenario can outgrow: a step
@@ -511,7 +523,6 @@ impl Profiled {
             after_idle: profile.after_idle,
             rms_rel_error: 0.0,
             coverage: ProfileCoverage::of(pts),
-            max_pass_tokens: None,
         };
         let sq: f64 = pts
             .iter()
@@ -538,16 +549,11 @@ impl Profiled {
         self.dense_at(n as f64)
     }
 
-    /// The dense term of a step of `n` new tokens: of one pass, or of the equal passes it
-    /// runs as past [`Self::max_pass_tokens`].
-    fn step_dense_time(&self, n: usize) -> f64 {
-        match self.max_pass_tokens {
-            Some(u) if u > 0 && n > u => {
-                let passes = n.div_ceil(u) as f64;
-                passes * self.dense_at(n as f64 / passes)
-            }
-            _ => self.dense_time(n),
-        }
+    /// The dense term of a step of `n` new tokens run as `passes` forward passes (0 or 1:
+    /// one), each paying it for its share.
+    fn step_dense_time(&self, n: usize, passes: usize) -> f64 {
+        let passes = passes.max(1) as f64;
+        passes * self.dense_at(n as f64 / passes)
     }
 
     fn dense_at(&self, n: f64) -> f64 {
@@ -601,13 +607,20 @@ impl Profiled {
 
 impl CostModel for Profiled {
     fn step_time(&self, s: &StepShape) -> f64 {
+        let decode;
+        let s = if s.one_token_each() && s.prefill_seqs > 0 {
+            decode = as_decode(s);
+            &decode
+        } else {
+            s
+        };
         let prefill_pairs = (s.attention_pairs - s.decode_context_tokens as f64).max(0.0);
         let pairs = split_pairs(prefill_pairs, s.chunk_self_pairs, s.prefill_tokens);
         let shared = s.decode_shared_context_tokens.min(s.decode_context_tokens);
         let ctx = ((s.decode_context_tokens - shared) as f64, shared as f64);
         let prefill_ctx =
             prefill_context(s.context_tokens, s.decode_context_tokens, s.prefill_tokens);
-        self.step_dense_time(s.new_tokens())
+        self.step_dense_time(s.new_tokens(), s.forward_passes)
             + self.attention_time(ctx, pairs, prefill_ctx)
             + s.constrained_seqs as f64 * self.constrained_token_s.unwrap_or(0.0)
     }
@@ -787,18 +800,51 @@ mod tests {
     /// dense term; its attention is what it is in one pass. A step within is unchanged.
     #[test]
     fn a_step_past_what_one_pass_holds_pays_the_dense_term_per_pass() {
-        let one = Profiled::fit(&profile(), ClientPath::default()).unwrap();
-        let limited = Profiled {
-            max_pass_tokens: Some(1000),
-            ..one.clone()
+        let fit = Profiled::fit(&profile(), ClientPath::default()).unwrap();
+        let one = shape(0, 1500, 0, 0);
+        let counted = StepShape {
+            forward_passes: 1,
+            ..one
         };
-        let within = shape(0, 1000, 0, 0);
-        assert_eq!(limited.step_time(&within), one.step_time(&within));
-        let past = shape(0, 1500, 0, 0);
-        let extra = 2.0 * one.dense_time(750) - one.dense_time(1500);
-        let got = limited.step_time(&past) - one.step_time(&past);
+        assert_eq!(fit.step_time(&counted), fit.step_time(&one));
+        let two = StepShape {
+            forward_passes: 2,
+            ..one
+        };
+        let extra = 2.0 * fit.dense_time(750) - fit.dense_time(1500);
+        let got = fit.step_time(&two) - fit.step_time(&one);
         assert!((got - extra).abs() < 1e-12, "{got} vs {extra}");
         assert!(extra > 0.0, "a second pass costs its fixed part again");
+    }
+
+    /// The engine runs a step of one sampled token per sequence as a decode, a prompt's last
+    /// one-token chunk too: priced as the decode step of the same contexts.
+    #[test]
+    fn a_prompts_last_one_token_chunk_among_decodes_is_priced_as_a_decode() {
+        let fit = Profiled::fit(&profile(), ClientPath::default()).unwrap();
+        let mut last_chunk = shape(0, 0, 7, 500);
+        last_chunk.num_seqs = 8;
+        last_chunk.sampled = 8;
+        last_chunk.prefill_tokens = 1;
+        last_chunk.prefill_seqs = 1;
+        last_chunk.max_prefill_chunk = 1;
+        last_chunk.max_prefill_context = 500;
+        last_chunk.context_tokens += 500;
+        last_chunk.attention_pairs += 500.0;
+        last_chunk.chunk_self_pairs = 1.0;
+        let mut decodes = shape(0, 0, 8, 500);
+        decodes.num_seqs = 8;
+        decodes.sampled = 8;
+        let (got, want) = (fit.step_time(&last_chunk), fit.step_time(&decodes));
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        // Two tokens of a prompt: a prefill, its pairs priced as such.
+        let mut two = last_chunk;
+        two.prefill_tokens = 2;
+        two.max_prefill_chunk = 2;
+        two.attention_pairs += 499.0 + 2.0;
+        two.chunk_self_pairs = 4.0;
+        assert!(!two.one_token_each());
+        assert_ne!(fit.step_time(&two), fit.step_time(&decodes));
     }
 
     #[test]
