@@ -204,7 +204,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         cfg.validate()
             .map_err(|(k, r)| anyhow!("invalid scheduler configuration: {k}: {r}"))?;
         let max_pass_tokens = cfg.max_pass_tokens();
-        let max_pass_rows = crate::runtime::memory_plan::planned_logit_rows(&cfg);
+        let max_pass_rows =
+            crate::runtime::memory_plan::planned_logit_rows(&cfg, model.borrow().model.config());
         let sched = Scheduler::new(cfg);
         let kv = model
             .borrow()
@@ -998,14 +999,16 @@ mod tests {
             chunked_prefill: false,
             ..config()
         };
-        assert_eq!(crate::runtime::memory_plan::planned_logit_rows(&cfg), 2);
+        // 256 tokens a pass, each with 128 values of the MLP's intermediate and 512 of
+        // vocabulary: 64 rows of logits fit where the MLP's activations were.
+        let rows = crate::runtime::memory_plan::planned_logit_rows(&cfg, lm.model.config());
+        assert_eq!(rows, 64);
         type Run = (usize, Vec<TokenLogprob>, Vec<u32>, Vec<u32>);
         // (the first step's passes, request 0's prompt logprobs, each request's tokens)
-        let run = |max_pass_rows: Option<usize>| -> Result<Run> {
+        let run = |max_pass_rows: usize| -> Result<Run> {
             let mut core = EngineCore::new(&lm, cfg.clone(), 0)?;
-            if let Some(n) = max_pass_rows {
-                core.max_pass_rows = n;
-            }
+            assert_eq!(core.max_pass_rows, rows);
+            core.max_pass_rows = max_pass_rows;
             let now = Instant::now();
             let mut scored = request(37, 4);
             scored.prompt_logprobs = Some(3);
@@ -1028,11 +1031,11 @@ mod tests {
             let [a, b] = tokens;
             Ok((passes, prompt.expect("prompt logprobs"), a, b))
         };
-        let (passes, in_pieces, a, b) = run(None)?;
+        let (passes, in_pieces, a, b) = run(2)?;
         // 37 rows in 19 pieces of 2; the last, of 1 row, samples and shares its pass with
         // the other prompt (1 row).
         assert_eq!(passes, 19);
-        let (one_pass, whole, a1, b1) = run(Some(usize::MAX))?;
+        let (one_pass, whole, a1, b1) = run(usize::MAX)?;
         assert_eq!(one_pass, 1);
         assert_eq!((a, b), (a1, b1));
         assert_eq!(
@@ -1040,6 +1043,7 @@ mod tests {
             36,
             "a logprob for each prompt token after the first"
         );
+        assert_eq!(whole.len(), 36);
         for (p, w) in in_pieces.iter().zip(&whole) {
             assert_eq!(p.token, w.token);
             assert!((p.logprob - w.logprob).abs() < 1e-4, "{p:?} vs {w:?}");

@@ -23,7 +23,7 @@ use anyhow::{bail, Result};
 use infer_core::SchedulerConfig;
 
 use crate::runtime::batch::{ForwardBatch, SeqChunk};
-use crate::runtime::model::Model;
+use crate::runtime::model::{Model, ModelConfig};
 use crate::Device;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -83,10 +83,17 @@ pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
     spread_step(cfg, cfg.max_pass_tokens(), vocab)
 }
 
-/// Rows of logits the planned step returns, one per sequence: what a forward pass may
-/// return (a prompt whose every row is asked for runs in pieces of this many tokens).
-pub fn planned_logit_rows(cfg: &SchedulerConfig) -> usize {
-    cfg.max_batch_size.min(cfg.max_pass_tokens()).max(1)
+/// Rows of logits a forward pass may return (a prompt whose every row is asked for runs in
+/// pieces of this many tokens): one per sequence of the planned pass, or as many as fit
+/// where its MLP's activations were. The planned pass of T tokens holds, within each layer,
+/// its gate and up projections and their gated product (3 × intermediate values a token);
+/// a row of logits is the head's output and its f32 copy (on CUDA bf16 + f32, 6 bytes a
+/// vocabulary entry; on the CPU f32 + f32 against f32 activations). So T × intermediate /
+/// vocab rows take no more than the layers' largest buffers did, on either backend.
+pub fn planned_logit_rows(cfg: &SchedulerConfig, model: &ModelConfig) -> usize {
+    let sampled = cfg.max_batch_size.min(cfg.max_pass_tokens());
+    let in_mlp_room = cfg.max_pass_tokens() * model.intermediate_size / model.vocab_size.max(1);
+    sampled.max(in_mlp_room).max(1)
 }
 
 /// `budget` tokens spread as evenly as they go over up to `max_batch_size` sequences of at
