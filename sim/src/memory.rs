@@ -157,7 +157,7 @@ pub fn plan(
     let weights = model.weight_bytes() / tp;
     let kv_pool = capacity_tokens as f64 * model.kv_bytes_per_token() / tp;
     let usable = hw.memory_bytes - hw.reserved_bytes;
-    let activations = estimated_activations(model, cfg, step_tokens(cfg));
+    let activations = estimated_activations(model, step_tokens(cfg), cfg.max_batch_size);
     if weights + kv_pool > usable {
         return Err(DoesNotFit(format!(
             "{} on {} does not fit: weights {:.2} GiB + KV pool {:.2} GiB ({} blocks) = {:.2} \
@@ -190,11 +190,11 @@ pub fn plan(
 }
 
 /// What a step of `tokens` tokens holds beside weights and KV by the model's activation
-/// bytes per token, with a row of f32 logits per sequence: the estimate where the cost model
+/// bytes per token, with `logit_rows` rows of f32 logits: the estimate where the cost model
 /// prices no activations.
-fn estimated_activations(model: &ModelSpec, cfg: &SchedulerConfig, tokens: usize) -> f64 {
+fn estimated_activations(model: &ModelSpec, tokens: usize, logit_rows: usize) -> f64 {
     tokens as f64 * model.activation_bytes_per_token() / model.tp as f64
-        + (cfg.max_batch_size * model.vocab) as f64 * 4.0
+        + (logit_rows * model.vocab) as f64 * 4.0
 }
 
 /// `plan` (the estimate of [`plan`]) with the activations of one forward pass of the
@@ -207,7 +207,8 @@ pub fn with_engine_passes(
     cfg: &SchedulerConfig,
 ) -> MemoryPlan {
     let tokens = step_tokens(cfg).min(cfg.max_pass_tokens());
-    plan.with_activations(estimated_activations(model, cfg, tokens))
+    let rows = cfg.max_batch_size.min(tokens);
+    plan.with_activations(estimated_activations(model, tokens, rows))
 }
 
 /// Tokens of the largest step `cfg` lets the scheduler plan: the chunk budget with chunked
@@ -240,9 +241,10 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
     let decode_context =
         (decodes * len).min(cfg.kv_capacity_tokens().saturating_sub(prompts * len));
     let (c, n) = (chunk as f64, len as f64);
+    let prefill_tokens = (prompts * chunk).min(budget);
     StepShape {
         num_seqs: prompts + decodes,
-        prefill_tokens: (prompts * chunk).min(budget),
+        prefill_tokens,
         prefill_seqs: prompts,
         max_prefill_chunk: chunk,
         max_prefill_context: len,
@@ -260,8 +262,13 @@ pub fn largest_step(cfg: &SchedulerConfig, (shortest, longest): (usize, usize)) 
         // Unset: the step priced as its tokens cut into passes, whose largest is at least
         // as large as a pass of consecutive slots.
         slot_passes: Default::default(),
+        // The chunks as the step holds them (their tokens capped by the budget), then the
+        // decodes.
         forward_passes: infer_core::scheduler::whole_sequence_passes(
-            std::iter::repeat_n(chunk, prompts).chain(std::iter::repeat_n(1, decodes)),
+            (0..prompts)
+                .map(|i| chunk.min(prefill_tokens.saturating_sub(i * chunk)))
+                .filter(|&n| n > 0)
+                .chain(std::iter::repeat_n(1, decodes)),
             cfg.max_pass_tokens(),
         ),
     }
@@ -358,6 +365,16 @@ mod tests {
         assert_eq!((s.prefill_tokens, s.max_prefill_context), (512, 2048));
         assert_eq!(s.decode_seqs, 24 - 6);
         assert!(s.context_tokens <= 2048 * 16, "within the KV pool");
+        // Its passes are those of what it holds: the budget's 512 prompt tokens, then the
+        // decodes, which do not fit beside them.
+        assert_eq!(s.forward_passes, 2);
+        // Unchunked, 16 whole prompts of 384 tokens in passes of one 1,024-token prompt:
+        // two prompts a pass.
+        let unchunked = SchedulerConfig {
+            max_model_len: 1024,
+            ..cfg(16, 1024, false)
+        };
+        assert_eq!(largest_step(&unchunked, (128, 384)).forward_passes, 8);
     }
 
     #[test]

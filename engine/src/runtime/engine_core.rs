@@ -398,6 +398,14 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         }
         let shape = self.trace.then(|| {
             let mut shape = StepShape::of(&plan);
+            // Its forward passes, as the simulator counts them (a prompt scored for its
+            // prompt logprobs, which the simulator does not model, may run in more).
+            if shape.new_tokens() > self.max_pass_tokens {
+                shape.forward_passes = infer_core::scheduler::whole_sequence_passes(
+                    plan.seqs.iter().map(|q| q.num_new_tokens),
+                    self.max_pass_tokens,
+                );
+            }
             shape.constrained_seqs = plan
                 .seqs
                 .iter()

@@ -84,16 +84,32 @@ pub fn peak_step(cfg: &SchedulerConfig, vocab: usize) -> (ForwardBatch, usize) {
 }
 
 /// Rows of logits a forward pass may return (a prompt whose every row is asked for runs in
-/// pieces of this many tokens): one per sequence of the planned pass, or as many as fit
-/// where its MLP's activations were. The planned pass of T tokens holds, within each layer,
-/// its gate and up projections and their gated product (3 × intermediate values a token);
-/// a row of logits is the head's output and its f32 copy (on CUDA bf16 + f32, 6 bytes a
-/// vocabulary entry; on the CPU f32 + f32 against f32 activations). So T × intermediate /
-/// vocab rows take no more than the layers' largest buffers did, on either backend.
+/// pieces of this many tokens): one per sequence of the planned pass, or T × intermediate /
+/// vocab for a pass of T tokens, about the bytes its MLP's buffers take (within each layer
+/// the gate and up projections and their gated product, 3 × intermediate values a token,
+/// against a row of logits' head output and f32 copy). On CUDA the plan runs such a pass
+/// before sizing the KV pool ([`scored_prompt_pass`]), so the arena holds it however its
+/// chunks fall.
 pub fn planned_logit_rows(cfg: &SchedulerConfig, model: &ModelConfig) -> usize {
     let sampled = cfg.max_batch_size.min(cfg.max_pass_tokens());
     let in_mlp_room = cfg.max_pass_tokens() * model.intermediate_size / model.vocab_size.max(1);
     sampled.max(in_mlp_room).max(1)
+}
+
+/// A pass of one prompt returning [`planned_logit_rows`] rows of logits (scored for its
+/// prompt logprobs; at most `max_model_len` tokens), with the blocks its table uses.
+pub fn scored_prompt_pass(cfg: &SchedulerConfig, model: &ModelConfig) -> (ForwardBatch, usize) {
+    let len = planned_logit_rows(cfg, model).min(cfg.max_model_len).max(1);
+    let blocks = len.div_ceil(cfg.block_size);
+    let vocab = model.vocab_size.max(1);
+    let seq = SeqChunk {
+        tokens: (0..len).map(|k| (k * 7 % vocab) as u32).collect(),
+        start_pos: 0,
+        block_table: (0..blocks as u32).collect(),
+        sample: true,
+        all_logits: true,
+    };
+    (ForwardBatch { seqs: vec![seq] }, blocks)
 }
 
 /// `budget` tokens spread as evenly as they go over up to `max_batch_size` sequences of at
@@ -178,10 +194,17 @@ pub fn plan(
             .into_iter()
             .map(|rows| spread_step(sched, rows, vocab))
             .collect();
-        let scratch_blocks = warm_up.iter().map(|w| w.1).fold(blocks, usize::max);
+        // And the pass of the most rows of logits one returns, a prompt scored for its
+        // prompt logprobs: its head output and f32 logits are the arena's too.
+        let scored = scored_prompt_pass(sched, model.config());
+        let scratch_blocks = warm_up
+            .iter()
+            .chain([&scored])
+            .map(|w| w.1)
+            .fold(blocks, usize::max);
         let mut scratch = model.new_kv_cache(scratch_blocks, sched.block_size)?;
         model.forward(&batch, &mut scratch)?;
-        for (step, _) in &warm_up {
+        for (step, _) in warm_up.iter().chain([&scored]) {
             model.forward(step, &mut scratch)?;
         }
         drop(scratch);
@@ -289,6 +312,46 @@ mod tests {
         };
         let (b, _) = peak_step(&short, 1000);
         assert_eq!(b.total_tokens(), 200);
+    }
+
+    /// The plan's scored pass returns the most rows of logits a pass may, from one prompt
+    /// within `max_model_len` over its own blocks.
+    #[test]
+    fn the_scored_prompt_pass_returns_the_planned_rows_of_logits() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::tools::make_model::make_model(
+            &crate::tools::make_model::ModelSpec::new(crate::runtime::model::Arch::Llama),
+            dir.path(),
+        )
+        .unwrap();
+        let model =
+            crate::runtime::model::load_model_dir(dir.path(), None, crate::Device::Cpu).unwrap();
+        let config = model.model.config();
+        let cfg = SchedulerConfig {
+            max_batch_size: 8,
+            prefill_chunk_size: 512,
+            block_size: 16,
+            ..SchedulerConfig::default()
+        };
+        // 512 tokens a pass x 128 intermediate / 512 vocabulary.
+        assert_eq!(planned_logit_rows(&cfg, config), 128);
+        let (b, blocks) = scored_prompt_pass(&cfg, config);
+        assert_eq!(b.num_logit_rows(), 128);
+        assert_eq!(blocks, 8);
+        assert_eq!(b.seqs[0].block_table, (0..8).collect::<Vec<u32>>());
+        assert!(b.seqs[0]
+            .tokens
+            .iter()
+            .all(|&t| (t as usize) < config.vocab_size));
+        // Never a prompt longer than a sequence may be.
+        let short = SchedulerConfig {
+            max_model_len: 100,
+            ..cfg
+        };
+        assert_eq!(scored_prompt_pass(&short, config).0.total_tokens(), 100);
+        // It runs: its rows come back.
+        let mut kv = model.model.new_kv_cache(blocks, 16).unwrap();
+        assert_eq!(model.model.forward(&b, &mut kv).unwrap().rows(), 128);
     }
 
     #[test]

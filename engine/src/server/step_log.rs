@@ -12,17 +12,16 @@ use infer_core::StepShape;
 
 /// Every field of [`StepShape`], in its order, between the time and the durations: a cost
 /// model reads back the shape the scheduler planned, whatever mechanisms it prices. Then
-/// the request path's busy clock at the step's start.
+/// the request path's busy clock at the step's start, and the step's forward passes (0:
+/// one). Logs of earlier versions hold a prefix of these columns (without the passes, or
+/// without the clock too) and still read.
 pub const HEADER: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
 max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
 max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,constrained_seqs,\
-forward_s,constraint_s,step_s,path_busy_s";
+forward_s,constraint_s,step_s,path_busy_s,forward_passes";
 
-/// The header before `path_busy_s`: such logs still read, without the clock.
-const HEADER_WITHOUT_PATH: &str = "t_s,num_seqs,prefill_tokens,prefill_seqs,max_prefill_chunk,\
-max_prefill_context,decode_seqs,sampled,context_tokens,decode_context_tokens,\
-max_decode_context,decode_shared_context_tokens,attention_pairs,chunk_self_pairs,constrained_seqs,\
-forward_s,constraint_s,step_s";
+/// Columns of the oldest header still read (up to `step_s`).
+const OLDEST_COLUMNS: usize = 18;
 
 /// One step of the trace.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,7 +77,7 @@ impl StepLog {
         let s = &r.shape;
         let _ = writeln!(
             self.out,
-            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{}",
+            "{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{},{}",
             r.t_s,
             s.num_seqs,
             s.prefill_tokens,
@@ -97,7 +96,8 @@ impl StepLog {
             r.forward_s,
             r.constraint_s,
             r.step_s,
-            r.path_busy_s.map_or(String::new(), |b| format!("{b:.6}"))
+            r.path_busy_s.map_or(String::new(), |b| format!("{b:.6}")),
+            s.forward_passes,
         );
     }
 
@@ -111,13 +111,9 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
     let file = File::open(path).with_context(|| format!("{}: cannot open", path.display()))?;
     let mut lines = BufReader::new(file).lines();
     let header = lines.next().transpose()?.unwrap_or_default();
-    let fields = match header.as_str() {
-        HEADER => 19,
-        HEADER_WITHOUT_PATH => 18,
-        _ => 0,
-    };
+    let fields = header.split(',').count();
     anyhow::ensure!(
-        fields > 0,
+        fields >= OLDEST_COLUMNS && HEADER.split(',').take(fields).eq(header.split(',')),
         "{}: not a step log of this version (header {header:?}); record it again with \
          `engine serve --step-log`",
         path.display()
@@ -155,10 +151,12 @@ pub fn read(path: &Path) -> Result<Vec<StepRecord>> {
                 attention_pairs: x(12)?,
                 chunk_self_pairs: x(13)?,
                 constrained_seqs: u(14)?,
-                // The log keeps the plan's totals, not its slots nor its forward passes
-                // (a step past what one pass holds is read back as one).
+                // The log keeps the plan's totals, not its slots.
                 slot_passes: Default::default(),
-                forward_passes: 0,
+                forward_passes: match f.get(19) {
+                    Some(n) if !n.is_empty() => u(19)?,
+                    _ => 0,
+                },
             },
             forward_s: x(15)?,
             constraint_s: x(16)?,
@@ -205,7 +203,7 @@ mod tests {
                 chunk_self_pairs: 4096.0,
                 constrained_seqs: 2,
                 slot_passes: Default::default(),
-                forward_passes: 0,
+                forward_passes: 3,
             },
             forward_s: 0.012,
             constraint_s: 0.00025,
@@ -226,15 +224,40 @@ mod tests {
             vec![rec.clone(), unclocked.clone()],
             "every field comes back"
         );
-        // A log from before the clock reads, without it.
-        let text = std::fs::read_to_string(&path).unwrap();
-        let old: String = text
-            .lines()
-            .map(|l| l.rsplit_once(',').unwrap().0.to_string() + "\n")
-            .collect();
-        assert!(old.starts_with(HEADER_WITHOUT_PATH));
-        std::fs::write(&path, old).unwrap();
-        assert_eq!(read(&path).unwrap(), vec![unclocked.clone(), unclocked]);
+        // Logs from before the passes, and from before the clock too, read without them.
+        let drop_last = |text: &str| -> String {
+            text.lines()
+                .map(|l| l.rsplit_once(',').unwrap().0.to_string() + "\n")
+                .collect()
+        };
+        let without_passes = drop_last(&std::fs::read_to_string(&path).unwrap());
+        assert!(
+            without_passes.starts_with("t_s,")
+                && without_passes
+                    .lines()
+                    .next()
+                    .unwrap()
+                    .ends_with(",path_busy_s")
+        );
+        std::fs::write(&path, &without_passes).unwrap();
+        let one_pass = |r: &StepRecord| StepRecord {
+            shape: StepShape {
+                forward_passes: 0,
+                ..r.shape
+            },
+            ..r.clone()
+        };
+        assert_eq!(
+            read(&path).unwrap(),
+            vec![one_pass(&rec), one_pass(&unclocked)]
+        );
+        let without_path = drop_last(&without_passes);
+        assert!(without_path.lines().next().unwrap().ends_with(",step_s"));
+        std::fs::write(&path, without_path).unwrap();
+        assert_eq!(
+            read(&path).unwrap(),
+            vec![one_pass(&unclocked), one_pass(&unclocked)]
+        );
         std::fs::write(&path, "a,b\n").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("not a step log"), "{e}");
