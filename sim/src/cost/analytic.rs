@@ -315,7 +315,9 @@ impl Analytic {
             return [Some(if n > 1.0 { pass.split(n) } else { pass }), None];
         }
         let prompt_sampled = s.sampled.saturating_sub(s.decode_seqs) as f64;
-        let prompt_kv = (s.context_tokens - s.decode_context_tokens) as f64;
+        // The K/V the prompts read (their context after the step) and write (their new
+        // tokens), as a packed pass counts them.
+        let prompt_kv = (s.context_tokens - s.decode_context_tokens + s.prefill_tokens) as f64;
         let prompt_pairs = (s.attention_pairs - s.decode_context_tokens as f64).max(0.0);
         let prompt = if self.cal.prefill == PrefillBatching::Sequential {
             // Each prompt alone, priced as the prompts' average; memory is the largest's.
@@ -1413,6 +1415,30 @@ mod tests {
             "the weights read again: {split:?} vs {whole:?}"
         );
         assert!((split.compute - whole.compute).abs() < 1e-12 * whole.compute.max(1.0));
+    }
+
+    /// A prompt reads its context's K/V and writes its own, whichever way prompts are
+    /// batched: one prompt alone moves the same bytes packed, padded or sequential.
+    #[test]
+    fn a_prompts_kv_write_is_counted_however_prompts_are_batched() {
+        let priced = |batching: PrefillBatching| {
+            let (hw, m) = (
+                find_hardware("h100-80gb").unwrap(),
+                find_model("llama-3.2-3b").unwrap(),
+            );
+            let mut cal = Calibration::default_for(&hw);
+            cal.prefill = batching;
+            cal.attention_scores = AttentionScores::Fused;
+            Analytic::new(hw, m, cal, None).terms(&prefill(512)).memory
+        };
+        let packed = priced(PrefillBatching::Packed);
+        for other in [PrefillBatching::Padded, PrefillBatching::Sequential] {
+            let got = priced(other);
+            assert!(
+                (got - packed).abs() < 1e-12 * packed,
+                "{other:?}: {got} vs {packed}"
+            );
+        }
     }
 
     #[test]
