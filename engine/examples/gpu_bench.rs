@@ -109,7 +109,7 @@ fn decode_step_s(
                 let mut batch = SamplingBatch::new();
                 for sampler in samplers.iter_mut() {
                     let row = sampler.device_row()?;
-                    batch.push_masked(&row.params, &row.adjust, row.mask.as_deref())?;
+                    batch.push_masked(&row.params, row.adjust, row.mask.as_deref())?;
                 }
                 Ok(batch)
             };

@@ -651,7 +651,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                     .ok_or_else(|| anyhow!("request {id} has no state"))?;
                 match live.sampler.device_row() {
                     Ok(row) => {
-                        match sampling.push_masked(&row.params, &row.adjust, row.mask.as_deref()) {
+                        match sampling.push_masked(&row.params, row.adjust, row.mask.as_deref()) {
                             Ok(()) => {
                                 grammar_s.push(row.mask.is_some().then_some(row.constraint_s))
                             }

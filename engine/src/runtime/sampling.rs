@@ -194,7 +194,7 @@ impl Sampler {
     /// way), with the grammar's mask for this step when one constrains the output. Follow
     /// it with [`Sampler::accept_device`] of the token the device chose. Errs only when the
     /// grammar fails (as [`Sampler::sample`] would).
-    pub fn device_row(&mut self) -> anyhow::Result<DeviceRow> {
+    pub fn device_row(&mut self) -> anyhow::Result<DeviceRow<'_>> {
         let t = Instant::now();
         let mask = self.constraint.as_mut().map(|c| c.allowed()).transpose()?;
         let constraint_s = mask.as_ref().map_or(0.0, |_| t.elapsed().as_secs_f64());
@@ -210,7 +210,7 @@ impl Sampler {
         };
         Ok(DeviceRow {
             params: row,
-            adjust: self.adjustments.clone(),
+            adjust: &self.adjustments,
             mask,
             constraint_s,
         })
@@ -306,10 +306,10 @@ impl Sampler {
 
 /// One sequence's row of a step sampled on the device ([`Sampler::device_row`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct DeviceRow {
+pub struct DeviceRow<'a> {
     pub params: RowParams,
-    /// Penalties and bias, in token order.
-    pub adjust: Vec<Adjustment>,
+    /// Penalties and bias, in token order (the sampler's own, packed without a copy).
+    pub adjust: &'a [Adjustment],
     /// The grammar's allowed tokens (bit `i % 32` of word `i / 32`), when one constrains
     /// the output.
     pub mask: Option<Vec<u32>>,
@@ -573,7 +573,7 @@ mod tests {
             let row = device.device_row().unwrap();
             assert_eq!(row.mask, None);
             let mut batch = infer_kernels::sampling::SamplingBatch::new();
-            batch.push(&row.params, &row.adjust).unwrap();
+            batch.push(&row.params, row.adjust).unwrap();
             let got = reference::sample_rows(&mut logits.clone(), logits.len(), &batch);
             assert_eq!(got.tokens[0] as u32, want.token, "step {step}");
             assert_eq!(Some(got.logprobs[0]), want.logprob, "step {step}");
