@@ -287,6 +287,28 @@ fn a_full_cache_evicts_instead_of_failing() {
     assert_eq!(sched.stats().num_free_blocks, 64);
 }
 
+/// The prefix cache's queries are the prompts' first lookups, as vLLM counts them: a
+/// preempted sequence's lookup again, prompt and output, is not one more query.
+#[test]
+fn prefix_queries_count_each_prompt_once_through_preemption() {
+    let cfg = SchedulerConfig {
+        num_gpu_blocks: 24,
+        block_size: 4,
+        max_batch_size: 4,
+        chunked_prefill: false,
+        prefix_caching: true,
+        max_model_len: 96,
+        ..SchedulerConfig::default()
+    };
+    let reqs: Vec<(f64, Request)> = (0..4)
+        .map(|i| (0.0, Request::new(i, vec![5 + i as u32; 12], 30)))
+        .collect();
+    let (_, sched) = drive(cfg, reqs, simple_cost, vec![]);
+    let stats = sched.stats();
+    assert!(stats.num_preemptions > 0);
+    assert_eq!(stats.prefix_queries, 4 * 12);
+}
+
 #[test]
 fn running_out_of_blocks_preempts_and_recomputes() {
     // Prompts fit, but decodes outgrow the pool: the newest sequence is preempted, then

@@ -185,7 +185,7 @@ pub trait KvManager {
         0
     }
     /// Forget every cached block (vLLM's `reset_prefix_cache`): later prompts find nothing.
-    /// Refused (false, nothing changes) while a sequence holds a block that lookups find.
+    /// Refused (false, nothing changes) while a sequence holds a block, as vLLM refuses it.
     fn reset_prefix_cache(&mut self) -> bool {
         true
     }

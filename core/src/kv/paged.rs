@@ -277,6 +277,13 @@ impl KvManager for PagedKv {
             if self.block_hash[b as usize].is_some() {
                 continue; // found by a lookup: registered already
             }
+            // Registered only under a registered parent: the parent's own content check
+            // vouches for the chain. A parent left out (other content under its hash, or
+            // cleared by a reset) leaves its descendants out, or a lookup of the other
+            // content's prefix would match them on the shared 64-bit parent hash alone.
+            if i > 0 && self.block_hash[kv.blocks[i - 1] as usize] != Some(parent) {
+                continue;
+            }
             let check = block_check(parent, chunk);
             match self.cached.entry(h) {
                 std::collections::hash_map::Entry::Vacant(e) => {
@@ -328,12 +335,11 @@ impl KvManager for PagedKv {
         self.refs.iter().map(|&r| r as usize).sum()
     }
 
+    /// Refused while any block is in use, as vLLM refuses it: a running sequence's blocks
+    /// (spares of freed content among them) would otherwise be registered again under
+    /// parents the reset announced cleared.
     fn reset_prefix_cache(&mut self) -> bool {
-        if self
-            .cached
-            .values()
-            .any(|c| self.refs[c.block as usize] > 0)
-        {
+        if self.refs.iter().any(|&r| r > 0) {
             return false;
         }
         self.cached.clear();
@@ -632,6 +638,34 @@ mod tests {
         kv.check().unwrap();
         assert_eq!(kv.lookup_prefix(&probe).blocks, blocks[2]);
         assert_eq!(kv.num_cached_blocks(), 2);
+    }
+
+    /// A block whose hash other content holds (a 64-bit collision) is left out of the cache,
+    /// and so are its descendants: registered under its hash as parent, a lookup of the other
+    /// content's prefix would match them on that hash alone.
+    #[test]
+    fn a_block_left_out_for_a_hash_collision_leaves_its_descendants_out() {
+        let mut kv = PagedKv::new(8, 4, true);
+        kv.record_events();
+        let prompt = seq_tokens(12, 1);
+        let h0 = hash_block(ROOT_HASH, &prompt[..4]);
+        let other = block_check(ROOT_HASH, &prompt[..4]) ^ 1;
+        kv.cached.insert(
+            h0,
+            CachedBlock {
+                block: 7,
+                check: other,
+            },
+        );
+        let mut a = kv.new_seq();
+        assert!(kv.allocate(&mut a, &PrefixMatch::default(), 12));
+        kv.commit(&mut a, &prompt, 12);
+        assert_eq!(kv.take_events(), vec![], "nothing stored");
+        assert_eq!(kv.cached.len(), 1, "only the other content's entry");
+        assert!(a
+            .blocks
+            .iter()
+            .all(|&b| kv.block_hash[b as usize].is_none()));
     }
 
     /// `reset_prefix_cache` is refused while a sequence holds a cached block; once none

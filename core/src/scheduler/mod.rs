@@ -356,8 +356,8 @@ impl Scheduler {
         self.kv.as_ref()
     }
 
-    /// Empty the prefix cache; false (and nothing changes) while a request holds a cached
-    /// block — vLLM refuses the same way.
+    /// Empty the prefix cache; false (and nothing changes) while a request holds a block —
+    /// vLLM refuses the same way.
     pub fn reset_prefix_cache(&mut self) -> bool {
         self.kv.reset_prefix_cache()
     }
@@ -777,7 +777,9 @@ impl Scheduler {
                 }
                 break; // first come, first served: nobody overtakes the head
             }
-            if self.cfg.prefix_caching {
+            // A first admission's lookup, as vLLM counts them: not a preempted sequence's
+            // again, nor one that computes every prompt token (prompt logprobs: no lookup).
+            if self.cfg.prefix_caching && seq.preemptions == 0 && !seq.every_prompt_token {
                 self.stats.prefix_queries += seq.tokens.len() as u64;
                 self.stats.prefix_hits += hit as u64;
             }

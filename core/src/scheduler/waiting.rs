@@ -1,7 +1,8 @@
 //! The waiting queue: sequences not running, in the order they are admitted.
 //!
-//! Two lanes. Requests as they arrive (and preempted sequences, at the front) wait in the
-//! main lane, first come first served. A request's forks (OpenAI's `n`: the sequences made
+//! Preempted sequences come first, before anything else (vLLM puts them back at the head
+//! of its queue). Then two lanes. Requests as they arrive wait in the main lane, first
+//! come first served. A request's forks (OpenAI's `n`: the sequences made
 //! from its prompt once its first token is sampled) wait in a lane of their own, and when
 //! both lanes hold sequences the admissions alternate between them. One request's `n`
 //! sequences then share the free slots with everyone else instead of taking them all: with
@@ -14,12 +15,21 @@ use std::collections::VecDeque;
 
 #[derive(Debug, Default)]
 pub(super) struct WaitQueue {
+    /// Preempted sequences, admitted before either lane.
+    preempted: VecDeque<u32>,
     main: VecDeque<u32>,
     forks: VecDeque<u32>,
     /// When both lanes hold sequences, whether the forks' lane goes next.
     forks_turn: bool,
-    /// Sequences set aside by [`WaitQueue::pass_over`], with whether each was a fork.
-    passed: Vec<(u32, bool)>,
+    /// Sequences set aside by [`WaitQueue::pass_over`], with the lane each came from.
+    passed: Vec<(u32, Lane)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Preempted,
+    Main,
+    Forks,
 }
 
 impl WaitQueue {
@@ -28,9 +38,9 @@ impl WaitQueue {
         self.main.push_back(slot);
     }
 
-    /// A preempted sequence: first in the main lane.
+    /// A preempted sequence: before every other.
     pub fn push_front(&mut self, slot: u32) {
-        self.main.push_front(slot);
+        self.preempted.push_front(slot);
     }
 
     /// A fork: behind the other forks.
@@ -38,59 +48,64 @@ impl WaitQueue {
         self.forks.push_back(slot);
     }
 
-    fn forks_next(&self) -> bool {
-        !self.forks.is_empty() && (self.main.is_empty() || self.forks_turn)
+    /// The lane whose head goes next.
+    fn next_lane(&self) -> Lane {
+        if !self.preempted.is_empty() {
+            Lane::Preempted
+        } else if !self.forks.is_empty() && (self.main.is_empty() || self.forks_turn) {
+            Lane::Forks
+        } else {
+            Lane::Main
+        }
+    }
+
+    fn lane(&mut self, lane: Lane) -> &mut VecDeque<u32> {
+        match lane {
+            Lane::Preempted => &mut self.preempted,
+            Lane::Main => &mut self.main,
+            Lane::Forks => &mut self.forks,
+        }
     }
 
     /// The sequence to admit next.
     pub fn front(&self) -> Option<u32> {
-        if self.forks_next() {
-            self.forks.front().copied()
-        } else {
-            self.main.front().copied()
+        match self.next_lane() {
+            Lane::Preempted => self.preempted.front(),
+            Lane::Main => self.main.front(),
+            Lane::Forks => self.forks.front(),
         }
+        .copied()
     }
 
-    /// Take the sequence [`WaitQueue::front`] named; the other lane goes next.
+    /// Take the sequence [`WaitQueue::front`] named; of the two lanes, the other goes next.
     pub fn pop_front(&mut self) -> Option<u32> {
-        let from_forks = self.forks_next();
-        self.forks_turn = !from_forks;
-        if from_forks {
-            self.forks.pop_front()
-        } else {
-            self.main.pop_front()
+        let lane = self.next_lane();
+        if lane != Lane::Preempted {
+            self.forks_turn = lane == Lane::Main;
         }
+        self.lane(lane).pop_front()
     }
 
     /// Set the sequence [`WaitQueue::front`] names aside, so that the one behind it comes
     /// to the front (an admission that lets later sequences overtake one that does not
     /// fit); [`WaitQueue::restore_passed`] puts it back.
     pub fn pass_over(&mut self) {
-        let from_forks = self.forks_next();
-        let lane = if from_forks {
-            &mut self.forks
-        } else {
-            &mut self.main
-        };
-        if let Some(slot) = lane.pop_front() {
-            self.passed.push((slot, from_forks));
+        let lane = self.next_lane();
+        if let Some(slot) = self.lane(lane).pop_front() {
+            self.passed.push((slot, lane));
         }
     }
 
     /// Put the sequences passed over back at the front of their lanes, in their order.
     pub fn restore_passed(&mut self) {
-        for (slot, fork) in self.passed.drain(..).rev() {
-            if fork {
-                self.forks.push_front(slot);
-            } else {
-                self.main.push_front(slot);
-            }
+        while let Some((slot, lane)) = self.passed.pop() {
+            self.lane(lane).push_front(slot);
         }
     }
 
     /// Take `slot` out wherever it waits (an ended request).
     pub fn remove(&mut self, slot: u32) {
-        for lane in [&mut self.main, &mut self.forks] {
+        for lane in [&mut self.preempted, &mut self.main, &mut self.forks] {
             if let Some(pos) = lane.iter().position(|&s| s == slot) {
                 lane.remove(pos);
                 return;
@@ -99,11 +114,15 @@ impl WaitQueue {
     }
 
     pub fn len(&self) -> usize {
-        self.main.len() + self.forks.len()
+        self.preempted.len() + self.main.len() + self.forks.len()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.main.iter().chain(&self.forks).copied()
+        self.preempted
+            .iter()
+            .chain(&self.main)
+            .chain(&self.forks)
+            .copied()
     }
 }
 
@@ -119,6 +138,32 @@ mod tests {
             popped
         })
         .collect()
+    }
+
+    /// A preempted sequence goes before both lanes, whichever lane's turn it is, and the
+    /// lanes then alternate as before; several preempted keep the order they were put back
+    /// in.
+    #[test]
+    fn preempted_sequences_go_first_whatever_the_lanes_turn() {
+        let mut q = WaitQueue::default();
+        for s in [1, 2] {
+            q.push_back(s);
+        }
+        q.push_fork(10);
+        q.push_fork(11);
+        assert_eq!(q.pop_front(), Some(1));
+        // The forks' turn now; two sequences are preempted.
+        q.push_front(21);
+        q.push_front(20);
+        assert_eq!(q.front(), Some(20));
+        q.pass_over();
+        assert_eq!(q.front(), Some(21), "the next preempted, not a fork");
+        q.restore_passed();
+        assert_eq!(q.iter().collect::<Vec<_>>(), [20, 21, 2, 10, 11]);
+        assert_eq!(drain(&mut q), [20, 21, 10, 2, 11]);
+        q.push_front(30);
+        q.remove(30);
+        assert_eq!(q.len(), 0);
     }
 
     /// Passed over, a sequence lets the next come to the front, and goes back where it was.
@@ -146,9 +191,9 @@ mod tests {
         }
         q.push_back(1);
         q.push_back(2);
-        q.push_front(0); // preempted: first in its lane
+        q.push_front(0); // preempted: before both lanes, taking neither's turn
         assert_eq!(q.len(), 7);
-        assert_eq!(drain(&mut q), vec![0, 10, 1, 11, 2, 12, 13]);
+        assert_eq!(drain(&mut q), vec![0, 1, 10, 2, 11, 12, 13]);
         assert_eq!(q.len(), 0);
     }
 

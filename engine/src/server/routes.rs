@@ -127,7 +127,7 @@ pub(super) async fn kv_event_sources(State(s): State<AppState>) -> Json<Value> {
 }
 
 /// vLLM's `POST /reset_prefix_cache` (benchmarks call it between runs): 200 once the prefix
-/// cache is empty, 409 while requests hold cached blocks.
+/// cache is empty, 409 while requests hold KV blocks.
 pub(super) async fn reset_prefix_cache(State(s): State<AppState>) -> Response {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sent = s
