@@ -224,6 +224,18 @@ async fn streaming_and_non_streaming_agree_and_chat_uses_the_template() {
         tok["count"].as_u64().unwrap() > raw["count"].as_u64().unwrap() + 2,
         "{tok} vs {raw}"
     );
+    // With each token's string in the vocabulary, as vLLM's `return_token_strs`.
+    let (status, strs) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": "Tell me about the lighthouse", "return_token_strs": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{strs}");
+    assert_eq!(strs["tokens"], raw["tokens"]);
+    let token_strs = strs["token_strs"].as_array().unwrap();
+    assert_eq!(token_strs.len(), raw["tokens"].as_array().unwrap().len());
+    assert!(token_strs.iter().all(Value::is_string), "{strs}");
     let (status, chat) = post(
         &client,
         &format!("{base}/v1/chat/completions"),

@@ -16,6 +16,9 @@ pub struct ChatMessage {
     /// A `tool` turn: the call it answers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// The participant's name (OpenAI's `name`), for templates that write it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -25,6 +28,7 @@ impl ChatMessage {
             content: content.to_string(),
             tool_calls: None,
             tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -167,6 +171,12 @@ impl TextTokenizer {
             .decode(&[id], false)
             .ok()
             .filter(|t| !t.is_empty())
+    }
+
+    /// A token's string in the vocabulary (`Ġhello`, byte-level marks and all), as
+    /// transformers' `convert_ids_to_tokens` gives it; `None` past the vocabulary.
+    pub fn token_str(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// Decodes `ids`, dropping special tokens (BOS, end-of-turn, …).

@@ -191,7 +191,8 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("best_of", |v| v.as_u64() == Some(1)),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v == "none"),
-    ("prompt_logprobs", |v| v.as_u64() == Some(0)),
+    // 0 is not "off" in vLLM: each prompt token's own logprob, without alternatives.
+    ("prompt_logprobs", |_| false),
     ("min_tokens", |v| v.as_u64() == Some(0)),
     ("use_beam_search", |v| v == &Value::Bool(false)),
     ("include_stop_str_in_output", |v| v == &Value::Bool(false)),
@@ -213,6 +214,70 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     }),
     ("add_generation_prompt", |v| v == &Value::Bool(true)),
     ("continue_final_message", |v| v == &Value::Bool(false)),
+    // Beam search's, and detokenising special tokens, which are skipped here.
+    ("length_penalty", |v| v.as_f64() == Some(1.0)),
+    ("early_stopping", |v| v == &Value::Bool(false)),
+    ("spaces_between_special_tokens", |v| v == &Value::Bool(true)),
+    // vLLM's that change what a request gets: its cache isolation, template documents,
+    // response id, embeddings for a prompt, and so on.
+    ("cache_salt", |_| false),
+    ("documents", |_| false),
+    ("request_id", |_| false),
+    ("prompt_embeds", |_| false),
+    ("mm_processor_kwargs", |_| false),
+    ("kv_transfer_params", |_| false),
+    ("vllm_xargs", |_| false),
+    ("reasoning_effort", |_| false),
+    ("include_reasoning", |v| v == &Value::Bool(true)),
+];
+
+/// Top-level keys a request may carry beyond those the lists of unsupported parameters
+/// name: the ones this server reads, and informational ones that change no output
+/// (OpenAI's `user`, `metadata`, `store`, `service_tier`; vLLM's choice of grammar backend).
+/// Any other key is refused by name, as OpenAI refuses an unrecognized argument (vLLM
+/// accepts it and logs a warning): a misspelled `temprature` must not come back as an
+/// answer at the default temperature.
+const KNOWN: &[&str] = &[
+    "model",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "stop_token_ids",
+    "return_tokens_as_token_ids",
+    "ignore_eos",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "echo",
+    "response_format",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "tools",
+    "tool_choice",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+];
+const KNOWN_COMPLETIONS: &[&str] = &["prompt"];
+const KNOWN_CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "parallel_tool_calls",
 ];
 
 /// Parameters of one endpoint only (the other's, or vLLM's there), with the value this
@@ -228,10 +293,25 @@ const UNSUPPORTED_CHAT: &[(&str, IsUnused)] =
     &[("add_special_tokens", |v| v == &Value::Bool(false))];
 
 fn refuse_unsupported(body: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError> {
-    let of_endpoint = match endpoint {
-        Endpoint::Completions => UNSUPPORTED_COMPLETIONS,
-        Endpoint::Chat => UNSUPPORTED_CHAT,
+    let (of_endpoint, known_here) = match endpoint {
+        Endpoint::Completions => (UNSUPPORTED_COMPLETIONS, KNOWN_COMPLETIONS),
+        Endpoint::Chat => (UNSUPPORTED_CHAT, KNOWN_CHAT),
     };
+    let listed = |key: &str| {
+        KNOWN.contains(&key)
+            || known_here.contains(&key)
+            || UNSUPPORTED
+                .iter()
+                .chain(of_endpoint)
+                .any(|(k, _)| *k == key)
+    };
+    // A null is an absent key, known or not.
+    if let Some((key, _)) = body.iter().find(|(k, v)| !v.is_null() && !listed(k)) {
+        return Err(ApiError::bad_request(
+            Some(key),
+            format!("Unrecognized request argument supplied: {key}"),
+        ));
+    }
     for (key, unused) in UNSUPPORTED.iter().chain(of_endpoint) {
         match body.get(*key) {
             None | Some(Value::Null) => {}
@@ -369,6 +449,79 @@ pub fn parse_request(
     })
 }
 
+/// A `/tokenize` body, as vLLM takes it: a completion's `prompt` (a text) or a chat's
+/// `messages` with its `tools`, rendered as `/v1/chat/completions` renders them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenizeRequest {
+    pub prompt: Prompt,
+    /// Special tokens added to a text prompt (vLLM's default: yes).
+    pub add_special_tokens: bool,
+    pub tools: Option<Value>,
+    /// Also answer each token's string in the vocabulary (`token_strs`).
+    pub return_token_strs: bool,
+}
+
+pub fn parse_tokenize(body: &Map<String, Value>) -> Result<TokenizeRequest, ApiError> {
+    let f = Fields(body);
+    let chat = body.get("messages").is_some_and(|m| !m.is_null());
+    // As in generation: a chat's template is this server's, with its generation prompt
+    // and without special tokens of its own; other keys are refused by name.
+    let mut known = vec!["model", "add_special_tokens", "return_token_strs"];
+    known.extend(if chat {
+        &[
+            "messages",
+            "tools",
+            "add_generation_prompt",
+            "continue_final_message",
+        ][..]
+    } else {
+        &["prompt"][..]
+    });
+    if let Some((key, _)) = body
+        .iter()
+        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()))
+    {
+        return Err(ApiError::bad_request(
+            Some(key),
+            format!("Unrecognized request argument supplied: {key}"),
+        ));
+    }
+    let add_special_tokens = f.bool("add_special_tokens")?.unwrap_or(!chat);
+    let return_token_strs = f.bool("return_token_strs")?.unwrap_or(false);
+    if !chat {
+        return match body.get("prompt") {
+            Some(Value::String(p)) => Ok(TokenizeRequest {
+                prompt: Prompt::Text(p.clone()),
+                add_special_tokens,
+                tools: None,
+                return_token_strs,
+            }),
+            _ => Err(ApiError::bad_request(
+                Some("prompt"),
+                "prompt must be a string",
+            )),
+        };
+    }
+    for (key, this_servers) in [
+        ("add_generation_prompt", true),
+        ("continue_final_message", false),
+        ("add_special_tokens", false),
+    ] {
+        if f.bool(key)?.is_some_and(|b| b != this_servers) {
+            return Err(ApiError::bad_request(
+                Some(key),
+                format!("{key}: {} is not supported by this server", !this_servers),
+            ));
+        }
+    }
+    Ok(TokenizeRequest {
+        prompt: Prompt::Chat(parse_messages(body.get("messages"))?),
+        add_special_tokens,
+        tools: super::structured::template_tools(body)?,
+        return_token_strs,
+    })
+}
+
 /// A completion's `prompt`: a text, a list of token ids, or a batch of either (a list of
 /// texts, a list of token-id lists), as vLLM takes it.
 fn parse_prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
@@ -412,7 +565,11 @@ fn parse_prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
 /// or 0 with `echo`; OpenAI's completions default is 16, chat generates until done.
 fn parse_max_tokens(f: &Fields, endpoint: Endpoint, echo: bool) -> Result<Option<usize>, ApiError> {
     let key = match endpoint {
-        Endpoint::Chat if f.get("max_completion_tokens").is_some() => "max_completion_tokens",
+        Endpoint::Chat if f.get("max_completion_tokens").is_some() => {
+            // The deprecated name, when given beside it, is still checked.
+            f.int("max_tokens")?;
+            "max_completion_tokens"
+        }
         _ => "max_tokens",
     };
     match f.int(key)? {
@@ -613,10 +770,17 @@ fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
         }
     };
     let mut out = Vec::with_capacity(map.len());
+    let mut keys: std::collections::HashMap<u32, &str> = std::collections::HashMap::new();
     for (k, v) in map {
         let id: u32 = k
             .parse()
             .map_err(|_| bad(format!("logit_bias key `{k}` is not a token id")))?;
+        // `"1"` and `"01"` name one token: its bias would be their sum, past the bound.
+        if let Some(other) = keys.insert(id, k) {
+            return Err(bad(format!(
+                "logit_bias keys `{other}` and `{k}` name the same token id {id}"
+            )));
+        }
         let bias = v
             .as_f64()
             .filter(|b| (-100.0..=100.0).contains(b))
@@ -693,11 +857,21 @@ fn parse_messages(
             // A conversation that used tools: the calls made and the answers they got.
             message.tool_calls = match m.get("tool_calls") {
                 None | Some(Value::Null) => None,
-                Some(calls @ Value::Array(_)) => Some(calls.clone()),
+                Some(Value::Array(calls)) => Some(template_tool_calls(calls, &param)?),
                 Some(other) => {
                     return Err(ApiError::bad_request(
                         Some(&param),
                         format!("tool_calls must be a list, not {}", type_name(other)),
+                    ))
+                }
+            };
+            message.name = match m.get("name") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(name)) => Some(name.clone()),
+                Some(other) => {
+                    return Err(ApiError::bad_request(
+                        Some(&param),
+                        format!("name must be a string, not {}", type_name(other)),
                     ))
                 }
             };
@@ -714,6 +888,36 @@ fn parse_messages(
             Ok(message)
         })
         .collect()
+}
+
+/// An assistant turn's tool calls as a chat template reads them: each call's `arguments`,
+/// a JSON text on the wire, parsed into its value (an empty or absent one is `{}`), as vLLM
+/// hands them to templates (which write `arguments | tojson`: the text itself would come
+/// out quoted twice).
+fn template_tool_calls(calls: &[Value], param: &str) -> Result<Value, ApiError> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, call)| {
+            let mut call = call.clone();
+            if let Some(function) = call.get_mut("function").and_then(Value::as_object_mut) {
+                let parsed = match function.get("arguments") {
+                    None | Some(Value::Null) => json!({}),
+                    Some(Value::String(text)) if text.is_empty() => json!({}),
+                    Some(Value::String(text)) => serde_json::from_str(text).map_err(|e| {
+                        ApiError::bad_request(
+                            Some(param),
+                            format!("tool_calls[{j}].function.arguments is not valid JSON: {e}"),
+                        )
+                    })?,
+                    Some(value) => value.clone(),
+                };
+                function.insert("arguments".into(), parsed);
+            }
+            Ok(call)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
 }
 
 /// Typed access to optional body fields, with OpenAI-style errors naming the field.
@@ -819,6 +1023,135 @@ mod tests {
 
     fn parse(s: &str, e: Endpoint) -> Result<GenerationRequest, ApiError> {
         parse_request(&parse_body(s.as_bytes())?, e)
+    }
+
+    /// An argument this server does not know is refused by name (a typo must not be
+    /// answered at the defaults); a null one is absent; informational ones change nothing;
+    /// vLLM's that would change the answer are named as not supported.
+    #[test]
+    fn unknown_arguments_are_refused_by_name() {
+        let refused = |body: &str, e: Endpoint| parse(body, e).unwrap_err();
+        let e = refused(r#"{"prompt":"x","temprature":0}"#, Endpoint::Completions);
+        assert_eq!(e.param.as_deref(), Some("temprature"));
+        assert_eq!(
+            e.message,
+            "Unrecognized request argument supplied: temprature"
+        );
+        let chat = r#"{"messages":[{"role":"user","content":"x"}]"#;
+        for (extra, param) in [
+            (r#""max_token":5"#, "max_token"),
+            (r#""prompt":"x""#, "prompt"),
+            (r#""cache_salt":"a""#, "cache_salt"),
+            (r#""request_id":"r1""#, "request_id"),
+            (r#""prompt_logprobs":0"#, "prompt_logprobs"),
+        ] {
+            let e = refused(&format!("{chat},{extra}}}"), Endpoint::Chat);
+            assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);
+        }
+        assert!(
+            refused(&format!("{chat},\"cache_salt\":\"a\"}}"), Endpoint::Chat)
+                .message
+                .contains("not supported")
+        );
+        let e = refused(r#"{"prompt":"x","messages":[]}"#, Endpoint::Completions);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        // Null is absent; informational keys are taken and change nothing.
+        let plain = parse(r#"{"prompt":"x"}"#, Endpoint::Completions).unwrap();
+        let with = parse(
+            r#"{"prompt":"x","temprature":null,"user":"u1","metadata":{"a":"b"},"store":false,
+               "service_tier":"auto","guided_decoding_backend":"xgrammar","length_penalty":1.0}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!(with, plain);
+    }
+
+    /// `logit_bias` keys that name one token (`"1"`, `"01"`) are refused: their sum could
+    /// pass the bound. Chat's `max_tokens` beside `max_completion_tokens` is still checked.
+    #[test]
+    fn one_token_biased_twice_and_a_bad_deprecated_max_tokens_are_refused() {
+        let e = parse(
+            r#"{"prompt":"x","logit_bias":{"1":60,"01":60}}"#,
+            Endpoint::Completions,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("same token id 1"), "{}", e.message);
+        let e = parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":4,"max_tokens":"abc"}"#,
+            Endpoint::Chat,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let r = parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":4,"max_tokens":9}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(r.max_tokens, Some(4));
+    }
+
+    /// A message's `name` reaches the template, and a tool call's `arguments` (JSON text on
+    /// the wire) reach it as the value they spell, as vLLM hands them over; an empty one is
+    /// `{}`, and one that is not JSON is refused.
+    #[test]
+    fn chat_messages_reach_the_template_as_vllm_hands_them_over() {
+        let r = parse(
+            r#"{"messages":[{"role":"user","content":"x","name":"ann"},
+                {"role":"assistant","content":null,"tool_calls":[
+                  {"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}},
+                  {"id":"c2","type":"function","function":{"name":"g","arguments":""}}]},
+                {"role":"tool","content":"2","tool_call_id":"c1"}],"max_completion_tokens":1}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Prompt::Chat(messages) = &r.prompts[0] else {
+            panic!("a chat")
+        };
+        assert_eq!(messages[0].name.as_deref(), Some("ann"));
+        let calls = messages[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0]["function"]["arguments"], json!({"a": 1}));
+        assert_eq!(calls[1]["function"]["arguments"], json!({}));
+        assert_eq!(calls[0]["id"], "c1");
+        let e = parse(
+            r#"{"messages":[{"role":"assistant","tool_calls":[{"type":"function",
+                "function":{"name":"f","arguments":"{not json"}}]}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
+    }
+
+    /// `/tokenize` takes vLLM's bodies: a text prompt, or a chat with its tools; other keys
+    /// are refused by name, and so are template settings this server does not have.
+    #[test]
+    fn tokenize_bodies_are_vllms() {
+        let t = |s: &str| parse_tokenize(&parse_body(s.as_bytes()).unwrap());
+        let text = t(r#"{"prompt":"hi","return_token_strs":true}"#).unwrap();
+        assert_eq!(text.prompt, Prompt::Text("hi".into()));
+        assert!(text.add_special_tokens && text.return_token_strs);
+        let tools =
+            r#"[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]"#;
+        let chat = t(&format!(
+            r#"{{"messages":[{{"role":"user","content":"x"}}],"tools":{tools}}}"#
+        ))
+        .unwrap();
+        assert!(!chat.add_special_tokens);
+        assert_eq!(chat.tools, Some(serde_json::from_str(tools).unwrap()));
+        for (body, param) in [
+            (r#"{"prompt":"hi","temperature":0}"#, "temperature"),
+            (r#"{"prompt":"hi","messages_":[]}"#, "messages_"),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}"#,
+                "add_generation_prompt",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"x"}]}"#,
+                "tools",
+            ),
+        ] {
+            let e = t(body).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
     }
 
     #[test]

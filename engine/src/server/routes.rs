@@ -184,41 +184,24 @@ pub(super) async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let body = body_or_error(body).await?;
-    let prompt = if body.contains_key("messages") {
-        api::parse_request(&body, Endpoint::Chat)?.prompts.remove(0)
-    } else {
-        match body.get("prompt") {
-            Some(Value::String(p)) => Prompt::Text(p.clone()),
-            _ => {
-                return Err(ApiError::bad_request(
-                    Some("prompt"),
-                    "prompt must be a string",
-                ))
-            }
-        }
-    };
-    let add_special = match body.get("add_special_tokens") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                Some("add_special_tokens"),
-                "add_special_tokens must be a boolean",
-            ))
-        }
-    };
+    let req = api::parse_tokenize(&body)?;
     // Tokenising and writing a long answer both happen off the HTTP threads.
-    off_thread(&state, prompt.bytes(), move |s| {
-        let tokens = match prompt {
+    off_thread(&state, req.prompt.bytes(), move |s| {
+        let tokens = match &req.prompt {
             Prompt::Text(p) => s
                 .tokenizer
-                .encode(&p, add_special)
+                .encode(p, req.add_special_tokens)
                 .map_err(|e| ApiError::internal(format!("{e:#}")))?,
-            other => prompt_tokens(s, &other, None)?,
+            other => prompt_tokens(s, other, req.tools.as_ref())?,
         };
-        let body = json!({
+        let mut body = json!({
             "tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len,
         });
+        if req.return_token_strs {
+            let strs: Vec<Option<String>> =
+                tokens.iter().map(|&t| s.tokenizer.token_str(t)).collect();
+            body["token_strs"] = json!(strs);
+        }
         Ok(([("content-type", "application/json")], body.to_string()).into_response())
     })
     .await?

@@ -237,35 +237,8 @@ fn tool_choice(
         }
         return Ok((None, None));
     }
-    let tools: Vec<Value> = match tools {
-        None => Vec::new(),
-        Some(Value::Array(list)) => list.clone(),
-        Some(_) => return Err(bad("tools", "tools must be a list")),
-    };
-    let mut functions = Vec::with_capacity(tools.len());
-    for (i, t) in tools.iter().enumerate() {
-        let f = t
-            .get("function")
-            .filter(|_| t.get("type").and_then(Value::as_str) == Some("function"))
-            .filter(|f| f.get("name").is_some_and(Value::is_string))
-            .ok_or_else(|| {
-                bad(
-                    "tools",
-                    format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"),
-                )
-            })?;
-        let params = match f.get("parameters") {
-            None | Some(Value::Null) => None,
-            Some(p) if p.is_object() => Some(p.clone()),
-            Some(_) => {
-                return Err(bad(
-                    "tools",
-                    format!("tools[{i}].function.parameters must be a JSON schema object"),
-                ))
-            }
-        };
-        functions.push((f["name"].as_str().unwrap_or_default().to_string(), params));
-    }
+    let tools = tool_list(tools)?;
+    let functions = function_tools(&tools)?;
     // (Read whatever the choice: `none` and a named function make at most one call.)
     let parallel = match body.get("parallel_tool_calls") {
         None | Some(Value::Null) => true,
@@ -327,6 +300,52 @@ fn tool_choice(
         }
     };
     Ok((picked, tools_value))
+}
+
+/// `tools` as a list (absent: none).
+fn tool_list(tools: Option<&Value>) -> Result<Vec<Value>, ApiError> {
+    match tools {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => Ok(list.clone()),
+        Some(_) => Err(bad("tools", "tools must be a list")),
+    }
+}
+
+/// A request's `tools` as the chat template reads them (`/tokenize` of a chat: the prompt
+/// the same conversation and tools get through `/v1/chat/completions`), each checked.
+pub fn template_tools(body: &Map<String, Value>) -> Result<Option<Value>, ApiError> {
+    let tools = tool_list(body.get("tools"))?;
+    function_tools(&tools)?;
+    Ok((!tools.is_empty()).then_some(Value::Array(tools)))
+}
+
+/// Each tool's function name and parameter schema.
+fn function_tools(tools: &[Value]) -> Result<Vec<(String, Option<Value>)>, ApiError> {
+    let mut functions = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        let f = t
+            .get("function")
+            .filter(|_| t.get("type").and_then(Value::as_str) == Some("function"))
+            .filter(|f| f.get("name").is_some_and(Value::is_string))
+            .ok_or_else(|| {
+                bad(
+                    "tools",
+                    format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"),
+                )
+            })?;
+        let params = match f.get("parameters") {
+            None | Some(Value::Null) => None,
+            Some(p) if p.is_object() => Some(p.clone()),
+            Some(_) => {
+                return Err(bad(
+                    "tools",
+                    format!("tools[{i}].function.parameters must be a JSON schema object"),
+                ))
+            }
+        };
+        functions.push((f["name"].as_str().unwrap_or_default().to_string(), params));
+    }
+    Ok(functions)
 }
 
 fn empty_object() -> Value {
