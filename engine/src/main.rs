@@ -293,6 +293,18 @@ struct ServeArgs {
     /// `structured_outputs.disable_any_whitespace` asks the same for itself.
     #[arg(long = "structured-outputs-disable-any-whitespace")]
     structured_outputs_disable_any_whitespace: bool,
+    /// Where a request leaves a sampling parameter out (temperature, top_p, top_k, min_p,
+    /// repetition_penalty; a chat's max_tokens): `auto` takes the model's
+    /// `generation_config.json` values, as vLLM does by default; `vllm` the API's own
+    /// defaults (temperature 1, no filters).
+    #[arg(long = "generation-config", value_enum, default_value_t = GenerationConfigArg::Auto)]
+    generation_config: GenerationConfigArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GenerationConfigArg {
+    Auto,
+    Vllm,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -662,6 +674,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         step_log: a.step_log,
         api_keys: a.api_key,
         compact_json: a.structured_outputs_disable_any_whitespace,
+        model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,
         load_format: match a.get_load_format {
             LoadFormatArg::Vllm => infer_engine::server::LoadFormat::Vllm,
             LoadFormatArg::Sglang => infer_engine::server::LoadFormat::Sglang,

@@ -1899,3 +1899,53 @@ async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
     assert_eq!(status, 200);
     server.stop().await;
 }
+
+/// A model whose `generation_config.json` recommends sampling parameters is served with them
+/// where a request leaves them out, as vLLM serves it (`--generation-config auto`): here
+/// temperature 0, so requests with different seeds answer alike; with the API's own
+/// defaults (`--generation-config vllm`) they sample at temperature 1 and differ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_generation_config_sets_the_sampling_defaults() {
+    use infer_engine::runtime::model::Arch;
+    use infer_engine::tools::make_model::{make_model, ModelSpec};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama");
+    make_model(&ModelSpec::new(Arch::Llama), &dir).unwrap();
+    let path = dir.join("generation_config.json");
+    let mut gen: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    gen["temperature"] = json!(0.0);
+    std::fs::write(&path, gen.to_string()).unwrap();
+    let mut texts = Vec::new();
+    for model_defaults in [true, false] {
+        let (addr, server) = spawn_local(ServeConfig {
+            model_sampling_defaults: model_defaults,
+            ..ServeConfig::new(dir.to_str().unwrap())
+        })
+        .await
+        .unwrap();
+        let client = reqwest::Client::new();
+        let mut answers = Vec::new();
+        for seed in [1, 2, 3] {
+            let (status, r) = post(
+                &client,
+                &format!("http://{addr}/v1/completions"),
+                json!({"prompt": "The harbour", "max_tokens": 12, "seed": seed, "ignore_eos": true}),
+            )
+            .await;
+            assert_eq!(status, 200, "{r}");
+            answers.push(r["choices"][0]["text"].as_str().unwrap().to_string());
+        }
+        texts.push(answers);
+        server.stop().await;
+    }
+    assert!(
+        texts[0].iter().all(|t| t == &texts[0][0]),
+        "greedy: {:?}",
+        texts[0]
+    );
+    assert!(
+        texts[1].iter().any(|t| t != &texts[1][0]),
+        "sampled: {:?}",
+        texts[1]
+    );
+}

@@ -10,6 +10,7 @@ use infer_kernels::sampling::MAX_TOP_LOGPROBS;
 use serde_json::{json, Map, Value};
 
 use super::structured::StructuredRequest;
+use crate::runtime::model::SamplingDefaults;
 use crate::runtime::sampling::SamplingParams;
 
 /// An error as OpenAI and vLLM return it: `{"error": {message, type, param, code}}`.
@@ -378,10 +379,21 @@ pub fn within_vocab(
     }
 }
 
-/// Parse and validate a completions or chat body.
+/// Parse and validate a completions or chat body, at the API's own defaults.
 pub fn parse_request(
     body: &Map<String, Value>,
     endpoint: Endpoint,
+) -> Result<GenerationRequest, ApiError> {
+    parse_request_with(body, endpoint, &SamplingDefaults::default())
+}
+
+/// [`parse_request`] where a parameter the request leaves out takes the model's default
+/// (its `generation_config.json`, as vLLM serves it): the sampling parameters, and a chat's
+/// `max_tokens`.
+pub fn parse_request_with(
+    body: &Map<String, Value>,
+    endpoint: Endpoint,
+    defaults: &SamplingDefaults,
 ) -> Result<GenerationRequest, ApiError> {
     let f = Fields(body);
     let model = f.string("model")?.unwrap_or_default();
@@ -433,8 +445,9 @@ pub fn parse_request(
     Ok(GenerationRequest {
         model,
         prompts,
-        max_tokens: parse_max_tokens(&f, endpoint, echo)?,
-        params: parse_sampling(&f, endpoint)?,
+        max_tokens: parse_max_tokens(&f, endpoint, echo)?
+            .or(defaults.max_tokens.filter(|_| endpoint == Endpoint::Chat)),
+        params: parse_sampling(&f, endpoint, defaults)?,
         stop,
         stop_token_ids,
         ignore_eos,
@@ -585,8 +598,18 @@ fn parse_max_tokens(f: &Fields, endpoint: Endpoint, echo: bool) -> Result<Option
 }
 
 /// The sampling parameters, each checked against vLLM's range.
-fn parse_sampling(f: &Fields, endpoint: Endpoint) -> Result<SamplingParams, ApiError> {
+fn parse_sampling(
+    f: &Fields,
+    endpoint: Endpoint,
+    defaults: &SamplingDefaults,
+) -> Result<SamplingParams, ApiError> {
     let mut params = SamplingParams::default();
+    let put = |slot: &mut f32, v: Option<f32>| *slot = v.unwrap_or(*slot);
+    put(&mut params.temperature, defaults.temperature);
+    put(&mut params.top_p, defaults.top_p);
+    put(&mut params.min_p, defaults.min_p);
+    put(&mut params.repetition_penalty, defaults.repetition_penalty);
+    params.top_k = defaults.top_k.unwrap_or(params.top_k);
     if let Some(t) = f.float_in("temperature", "in [0, 2]", |t| (0.0..=2.0).contains(&t))? {
         params.temperature = t as f32;
     }
@@ -1064,6 +1087,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(with, plain);
+    }
+
+    /// A parameter the request leaves out takes the model's default, one it sets its own;
+    /// a chat's `max_tokens` defaults to the model's, a completion's stays OpenAI's 16.
+    #[test]
+    fn a_models_defaults_fill_what_a_request_leaves_out() {
+        let defaults = SamplingDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            top_k: Some(20),
+            max_tokens: Some(300),
+            ..SamplingDefaults::default()
+        };
+        let with = |s: &str, e: Endpoint| {
+            parse_request_with(&parse_body(s.as_bytes()).unwrap(), e, &defaults).unwrap()
+        };
+        let r = with(r#"{"prompt":"x","top_p":0.5}"#, Endpoint::Completions);
+        assert_eq!(
+            (r.params.temperature, r.params.top_p, r.params.top_k),
+            (0.6, 0.5, 20)
+        );
+        assert_eq!(r.max_tokens, Some(16));
+        let r = with(
+            r#"{"messages":[{"role":"user","content":"x"}],"temperature":0}"#,
+            Endpoint::Chat,
+        );
+        assert_eq!((r.params.temperature, r.params.top_p), (0.0, 0.9));
+        assert_eq!(r.max_tokens, Some(300));
+        let plain = parse(r#"{"prompt":"x"}"#, Endpoint::Completions).unwrap();
+        assert_eq!(plain.params, SamplingParams::default());
     }
 
     /// `logit_bias` keys that name one token (`"1"`, `"01"`) are refused: their sum could

@@ -81,8 +81,9 @@ pub(super) async fn generate(
     // In the request path until the engine has it (or the request is refused).
     let in_path = state.inner.request_path.enter();
     let body = body_or_error(body).await?;
-    let mut req: GenerationRequest = api::parse_request(&body, endpoint)?;
     let s = &state.inner;
+    let mut req: GenerationRequest =
+        api::parse_request_with(&body, endpoint, &s.sampling_defaults)?;
     if !req.model.is_empty() {
         s.check_model(&req.model)?;
     }

@@ -74,6 +74,10 @@ pub struct ServeConfig {
     pub load_format: LoadFormat,
     /// Structured JSON output without optional whitespace, for every request.
     pub compact_json: bool,
+    /// Sample with the model's `generation_config.json` defaults where a request leaves a
+    /// parameter out (vLLM's `--generation-config auto`, its default); `false`: the API's
+    /// own defaults (`--generation-config vllm`).
+    pub model_sampling_defaults: bool,
 }
 
 /// The shape of `GET /get_load`: vllm-router and sglang-router poll the same path and read
@@ -109,6 +113,7 @@ impl ServeConfig {
             api_keys: Vec::new(),
             load_format: LoadFormat::default(),
             compact_json: false,
+            model_sampling_defaults: true,
         }
     }
 }
@@ -156,6 +161,8 @@ struct Shared {
     load_format: LoadFormat,
     /// `--structured-outputs-disable-any-whitespace`.
     compact_json: bool,
+    /// What a request that leaves a sampling parameter out samples with.
+    sampling_defaults: crate::runtime::model::SamplingDefaults,
     /// Set when the device is lost: the server stops.
     health: Arc<health::Health>,
     /// Requests between their handler's start and the engine (the step log's clock of it).
@@ -243,6 +250,20 @@ impl Engine {
         let root = lm.dir.display().to_string();
         let vocab_size = lm.config.vocab_size;
         let eos_token_ids = lm.eos_token_ids.clone();
+        let sampling_defaults = if cfg.model_sampling_defaults {
+            lm.sampling_defaults
+        } else {
+            Default::default()
+        };
+        let defaults_log = if sampling_defaults.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "\ndefault sampling from the model's generation_config.json: {} (--generation-config \
+                 vllm: the API's own)",
+                sampling_defaults.describe()
+            )
+        };
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
             &model_name,
             sched.block_size,
@@ -274,7 +295,7 @@ impl Engine {
             engine.publish_kv_events(kv_events::start(events)?);
         }
         let startup_log = format!(
-            "model {} ({}) served as {model_name}\nscheduler: {}\nKV capacity {} tokens\n{}{launch_log}{graphs_log}",
+            "model {} ({}) served as {model_name}\nscheduler: {}\nKV capacity {} tokens\n{}{launch_log}{graphs_log}{defaults_log}",
             cfg.model,
             engine_description(&cfg.model, cfg.device),
             scheduler_settings(&sched),
@@ -329,6 +350,7 @@ impl Engine {
                 api_keys,
                 load_format: cfg.load_format,
                 compact_json: cfg.compact_json,
+                sampling_defaults,
                 health,
                 request_path,
             }),

@@ -10,4 +10,4 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use dispatch::{KvCache, Model};
-pub use loader::{load_model, load_model_dir, LoadedModel};
+pub use loader::{load_model, load_model_dir, LoadedModel, SamplingDefaults};
