@@ -1903,7 +1903,9 @@ async fn structured_output_follows_its_grammar_and_changes_nothing_it_allows() {
 /// A model whose `generation_config.json` recommends sampling parameters is served with them
 /// where a request leaves them out, as vLLM serves it (`--generation-config auto`): here
 /// temperature 0, so requests with different seeds answer alike; with the API's own
-/// defaults (`--generation-config vllm`) they sample at temperature 1 and differ.
+/// defaults (`--generation-config vllm`) they sample at temperature 1 and differ. Its
+/// `max_new_tokens`, past the room a chat's prompt leaves, caps the chat at that room
+/// rather than refusing it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_models_generation_config_sets_the_sampling_defaults() {
     use infer_engine::runtime::model::Arch;
@@ -1914,11 +1916,16 @@ async fn a_models_generation_config_sets_the_sampling_defaults() {
     let path = dir.join("generation_config.json");
     let mut gen: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     gen["temperature"] = json!(0.0);
+    gen["max_new_tokens"] = json!(100_000);
     std::fs::write(&path, gen.to_string()).unwrap();
     let mut texts = Vec::new();
     for model_defaults in [true, false] {
         let (addr, server) = spawn_local(ServeConfig {
             model_sampling_defaults: model_defaults,
+            sched: SchedulerConfig {
+                max_model_len: 96,
+                ..SchedulerConfig::default()
+            },
             ..ServeConfig::new(dir.to_str().unwrap())
         })
         .await
@@ -1936,6 +1943,19 @@ async fn a_models_generation_config_sets_the_sampling_defaults() {
             answers.push(r["choices"][0]["text"].as_str().unwrap().to_string());
         }
         texts.push(answers);
+        let (status, r) = post(
+            &client,
+            &format!("http://{addr}/v1/chat/completions"),
+            json!({"messages": [{"role": "user", "content": "Hi"}], "ignore_eos": true}),
+        )
+        .await;
+        assert_eq!(status, 200, "{r}");
+        let usage = &r["usage"];
+        assert_eq!(
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap(),
+            96,
+            "{r}"
+        );
         server.stop().await;
     }
     assert!(

@@ -104,8 +104,11 @@ pub struct GenerationRequest {
     /// At least one; several only for completions (a batch: each prompt its own request
     /// through the scheduler, `n` choices each).
     pub prompts: Vec<Prompt>,
-    /// `None`: as many as fit in max_model_len.
+    /// `None`: as many as fit in max_model_len (at most [`Self::default_max_tokens`]).
     pub max_tokens: Option<usize>,
+    /// The model's `max_new_tokens` (a chat's default): a cap where `max_tokens` is absent,
+    /// never a reason to refuse a prompt (vLLM takes the smaller of it and the room left).
+    pub default_max_tokens: Option<usize>,
     pub params: SamplingParams,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
@@ -215,6 +218,13 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     }),
     ("add_generation_prompt", |v| v == &Value::Bool(true)),
     ("continue_final_message", |v| v == &Value::Bool(false)),
+    // What routers in front (vllm-router, sglang-router) write into every body they pass
+    // on, at SGLang's defaults: reasoning kept apart only by a reasoning parser, which this
+    // server (like SGLang without one) does not have.
+    ("no_stop_trim", |v| v == &Value::Bool(false)),
+    ("return_hidden_states", |v| v == &Value::Bool(false)),
+    ("separate_reasoning", Value::is_boolean),
+    ("stream_reasoning", Value::is_boolean),
     // Beam search's, and detokenising special tokens, which are skipped here.
     ("length_penalty", |v| v.as_f64() == Some(1.0)),
     ("early_stopping", |v| v == &Value::Bool(false)),
@@ -229,7 +239,7 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("kv_transfer_params", |_| false),
     ("vllm_xargs", |_| false),
     ("reasoning_effort", |_| false),
-    ("include_reasoning", |v| v == &Value::Bool(true)),
+    ("include_reasoning", Value::is_boolean),
 ];
 
 /// Top-level keys a request may carry beyond those the lists of unsupported parameters
@@ -445,8 +455,8 @@ pub fn parse_request_with(
     Ok(GenerationRequest {
         model,
         prompts,
-        max_tokens: parse_max_tokens(&f, endpoint, echo)?
-            .or(defaults.max_tokens.filter(|_| endpoint == Endpoint::Chat)),
+        max_tokens: parse_max_tokens(&f, endpoint, echo)?,
+        default_max_tokens: defaults.max_tokens.filter(|_| endpoint == Endpoint::Chat),
         params: parse_sampling(&f, endpoint, defaults)?,
         stop,
         stop_token_ids,
@@ -1114,9 +1124,35 @@ mod tests {
             Endpoint::Chat,
         );
         assert_eq!((r.params.temperature, r.params.top_p), (0.0, 0.9));
-        assert_eq!(r.max_tokens, Some(300));
+        assert_eq!((r.max_tokens, r.default_max_tokens), (None, Some(300)));
         let plain = parse(r#"{"prompt":"x"}"#, Endpoint::Completions).unwrap();
         assert_eq!(plain.params, SamplingParams::default());
+    }
+
+    /// Routers in front (vllm-router, sglang-router) re-serialise a request with their own
+    /// defaults written out: such a body means what the client's did.
+    #[test]
+    fn a_routers_rewritten_body_is_the_clients() {
+        let router = r#""no_stop_trim":false,"ignore_eos":false,"skip_special_tokens":true,
+            "return_hidden_states":false,"echo":false,"n":1,"stream":false"#;
+        let completion = format!(r#"{{"model":"m","prompt":"x",{router}}}"#);
+        assert_eq!(
+            parse(&completion, Endpoint::Completions).unwrap(),
+            parse(r#"{"model":"m","prompt":"x"}"#, Endpoint::Completions).unwrap()
+        );
+        let chat = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],{router},
+                "continue_final_message":false,"separate_reasoning":true,"stream_reasoning":true,
+                "include_reasoning":true,"logprobs":false}}"#
+        );
+        assert_eq!(
+            parse(&chat, Endpoint::Chat).unwrap(),
+            parse(
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#,
+                Endpoint::Chat
+            )
+            .unwrap()
+        );
     }
 
     /// `logit_bias` keys that name one token (`"1"`, `"01"`) are refused: their sum could

@@ -168,8 +168,12 @@ pub(super) async fn generate(
         .into_iter()
         .enumerate()
         .map(|(i, tokens)| {
-            let max_tokens = completion_budget(s.max_model_len, tokens.len(), req.max_tokens)
+            let room = completion_budget(s.max_model_len, tokens.len(), req.max_tokens)
                 .map_err(|e| e.in_prompt(i, count))?;
+            let max_tokens = match (req.max_tokens, req.default_max_tokens) {
+                (None, Some(default)) => room.min(default),
+                _ => room,
+            };
             Ok(Planned { tokens, max_tokens })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;

@@ -38,32 +38,41 @@ pub struct SamplingDefaults {
 }
 
 impl SamplingDefaults {
-    /// From a `generation_config.json`'s object; `file` names it in errors.
-    pub fn from_json(json: &Value, file: &str) -> Result<SamplingDefaults> {
+    /// From a `generation_config.json`'s object, with a warning (naming `file` and the key)
+    /// for each value a request could not set, which is left out: such a file still loads,
+    /// its eos ids and other defaults used.
+    pub fn from_json(json: &Value, file: &str) -> (SamplingDefaults, Vec<String>) {
+        let mut warnings = Vec::new();
         // A key absent, null, or at transformers' own default sets nothing.
-        let number =
-            |key: &str, default: Option<f64>, ok: fn(f64) -> bool| -> Result<Option<f64>> {
-                match json.get(key) {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(v) => match v.as_f64() {
-                        Some(x) if Some(x) == default => Ok(None),
-                        Some(x) if ok(x) => Ok(Some(x)),
-                        _ => bail!("{file}: {key} = {v} is not a value vLLM would sample with"),
-                    },
+        let mut number = |key: &str, default: Option<f64>, ok: fn(f64) -> bool| -> Option<f64> {
+            let v = json.get(key).filter(|v| !v.is_null())?;
+            match v.as_f64() {
+                Some(x) if Some(x) == default => None,
+                Some(x) if ok(x) => Some(x),
+                _ => {
+                    warnings.push(format!(
+                        "warning: {file}: {key} = {v} is outside what a request may set: not \
+                         used as a default"
+                    ));
+                    None
                 }
-            };
-        Ok(SamplingDefaults {
-            temperature: number("temperature", Some(1.0), |t| (0.0..=2.0).contains(&t))?
+            }
+        };
+        let defaults = SamplingDefaults {
+            temperature: number("temperature", Some(1.0), |t| (0.0..=2.0).contains(&t))
                 .map(|t| t as f32),
-            top_p: number("top_p", Some(1.0), |p| p > 0.0 && p <= 1.0)?.map(|p| p as f32),
-            top_k: number("top_k", Some(50.0), |k| k.fract() == 0.0 && k >= -1.0)?
+            top_p: number("top_p", Some(1.0), |p| p > 0.0 && p <= 1.0).map(|p| p as f32),
+            top_k: number("top_k", Some(50.0), |k| k.fract() == 0.0 && k >= -1.0)
                 .map(|k| k.max(0.0) as usize),
-            min_p: number("min_p", None, |m| (0.0..=1.0).contains(&m))?.map(|m| m as f32),
-            repetition_penalty: number("repetition_penalty", Some(1.0), |r| r > 0.0)?
-                .map(|r| r as f32),
-            max_tokens: number("max_new_tokens", None, |n| n.fract() == 0.0 && n >= 1.0)?
+            min_p: number("min_p", None, |m| (0.0..=1.0).contains(&m)).map(|m| m as f32),
+            repetition_penalty: number("repetition_penalty", Some(1.0), |r| {
+                (r as f32).is_finite() && r as f32 >= f32::MIN_POSITIVE
+            })
+            .map(|r| r as f32),
+            max_tokens: number("max_new_tokens", None, |n| n.fract() == 0.0 && n >= 1.0)
                 .map(|n| n as usize),
-        })
+        };
+        (defaults, warnings)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -126,7 +135,13 @@ pub fn load_model_dir(dir: &Path, dtype: Option<DType>, device: Device) -> Resul
         None => Vec::new(),
     };
     let sampling_defaults = match &generation {
-        Some(g) => SamplingDefaults::from_json(g, &gen_file)?,
+        Some(g) => {
+            let (defaults, warnings) = SamplingDefaults::from_json(g, &gen_file);
+            for w in warnings {
+                eprintln!("{w}");
+            }
+            defaults
+        }
         None => SamplingDefaults::default(),
     };
     eos_token_ids.extend(&config.eos_token_ids);
@@ -169,7 +184,7 @@ mod tests {
     fn sampling_defaults_are_the_keys_set_off_transformers_defaults() {
         let llama = json!({"do_sample": true, "temperature": 0.6, "top_p": 0.9,
                            "bos_token_id": 128000, "eos_token_id": [128001, 128009]});
-        let d = SamplingDefaults::from_json(&llama, "g.json").unwrap();
+        let d = SamplingDefaults::from_json(&llama, "g.json").0;
         assert_eq!(
             (d.temperature, d.top_p, d.top_k),
             (Some(0.6), Some(0.9), None)
@@ -178,25 +193,32 @@ mod tests {
         let at_defaults = json!({"temperature": 1.0, "top_p": 1.0, "top_k": 50,
                                  "repetition_penalty": 1.0, "min_p": null});
         assert!(SamplingDefaults::from_json(&at_defaults, "g.json")
-            .unwrap()
+            .0
             .is_empty());
         let more = json!({"top_k": 20, "min_p": 0.0, "repetition_penalty": 1.05,
                           "max_new_tokens": 2048});
-        let d = SamplingDefaults::from_json(&more, "g.json").unwrap();
+        let d = SamplingDefaults::from_json(&more, "g.json").0;
         assert_eq!(d.top_k, Some(20));
         assert_eq!(d.min_p, Some(0.0));
         assert_eq!(d.repetition_penalty, Some(1.05));
         assert_eq!(d.max_tokens, Some(2048));
+        // A value a request could not set is left out, with a warning naming file and key;
+        // the others stand.
         for bad in [
-            json!({"temperature": -1}),
+            json!({"temperature": 3}),
             json!({"top_k": 1.5}),
-            json!({"top_p": "x"}),
+            json!({"top_p": 0}),
         ] {
-            let e = SamplingDefaults::from_json(&bad, "g.json")
-                .unwrap_err()
-                .to_string();
+            let mut with_good = bad.clone();
+            with_good["min_p"] = json!(0.1);
+            let (d, warnings) = SamplingDefaults::from_json(&with_good, "g.json");
             let key = bad.as_object().unwrap().keys().next().unwrap().clone();
-            assert!(e.starts_with("g.json: ") && e.contains(&key), "{e}");
+            assert_eq!(d.describe(), "min_p=0.1", "{bad}");
+            assert_eq!(warnings.len(), 1);
+            assert!(
+                warnings[0].contains("g.json: ") && warnings[0].contains(&key),
+                "{warnings:?}"
+            );
         }
     }
 }
