@@ -241,7 +241,9 @@ pub struct AddOptions {
     pub forks: Vec<RequestId>,
     /// Compute every prompt token — none is taken from the prefix cache — because the
     /// driver wants the logits of every prompt position (prompt logprobs, as vLLM also
-    /// recomputes a cached prompt for them). Its blocks are still registered for others.
+    /// recomputes a cached prompt for them), until its first token, which carries them (a
+    /// sequence preempted after it is re-admitted from the cache). Its blocks are still
+    /// registered for others.
     pub every_prompt_token: bool,
 }
 
@@ -719,7 +721,10 @@ impl Scheduler {
             let bs = self.kv.block_size();
             let seq = self.seqs[slot as usize].as_mut().expect("live");
             let max_kv_len = seq.max_kv_len(self.cfg.max_model_len);
-            let prefix = if self.cfg.prefix_caching && !seq.every_prompt_token {
+            // A prompt scored for its logprobs is computed whole until its first token
+            // (which carries them); re-admitted after it, it may take its cached blocks.
+            let scored = seq.every_prompt_token && seq.output_len() == 0;
+            let prefix = if self.cfg.prefix_caching && !scored {
                 PrefixMemo::refresh(&mut seq.prefix_memo, &*self.kv, &seq.tokens)
             } else {
                 &no_prefix
@@ -1281,6 +1286,44 @@ mod tests {
     /// pool, and both need a 9th block for their first decode): no step could ever run, so
     /// the newest is preempted and the oldest steps in the same plan — neither sat the step
     /// out, so no wait is counted.
+    /// A prompt scored for its logprobs skips the prefix cache until its first token, which
+    /// carries them; preempted after it, it is re-admitted from its own cached blocks.
+    #[test]
+    fn a_scored_prompt_preempted_after_its_first_token_takes_its_cached_blocks() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_gpu_blocks: 16,
+            block_size: 4,
+            max_model_len: 64,
+            ..cfg()
+        });
+        s.add_request(Request::new(1, vec![3; 32], 4), 0.0).unwrap();
+        let scored = AddOptions {
+            every_prompt_token: true,
+            ..AddOptions::default()
+        };
+        s.add_with(Request::new(2, (100..132).collect(), 4), scored, 0.0)
+            .unwrap();
+        let (mut preempted, mut readmitted_at) = (false, None);
+        for step in 0..20 {
+            let plan = s.schedule(step as f64);
+            preempted |= plan.preempted.contains(&RequestId(2));
+            if let Some(q) = plan.seqs.iter().find(|q| q.request == RequestId(2)) {
+                if preempted && readmitted_at.is_none() {
+                    readmitted_at = Some(q.num_computed);
+                }
+            }
+            let tokens = vec![9; plan.num_sampling()];
+            s.complete(plan, &tokens, step as f64 + 0.5);
+            s.check_invariants().unwrap();
+        }
+        assert!(preempted, "the pool forces a preemption");
+        let hit = readmitted_at.expect("re-admitted");
+        assert!(
+            hit >= 16,
+            "re-admitted from its cached blocks: {hit} tokens"
+        );
+    }
+
     #[test]
     fn when_every_sequence_waits_the_newest_is_preempted() {
         let mut s = Scheduler::new(SchedulerConfig {
