@@ -77,8 +77,9 @@ pub struct TokenOutput {
     pub stop_reason: Option<StopReason>,
 }
 
-/// vLLM's `stop_reason`: the stop string or stop token id that ended a request (an
-/// end-of-sequence token, a length or an abort has none).
+/// vLLM's `stop_reason`: the stop string or stop token id that ended a request (the
+/// tokenizer's end-of-sequence token, a length or an abort has none; a generation config's
+/// other end-of-sequence ids name themselves, as vLLM counts them among the stop tokens).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopReason {
     Text(String),
@@ -157,8 +158,10 @@ struct Live {
     sampler: Sampler,
     output: OutputStream,
     want_logprobs: bool,
-    /// The request's stop token ids that are not its end-of-sequence ones (an
-    /// end-of-sequence token ends it with no `stop_reason`, as in vLLM).
+    /// The token ids that name themselves as the `stop_reason` when they end the request:
+    /// its stop token ids, and the model's end-of-sequence ids other than its tokenizer's
+    /// own (a generation config's extra ones, as vLLM adds them to the stop tokens); the
+    /// tokenizer's end-of-sequence token ends it with no `stop_reason`, as in vLLM.
     stop_tokens: Vec<u32>,
     /// (the prompt, alternatives per position, logprobs of positions 1.. as computed) when
     /// the request asked for prompt logprobs.
@@ -318,11 +321,14 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             self.model().eos_token_ids.clone()
         };
         eos.sort_unstable();
+        let tokenizer = &self.model().tokenizer;
+        let own_eos = tokenizer.eos_token().and_then(|e| tokenizer.token_to_id(e));
         let stop_tokens: Vec<u32> = r
             .stop_token_ids
             .iter()
             .copied()
             .filter(|t| eos.binary_search(t).is_err())
+            .chain(eos.iter().copied().filter(|&t| Some(t) != own_eos))
             .collect();
         let req = Request {
             id: RequestId(id),
@@ -1057,6 +1063,33 @@ mod tests {
             assert!((p.logprob - w.logprob).abs() < 1e-4, "{p:?} vs {w:?}");
             let ids = |l: &TokenLogprob| l.top.iter().map(|t| t.0).collect::<Vec<_>>();
             assert_eq!(ids(p), ids(w));
+        }
+        Ok(())
+    }
+
+    /// An end-of-sequence id of the generation config other than the tokenizer's own ends a
+    /// request naming itself as the stop reason, as vLLM reports it; the tokenizer's own
+    /// ends it with none.
+    #[test]
+    fn a_generation_configs_other_eos_ids_are_named_as_the_stop_reason() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        let id = |t: &str| lm.tokenizer.token_to_id(t).expect("a special token");
+        let (own, other) = (id("<|eot_id|>"), id("<|end_of_text|>"));
+        assert!(lm.eos_token_ids.contains(&own) && lm.eos_token_ids.contains(&other));
+        for (forced, reason) in [(other, Some(StopReason::Token(other))), (own, None)] {
+            let mut core = EngineCore::new(&lm, config(), 0)?;
+            let mut r = request(8, 5);
+            r.ignore_eos = false;
+            r.params.logit_bias = vec![(forced, 100.0)];
+            core.add(0, r, Instant::now()).unwrap();
+            let mut last = None;
+            while core.has_unfinished() {
+                let out = core.step();
+                assert!(out.failed.is_empty());
+                last = out.tokens.into_iter().last().or(last);
+            }
+            let last = last.expect("a token");
+            assert_eq!((last.token, last.stop_reason), (forced, reason));
         }
         Ok(())
     }
