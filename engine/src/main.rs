@@ -448,7 +448,9 @@ struct ProbeArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum ArchArg {
     Llama,
+    Qwen2,
     Qwen3,
+    Mistral,
     Gemma3,
 }
 
@@ -491,7 +493,7 @@ struct MakeModelArgs {
     seed: u64,
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
     dtype: DTypeArg,
-    /// Gemma 3: window of the sliding-window layers.
+    /// Gemma 3 and Mistral: window of the sliding-window layers (every layer of Mistral's).
     #[arg(long = "sliding-window", default_value_t = 512)]
     sliding_window: usize,
     #[arg(long)]
@@ -555,7 +557,9 @@ fn run(cli: Cli) -> Result<()> {
         Command::MakeModel(a) => {
             let arch = match a.arch {
                 ArchArg::Llama => Arch::Llama,
+                ArchArg::Qwen2 => Arch::Qwen2,
                 ArchArg::Qwen3 => Arch::Qwen3,
+                ArchArg::Mistral => Arch::Mistral,
                 ArchArg::Gemma3 => Arch::Gemma3,
             };
             let spec = ModelSpec {

@@ -158,6 +158,17 @@ fn qwen3_greedy_is_batch_invariant() -> Result<()> {
 }
 
 #[test]
+fn qwen2_greedy_is_batch_invariant() -> Result<()> {
+    check_invariance(Arch::Qwen2, |_| {})
+}
+
+#[test]
+fn mistral_with_small_sliding_window_is_batch_invariant() -> Result<()> {
+    // Every layer slides, over windows cut through chunks and blocks.
+    check_invariance(Arch::Mistral, |s| s.sliding_window = 6)
+}
+
+#[test]
 fn gemma3_with_small_sliding_window_is_batch_invariant() -> Result<()> {
     // Window 6 is shorter than most prompts and chunks: windows cut through chunks,
     // blocks and the padded decode group.

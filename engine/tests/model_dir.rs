@@ -88,6 +88,38 @@ fn shape_mismatch_names_tensor_file_and_shapes() -> Result<()> {
     Ok(())
 }
 
+/// Weights the config does not account for mean it describes another model: a Qwen2
+/// checkpoint (biased q, k, v) labelled Llama would otherwise run without its biases.
+#[test]
+fn weights_the_config_does_not_use_are_refused() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Qwen2))?;
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)?
+        .replace("Qwen2ForCausalLM", "LlamaForCausalLM")
+        .replace("\"qwen2\"", "\"llama\"");
+    std::fs::write(&path, text)?;
+    let err = load_err(&dir);
+    assert!(
+        err.contains("6 weight(s)") && err.contains("model.layers.0.self_attn.k_proj.bias"),
+        "{err}"
+    );
+    // Llama's own bias key accounts for them once o_proj has its bias too.
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    cfg["attention_bias"] = true.into();
+    std::fs::write(&path, cfg.to_string())?;
+    assert!(load_err(&dir).contains("tensor `model.layers.0.self_attn.o_proj.bias` not found"));
+    // An output head stored beside tied embeddings is transformers' tie, not an extra.
+    let (_tmp, dir) = tiny_model(&spec(Arch::Qwen3))?;
+    let weights = dir.join("model.safetensors");
+    let mut tensors: HashMap<String, Tensor> =
+        candle_core::safetensors::load(&weights, &Device::Cpu)?;
+    let table = tensors["model.embed_tokens.weight"].clone();
+    tensors.insert("lm_head.weight".into(), table);
+    candle_core::safetensors::save(&tensors, &weights)?;
+    load(&dir)?;
+    Ok(())
+}
+
 #[test]
 fn corrupt_safetensors_is_named() -> Result<()> {
     let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;

@@ -29,7 +29,8 @@ pub struct ModelSpec {
     pub dtype: DType,
     /// Standard deviation of the random weights.
     pub init_std: f32,
-    /// Gemma 3 only: window of the sliding layers and the layer pattern.
+    /// Window of the sliding layers (Gemma 3's, and Mistral's on every layer) and Gemma 3's
+    /// layer pattern.
     pub sliding_window: usize,
     pub sliding_window_pattern: usize,
 }
@@ -80,12 +81,19 @@ fn token_format(arch: Arch) -> TokenFormat {
             stop: &["<|end_of_text|>", "<|eot_id|>"],
             chat_template: "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}",
         },
-        Arch::Qwen3 => TokenFormat {
+        Arch::Qwen2 | Arch::Qwen3 => TokenFormat {
             specials: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
             bos: None,
             eos: "<|im_end|>",
             stop: &["<|im_end|>", "<|endoftext|>"],
             chat_template: "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+        },
+        Arch::Mistral => TokenFormat {
+            specials: &["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+            bos: Some("<s>"),
+            eos: "</s>",
+            stop: &["</s>"],
+            chat_template: "{{- bos_token }}{%- for message in messages %}{%- if message['role'] == 'assistant' %}{{- ' ' + message['content'] | trim + eos_token }}{%- else %}{{- '[INST] ' + message['content'] | trim + ' [/INST]' }}{%- endif %}{%- endfor %}",
         },
         Arch::Gemma3 => TokenFormat {
             specials: &["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
@@ -195,6 +203,16 @@ fn config_json(s: &ModelSpec, fmt: &TokenFormat) -> Value {
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
         }),
+        Arch::Qwen2 => json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "hidden_act": "silu", "tie_word_embeddings": true, "rope_theta": 1000000.0,
+            "use_sliding_window": false, "sliding_window": s.max_pos, "max_window_layers": s.layers,
+        }),
+        Arch::Mistral => json!({
+            "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+            "hidden_act": "silu", "tie_word_embeddings": false, "rope_theta": 1000000.0,
+            "sliding_window": s.sliding_window,
+        }),
         Arch::Qwen3 => json!({
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
             "hidden_act": "silu", "tie_word_embeddings": true, "rope_theta": 1000000.0,
@@ -274,6 +292,20 @@ fn random_weights(s: &ModelSpec) -> Result<HashMap<String, Tensor>> {
             &[s.kv_heads * d, h],
             normals(&mut rng, s.kv_heads * d * h, std),
         )?;
+        if s.arch == Arch::Qwen2 {
+            // Biases as large as the norms' perturbation, so a bias left out shows.
+            for (proj, n) in [
+                ("q", s.heads * d),
+                ("k", s.kv_heads * d),
+                ("v", s.kv_heads * d),
+            ] {
+                add(
+                    format!("{p}.self_attn.{proj}_proj.bias"),
+                    &[n],
+                    normals(&mut rng, n, 0.1),
+                )?;
+            }
+        }
         add(
             format!("{p}.self_attn.o_proj.weight"),
             &[h, s.heads * d],
@@ -304,7 +336,7 @@ fn random_weights(s: &ModelSpec) -> Result<HashMap<String, Tensor>> {
             &[h],
             norm(&mut rng, h),
         )?;
-        if s.arch != Arch::Llama {
+        if matches!(s.arch, Arch::Qwen3 | Arch::Gemma3) {
             add(
                 format!("{p}.self_attn.q_norm.weight"),
                 &[d],
@@ -330,7 +362,7 @@ fn random_weights(s: &ModelSpec) -> Result<HashMap<String, Tensor>> {
         }
     }
     add("model.norm.weight".into(), &[h], norm(&mut rng, h))?;
-    if s.arch == Arch::Llama {
+    if matches!(s.arch, Arch::Llama | Arch::Mistral) {
         add(
             "lm_head.weight".into(),
             &[s.vocab, h],

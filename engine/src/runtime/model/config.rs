@@ -10,7 +10,11 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Llama,
+    /// Llama with biased q, k and v projections (Qwen2, Qwen2.5).
+    Qwen2,
     Qwen3,
+    /// Llama whose every layer may slide (`sliding_window`, Mistral 7B v0.1).
+    Mistral,
     Gemma3,
 }
 
@@ -18,7 +22,9 @@ impl Arch {
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Mistral => "mistral",
             Arch::Gemma3 => "gemma3",
         }
     }
@@ -65,7 +71,13 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub activation: Activation,
-    pub attention_bias: bool,
+    /// Biases on the q, k and v projections (`attention_bias` of Llama, Qwen3 and Gemma 3;
+    /// always in Qwen2, never in Mistral).
+    pub qkv_bias: bool,
+    /// A bias on the output projection (`attention_bias` as above; never in Qwen2).
+    pub o_proj_bias: bool,
+    /// Biases on the MLP's projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
     /// Rope base and scaling of full-attention layers.
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
@@ -147,12 +159,22 @@ impl ModelConfig {
 
         let sliding_window = match arch {
             Arch::Gemma3 => Some(opt_usize("sliding_window").unwrap_or(4096)),
+            // Transformers' MistralConfig defaults to a window of 4,096; `null` has none.
+            Arch::Mistral => match j.get("sliding_window") {
+                None => Some(4096),
+                Some(_) => opt_usize("sliding_window"),
+            },
             _ if opt_bool("use_sliding_window").unwrap_or(false) => opt_usize("sliding_window"),
             _ => None,
         };
         let layer_sliding = layer_sliding(j, arch, num_layers, sliding_window.is_some())?;
 
         let gemma = arch == Arch::Gemma3;
+        // Which keys each architecture's transformers code reads; the others' biases are
+        // fixed: Qwen2 has them on q, k and v only, Mistral nowhere.
+        let attention_bias = matches!(arch, Arch::Llama | Arch::Qwen3 | Arch::Gemma3)
+            && opt_bool("attention_bias").unwrap_or(false);
+        let mlp_bias = arch == Arch::Llama && opt_bool("mlp_bias").unwrap_or(false);
         let eos_token_ids = match j.get("eos_token_id") {
             Some(v) => token_id_list(v)?,
             None => vec![],
@@ -171,7 +193,9 @@ impl ModelConfig {
             // HF defaults: Gemma ties, Llama and Qwen3 do not unless told.
             tie_word_embeddings: opt_bool("tie_word_embeddings").unwrap_or(gemma),
             activation,
-            attention_bias: opt_bool("attention_bias").unwrap_or(false),
+            qkv_bias: arch == Arch::Qwen2 || attention_bias,
+            o_proj_bias: attention_bias,
+            mlp_bias,
             rope_theta,
             rope_scaling,
             rope_local_theta: if gemma {
@@ -198,7 +222,7 @@ impl ModelConfig {
             },
             scale_embeddings: gemma,
             norm_weight_plus_one: gemma,
-            qk_norm: arch != Arch::Llama,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             sandwich_norms: gemma,
             dtype: parse_dtype(j.get("torch_dtype").or_else(|| j.get("dtype"))),
             bos_token_id: j
@@ -212,8 +236,11 @@ impl ModelConfig {
     /// Parameters in the weights (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let (h, i, d) = (self.hidden_size, self.intermediate_size, self.head_dim);
-        let attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2);
-        let mlp = 3 * h * i;
+        let qkv_out = d * (self.num_heads + 2 * self.num_kv_heads);
+        let attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+            + if self.qkv_bias { qkv_out } else { 0 }
+            + if self.o_proj_bias { h } else { 0 };
+        let mlp = 3 * h * i + if self.mlp_bias { 2 * i + h } else { 0 };
         let norms =
             h * if self.sandwich_norms { 4 } else { 2 } + if self.qk_norm { 2 * d } else { 0 };
         let embed = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
@@ -254,18 +281,23 @@ fn detect_arch(j: &Value) -> Result<Arch> {
     for a in &archs {
         match *a {
             "LlamaForCausalLM" => return Ok(Arch::Llama),
+            "Qwen2ForCausalLM" => return Ok(Arch::Qwen2),
             "Qwen3ForCausalLM" => return Ok(Arch::Qwen3),
+            "MistralForCausalLM" => return Ok(Arch::Mistral),
             "Gemma3ForCausalLM" => return Ok(Arch::Gemma3),
             _ => {}
         }
     }
     match model_type {
         "llama" => Ok(Arch::Llama),
+        "qwen2" => Ok(Arch::Qwen2),
         "qwen3" => Ok(Arch::Qwen3),
+        "mistral" => Ok(Arch::Mistral),
         "gemma3_text" => Ok(Arch::Gemma3),
         _ => bail!(
             "unknown architecture {archs:?} (model_type `{model_type}`): supported are \
-             LlamaForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM (gemma3_text)"
+             LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, \
+             Gemma3ForCausalLM (gemma3_text)"
         ),
     }
 }
@@ -302,6 +334,10 @@ fn parse_rope_scaling(v: Option<&Value>) -> Result<RopeScaling> {
 fn layer_sliding(j: &Value, arch: Arch, num_layers: usize, has_window: bool) -> Result<Vec<bool>> {
     if !has_window {
         return Ok(vec![false; num_layers]);
+    }
+    // Transformers' Mistral slides every layer, whatever `layer_types` says.
+    if arch == Arch::Mistral {
+        return Ok(vec![true; num_layers]);
     }
     if let Some(types) = j.get("layer_types").and_then(Value::as_array) {
         if types.len() != num_layers {
@@ -464,6 +500,91 @@ mod tests {
             step - weights,
             2 * 2048 * 2 + (512 + 2048) * 16 * 2 * 8 * 64 * 2
         );
+    }
+
+    /// Qwen2.5-7B-Instruct's config.json as published: biased q, k and v (not o), no
+    /// window (`use_sliding_window: false`), untied; 7,615,616,512 parameters, the model
+    /// card's 7.61B.
+    #[test]
+    fn qwen2_has_qkv_biases_and_its_published_parameter_count() {
+        let c = ModelConfig::from_json(&json!({
+            "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+            "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944,
+            "max_position_embeddings": 32768, "max_window_layers": 28, "model_type": "qwen2",
+            "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+            "use_sliding_window": false, "vocab_size": 152064
+        }))
+        .unwrap();
+        assert_eq!(c.arch, Arch::Qwen2);
+        assert!(c.qkv_bias && !c.o_proj_bias && !c.mlp_bias && !c.qk_norm);
+        assert_eq!((c.sliding_window, c.head_dim), (None, 128));
+        assert_eq!(c.num_parameters(), 7_615_616_512);
+    }
+
+    /// Mistral-7B-Instruct-v0.3 (`sliding_window: null`, 7,248,023,552 parameters) and
+    /// v0.1 (a window of 4,096 on every layer); a Mistral config without the key has
+    /// transformers' default window.
+    #[test]
+    fn mistral_slides_every_layer_when_it_has_a_window() {
+        let v03 = json!({
+            "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0,
+            "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+            "initializer_range": 0.02, "intermediate_size": 14336,
+            "max_position_embeddings": 32768, "model_type": "mistral",
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32768
+        });
+        let c = ModelConfig::from_json(&v03).unwrap();
+        assert_eq!(c.arch, Arch::Mistral);
+        assert!(!c.qkv_bias && !c.o_proj_bias && !c.qk_norm && !c.tie_word_embeddings);
+        assert_eq!(c.num_parameters(), 7_248_023_552);
+        assert_eq!((c.sliding_window, c.layer_sliding), (None, vec![false; 32]));
+        let mut v01 = v03;
+        v01["sliding_window"] = json!(4096);
+        let c = ModelConfig::from_json(&v01).unwrap();
+        assert_eq!(
+            (c.sliding_window, c.layer_sliding),
+            (Some(4096), vec![true; 32])
+        );
+        // layer_types does not stop a layer sliding (transformers warns and slides it).
+        v01["layer_types"] = json!(vec!["full_attention"; 32]);
+        assert_eq!(
+            ModelConfig::from_json(&v01).unwrap().layer_sliding,
+            vec![true; 32]
+        );
+        v01.as_object_mut().unwrap().remove("sliding_window");
+        assert_eq!(
+            ModelConfig::from_json(&v01).unwrap().sliding_window,
+            Some(4096)
+        );
+    }
+
+    /// The bias keys reach the projections each architecture's transformers code gives them
+    /// to, and no others.
+    #[test]
+    fn bias_keys_as_each_architecture_reads_them() {
+        let cfg = |arch: &str| {
+            ModelConfig::from_json(&json!({
+                "architectures": [arch], "vocab_size": 100, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "attention_bias": true, "mlp_bias": true
+            }))
+            .unwrap()
+        };
+        let l = cfg("LlamaForCausalLM");
+        assert!(l.qkv_bias && l.o_proj_bias && l.mlp_bias);
+        for arch in ["Qwen3ForCausalLM", "Gemma3ForCausalLM"] {
+            let c = cfg(arch);
+            assert!(c.qkv_bias && c.o_proj_bias && !c.mlp_bias, "{arch}");
+        }
+        let m = cfg("MistralForCausalLM");
+        assert!(!m.qkv_bias && !m.o_proj_bias && !m.mlp_bias);
+        let q = cfg("Qwen2ForCausalLM");
+        assert!(q.qkv_bias && !q.o_proj_bias && !q.mlp_bias);
     }
 
     #[test]

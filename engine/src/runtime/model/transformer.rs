@@ -93,6 +93,29 @@ fn linear<B: Backend>(
     })
 }
 
+/// A weight the model did not read means the config describes another model than the
+/// weights do (a bias its architecture does not have, a layer past `num_hidden_layers`): the
+/// outputs would be wrong without a sign, so loading stops and names them. Left alone:
+/// rotary tables some checkpoints store (recomputed from the config) and an output head
+/// stored beside tied embeddings (transformers ties it to the table too).
+fn refuse_unused_weights(w: &WeightStore, cfg: &ModelConfig) -> Result<()> {
+    let unused: Vec<&str> = w
+        .unread()
+        .into_iter()
+        .filter(|n| !n.ends_with(".rotary_emb.inv_freq"))
+        .filter(|n| !(cfg.tie_word_embeddings && *n == "lm_head.weight"))
+        .collect();
+    if let Some(first) = unused.first() {
+        bail!(
+            "{} weight(s) the {} architecture as configured does not use, first `{first}`: \
+             config.json does not describe these weights",
+            unused.len(),
+            cfg.arch.name()
+        );
+    }
+    Ok(())
+}
+
 impl<B: Backend> Transformer<B> {
     /// Builds the model from loaded weights (HF tensor names).
     pub fn load(cfg: &ModelConfig, w: &WeightStore, backend: B) -> Result<Self> {
@@ -110,14 +133,14 @@ impl<B: Backend> Transformer<B> {
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for li in 0..cfg.num_layers {
             let p = format!("model.layers.{li}");
-            let bias = cfg.attention_bias;
             let (q, k, v) = (
                 format!("{p}.self_attn.q_proj"),
                 format!("{p}.self_attn.k_proj"),
                 format!("{p}.self_attn.v_proj"),
             );
-            let qkv = linear(b, w, &[(&q, nq), (&k, nkv), (&v, nkv)], h, bias)?;
-            let o = linear(b, w, &[(&format!("{p}.self_attn.o_proj"), h)], nq, bias)?;
+            let qkv = linear(b, w, &[(&q, nq), (&k, nkv), (&v, nkv)], h, cfg.qkv_bias)?;
+            let o_proj = format!("{p}.self_attn.o_proj");
+            let o = linear(b, w, &[(&o_proj, h)], nq, cfg.o_proj_bias)?;
             let layer_norm = |name: &str, dim: usize| norm(&format!("{p}.{name}.weight"), dim);
             let qk_norm = if cfg.qk_norm {
                 Some((
@@ -139,8 +162,9 @@ impl<B: Backend> Transformer<B> {
                 (None, layer_norm("post_attention_layernorm", h)?, None)
             };
             let (gate, up) = (format!("{p}.mlp.gate_proj"), format!("{p}.mlp.up_proj"));
-            let gate_up = linear(b, w, &[(&gate, i), (&up, i)], h, false)?;
-            let down = linear(b, w, &[(&format!("{p}.mlp.down_proj"), h)], i, false)?;
+            let gate_up = linear(b, w, &[(&gate, i), (&up, i)], h, cfg.mlp_bias)?;
+            let down_proj = format!("{p}.mlp.down_proj");
+            let down = linear(b, w, &[(&down_proj, h)], i, cfg.mlp_bias)?;
             layers.push(Layer {
                 qkv,
                 o,
@@ -182,6 +206,8 @@ impl<B: Backend> Transformer<B> {
                 rope: b.rope(&inv_frequencies(d, theta, scaling), max_pos)?,
             });
         }
+        let final_norm = norm("model.norm.weight", h)?;
+        refuse_unused_weights(w, cfg)?;
         let heads = Heads {
             q: cfg.num_heads,
             kv: cfg.num_kv_heads,
@@ -191,7 +217,7 @@ impl<B: Backend> Transformer<B> {
         };
         Ok(Self {
             embed: b.weight(embed_host, Role::Embedding)?,
-            norm: norm("model.norm.weight", h)?,
+            norm: final_norm,
             backend,
             cfg: cfg.clone(),
             heads,

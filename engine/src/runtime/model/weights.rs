@@ -4,14 +4,18 @@
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{DType, Device, Tensor};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 pub struct WeightStore {
     files: Vec<(PathBuf, MmapedSafetensors)>,
     /// tensor name -> index into `files`.
     location: HashMap<String, usize>,
     dtype: DType,
+    /// Names [`Self::get`] has loaded: what is left once a model is built are weights it
+    /// did not use ([`Self::unread`]).
+    read: Mutex<HashSet<String>>,
 }
 
 impl WeightStore {
@@ -48,6 +52,7 @@ impl WeightStore {
             files,
             location,
             dtype,
+            read: Mutex::default(),
         })
     }
 
@@ -79,10 +84,26 @@ impl WeightStore {
             path.display(),
             view.shape()
         );
+        self.read.lock().unwrap().insert(name.to_string());
         let t = st
             .load(name, &Device::Cpu)
             .map_err(|e| anyhow::anyhow!("corrupt tensor `{name}` in {}: {e}", path.display()))?;
         Ok(t.to_dtype(self.dtype)?)
+    }
+}
+
+impl WeightStore {
+    /// The tensors no [`Self::get`] has loaded, sorted.
+    pub fn unread(&self) -> Vec<&str> {
+        let read = self.read.lock().unwrap();
+        let mut left: Vec<&str> = self
+            .location
+            .keys()
+            .filter(|n| !read.contains(*n))
+            .map(String::as_str)
+            .collect();
+        left.sort_unstable();
+        left
     }
 }
 
