@@ -452,6 +452,7 @@ enum ArchArg {
     Qwen3,
     Mistral,
     Gemma3,
+    Phi3,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -493,7 +494,8 @@ struct MakeModelArgs {
     seed: u64,
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
     dtype: DTypeArg,
-    /// Gemma 3 and Mistral: window of the sliding-window layers (every layer of Mistral's).
+    /// Gemma 3, Mistral and Phi-3: window of the sliding-window layers (every layer of
+    /// Mistral's and Phi-3's).
     #[arg(long = "sliding-window", default_value_t = 512)]
     sliding_window: usize,
     #[arg(long)]
@@ -561,6 +563,7 @@ fn run(cli: Cli) -> Result<()> {
                 ArchArg::Qwen3 => Arch::Qwen3,
                 ArchArg::Mistral => Arch::Mistral,
                 ArchArg::Gemma3 => Arch::Gemma3,
+                ArchArg::Phi3 => Arch::Phi3,
             };
             let spec = ModelSpec {
                 layers: a.layers,

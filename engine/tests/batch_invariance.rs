@@ -169,6 +169,11 @@ fn mistral_with_small_sliding_window_is_batch_invariant() -> Result<()> {
 }
 
 #[test]
+fn phi3_with_small_sliding_window_is_batch_invariant() -> Result<()> {
+    check_invariance(Arch::Phi3, |s| s.sliding_window = 6)
+}
+
+#[test]
 fn gemma3_with_small_sliding_window_is_batch_invariant() -> Result<()> {
     // Window 6 is shorter than most prompts and chunks: windows cut through chunks,
     // blocks and the padded decode group.

@@ -28,14 +28,15 @@ use infer_engine::{load_model_dir, Arch, Device, ForwardBatch, KvCache, LoadedMo
 /// for Llama and Qwen3 and 0.5–0.9% for Gemma 3, flat over 32 decodes.
 const TOLERANCE: f32 = 5e-2;
 
-/// Every architecture the engine serves (Qwen 2's biased projections and Mistral's window on
-/// every layer take paths the others do not).
-const ARCHS: [Arch; 5] = [
+/// Every architecture the engine serves (Qwen 2's biased projections and Mistral's and
+/// Phi-3's window on every layer take paths the others do not).
+const ARCHS: [Arch; 6] = [
     Arch::Llama,
     Arch::Qwen2,
     Arch::Qwen3,
     Arch::Mistral,
     Arch::Gemma3,
+    Arch::Phi3,
 ];
 /// With fp8 KV caches on both sides: the CPU rounds each f32 K/V value to fp8, the GPU its
 /// bf16 value, so an element near a rounding boundary lands one fp8 step apart (up to 1/8 of

@@ -1,5 +1,5 @@
 //! Numerical correctness: our single model code path against candle-transformers' own
-//! Llama, Qwen2, Qwen3, Mistral and Gemma 3 implementations on the same generated weights (f32), for a
+//! Llama, Qwen2, Qwen3, Mistral, Gemma 3 and Phi-3 implementations on the same generated weights (f32), for a
 //! prefill and several decode steps through a paged KV store with a scrambled block table.
 
 mod common;
@@ -7,7 +7,7 @@ mod common;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{gemma3, llama, mistral, qwen2, qwen3};
+use candle_transformers::models::{gemma3, llama, mistral, phi3, qwen2, qwen3};
 use common::*;
 use infer_engine::runtime::sampling::argmax;
 use infer_engine::{Arch, ForwardBatch, LoadedModel, SeqChunk};
@@ -40,6 +40,14 @@ impl Oracle for Qwen2 {
 
 struct Mistral(mistral::Model);
 impl Oracle for Mistral {
+    fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
+        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+        Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
+    }
+}
+
+struct Phi3(phi3::Model);
+impl Oracle for Phi3 {
     fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
         let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
         Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
@@ -91,6 +99,10 @@ fn oracle(arch: Arch, dir: &Path, cfg: &serde_json::Value) -> Result<Box<dyn Ora
             let cfg: gemma3::Config = serde_json::from_str(&cfg_text)?;
             Box::new(Gemma3(gemma3::Model::new(false, &cfg, vb)?))
         }
+        Arch::Phi3 => {
+            let cfg: phi3::Config = serde_json::from_str(&cfg_text)?;
+            Box::new(Phi3(phi3::Model::new(&cfg, vb)?))
+        }
     })
 }
 
@@ -116,7 +128,7 @@ fn compare(lm: &LoadedModel, oracle: &mut dyn Oracle, decode_steps: usize) -> Re
         };
         let ours: Vec<f32> = lm.model.forward(&batch, &mut cache)?.row(0).to_vec();
         let d = rel_diff(&ours, &expected);
-        assert!(
+        anyhow::ensure!(
             d < 1e-4,
             "{} step {step}: relative difference {d}",
             lm.config.arch.name()
@@ -133,6 +145,15 @@ fn check(
     ours: impl Fn(&mut serde_json::Value),
     theirs: impl Fn(&mut serde_json::Value),
 ) -> Result<()> {
+    check_steps(arch, ours, theirs, 5)
+}
+
+fn check_steps(
+    arch: Arch,
+    ours: impl Fn(&mut serde_json::Value),
+    theirs: impl Fn(&mut serde_json::Value),
+    decode_steps: usize,
+) -> Result<()> {
     let (_tmp, dir) = tiny_model(&spec(arch))?;
     let path = dir.join("config.json");
     let original: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
@@ -141,7 +162,7 @@ fn check(
     theirs(&mut their_cfg);
     std::fs::write(&path, serde_json::to_string(&our_cfg)?)?;
     let lm = load(&dir)?;
-    compare(&lm, oracle(arch, &dir, &their_cfg)?.as_mut(), 5)
+    compare(&lm, oracle(arch, &dir, &their_cfg)?.as_mut(), decode_steps)
 }
 
 #[test]
@@ -173,9 +194,37 @@ fn qwen2_matches_candle_transformers() -> Result<()> {
 
 #[test]
 fn mistral_matches_candle_transformers() -> Result<()> {
-    // A window (512) wider than the sequence: the window's edge is checked against full
-    // attention in the batch-invariance tests (candle's decode steps ignore the window).
+    // A window (512) wider than the sequence.
     check(Arch::Mistral, |_| {}, |_| {})
+}
+
+/// A 13-token prompt through a window of 6 on every layer. Candle's mask keeps keys up to
+/// `window` positions back (one more than transformers' `q - k < window`), so it is given
+/// one less; its decode steps ignore the window, so only the prefill is compared.
+#[test]
+fn mistral_window_matches_candle_transformers_at_prefill() -> Result<()> {
+    check_steps(
+        Arch::Mistral,
+        |c| c["sliding_window"] = 6.into(),
+        |c| c["sliding_window"] = 5.into(),
+        0,
+    )?;
+    // And it can fail: the same prompt with no window on our side.
+    let no_window = check_steps(
+        Arch::Mistral,
+        |c| c["sliding_window"] = serde_json::Value::Null,
+        |c| c["sliding_window"] = 5.into(),
+        0,
+    );
+    let err = no_window.expect_err("a window left out went unnoticed");
+    assert!(err.to_string().contains("relative difference"), "{err:#}");
+    Ok(())
+}
+
+#[test]
+fn phi3_matches_candle_transformers() -> Result<()> {
+    // Fused qkv_proj and gate_up_proj; a window (512) wider than the sequence.
+    check(Arch::Phi3, |_| {}, |_| {})
 }
 
 #[test]

@@ -452,10 +452,15 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
         head_dim: field("head_dim").unwrap_or(hidden / heads),
         intermediate: field("intermediate_size")?,
         vocab: field("vocab_size")?,
+        // Absent, transformers ties Gemma's (and no other family's served here).
         tied_embeddings: c
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
-            .unwrap_or(false),
+            .unwrap_or_else(|| {
+                c.get("model_type")
+                    .and_then(|v| v.as_str())
+                    .is_some_and(|t| t.starts_with("gemma"))
+            }),
         weight_dtype: Dtype::Bf16,
         kv_dtype: Dtype::Bf16,
         tp: 1,
@@ -547,6 +552,25 @@ mod tests {
         assert!((pool_gib - 4.5).abs() < 0.1, "{pool_gib}");
         let fp8 = find_model("llama-3.1-8b-fp8").unwrap();
         assert_eq!(fp8.kv_bytes_per_token(), 65_536.0);
+    }
+
+    /// A model directory's `config.json` without `tie_word_embeddings` ties as
+    /// transformers' class does: Gemma's table serves as its output head, Llama's does not.
+    #[test]
+    fn a_directory_ties_as_its_family_does() {
+        let dir = std::env::temp_dir().join(format!("infer-sim-tie-{}", std::process::id()));
+        for (model_type, tied) in [("gemma3_text", true), ("llama", false)] {
+            std::fs::create_dir_all(&dir).unwrap();
+            let config = serde_json::json!({
+                "model_type": model_type, "hidden_size": 1152, "num_attention_heads": 4,
+                "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 26,
+                "intermediate_size": 6912, "vocab_size": 262144
+            });
+            std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+            let m = resolve_model(dir.to_str().unwrap()).unwrap();
+            assert_eq!(m.tied_embeddings, tied, "{model_type}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -29,8 +29,8 @@ pub struct ModelSpec {
     pub dtype: DType,
     /// Standard deviation of the random weights.
     pub init_std: f32,
-    /// Window of the sliding layers (Gemma 3's, and Mistral's on every layer) and Gemma 3's
-    /// layer pattern.
+    /// Window of the sliding layers (Gemma 3's, and Mistral's and Phi-3's on every layer) and
+    /// Gemma 3's layer pattern.
     pub sliding_window: usize,
     pub sliding_window_pattern: usize,
 }
@@ -94,6 +94,13 @@ fn token_format(arch: Arch) -> TokenFormat {
             eos: "</s>",
             stop: &["</s>"],
             chat_template: "{{- bos_token }}{%- for message in messages %}{%- if message['role'] == 'assistant' %}{{- ' ' + message['content'] | trim + eos_token }}{%- else %}{{- '[INST] ' + message['content'] | trim + ' [/INST]' }}{%- endif %}{%- endfor %}",
+        },
+        Arch::Phi3 => TokenFormat {
+            specials: &["<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>", "<|system|>"],
+            bos: Some("<s>"),
+            eos: "<|endoftext|>",
+            stop: &["<|endoftext|>", "<|assistant|>", "<|end|>"],
+            chat_template: "{{- bos_token }}{%- for message in messages %}{{- '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|assistant|>\n' }}{%- endif %}",
         },
         Arch::Gemma3 => TokenFormat {
             specials: &["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
@@ -212,6 +219,12 @@ fn config_json(s: &ModelSpec, fmt: &TokenFormat) -> Value {
             "architectures": ["MistralForCausalLM"], "model_type": "mistral",
             "hidden_act": "silu", "tie_word_embeddings": false, "rope_theta": 1000000.0,
             "sliding_window": s.sliding_window,
+        }),
+        Arch::Phi3 => json!({
+            "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+            "hidden_act": "silu", "tie_word_embeddings": false, "rope_theta": 10000.0,
+            "rope_scaling": null, "sliding_window": s.sliding_window,
+            "original_max_position_embeddings": s.max_pos,
         }),
         Arch::Qwen3 => json!({
             "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
@@ -362,14 +375,50 @@ fn random_weights(s: &ModelSpec) -> Result<HashMap<String, Tensor>> {
         }
     }
     add("model.norm.weight".into(), &[h], norm(&mut rng, h))?;
-    if matches!(s.arch, Arch::Llama | Arch::Mistral) {
+    if matches!(s.arch, Arch::Llama | Arch::Mistral | Arch::Phi3) {
         add(
             "lm_head.weight".into(),
             &[s.vocab, h],
             normals(&mut rng, s.vocab * h, std),
         )?;
     }
+    if s.arch == Arch::Phi3 {
+        fuse(
+            &mut tensors,
+            s.layers,
+            "self_attn",
+            &["q_proj", "k_proj", "v_proj"],
+            "qkv_proj",
+        )?;
+        fuse(
+            &mut tensors,
+            s.layers,
+            "mlp",
+            &["gate_proj", "up_proj"],
+            "gate_up_proj",
+        )?;
+    }
     Ok(tensors)
+}
+
+/// Replaces each layer's `parts` of `module` by one `fused` weight, their rows stacked in
+/// order (how Phi-3 stores q, k, v and gate, up).
+fn fuse(
+    tensors: &mut HashMap<String, Tensor>,
+    layers: usize,
+    module: &str,
+    parts: &[&str],
+    fused: &str,
+) -> Result<()> {
+    for l in 0..layers {
+        let name = |part: &str| format!("model.layers.{l}.{module}.{part}.weight");
+        let stacked = parts
+            .iter()
+            .map(|p| tensors.remove(&name(p)).context("a part to fuse"))
+            .collect::<Result<Vec<_>>>()?;
+        tensors.insert(name(fused), Tensor::cat(&stacked, 0)?);
+    }
+    Ok(())
 }
 
 /// `tokenizer.json` text of a byte-level BPE trained on the corpus with `arch`'s special

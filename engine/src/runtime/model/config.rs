@@ -2,7 +2,7 @@
 //! the single transformer code path reads. Architecture differences become data here
 //! (which norms exist, rope tables per layer, soft-capping, embedding scale), not code.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use candle_core::DType;
 use serde_json::Value;
 use std::path::Path;
@@ -16,6 +16,9 @@ pub enum Arch {
     /// Llama whose every layer may slide (`sliding_window`, Mistral 7B v0.1).
     Mistral,
     Gemma3,
+    /// Llama with fused `qkv_proj` and `gate_up_proj` weights, every layer sliding when it
+    /// has a window (Phi-3-mini-4k's 2,047).
+    Phi3,
 }
 
 impl Arch {
@@ -26,8 +29,68 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Mistral => "mistral",
             Arch::Gemma3 => "gemma3",
+            Arch::Phi3 => "phi3",
         }
     }
+
+    /// What transformers' config class of the architecture assumes for a key `config.json`
+    /// leaves out (their defaults as of transformers 5.25).
+    fn defaults(self) -> ArchDefaults {
+        let llama = ArchDefaults {
+            max_position_embeddings: 2048,
+            num_kv_heads: None,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            tie_word_embeddings: false,
+            sliding_window: None,
+            max_window_layers: 0,
+        };
+        match self {
+            Arch::Llama => llama,
+            Arch::Qwen2 | Arch::Qwen3 => ArchDefaults {
+                max_position_embeddings: 32768,
+                num_kv_heads: Some(32),
+                sliding_window: Some(4096),
+                max_window_layers: 28,
+                ..llama
+            },
+            Arch::Mistral => ArchDefaults {
+                max_position_embeddings: 131072,
+                num_kv_heads: Some(8),
+                sliding_window: Some(4096),
+                ..llama
+            },
+            Arch::Gemma3 => ArchDefaults {
+                max_position_embeddings: 131072,
+                num_kv_heads: Some(4),
+                rope_theta: 1_000_000.0,
+                tie_word_embeddings: true,
+                sliding_window: Some(4096),
+                ..llama
+            },
+            Arch::Phi3 => ArchDefaults {
+                max_position_embeddings: 4096,
+                rms_norm_eps: 1e-5,
+                ..llama
+            },
+        }
+    }
+}
+
+/// See [`Arch::defaults`].
+struct ArchDefaults {
+    max_position_embeddings: usize,
+    /// `None`: as many as query heads.
+    num_kv_heads: Option<usize>,
+    rms_norm_eps: f64,
+    /// Of the global layers.
+    rope_theta: f64,
+    tie_word_embeddings: bool,
+    /// The window when `sliding_window` is absent (`null` is none), for the architectures
+    /// that have one.
+    sliding_window: Option<usize>,
+    /// Qwen's first sliding layer when `max_window_layers` is absent.
+    max_window_layers: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +141,8 @@ pub struct ModelConfig {
     pub o_proj_bias: bool,
     /// Biases on the MLP's projections (Llama's `mlp_bias`).
     pub mlp_bias: bool,
+    /// q, k and v stored as one `qkv_proj`, gate and up as one `gate_up_proj` (Phi-3).
+    pub fused_projections: bool,
     /// Rope base and scaling of full-attention layers.
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
@@ -116,6 +181,11 @@ impl ModelConfig {
 
     pub fn from_json(j: &Value) -> Result<Self> {
         let arch = detect_arch(j)?;
+        let d = arch.defaults();
+        if let Some(q) = j.get("quantization_config").filter(|q| !q.is_null()) {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
+            bail!("quantized checkpoints are not supported (quantization_config: {method})");
+        }
         let get_usize = |key: &str| -> Result<usize> {
             j.get(key)
                 .and_then(Value::as_u64)
@@ -128,7 +198,9 @@ impl ModelConfig {
 
         let hidden_size = get_usize("hidden_size")?;
         let num_heads = get_usize("num_attention_heads")?;
-        let num_kv_heads = opt_usize("num_key_value_heads").unwrap_or(num_heads);
+        let num_kv_heads = opt_usize("num_key_value_heads")
+            .or(d.num_kv_heads)
+            .unwrap_or(num_heads);
         if num_heads % num_kv_heads != 0 {
             bail!("num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}");
         }
@@ -151,23 +223,19 @@ impl ModelConfig {
             other => bail!("unsupported activation `{other}`"),
         };
 
-        let rope_theta = opt_f64("rope_theta").unwrap_or(match arch {
-            Arch::Gemma3 => 1_000_000.0,
-            _ => 10_000.0,
-        });
-        let rope_scaling = parse_rope_scaling(j.get("rope_scaling"))?;
+        let rope = Rope::of(j, &d)?;
 
-        let sliding_window = match arch {
-            Arch::Gemma3 => Some(opt_usize("sliding_window").unwrap_or(4096)),
-            // Transformers' MistralConfig defaults to a window of 4,096; `null` has none.
-            Arch::Mistral => match j.get("sliding_window") {
-                None => Some(4096),
-                Some(_) => opt_usize("sliding_window"),
-            },
-            _ if opt_bool("use_sliding_window").unwrap_or(false) => opt_usize("sliding_window"),
-            _ => None,
+        // Absent: the class's default; `null`: no window.
+        let window = match j.get("sliding_window") {
+            None => d.sliding_window,
+            Some(_) => opt_usize("sliding_window"),
         };
-        let layer_sliding = layer_sliding(j, arch, num_layers, sliding_window.is_some())?;
+        let sliding_window = match arch {
+            Arch::Llama => None,
+            Arch::Qwen2 | Arch::Qwen3 if !opt_bool("use_sliding_window").unwrap_or(false) => None,
+            _ => window,
+        };
+        let layer_sliding = layer_sliding(j, arch, &d, num_layers, sliding_window.is_some())?;
 
         let gemma = arch == Arch::Gemma3;
         // Which keys each architecture's transformers code reads; the others' biases are
@@ -188,18 +256,19 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: opt_f64("rms_norm_eps").unwrap_or(1e-6),
-            max_position_embeddings: opt_usize("max_position_embeddings").unwrap_or(4096),
-            // HF defaults: Gemma ties, Llama and Qwen3 do not unless told.
-            tie_word_embeddings: opt_bool("tie_word_embeddings").unwrap_or(gemma),
+            rms_norm_eps: opt_f64("rms_norm_eps").unwrap_or(d.rms_norm_eps),
+            max_position_embeddings: opt_usize("max_position_embeddings")
+                .unwrap_or(d.max_position_embeddings),
+            tie_word_embeddings: opt_bool("tie_word_embeddings").unwrap_or(d.tie_word_embeddings),
             activation,
             qkv_bias: arch == Arch::Qwen2 || attention_bias,
             o_proj_bias: attention_bias,
             mlp_bias,
-            rope_theta,
-            rope_scaling,
+            fused_projections: arch == Arch::Phi3,
+            rope_theta: rope.theta,
+            rope_scaling: rope.scaling,
             rope_local_theta: if gemma {
-                Some(opt_f64("rope_local_base_freq").unwrap_or(10_000.0))
+                Some(rope.local_theta.unwrap_or(10_000.0))
             } else {
                 None
             },
@@ -284,6 +353,7 @@ fn detect_arch(j: &Value) -> Result<Arch> {
             "Qwen2ForCausalLM" => return Ok(Arch::Qwen2),
             "Qwen3ForCausalLM" => return Ok(Arch::Qwen3),
             "MistralForCausalLM" => return Ok(Arch::Mistral),
+            "Phi3ForCausalLM" => return Ok(Arch::Phi3),
             "Gemma3ForCausalLM" => return Ok(Arch::Gemma3),
             _ => {}
         }
@@ -294,27 +364,89 @@ fn detect_arch(j: &Value) -> Result<Arch> {
         "qwen3" => Ok(Arch::Qwen3),
         "mistral" => Ok(Arch::Mistral),
         "gemma3_text" => Ok(Arch::Gemma3),
+        "phi3" => Ok(Arch::Phi3),
         _ => bail!(
             "unknown architecture {archs:?} (model_type `{model_type}`): supported are \
              LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, \
-             Gemma3ForCausalLM (gemma3_text)"
+             Gemma3ForCausalLM (gemma3_text), Phi3ForCausalLM"
         ),
     }
 }
 
-fn parse_rope_scaling(v: Option<&Value>) -> Result<RopeScaling> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(RopeScaling::None);
-    };
+/// Rotary settings, as transformers 4 wrote them (`rope_theta`, `rope_scaling`,
+/// `rope_local_base_freq`) or as transformers 5 writes them (`rope_parameters`: one dict with
+/// `rope_theta` beside the scaling, or one per layer type, Gemma 3's). Left unread, a
+/// checkpoint saved by transformers 5 would run with the default base and no scaling.
+struct Rope {
+    theta: f64,
+    scaling: RopeScaling,
+    /// Of sliding layers, where the config gives one.
+    local_theta: Option<f64>,
+}
+
+impl Rope {
+    fn of(j: &Value, d: &ArchDefaults) -> Result<Rope> {
+        let params = j.get("rope_parameters").filter(|p| p.is_object());
+        let per_type = params.is_some_and(|p| {
+            p.get("full_attention").is_some() || p.get("sliding_attention").is_some()
+        });
+        let of_type = |layer_type: &str| match params {
+            Some(p) if per_type => p.get(layer_type).filter(|v| v.is_object()),
+            p => p,
+        };
+        let theta = |p: Option<&Value>| p.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64);
+        let (global, local) = (of_type("full_attention"), of_type("sliding_attention"));
+        for p in [Some(j), global, local].into_iter().flatten() {
+            if let Some(f) = p.get("partial_rotary_factor").and_then(Value::as_f64) {
+                ensure!(
+                    f == 1.0,
+                    "partial rotary embeddings (partial_rotary_factor {f}) are not supported"
+                );
+            }
+        }
+        let scaling = match j.get("rope_scaling").filter(|v| !v.is_null()) {
+            Some(v) => parse_rope_scaling(v, "rope_scaling")?,
+            None => match global {
+                Some(p) => parse_rope_scaling(p, "rope_parameters")?,
+                None => RopeScaling::None,
+            },
+        };
+        if per_type {
+            if let Some(p) = local {
+                ensure!(
+                    parse_rope_scaling(p, "rope_parameters.sliding_attention")?
+                        == RopeScaling::None,
+                    "scaled rotary embeddings on sliding layers are not supported"
+                );
+            }
+        }
+        Ok(Rope {
+            theta: j
+                .get("rope_theta")
+                .and_then(Value::as_f64)
+                .or(theta(global))
+                .unwrap_or(d.rope_theta),
+            scaling,
+            local_theta: j
+                .get("rope_local_base_freq")
+                .and_then(Value::as_f64)
+                .or(if per_type { theta(local) } else { None }),
+        })
+    }
+}
+
+/// `v`: a `rope_scaling` dict, or `rope_parameters` (whose `rope_theta` is not read here);
+/// `key` names it in errors.
+fn parse_rope_scaling(v: &Value, key: &str) -> Result<RopeScaling> {
     let kind = v
         .get("rope_type")
         .or_else(|| v.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let f = |key: &str| {
-        v.get(key)
+    let f = |name: &str| {
+        v.get(name)
             .and_then(Value::as_f64)
-            .with_context(|| format!("rope_scaling.{key} missing"))
+            .with_context(|| format!("{key}.{name} missing"))
     };
     Ok(match kind {
         "default" => RopeScaling::None,
@@ -327,16 +459,22 @@ fn parse_rope_scaling(v: Option<&Value>) -> Result<RopeScaling> {
             high_freq_factor: f("high_freq_factor")?,
             original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
         },
-        other => bail!("unsupported rope_scaling type `{other}`"),
+        other => bail!("unsupported {key} type `{other}` (supported: default, linear, llama3)"),
     })
 }
 
-fn layer_sliding(j: &Value, arch: Arch, num_layers: usize, has_window: bool) -> Result<Vec<bool>> {
+fn layer_sliding(
+    j: &Value,
+    arch: Arch,
+    d: &ArchDefaults,
+    num_layers: usize,
+    has_window: bool,
+) -> Result<Vec<bool>> {
     if !has_window {
         return Ok(vec![false; num_layers]);
     }
-    // Transformers' Mistral slides every layer, whatever `layer_types` says.
-    if arch == Arch::Mistral {
+    // Transformers' Mistral and Phi-3 slide every layer, whatever `layer_types` says.
+    if matches!(arch, Arch::Mistral | Arch::Phi3) {
         return Ok(vec![true; num_layers]);
     }
     if let Some(types) = j.get("layer_types").and_then(Value::as_array) {
@@ -358,8 +496,10 @@ fn layer_sliding(j: &Value, arch: Arch, num_layers: usize, has_window: bool) -> 
     Ok(match arch {
         // Gemma 3: every `sliding_window_pattern`-th layer is global.
         Arch::Gemma3 => {
+            // transformers 5 writes `_sliding_window_pattern` (beside `layer_types`).
             let pattern = j
                 .get("sliding_window_pattern")
+                .or_else(|| j.get("_sliding_window_pattern"))
                 .and_then(Value::as_u64)
                 .unwrap_or(6) as usize;
             (0..num_layers)
@@ -371,7 +511,7 @@ fn layer_sliding(j: &Value, arch: Arch, num_layers: usize, has_window: bool) -> 
             let from = j
                 .get("max_window_layers")
                 .and_then(Value::as_u64)
-                .unwrap_or(0) as usize;
+                .map_or(d.max_window_layers, |n| n as usize);
             (0..num_layers).map(|i| i >= from).collect()
         }
     })
@@ -445,7 +585,7 @@ mod tests {
         let q = ModelConfig::from_json(&json!({
             "architectures": ["Qwen3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "head_dim": 32, "sliding_window": 8, "use_sliding_window": false
+            "num_key_value_heads": 4, "head_dim": 32, "sliding_window": 8, "use_sliding_window": false
         }))
         .unwrap();
         assert_eq!(
@@ -571,7 +711,7 @@ mod tests {
             ModelConfig::from_json(&json!({
                 "architectures": [arch], "vocab_size": 100, "hidden_size": 64,
                 "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                "attention_bias": true, "mlp_bias": true
+                "num_key_value_heads": 4, "attention_bias": true, "mlp_bias": true
             }))
             .unwrap()
         };
@@ -585,6 +725,161 @@ mod tests {
         assert!(!m.qkv_bias && !m.o_proj_bias && !m.mlp_bias);
         let q = cfg("Qwen2ForCausalLM");
         assert!(q.qkv_bias && !q.o_proj_bias && !q.mlp_bias);
+    }
+
+    /// Phi-3-mini-4k-instruct's config.json: a window of 2,047 on every layer, 3,821,079,552
+    /// parameters (the model card's 3.8B); its 128k siblings' longrope is refused by name.
+    #[test]
+    fn phi3_mini_4k_and_its_window() {
+        let mut phi = json!({
+            "architectures": ["Phi3ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+            "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu",
+            "hidden_size": 3072, "initializer_range": 0.02, "intermediate_size": 8192,
+            "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 32,
+            "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+            "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+            "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "use_cache": true, "attention_bias": false,
+            "vocab_size": 32064
+        });
+        let c = ModelConfig::from_json(&phi).unwrap();
+        assert_eq!(c.arch, Arch::Phi3);
+        assert!(c.fused_projections && !c.qkv_bias && !c.qk_norm);
+        assert_eq!(c.head_dim, 96);
+        assert_eq!(c.num_parameters(), 3_821_079_552);
+        assert_eq!(
+            (c.sliding_window, c.layer_sliding),
+            (Some(2047), vec![true; 32])
+        );
+        phi["rope_scaling"] =
+            json!({"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]});
+        let err = format!("{:#}", ModelConfig::from_json(&phi).unwrap_err());
+        assert!(err.contains("`longrope`"), "{err}");
+    }
+
+    /// What transformers 5.25's `save_pretrained` writes: `rope_parameters` instead of
+    /// `rope_theta` and `rope_scaling` (per layer type for Gemma 3), `layer_types`, `dtype`.
+    #[test]
+    fn transformers_5_rope_parameters_are_read() {
+        let llama = ModelConfig::from_json(&json!({
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "max_position_embeddings": 131072, "dtype": "bfloat16",
+            "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+                "rope_theta": 500000.0}
+        }))
+        .unwrap();
+        assert_eq!(llama.rope_theta, 500_000.0);
+        assert!(matches!(llama.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        assert_eq!(llama.dtype, Some(DType::BF16));
+        let qwen = ModelConfig::from_json(&json!({
+            "architectures": ["Qwen2ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "use_sliding_window": false, "sliding_window": null,
+            "max_window_layers": 28, "layer_types": ["full_attention", "full_attention"],
+            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}
+        }))
+        .unwrap();
+        assert_eq!(
+            (qwen.rope_theta, qwen.rope_scaling),
+            (1e6, RopeScaling::None)
+        );
+        let gemma = ModelConfig::from_json(&json!({
+            "architectures": ["Gemma3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+            "num_key_value_heads": 1, "head_dim": 16, "sliding_window": 512,
+            "_sliding_window_pattern": 3,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
+            }
+        }))
+        .unwrap();
+        assert_eq!((gemma.rope_theta, gemma.rope_local_theta), (1e6, Some(1e4)));
+        assert_eq!(gemma.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!(
+            gemma.layer_sliding,
+            vec![true, true, false, true, true, false]
+        );
+    }
+
+    /// What cannot run right is refused, not run wrong: a rotary over part of each head
+    /// (Phi-4-mini's 0.75), a quantized checkpoint, scaled rope on sliding layers.
+    #[test]
+    fn partial_rotary_and_quantized_checkpoints_are_refused() {
+        let base = json!({
+            "architectures": ["Phi3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4
+        });
+        let refused = |patch: Value| {
+            let mut c = base.clone();
+            c.as_object_mut()
+                .unwrap()
+                .extend(patch.as_object().unwrap().clone());
+            format!("{:#}", ModelConfig::from_json(&c).unwrap_err())
+        };
+        assert!(
+            refused(json!({"partial_rotary_factor": 0.75})).contains("partial_rotary_factor 0.75")
+        );
+        assert!(refused(
+            json!({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}})
+        )
+        .contains("partial_rotary_factor 0.5"));
+        assert!(
+            refused(json!({"quantization_config": {"quant_method": "fp8"}}))
+                .contains("quantized checkpoints are not supported (quantization_config: fp8)")
+        );
+        assert!(ModelConfig::from_json(&json!({
+            "architectures": ["Gemma3ForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6}
+            }
+        }))
+        .is_err());
+        let mut fine = base.clone();
+        fine["partial_rotary_factor"] = json!(1.0);
+        ModelConfig::from_json(&fine).unwrap();
+    }
+
+    /// Keys a config leaves out take the defaults of the architecture's transformers class.
+    #[test]
+    fn absent_keys_take_the_architectures_defaults() {
+        let minimal = |arch: &str, extra: Value| {
+            let mut c = json!({
+                "architectures": [arch], "vocab_size": 100, "hidden_size": 1024,
+                "intermediate_size": 128, "num_hidden_layers": 30, "num_attention_heads": 32
+            });
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            ModelConfig::from_json(&c).unwrap()
+        };
+        let m = minimal("MistralForCausalLM", json!({}));
+        assert_eq!((m.num_kv_heads, m.max_position_embeddings), (8, 131072));
+        assert_eq!(m.sliding_window, Some(4096));
+        let q = minimal("Qwen2ForCausalLM", json!({"use_sliding_window": true}));
+        assert_eq!((q.num_kv_heads, q.max_position_embeddings), (32, 32768));
+        // Transformers' max_window_layers of 28: layers 28 and 29 of 30 slide.
+        assert_eq!(q.sliding_window, Some(4096));
+        assert_eq!(q.layer_sliding.iter().filter(|&&s| s).count(), 2);
+        assert!(q.layer_sliding[28] && q.layer_sliding[29] && !q.layer_sliding[27]);
+        let l = minimal(
+            "LlamaForCausalLM",
+            json!({"use_sliding_window": true, "sliding_window": 8}),
+        );
+        assert_eq!((l.num_kv_heads, l.max_position_embeddings), (32, 2048));
+        assert_eq!(l.sliding_window, None);
+        let p = minimal("Phi3ForCausalLM", json!({}));
+        assert_eq!((p.rms_norm_eps, p.sliding_window), (1e-5, None));
+        let g = minimal("Gemma3ForCausalLM", json!({}));
+        assert_eq!(
+            (g.num_kv_heads, g.rope_theta, g.tie_word_embeddings),
+            (4, 1e6, true)
+        );
     }
 
     #[test]

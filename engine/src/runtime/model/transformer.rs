@@ -58,7 +58,7 @@ pub struct Transformer<B: Backend> {
     /// The output head; `None`: tied, the embedding table itself (see
     /// [`Backend::EMBEDDING_IS_LINEAR`]).
     lm_head: Option<B::Weight>,
-    /// `[global]` or `[global, sliding]`.
+    /// The attention kinds layers use, each once: `[global]`, `[sliding]` or `[global, sliding]`.
     kinds: Vec<Kind<B>>,
 }
 
@@ -130,6 +130,11 @@ impl<B: Backend> Transformer<B> {
         let sliding_window = cfg
             .sliding_window
             .filter(|_| cfg.layer_sliding.contains(&true));
+        let slides = |li: usize| cfg.layer_sliding[li] && sliding_window.is_some();
+        // Only kinds some layer uses are built (each holds a rope table of
+        // max_position_embeddings rows): where every layer slides (Mistral 7B v0.1), none is
+        // global.
+        let has_global = !(0..cfg.num_layers).all(slides);
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for li in 0..cfg.num_layers {
             let p = format!("model.layers.{li}");
@@ -138,7 +143,12 @@ impl<B: Backend> Transformer<B> {
                 format!("{p}.self_attn.k_proj"),
                 format!("{p}.self_attn.v_proj"),
             );
-            let qkv = linear(b, w, &[(&q, nq), (&k, nkv), (&v, nkv)], h, cfg.qkv_bias)?;
+            let qkv = if cfg.fused_projections {
+                let fused = format!("{p}.self_attn.qkv_proj");
+                linear(b, w, &[(&fused, nq + 2 * nkv)], h, cfg.qkv_bias)?
+            } else {
+                linear(b, w, &[(&q, nq), (&k, nkv), (&v, nkv)], h, cfg.qkv_bias)?
+            };
             let o_proj = format!("{p}.self_attn.o_proj");
             let o = linear(b, w, &[(&o_proj, h)], nq, cfg.o_proj_bias)?;
             let layer_norm = |name: &str, dim: usize| norm(&format!("{p}.{name}.weight"), dim);
@@ -162,7 +172,12 @@ impl<B: Backend> Transformer<B> {
                 (None, layer_norm("post_attention_layernorm", h)?, None)
             };
             let (gate, up) = (format!("{p}.mlp.gate_proj"), format!("{p}.mlp.up_proj"));
-            let gate_up = linear(b, w, &[(&gate, i), (&up, i)], h, cfg.mlp_bias)?;
+            let gate_up = if cfg.fused_projections {
+                let fused = format!("{p}.mlp.gate_up_proj");
+                linear(b, w, &[(&fused, 2 * i)], h, cfg.mlp_bias)?
+            } else {
+                linear(b, w, &[(&gate, i), (&up, i)], h, cfg.mlp_bias)?
+            };
             let down_proj = format!("{p}.mlp.down_proj");
             let down = linear(b, w, &[(&down_proj, h)], i, cfg.mlp_bias)?;
             layers.push(Layer {
@@ -175,7 +190,11 @@ impl<B: Backend> Transformer<B> {
                 mlp_out_norm,
                 gate_up,
                 down,
-                kind: usize::from(cfg.layer_sliding[li] && sliding_window.is_some()),
+                kind: if slides(li) {
+                    usize::from(has_global)
+                } else {
+                    0
+                },
             });
         }
         let lm_head = match (cfg.tie_word_embeddings, B::EMBEDDING_IS_LINEAR) {
@@ -186,14 +205,16 @@ impl<B: Backend> Transformer<B> {
             }
         };
         let max_pos = cfg.max_position_embeddings;
-        let global = b.rope(
-            &inv_frequencies(d, cfg.rope_theta, &cfg.rope_scaling),
-            max_pos,
-        )?;
-        let mut kinds = vec![Kind {
-            window: None,
-            rope: global,
-        }];
+        let mut kinds = Vec::with_capacity(2);
+        if has_global {
+            kinds.push(Kind {
+                window: None,
+                rope: b.rope(
+                    &inv_frequencies(d, cfg.rope_theta, &cfg.rope_scaling),
+                    max_pos,
+                )?,
+            });
+        }
         if let Some(window) = sliding_window {
             // Sliding layers have their own RoPE base (Gemma 3) or share the global one.
             let theta = cfg.rope_local_theta.unwrap_or(cfg.rope_theta);
