@@ -438,6 +438,16 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
             })
     };
     let (hidden, heads) = (field("hidden_size")?, field("num_attention_heads")?);
+    // Keys left out take the defaults of the family's transformers class, as the engine
+    // reads them (`engine/src/runtime/model/config.rs`, `Arch::defaults`).
+    let family = c.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+    let (kv_heads_default, head_dim_default, tied_default) = match family {
+        f if f.starts_with("gemma3") => (4, 256, true),
+        "qwen3" => (32, 128, false),
+        "qwen2" => (32, hidden / heads, false),
+        "mistral" => (8, hidden / heads, false),
+        _ => (heads, hidden / heads, false),
+    };
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let short = dir
         .file_name()
@@ -448,19 +458,14 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
         layers: field("num_hidden_layers")?,
         hidden,
         heads,
-        kv_heads: field("num_key_value_heads").unwrap_or(heads),
-        head_dim: field("head_dim").unwrap_or(hidden / heads),
+        kv_heads: field("num_key_value_heads").unwrap_or(kv_heads_default),
+        head_dim: field("head_dim").unwrap_or(head_dim_default),
         intermediate: field("intermediate_size")?,
         vocab: field("vocab_size")?,
-        // Absent, transformers ties Gemma's (and no other family's served here).
         tied_embeddings: c
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
-            .unwrap_or_else(|| {
-                c.get("model_type")
-                    .and_then(|v| v.as_str())
-                    .is_some_and(|t| t.starts_with("gemma"))
-            }),
+            .unwrap_or(tied_default),
         weight_dtype: Dtype::Bf16,
         kv_dtype: Dtype::Bf16,
         tp: 1,
@@ -554,21 +559,29 @@ mod tests {
         assert_eq!(fp8.kv_bytes_per_token(), 65_536.0);
     }
 
-    /// A model directory's `config.json` without `tie_word_embeddings` ties as
-    /// transformers' class does: Gemma's table serves as its output head, Llama's does not.
+    /// A model directory's `config.json` leaving out KV heads, head size or tying is read
+    /// as the family's transformers class (and the engine) reads it.
     #[test]
-    fn a_directory_ties_as_its_family_does() {
+    fn a_directory_takes_its_familys_defaults() {
         let dir = std::env::temp_dir().join(format!("infer-sim-tie-{}", std::process::id()));
-        for (model_type, tied) in [("gemma3_text", true), ("llama", false)] {
+        for (model_type, kv_heads, head_dim, tied) in [
+            ("gemma3_text", 4, 256, true),
+            ("mistral", 8, 128, false),
+            ("qwen3", 32, 128, false),
+            ("llama", 32, 128, false),
+        ] {
             std::fs::create_dir_all(&dir).unwrap();
             let config = serde_json::json!({
-                "model_type": model_type, "hidden_size": 1152, "num_attention_heads": 4,
-                "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 26,
-                "intermediate_size": 6912, "vocab_size": 262144
+                "model_type": model_type, "hidden_size": 4096, "num_attention_heads": 32,
+                "num_hidden_layers": 26, "intermediate_size": 6912, "vocab_size": 262144
             });
             std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
             let m = resolve_model(dir.to_str().unwrap()).unwrap();
-            assert_eq!(m.tied_embeddings, tied, "{model_type}");
+            assert_eq!(
+                (m.kv_heads, m.head_dim, m.tied_embeddings),
+                (kv_heads, head_dim, tied),
+                "{model_type}"
+            );
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -194,6 +194,20 @@ pub(crate) fn rope_angles(inv_freq: &[f32], max_positions: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The cos and sin tables of [`rope_angles`], each multiplied by `scale` (YaRN's attention
+/// factor; 1 otherwise) as HF multiplies them.
+pub(crate) fn rope_tables(
+    inv_freq: &[f32],
+    max_positions: usize,
+    scale: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let angles = rope_angles(inv_freq, max_positions);
+    (
+        angles.iter().map(|a| a.cos() * scale).collect(),
+        angles.iter().map(|a| a.sin() * scale).collect(),
+    )
+}
+
 /// The operations the transformer is written against. `Act` is `[rows, width]`; the model
 /// decides every width, the backend how and where the numbers live.
 pub trait Backend: Sized {
@@ -219,8 +233,9 @@ pub trait Backend: Sized {
     fn weight(&self, t: Tensor, role: Role) -> Result<Self::Weight>;
     /// Element count of a weight (its width, for vectors).
     fn weight_len(w: &Self::Weight) -> usize;
-    /// Tables for positions `[0, max_positions)` from the inverse frequencies (`head_dim / 2`).
-    fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<Self::Rope>;
+    /// Tables for positions `[0, max_positions)` from the inverse frequencies (`head_dim / 2`),
+    /// cos and sin multiplied by `scale` ([`rope_tables`]).
+    fn rope(&self, inv_freq: &[f32], max_positions: usize, scale: f32) -> Result<Self::Rope>;
     fn new_kv(&self, layout: KvLayout) -> Result<Self::Kv>;
     fn kv_layout(kv: &Self::Kv) -> KvLayout;
 

@@ -39,6 +39,7 @@ impl Arch {
         let llama = ArchDefaults {
             max_position_embeddings: 2048,
             num_kv_heads: None,
+            head_dim: None,
             rms_norm_eps: 1e-6,
             rope_theta: 10_000.0,
             tie_word_embeddings: false,
@@ -47,9 +48,17 @@ impl Arch {
         };
         match self {
             Arch::Llama => llama,
-            Arch::Qwen2 | Arch::Qwen3 => ArchDefaults {
+            Arch::Qwen2 => ArchDefaults {
                 max_position_embeddings: 32768,
                 num_kv_heads: Some(32),
+                sliding_window: Some(4096),
+                max_window_layers: 28,
+                ..llama
+            },
+            Arch::Qwen3 => ArchDefaults {
+                max_position_embeddings: 32768,
+                num_kv_heads: Some(32),
+                head_dim: Some(128),
                 sliding_window: Some(4096),
                 max_window_layers: 28,
                 ..llama
@@ -63,6 +72,7 @@ impl Arch {
             Arch::Gemma3 => ArchDefaults {
                 max_position_embeddings: 131072,
                 num_kv_heads: Some(4),
+                head_dim: Some(256),
                 rope_theta: 1_000_000.0,
                 tie_word_embeddings: true,
                 sliding_window: Some(4096),
@@ -82,6 +92,8 @@ struct ArchDefaults {
     max_position_embeddings: usize,
     /// `None`: as many as query heads.
     num_kv_heads: Option<usize>,
+    /// `None`: `hidden_size / num_attention_heads`.
+    head_dim: Option<usize>,
     rms_norm_eps: f64,
     /// Of the global layers.
     rope_theta: f64,
@@ -118,6 +130,30 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
+    /// `rope_type: "yarn"` (Qwen2.5's and Qwen3's long context): frequencies blended
+    /// between kept and divided by `factor` over a ramp of dimensions, and cos and sin
+    /// multiplied by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        /// The ramp's ends rounded outwards to whole dimensions.
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    pub fn attention_scaling(&self) -> f32 {
+        match *self {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor as f32,
+            _ => 1.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -204,7 +240,9 @@ impl ModelConfig {
         if num_heads % num_kv_heads != 0 {
             bail!("num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}");
         }
-        let head_dim = opt_usize("head_dim").unwrap_or(hidden_size / num_heads);
+        let head_dim = opt_usize("head_dim")
+            .or(d.head_dim)
+            .unwrap_or(hidden_size / num_heads);
         let num_layers = get_usize("num_hidden_layers")?;
 
         let act_name = j
@@ -223,13 +261,21 @@ impl ModelConfig {
             other => bail!("unsupported activation `{other}`"),
         };
 
-        let rope = Rope::of(j, &d)?;
+        let max_position_embeddings =
+            opt_usize("max_position_embeddings").unwrap_or(d.max_position_embeddings);
+        let rope = Rope::of(j, arch, &d, max_position_embeddings)?;
 
         // Absent: the class's default; `null`: no window.
         let window = match j.get("sliding_window") {
             None => d.sliding_window,
             Some(_) => opt_usize("sliding_window"),
         };
+        // Transformers keeps a Gemma 3 without a window's sliding layers on their own rope
+        // base, which the kinds here (a window and a rope each) cannot say.
+        ensure!(
+            arch != Arch::Gemma3 || window.is_some(),
+            "a Gemma 3 config with `sliding_window: null` is not supported"
+        );
         let sliding_window = match arch {
             Arch::Llama => None,
             Arch::Qwen2 | Arch::Qwen3 if !opt_bool("use_sliding_window").unwrap_or(false) => None,
@@ -257,8 +303,16 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             rms_norm_eps: opt_f64("rms_norm_eps").unwrap_or(d.rms_norm_eps),
-            max_position_embeddings: opt_usize("max_position_embeddings")
-                .unwrap_or(d.max_position_embeddings),
+            // YaRN serves its factor times the positions it was trained on (vLLM's rule;
+            // transformers has no limit).
+            max_position_embeddings: match rope.scaling {
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: n,
+                    ..
+                } => max_position_embeddings.max((n as f64 * factor) as usize),
+                _ => max_position_embeddings,
+            },
             tie_word_embeddings: opt_bool("tie_word_embeddings").unwrap_or(d.tie_word_embeddings),
             activation,
             qkv_bias: arch == Arch::Qwen2 || attention_bias,
@@ -275,7 +329,8 @@ impl ModelConfig {
             sliding_window,
             layer_sliding,
             query_pre_attn_scalar: if gemma {
-                opt_f64("query_pre_attn_scalar").unwrap_or(head_dim as f64)
+                // Gemma3TextConfig's default, whatever the head size.
+                opt_f64("query_pre_attn_scalar").unwrap_or(256.0)
             } else {
                 head_dim as f64
             },
@@ -373,71 +428,119 @@ fn detect_arch(j: &Value) -> Result<Arch> {
     }
 }
 
-/// Rotary settings, as transformers 4 wrote them (`rope_theta`, `rope_scaling`,
-/// `rope_local_base_freq`) or as transformers 5 writes them (`rope_parameters`: one dict with
-/// `rope_theta` beside the scaling, or one per layer type, Gemma 3's). Left unread, a
-/// checkpoint saved by transformers 5 would run with the default base and no scaling.
+/// Rotary settings as transformers 5.25 resolves them from what transformers 4 wrote
+/// (`rope_theta`, `rope_scaling`, `rope_local_base_freq`) and what transformers 5 writes
+/// (`rope_parameters`: one dict with `rope_theta` beside the scaling, or one per layer type,
+/// Gemma 3's). Left unread, a checkpoint saved by transformers 5 would run with the default
+/// base and no scaling.
 struct Rope {
     theta: f64,
     scaling: RopeScaling,
-    /// Of sliding layers, where the config gives one.
+    /// Of sliding layers (Gemma 3).
     local_theta: Option<f64>,
 }
 
 impl Rope {
-    fn of(j: &Value, d: &ArchDefaults) -> Result<Rope> {
-        let params = j.get("rope_parameters").filter(|p| p.is_object());
-        let per_type = params.is_some_and(|p| {
-            p.get("full_attention").is_some() || p.get("sliding_attention").is_some()
-        });
-        let of_type = |layer_type: &str| match params {
-            Some(p) if per_type => p.get(layer_type).filter(|v| v.is_object()),
-            p => p,
+    /// Outside Gemma 3 (`standardize_rope_params`): a non-empty `rope_scaling` replaces
+    /// `rope_parameters`; the dict's own `rope_theta` wins over the top-level one. Gemma 3
+    /// (`convert_rope_params_to_dict`): per-layer-type dicts, `rope_scaling` merged into the
+    /// global one (its `type` does not override the `rope_type` already there), each theta
+    /// from its dict, else `rope_theta` / `rope_local_base_freq`, else the class's.
+    fn of(j: &Value, arch: Arch, d: &ArchDefaults, max_positions: usize) -> Result<Rope> {
+        let dict = |key: &str| {
+            j.get(key)
+                .and_then(Value::as_object)
+                .filter(|o| !o.is_empty())
+                .cloned()
         };
-        let theta = |p: Option<&Value>| p.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64);
-        let (global, local) = (of_type("full_attention"), of_type("sliding_attention"));
-        for p in [Some(j), global, local].into_iter().flatten() {
-            if let Some(f) = p.get("partial_rotary_factor").and_then(Value::as_f64) {
-                ensure!(
-                    f == 1.0,
-                    "partial rotary embeddings (partial_rotary_factor {f}) are not supported"
-                );
+        let top = |key: &str| j.get(key).and_then(Value::as_f64);
+        let theta_in =
+            |p: &serde_json::Map<String, Value>| p.get("rope_theta").and_then(Value::as_f64);
+        // Transformers gives a top-level `original_max_position_embeddings` (Phi-3 writes
+        // one) priority over the dict's.
+        let original = j
+            .get("original_max_position_embeddings")
+            .and_then(Value::as_u64)
+            .map(|n| n as usize);
+        let scaling_of = |p: &serde_json::Map<String, Value>, key: &str| {
+            parse_rope_scaling(p, key, original, max_positions)
+        };
+        check_full_rotary(j)?;
+        if arch == Arch::Gemma3 {
+            let nested = |t: &str| {
+                dict("rope_parameters")
+                    .and_then(|p| p.get(t).and_then(Value::as_object).cloned())
+                    .unwrap_or_else(|| {
+                        serde_json::Map::from_iter([("rope_type".into(), "default".into())])
+                    })
+            };
+            let mut global = nested("full_attention");
+            if let Some(s) = dict("rope_scaling") {
+                global.extend(s);
             }
+            let local = nested("sliding_attention");
+            for p in [&global, &local] {
+                check_full_rotary(&Value::Object(p.clone()))?;
+            }
+            ensure!(
+                scaling_of(&local, "rope_parameters.sliding_attention")? == RopeScaling::None,
+                "scaled rotary embeddings on sliding layers are not supported"
+            );
+            return Ok(Rope {
+                theta: theta_in(&global)
+                    .or(top("rope_theta"))
+                    .unwrap_or(d.rope_theta),
+                scaling: scaling_of(&global, "rope_scaling")?,
+                local_theta: Some(
+                    theta_in(&local)
+                        .or(top("rope_local_base_freq"))
+                        .unwrap_or(10_000.0),
+                ),
+            });
         }
-        let scaling = match j.get("rope_scaling").filter(|v| !v.is_null()) {
-            Some(v) => parse_rope_scaling(v, "rope_scaling")?,
-            None => match global {
-                Some(p) => parse_rope_scaling(p, "rope_parameters")?,
-                None => RopeScaling::None,
-            },
+        let (params, key) = match dict("rope_scaling") {
+            Some(s) => (Some(s), "rope_scaling"),
+            None => (dict("rope_parameters"), "rope_parameters"),
         };
-        if per_type {
-            if let Some(p) = local {
-                ensure!(
-                    parse_rope_scaling(p, "rope_parameters.sliding_attention")?
-                        == RopeScaling::None,
-                    "scaled rotary embeddings on sliding layers are not supported"
-                );
-            }
+        if let Some(p) = &params {
+            check_full_rotary(&Value::Object(p.clone()))?;
         }
         Ok(Rope {
-            theta: j
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .or(theta(global))
+            theta: params
+                .as_ref()
+                .and_then(theta_in)
+                .or(top("rope_theta"))
                 .unwrap_or(d.rope_theta),
-            scaling,
-            local_theta: j
-                .get("rope_local_base_freq")
-                .and_then(Value::as_f64)
-                .or(if per_type { theta(local) } else { None }),
+            scaling: match &params {
+                Some(p) => scaling_of(p, key)?,
+                None => RopeScaling::None,
+            },
+            local_theta: None,
         })
     }
 }
 
-/// `v`: a `rope_scaling` dict, or `rope_parameters` (whose `rope_theta` is not read here);
-/// `key` names it in errors.
-fn parse_rope_scaling(v: &Value, key: &str) -> Result<RopeScaling> {
+/// A rotary over part of each head (`partial_rotary_factor` below 1, Phi-4-mini's 0.75) is
+/// refused wherever it is given.
+fn check_full_rotary(v: &Value) -> Result<()> {
+    if let Some(f) = v.get("partial_rotary_factor").and_then(Value::as_f64) {
+        ensure!(
+            f == 1.0,
+            "partial rotary embeddings (partial_rotary_factor {f}) are not supported"
+        );
+    }
+    Ok(())
+}
+
+/// `v`: a `rope_scaling` dict or `rope_parameters` (whose `rope_theta` is not read here),
+/// `key` naming it in errors. `original` (a top-level `original_max_position_embeddings`)
+/// overrides the dict's, which defaults to `max_positions`, as transformers reads them.
+fn parse_rope_scaling(
+    v: &serde_json::Map<String, Value>,
+    key: &str,
+    original: Option<usize>,
+    max_positions: usize,
+) -> Result<RopeScaling> {
     let kind = v
         .get("rope_type")
         .or_else(|| v.get("type"))
@@ -448,6 +551,19 @@ fn parse_rope_scaling(v: &Value, key: &str) -> Result<RopeScaling> {
             .and_then(Value::as_f64)
             .with_context(|| format!("{key}.{name} missing"))
     };
+    // Python's `or`: absent, null or 0 take the default.
+    let or = |name: &str, default: f64| {
+        v.get(name)
+            .and_then(Value::as_f64)
+            .filter(|x| *x != 0.0)
+            .unwrap_or(default)
+    };
+    let original_max_position_embeddings = original
+        .or(v
+            .get("original_max_position_embeddings")
+            .and_then(Value::as_u64)
+            .map(|n| n as usize))
+        .unwrap_or(max_positions);
     Ok(match kind {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear {
@@ -457,9 +573,38 @@ fn parse_rope_scaling(v: &Value, key: &str) -> Result<RopeScaling> {
             factor: f("factor")?,
             low_freq_factor: f("low_freq_factor")?,
             high_freq_factor: f("high_freq_factor")?,
-            original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
+            original_max_position_embeddings,
         },
-        other => bail!("unsupported {key} type `{other}` (supported: default, linear, llama3)"),
+        "yarn" => {
+            let factor = f("factor")?;
+            // The paper's 0.1 ln(s) + 1, or its ratio of two such where both are given
+            // (DeepSeek's), unless the config fixes it.
+            let mscale = |m: f64| {
+                if factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * factor.ln() + 1.0
+                }
+            };
+            let attention_factor = match v.get("attention_factor").and_then(Value::as_f64) {
+                Some(a) => a,
+                None => match (or("mscale", 0.0), or("mscale_all_dim", 0.0)) {
+                    (m, all) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                    _ => mscale(1.0),
+                },
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast: or("beta_fast", 32.0),
+                beta_slow: or("beta_slow", 1.0),
+                attention_factor,
+                truncate: v.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            }
+        }
+        other => {
+            bail!("unsupported {key} type `{other}` (supported: default, linear, llama3, yarn)")
+        }
     })
 }
 
@@ -839,7 +984,9 @@ mod tests {
                 "full_attention": {"rope_type": "default", "rope_theta": 1e6}
             }
         }))
-        .is_err());
+        .unwrap_err()
+        .to_string()
+        .contains("scaled rotary embeddings on sliding layers are not supported"));
         let mut fine = base.clone();
         fine["partial_rotary_factor"] = json!(1.0);
         ModelConfig::from_json(&fine).unwrap();
@@ -879,6 +1026,114 @@ mod tests {
         assert_eq!(
             (g.num_kv_heads, g.rope_theta, g.tie_word_embeddings),
             (4, 1e6, true)
+        );
+    }
+
+    /// Where a config gives rope settings twice, the one transformers 5.25 keeps wins.
+    #[test]
+    fn rope_precedence_is_transformers() {
+        let llama = |extra: Value| {
+            let mut c = json!({
+                "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4
+            });
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            ModelConfig::from_json(&c).unwrap()
+        };
+        // The dict's own base wins over the top-level one.
+        let c = llama(json!({"rope_theta": 1e4,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}));
+        assert_eq!(c.rope_theta, 1e6);
+        // A rope_scaling replaces rope_parameters whole (its base goes with it) ...
+        let c = llama(
+            json!({"rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}),
+        );
+        assert_eq!(
+            (c.rope_theta, c.rope_scaling),
+            (1e4, RopeScaling::Linear { factor: 2.0 })
+        );
+        // ... unless it is empty (falsy in Python).
+        let c = llama(json!({"rope_scaling": {},
+            "rope_parameters": {"rope_type": "linear", "factor": 3.0, "rope_theta": 5e5}}));
+        assert_eq!(
+            (c.rope_theta, c.rope_scaling),
+            (5e5, RopeScaling::Linear { factor: 3.0 })
+        );
+        // llama3 without its pretraining length takes the top-level one, else the positions.
+        let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0});
+        let length = |c: ModelConfig| match c.rope_scaling {
+            RopeScaling::Llama3 {
+                original_max_position_embeddings: n,
+                ..
+            } => n,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            length(llama(
+                json!({"rope_scaling": llama3, "max_position_embeddings": 4096})
+            )),
+            4096
+        );
+        assert_eq!(
+            length(llama(json!({"rope_scaling": llama3,
+            "original_max_position_embeddings": 1024}))),
+            1024
+        );
+    }
+
+    /// Gemma 3: a `rope_scaling` with `type` only does not change the global layers'
+    /// `rope_type` (transformers merges it into a dict that has one); the head size and
+    /// attention scalar left out are the class's 256; no window is refused.
+    #[test]
+    fn gemma3_rope_and_head_defaults() {
+        let gemma = |extra: Value| {
+            let mut c = json!({
+                "architectures": ["Gemma3ForCausalLM"], "vocab_size": 100,
+                "hidden_size": 3840, "intermediate_size": 128, "num_hidden_layers": 6,
+                "num_attention_heads": 16, "num_key_value_heads": 8
+            });
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            ModelConfig::from_json(&c)
+        };
+        let c = gemma(json!({"rope_scaling": {"type": "linear", "factor": 8.0}})).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::None);
+        assert_eq!((c.head_dim, c.query_pre_attn_scalar), (256, 256.0));
+        let c = gemma(
+            json!({"rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "rope_theta": 2e6, "rope_local_base_freq": 2e4}),
+        )
+        .unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!((c.rope_theta, c.rope_local_theta), (2e6, Some(2e4)));
+        let err = gemma(json!({"sliding_window": null}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sliding_window: null"), "{err}");
+    }
+
+    /// Qwen2.5's recommended long-context setting: YaRN ×4 over 32,768 positions serves
+    /// 131,072 (vLLM's rule) with cos and sin scaled by 0.1 ln 4 + 1.
+    #[test]
+    fn yarn_extends_the_positions_and_scales_attention() {
+        let c = ModelConfig::from_json(&json!({
+            "architectures": ["Qwen2ForCausalLM"], "vocab_size": 100, "hidden_size": 3584,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "max_position_embeddings": 32768, "rope_theta": 1e6,
+            "rope_scaling": {"type": "yarn", "factor": 4.0,
+                "original_max_position_embeddings": 32768}
+        }))
+        .unwrap();
+        assert_eq!(c.max_position_embeddings, 131072);
+        assert!((c.rope_scaling.attention_scaling() - 1.138_629_4).abs() < 1e-6);
+        assert!(
+            matches!(c.rope_scaling, RopeScaling::Yarn { beta_fast, beta_slow, truncate: true, .. }
+            if beta_fast == 32.0 && beta_slow == 1.0)
         );
     }
 

@@ -212,6 +212,7 @@ impl<B: Backend> Transformer<B> {
                 rope: b.rope(
                     &inv_frequencies(d, cfg.rope_theta, &cfg.rope_scaling),
                     max_pos,
+                    cfg.rope_scaling.attention_scaling(),
                 )?,
             });
         }
@@ -224,7 +225,11 @@ impl<B: Backend> Transformer<B> {
             };
             kinds.push(Kind {
                 window: Some(window),
-                rope: b.rope(&inv_frequencies(d, theta, scaling), max_pos)?,
+                rope: b.rope(
+                    &inv_frequencies(d, theta, scaling),
+                    max_pos,
+                    scaling.attention_scaling(),
+                )?,
             });
         }
         let final_norm = norm("model.norm.weight", h)?;

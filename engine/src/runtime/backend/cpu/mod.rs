@@ -138,12 +138,12 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<CpuRope> {
-        let angles = super::rope_angles(inv_freq, max_positions);
+    fn rope(&self, inv_freq: &[f32], max_positions: usize, scale: f32) -> Result<CpuRope> {
+        let (cos, sin) = super::rope_tables(inv_freq, max_positions, scale);
         Ok(CpuRope {
             half: inv_freq.len(),
-            cos: angles.iter().map(|a| a.cos()).collect(),
-            sin: angles.iter().map(|a| a.sin()).collect(),
+            cos,
+            sin,
         })
     }
 
@@ -589,7 +589,7 @@ mod tests {
             softcap: None,
         };
         let inv_freq = [1.0f32, 0.3, 0.05, 0.001];
-        let rope = backend.rope(&inv_freq, 16)?;
+        let rope = backend.rope(&inv_freq, 16, 1.0)?;
         let mut kv = backend.new_kv(KvLayout {
             num_layers: 2,
             num_blocks: 4,

@@ -534,10 +534,8 @@ impl Backend for CudaBackend {
         w.rows * w.cols
     }
 
-    fn rope(&self, inv_freq: &[f32], max_positions: usize) -> Result<CudaRope> {
-        let angles = super::rope_angles(inv_freq, max_positions);
-        let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
-        let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    fn rope(&self, inv_freq: &[f32], max_positions: usize, scale: f32) -> Result<CudaRope> {
+        let (cos, sin) = super::rope_tables(inv_freq, max_positions, scale);
         Ok(CudaRope {
             cos: self.upload(&cos)?,
             sin: self.upload(&sin)?,
