@@ -254,6 +254,42 @@ fn chat_template_special_tokens_and_eos_ids() -> Result<()> {
     Ok(())
 }
 
+/// Where the template lives decides which one serves, as transformers decides:
+/// `chat_template.jinja` (what transformers 5 saves, with none in tokenizer_config.json)
+/// first, then tokenizer_config.json's, then a processor's chat_template.json.
+#[test]
+fn chat_template_files_in_transformers_order() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Qwen3))?;
+    let render = |dir: &Path| -> Result<String> {
+        TextTokenizer::from_dir(dir)?.apply_chat_template(
+            &[ChatMessage::new("user", "Hi")],
+            None,
+            true,
+        )
+    };
+    let shipped = render(&dir)?;
+    assert!(shipped.starts_with("<|im_start|>user\nHi"), "{shipped}");
+    // A processor's file alone does not override tokenizer_config.json's template ...
+    std::fs::write(
+        dir.join("chat_template.json"),
+        serde_json::json!({"chat_template": "legacy {{ messages[0].content }}"}).to_string(),
+    )?;
+    assert_eq!(render(&dir)?, shipped);
+    // ... but serves where tokenizer_config.json has none (as transformers 5 saves it) ...
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    cfg.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&path, cfg.to_string())?;
+    assert_eq!(render(&dir)?, "legacy Hi");
+    // ... and chat_template.jinja wins over both.
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "jinja {{ messages[0].content }}",
+    )?;
+    assert_eq!(render(&dir)?, "jinja Hi");
+    Ok(())
+}
+
 #[test]
 fn incremental_detokenization_never_splits_utf8() -> Result<()> {
     let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;

@@ -78,7 +78,7 @@ impl TextTokenizer {
         };
         Ok(Self {
             inner,
-            chat_template: chat_template(&cfg),
+            chat_template: chat_template(dir, &cfg)?,
             bos_token: special_token(cfg.get("bos_token")),
             eos_token: special_token(cfg.get("eos_token")),
             pad_token: special_token(cfg.get("pad_token")),
@@ -230,7 +230,33 @@ impl TextTokenizer {
 }
 
 /// `chat_template` is a string, or a list of `{name, template}` (take `default`).
-fn chat_template(cfg: &Value) -> Option<String> {
+/// The chat template as transformers loads it: `chat_template.jinja` (what transformers 5
+/// saves, leaving it out of `tokenizer_config.json`) over `tokenizer_config.json`'s, over a
+/// processor's `chat_template.json` (Gemma 3's and other multimodal repositories').
+fn chat_template(dir: &Path, cfg: &Value) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        let text = std::fs::read_to_string(&jinja)
+            .with_context(|| format!("cannot read {}", jinja.display()))?;
+        return Ok(Some(text));
+    }
+    if let Some(t) = template_in(cfg) {
+        return Ok(Some(t));
+    }
+    let legacy = dir.join("chat_template.json");
+    if !legacy.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&legacy)
+        .with_context(|| format!("cannot read {}", legacy.display()))?;
+    let json: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", legacy.display()))?;
+    Ok(template_in(&json))
+}
+
+/// A `chat_template` key: one template, or a list of named ones (the `default`, else the
+/// first).
+fn template_in(cfg: &Value) -> Option<String> {
     match cfg.get("chat_template")? {
         Value::String(s) => Some(s.clone()),
         Value::Array(list) => list
