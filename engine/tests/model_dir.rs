@@ -120,6 +120,57 @@ fn weights_the_config_does_not_use_are_refused() -> Result<()> {
     Ok(())
 }
 
+/// A multimodal Gemma 3 (gemma-3-4b-it's layout: `Gemma3ForConditionalGeneration`, the
+/// text model's keys under `text_config`, its weights under a language-model prefix beside a
+/// vision tower) serves its text model: the same logits as the text-only directory, for
+/// both prefixes transformers has written.
+#[test]
+fn multimodal_gemma3_serves_its_text_model() -> Result<()> {
+    let (_tmp, dir) = tiny_model(&spec(Arch::Gemma3))?;
+    let text_only = prefill_logits(&load(&dir)?)?;
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let mut text_config = config.clone();
+    for key in [
+        "architectures",
+        "eos_token_id",
+        "bos_token_id",
+        "torch_dtype",
+    ] {
+        text_config.as_object_mut().unwrap().remove(key);
+    }
+    let multimodal = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+        "text_config": text_config, "eos_token_id": config["eos_token_id"],
+        "torch_dtype": config["torch_dtype"],
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8}
+    });
+    let weights = dir.join("model.safetensors");
+    let original: HashMap<String, Tensor> = candle_core::safetensors::load(&weights, &Device::Cpu)?;
+    for prefix in ["language_model.model.", "model.language_model."] {
+        let (_tmp2, mm) = tiny_model(&spec(Arch::Gemma3))?;
+        std::fs::write(mm.join("config.json"), multimodal.to_string())?;
+        let mut tensors: HashMap<String, Tensor> = original
+            .iter()
+            .map(|(n, t)| (n.replacen("model.", prefix, 1), t.clone()))
+            .collect();
+        let vision = Tensor::zeros((8, 8), DType::F32, &Device::Cpu)?;
+        tensors.insert(
+            "vision_tower.vision_model.post_layernorm.weight".into(),
+            vision.clone(),
+        );
+        tensors.insert(
+            "multi_modal_projector.mm_input_projection_weight".into(),
+            vision,
+        );
+        candle_core::safetensors::save(&tensors, mm.join("model.safetensors"))?;
+        let lm = load(&mm)?;
+        assert_eq!(lm.config.arch, Arch::Gemma3, "{prefix}");
+        assert_eq!(prefill_logits(&lm)?, text_only, "{prefix}");
+    }
+    Ok(())
+}
+
 #[test]
 fn corrupt_safetensors_is_named() -> Result<()> {
     let (_tmp, dir) = tiny_model(&spec(Arch::Llama))?;

@@ -427,12 +427,36 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     }
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(FileError::at(&path, "read"))?;
-    let c: serde_json::Value = serde_json::from_str(&text)
+    let top: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| SimError::content(path.display(), format!("not JSON: {e}")))?;
+    // A multimodal Gemma 3 (gemma-3-4b-it) is its `text_config`, whose left-out shape keys
+    // are Gemma3TextConfig's defaults, as the engine serves it.
+    let multimodal = top.get("model_type").and_then(|v| v.as_str()) == Some("gemma3");
+    let c = match top.get("text_config") {
+        Some(t) if multimodal => t.clone(),
+        _ => top.clone(),
+    };
+    let shape_default: &[(&str, usize)] = if multimodal {
+        &[
+            ("vocab_size", 262208),
+            ("hidden_size", 2304),
+            ("intermediate_size", 9216),
+            ("num_hidden_layers", 26),
+            ("num_attention_heads", 8),
+        ]
+    } else {
+        &[]
+    };
     let field = |key: &str| -> Result<usize, SimError> {
         c.get(key)
             .and_then(|v| v.as_u64())
             .map(|v| v as usize)
+            .or_else(|| {
+                shape_default
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|&(_, v)| v)
+            })
             .ok_or_else(|| {
                 SimError::content(path.display(), format!("`{key}` missing or not a count"))
             })
@@ -440,7 +464,7 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     let (hidden, heads) = (field("hidden_size")?, field("num_attention_heads")?);
     // Keys left out take the defaults of the family's transformers class, as the engine
     // reads them (`engine/src/runtime/model/config.rs`, `Arch::defaults`).
-    let family = c.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+    let family = top.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
     let (kv_heads_default, head_dim_default, tied_default) = match family {
         f if f.starts_with("gemma3") => (4, 256, true),
         "qwen3" => (32, 128, false),
@@ -569,12 +593,17 @@ mod tests {
             ("mistral", 8, 128, false),
             ("qwen3", 32, 128, false),
             ("llama", 32, 128, false),
+            ("gemma3", 4, 256, true),
         ] {
             std::fs::create_dir_all(&dir).unwrap();
-            let config = serde_json::json!({
+            let mut config = serde_json::json!({
                 "model_type": model_type, "hidden_size": 4096, "num_attention_heads": 32,
                 "num_hidden_layers": 26, "intermediate_size": 6912, "vocab_size": 262144
             });
+            if model_type == "gemma3" {
+                // The multimodal layout: the text model's keys nested.
+                config = serde_json::json!({"model_type": "gemma3", "text_config": config});
+            }
             std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
             let m = resolve_model(dir.to_str().unwrap()).unwrap();
             assert_eq!(

@@ -398,7 +398,7 @@ mod tests {
             "bos_token": {"content": "<s>", "special": true},
             "eos_token": "</s>",
         });
-        assert_eq!(chat_template(&cfg).as_deref(), Some("D"));
+        assert_eq!(template_in(&cfg).as_deref(), Some("D"));
         assert_eq!(special_token(cfg.get("bos_token")).as_deref(), Some("<s>"));
         assert_eq!(special_token(cfg.get("eos_token")).as_deref(), Some("</s>"));
     }

@@ -37,6 +37,7 @@ impl Arch {
     /// leaves out (their defaults as of transformers 5.25).
     fn defaults(self) -> ArchDefaults {
         let llama = ArchDefaults {
+            shape: &[],
             max_position_embeddings: 2048,
             num_kv_heads: None,
             head_dim: None,
@@ -70,6 +71,15 @@ impl Arch {
                 ..llama
             },
             Arch::Gemma3 => ArchDefaults {
+                // A multimodal Gemma 3's `text_config` leaves these out (gemma-3-4b-it's
+                // keeps only its hidden and MLP sizes, layers, rope scaling and window).
+                shape: &[
+                    ("vocab_size", 262208),
+                    ("hidden_size", 2304),
+                    ("intermediate_size", 9216),
+                    ("num_hidden_layers", 26),
+                    ("num_attention_heads", 8),
+                ],
                 max_position_embeddings: 131072,
                 num_kv_heads: Some(4),
                 head_dim: Some(256),
@@ -89,6 +99,9 @@ impl Arch {
 
 /// See [`Arch::defaults`].
 struct ArchDefaults {
+    /// Shape keys (`vocab_size`, `hidden_size`, ...) where the class's defaults are relied
+    /// on; elsewhere every published config gives them and they are required.
+    shape: &'static [(&'static str, usize)],
     max_position_embeddings: usize,
     /// `None`: as many as query heads.
     num_kv_heads: Option<usize>,
@@ -217,6 +230,14 @@ impl ModelConfig {
 
     pub fn from_json(j: &Value) -> Result<Self> {
         let arch = detect_arch(j)?;
+        let text;
+        let j = match multimodal_text_config(j) {
+            Some(t) => {
+                text = t;
+                &text
+            }
+            None => j,
+        };
         let d = arch.defaults();
         if let Some(q) = j.get("quantization_config").filter(|q| !q.is_null()) {
             let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
@@ -226,6 +247,7 @@ impl ModelConfig {
             j.get(key)
                 .and_then(Value::as_u64)
                 .map(|v| v as usize)
+                .or_else(|| d.shape.iter().find(|(k, _)| *k == key).map(|&(_, v)| v))
                 .with_context(|| format!("missing or non-integer field `{key}`"))
         };
         let opt_usize = |key: &str| j.get(key).and_then(Value::as_u64).map(|v| v as usize);
@@ -395,6 +417,38 @@ impl ModelConfig {
     }
 }
 
+/// A multimodal Gemma 3 (`Gemma3ForConditionalGeneration`: gemma-3-4b/12b/27b-it) served
+/// as its text model, as vLLM serves it to text requests: the keys of its `text_config`,
+/// with the top level's where the text config has none (its EOS ids and dtype). `None`
+/// for any other config.
+fn multimodal_text_config(j: &Value) -> Option<Value> {
+    let multimodal = j.get("model_type").and_then(Value::as_str) == Some("gemma3")
+        || j.get("architectures")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|x| x == "Gemma3ForConditionalGeneration"));
+    if !multimodal {
+        return None;
+    }
+    let mut text = j
+        .get("text_config")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for key in [
+        "eos_token_id",
+        "bos_token_id",
+        "torch_dtype",
+        "dtype",
+        "quantization_config",
+    ] {
+        if let Some(v) = j.get(key).filter(|_| !text.contains_key(key)) {
+            text.insert(key.into(), v.clone());
+        }
+    }
+    text.insert("model_type".into(), "gemma3_text".into());
+    Some(Value::Object(text))
+}
+
 fn detect_arch(j: &Value) -> Result<Arch> {
     let archs: Vec<&str> = j
         .get("architectures")
@@ -409,7 +463,7 @@ fn detect_arch(j: &Value) -> Result<Arch> {
             "Qwen3ForCausalLM" => return Ok(Arch::Qwen3),
             "MistralForCausalLM" => return Ok(Arch::Mistral),
             "Phi3ForCausalLM" => return Ok(Arch::Phi3),
-            "Gemma3ForCausalLM" => return Ok(Arch::Gemma3),
+            "Gemma3ForCausalLM" | "Gemma3ForConditionalGeneration" => return Ok(Arch::Gemma3),
             _ => {}
         }
     }
@@ -418,7 +472,7 @@ fn detect_arch(j: &Value) -> Result<Arch> {
         "qwen2" => Ok(Arch::Qwen2),
         "qwen3" => Ok(Arch::Qwen3),
         "mistral" => Ok(Arch::Mistral),
-        "gemma3_text" => Ok(Arch::Gemma3),
+        "gemma3_text" | "gemma3" => Ok(Arch::Gemma3),
         "phi3" => Ok(Arch::Phi3),
         _ => bail!(
             "unknown architecture {archs:?} (model_type `{model_type}`): supported are \
@@ -1135,6 +1189,53 @@ mod tests {
             matches!(c.rope_scaling, RopeScaling::Yarn { beta_fast, beta_slow, truncate: true, .. }
             if beta_fast == 32.0 && beta_slow == 1.0)
         );
+    }
+
+    /// gemma-3-4b-it's config.json as published: the text model from the few keys its
+    /// `text_config` keeps and Gemma3TextConfig's defaults (values transformers 5.25 gives),
+    /// the EOS ids from the top level.
+    #[test]
+    fn multimodal_gemma3_reads_its_text_config() {
+        let c = ModelConfig::from_json(&json!({
+            "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+            "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+            "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+            "text_config": {
+                "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                "sliding_window": 1024
+            },
+            "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+            "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}
+        }))
+        .unwrap();
+        assert_eq!(c.arch, Arch::Gemma3);
+        assert_eq!(
+            (
+                c.vocab_size,
+                c.hidden_size,
+                c.num_layers,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim
+            ),
+            (262208, 2560, 34, 8, 4, 256)
+        );
+        assert_eq!(
+            (c.query_pre_attn_scalar, c.sliding_window),
+            (256.0, Some(1024))
+        );
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!((c.rope_theta, c.rope_local_theta), (1e6, Some(1e4)));
+        assert_eq!(
+            &c.layer_sliding[..7],
+            &[true, true, true, true, true, false, true]
+        );
+        assert_eq!(c.eos_token_ids, vec![1, 106]);
+        assert_eq!(c.dtype, Some(DType::BF16));
+        assert!(c.tie_word_embeddings);
     }
 
     #[test]

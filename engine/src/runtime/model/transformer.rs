@@ -96,21 +96,34 @@ fn linear<B: Backend>(
 /// A weight the model did not read means the config describes another model than the
 /// weights do (a bias its architecture does not have, a layer past `num_hidden_layers`): the
 /// outputs would be wrong without a sign, so loading stops and names them. Left alone:
-/// rotary tables some checkpoints store (recomputed from the config) and an output head
-/// stored beside tied embeddings (transformers ties it to the table too).
+/// rotary tables some checkpoints store (recomputed from the config), an output head stored
+/// beside tied embeddings (transformers ties it to the table too), and a multimodal
+/// checkpoint's vision tower and projector (the text model is served; said once).
 fn refuse_unused_weights(w: &WeightStore, cfg: &ModelConfig) -> Result<()> {
-    let unused: Vec<&str> = w
+    const VISION: [&str; 4] = [
+        "vision_tower.",
+        "multi_modal_projector.",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+    ];
+    let (vision, unused): (Vec<&str>, Vec<&str>) = w
         .unread()
         .into_iter()
         .filter(|n| !n.ends_with(".rotary_emb.inv_freq"))
-        .filter(|n| !(cfg.tie_word_embeddings && *n == "lm_head.weight"))
-        .collect();
+        .filter(|n| !(cfg.tie_word_embeddings && n.ends_with("lm_head.weight")))
+        .partition(|n| VISION.iter().any(|p| n.starts_with(p)));
     if let Some(first) = unused.first() {
         bail!(
             "{} weight(s) the {} architecture as configured does not use, first `{first}`: \
              config.json does not describe these weights",
             unused.len(),
             cfg.arch.name()
+        );
+    }
+    if !vision.is_empty() {
+        eprintln!(
+            "serving the text model only: {} vision weights left unloaded",
+            vision.len()
         );
     }
     Ok(())

@@ -57,7 +57,21 @@ impl WeightStore {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.location.contains_key(name)
+        self.locate(name).is_some()
+    }
+
+    /// The stored name of the text model's tensor `name`: as named, or under a multimodal
+    /// checkpoint's language-model prefix (`language_model.model.layers.0...` as
+    /// gemma-3-4b-it ships it, `model.language_model.layers.0...` as transformers 5 saves
+    /// it), and its file.
+    fn locate(&self, name: &str) -> Option<(String, usize)> {
+        let mut candidates = vec![name.to_string(), format!("language_model.{name}")];
+        if let Some(rest) = name.strip_prefix("model.") {
+            candidates.push(format!("model.language_model.{rest}"));
+        }
+        candidates
+            .into_iter()
+            .find_map(|n| self.location.get(&n).map(|&i| (n, i)))
     }
 
     pub fn dtype(&self) -> DType {
@@ -66,7 +80,7 @@ impl WeightStore {
 
     /// Loads `name`, checking that its shape is `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let Some(&i) = self.location.get(name) else {
+        let Some((stored, i)) = self.locate(name) else {
             let files: Vec<_> = self
                 .files
                 .iter()
@@ -75,6 +89,7 @@ impl WeightStore {
             bail!("tensor `{name}` not found in {}", files.join(", "));
         };
         let (path, st) = &self.files[i];
+        let name = stored.as_str();
         let view = st
             .get(name)
             .with_context(|| format!("reading `{name}` from {}", path.display()))?;
