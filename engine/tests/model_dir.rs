@@ -154,13 +154,19 @@ fn multimodal_gemma3_serves_its_text_model() -> Result<()> {
             .iter()
             .map(|(n, t)| (n.replacen("model.", prefix, 1), t.clone()))
             .collect();
+        // Beside the vision tower, under the prefix of the same layout.
+        let outer = if prefix.starts_with("model.") {
+            "model."
+        } else {
+            ""
+        };
         let vision = Tensor::zeros((8, 8), DType::F32, &Device::Cpu)?;
         tensors.insert(
-            "vision_tower.vision_model.post_layernorm.weight".into(),
+            format!("{outer}vision_tower.vision_model.post_layernorm.weight"),
             vision.clone(),
         );
         tensors.insert(
-            "multi_modal_projector.mm_input_projection_weight".into(),
+            format!("{outer}multi_modal_projector.mm_input_projection_weight"),
             vision,
         );
         candle_core::safetensors::save(&tensors, mm.join("model.safetensors"))?;
@@ -338,6 +344,36 @@ fn chat_template_files_in_transformers_order() -> Result<()> {
         "jinja {{ messages[0].content }}",
     )?;
     assert_eq!(render(&dir)?, "jinja Hi");
+    // A chat with tools goes through a `tool_use` template where there is one (transformers'
+    // and vLLM's choice), from additional_chat_templates/ or a named list.
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+    let with_tools = |dir: &Path| -> Result<String> {
+        TextTokenizer::from_dir(dir)?.apply_chat_template(
+            &[ChatMessage::new("user", "Hi")],
+            Some(&tools),
+            true,
+        )
+    };
+    assert_eq!(with_tools(&dir)?, "jinja Hi");
+    std::fs::create_dir(dir.join("additional_chat_templates"))?;
+    std::fs::write(
+        dir.join("additional_chat_templates/tool_use.jinja"),
+        "tools {{ tools[0].function.name }} {{ messages[0].content }}",
+    )?;
+    assert_eq!(with_tools(&dir)?, "tools f Hi");
+    assert_eq!(render(&dir)?, "jinja Hi");
+    let (_tmp2, named) = tiny_model(&spec(Arch::Llama))?;
+    let path = named.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    cfg["chat_template"] = serde_json::json!([
+        {"name": "tool_use", "template": "T {{ messages[0].content }}"},
+        {"name": "default", "template": "D {{ messages[0].content }}"}
+    ]);
+    std::fs::write(&path, cfg.to_string())?;
+    assert_eq!(
+        (render(&named)?, with_tools(&named)?),
+        ("D Hi".into(), "T Hi".into())
+    );
     Ok(())
 }
 

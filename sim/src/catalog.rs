@@ -429,14 +429,29 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     let text = std::fs::read_to_string(&path).map_err(FileError::at(&path, "read"))?;
     let top: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| SimError::content(path.display(), format!("not JSON: {e}")))?;
-    // A multimodal Gemma 3 (gemma-3-4b-it) is its `text_config`, whose left-out shape keys
-    // are Gemma3TextConfig's defaults, as the engine serves it.
-    let multimodal = top.get("model_type").and_then(|v| v.as_str()) == Some("gemma3");
-    let c = match top.get("text_config") {
-        Some(t) if multimodal => t.clone(),
+    // A multimodal Gemma 3 (gemma-3-4b-it) is its `text_config`, tied as its top level says
+    // (default true); Gemma 3's left-out shape keys are Gemma3TextConfig's defaults. As the
+    // engine serves it (`multimodal_text_config` in engine/src/runtime/model/config.rs).
+    let gemma3_outer = top.get("model_type").and_then(|v| v.as_str()) == Some("gemma3")
+        || top
+            .get("architectures")
+            .and_then(|a| a.as_array())
+            .is_some_and(|a| a.iter().any(|x| x == "Gemma3ForConditionalGeneration"));
+    let c = match top.get("text_config").filter(|t| t.is_object()) {
+        Some(t) if gemma3_outer => {
+            let mut t = t.clone();
+            let tied = top
+                .get("tie_word_embeddings")
+                .cloned()
+                .unwrap_or(true.into());
+            t["tie_word_embeddings"] = tied;
+            t["model_type"] = "gemma3_text".into();
+            t
+        }
         _ => top.clone(),
     };
-    let shape_default: &[(&str, usize)] = if multimodal {
+    let family = c.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+    let shape_default: &[(&str, usize)] = if family.starts_with("gemma3") {
         &[
             ("vocab_size", 262208),
             ("hidden_size", 2304),
@@ -464,7 +479,6 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     let (hidden, heads) = (field("hidden_size")?, field("num_attention_heads")?);
     // Keys left out take the defaults of the family's transformers class, as the engine
     // reads them (`engine/src/runtime/model/config.rs`, `Arch::defaults`).
-    let family = top.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
     let (kv_heads_default, head_dim_default, tied_default) = match family {
         f if f.starts_with("gemma3") => (4, 256, true),
         "qwen3" => (32, 128, false),

@@ -1,9 +1,11 @@
-//! Text side of a model directory: `tokenizer.json` (HF tokenizers), the chat template and
-//! special tokens of `tokenizer_config.json`.
+//! Text side of a model directory: `tokenizer.json` (HF tokenizers), the chat templates
+//! (`chat_template.jinja`, `additional_chat_templates/`, `tokenizer_config.json`,
+//! `chat_template.json`) and the special tokens of `tokenizer_config.json`.
 
 use anyhow::{anyhow, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -35,7 +37,11 @@ impl ChatMessage {
 
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
+    /// The `default` template.
     chat_template: Option<String>,
+    /// The `tool_use` template, which transformers and vLLM render a chat with tools
+    /// through where a model ships one (Hermes 2 Pro, Hermes 3).
+    tool_use_template: Option<String>,
     bos_token: Option<String>,
     eos_token: Option<String>,
     pad_token: Option<String>,
@@ -76,9 +82,11 @@ impl TextTokenizer {
                 _ => Vec::new(),
             }
         };
+        let mut templates = chat_templates(dir, &cfg)?;
         Ok(Self {
             inner,
-            chat_template: chat_template(dir, &cfg)?,
+            chat_template: templates.remove("default"),
+            tool_use_template: templates.remove("tool_use"),
             bos_token: special_token(cfg.get("bos_token")),
             eos_token: special_token(cfg.get("eos_token")),
             pad_token: special_token(cfg.get("pad_token")),
@@ -194,10 +202,13 @@ impl TextTokenizer {
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .context("this model has no chat_template in tokenizer_config.json")?;
+        let template = match (tools, &self.tool_use_template) {
+            (Some(_), Some(t)) => t,
+            _ => self.chat_template.as_ref().context(
+                "this model has no (default) chat template: none in chat_template.jinja, \
+                 tokenizer_config.json or chat_template.json",
+            )?,
+        };
         let mut env = minijinja::Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -229,44 +240,65 @@ impl TextTokenizer {
     }
 }
 
-/// `chat_template` is a string, or a list of `{name, template}` (take `default`).
-/// The chat template as transformers loads it: `chat_template.jinja` (what transformers 5
-/// saves, leaving it out of `tokenizer_config.json`) over `tokenizer_config.json`'s, over a
-/// processor's `chat_template.json` (Gemma 3's and other multimodal repositories').
-fn chat_template(dir: &Path, cfg: &Value) -> Result<Option<String>> {
+/// The named chat templates as transformers' tokenizer loads them: template files
+/// (`chat_template.jinja`, what transformers 5 saves, as `default`, and
+/// `additional_chat_templates/NAME.jinja`) replace `tokenizer_config.json`'s `chat_template`
+/// (one template, the `default`, or a list of named ones). Where neither has one, a
+/// processor's `chat_template.json` (multimodal repositories) gives the `default`; vLLM
+/// prefers the processor's for a chat without tools where both exist, and Gemma 3's
+/// repositories ship the same template in both.
+fn chat_templates(dir: &Path, cfg: &Value) -> Result<HashMap<String, String>> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+    };
+    let mut files = HashMap::new();
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
-        let text = std::fs::read_to_string(&jinja)
-            .with_context(|| format!("cannot read {}", jinja.display()))?;
-        return Ok(Some(text));
+        files.insert("default".to_string(), read(&jinja)?);
     }
-    if let Some(t) = template_in(cfg) {
-        return Ok(Some(t));
+    let extra = dir.join("additional_chat_templates");
+    if extra.is_dir() {
+        let entries = std::fs::read_dir(&extra)
+            .with_context(|| format!("cannot list {}", extra.display()))?;
+        for entry in entries {
+            let path = entry?.path();
+            if let (Some(name), Some("jinja")) = (
+                path.file_stem().and_then(|n| n.to_str()),
+                path.extension().and_then(|e| e.to_str()),
+            ) {
+                files.insert(name.to_string(), read(&path)?);
+            }
+        }
     }
-    let legacy = dir.join("chat_template.json");
-    if !legacy.exists() {
-        return Ok(None);
+    if !files.is_empty() {
+        return Ok(files);
     }
-    let text = std::fs::read_to_string(&legacy)
-        .with_context(|| format!("cannot read {}", legacy.display()))?;
-    let json: Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not valid JSON", legacy.display()))?;
-    Ok(template_in(&json))
+    let named = templates_in(cfg);
+    if !named.is_empty() {
+        return Ok(named);
+    }
+    let processor = dir.join("chat_template.json");
+    if !processor.exists() {
+        return Ok(HashMap::new());
+    }
+    let json: Value = serde_json::from_str(&read(&processor)?)
+        .with_context(|| format!("{} is not valid JSON", processor.display()))?;
+    Ok(templates_in(&json))
 }
 
-/// A `chat_template` key: one template, or a list of named ones (the `default`, else the
-/// first).
-fn template_in(cfg: &Value) -> Option<String> {
-    match cfg.get("chat_template")? {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(list) => list
+/// A `chat_template` key: one template (the `default`) or a list of `{name, template}`.
+fn templates_in(cfg: &Value) -> HashMap<String, String> {
+    match cfg.get("chat_template") {
+        Some(Value::String(s)) => HashMap::from([("default".to_string(), s.clone())]),
+        Some(Value::Array(list)) => list
             .iter()
-            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-            .or_else(|| list.first())
-            .and_then(|t| t.get("template"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        _ => None,
+            .filter_map(|t| {
+                let name = t.get("name")?.as_str()?;
+                let template = t.get("template")?.as_str()?;
+                Some((name.to_string(), template.to_string()))
+            })
+            .collect(),
+        _ => HashMap::new(),
     }
 }
 
@@ -334,6 +366,7 @@ mod tests {
         TextTokenizer {
             inner: tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap(),
             chat_template: Some(template.to_string()),
+            tool_use_template: None,
             bos_token: Some("<s>".into()),
             eos_token: Some("</s>".into()),
             pad_token: None,
@@ -398,7 +431,11 @@ mod tests {
             "bos_token": {"content": "<s>", "special": true},
             "eos_token": "</s>",
         });
-        assert_eq!(template_in(&cfg).as_deref(), Some("D"));
+        let named = templates_in(&cfg);
+        assert_eq!(
+            (named["default"].as_str(), named["tool_use"].as_str()),
+            ("D", "T")
+        );
         assert_eq!(special_token(cfg.get("bos_token")).as_deref(), Some("<s>"));
         assert_eq!(special_token(cfg.get("eos_token")).as_deref(), Some("</s>"));
     }

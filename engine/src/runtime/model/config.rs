@@ -419,21 +419,18 @@ impl ModelConfig {
 
 /// A multimodal Gemma 3 (`Gemma3ForConditionalGeneration`: gemma-3-4b/12b/27b-it) served
 /// as its text model, as vLLM serves it to text requests: the keys of its `text_config`,
-/// with the top level's where the text config has none (its EOS ids and dtype). `None`
-/// for any other config.
+/// overridden by the top level's where it has them (EOS ids and dtype, which transformers'
+/// generation config and vLLM take from there), tied as the top level says (transformers
+/// ties by the outer config, default true). `None` for any other config.
 fn multimodal_text_config(j: &Value) -> Option<Value> {
-    let multimodal = j.get("model_type").and_then(Value::as_str) == Some("gemma3")
+    let gemma3 = j.get("model_type").and_then(Value::as_str) == Some("gemma3")
         || j.get("architectures")
             .and_then(Value::as_array)
             .is_some_and(|a| a.iter().any(|x| x == "Gemma3ForConditionalGeneration"));
-    if !multimodal {
+    let mut text = j.get("text_config").and_then(Value::as_object)?.clone();
+    if !gemma3 {
         return None;
     }
-    let mut text = j
-        .get("text_config")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
     for key in [
         "eos_token_id",
         "bos_token_id",
@@ -441,10 +438,12 @@ fn multimodal_text_config(j: &Value) -> Option<Value> {
         "dtype",
         "quantization_config",
     ] {
-        if let Some(v) = j.get(key).filter(|_| !text.contains_key(key)) {
+        if let Some(v) = j.get(key).filter(|v| !v.is_null()) {
             text.insert(key.into(), v.clone());
         }
     }
+    let tied = j.get("tie_word_embeddings").cloned().unwrap_or(true.into());
+    text.insert("tie_word_embeddings".into(), tied);
     text.insert("model_type".into(), "gemma3_text".into());
     Some(Value::Object(text))
 }
@@ -1203,7 +1202,7 @@ mod tests {
             "text_config": {
                 "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
                 "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
-                "sliding_window": 1024
+                "sliding_window": 1024, "eos_token_id": 1, "tie_word_embeddings": false
             },
             "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
             "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
@@ -1233,9 +1232,18 @@ mod tests {
             &c.layer_sliding[..7],
             &[true, true, true, true, true, false, true]
         );
+        // The top level's EOS ids and tying win over the text config's.
         assert_eq!(c.eos_token_ids, vec![1, 106]);
         assert_eq!(c.dtype, Some(DType::BF16));
         assert!(c.tie_word_embeddings);
+        // A flat Gemma 3 config that says model_type "gemma3" is read flat.
+        let flat = ModelConfig::from_json(&json!({
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3",
+            "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1
+        }))
+        .unwrap();
+        assert_eq!((flat.hidden_size, flat.num_layers), (64, 2));
     }
 
     #[test]
