@@ -11,7 +11,12 @@ use std::path::Path;
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct ChatMessage {
     pub role: String,
+    /// The text; a list of text parts joined a line apart (vLLM's "string" format).
     pub content: String,
+    /// The text parts, where the request gave `content` as a list: a template that loops
+    /// over `message['content']` gets them as a list instead (vLLM's "openai" format).
+    #[serde(skip)]
+    pub parts: Option<Vec<String>>,
     /// An assistant turn's calls (OpenAI's `tool_calls`, as the template reads them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Value>,
@@ -28,6 +33,7 @@ impl ChatMessage {
         Self {
             role: role.to_string(),
             content: content.to_string(),
+            parts: None,
             tool_calls: None,
             tool_call_id: None,
             name: None,
@@ -227,6 +233,11 @@ impl TextTokenizer {
         });
         env.add_template("chat", template)
             .context("invalid chat_template")?;
+        let messages: Vec<Value> = if loops_over_content(template) {
+            messages.iter().map(with_content_parts).collect()
+        } else {
+            messages.iter().map(|m| serde_json::json!(m)).collect()
+        };
         let ctx = minijinja::context! {
             messages => messages,
             tools => tools,
@@ -238,6 +249,40 @@ impl TextTokenizer {
             .render(ctx)
             .context("rendering chat_template")
     }
+}
+
+/// Whether a template loops over a message's content (`{% for x in message['content'] %}`,
+/// Gemma 3's and Llama 3.2's): vLLM then hands it the content as OpenAI's list of parts
+/// (its "openai" content format), where other templates get one string.
+fn loops_over_content(template: &str) -> bool {
+    template.split("{%").skip(1).any(|block| {
+        let statement = block.split("%}").next().unwrap_or("");
+        let words: Vec<&str> = statement
+            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace())
+            .split_whitespace()
+            .collect();
+        match words.as_slice() {
+            ["for", _, "in", iterable, ..] => {
+                let iterable = iterable.split('|').next().unwrap_or("");
+                iterable.ends_with("['content']")
+                    || iterable.ends_with("[\"content\"]")
+                    || iterable.ends_with(".content")
+            }
+            _ => false,
+        }
+    })
+}
+
+/// `m` for a template that loops over content: its parts as `{"type": "text", "text"}`
+/// items (a string content as one part).
+fn with_content_parts(m: &ChatMessage) -> Value {
+    let mut v = serde_json::json!(m);
+    let parts = m.parts.clone().unwrap_or_else(|| vec![m.content.clone()]);
+    v["content"] = parts
+        .into_iter()
+        .map(|text| serde_json::json!({"type": "text", "text": text}))
+        .collect();
+    v
 }
 
 /// The named chat templates as transformers' tokenizer loads them: template files
@@ -422,6 +467,33 @@ mod tests {
         };
         assert_eq!(tok.decode(&[3]).unwrap(), "é");
         assert_eq!(tok.partial_character_ids(), vec![1, 2]);
+    }
+
+    /// A template that loops over a message's content (Gemma 3's form) gets the request's
+    /// text parts as a list, each trimmed by it and none joined by a newline, as vLLM's
+    /// "openai" content format renders them; other templates get the parts joined.
+    #[test]
+    fn templates_looping_over_content_get_the_parts() {
+        let gemma = "{%- for message in messages -%}{%- if message['content'] is string -%}\
+                     {{ message['content'] | trim }}{%- else -%}\
+                     {%- for item in message['content'] -%}{%- if item['type'] == 'text' -%}\
+                     {{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}\
+                     {%- endfor -%}";
+        let plain = "{%- for message in messages %}{{ message['content'] }}{%- endfor %}";
+        assert!(loops_over_content(gemma));
+        assert!(loops_over_content("{% for p in m.content %}{% endfor %}"));
+        assert!(!loops_over_content(plain));
+        let mut m = ChatMessage::new("user", "a \nb");
+        m.parts = Some(vec!["a ".into(), "b".into()]);
+        let render = |t: &str, m: &ChatMessage| {
+            with_template(t)
+                .apply_chat_template(std::slice::from_ref(m), None, false)
+                .unwrap()
+        };
+        assert_eq!(render(gemma, &m), "ab");
+        assert_eq!(render(plain, &m), "a \nb");
+        // A string content reaches a looping template as one part.
+        assert_eq!(render(gemma, &ChatMessage::new("user", " c ")), "c");
     }
 
     #[test]

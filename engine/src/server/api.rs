@@ -859,24 +859,28 @@ fn parse_messages(
             let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
                 ApiError::bad_request(Some(&param), "each message needs a string role")
             })?;
+            let mut parts = None;
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
-                // The list form: the text parts, a line apart (as vLLM joins them).
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|p| {
-                        match (
-                            p.get("type").and_then(Value::as_str),
-                            p.get("text").and_then(Value::as_str),
-                        ) {
-                            (Some("text"), Some(t)) => Ok(t.to_string()),
-                            _ => Err(ApiError::bad_request(
-                                Some(&param),
-                                "only text content parts are supported",
-                            )),
-                        }
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
+                // The list form: the text parts, a line apart (as vLLM joins them for most
+                // templates; those that loop over the parts get them as a list).
+                Some(Value::Array(list)) => parts
+                    .insert(
+                        list.iter()
+                            .map(|p| {
+                                match (
+                                    p.get("type").and_then(Value::as_str),
+                                    p.get("text").and_then(Value::as_str),
+                                ) {
+                                    (Some("text"), Some(t)) => Ok(t.to_string()),
+                                    _ => Err(ApiError::bad_request(
+                                        Some(&param),
+                                        "only text content parts are supported",
+                                    )),
+                                }
+                            })
+                            .collect::<Result<Vec<_>, _>>()?,
+                    )
                     .join("\n"),
                 None | Some(Value::Null) => String::new(),
                 Some(other) => {
@@ -887,6 +891,7 @@ fn parse_messages(
                 }
             };
             let mut message = crate::runtime::tokenizer::ChatMessage::new(role, &content);
+            message.parts = parts;
             // A conversation that used tools: the calls made and the answers they got.
             message.tool_calls = match m.get("tool_calls") {
                 None | Some(Value::Null) => None,
@@ -1358,7 +1363,10 @@ mod tests {
         assert_eq!(c.params.logprobs, Some(2));
         match &c.prompts[..] {
             // A line apart, as vLLM joins text parts.
-            [Prompt::Chat(m)] => assert_eq!(m[0].content, "a\nb"),
+            [Prompt::Chat(m)] => {
+                assert_eq!(m[0].content, "a\nb");
+                assert_eq!(m[0].parts, Some(vec!["a".to_string(), "b".to_string()]));
+            }
             _ => panic!(),
         }
     }
