@@ -3,7 +3,7 @@
 # network needed). Prints `name: value unit` lines and writes its log and reports under
 # $OUT (default gpu-pack/out):
 #   1. every CUDA kernel against its CPU reference (relative error <= 1e-2 in bf16);
-#   2. GPU-vs-CPU logits parity for generated Llama, Qwen3 and Gemma 3 models, mixed steps
+#   2. GPU-vs-CPU logits parity for generated Llama, Qwen2, Qwen3, Mistral, Gemma 3 and Phi-3 models, mixed steps
 #      and CUDA-graph replays; the runner against Hugging Face transformers on the same
 #      safetensors (oracle); compute-sanitizer memcheck over a served run with graphs;
 #   3. decode steps at batch 1/8/32/64 and contexts 512/2,048/4,096, eager and graphed,

@@ -511,9 +511,10 @@ impl Rope {
             |p: &serde_json::Map<String, Value>| p.get("rope_theta").and_then(Value::as_f64);
         // Transformers gives a top-level `original_max_position_embeddings` (Phi-3 writes
         // one) priority over the dict's.
+        // Written as an integer or a float (`8192.0`), as transformers takes either.
         let original = j
             .get("original_max_position_embeddings")
-            .and_then(Value::as_u64)
+            .and_then(Value::as_f64)
             .map(|n| n as usize);
         let scaling_of = |p: &serde_json::Map<String, Value>, key: &str| {
             parse_rope_scaling(p, key, original, max_positions)
@@ -529,6 +530,15 @@ impl Rope {
             };
             let mut global = nested("full_attention");
             if let Some(s) = dict("rope_scaling") {
+                // Transformers 4 scaled by a `type`; 5 keeps the `rope_type` already there
+                // and does not. Which was meant cannot be told: refused, as vLLM refuses it.
+                let kind = s.get("type").and_then(Value::as_str);
+                ensure!(
+                    s.contains_key("rope_type") || kind.is_none_or(|k| k == "default"),
+                    "rope_scaling gives `type: {}` without `rope_type`, which transformers 4 \
+                     and 5 read differently for Gemma 3: write `rope_type`",
+                    kind.unwrap_or_default()
+                );
                 global.extend(s);
             }
             let local = nested("sliding_attention");
@@ -614,7 +624,7 @@ fn parse_rope_scaling(
     let original_max_position_embeddings = original
         .or(v
             .get("original_max_position_embeddings")
-            .and_then(Value::as_u64)
+            .and_then(Value::as_f64)
             .map(|n| n as usize))
         .unwrap_or(max_positions);
     Ok(match kind {
@@ -1136,11 +1146,19 @@ mod tests {
             "original_max_position_embeddings": 1024}))),
             1024
         );
+        // Written as a float, as some configs have it.
+        let mut llama3_float = llama3.clone();
+        llama3_float["original_max_position_embeddings"] = json!(8192.0);
+        assert_eq!(
+            length(llama(json!({"rope_scaling": llama3_float,
+                "max_position_embeddings": 131072}))),
+            8192
+        );
     }
 
-    /// Gemma 3: a `rope_scaling` with `type` only does not change the global layers'
-    /// `rope_type` (transformers merges it into a dict that has one); the head size and
-    /// attention scalar left out are the class's 256; no window is refused.
+    /// Gemma 3: a `rope_scaling` with `type` only is refused (transformers 4 scaled by it, 5
+    /// ignores it); the head size and attention scalar left out are the class's 256; no
+    /// window is refused.
     #[test]
     fn gemma3_rope_and_head_defaults() {
         let gemma = |extra: Value| {
@@ -1154,8 +1172,11 @@ mod tests {
                 .extend(extra.as_object().unwrap().clone());
             ModelConfig::from_json(&c)
         };
-        let c = gemma(json!({"rope_scaling": {"type": "linear", "factor": 8.0}})).unwrap();
-        assert_eq!(c.rope_scaling, RopeScaling::None);
+        let err = gemma(json!({"rope_scaling": {"type": "linear", "factor": 8.0}}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write `rope_type`"), "{err}");
+        let c = gemma(json!({})).unwrap();
         assert_eq!((c.head_dim, c.query_pre_attn_scalar), (256, 256.0));
         let c = gemma(
             json!({"rope_scaling": {"rope_type": "linear", "factor": 8.0},
