@@ -9,9 +9,11 @@
 //! * [`kv`]: contiguous and paged KV managers, prefix caching;
 //! * [`workload`]: scenario files, prompts and arrival processes;
 //! * [`metrics`]: TTFT / TPOT / ITL / E2E with vLLM's definitions;
-//! * [`router`]: routing policies over replicas.
+//! * [`router`]: routing policies over replicas;
+//! * [`hf_config`]: what a Hugging Face `config.json` means where it is silent or nested.
 
 mod file_error;
+pub mod hf_config;
 pub mod kv;
 pub mod metrics;
 pub mod request;

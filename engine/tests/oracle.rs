@@ -30,44 +30,26 @@ impl Oracle for Llama {
     }
 }
 
-struct Qwen2(qwen2::ModelForCausalLM);
-impl Oracle for Qwen2 {
-    fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
-        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
-    }
+/// An oracle over a candle model whose `forward(input, offset)` keeps its own KV cache and
+/// returns the last position's logits.
+macro_rules! cached_oracle {
+    ($($name:ident($model:ty);)*) => {$(
+        struct $name($model);
+        impl Oracle for $name {
+            fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
+                let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
+                Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
+            }
+        }
+    )*};
 }
 
-struct Mistral(mistral::Model);
-impl Oracle for Mistral {
-    fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
-        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
-    }
-}
-
-struct Phi3(phi3::Model);
-impl Oracle for Phi3 {
-    fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
-        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
-    }
-}
-
-struct Qwen3(qwen3::ModelForCausalLM);
-impl Oracle for Qwen3 {
-    fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
-        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
-    }
-}
-
-struct Gemma3(gemma3::Model);
-impl Oracle for Gemma3 {
-    fn step(&mut self, tokens: &[u32], offset: usize) -> Result<Vec<f32>> {
-        let x = Tensor::new(tokens, &Device::Cpu)?.unsqueeze(0)?;
-        Ok(self.0.forward(&x, offset)?.flatten_all()?.to_vec1()?)
-    }
+cached_oracle! {
+    Qwen2(qwen2::ModelForCausalLM);
+    Mistral(mistral::Model);
+    Phi3(phi3::Model);
+    Qwen3(qwen3::ModelForCausalLM);
+    Gemma3(gemma3::Model);
 }
 
 fn oracle(arch: Arch, dir: &Path, cfg: &serde_json::Value) -> Result<Box<dyn Oracle>> {

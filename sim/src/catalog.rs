@@ -6,7 +6,7 @@
 //! is computed here from those fields, so a reader can check each number by hand.
 
 use crate::error::SimError;
-use infer_core::FileError;
+use infer_core::{hf_config, FileError};
 use std::fmt;
 
 const GB: f64 = 1e9;
@@ -429,63 +429,21 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
     let text = std::fs::read_to_string(&path).map_err(FileError::at(&path, "read"))?;
     let top: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| SimError::content(path.display(), format!("not JSON: {e}")))?;
-    // A multimodal Gemma 3 (gemma-3-4b-it) is its `text_config`, tied as its top level says
-    // (default true); Gemma 3's left-out shape keys are Gemma3TextConfig's defaults. As the
-    // engine serves it (`multimodal_text_config` in engine/src/runtime/model/config.rs).
-    let gemma3_outer = top.get("model_type").and_then(|v| v.as_str()) == Some("gemma3")
-        || top
-            .get("architectures")
-            .and_then(|a| a.as_array())
-            .is_some_and(|a| a.iter().any(|x| x == "Gemma3ForConditionalGeneration"));
-    let c = match top.get("text_config").filter(|t| t.is_object()) {
-        Some(t) if gemma3_outer => {
-            let mut t = t.clone();
-            let tied = top
-                .get("tie_word_embeddings")
-                .cloned()
-                .unwrap_or(true.into());
-            t["tie_word_embeddings"] = tied;
-            t["model_type"] = "gemma3_text".into();
-            t
-        }
-        _ => top.clone(),
-    };
+    // Read as the engine reads it (`infer_core::hf_config`): a multimodal Gemma 3 as its
+    // text model, keys left out as the family's transformers class has them.
+    let c = hf_config::multimodal_text_config(&top).unwrap_or(top);
     let family = c.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
-    let shape_default: &[(&str, usize)] = if family.starts_with("gemma3") {
-        &[
-            ("vocab_size", 262208),
-            ("hidden_size", 2304),
-            ("intermediate_size", 9216),
-            ("num_hidden_layers", 26),
-            ("num_attention_heads", 8),
-        ]
-    } else {
-        &[]
-    };
+    let d = hf_config::family_defaults(family);
     let field = |key: &str| -> Result<usize, SimError> {
         c.get(key)
             .and_then(|v| v.as_u64())
             .map(|v| v as usize)
-            .or_else(|| {
-                shape_default
-                    .iter()
-                    .find(|(k, _)| *k == key)
-                    .map(|&(_, v)| v)
-            })
+            .or_else(|| d.shape(key))
             .ok_or_else(|| {
                 SimError::content(path.display(), format!("`{key}` missing or not a count"))
             })
     };
     let (hidden, heads) = (field("hidden_size")?, field("num_attention_heads")?);
-    // Keys left out take the defaults of the family's transformers class, as the engine
-    // reads them (`engine/src/runtime/model/config.rs`, `Arch::defaults`).
-    let (kv_heads_default, head_dim_default, tied_default) = match family {
-        f if f.starts_with("gemma3") => (4, 256, true),
-        "qwen3" => (32, 128, false),
-        "qwen2" => (32, hidden / heads, false),
-        "mistral" => (8, hidden / heads, false),
-        _ => (heads, hidden / heads, false),
-    };
     let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
     let short = dir
         .file_name()
@@ -496,14 +454,14 @@ pub fn resolve_model(name: &str) -> Result<ModelSpec, SimError> {
         layers: field("num_hidden_layers")?,
         hidden,
         heads,
-        kv_heads: field("num_key_value_heads").unwrap_or(kv_heads_default),
-        head_dim: field("head_dim").unwrap_or(head_dim_default),
+        kv_heads: field("num_key_value_heads").unwrap_or(d.num_kv_heads.unwrap_or(heads)),
+        head_dim: field("head_dim").unwrap_or(d.head_dim.unwrap_or(hidden / heads)),
         intermediate: field("intermediate_size")?,
         vocab: field("vocab_size")?,
         tied_embeddings: c
             .get("tie_word_embeddings")
             .and_then(|v| v.as_bool())
-            .unwrap_or(tied_default),
+            .unwrap_or(d.tie_word_embeddings),
         weight_dtype: Dtype::Bf16,
         kv_dtype: Dtype::Bf16,
         tp: 1,

@@ -4,6 +4,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::DType;
+use infer_core::hf_config::{family_defaults, multimodal_text_config, FamilyDefaults};
 use serde_json::Value;
 use std::path::Path;
 
@@ -34,88 +35,10 @@ impl Arch {
     }
 
     /// What transformers' config class of the architecture assumes for a key `config.json`
-    /// leaves out (their defaults as of transformers 5.25).
-    fn defaults(self) -> ArchDefaults {
-        let llama = ArchDefaults {
-            shape: &[],
-            max_position_embeddings: 2048,
-            num_kv_heads: None,
-            head_dim: None,
-            rms_norm_eps: 1e-6,
-            rope_theta: 10_000.0,
-            tie_word_embeddings: false,
-            sliding_window: None,
-            max_window_layers: 0,
-        };
-        match self {
-            Arch::Llama => llama,
-            Arch::Qwen2 => ArchDefaults {
-                max_position_embeddings: 32768,
-                num_kv_heads: Some(32),
-                sliding_window: Some(4096),
-                max_window_layers: 28,
-                ..llama
-            },
-            Arch::Qwen3 => ArchDefaults {
-                max_position_embeddings: 32768,
-                num_kv_heads: Some(32),
-                head_dim: Some(128),
-                sliding_window: Some(4096),
-                max_window_layers: 28,
-                ..llama
-            },
-            Arch::Mistral => ArchDefaults {
-                max_position_embeddings: 131072,
-                num_kv_heads: Some(8),
-                sliding_window: Some(4096),
-                ..llama
-            },
-            Arch::Gemma3 => ArchDefaults {
-                // A multimodal Gemma 3's `text_config` leaves these out (gemma-3-4b-it's
-                // keeps only its hidden and MLP sizes, layers, rope scaling and window).
-                shape: &[
-                    ("vocab_size", 262208),
-                    ("hidden_size", 2304),
-                    ("intermediate_size", 9216),
-                    ("num_hidden_layers", 26),
-                    ("num_attention_heads", 8),
-                ],
-                max_position_embeddings: 131072,
-                num_kv_heads: Some(4),
-                head_dim: Some(256),
-                rope_theta: 1_000_000.0,
-                tie_word_embeddings: true,
-                sliding_window: Some(4096),
-                ..llama
-            },
-            Arch::Phi3 => ArchDefaults {
-                max_position_embeddings: 4096,
-                rms_norm_eps: 1e-5,
-                ..llama
-            },
-        }
+    /// leaves out ([`family_defaults`] of its `model_type`).
+    fn defaults(self) -> FamilyDefaults {
+        family_defaults(self.name())
     }
-}
-
-/// See [`Arch::defaults`].
-struct ArchDefaults {
-    /// Shape keys (`vocab_size`, `hidden_size`, ...) where the class's defaults are relied
-    /// on; elsewhere every published config gives them and they are required.
-    shape: &'static [(&'static str, usize)],
-    max_position_embeddings: usize,
-    /// `None`: as many as query heads.
-    num_kv_heads: Option<usize>,
-    /// `None`: `hidden_size / num_attention_heads`.
-    head_dim: Option<usize>,
-    rms_norm_eps: f64,
-    /// Of the global layers.
-    rope_theta: f64,
-    tie_word_embeddings: bool,
-    /// The window when `sliding_window` is absent (`null` is none), for the architectures
-    /// that have one.
-    sliding_window: Option<usize>,
-    /// Qwen's first sliding layer when `max_window_layers` is absent.
-    max_window_layers: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +170,7 @@ impl ModelConfig {
             j.get(key)
                 .and_then(Value::as_u64)
                 .map(|v| v as usize)
-                .or_else(|| d.shape.iter().find(|(k, _)| *k == key).map(|&(_, v)| v))
+                .or_else(|| d.shape(key))
                 .with_context(|| format!("missing or non-integer field `{key}`"))
         };
         let opt_usize = |key: &str| j.get(key).and_then(Value::as_u64).map(|v| v as usize);
@@ -343,11 +266,7 @@ impl ModelConfig {
             fused_projections: arch == Arch::Phi3,
             rope_theta: rope.theta,
             rope_scaling: rope.scaling,
-            rope_local_theta: if gemma {
-                Some(rope.local_theta.unwrap_or(10_000.0))
-            } else {
-                None
-            },
+            rope_local_theta: rope.local_theta,
             sliding_window,
             layer_sliding,
             query_pre_attn_scalar: if gemma {
@@ -417,37 +336,6 @@ impl ModelConfig {
     }
 }
 
-/// A multimodal Gemma 3 (`Gemma3ForConditionalGeneration`: gemma-3-4b/12b/27b-it) served
-/// as its text model, as vLLM serves it to text requests: the keys of its `text_config`,
-/// overridden by the top level's where it has them (EOS ids and dtype, which transformers'
-/// generation config and vLLM take from there), tied as the top level says (transformers
-/// ties by the outer config, default true). `None` for any other config.
-fn multimodal_text_config(j: &Value) -> Option<Value> {
-    let gemma3 = j.get("model_type").and_then(Value::as_str) == Some("gemma3")
-        || j.get("architectures")
-            .and_then(Value::as_array)
-            .is_some_and(|a| a.iter().any(|x| x == "Gemma3ForConditionalGeneration"));
-    let mut text = j.get("text_config").and_then(Value::as_object)?.clone();
-    if !gemma3 {
-        return None;
-    }
-    for key in [
-        "eos_token_id",
-        "bos_token_id",
-        "torch_dtype",
-        "dtype",
-        "quantization_config",
-    ] {
-        if let Some(v) = j.get(key).filter(|v| !v.is_null()) {
-            text.insert(key.into(), v.clone());
-        }
-    }
-    let tied = j.get("tie_word_embeddings").cloned().unwrap_or(true.into());
-    text.insert("tie_word_embeddings".into(), tied);
-    text.insert("model_type".into(), "gemma3_text".into());
-    Some(Value::Object(text))
-}
-
 fn detect_arch(j: &Value) -> Result<Arch> {
     let archs: Vec<&str> = j
         .get("architectures")
@@ -499,7 +387,7 @@ impl Rope {
     /// (`convert_rope_params_to_dict`): per-layer-type dicts, `rope_scaling` merged into the
     /// global one (its `type` does not override the `rope_type` already there), each theta
     /// from its dict, else `rope_theta` / `rope_local_base_freq`, else the class's.
-    fn of(j: &Value, arch: Arch, d: &ArchDefaults, max_positions: usize) -> Result<Rope> {
+    fn of(j: &Value, arch: Arch, d: &FamilyDefaults, max_positions: usize) -> Result<Rope> {
         let dict = |key: &str| {
             j.get(key)
                 .and_then(Value::as_object)
@@ -674,7 +562,7 @@ fn parse_rope_scaling(
 fn layer_sliding(
     j: &Value,
     arch: Arch,
-    d: &ArchDefaults,
+    d: &FamilyDefaults,
     num_layers: usize,
     has_window: bool,
 ) -> Result<Vec<bool>> {
@@ -758,6 +646,15 @@ pub fn token_id_list(v: &Value) -> Result<Vec<u32>> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `base` with the keys of `extra` set.
+    fn with(base: &Value, extra: Value) -> Value {
+        let mut c = base.clone();
+        if let (Some(c), Value::Object(extra)) = (c.as_object_mut(), extra) {
+            c.extend(extra);
+        }
+        c
+    }
 
     #[test]
     fn gemma3_layer_pattern_and_defaults() {
@@ -1022,11 +919,10 @@ mod tests {
             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4
         });
         let refused = |patch: Value| {
-            let mut c = base.clone();
-            c.as_object_mut()
-                .unwrap()
-                .extend(patch.as_object().unwrap().clone());
-            format!("{:#}", ModelConfig::from_json(&c).unwrap_err())
+            format!(
+                "{:#}",
+                ModelConfig::from_json(&with(&base, patch)).unwrap_err()
+            )
         };
         assert!(
             refused(json!({"partial_rotary_factor": 0.75})).contains("partial_rotary_factor 0.75")
@@ -1059,14 +955,11 @@ mod tests {
     #[test]
     fn absent_keys_take_the_architectures_defaults() {
         let minimal = |arch: &str, extra: Value| {
-            let mut c = json!({
+            let base = json!({
                 "architectures": [arch], "vocab_size": 100, "hidden_size": 1024,
                 "intermediate_size": 128, "num_hidden_layers": 30, "num_attention_heads": 32
             });
-            c.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            ModelConfig::from_json(&c).unwrap()
+            ModelConfig::from_json(&with(&base, extra)).unwrap()
         };
         let m = minimal("MistralForCausalLM", json!({}));
         assert_eq!((m.num_kv_heads, m.max_position_embeddings), (8, 131072));
@@ -1095,16 +988,11 @@ mod tests {
     /// Where a config gives rope settings twice, the one transformers 5.25 keeps wins.
     #[test]
     fn rope_precedence_is_transformers() {
-        let llama = |extra: Value| {
-            let mut c = json!({
-                "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
-                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4
-            });
-            c.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            ModelConfig::from_json(&c).unwrap()
-        };
+        let base = json!({
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4
+        });
+        let llama = |extra: Value| ModelConfig::from_json(&with(&base, extra)).unwrap();
         // The dict's own base wins over the top-level one.
         let c = llama(json!({"rope_theta": 1e4,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}));
@@ -1161,17 +1049,12 @@ mod tests {
     /// window is refused.
     #[test]
     fn gemma3_rope_and_head_defaults() {
-        let gemma = |extra: Value| {
-            let mut c = json!({
-                "architectures": ["Gemma3ForCausalLM"], "vocab_size": 100,
-                "hidden_size": 3840, "intermediate_size": 128, "num_hidden_layers": 6,
-                "num_attention_heads": 16, "num_key_value_heads": 8
-            });
-            c.as_object_mut()
-                .unwrap()
-                .extend(extra.as_object().unwrap().clone());
-            ModelConfig::from_json(&c)
-        };
+        let base = json!({
+            "architectures": ["Gemma3ForCausalLM"], "vocab_size": 100,
+            "hidden_size": 3840, "intermediate_size": 128, "num_hidden_layers": 6,
+            "num_attention_heads": 16, "num_key_value_heads": 8
+        });
+        let gemma = |extra: Value| ModelConfig::from_json(&with(&base, extra));
         let err = gemma(json!({"rope_scaling": {"type": "linear", "factor": 8.0}}))
             .unwrap_err()
             .to_string();
