@@ -239,8 +239,11 @@ struct ServeArgs {
     max_num_batched_tokens: Option<usize>,
     #[arg(long = "prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     prefix_caching: bool,
-    #[arg(long = "max-model-len", default_value_t = 4096)]
-    max_model_len: usize,
+    /// Prompt + output tokens a sequence may hold. One longer than the model's context
+    /// (`max_position_embeddings`) is refused [default: 4096, or the model's context where
+    /// that is shorter].
+    #[arg(long = "max-model-len")]
+    max_model_len: Option<usize>,
     /// Waiting requests at most; beyond it the server answers 503 with Retry-After
     /// [default: 16384].
     #[arg(long = "max-waiting")]
@@ -671,6 +674,8 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     let cfg = ServeConfig {
         served_model_name: a.served_model_name,
         sched,
+        // A scenario's length is its simulated server's, lowered to this model's context.
+        max_model_len_is_default: a.scenario.is_some() || a.max_model_len.is_none(),
         seed: a.seed,
         dtype: a.dtype.map(Into::into),
         kv_cache_dtype: a.kv_cache_dtype.unwrap_or(kv_cache_dtype),
@@ -728,7 +733,9 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         prefill_chunk_size: a.prefill_chunk_size,
         max_num_batched_tokens: a.max_num_batched_tokens,
         prefix_caching: a.prefix_caching,
-        max_model_len: a.max_model_len,
+        max_model_len: a
+            .max_model_len
+            .unwrap_or(SchedulerConfig::default().max_model_len),
         max_waiting: a
             .max_waiting
             .or(Some(infer_core::scheduler::DEFAULT_MAX_WAITING)),

@@ -1969,3 +1969,42 @@ async fn a_models_generation_config_sets_the_sampling_defaults() {
         texts[1]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_model_len_past_the_models_context_is_refused_unless_defaulted() {
+    use infer_engine::runtime::model::Arch;
+    use infer_engine::tools::make_model::{make_model, ModelSpec};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("llama");
+    let spec = ModelSpec::new(Arch::Llama);
+    make_model(&spec, &dir).unwrap();
+    let asked = |max_model_len_is_default| ServeConfig {
+        max_model_len_is_default,
+        sched: SchedulerConfig {
+            max_model_len: 2 * spec.max_pos,
+            ..SchedulerConfig::default()
+        },
+        ..ServeConfig::new(dir.to_str().unwrap())
+    };
+    let err = match spawn_local(asked(false)).await {
+        Ok(_) => panic!("a --max-model-len of twice the model's context was served"),
+        Err(e) => format!("{e:#}"),
+    };
+    let expected = format!(
+        "--max-model-len {} is longer than the model's context of {} tokens",
+        2 * spec.max_pos,
+        spec.max_pos
+    );
+    assert!(err.contains(&expected), "{err}");
+    // Left at its default, the length is lowered to the model's context and said so.
+    let (addr, server) = spawn_local(asked(true)).await.unwrap();
+    let (status, models) =
+        get_json(&reqwest::Client::new(), format!("http://{addr}/v1/models")).await;
+    assert_eq!(status, 200, "{models}");
+    assert_eq!(
+        models["data"][0]["max_model_len"],
+        json!(spec.max_pos),
+        "{models}"
+    );
+    server.stop().await;
+}

@@ -48,6 +48,10 @@ pub struct ServeConfig {
     pub model: String,
     pub served_model_name: Option<String>,
     pub sched: SchedulerConfig,
+    /// `sched.max_model_len` is a default, lowered to the model's context where that is
+    /// shorter; `false`: it was asked for, and one past the model's context is refused, as
+    /// vLLM refuses it (positions the model was never trained at, past its RoPE tables).
+    pub max_model_len_is_default: bool,
     pub seed: u64,
     pub dtype: Option<candle_core::DType>,
     /// What the KV cache stores (`--kv-cache-dtype`).
@@ -99,6 +103,7 @@ impl ServeConfig {
             model: model.to_string(),
             served_model_name: None,
             sched: SchedulerConfig::default(),
+            max_model_len_is_default: true,
             seed: 0,
             dtype: None,
             kv_cache_dtype: Default::default(),
@@ -223,8 +228,18 @@ impl Engine {
             .clone()
             .unwrap_or_else(|| cfg.model.clone());
         let mut sched = cfg.sched.clone();
-        if sched.max_model_len > lm.config.max_position_embeddings {
-            sched.max_model_len = lm.config.max_position_embeddings;
+        let context = lm.config.max_position_embeddings;
+        if sched.max_model_len > context {
+            if !cfg.max_model_len_is_default {
+                anyhow::bail!(
+                    "--max-model-len {} is longer than the model's context of {context} tokens \
+                     (max_position_embeddings in {}/config.json, with any rope scaling): \
+                     positions past it were never trained; lower --max-model-len",
+                    sched.max_model_len,
+                    lm.dir.display()
+                );
+            }
+            sched.max_model_len = context;
         }
         let memory = crate::runtime::memory_plan::plan(
             &lm.model,
