@@ -90,6 +90,9 @@ struct TargetArgs {
     /// Replay decode steps from CUDA graphs (CUDA only).
     #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     cuda_graphs: bool,
+    /// Every step eager, no CUDA graphs (vLLM's flag; graphs are off unless --cuda-graphs).
+    #[arg(long = "enforce-eager", conflicts_with = "cuda_graphs")]
+    enforce_eager: bool,
     /// Sample on the GPU, so only token ids come back (CUDA only; a grammar's mask goes to
     /// the GPU with its row; steps with prompt logprobs still sample on the host).
     #[arg(long = "device-sampling", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -159,12 +162,18 @@ struct ReportArgs {
 }
 
 /// The seed server's flags. Defaults: the embedded model on 127.0.0.1:8000 with the
-/// benchmark log's Phase 8 configuration; booleans take `--flag` or `--flag=false`.
+/// benchmark log's Phase 8 configuration; booleans take `--flag` or `--flag=false`. vLLM's
+/// and SGLang's names for the same settings are accepted (`engine serve MODEL
+/// --max-num-seqs 64 --no-enable-prefix-caching`), so a command line carries over.
 #[derive(Args)]
 struct ServeArgs {
-    /// A Hugging Face model directory, or `builtin:tiny`.
-    #[arg(long, default_value = "builtin:tiny")]
-    model: String,
+    /// A Hugging Face model directory, or `builtin:tiny` [default: builtin:tiny]; as
+    /// `vllm serve MODEL` takes it.
+    #[arg(value_name = "MODEL", conflicts_with = "model")]
+    model_positional: Option<String>,
+    /// The same as MODEL.
+    #[arg(long, visible_alias = "model-path")]
+    model: Option<String>,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8000)]
@@ -178,14 +187,16 @@ struct ServeArgs {
     #[arg(long, value_name = "SCENARIO", conflicts_with_all = [
         "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
         "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
-        "max_num_batched_tokens", "prefix_caching", "max_model_len", "kv_admission",
+        "max_num_batched_tokens", "prefix_caching", "no_prefix_caching", "no_chunked_prefill",
+        "max_model_len", "kv_admission",
         "kv_preemption", "kv_watermark", "kv_victim", "max_step_read_tokens",
     ])]
     scenario: Option<PathBuf>,
     /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.
     #[arg(long = "set", value_name = "KEY=VALUE", requires = "scenario")]
     set: Vec<String>,
-    #[arg(long = "max-batch-size", default_value_t = 24)]
+    /// Running sequences at most.
+    #[arg(long = "max-batch-size", visible_aliases = ["max-num-seqs", "max-running-requests"], default_value_t = 24)]
     max_batch_size: usize,
     #[arg(long = "batching-mode", value_enum, default_value_t = BatchingArg::Continuous)]
     batching_mode: BatchingArg,
@@ -220,7 +231,7 @@ struct ServeArgs {
     #[arg(long = "max-step-read-tokens")]
     max_step_read_tokens: Option<usize>,
     /// KV pool size in blocks (default 2048); or see --gpu-memory-utilization.
-    #[arg(long = "num-gpu-blocks")]
+    #[arg(long = "num-gpu-blocks", visible_alias = "num-gpu-blocks-override")]
     num_gpu_blocks: Option<usize>,
     /// Size the KV pool to this fraction of the GPU's memory, less what is already in use
     /// (weights, the measured activation peak, other processes), as vLLM's flag does.
@@ -228,8 +239,11 @@ struct ServeArgs {
     gpu_memory_utilization: Option<f64>,
     #[arg(long = "block-size", default_value_t = 16)]
     block_size: usize,
-    #[arg(long = "chunked-prefill", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long = "chunked-prefill", visible_alias = "enable-chunked-prefill", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     chunked_prefill: bool,
+    /// The same as --chunked-prefill=false.
+    #[arg(long = "no-enable-chunked-prefill", conflicts_with = "chunked_prefill")]
+    no_chunked_prefill: bool,
     #[arg(long = "prefill-chunk-size", default_value_t = 512)]
     prefill_chunk_size: usize,
     /// Tokens one step processes at most (vLLM's). With chunked prefill, the chunk budget in
@@ -237,12 +251,19 @@ struct ServeArgs {
     /// --max-model-len. Default: --prefill-chunk-size, or unchunked no limit but the KV pool.
     #[arg(long = "max-num-batched-tokens")]
     max_num_batched_tokens: Option<usize>,
-    #[arg(long = "prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long = "prefix-caching", visible_alias = "enable-prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     prefix_caching: bool,
+    /// The same as --prefix-caching=false.
+    #[arg(
+        long = "no-enable-prefix-caching",
+        visible_alias = "disable-radix-cache",
+        conflicts_with = "prefix_caching"
+    )]
+    no_prefix_caching: bool,
     /// Prompt + output tokens a sequence may hold. One longer than the model's context
     /// (`max_position_embeddings`) is refused [default: 4096, or the model's context where
     /// that is shorter].
-    #[arg(long = "max-model-len")]
+    #[arg(long = "max-model-len", visible_alias = "context-length")]
     max_model_len: Option<usize>,
     /// Waiting requests at most; beyond it the server answers 503 with Retry-After
     /// [default: 16384].
@@ -648,6 +669,7 @@ fn run(cli: Cli) -> Result<()> {
 
 fn run_serve(a: ServeArgs) -> Result<()> {
     let target = a.target.target()?;
+    let model = a.served_model();
     if a.max_connections == 0 {
         bail!("--max-connections 0 would refuse every connection");
     }
@@ -704,7 +726,7 @@ fn run_serve(a: ServeArgs) -> Result<()> {
             max_connections_per_address: a.max_connections_per_address,
             ..Default::default()
         },
-        ..ServeConfig::new(&a.model)
+        ..ServeConfig::new(&model)
     };
     let addr: std::net::SocketAddr = format!("{}:{}", a.host, a.port)
         .parse()
@@ -713,6 +735,14 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(serve(cfg, addr))
+}
+
+impl ServeArgs {
+    /// MODEL or --model.
+    fn served_model(&self) -> String {
+        let given = self.model_positional.as_ref().or(self.model.as_ref());
+        given.map_or("builtin:tiny", |m| m).to_string()
+    }
 }
 
 /// The scheduler as the flags give it.
@@ -729,10 +759,10 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
         },
         num_gpu_blocks: a.num_gpu_blocks.unwrap_or(2048),
         block_size: a.block_size,
-        chunked_prefill: a.chunked_prefill,
+        chunked_prefill: a.chunked_prefill && !a.no_chunked_prefill,
         prefill_chunk_size: a.prefill_chunk_size,
         max_num_batched_tokens: a.max_num_batched_tokens,
-        prefix_caching: a.prefix_caching,
+        prefix_caching: a.prefix_caching && !a.no_prefix_caching,
         max_model_len: a
             .max_model_len
             .unwrap_or(SchedulerConfig::default().max_model_len),
@@ -964,6 +994,56 @@ mod tests {
         }
         words.extend(word);
         words
+    }
+
+    /// A vLLM or SGLang command line configures what ours does with our names.
+    #[test]
+    fn vllm_and_sglang_flag_names_set_what_ours_do() {
+        let serve = |args: &str| {
+            let words = std::iter::once("engine".to_string()).chain(shell_words(args));
+            match Cli::try_parse_from(words).map(|c| c.command) {
+                Ok(super::Command::Serve(a)) => (
+                    a.served_model(),
+                    super::scheduler_flags(&a),
+                    a.target.cuda_graphs,
+                ),
+                Ok(_) => panic!("{args}: not serve"),
+                Err(e) => panic!("{args}: {e}"),
+            }
+        };
+        let ours = serve(
+            "serve --model m --max-batch-size 64 --prefix-caching=false \
+             --chunked-prefill=false --max-model-len 2048 --num-gpu-blocks 100",
+        );
+        let vllm = serve(
+            "serve m --max-num-seqs 64 --no-enable-prefix-caching --no-enable-chunked-prefill \
+             --max-model-len 2048 --num-gpu-blocks-override 100 --enforce-eager",
+        );
+        let sglang = serve(
+            "serve --model-path m --max-running-requests 64 --disable-radix-cache \
+             --chunked-prefill=false --context-length 2048 --num-gpu-blocks 100",
+        );
+        assert_eq!(vllm, ours);
+        assert_eq!(sglang, ours);
+        assert_ne!(
+            serve("serve m").1,
+            ours.1,
+            "the defaults differ from the settings"
+        );
+        assert_eq!(serve("serve").0, "builtin:tiny");
+        let on = serve("serve m --enable-prefix-caching --enable-chunked-prefill").1;
+        assert!(on.prefix_caching && on.chunked_prefill);
+        for clash in [
+            "serve m --model n",
+            "serve m --prefix-caching --no-enable-prefix-caching",
+            "serve m --chunked-prefill=true --no-enable-chunked-prefill",
+            "serve m --enforce-eager --cuda-graphs",
+            "serve m --scenario s.toml --max-num-seqs 4",
+            "serve m --scenario s.toml --disable-radix-cache",
+        ] {
+            let words = std::iter::once("engine".to_string()).chain(shell_words(clash));
+            assert!(Cli::try_parse_from(words).is_err(), "{clash} parsed");
+        }
     }
 
     #[test]
