@@ -180,6 +180,10 @@ struct ServeArgs {
     port: u16,
     #[arg(long = "served-model-name")]
     served_model_name: Option<String>,
+    /// A chat template to render every chat through in place of the model's, as vLLM's flag:
+    /// a file, or the template itself written on one line (`\n` for a newline).
+    #[arg(long = "chat-template", value_name = "FILE_OR_TEMPLATE")]
+    chat_template: Option<String>,
     /// Run a scenario's `[server]` configuration (batching, KV backend and pool, block size,
     /// chunking, prefix caching, max_model_len): the replica a `sim run` of that scenario
     /// predicts. Its `server.model` names the simulator's model; the engine serves `--model`.
@@ -695,6 +699,11 @@ fn run_serve(a: ServeArgs) -> Result<()> {
     };
     let cfg = ServeConfig {
         served_model_name: a.served_model_name,
+        chat_template: a
+            .chat_template
+            .as_deref()
+            .map(infer_engine::runtime::tokenizer::chat_template_arg)
+            .transpose()?,
         sched,
         // A scenario's length is its simulated server's, lowered to this model's context.
         max_model_len_is_default: a.scenario.is_some() || a.max_model_len.is_none(),

@@ -2008,3 +2008,57 @@ async fn a_max_model_len_past_the_models_context_is_refused_unless_defaulted() {
     );
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_template_flag_renders_every_chat_in_place_of_the_models() {
+    // As `--chat-template` hands it over: one line, with escaped newlines (main.rs reads the
+    // flag; `chat_template_arg` is unit-tested).
+    let template = infer_engine::runtime::tokenizer::chat_template_arg(
+        r"{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    )
+    .unwrap();
+    let (addr, server) = spawn_local(ServeConfig {
+        chat_template: Some(template),
+        ..ServeConfig::new("builtin:tiny")
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let base = format!("http://{addr}");
+    let rendered = "<user> Tell me about the lighthouse\n<assistant>";
+    let (_, expected) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": rendered, "add_special_tokens": false}),
+    )
+    .await;
+    let messages = json!([{"role": "user", "content": "Tell me about the lighthouse"}]);
+    // With tools too: the flag's template replaces the model's tool_use one as well.
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    for body in [
+        json!({"messages": messages}),
+        json!({"messages": messages, "tools": tools}),
+    ] {
+        let (status, got) = post(&client, &format!("{base}/tokenize"), body).await;
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(got["tokens"], expected["tokens"], "{got} vs {expected}");
+    }
+    let (_, info) = get_json(&client, format!("{base}/tokenizer_info")).await;
+    assert!(
+        info["chat_template"]
+            .as_str()
+            .unwrap()
+            .starts_with("{% for m in"),
+        "{info}"
+    );
+    server.stop().await;
+    let broken = ServeConfig {
+        chat_template: Some("{% for m in messages %}".into()),
+        ..ServeConfig::new("builtin:tiny")
+    };
+    let err = match spawn_local(broken).await {
+        Ok(_) => panic!("an unclosed template was served"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("invalid --chat-template"), "{err}");
+}

@@ -2,7 +2,7 @@
 //! (`chat_template.jinja`, `additional_chat_templates/`, `tokenizer_config.json`,
 //! `chat_template.json`) and the special tokens of `tokenizer_config.json`.
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -106,6 +106,17 @@ impl TextTokenizer {
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+
+    /// Renders every chat through `template` in place of the model's own (with or without
+    /// tools, as vLLM's `--chat-template` does). Refused here if it does not parse.
+    pub fn with_chat_template(mut self, template: String) -> Result<Self> {
+        minijinja::Environment::new()
+            .template_from_str(&template)
+            .context("invalid --chat-template")?;
+        self.chat_template = Some(template);
+        self.tool_use_template = None;
+        Ok(self)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -249,6 +260,41 @@ impl TextTokenizer {
             .render(ctx)
             .context("rendering chat_template")
     }
+}
+
+/// The template `--chat-template ARG` names, as vLLM reads it: the file at `arg`, or where
+/// none can be read and `arg` holds a `{`, `}` or newline, `arg` itself, its backslash
+/// escapes (`\n`) decoded. A path that cannot be read is an error naming it.
+pub fn chat_template_arg(arg: &str) -> Result<String> {
+    match std::fs::read_to_string(arg) {
+        Ok(text) => Ok(text),
+        Err(e) if !arg.contains(['{', '}', '\n']) => {
+            bail!("--chat-template {arg}: looks like a file path, but cannot be read: {e}")
+        }
+        Err(_) => Ok(unescape(arg)),
+    }
+}
+
+/// Python's `unicode_escape` for the escapes a template written on one line uses: `\n`,
+/// `\t`, `\r`, `\\`, `\'` and `\"`; another backslash stays as written.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        let escaped = match (c, chars.peek()) {
+            ('\\', Some('n')) => '\n',
+            ('\\', Some('t')) => '\t',
+            ('\\', Some('r')) => '\r',
+            ('\\', Some(&e @ ('\\' | '\'' | '"'))) => e,
+            _ => {
+                out.push(c);
+                continue;
+            }
+        };
+        chars.next();
+        out.push(escaped);
+    }
+    out
 }
 
 /// Whether a template loops over a message's content (`{% for x in message['content'] %}`,
@@ -447,6 +493,27 @@ mod tests {
             .apply_chat_template(&[ChatMessage::new("user", "!x")], None, false)
             .unwrap_err();
         assert!(format!("{err:#}").contains("no bangs"), "{err:#}");
+        Ok(())
+    }
+
+    #[test]
+    fn chat_template_arg_is_a_file_or_a_template_on_one_line() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("t.jinja");
+        std::fs::write(&file, "{{ messages[0].content }}\n")?;
+        assert_eq!(
+            chat_template_arg(file.to_str().unwrap())?,
+            "{{ messages[0].content }}\n"
+        );
+        // Not a file: a template, its escapes decoded as Python's unicode_escape does.
+        assert_eq!(
+            chat_template_arg(r#"{{ 'a' }}\n\t\\x \"q\" \d"#)?,
+            "{{ 'a' }}\n\t\\x \"q\" \\d"
+        );
+        // A path that cannot be read, with nothing of a template in it, is named.
+        let missing = dir.path().join("missing.jinja");
+        let err = chat_template_arg(missing.to_str().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("looks like a file path"), "{err}");
         Ok(())
     }
 

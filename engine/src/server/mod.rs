@@ -47,6 +47,8 @@ pub struct ServeConfig {
     /// A model directory or `builtin:tiny`.
     pub model: String,
     pub served_model_name: Option<String>,
+    /// Every chat renders through this template in place of the model's (`--chat-template`).
+    pub chat_template: Option<String>,
     pub sched: SchedulerConfig,
     /// `sched.max_model_len` is a default, lowered to the model's context where that is
     /// shorter; `false`: it was asked for, and one past the model's context is refused, as
@@ -102,6 +104,7 @@ impl ServeConfig {
         ServeConfig {
             model: model.to_string(),
             served_model_name: None,
+            chat_template: None,
             sched: SchedulerConfig::default(),
             max_model_len_is_default: true,
             seed: 0,
@@ -261,7 +264,11 @@ impl Engine {
         sched
             .validate()
             .map_err(|(k, r)| anyhow::anyhow!("invalid configuration: {k}: {r}"))?;
-        let tokenizer = Arc::new(TextTokenizer::from_dir(&lm.dir)?);
+        let mut tokenizer = TextTokenizer::from_dir(&lm.dir)?;
+        if let Some(template) = &cfg.chat_template {
+            tokenizer = tokenizer.with_chat_template(template.clone())?;
+        }
+        let tokenizer = Arc::new(tokenizer);
         let root = lm.dir.display().to_string();
         let vocab_size = lm.config.vocab_size;
         let eos_token_ids = lm.eos_token_ids.clone();
@@ -270,7 +277,7 @@ impl Engine {
         } else {
             Default::default()
         };
-        let defaults_log = if sampling_defaults.is_empty() {
+        let mut defaults_log = if sampling_defaults.is_empty() {
             String::new()
         } else {
             format!(
@@ -279,6 +286,9 @@ impl Engine {
                 sampling_defaults.describe()
             )
         };
+        if cfg.chat_template.is_some() {
+            defaults_log += "\nchats render through --chat-template, not the model's template";
+        }
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
             &model_name,
             sched.block_size,
