@@ -41,7 +41,7 @@ enum Command {
         after_help = "Example: the built-in model as the chunked-prefill scenario's server\n  \
         engine serve --scenario scenarios/chunked_prefill.toml --port 8000"
     )]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Drive an OpenAI-compatible server with a scenario and measure it.
     #[command(
         after_help = "Example: against a server on 127.0.0.1:8000 (`engine serve` first)\n  \
@@ -611,7 +611,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("wrote {} model to {}", arch.name(), a.out.display());
         }
         Command::Generate(a) => run_generate(a)?,
-        Command::Serve(a) => run_serve(a)?,
+        Command::Serve(a) => run_serve(*a)?,
         Command::Bench(a) => run_bench(a)?,
         Command::Probe(a) => run_probe(a)?,
         Command::Profile(a) => {
