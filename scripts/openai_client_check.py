@@ -3,14 +3,16 @@
 asserted, so that a failure names what broke.
 
     pip install openai
-    engine serve &                      # builtin:tiny on 127.0.0.1:8000
+    engine serve --enable-auto-tool-choice --tool-call-parser hermes &   # builtin:tiny, :8000
     python3 scripts/openai_client_check.py [BASE_URL]
 
 Checks: `n=2` (completions, chat, chat streaming), a batch of prompts (texts and token-id
 lists, with `n=2`, streamed too), `logit_bias` (a +100 bias makes the
 token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` and
 `max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
-reproducible, and an unsupported parameter refused with 400 naming it.
+reproducible, an unsupported parameter refused with 400 naming it, and tool calls under
+`tool_choice="auto"` (a regex makes the random model write a Hermes call) answered as
+`tool_calls`, streamed too (the SDK's stream helper accumulates them).
 """
 import json
 import sys
@@ -108,6 +110,30 @@ try:
     check("unsupported parameter refused", False, "accepted")
 except openai.BadRequestError as err:
     check("unsupported parameter refused", "use_beam_search" in str(err), err.status_code)
+
+# tool_choice "auto" (the default with tools): the hermes parser finds the call the model
+# writes; the text before it is the content. Streamed, the SDK's helper adds up the same.
+tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+hermes = r'Let me check\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call>'
+ask = dict(model=model, messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=tools,
+           temperature=0, max_tokens=100, extra_body={"structured_outputs": {"regex": hermes}})
+try:
+    m = client.chat.completions.create(**ask).choices[0]
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in m.message.tool_calls or []]
+    check("auto tool choice: the call and the content before it",
+          calls == [("get_weather", {"city": "Oslo"})] and m.message.content == "Let me check. "
+          and m.finish_reason == "tool_calls", (m.finish_reason, m.message.content, calls))
+    with client.chat.completions.stream(**ask) as s:
+        for _ in s:
+            pass
+        f = s.get_final_completion().choices[0]
+    streamed = [(t.function.name, json.loads(t.function.arguments)) for t in f.message.tool_calls or []]
+    check("auto tool choice, streamed", streamed == calls and f.message.content == "Let me check. "
+          and f.finish_reason == "tool_calls", (f.finish_reason, f.message.content, streamed))
+except openai.BadRequestError as err:
+    check("auto tool choice", False, f"{err} (start the server with --enable-auto-tool-choice "
+          "--tool-call-parser hermes)")
 
 print(f"{sum(checks)} of {len(checks)} checks passed")
 sys.exit(0 if all(checks) else 1)

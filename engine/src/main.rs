@@ -321,12 +321,31 @@ struct ServeArgs {
     /// `structured_outputs.disable_any_whitespace` asks the same for itself.
     #[arg(long = "structured-outputs-disable-any-whitespace")]
     structured_outputs_disable_any_whitespace: bool,
+    /// Serve `tool_choice: "auto"` (the default when a chat has tools): the model may call
+    /// a tool in its own format, which --tool-call-parser finds in the output (vLLM's flag).
+    #[arg(long = "enable-auto-tool-choice", requires = "tool_call_parser")]
+    enable_auto_tool_choice: bool,
+    /// The format the model writes calls in: `hermes` (`<tool_call>…</tool_call>`: Qwen2.5,
+    /// Qwen3, Hermes) or `llama3_json` (a JSON object per call: Llama 3.1–3.3).
+    #[arg(
+        long = "tool-call-parser",
+        value_enum,
+        requires = "enable_auto_tool_choice"
+    )]
+    tool_call_parser: Option<ToolCallParserArg>,
     /// Where a request leaves a sampling parameter out (temperature, top_p, top_k, min_p,
     /// repetition_penalty; a chat's max_tokens): `auto` takes the model's
     /// `generation_config.json` values, as vLLM does by default; `vllm` the API's own
     /// defaults (temperature 1, no filters).
     #[arg(long = "generation-config", value_enum, default_value_t = GenerationConfigArg::Auto)]
     generation_config: GenerationConfigArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ToolCallParserArg {
+    Hermes,
+    #[value(name = "llama3_json")]
+    Llama3Json,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -717,6 +736,12 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         step_log: a.step_log,
         api_keys: a.api_key,
         compact_json: a.structured_outputs_disable_any_whitespace,
+        tool_call_parser: a.tool_call_parser.map(|p| match p {
+            ToolCallParserArg::Hermes => infer_engine::server::tool_parser::ToolCallParser::Hermes,
+            ToolCallParserArg::Llama3Json => {
+                infer_engine::server::tool_parser::ToolCallParser::Llama3Json
+            }
+        }),
         model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,
         load_format: match a.get_load_format {
             LoadFormatArg::Vllm => infer_engine::server::LoadFormat::Vllm,
@@ -1047,6 +1072,8 @@ mod tests {
             "serve m --prefix-caching --no-enable-prefix-caching",
             "serve m --chunked-prefill=true --no-enable-chunked-prefill",
             "serve m --enforce-eager --cuda-graphs",
+            "serve m --enable-auto-tool-choice",
+            "serve m --tool-call-parser hermes",
             "serve m --scenario s.toml --max-num-seqs 4",
             "serve m --scenario s.toml --disable-radix-cache",
         ] {

@@ -2062,3 +2062,132 @@ async fn a_chat_template_flag_renders_every_chat_in_place_of_the_models() {
     };
     assert!(err.contains("invalid --chat-template"), "{err}");
 }
+
+/// `tool_choice: "auto"` with a tool-call parser: an output holding calls in the model's
+/// format is answered as `tool_calls` (the text before them as content), one without as
+/// content, and a stream adds up to the same message. A random model writes no calls of
+/// its own, so a regex makes it write these outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
+    use infer_engine::server::tool_parser::ToolCallParser;
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string"}}}}}
+    ]);
+    let hermes = r#"Checking\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call><tool_call>\{"name":"get_time","arguments":\{\}\}</tool_call>"#;
+    let llama = r#"\{"name": "get_time", "parameters": \{"zone": "UTC"\}\}"#;
+    let cases = [
+        (
+            ToolCallParser::Hermes,
+            hermes,
+            Value::from("Checking. "),
+            vec![("get_weather", r#"{"city": "Oslo"}"#), ("get_time", "{}")],
+        ),
+        (
+            ToolCallParser::Llama3Json,
+            llama,
+            Value::Null,
+            vec![("get_time", r#"{"zone": "UTC"}"#)],
+        ),
+        (
+            ToolCallParser::Hermes,
+            r"Sunny\.",
+            Value::from("Sunny."),
+            vec![],
+        ),
+        (
+            ToolCallParser::Llama3Json,
+            r"\{Sunny\}",
+            Value::from("{Sunny}"),
+            vec![],
+        ),
+    ];
+    for (parser, regex, content, expected) in cases {
+        let (addr, server) = spawn_local(ServeConfig {
+            tool_call_parser: Some(parser),
+            ..ServeConfig::new("builtin:tiny")
+        })
+        .await
+        .unwrap();
+        let client = reqwest::Client::new();
+        let chat = format!("http://{addr}/v1/chat/completions");
+        let body = |stream: bool| {
+            json!({"messages": [{"role": "user", "content": "Weather in Oslo?"}],
+                   "tools": tools, "max_tokens": 100, "temperature": 0, "stream": stream,
+                   "structured_outputs": {"regex": regex}})
+        };
+        let (status, v) = post(&client, &chat, body(false)).await;
+        assert_eq!(status, 200, "{v}");
+        let message = &v["choices"][0]["message"];
+        assert_eq!(message["content"], content, "{parser:?}: {v}");
+        let calls: Vec<(String, String)> = message["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| {
+                        assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+                        assert_eq!(c["type"], "function");
+                        let f = &c["function"];
+                        (
+                            f["name"].as_str().unwrap().into(),
+                            f["arguments"].as_str().unwrap().into(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let want: Vec<(String, String)> = expected
+            .iter()
+            .map(|(n, a)| (n.to_string(), a.to_string()))
+            .collect();
+        assert_eq!(calls, want, "{parser:?}: {v}");
+        let reason = if want.is_empty() {
+            "stop"
+        } else {
+            "tool_calls"
+        };
+        assert_eq!(v["choices"][0]["finish_reason"], reason, "{v}");
+
+        // Streamed: the content as it comes, the calls whole at the end.
+        let (_, chunks) = stream(&client, &chat, &body(true)).await;
+        let deltas: Vec<&Value> = chunks
+            .iter()
+            .filter(|c| !c["choices"][0].is_null())
+            .map(|c| &c["choices"][0]["delta"])
+            .collect();
+        let streamed: String = deltas
+            .iter()
+            .filter_map(|d| d["content"].as_str())
+            .collect();
+        assert_eq!(
+            streamed,
+            content.as_str().unwrap_or(""),
+            "{parser:?}: {chunks:?}"
+        );
+        let streamed_calls: Vec<(String, String)> = deltas
+            .iter()
+            .filter_map(|d| d["tool_calls"].as_array())
+            .flatten()
+            .enumerate()
+            .map(|(i, c)| {
+                assert_eq!(c["index"], i);
+                let f = &c["function"];
+                (
+                    f["name"].as_str().unwrap().into(),
+                    f["arguments"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert_eq!(streamed_calls, want, "{chunks:?}");
+        let last = chunks
+            .iter()
+            .rev()
+            .find(|c| !c["choices"][0].is_null())
+            .unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], reason, "{last}");
+        server.stop().await;
+    }
+}

@@ -163,6 +163,15 @@ impl TextTokenizer {
         self.eos_token.as_deref()
     }
 
+    /// Whether `token` is one of the tokenizer's special added tokens (which decoding
+    /// drops from the text).
+    pub fn is_special(&self, token: &str) -> bool {
+        self.inner
+            .get_added_tokens_decoder()
+            .values()
+            .any(|t| t.special && t.content == token)
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
     }

@@ -129,6 +129,8 @@ pub struct GenerationRequest {
     pub structured: Option<StructuredRequest>,
     /// Chat's `tools`, for the chat template.
     pub tools: Option<Value>,
+    /// `tool_choice: "auto"` with tools: the server's tool-call parser reads the output.
+    pub auto_tools: bool,
 }
 
 /// The most choices one request may ask for per prompt.
@@ -468,7 +470,8 @@ pub fn parse_request_with(
         echo,
         tokens_as_ids,
         structured,
-        tools,
+        tools: tools.tools,
+        auto_tools: tools.auto,
     })
 }
 

@@ -22,6 +22,7 @@ use super::engine_loop::{Command, Finish, NewRequest, StreamEvent};
 use super::outbox::{outbox, Inbox};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::structured::{self, ToolChoice};
+use super::tool_parser::{tool_call_values, ToolCallParser};
 use super::AppState;
 use crate::runtime::detokenize::StopSet;
 use crate::runtime::engine_core::{
@@ -87,6 +88,16 @@ pub(super) async fn generate(
     if !req.model.is_empty() {
         s.check_model(&req.model)?;
     }
+    let tool_parser =
+        match (req.auto_tools, s.tool_call_parser) {
+            (false, _) => None,
+            (true, Some(parser)) => Some(parser),
+            (true, None) => return Err(ApiError::bad_request(
+                Some("tool_choice"),
+                "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser \
+                 to be set (or use \"required\" or name a function)",
+            )),
+        };
     let count = req.prompts.len();
     // More prompts than the queue can ever hold: a 503 would be retried for ever.
     if let Some(max) = s.max_waiting.filter(|&max| count > max) {
@@ -274,6 +285,7 @@ pub(super) async fn generate(
         continuous_usage: req.continuous_usage,
         include_usage: req.include_usage,
         tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
+        tool_parser,
         grammar_param: req.structured.as_ref().map(|r| r.param),
     };
     if req.stream {
@@ -332,6 +344,8 @@ struct ResponseMeta {
     include_usage: bool,
     /// The output is a forced tool call, answered as `tool_calls` (chat).
     tool: Option<ToolChoice>,
+    /// The output may call tools (`tool_choice: "auto"`), which this parser finds.
+    tool_parser: Option<ToolCallParser>,
     /// The field the request's grammar came from, if it has one.
     grammar_param: Option<&'static str>,
 }
@@ -541,6 +555,50 @@ impl ResponseMeta {
         Some(self.chat_chunk(index, delta, logprobs, finish))
     }
 
+    /// A chat chunk under `tool_choice: "auto"`: the content as it is generated, up to
+    /// where a call may begin (`sent` counts its bytes sent); at the end, the calls the
+    /// parser finds in the whole output `held` (with any content before them not yet
+    /// sent), or the rest as content, so that the chunks add up to the non-streamed answer.
+    #[allow(clippy::too_many_arguments)]
+    fn auto_tool_chunk(
+        &self,
+        parser: ToolCallParser,
+        index: usize,
+        text: &str,
+        held: &mut String,
+        sent: &mut usize,
+        logprobs: Value,
+        finish: Option<&'static str>,
+        first: bool,
+    ) -> Option<Value> {
+        held.push_str(text);
+        let mut reason = finish;
+        let parsed = finish.and_then(|_| parser.parse(held));
+        let upto = match (&parsed, finish) {
+            (_, None) => parser.streamable_len(held).max(*sent),
+            (Some(p), _) => p.content.as_ref().map_or(0, String::len).max(*sent),
+            (None, Some(_)) => held.len(),
+        };
+        let mut delta = json!({"content": &held[*sent..upto]});
+        *sent = upto;
+        if let Some(p) = parsed {
+            reason = Some("tool_calls");
+            if delta["content"] == "" {
+                delta = json!({});
+            }
+            delta["tool_calls"] = tool_call_values(&p.calls, true, tool_call_id).into();
+        } else if delta["content"] == "" && finish.is_none() {
+            let needed = first || !logprobs.is_null() || self.continuous_usage;
+            if !needed {
+                return None;
+            }
+        }
+        if first {
+            delta["role"] = json!("assistant");
+        }
+        Some(self.chat_chunk(index, delta, logprobs, reason))
+    }
+
     /// A response or chunk around `choices` (and `usage` when given).
     fn body(&self, chunk: bool, choices: Value, usage: Option<Value>) -> Value {
         let mut v = json!({"id": self.id, "object": self.object(chunk), "created": self.created,
@@ -576,8 +634,10 @@ struct StreamedChoice {
     /// Tokens it has generated (and returned) so far.
     generated: usize,
     finish: Option<Finish>,
-    /// The text of a forced tool call so far.
+    /// The text of a forced tool call so far, or of an output that may call tools.
     held: String,
+    /// Bytes of `held` sent as content (`tool_choice: "auto"`).
+    content_sent: usize,
 }
 
 fn sse_stream(
@@ -589,7 +649,7 @@ fn sse_stream(
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
         let mut choices: Vec<StreamedChoice> = (0..meta.choices())
-            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new() })
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0 })
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
@@ -628,9 +688,10 @@ fn sse_stream(
                     }
                     let reason = finish.map(|f| f.reason.as_str());
                     let first = c.first && meta.echo(index).is_none();
-                    let chunk = match &meta.tool {
-                        Some(_) => meta.tool_chunk(index, &text, &mut c.held, lp, reason, first),
-                        None => Some(meta.chunk(index, &text, lp, reason, first)),
+                    let chunk = match (&meta.tool, meta.tool_parser) {
+                        (Some(_), _) => meta.tool_chunk(index, &text, &mut c.held, lp, reason, first),
+                        (None, Some(parser)) => meta.auto_tool_chunk(parser, index, &text, &mut c.held, &mut c.content_sent, lp, reason, first),
+                        (None, None) => Some(meta.chunk(index, &text, lp, reason, first)),
                     };
                     if let Some(mut chunk) = chunk {
                         if finish.is_some() {
@@ -782,13 +843,20 @@ impl ResponseMeta {
                     let calls = structured::tool_calls(tool, &c.text, tool_call_id)?;
                     Some((calls, reason.map(|r| tool_finish_reason(tool, r, true))))
                 });
-                let (message, reason) = match calls {
+                let parsed = self.tool_parser.and_then(|p| p.parse(&c.text));
+                let (message, reason) = match (calls, parsed) {
                     // vLLM's shape: an empty content beside the calls.
-                    Some((calls, reason)) => (
+                    (Some((calls, reason)), _) => (
                         json!({"role": "assistant", "content": "", "tool_calls": calls}),
                         reason,
                     ),
-                    None => (json!({"role": "assistant", "content": c.text}), reason),
+                    // The model called tools: vLLM's `tool_calls` whatever ended the output.
+                    (None, Some(p)) => (
+                        json!({"role": "assistant", "content": p.content,
+                               "tool_calls": tool_call_values(&p.calls, false, tool_call_id)}),
+                        Some("tool_calls"),
+                    ),
+                    (None, None) => (json!({"role": "assistant", "content": c.text}), reason),
                 };
                 json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason,
                        "stop_reason": stop_reason})
@@ -1061,6 +1129,7 @@ mod tests {
                 continuous_usage,
                 include_usage: true,
                 tool: None,
+                tool_parser: None,
                 grammar_param: None,
             };
             let whole = streamed(one_by_one.clone(), meta()).await;

@@ -20,6 +20,7 @@ pub mod request_path;
 mod routes;
 pub mod step_log;
 pub mod structured;
+pub mod tool_parser;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -80,6 +81,9 @@ pub struct ServeConfig {
     pub load_format: LoadFormat,
     /// Structured JSON output without optional whitespace, for every request.
     pub compact_json: bool,
+    /// Reads `tool_choice: "auto"` outputs for calls (`--enable-auto-tool-choice
+    /// --tool-call-parser`); `None`: such requests are refused, as vLLM refuses them.
+    pub tool_call_parser: Option<tool_parser::ToolCallParser>,
     /// Sample with the model's `generation_config.json` defaults where a request leaves a
     /// parameter out (vLLM's `--generation-config auto`, its default); `false`: the API's
     /// own defaults (`--generation-config vllm`).
@@ -121,6 +125,7 @@ impl ServeConfig {
             api_keys: Vec::new(),
             load_format: LoadFormat::default(),
             compact_json: false,
+            tool_call_parser: None,
             model_sampling_defaults: true,
         }
     }
@@ -169,6 +174,7 @@ struct Shared {
     load_format: LoadFormat,
     /// `--structured-outputs-disable-any-whitespace`.
     compact_json: bool,
+    tool_call_parser: Option<tool_parser::ToolCallParser>,
     /// What a request that leaves a sampling parameter out samples with.
     sampling_defaults: crate::runtime::model::SamplingDefaults,
     /// Set when the device is lost: the server stops.
@@ -289,6 +295,19 @@ impl Engine {
         if cfg.chat_template.is_some() {
             defaults_log += "\nchats render through --chat-template, not the model's template";
         }
+        if let Some(parser) = cfg.tool_call_parser {
+            if let Some(marker) = parser.marker().filter(|m| tokenizer.is_special(m)) {
+                anyhow::bail!(
+                    "--tool-call-parser {}: this tokenizer marks {marker} as a special token, \
+                     which the server's detokenizer drops, so no call would be found",
+                    parser.name()
+                );
+            }
+            defaults_log += &format!(
+                "\ntool_choice \"auto\": the {} parser reads calls from the output",
+                parser.name()
+            );
+        }
         let metrics = Arc::new(Mutex::new(ServerMetrics::new(
             &model_name,
             sched.block_size,
@@ -375,6 +394,7 @@ impl Engine {
                 api_keys,
                 load_format: cfg.load_format,
                 compact_json: cfg.compact_json,
+                tool_call_parser: cfg.tool_call_parser,
                 sampling_defaults,
                 health,
                 request_path,

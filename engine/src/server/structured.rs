@@ -29,11 +29,21 @@ pub enum ToolChoice {
     Required,
 }
 
-/// The structured output a body asks for (if any), and chat's `tools` (for the template).
+/// Chat's `tools` as a request gives them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ChatTools {
+    /// The list, for the chat template.
+    pub tools: Option<Value>,
+    /// `tool_choice: "auto"` (the default with tools): the model may call one, in its own
+    /// format, which the server's tool-call parser finds (see `tool_parser`).
+    pub auto: bool,
+}
+
+/// The structured output a body asks for (if any), and chat's tools.
 pub fn parse(
     body: &Map<String, Value>,
     endpoint: Endpoint,
-) -> Result<(Option<StructuredRequest>, Option<Value>), ApiError> {
+) -> Result<(Option<StructuredRequest>, ChatTools), ApiError> {
     let mut found: Vec<(&'static str, Grammar)> = Vec::new();
     if let Some(g) = response_format(body.get("response_format"))? {
         found.push(("response_format", g));
@@ -218,13 +228,12 @@ fn json_schema(param: &str, schema: Value, any_whitespace: bool) -> Result<Gramm
 struct ToolGrammar(Grammar);
 
 /// Chat's `tools` and `tool_choice`. `none` (the default without tools) leaves the output
-/// free; `auto` (the default with tools) needs a model-specific tool-call parser this
-/// server does not have, and is refused as vLLM refuses it when none is configured.
+/// free; `auto` (the default with tools) too, for the server's tool-call parser to read.
 #[allow(clippy::type_complexity)]
 fn tool_choice(
     body: &Map<String, Value>,
     endpoint: Endpoint,
-) -> Result<(Option<(ToolGrammar, ToolChoice)>, Option<Value>), ApiError> {
+) -> Result<(Option<(ToolGrammar, ToolChoice)>, ChatTools), ApiError> {
     let tools = body.get("tools").filter(|v| !v.is_null());
     let choice = body.get("tool_choice").filter(|v| !v.is_null());
     if endpoint == Endpoint::Completions {
@@ -235,7 +244,7 @@ fn tool_choice(
         if let Some((key, _)) = used.iter().find(|(_, used)| *used) {
             return Err(bad(key, format!("{key} is only for chat completions")));
         }
-        return Ok((None, None));
+        return Ok((None, ChatTools::default()));
     }
     let tools = tool_list(tools)?;
     let functions = function_tools(&tools)?;
@@ -253,14 +262,9 @@ fn tool_choice(
     let tools_value = (!tools.is_empty()).then(|| Value::Array(tools));
     let default = if functions.is_empty() { "none" } else { "auto" };
     let choice = choice.cloned().unwrap_or_else(|| json!(default));
+    let auto = choice == "auto" && !functions.is_empty();
     let picked = match &choice {
-        Value::String(s) if s == "none" => None,
-        Value::String(s) if s == "auto" => {
-            return Err(bad(
-                "tool_choice",
-                "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set (this server has no tool-call parser: use \"required\" or name a function)",
-            ))
-        }
+        Value::String(s) if s == "none" || s == "auto" => None,
         Value::String(s) if s == "required" => {
             if functions.is_empty() {
                 return Err(bad("tool_choice", "tool_choice \"required\" needs tools"));
@@ -299,7 +303,11 @@ fn tool_choice(
             ))
         }
     };
-    Ok((picked, tools_value))
+    let tools = ChatTools {
+        tools: tools_value,
+        auto,
+    };
+    Ok((picked, tools))
 }
 
 /// `tools` as a list (absent: none).
@@ -409,7 +417,7 @@ pub fn tool_calls(
             list.iter()
                 .map(|c| {
                     let name = c.get("name")?.as_str()?;
-                    let args = serde_json::to_string(c.get("parameters")?).ok()?;
+                    let args = super::tool_parser::python_json(c.get("parameters")?);
                     Some(call(next_id(), name, args))
                 })
                 .collect()
@@ -502,15 +510,20 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(r.tool, Some(ToolChoice::Named("now".into())));
-        // Tools with no choice default to "auto", which needs a parser.
-        let e = parse_str(&json!({"tools": tools}).to_string(), Endpoint::Chat).unwrap_err();
-        assert!(
-            e.message.contains("--enable-auto-tool-choice"),
-            "{}",
-            e.message
-        );
-        let none = json!({"tools": tools, "tool_choice": "none"});
-        assert_eq!(parse_str(&none.to_string(), Endpoint::Chat).unwrap(), None);
+        // Tools with no choice default to "auto": no grammar, the server's parser reads
+        // the output (a server without one refuses it, which `serve.rs` tests).
+        let tools_of = |body: Value| {
+            let body: Map<String, Value> = serde_json::from_value(body).unwrap();
+            parse(&body, Endpoint::Chat).unwrap()
+        };
+        let (grammar, chat) = tools_of(json!({"tools": tools}));
+        assert_eq!((grammar, chat.auto), (None, true));
+        assert_eq!(chat.tools.as_ref(), Some(&tools));
+        assert!(tools_of(json!({"tools": tools, "tool_choice": "auto"})).1.auto);
+        assert!(!tools_of(json!({"tool_choice": "auto"})).1.auto, "no tools to call");
+        let (grammar, chat) = tools_of(json!({"tools": tools, "tool_choice": "none"}));
+        assert_eq!((grammar, chat.auto), (None, false));
+        assert_eq!(chat.tools.as_ref(), Some(&tools), "still shown to the template");
         // The calls come back in OpenAI's form.
         let mut n = 0;
         let mut ids = || {
@@ -523,7 +536,7 @@ mod tests {
             &mut ids,
         )
         .unwrap();
-        assert_eq!(calls[1]["function"]["arguments"], r#"{"city":"Oslo"}"#);
+        assert_eq!(calls[1]["function"]["arguments"], r#"{"city": "Oslo"}"#);
         assert_eq!(calls[1]["id"], "call2");
         assert_eq!(
             tool_calls(&ToolChoice::Required, "[{\"name\"", &mut ids),

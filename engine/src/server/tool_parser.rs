@@ -1,0 +1,302 @@
+//! `tool_choice: "auto"`: the model decides whether to call a tool, and writes a call in its
+//! own format, which a parser named at start (`--tool-call-parser`, as vLLM's) finds in
+//! the output and answers as OpenAI's `tool_calls`. Output without a well-formed call is
+//! the message's content, unchanged.
+//!
+//! Streamed, the text before a call goes out as content as it is generated (less any tail
+//! that may begin a call); from a call's start the text is held, and at the end the whole
+//! output is parsed as a non-streamed one is, so a stream's chunks add up to the same
+//! message (vLLM streams a call's arguments piece by piece instead).
+
+use serde_json::{json, Value};
+
+/// The call formats this server parses (vLLM's parser names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallParser {
+    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, once per call, after any
+    /// content: Hermes 2 Pro and 3, Qwen2.5 and Qwen3.
+    Hermes,
+    /// The whole output one JSON object `{"name": …, "parameters": {…}}` (or
+    /// `"arguments"`), several separated by `;`, optionally after `<|python_tag|>`:
+    /// Llama 3.1–3.3 with their JSON tool template.
+    Llama3Json,
+}
+
+const HERMES_START: &str = "<tool_call>";
+const HERMES_END: &str = "</tool_call>";
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+/// What a finished output holds when it calls tools.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCalls {
+    /// The text before the first call; `None` where there is none.
+    pub content: Option<String>,
+    /// `(name, arguments as JSON text)` per call, in order.
+    pub calls: Vec<(String, String)>,
+}
+
+impl ToolCallParser {
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolCallParser::Hermes => "hermes",
+            ToolCallParser::Llama3Json => "llama3_json",
+        }
+    }
+
+    /// The marker the model writes as text that a tokenizer may hold as a special token
+    /// (which the detokenizer drops, and the parser would never see).
+    pub fn marker(self) -> Option<&'static str> {
+        match self {
+            ToolCallParser::Hermes => Some(HERMES_START),
+            // Its tag is optional: a call is found without it.
+            ToolCallParser::Llama3Json => None,
+        }
+    }
+
+    /// The calls in a finished output; `None` where it calls nothing, or where a call is
+    /// not well formed (then all of it is content, as vLLM answers it).
+    pub fn parse(self, text: &str) -> Option<ParsedCalls> {
+        match self {
+            ToolCallParser::Hermes => {
+                let start = text.find(HERMES_START)?;
+                let mut calls = Vec::new();
+                let mut rest = &text[start..];
+                // Each call is `<tool_call>…</tool_call>`, the last one's end tag optional
+                // (an output cut short of it); text between calls is not content.
+                while let Some(at) = rest.find(HERMES_START) {
+                    let body = &rest[at + HERMES_START.len()..];
+                    let (call, next) = match body.find(HERMES_END) {
+                        Some(end) => (&body[..end], &body[end + HERMES_END.len()..]),
+                        None => (body, ""),
+                    };
+                    calls.push(call_of(serde_json::from_str(call).ok()?, &["arguments"])?);
+                    rest = next;
+                }
+                let content = Some(&text[..start]).filter(|c| !c.is_empty());
+                Some(ParsedCalls {
+                    content: content.map(str::to_string),
+                    calls,
+                })
+            }
+            ToolCallParser::Llama3Json => {
+                let body = text.trim_start();
+                let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim_start();
+                if !body.starts_with('{') {
+                    return None;
+                }
+                Some(ParsedCalls {
+                    content: None,
+                    calls: json_calls(body)?,
+                })
+            }
+        }
+    }
+
+    /// How many leading bytes of `text`, an output still being generated, are content
+    /// whatever follows: none of a call's text, and no tail that may begin one.
+    pub fn streamable_len(self, text: &str) -> usize {
+        match self {
+            ToolCallParser::Hermes => match text.find(HERMES_START) {
+                Some(start) => start,
+                None => text.len() - partial_suffix(text, HERMES_START),
+            },
+            ToolCallParser::Llama3Json => {
+                let body = text.trim_start();
+                let undecided = body.is_empty() || PYTHON_TAG.starts_with(body);
+                if undecided || body.starts_with('{') || body.starts_with(PYTHON_TAG) {
+                    0
+                } else {
+                    text.len()
+                }
+            }
+        }
+    }
+}
+
+/// The calls of `text`: JSON objects separated by `;`, nothing else.
+fn json_calls(mut text: &str) -> Option<Vec<(String, String)>> {
+    let mut calls = Vec::new();
+    loop {
+        let mut objects = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+        calls.push(call_of(
+            objects.next()?.ok()?,
+            &["arguments", "parameters"],
+        )?);
+        let rest = text[objects.byte_offset()..].trim_start();
+        if rest.is_empty() {
+            return Some(calls);
+        }
+        text = rest.strip_prefix(';')?.trim_start();
+    }
+}
+
+/// `{"name": "f", "<one of arguments_keys>": {…}}` as `(name, arguments)`; the arguments
+/// are written as Python's `json.dumps` writes them, as vLLM answers them.
+fn call_of(v: Value, arguments_keys: &[&str]) -> Option<(String, String)> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let arguments = arguments_keys.iter().find_map(|k| v.get(*k))?;
+    Some((name, python_json(arguments)))
+}
+
+/// The longest tail of `text` that is a proper prefix of `marker`.
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && text.ends_with(&marker[..n]))
+        .unwrap_or(0)
+}
+
+/// `v` as Python's `json.dumps(v, ensure_ascii=False)` writes it: `", "` between items and
+/// `": "` after keys.
+pub fn python_json(v: &Value) -> String {
+    struct Python;
+    impl serde_json::ser::Formatter for Python {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                w.write_all(b", ")
+            }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                w.write_all(b", ")
+            }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            w: &mut W,
+        ) -> std::io::Result<()> {
+            w.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Python);
+    serde::Serialize::serialize(v, &mut ser).expect("a JSON value serialises");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// OpenAI's `tool_calls` entries for `calls`, each with a fresh id; `indexed`: with each
+/// call's `index`, as a streamed delta carries it.
+pub fn tool_call_values(
+    calls: &[(String, String)],
+    indexed: bool,
+    mut next_id: impl FnMut() -> String,
+) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, arguments))| {
+            let mut call = json!({"id": next_id(), "type": "function",
+                                  "function": {"name": name, "arguments": arguments}});
+            if indexed {
+                call["index"] = json!(i);
+            }
+            call
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The content and each call as `name arguments`.
+    fn calls(p: ToolCallParser, text: &str) -> Option<(Option<String>, Vec<String>)> {
+        let parsed = p.parse(text)?;
+        let calls = parsed.calls.iter().map(|(n, a)| format!("{n} {a}"));
+        Some((parsed.content, calls.collect()))
+    }
+
+    #[test]
+    fn hermes_calls_follow_the_content_and_a_malformed_one_leaves_all_content() {
+        let h = ToolCallParser::Hermes;
+        let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1,2]}}\n</tool_call>\n<tool_call>{\"name\":\"now\",\"arguments\":{}}</tool_call>";
+        assert_eq!(
+            calls(h, text),
+            Some((
+                Some("Let me look.\n".to_string()),
+                vec![
+                    r#"get_weather {"city": "Paris", "days": [1, 2]}"#.to_string(),
+                    "now {}".to_string()
+                ]
+            ))
+        );
+        // Only calls: no content. A last call cut short of its end tag still counts.
+        assert_eq!(
+            calls(h, "<tool_call>{\"name\": \"f\", \"arguments\": {\"é\": 1}}"),
+            Some((None, vec![r#"f {"é": 1}"#.to_string()]))
+        );
+        for content in [
+            "no call here",
+            "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": </tool_call>",
+            "<tool_call>{\"arguments\": {}}</tool_call>",
+            "<tool_call>{\"name\": \"f\"}</tool_call>",
+        ] {
+            assert_eq!(h.parse(content), None, "{content}");
+        }
+    }
+
+    #[test]
+    fn llama3_json_calls_are_the_whole_output() {
+        let l = ToolCallParser::Llama3Json;
+        assert_eq!(
+            calls(
+                l,
+                " {\"name\": \"f\", \"parameters\": {\"x\": {\"y\": [1]}}} ; {\"name\": \"g\", \"arguments\": {}}"
+            ),
+            Some((
+                None,
+                vec![r#"f {"x": {"y": [1]}}"#.to_string(), "g {}".to_string()]
+            ))
+        );
+        assert_eq!(
+            calls(l, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}"),
+            Some((None, vec!["f {}".to_string()]))
+        );
+        for content in [
+            "The answer is {\"name\": \"f\", \"parameters\": {}}",
+            "{\"name\": \"f\", \"parameters\": {}} and some words",
+            "{\"name\": \"f\", \"parameters\": {}};",
+            "{\"name\": \"f\"}",
+            "{not json",
+        ] {
+            assert_eq!(l.parse(content), None, "{content}");
+        }
+    }
+
+    #[test]
+    fn streamed_content_stops_where_a_call_may_begin() {
+        let h = ToolCallParser::Hermes;
+        assert_eq!(h.streamable_len("Hello"), 5);
+        assert_eq!(h.streamable_len("Hello <tool_"), 6);
+        assert_eq!(h.streamable_len("Hello <"), 6);
+        assert_eq!(h.streamable_len("Hello <b>"), 9);
+        assert_eq!(h.streamable_len("Hi <tool_call>{\"na"), 3);
+        assert_eq!(h.streamable_len("é<"), "é".len());
+        let l = ToolCallParser::Llama3Json;
+        assert_eq!(l.streamable_len("  "), 0);
+        assert_eq!(l.streamable_len(" {\"name"), 0);
+        assert_eq!(l.streamable_len("<|python"), 0);
+        assert_eq!(l.streamable_len(" Sure"), 5);
+    }
+
+    #[test]
+    fn arguments_are_written_as_python_writes_them() {
+        let v: Value = serde_json::from_str(r#"{"a":[1,{"b":"ü \"q\""}],"c":null}"#).unwrap();
+        assert_eq!(
+            python_json(&v),
+            r#"{"a": [1, {"b": "ü \"q\""}], "c": null}"#
+        );
+    }
+}
