@@ -586,7 +586,6 @@ fn bad_cases() -> Vec<BadCase> {
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!("auto")),
         ("prompt_logprobs", json!(2)),
-        ("min_tokens", json!(3)),
         ("use_beam_search", json!(true)),
         ("include_stop_str_in_output", json!(true)),
         ("skip_special_tokens", json!(false)),

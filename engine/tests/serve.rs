@@ -2191,3 +2191,99 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
         server.stop().await;
     }
 }
+
+/// `min_tokens` as vLLM serves it: the stop tokens (and end of sequence) cannot be sampled
+/// before that many tokens are out, and a stop string counts only from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_tokens_holds_back_stop_tokens_and_strings() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/v1/completions");
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": "The harbour", "max_tokens": 12, "temperature": 0,
+                              "logprobs": 0, "return_tokens_as_token_ids": true});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let ids = |v: &Value| -> Vec<u32> {
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap()["token_id:".len()..].parse().unwrap())
+            .collect()
+    };
+    let (status, free) = post(&client, &url, ask(json!({"ignore_eos": true}))).await;
+    assert_eq!(status, 200, "{free}");
+    let first = ids(&free)[0];
+    // The greedy first token as a stop token ends the output at once...
+    let (_, stopped) = post(&client, &url, ask(json!({"stop_token_ids": [first]}))).await;
+    assert_eq!(stopped["choices"][0]["stop_reason"], first, "{stopped}");
+    assert_eq!(stopped["usage"]["completion_tokens"], 1, "{stopped}");
+    // ...and with min_tokens it cannot be sampled until 6 tokens are out.
+    let (status, held) = post(
+        &client,
+        &url,
+        ask(json!({"stop_token_ids": [first], "min_tokens": 6})),
+    )
+    .await;
+    assert_eq!(status, 200, "{held}");
+    let tokens = ids(&held);
+    assert!(tokens.len() >= 6, "{held}");
+    assert!(!tokens[..5].contains(&first), "{tokens:?}");
+    // A stop string made of the first token's text counts only from the 4th token on.
+    let text = free["choices"][0]["text"].as_str().unwrap();
+    let (_, one) = post(
+        &client,
+        &format!("http://{addr}/detokenize"),
+        json!({"tokens": [first]}),
+    )
+    .await;
+    let stop = one["prompt"].as_str().unwrap().to_string();
+    assert!(text.starts_with(&stop), "{text:?} {stop:?}");
+    let (_, cut) = post(
+        &client,
+        &url,
+        ask(json!({"stop": [stop], "ignore_eos": true})),
+    )
+    .await;
+    assert_eq!(cut["choices"][0]["text"], "", "{cut}");
+    let (_, late) = post(
+        &client,
+        &url,
+        ask(json!({"stop": [stop], "ignore_eos": true, "min_tokens": 4})),
+    )
+    .await;
+    let late_tokens = ids(&late);
+    assert!(late_tokens.len() >= 4, "{late}");
+    assert_eq!(
+        late_tokens[..4],
+        ids(&free)[..4],
+        "greedy, nothing held back: {late}"
+    );
+    // Refused as vLLM refuses them.
+    for (extra, needle) in [
+        (
+            json!({"min_tokens": 13}),
+            "less than or equal to max_tokens=12",
+        ),
+        (
+            json!({"min_tokens": 2, "structured_outputs": {"regex": "a+"}}),
+            "structured output",
+        ),
+        (json!({"min_tokens": -1}), "min_tokens"),
+    ] {
+        let (status, v) = post(&client, &url, ask(extra.clone())).await;
+        assert_eq!(status, 400, "{extra}: {v}");
+        assert_eq!(v["error"]["param"], "min_tokens", "{extra}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(needle),
+            "{v}"
+        );
+    }
+    server.stop().await;
+}

@@ -263,15 +263,22 @@ pub struct OutputStream {
     detok: IncrementalDetokenizer,
     stops: StopStrings,
     stopped: bool,
+    /// Tokens pushed so far, and how many must be before a stop string counts.
+    tokens: usize,
+    min_tokens: usize,
 }
 
 impl OutputStream {
-    /// The output of a sequence of `prompt`, ended by `stops`.
-    pub fn new(stops: StopSet, prompt: &[u32]) -> Self {
+    /// The output of a sequence of `prompt`, ended by `stops` once it holds `min_tokens`
+    /// tokens (vLLM looks for stop strings only from then on, the text before included
+    /// in the output whatever it holds).
+    pub fn new(stops: StopSet, prompt: &[u32], min_tokens: usize) -> Self {
         Self {
             detok: IncrementalDetokenizer::after(prompt),
             stops: StopStrings::new(stops),
             stopped: false,
+            tokens: 0,
+            min_tokens,
         }
     }
 
@@ -292,6 +299,10 @@ impl OutputStream {
             return Ok(String::new());
         }
         let delta = self.detok.push(tok, token)?;
+        self.tokens += 1;
+        if self.tokens < self.min_tokens {
+            return Ok(delta);
+        }
         let (out, stopped) = self.stops.push(&delta);
         self.stopped = stopped;
         Ok(out)

@@ -323,6 +323,8 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         eos.sort_unstable();
         let tokenizer = &self.model().tokenizer;
         let own_eos = tokenizer.eos_token().and_then(|e| tokenizer.token_to_id(e));
+        // What min_tokens holds back: every token that would end the output.
+        let ending: Vec<u32> = eos.iter().chain(&r.stop_token_ids).copied().collect();
         let stop_tokens: Vec<u32> = r
             .stop_token_ids
             .iter()
@@ -347,8 +349,10 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             .map(|(i, sid)| {
                 let mut params = r.params.clone();
                 params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+                let min_tokens = params.min_tokens;
                 let mut sampler =
                     Sampler::new(params, &req.prompt, request_seed(self.default_seed, sid));
+                sampler.hold_stops(&ending);
                 if let Some(c) = &r.constraint {
                     sampler.constrain(c.clone());
                 }
@@ -362,7 +366,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                 });
                 let live = Live {
                     sampler,
-                    output: OutputStream::new(r.stop_strings.clone(), &req.prompt),
+                    output: OutputStream::new(r.stop_strings.clone(), &req.prompt, min_tokens),
                     want_logprobs,
                     stop_tokens: stop_tokens.clone(),
                     prompt_logprobs,

@@ -35,6 +35,9 @@ pub struct SamplingParams {
     /// Added to these tokens' logits before sampling (OpenAI's `logit_bias`, in [-100, 100]);
     /// logprobs stay those of the model's distribution, as vLLM reports them.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Tokens to generate before the end-of-sequence and stop tokens may be sampled (vLLM's
+    /// `min_tokens`; see [`Sampler::hold_stops`]).
+    pub min_tokens: usize,
 }
 
 impl Default for SamplingParams {
@@ -50,6 +53,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             logprobs: None,
             logit_bias: Vec::new(),
+            min_tokens: 0,
         }
     }
 }
@@ -102,6 +106,11 @@ pub struct Sampler {
     adjustments: Vec<Adjustment>,
     /// The grammar the output must follow, if any.
     constraint: Option<Constraint>,
+    /// Tokens sampled so far.
+    generated: usize,
+    /// While fewer than `min_tokens` are: the tokens held back (their bias −∞ in
+    /// `adjustments`) with the bias each had, restored then.
+    held_stops: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -123,6 +132,30 @@ impl Sampler {
             output_counts: HashMap::new(),
             adjustments: by_token.into_values().collect(),
             constraint: None,
+            generated: 0,
+            held_stops: Vec::new(),
+        }
+    }
+
+    /// Holds `stops` (the request's end-of-sequence and stop tokens) back until
+    /// `min_tokens` tokens are out, as vLLM's min-tokens processor does: their logits are
+    /// −∞ until then, on the host and the device alike (they go with the adjustments).
+    pub fn hold_stops(&mut self, stops: &[u32]) {
+        if self.params.min_tokens <= self.generated {
+            return;
+        }
+        for &t in stops {
+            let i = match self.adjustments.binary_search_by_key(&t, |a| a.token) {
+                Ok(i) => i,
+                Err(i) => {
+                    self.adjustments.insert(i, no_change(t));
+                    i
+                }
+            };
+            let bias = std::mem::replace(&mut self.adjustments[i].bias, f32::NEG_INFINITY);
+            if bias != f32::NEG_INFINITY {
+                self.held_stops.push((t, bias));
+            }
         }
     }
 
@@ -148,6 +181,7 @@ impl Sampler {
             || p.presence_penalty != 0.0
             || p.frequency_penalty != 0.0
             || !p.logit_bias.is_empty()
+            || !self.held_stops.is_empty()
             || self.constraint.is_some())
         .then(|| {
             let mut l = logits.to_vec();
@@ -230,6 +264,14 @@ impl Sampler {
     }
 
     fn record(&mut self, token: u32) {
+        self.generated += 1;
+        if self.generated >= self.params.min_tokens {
+            for (t, bias) in std::mem::take(&mut self.held_stops) {
+                if let Ok(i) = self.adjustments.binary_search_by_key(&t, |a| a.token) {
+                    self.adjustments[i].bias = bias;
+                }
+            }
+        }
         let n = self.output_counts.entry(token).or_insert(0);
         *n += 1;
         let p = &self.params;
@@ -362,6 +404,44 @@ fn no_change(token: u32) -> Adjustment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn min_tokens_holds_the_stop_tokens_back_then_restores_their_bias() {
+        // Token 0 (an end of sequence) is the likeliest, token 2 a stop token the request
+        // biased up; token 1 comes next.
+        let logits = [3.0, 2.0, 1.0, -1.0];
+        let params = SamplingParams {
+            min_tokens: 3,
+            logit_bias: vec![(2, 1.5)],
+            logprobs: Some(0),
+            ..SamplingParams::greedy()
+        };
+        let mut host = Sampler::new(params.clone(), &[], 0);
+        host.hold_stops(&[0, 2, 0]);
+        let drawn: Vec<u32> = (0..5)
+            .map(|_| host.sample(&logits).unwrap().token)
+            .collect();
+        assert_eq!(drawn, [1, 1, 1, 0, 0]);
+        // The device gets the same adjustments: −∞ for both until then, the bias after.
+        let mut device = Sampler::new(params, &[], 0);
+        device.hold_stops(&[0, 2]);
+        for step in 0..4 {
+            let adjust = device.device_row().unwrap().adjust.to_vec();
+            let bias = |t: u32| adjust.iter().find(|a| a.token == t).map_or(0.0, |a| a.bias);
+            if step < 3 {
+                assert_eq!((bias(0), bias(2)), (f32::NEG_INFINITY, f32::NEG_INFINITY));
+            } else {
+                assert_eq!((bias(0), bias(2)), (0.0, 1.5), "step {step}");
+            }
+            let mut row = logits;
+            reference::adjust_logits(&mut row, &adjust);
+            device.accept_device(argmax(&row)).unwrap();
+        }
+        // Without min_tokens, nothing is held.
+        let mut free = Sampler::new(SamplingParams::greedy(), &[], 0);
+        free.hold_stops(&[0]);
+        assert_eq!(free.sample(&logits).unwrap().token, 0);
+    }
 
     #[test]
     fn logit_bias_moves_the_choice_but_not_the_reported_logprobs() {

@@ -199,7 +199,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("function_call", |v| v == "none"),
     // 0 is not "off" in vLLM: each prompt token's own logprob, without alternatives.
     ("prompt_logprobs", |_| false),
-    ("min_tokens", |v| v.as_u64() == Some(0)),
     ("use_beam_search", |v| v == &Value::Bool(false)),
     ("include_stop_str_in_output", |v| v == &Value::Bool(false)),
     ("skip_special_tokens", |v| v == &Value::Bool(true)),
@@ -260,6 +259,7 @@ const KNOWN: &[&str] = &[
     "return_tokens_as_token_ids",
     "ignore_eos",
     "max_tokens",
+    "min_tokens",
     "temperature",
     "top_p",
     "top_k",
@@ -454,12 +454,23 @@ pub fn parse_request_with(
             "ignore_eos cannot be combined with structured output: the grammar ends the output",
         ));
     }
+    let max_tokens = parse_max_tokens(&f, endpoint, echo)?;
+    let params = parse_sampling(&f, endpoint, defaults)?;
+    if params.min_tokens > 0 && structured.is_some() {
+        return Err(ApiError::bad_request(
+            Some("min_tokens"),
+            "min_tokens cannot be combined with structured output: the grammar ends the output",
+        ));
+    }
+    if let Some(max) = max_tokens.filter(|&max| params.min_tokens > max) {
+        return Err(min_tokens_past(params.min_tokens, max));
+    }
     Ok(GenerationRequest {
         model,
         prompts,
-        max_tokens: parse_max_tokens(&f, endpoint, echo)?,
+        max_tokens,
         default_max_tokens: defaults.max_tokens.filter(|_| endpoint == Endpoint::Chat),
-        params: parse_sampling(&f, endpoint, defaults)?,
+        params,
         stop,
         stop_token_ids,
         ignore_eos,
@@ -589,6 +600,16 @@ fn parse_prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
 
 /// `max_tokens` (or chat's `max_completion_tokens`, named as the client sent it): at least 1,
 /// or 0 with `echo`; OpenAI's completions default is 16, chat generates until done.
+/// vLLM's refusal of a `min_tokens` past the tokens a request may generate.
+pub fn min_tokens_past(min_tokens: usize, max_tokens: usize) -> ApiError {
+    ApiError::bad_request(
+        Some("min_tokens"),
+        format!(
+            "min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}"
+        ),
+    )
+}
+
 fn parse_max_tokens(f: &Fields, endpoint: Endpoint, echo: bool) -> Result<Option<usize>, ApiError> {
     let key = match endpoint {
         Endpoint::Chat if f.get("max_completion_tokens").is_some() => {
@@ -662,6 +683,9 @@ fn parse_sampling(
         Some(v) => return Err(Fields::wrong("seed", "a 64-bit integer", v)),
     };
     params.logit_bias = logit_bias(f.get("logit_bias"))?;
+    params.min_tokens = f
+        .uint("min_tokens")?
+        .map_or(0, |n| n.min(usize::MAX as u64) as usize);
     params.logprobs = match endpoint {
         Endpoint::Completions => f.uint("logprobs")?.map(|n| n as usize),
         Endpoint::Chat => {

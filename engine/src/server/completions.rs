@@ -185,6 +185,11 @@ pub(super) async fn generate(
                 (None, Some(default)) => room.min(default),
                 _ => room,
             };
+            if req.params.min_tokens > max_tokens {
+                return Err(
+                    api::min_tokens_past(req.params.min_tokens, max_tokens).in_prompt(i, count)
+                );
+            }
             Ok(Planned { tokens, max_tokens })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;

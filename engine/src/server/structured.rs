@@ -519,11 +519,22 @@ mod tests {
         let (grammar, chat) = tools_of(json!({"tools": tools}));
         assert_eq!((grammar, chat.auto), (None, true));
         assert_eq!(chat.tools.as_ref(), Some(&tools));
-        assert!(tools_of(json!({"tools": tools, "tool_choice": "auto"})).1.auto);
-        assert!(!tools_of(json!({"tool_choice": "auto"})).1.auto, "no tools to call");
+        assert!(
+            tools_of(json!({"tools": tools, "tool_choice": "auto"}))
+                .1
+                .auto
+        );
+        assert!(
+            !tools_of(json!({"tool_choice": "auto"})).1.auto,
+            "no tools to call"
+        );
         let (grammar, chat) = tools_of(json!({"tools": tools, "tool_choice": "none"}));
         assert_eq!((grammar, chat.auto), (None, false));
-        assert_eq!(chat.tools.as_ref(), Some(&tools), "still shown to the template");
+        assert_eq!(
+            chat.tools.as_ref(),
+            Some(&tools),
+            "still shown to the template"
+        );
         // The calls come back in OpenAI's form.
         let mut n = 0;
         let mut ids = || {
