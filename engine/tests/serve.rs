@@ -2195,7 +2195,7 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
 /// `min_tokens` as vLLM serves it: the stop tokens (and end of sequence) cannot be sampled
 /// before that many tokens are out, and a stop string counts only from then on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn min_tokens_holds_back_stop_tokens_and_strings() {
+async fn min_tokens_and_include_stop_str_in_output_as_vllm_serves_them() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await
         .unwrap();
@@ -2258,6 +2258,15 @@ async fn min_tokens_holds_back_stop_tokens_and_strings() {
         ask(json!({"stop": [stop], "ignore_eos": true, "min_tokens": 4})),
     )
     .await;
+    // include_stop_str_in_output: the output ends with the stop string, not before it.
+    let (_, kept) = post(
+        &client,
+        &url,
+        ask(json!({"stop": [stop], "ignore_eos": true, "include_stop_str_in_output": true})),
+    )
+    .await;
+    assert_eq!(kept["choices"][0]["text"], stop.as_str(), "{kept}");
+    assert_eq!(kept["choices"][0]["stop_reason"], stop.as_str(), "{kept}");
     let late_tokens = ids(&late);
     assert!(late_tokens.len() >= 4, "{late}");
     assert_eq!(

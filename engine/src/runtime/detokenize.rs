@@ -122,16 +122,32 @@ pub struct StopStrings {
 /// A request's stop strings, compiled once (by the request's handler, not on the engine
 /// thread) and shared by each of its sequences.
 #[derive(Clone, Default)]
-pub struct StopSet(Option<Arc<StopMatcher>>);
+pub struct StopSet {
+    matcher: Option<Arc<StopMatcher>>,
+    /// The output ends with the stop string it matched rather than before it (vLLM's
+    /// `include_stop_str_in_output`).
+    keeps_match: bool,
+}
 
 impl StopSet {
     pub fn new(stops: &[String]) -> Self {
-        StopSet(StopMatcher::new(stops).map(Arc::new))
+        StopSet {
+            matcher: StopMatcher::new(stops).map(Arc::new),
+            keeps_match: false,
+        }
+    }
+
+    /// The output keeps the stop string that ends it.
+    pub fn keeping_the_match(self) -> Self {
+        StopSet {
+            keeps_match: true,
+            ..self
+        }
     }
 
     /// The (non-empty) stop strings.
     pub fn strings(&self) -> &[String] {
-        self.0.as_ref().map_or(&[], |m| &m.stops)
+        self.matcher.as_ref().map_or(&[], |m| &m.stops)
     }
 }
 
@@ -143,7 +159,7 @@ impl std::fmt::Debug for StopSet {
 
 impl PartialEq for StopSet {
     fn eq(&self, other: &Self) -> bool {
-        self.strings() == other.strings()
+        self.strings() == other.strings() && self.keeps_match == other.keeps_match
     }
 }
 
@@ -201,7 +217,7 @@ impl StopMatcher {
 
 impl StopStrings {
     pub fn new(matcher: StopSet) -> Self {
-        let state = matcher.0.as_ref().map_or(StateID::ZERO, |m| {
+        let state = matcher.matcher.as_ref().map_or(StateID::ZERO, |m| {
             m.dfa.start_state(Anchored::No).expect("unanchored")
         });
         Self {
@@ -219,7 +235,7 @@ impl StopStrings {
 
     /// Feeds new text. Returns the text safe to emit and whether a stop string matched.
     pub fn push(&mut self, text: &str) -> (String, bool) {
-        let Some(m) = &self.matcher.0 else {
+        let Some(m) = &self.matcher.matcher else {
             return (text.to_string(), false);
         };
         let base = self.pending.len();
@@ -237,7 +253,8 @@ impl StopStrings {
                     })
                     .min()
                     .expect("a match state has a match");
-                let out = self.pending[..start].to_string();
+                let cut = if self.matcher.keeps_match { end } else { start };
+                let out = self.pending[..cut].to_string();
                 self.pending.clear();
                 self.matched = Some(m.stops[pattern.as_usize()].clone());
                 return (out, true);
@@ -344,6 +361,17 @@ mod tests {
         }
         out.push_str(&s.flush());
         (out, false, deltas)
+    }
+
+    #[test]
+    fn a_kept_stop_string_ends_the_output() {
+        let stops = StopSet::new(&["lo w".into(), "world".into()]).keeping_the_match();
+        let mut s = StopStrings::new(stops);
+        let (a, _) = s.push("hel");
+        let (b, stopped) = s.push("lo world and more");
+        assert!(stopped);
+        assert_eq!(a + &b, "hello w");
+        assert_eq!(s.matched(), Some("lo w"));
     }
 
     #[test]

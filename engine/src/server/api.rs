@@ -111,6 +111,9 @@ pub struct GenerationRequest {
     pub default_max_tokens: Option<usize>,
     pub params: SamplingParams,
     pub stop: Vec<String>,
+    /// The stop string that ends a choice ends its text too (vLLM's
+    /// `include_stop_str_in_output`).
+    pub include_stop_str: bool,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub stream: bool,
@@ -200,7 +203,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     // 0 is not "off" in vLLM: each prompt token's own logprob, without alternatives.
     ("prompt_logprobs", |_| false),
     ("use_beam_search", |v| v == &Value::Bool(false)),
-    ("include_stop_str_in_output", |v| v == &Value::Bool(false)),
     ("skip_special_tokens", |v| v == &Value::Bool(true)),
     ("truncate_prompt_tokens", |_| false),
     ("allowed_token_ids", |_| false),
@@ -255,6 +257,7 @@ const KNOWN: &[&str] = &[
     "stream",
     "stream_options",
     "stop",
+    "include_stop_str_in_output",
     "stop_token_ids",
     "return_tokens_as_token_ids",
     "ignore_eos",
@@ -472,6 +475,7 @@ pub fn parse_request_with(
         default_max_tokens: defaults.max_tokens.filter(|_| endpoint == Endpoint::Chat),
         params,
         stop,
+        include_stop_str: f.bool("include_stop_str_in_output")?.unwrap_or(false),
         stop_token_ids,
         ignore_eos,
         stream,

@@ -135,6 +135,7 @@ pub(super) async fn generate(
     let (tokenized, constraint, stops) = {
         let prompts = std::mem::take(&mut req.prompts);
         let stop = req.stop.clone();
+        let keep_stop = req.include_stop_str;
         let tools = req.tools.take();
         let compact = s.compact_json;
         let grammar = req.structured.as_ref().map(|r| {
@@ -170,7 +171,13 @@ pub(super) async fn generate(
                 })?),
                 None => None,
             };
-            Ok::<_, ApiError>((tokens, constraint, StopSet::new(&stop)))
+            let stops = StopSet::new(&stop);
+            let stops = if keep_stop {
+                stops.keeping_the_match()
+            } else {
+                stops
+            };
+            Ok::<_, ApiError>((tokens, constraint, stops))
         })
         .await??
     };
