@@ -248,14 +248,18 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             rms_norm_eps: opt_f64("rms_norm_eps").unwrap_or(d.rms_norm_eps),
-            // YaRN serves its factor times the positions it was trained on (vLLM's rule;
-            // transformers has no limit).
+            // YaRN serves its factor times the positions it was trained on, and linear
+            // scaling its factor times `max_position_embeddings` save in Gemma 3, whose
+            // config already counts them (vLLM's rule; transformers has no limit).
             max_position_embeddings: match rope.scaling {
                 RopeScaling::Yarn {
                     factor,
                     original_max_position_embeddings: n,
                     ..
                 } => max_position_embeddings.max((n as f64 * factor) as usize),
+                RopeScaling::Linear { factor } if !gemma => {
+                    (max_position_embeddings as f64 * factor) as usize
+                }
                 _ => max_position_embeddings,
             },
             tie_word_embeddings: opt_bool("tie_word_embeddings").unwrap_or(d.tie_word_embeddings),
@@ -1006,6 +1010,8 @@ mod tests {
             (c.rope_theta, c.rope_scaling),
             (1e4, RopeScaling::Linear { factor: 2.0 })
         );
+        // Linear scaling serves its factor times the positions, as vLLM derives them.
+        assert_eq!(c.max_position_embeddings, 2 * 2048);
         // ... unless it is empty (falsy in Python).
         let c = llama(json!({"rope_scaling": {},
             "rope_parameters": {"rope_type": "linear", "factor": 3.0, "rope_theta": 5e5}}));
@@ -1068,6 +1074,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
         assert_eq!((c.rope_theta, c.rope_local_theta), (2e6, Some(2e4)));
+        // Its positions already count the scaling (vLLM does not multiply them).
+        assert_eq!(c.max_position_embeddings, 131072);
         let err = gemma(json!({"sliding_window": null}))
             .unwrap_err()
             .to_string();
