@@ -90,9 +90,6 @@ struct TargetArgs {
     /// Replay decode steps from CUDA graphs (CUDA only).
     #[arg(long = "cuda-graphs", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     cuda_graphs: bool,
-    /// Every step eager, no CUDA graphs (vLLM's flag; graphs are off unless --cuda-graphs).
-    #[arg(long = "enforce-eager", conflicts_with = "cuda_graphs")]
-    enforce_eager: bool,
     /// Sample on the GPU, so only token ids come back (CUDA only; a grammar's mask goes to
     /// the GPU with its row; steps with prompt logprobs still sample on the host).
     #[arg(long = "device-sampling", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -192,6 +189,7 @@ struct ServeArgs {
         "max_batch_size", "batching_mode", "kv_cache_backend", "num_gpu_blocks",
         "gpu_memory_utilization", "block_size", "chunked_prefill", "prefill_chunk_size",
         "max_num_batched_tokens", "prefix_caching", "no_prefix_caching", "no_chunked_prefill",
+        "enable_prefix_caching", "enable_chunked_prefill",
         "max_model_len", "kv_admission",
         "kv_preemption", "kv_watermark", "kv_victim", "max_step_read_tokens",
     ])]
@@ -243,8 +241,12 @@ struct ServeArgs {
     gpu_memory_utilization: Option<f64>,
     #[arg(long = "block-size", default_value_t = 16)]
     block_size: usize,
-    #[arg(long = "chunked-prefill", visible_alias = "enable-chunked-prefill", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long = "chunked-prefill", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     chunked_prefill: bool,
+    /// The same as --chunked-prefill (vLLM's spelling: it takes no value, so a MODEL may
+    /// follow it).
+    #[arg(long = "enable-chunked-prefill", conflicts_with_all = ["chunked_prefill", "no_chunked_prefill"])]
+    enable_chunked_prefill: bool,
     /// The same as --chunked-prefill=false.
     #[arg(long = "no-enable-chunked-prefill", conflicts_with = "chunked_prefill")]
     no_chunked_prefill: bool,
@@ -255,8 +257,11 @@ struct ServeArgs {
     /// --max-model-len. Default: --prefill-chunk-size, or unchunked no limit but the KV pool.
     #[arg(long = "max-num-batched-tokens")]
     max_num_batched_tokens: Option<usize>,
-    #[arg(long = "prefix-caching", visible_alias = "enable-prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long = "prefix-caching", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     prefix_caching: bool,
+    /// The same as --prefix-caching (vLLM's spelling, without a value).
+    #[arg(long = "enable-prefix-caching", conflicts_with_all = ["prefix_caching", "no_prefix_caching"])]
+    enable_prefix_caching: bool,
     /// The same as --prefix-caching=false.
     #[arg(
         long = "no-enable-prefix-caching",
@@ -275,6 +280,9 @@ struct ServeArgs {
     max_waiting: Option<usize>,
     #[command(flatten)]
     target: TargetArgs,
+    /// Every step eager, no CUDA graphs (vLLM's flag; graphs are off unless --cuda-graphs).
+    #[arg(long = "enforce-eager")]
+    enforce_eager: bool,
     /// Weight dtype. CPU: f32 or bf16 (half the bytes a decode step reads; products of
     /// bf16 weights and bf16-rounded activations accumulate in f32), by default the
     /// checkpoint's `torch_dtype` (bf16 stays bf16, others f32); CUDA: bf16.
@@ -327,11 +335,8 @@ struct ServeArgs {
     enable_auto_tool_choice: bool,
     /// The format the model writes calls in: `hermes` (`<tool_call>…</tool_call>`: Qwen2.5,
     /// Qwen3, Hermes) or `llama3_json` (a JSON object per call: Llama 3.1–3.3).
-    #[arg(
-        long = "tool-call-parser",
-        value_enum,
-        requires = "enable_auto_tool_choice"
-    )]
+    /// Without --enable-auto-tool-choice it is not used, as in vLLM.
+    #[arg(long = "tool-call-parser", value_enum)]
     tool_call_parser: Option<ToolCallParserArg>,
     /// Where a request leaves a sampling parameter out (temperature, top_p, top_k, min_p,
     /// repetition_penalty; a chat's max_tokens): `auto` takes the model's
@@ -692,6 +697,15 @@ fn run(cli: Cli) -> Result<()> {
 
 fn run_serve(a: ServeArgs) -> Result<()> {
     let target = a.target.target()?;
+    if a.enforce_eager && target.cuda_graphs {
+        bail!("--enforce-eager and --cuda-graphs: give one");
+    }
+    if a.tool_call_parser.is_some() && !a.enable_auto_tool_choice {
+        eprintln!(
+            "--tool-call-parser without --enable-auto-tool-choice is not used (as in vLLM): \
+             tool_choice \"auto\" stays refused"
+        );
+    }
     let model = a.served_model();
     if a.max_connections == 0 {
         bail!("--max-connections 0 would refuse every connection");
@@ -736,12 +750,17 @@ fn run_serve(a: ServeArgs) -> Result<()> {
         step_log: a.step_log,
         api_keys: a.api_key,
         compact_json: a.structured_outputs_disable_any_whitespace,
-        tool_call_parser: a.tool_call_parser.map(|p| match p {
-            ToolCallParserArg::Hermes => infer_engine::server::tool_parser::ToolCallParser::Hermes,
-            ToolCallParserArg::Llama3Json => {
-                infer_engine::server::tool_parser::ToolCallParser::Llama3Json
-            }
-        }),
+        tool_call_parser: a
+            .tool_call_parser
+            .filter(|_| a.enable_auto_tool_choice)
+            .map(|p| match p {
+                ToolCallParserArg::Hermes => {
+                    infer_engine::server::tool_parser::ToolCallParser::Hermes
+                }
+                ToolCallParserArg::Llama3Json => {
+                    infer_engine::server::tool_parser::ToolCallParser::Llama3Json
+                }
+            }),
         model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,
         load_format: match a.get_load_format {
             LoadFormatArg::Vllm => infer_engine::server::LoadFormat::Vllm,
@@ -916,6 +935,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         stop_strings: infer_engine::runtime::detokenize::StopSet::new(&a.stop),
         stop_token_ids: Vec::new(),
         ignore_eos: a.ignore_eos,
+        keep_special_tokens: false,
         forks: Vec::new(),
         prompt_logprobs: None,
         constraint: None,
@@ -1065,15 +1085,16 @@ mod tests {
             "the defaults differ from the settings"
         );
         assert_eq!(serve("serve").0, "builtin:tiny");
-        let on = serve("serve m --enable-prefix-caching --enable-chunked-prefill").1;
-        assert!(on.prefix_caching && on.chunked_prefill);
+        // vLLM's switches take no value: a MODEL after them is the model.
+        let (model, on, _) = serve("serve --enable-prefix-caching --enable-chunked-prefill m");
+        assert!(on.prefix_caching && on.chunked_prefill && model == "m");
         for clash in [
             "serve m --model n",
             "serve m --prefix-caching --no-enable-prefix-caching",
             "serve m --chunked-prefill=true --no-enable-chunked-prefill",
-            "serve m --enforce-eager --cuda-graphs",
+            "serve m --enable-prefix-caching --disable-radix-cache",
+            "serve m --prefix-caching=false --enable-prefix-caching",
             "serve m --enable-auto-tool-choice",
-            "serve m --tool-call-parser hermes",
             "serve m --scenario s.toml --max-num-seqs 4",
             "serve m --scenario s.toml --disable-radix-cache",
         ] {

@@ -28,6 +28,7 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
             stop_strings: Default::default(),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
+            keep_special_tokens: false,
             forks: Vec::new(),
             prompt_logprobs: None,
             constraint: None,

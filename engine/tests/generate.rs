@@ -28,6 +28,7 @@ fn request(prompt: Vec<u32>, params: SamplingParams, stop: Stop) -> GenerateRequ
         stop_strings: StopSet::new(&stop.stop),
         stop_token_ids: stop.stop_token_ids,
         ignore_eos: stop.ignore_eos,
+        keep_special_tokens: false,
         forks: Vec::new(),
         prompt_logprobs: None,
         constraint: None,

@@ -484,3 +484,26 @@ fn tokens_that_add_no_text_leave_the_decode_window() -> Result<()> {
     );
     Ok(())
 }
+
+/// `skip_special_tokens: false`: a special token (`</s>` here, which the default drops) is
+/// written out in the text, at its place among the others.
+#[test]
+fn kept_special_tokens_are_written_out() -> Result<()> {
+    let (_dir, tok) = sentencepiece_tokenizer()?;
+    let run = |d: IncrementalDetokenizer| -> Result<String> {
+        let mut d = d;
+        let mut out = String::new();
+        for id in [6, 2, 5] {
+            out.push_str(&d.push(&tok, id)?);
+        }
+        out.push_str(&d.flush(&tok)?);
+        Ok(out)
+    };
+    assert_eq!(run(IncrementalDetokenizer::after(&[1, 3]))?, " Paris is");
+    let kept = run(IncrementalDetokenizer::after(&[1, 3]).keeping_special_tokens())?;
+    assert!(
+        kept.starts_with(" Paris") && kept.contains("</s>") && kept.ends_with("is"),
+        "{kept:?}"
+    );
+    Ok(())
+}

@@ -587,7 +587,6 @@ fn bad_cases() -> Vec<BadCase> {
         ("function_call", json!("auto")),
         ("prompt_logprobs", json!(2)),
         ("use_beam_search", json!(true)),
-        ("skip_special_tokens", json!(false)),
         ("truncate_prompt_tokens", json!(2)),
         ("allowed_token_ids", json!([5])),
         ("bad_words", json!(["harbour"])),

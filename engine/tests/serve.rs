@@ -2188,6 +2188,15 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
             .find(|c| !c["choices"][0].is_null())
             .unwrap();
         assert_eq!(last["choices"][0]["finish_reason"], reason, "{last}");
+        // parallel_tool_calls: false answers the first call only.
+        if want.len() > 1 {
+            let mut one = body(false);
+            one["parallel_tool_calls"] = json!(false);
+            let (_, v) = post(&client, &chat, one).await;
+            let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(calls.len(), 1, "{v}");
+            assert_eq!(calls[0]["function"]["name"], want[0].0.as_str(), "{v}");
+        }
         server.stop().await;
     }
 }

@@ -25,6 +25,8 @@ pub struct IncrementalDetokenizer {
     prefix_offset: usize,
     /// Tokens before this have been emitted as text.
     read_offset: usize,
+    /// Special tokens are written out, not dropped (`skip_special_tokens: false`).
+    keep_special: bool,
 }
 
 /// Prompt tokens decoded before the first generated one (vLLM's
@@ -45,19 +47,32 @@ impl IncrementalDetokenizer {
             prefix_offset: 0,
             read_offset: context.len(),
             tokens: context,
+            keep_special: false,
         }
+    }
+
+    /// Special tokens are written out in the text, as vLLM's `skip_special_tokens: false`.
+    pub fn keeping_special_tokens(self) -> Self {
+        Self {
+            keep_special: true,
+            ..self
+        }
+    }
+
+    fn decode(&self, tok: &TextTokenizer, from: usize, to: usize) -> Result<String> {
+        tok.decode_with(&self.tokens[from..to], !self.keep_special)
     }
 
     /// Adds one token; returns the newly completed text (possibly empty).
     pub fn push(&mut self, tok: &TextTokenizer, token: u32) -> Result<String> {
         self.tokens.push(token);
-        let mut prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let mut prefix = self.decode(tok, self.prefix_offset, self.read_offset)?;
         if prefix.ends_with('\u{FFFD}') {
             // The prompt's tail ends inside a character: no context then.
             self.prefix_offset = self.read_offset;
             prefix.clear();
         }
-        let full = tok.decode(&self.tokens[self.prefix_offset..])?;
+        let full = self.decode(tok, self.prefix_offset, self.tokens.len())?;
         if full == prefix {
             // The token adds no text (a special token, skipped in decoding): out of the
             // window, or a model that keeps sampling its end token under `ignore_eos`
@@ -91,8 +106,8 @@ impl IncrementalDetokenizer {
     /// The text still held back at the end of generation (an incomplete character is
     /// emitted as U+FFFD, as any decoder would).
     pub fn flush(&mut self, tok: &TextTokenizer) -> Result<String> {
-        let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
-        let full = tok.decode(&self.tokens[self.prefix_offset..])?;
+        let prefix = self.decode(tok, self.prefix_offset, self.read_offset)?;
+        let full = self.decode(tok, self.prefix_offset, self.tokens.len())?;
         self.prefix_offset = self.tokens.len();
         self.read_offset = self.tokens.len();
         Ok(full
@@ -296,6 +311,14 @@ impl OutputStream {
             stopped: false,
             tokens: 0,
             min_tokens,
+        }
+    }
+
+    /// Special tokens are written out in the text (see [`IncrementalDetokenizer`]).
+    pub fn keeping_special_tokens(self) -> Self {
+        Self {
+            detok: self.detok.keeping_special_tokens(),
+            ..self
         }
     }
 

@@ -35,6 +35,8 @@ pub struct EngineRequest {
     pub stop_token_ids: Vec<u32>,
     /// Generate past the model's end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Special tokens are written out in the text (vLLM's `skip_special_tokens: false`).
+    pub keep_special_tokens: bool,
     /// Ids of more sequences to sample from the same prompt (OpenAI's `n` - 1): forked
     /// from this one once its prompt is computed (see `Scheduler::add_forked`). Fork `i` (from 0) samples with `seed + i + 1` when the
     /// request has a seed.
@@ -364,9 +366,15 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                         vec![None; req.prompt.len().saturating_sub(1)],
                     )
                 });
+                let output = OutputStream::new(r.stop_strings.clone(), &req.prompt, min_tokens);
+                let output = if r.keep_special_tokens {
+                    output.keeping_special_tokens()
+                } else {
+                    output
+                };
                 let live = Live {
                     sampler,
-                    output: OutputStream::new(r.stop_strings.clone(), &req.prompt, min_tokens),
+                    output,
                     want_logprobs,
                     stop_tokens: stop_tokens.clone(),
                     prompt_logprobs,
@@ -889,6 +897,7 @@ mod tests {
             stop_strings: StopSet::default(),
             stop_token_ids: Vec::new(),
             ignore_eos: true,
+            keep_special_tokens: false,
             forks: Vec::new(),
             prompt_logprobs: None,
             constraint: None,

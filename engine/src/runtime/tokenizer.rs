@@ -111,9 +111,7 @@ impl TextTokenizer {
     /// Renders every chat through `template` in place of the model's own (with or without
     /// tools, as vLLM's `--chat-template` does). Refused here if it does not parse.
     pub fn with_chat_template(mut self, template: String) -> Result<Self> {
-        minijinja::Environment::new()
-            .template_from_str(&template)
-            .context("invalid --chat-template")?;
+        check_chat_template(&template)?;
         self.chat_template = Some(template);
         self.tool_use_template = None;
         Ok(self)
@@ -163,15 +161,6 @@ impl TextTokenizer {
         self.eos_token.as_deref()
     }
 
-    /// Whether `token` is one of the tokenizer's special added tokens (which decoding
-    /// drops from the text).
-    pub fn is_special(&self, token: &str) -> bool {
-        self.inner
-            .get_added_tokens_decoder()
-            .values()
-            .any(|t| t.special && t.content == token)
-    }
-
     pub fn has_chat_template(&self) -> bool {
         self.chat_template.is_some()
     }
@@ -215,8 +204,13 @@ impl TextTokenizer {
 
     /// Decodes `ids`, dropping special tokens (BOS, end-of-turn, …).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.decode_with(ids, true)
+    }
+
+    /// Decodes `ids`, dropping special tokens or writing them out.
+    pub fn decode_with(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
-            .decode(ids, true)
+            .decode(ids, skip_special_tokens)
             .map_err(|e| anyhow!("tokenizer decode: {e}"))
     }
 
@@ -273,19 +267,30 @@ impl TextTokenizer {
 
 /// The template `--chat-template ARG` names, as vLLM reads it: the file at `arg`, or where
 /// none can be read and `arg` holds a `{`, `}` or newline, `arg` itself, its backslash
-/// escapes (`\n`) decoded. A path that cannot be read is an error naming it.
+/// escapes (`\n`) decoded. A path that cannot be read, or a template that does not parse,
+/// is an error saying so (before the model loads).
 pub fn chat_template_arg(arg: &str) -> Result<String> {
-    match std::fs::read_to_string(arg) {
-        Ok(text) => Ok(text),
+    let template = match std::fs::read_to_string(arg) {
+        Ok(text) => text,
         Err(e) if !arg.contains(['{', '}', '\n']) => {
             bail!("--chat-template {arg}: looks like a file path, but cannot be read: {e}")
         }
-        Err(_) => Ok(unescape(arg)),
-    }
+        Err(_) => unescape(arg),
+    };
+    check_chat_template(&template)?;
+    Ok(template)
+}
+
+fn check_chat_template(template: &str) -> Result<()> {
+    minijinja::Environment::new()
+        .template_from_str(template)
+        .context("invalid --chat-template")?;
+    Ok(())
 }
 
 /// Python's `unicode_escape` for the escapes a template written on one line uses: `\n`,
-/// `\t`, `\r`, `\\`, `\'` and `\"`; another backslash stays as written.
+/// `\t`, `\r`, `\\`, `\'` and `\"`; another backslash stays as written (Python would
+/// also read `\xNN`, `\uNNNN` and the like, which templates do not need).
 fn unescape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars().peekable();
@@ -523,6 +528,9 @@ mod tests {
         let missing = dir.path().join("missing.jinja");
         let err = chat_template_arg(missing.to_str().unwrap()).unwrap_err();
         assert!(err.to_string().contains("looks like a file path"), "{err}");
+        // A template that does not parse is refused here, before any model loads.
+        let err = chat_template_arg("{% for m in messages %}").unwrap_err();
+        assert!(format!("{err:#}").contains("invalid --chat-template"), "{err:#}");
         Ok(())
     }
 

@@ -114,6 +114,8 @@ pub struct GenerationRequest {
     /// The stop string that ends a choice ends its text too (vLLM's
     /// `include_stop_str_in_output`).
     pub include_stop_str: bool,
+    /// Special tokens are dropped from the text (vLLM's `skip_special_tokens`, default on).
+    pub skip_special_tokens: bool,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub stream: bool,
@@ -134,6 +136,8 @@ pub struct GenerationRequest {
     pub tools: Option<Value>,
     /// `tool_choice: "auto"` with tools: the server's tool-call parser reads the output.
     pub auto_tools: bool,
+    /// `parallel_tool_calls` (default true): with `auto_tools`, false answers one call.
+    pub parallel_tool_calls: bool,
 }
 
 /// The most choices one request may ask for per prompt.
@@ -203,7 +207,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     // 0 is not "off" in vLLM: each prompt token's own logprob, without alternatives.
     ("prompt_logprobs", |_| false),
     ("use_beam_search", |v| v == &Value::Bool(false)),
-    ("skip_special_tokens", |v| v == &Value::Bool(true)),
     ("truncate_prompt_tokens", |_| false),
     ("allowed_token_ids", |_| false),
     ("bad_words", |v| v.as_array().is_some_and(Vec::is_empty)),
@@ -258,6 +261,7 @@ const KNOWN: &[&str] = &[
     "stream_options",
     "stop",
     "include_stop_str_in_output",
+    "skip_special_tokens",
     "stop_token_ids",
     "return_tokens_as_token_ids",
     "ignore_eos",
@@ -476,6 +480,7 @@ pub fn parse_request_with(
         params,
         stop,
         include_stop_str: f.bool("include_stop_str_in_output")?.unwrap_or(false),
+        skip_special_tokens: f.bool("skip_special_tokens")?.unwrap_or(true),
         stop_token_ids,
         ignore_eos,
         stream,
@@ -487,6 +492,7 @@ pub fn parse_request_with(
         structured,
         tools: tools.tools,
         auto_tools: tools.auto,
+        parallel_tool_calls: tools.parallel,
     })
 }
 

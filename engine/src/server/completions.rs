@@ -243,6 +243,10 @@ pub(super) async fn generate(
                     stop_strings: stops.clone(),
                     stop_token_ids: req.stop_token_ids.clone(),
                     ignore_eos: req.ignore_eos,
+                    // vLLM's hermes parser reads `<tool_call>`, which some tokenizers mark
+                    // special: a request it parses keeps special tokens in its text.
+                    keep_special_tokens: !req.skip_special_tokens
+                        || tool_parser == Some(ToolCallParser::Hermes),
                     forks: (first + 1..first + req.n as u64).collect(),
                     prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
                     constraint: constraint.clone(),
@@ -298,6 +302,7 @@ pub(super) async fn generate(
         include_usage: req.include_usage,
         tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
         tool_parser,
+        parallel_tool_calls: req.parallel_tool_calls,
         grammar_param: req.structured.as_ref().map(|r| r.param),
     };
     if req.stream {
@@ -358,6 +363,8 @@ struct ResponseMeta {
     tool: Option<ToolChoice>,
     /// The output may call tools (`tool_choice: "auto"`), which this parser finds.
     tool_parser: Option<ToolCallParser>,
+    /// More than one of those calls may be answered (`parallel_tool_calls`).
+    parallel_tool_calls: bool,
     /// The field the request's grammar came from, if it has one.
     grammar_param: Option<&'static str>,
 }
@@ -585,9 +592,9 @@ impl ResponseMeta {
     ) -> Option<Value> {
         held.push_str(text);
         let mut reason = finish;
-        let parsed = finish.and_then(|_| parser.parse(held));
+        let parsed = finish.and_then(|_| parser.parse(held, self.parallel_tool_calls));
         let upto = match (&parsed, finish) {
-            (_, None) => parser.streamable_len(held).max(*sent),
+            (_, None) => parser.streamable_len(held, *sent).max(*sent),
             (Some(p), _) => p.content.as_ref().map_or(0, String::len).max(*sent),
             (None, Some(_)) => held.len(),
         };
@@ -855,7 +862,9 @@ impl ResponseMeta {
                     let calls = structured::tool_calls(tool, &c.text, tool_call_id)?;
                     Some((calls, reason.map(|r| tool_finish_reason(tool, r, true))))
                 });
-                let parsed = self.tool_parser.and_then(|p| p.parse(&c.text));
+                let parsed = self
+                    .tool_parser
+                    .and_then(|p| p.parse(&c.text, self.parallel_tool_calls));
                 let (message, reason) = match (calls, parsed) {
                     // vLLM's shape: an empty content beside the calls.
                     (Some((calls, reason)), _) => (
@@ -1142,6 +1151,7 @@ mod tests {
                 include_usage: true,
                 tool: None,
                 tool_parser: None,
+                parallel_tool_calls: true,
                 grammar_param: None,
             };
             let whole = streamed(one_by_one.clone(), meta()).await;

@@ -508,6 +508,7 @@ mod tests {
                 stop_strings: Default::default(),
                 stop_token_ids: Vec::new(),
                 ignore_eos: true,
+                keep_special_tokens: false,
                 forks: Vec::new(),
                 prompt_logprobs: None,
                 constraint: None,

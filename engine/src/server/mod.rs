@@ -296,13 +296,6 @@ impl Engine {
             defaults_log += "\nchats render through --chat-template, not the model's template";
         }
         if let Some(parser) = cfg.tool_call_parser {
-            if let Some(marker) = parser.marker().filter(|m| tokenizer.is_special(m)) {
-                anyhow::bail!(
-                    "--tool-call-parser {}: this tokenizer marks {marker} as a special token, \
-                     which the server's detokenizer drops, so no call would be found",
-                    parser.name()
-                );
-            }
             defaults_log += &format!(
                 "\ntool_choice \"auto\": the {} parser reads calls from the output",
                 parser.name()

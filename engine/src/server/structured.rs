@@ -37,6 +37,8 @@ pub struct ChatTools {
     /// `tool_choice: "auto"` (the default with tools): the model may call one, in its own
     /// format, which the server's tool-call parser finds (see `tool_parser`).
     pub auto: bool,
+    /// `parallel_tool_calls` (default true): false answers one call at most.
+    pub parallel: bool,
 }
 
 /// The structured output a body asks for (if any), and chat's tools.
@@ -262,13 +264,17 @@ fn tool_choice(
     let tools_value = (!tools.is_empty()).then(|| Value::Array(tools));
     let default = if functions.is_empty() { "none" } else { "auto" };
     let choice = choice.cloned().unwrap_or_else(|| json!(default));
-    let auto = choice == "auto" && !functions.is_empty();
+    // As OpenAI and vLLM refuse it: a choice other than none with nothing to call.
+    if functions.is_empty() && choice != "none" {
+        return Err(bad(
+            "tool_choice",
+            "When using `tool_choice`, `tools` must be set.",
+        ));
+    }
+    let auto = choice == "auto";
     let picked = match &choice {
         Value::String(s) if s == "none" || s == "auto" => None,
         Value::String(s) if s == "required" => {
-            if functions.is_empty() {
-                return Err(bad("tool_choice", "tool_choice \"required\" needs tools"));
-            }
             let grammar = required_grammar(&functions, parallel)?;
             Some((ToolGrammar(grammar), ToolChoice::Required))
         }
@@ -306,6 +312,7 @@ fn tool_choice(
     let tools = ChatTools {
         tools: tools_value,
         auto,
+        parallel,
     };
     Ok((picked, tools))
 }
@@ -524,9 +531,14 @@ mod tests {
                 .1
                 .auto
         );
+        let body: Map<String, Value> =
+            serde_json::from_value(json!({"tool_choice": "auto"})).unwrap();
+        let e = parse(&body, Endpoint::Chat).unwrap_err();
+        assert!(e.message.contains("`tools` must be set"), "{}", e.message);
         assert!(
-            !tools_of(json!({"tool_choice": "auto"})).1.auto,
-            "no tools to call"
+            !tools_of(json!({"tools": tools, "parallel_tool_calls": false}))
+                .1
+                .parallel
         );
         let (grammar, chat) = tools_of(json!({"tools": tools, "tool_choice": "none"}));
         assert_eq!((grammar, chat.auto), (None, false));
@@ -588,7 +600,7 @@ mod tests {
                 r#"{"tools": [{"type": "x"}], "tool_choice": "required"}"#,
                 "tools[0]",
             ),
-            (r#"{"tool_choice": "required"}"#, "needs tools"),
+            (r#"{"tool_choice": "required"}"#, "`tools` must be set"),
         ];
         for (body, want) in cases {
             let e = parse_str(body, Endpoint::Chat).unwrap_err();

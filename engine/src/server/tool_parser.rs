@@ -43,19 +43,18 @@ impl ToolCallParser {
         }
     }
 
-    /// The marker the model writes as text that a tokenizer may hold as a special token
-    /// (which the detokenizer drops, and the parser would never see).
-    pub fn marker(self) -> Option<&'static str> {
-        match self {
-            ToolCallParser::Hermes => Some(HERMES_START),
-            // Its tag is optional: a call is found without it.
-            ToolCallParser::Llama3Json => None,
+    /// The calls in a finished output; `None` where it calls nothing, or where a call is
+    /// not well formed (then all of it is content, as vLLM answers it). `parallel: false`
+    /// (a request's `parallel_tool_calls`) keeps the first call only, as vLLM does.
+    pub fn parse(self, text: &str, parallel: bool) -> Option<ParsedCalls> {
+        let mut parsed = self.parse_all(text)?;
+        if !parallel {
+            parsed.calls.truncate(1);
         }
+        Some(parsed)
     }
 
-    /// The calls in a finished output; `None` where it calls nothing, or where a call is
-    /// not well formed (then all of it is content, as vLLM answers it).
-    pub fn parse(self, text: &str) -> Option<ParsedCalls> {
+    fn parse_all(self, text: &str) -> Option<ParsedCalls> {
         match self {
             ToolCallParser::Hermes => {
                 let start = text.find(HERMES_START)?;
@@ -93,13 +92,21 @@ impl ToolCallParser {
     }
 
     /// How many leading bytes of `text`, an output still being generated, are content
-    /// whatever follows: none of a call's text, and no tail that may begin one.
-    pub fn streamable_len(self, text: &str) -> usize {
+    /// whatever follows: none of a call's text, and no tail that may begin one. `sent`
+    /// bytes were found to be content before (only the text after them is searched, so a
+    /// long output costs no more per token than a short one).
+    pub fn streamable_len(self, text: &str, sent: usize) -> usize {
         match self {
-            ToolCallParser::Hermes => match text.find(HERMES_START) {
-                Some(start) => start,
-                None => text.len() - partial_suffix(text, HERMES_START),
-            },
+            ToolCallParser::Hermes => {
+                let mut from = sent.min(text.len());
+                while !text.is_char_boundary(from) {
+                    from -= 1;
+                }
+                match text[from..].find(HERMES_START) {
+                    Some(start) => from + start,
+                    None => text.len() - partial_suffix(text, HERMES_START),
+                }
+            }
             ToolCallParser::Llama3Json => {
                 let body = text.trim_start();
                 let undecided = body.is_empty() || PYTHON_TAG.starts_with(body);
@@ -113,7 +120,7 @@ impl ToolCallParser {
     }
 }
 
-/// The calls of `text`: JSON objects separated by `;`, nothing else.
+/// The calls of `text`: JSON objects separated by `;` (one may end it), nothing else.
 fn json_calls(mut text: &str) -> Option<Vec<(String, String)>> {
     let mut calls = Vec::new();
     loop {
@@ -123,10 +130,14 @@ fn json_calls(mut text: &str) -> Option<Vec<(String, String)>> {
             &["arguments", "parameters"],
         )?);
         let rest = text[objects.byte_offset()..].trim_start();
-        if rest.is_empty() {
+        text = match rest.strip_prefix(';') {
+            Some(next) => next.trim_start(),
+            None if rest.is_empty() => rest,
+            None => return None,
+        };
+        if text.is_empty() {
             return Some(calls);
         }
-        text = rest.strip_prefix(';')?.trim_start();
     }
 }
 
@@ -213,7 +224,7 @@ mod tests {
 
     /// The content and each call as `name arguments`.
     fn calls(p: ToolCallParser, text: &str) -> Option<(Option<String>, Vec<String>)> {
-        let parsed = p.parse(text)?;
+        let parsed = p.parse(text, true)?;
         let calls = parsed.calls.iter().map(|(n, a)| format!("{n} {a}"));
         Some((parsed.content, calls.collect()))
     }
@@ -243,7 +254,7 @@ mod tests {
             "<tool_call>{\"arguments\": {}}</tool_call>",
             "<tool_call>{\"name\": \"f\"}</tool_call>",
         ] {
-            assert_eq!(h.parse(content), None, "{content}");
+            assert_eq!(h.parse(content, true), None, "{content}");
         }
     }
 
@@ -264,39 +275,54 @@ mod tests {
             calls(l, "<|python_tag|>{\"name\": \"f\", \"parameters\": {}}"),
             Some((None, vec!["f {}".to_string()]))
         );
+        // A last `;` is allowed; a second call needs one before it.
+        assert_eq!(
+            calls(l, "{\"name\": \"f\", \"parameters\": {}};\n"),
+            Some((None, vec!["f {}".to_string()]))
+        );
+        // parallel_tool_calls: false keeps the first call.
+        let two = "{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"parameters\": {}}";
+        assert_eq!(l.parse(two, false).unwrap().calls.len(), 1);
+        assert_eq!(l.parse(two, true).unwrap().calls.len(), 2);
         for content in [
             "The answer is {\"name\": \"f\", \"parameters\": {}}",
             "{\"name\": \"f\", \"parameters\": {}} and some words",
-            "{\"name\": \"f\", \"parameters\": {}};",
+            "{\"name\": \"f\", \"parameters\": {}} {\"name\": \"g\", \"parameters\": {}}",
             "{\"name\": \"f\"}",
             "{not json",
         ] {
-            assert_eq!(l.parse(content), None, "{content}");
+            assert_eq!(l.parse(content, true), None, "{content}");
         }
     }
 
     #[test]
     fn streamed_content_stops_where_a_call_may_begin() {
         let h = ToolCallParser::Hermes;
-        assert_eq!(h.streamable_len("Hello"), 5);
-        assert_eq!(h.streamable_len("Hello <tool_"), 6);
-        assert_eq!(h.streamable_len("Hello <"), 6);
-        assert_eq!(h.streamable_len("Hello <b>"), 9);
-        assert_eq!(h.streamable_len("Hi <tool_call>{\"na"), 3);
-        assert_eq!(h.streamable_len("é<"), "é".len());
+        assert_eq!(h.streamable_len("Hello", 0), 5);
+        assert_eq!(h.streamable_len("Hello <tool_", 0), 6);
+        assert_eq!(h.streamable_len("Hello <", 0), 6);
+        assert_eq!(h.streamable_len("Hello <b>", 0), 9);
+        assert_eq!(h.streamable_len("Hi <tool_call>{\"na", 0), 3);
+        assert_eq!(h.streamable_len("é<", 0), "é".len());
+        // Searched from what was sent: the same answers, whatever was.
+        let text = "Hi there <tool_call>{";
+        for sent in 0..=9 {
+            assert_eq!(h.streamable_len(text, sent), 9, "{sent}");
+        }
         let l = ToolCallParser::Llama3Json;
-        assert_eq!(l.streamable_len("  "), 0);
-        assert_eq!(l.streamable_len(" {\"name"), 0);
-        assert_eq!(l.streamable_len("<|python"), 0);
-        assert_eq!(l.streamable_len(" Sure"), 5);
+        assert_eq!(l.streamable_len("  ", 0), 0);
+        assert_eq!(l.streamable_len(" {\"name", 0), 0);
+        assert_eq!(l.streamable_len("<|python", 0), 0);
+        assert_eq!(l.streamable_len(" Sure", 0), 5);
     }
 
     #[test]
     fn arguments_are_written_as_python_writes_them() {
-        let v: Value = serde_json::from_str(r#"{"a":[1,{"b":"ü \"q\""}],"c":null}"#).unwrap();
+        let v: Value = serde_json::from_str(r#"{"z":[1,{"b":"ü \"q\""}],"c":null}"#).unwrap();
         assert_eq!(
             python_json(&v),
-            r#"{"a": [1, {"b": "ü \"q\""}], "c": null}"#
+            r#"{"z": [1, {"b": "ü \"q\""}], "c": null}"#,
+            "keys in the model's order"
         );
     }
 }

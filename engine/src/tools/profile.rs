@@ -215,6 +215,7 @@ pub fn measure_structured_output(
                 stop_strings: Default::default(),
                 stop_token_ids: Vec::new(),
                 ignore_eos: false,
+                keep_special_tokens: false,
                 forks: Vec::new(),
                 prompt_logprobs: None,
                 constraint: Some(compiler.compile(&grammar)?),
