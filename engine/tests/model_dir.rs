@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use infer_engine::runtime::detokenize::IncrementalDetokenizer;
-use infer_engine::runtime::tokenizer::{ChatMessage, TextTokenizer};
+use infer_engine::runtime::tokenizer::{ChatMessage, TemplateOptions, TextTokenizer};
 use infer_engine::tools::make_model::ModelSpec;
 use infer_engine::{load_model_dir, Arch, ForwardBatch, LoadedModel, SeqChunk};
 use std::collections::HashMap;
@@ -275,8 +275,7 @@ fn chat_template_special_tokens_and_eos_ids() -> Result<()> {
             ChatMessage::new("system", "Be brief. "),
             ChatMessage::new("user", "Hi"),
         ],
-        None,
-        true,
+        &TemplateOptions::default(),
     )?;
     assert_eq!(
         text,
@@ -301,8 +300,10 @@ fn chat_template_special_tokens_and_eos_ids() -> Result<()> {
             ChatMessage::new("user", "Hi"),
             ChatMessage::new("assistant", "Yo"),
         ],
-        None,
-        false,
+        &TemplateOptions {
+            add_generation_prompt: false,
+            ..Default::default()
+        },
     )?;
     assert_eq!(
         text,
@@ -320,8 +321,7 @@ fn chat_template_files_in_transformers_order() -> Result<()> {
     let render = |dir: &Path| -> Result<String> {
         TextTokenizer::from_dir(dir)?.apply_chat_template(
             &[ChatMessage::new("user", "Hi")],
-            None,
-            true,
+            &TemplateOptions::default(),
         )
     };
     let shipped = render(&dir)?;
@@ -350,8 +350,10 @@ fn chat_template_files_in_transformers_order() -> Result<()> {
     let with_tools = |dir: &Path| -> Result<String> {
         TextTokenizer::from_dir(dir)?.apply_chat_template(
             &[ChatMessage::new("user", "Hi")],
-            Some(&tools),
-            true,
+            &TemplateOptions {
+                tools: Some(tools.clone()),
+                ..Default::default()
+            },
         )
     };
     assert_eq!(with_tools(&dir)?, "jinja Hi");

@@ -2014,7 +2014,7 @@ async fn a_chat_template_flag_renders_every_chat_in_place_of_the_models() {
     // As `--chat-template` hands it over: one line, with escaped newlines (main.rs reads the
     // flag; `chat_template_arg` is unit-tested).
     let template = infer_engine::runtime::tokenizer::chat_template_arg(
-        r"{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+        r"{% for m in messages %}<{{ m.role }}> {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}{% if note is defined %}{{ note }}{% endif %}",
     )
     .unwrap();
     let (addr, server) = spawn_local(ServeConfig {
@@ -2043,6 +2043,30 @@ async fn a_chat_template_flag_renders_every_chat_in_place_of_the_models() {
         assert_eq!(status, 200, "{got}");
         assert_eq!(got["tokens"], expected["tokens"], "{got} vs {expected}");
     }
+    // A request's template variables and a continued last message, in generation too.
+    let tokenize = |body: Value| {
+        let client = client.clone();
+        let url = format!("{base}/tokenize");
+        async move { post(&client, &url, body).await }
+    };
+    let (_, noted) =
+        tokenize(json!({"prompt": format!("{rendered}[x]"), "add_special_tokens": false})).await;
+    let (status, got) =
+        tokenize(json!({"messages": messages, "chat_template_kwargs": {"note": "[x]"}})).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["tokens"], noted["tokens"], "{got}");
+    let continued = json!([{"role": "user", "content": "Tell me about the lighthouse"},
+                           {"role": "assistant", "content": "The lighthouse"}]);
+    let (_, cut) = tokenize(json!({"prompt": "<user> Tell me about the lighthouse\n<assistant> The lighthouse", "add_special_tokens": false})).await;
+    let body = json!({"messages": continued, "add_generation_prompt": false,
+                      "continue_final_message": true});
+    let (_, got) = tokenize(body.clone()).await;
+    assert_eq!(got["tokens"], cut["tokens"], "{got}");
+    let mut generate = body;
+    generate["max_tokens"] = json!(3);
+    let (status, v) = post(&client, &format!("{base}/v1/chat/completions"), generate).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], cut["count"], "{v}");
     let (_, info) = get_json(&client, format!("{base}/tokenizer_info")).await;
     assert!(
         info["chat_template"]

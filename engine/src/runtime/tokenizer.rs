@@ -214,14 +214,14 @@ impl TextTokenizer {
             .map_err(|e| anyhow!("tokenizer decode: {e}"))
     }
 
-    /// Renders the chat template (minijinja, with Python string methods as HF templates use);
-    /// `tools` (OpenAI's list) is the template's `tools`, as transformers passes it.
+    /// Renders the chat template (minijinja, with Python string methods as HF templates use)
+    /// as transformers' `apply_chat_template` does with `options`.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
-        tools: Option<&Value>,
-        add_generation_prompt: bool,
+        options: &TemplateOptions,
     ) -> Result<String> {
+        let tools = options.tools.as_ref();
         let template = match (tools, &self.tool_use_template) {
             (Some(_), Some(t)) => t,
             _ => self.chat_template.as_ref().context(
@@ -247,21 +247,67 @@ impl TextTokenizer {
         });
         env.add_template("chat", template)
             .context("invalid chat_template")?;
-        let messages: Vec<Value> = if loops_over_content(template) {
+        let as_json: Vec<Value> = if loops_over_content(template) {
             messages.iter().map(with_content_parts).collect()
         } else {
             messages.iter().map(|m| serde_json::json!(m)).collect()
         };
         let ctx = minijinja::context! {
-            messages => messages,
+            messages => as_json,
             tools => tools,
-            add_generation_prompt => add_generation_prompt,
+            add_generation_prompt => options.add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            ..minijinja::Value::from_serialize(&options.kwargs)
         };
-        env.get_template("chat")?
+        let rendered = env
+            .get_template("chat")?
             .render(ctx)
-            .context("rendering chat_template")
+            .context("rendering chat_template")?;
+        if !options.continue_final_message {
+            return Ok(rendered);
+        }
+        // The rendering ends where the last message's text does, so that the model goes on
+        // writing it (transformers' rule: its last occurrence, else its trimmed text's).
+        let last = messages.last().context("no messages")?;
+        let text = last
+            .parts
+            .as_ref()
+            .and_then(|p| p.last())
+            .unwrap_or(&last.content);
+        let end = [text.as_str(), text.trim()]
+            .into_iter()
+            .find_map(|t| rendered.rfind(t).map(|i| i + t.len()))
+            .context(
+                "continue_final_message is set but the final message does not appear in the \
+                 chat after applying the chat template",
+            )?;
+        Ok(rendered[..end].to_string())
+    }
+}
+
+/// How a chat is rendered, as transformers' `apply_chat_template` and vLLM take it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateOptions {
+    /// OpenAI's `tools` list, the template's `tools`.
+    pub tools: Option<Value>,
+    /// End with the assistant's turn opened (the default).
+    pub add_generation_prompt: bool,
+    /// End inside the last message instead, for the model to go on writing it.
+    pub continue_final_message: bool,
+    /// More variables for the template (vLLM's `chat_template_kwargs`, e.g. Qwen3's
+    /// `enable_thinking`).
+    pub kwargs: serde_json::Map<String, Value>,
+}
+
+impl Default for TemplateOptions {
+    fn default() -> Self {
+        Self {
+            tools: None,
+            add_generation_prompt: true,
+            continue_final_message: false,
+            kwargs: Default::default(),
+        }
     }
 }
 
@@ -500,13 +546,75 @@ mod tests {
             ChatMessage::new("assistant", "<think>x</think> yo"),
         ];
         assert_eq!(
-            t.apply_chat_template(&msgs, None, true)?,
+            t.apply_chat_template(&msgs, &Default::default())?,
             "<s>USER(True):\"hi\"ASSISTANT(False):\"yo\"ASSISTANT:"
         );
         let err = t
-            .apply_chat_template(&[ChatMessage::new("user", "!x")], None, false)
+            .apply_chat_template(
+                &[ChatMessage::new("user", "!x")],
+                &TemplateOptions {
+                    add_generation_prompt: false,
+                    ..Default::default()
+                },
+            )
             .unwrap_err();
         assert!(format!("{err:#}").contains("no bangs"), "{err:#}");
+        Ok(())
+    }
+
+    /// Qwen3's kind of template: a variable the request sets (`chat_template_kwargs`), and
+    /// a last message continued rather than closed.
+    #[test]
+    fn template_kwargs_and_a_continued_final_message() -> Result<()> {
+        let t = with_template(
+            "{%- for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{%- endfor %}\
+             {%- if add_generation_prompt %}<assistant>\
+             {%- if enable_thinking is defined and not enable_thinking %}<think></think>{%- endif %}\
+             {%- endif %}",
+        );
+        let user = [ChatMessage::new("user", "hi")];
+        assert_eq!(
+            t.apply_chat_template(&user, &Default::default())?,
+            "<user>hi</user><assistant>"
+        );
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        let no_thinking = TemplateOptions {
+            kwargs,
+            ..Default::default()
+        };
+        assert_eq!(
+            t.apply_chat_template(&user, &no_thinking)?,
+            "<user>hi</user><assistant><think></think>"
+        );
+        let continued = TemplateOptions {
+            add_generation_prompt: false,
+            continue_final_message: true,
+            ..Default::default()
+        };
+        let chat = [
+            ChatMessage::new("user", "hi"),
+            ChatMessage::new("assistant", "The answer is "),
+        ];
+        // Cut after the message's text (its last occurrence; trimmed if the template trims).
+        assert_eq!(
+            t.apply_chat_template(&chat, &continued)?,
+            "<user>hi</user><assistant>The answer is "
+        );
+        let gone = [
+            ChatMessage::new("user", "hi"),
+            ChatMessage::new("assistant", ""),
+        ];
+        let t2 = with_template("{%- for m in messages %}[{{ m.role }}]{%- endfor %}");
+        let err = t2
+            .apply_chat_template(&[ChatMessage::new("user", "x")], &continued)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("does not appear"), "{err:#}");
+        // An empty last message is found anywhere: the rendering is cut at its end.
+        assert_eq!(
+            t2.apply_chat_template(&gone, &continued)?,
+            "[user][assistant]"
+        );
         Ok(())
     }
 
@@ -530,7 +638,10 @@ mod tests {
         assert!(err.to_string().contains("looks like a file path"), "{err}");
         // A template that does not parse is refused here, before any model loads.
         let err = chat_template_arg("{% for m in messages %}").unwrap_err();
-        assert!(format!("{err:#}").contains("invalid --chat-template"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("invalid --chat-template"),
+            "{err:#}"
+        );
         Ok(())
     }
 
@@ -571,7 +682,13 @@ mod tests {
         m.parts = Some(vec!["a ".into(), "b".into()]);
         let render = |t: &str, m: &ChatMessage| {
             with_template(t)
-                .apply_chat_template(std::slice::from_ref(m), None, false)
+                .apply_chat_template(
+                    std::slice::from_ref(m),
+                    &TemplateOptions {
+                        add_generation_prompt: false,
+                        ..Default::default()
+                    },
+                )
                 .unwrap()
         };
         assert_eq!(render(gemma, &m), "ab");

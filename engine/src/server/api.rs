@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 use super::structured::StructuredRequest;
 use crate::runtime::model::SamplingDefaults;
 use crate::runtime::sampling::SamplingParams;
+use crate::runtime::tokenizer::TemplateOptions;
 
 /// An error as OpenAI and vLLM return it: `{"error": {message, type, param, code}}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,8 +133,8 @@ pub struct GenerationRequest {
     pub tokens_as_ids: bool,
     /// The grammar the output follows (structured output, a forced tool call).
     pub structured: Option<StructuredRequest>,
-    /// Chat's `tools`, for the chat template.
-    pub tools: Option<Value>,
+    /// How a chat is rendered: its `tools`, generation prompt, and template variables.
+    pub template: TemplateOptions,
     /// `tool_choice: "auto"` with tools: the server's tool-call parser reads the output.
     pub auto_tools: bool,
     /// `parallel_tool_calls` (default true): with `auto_tools`, false answers one call.
@@ -219,11 +220,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("chat_template", |_| false),
     // vLLM's older name for `structured_outputs.whitespace_pattern`, refused likewise.
     ("guided_whitespace_pattern", |_| false),
-    ("chat_template_kwargs", |v| {
-        v.as_object().is_some_and(Map::is_empty)
-    }),
-    ("add_generation_prompt", |v| v == &Value::Bool(true)),
-    ("continue_final_message", |v| v == &Value::Bool(false)),
     // What routers in front (vllm-router, sglang-router) write into every body they pass
     // on, at SGLang's defaults: reasoning kept apart only by a reasoning parser, which this
     // server (like SGLang without one) does not have.
@@ -295,6 +291,9 @@ const KNOWN: &[&str] = &[
 const KNOWN_COMPLETIONS: &[&str] = &["prompt"];
 const KNOWN_CHAT: &[&str] = &[
     "messages",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
     "max_completion_tokens",
     "top_logprobs",
     "parallel_tool_calls",
@@ -490,7 +489,10 @@ pub fn parse_request_with(
         echo,
         tokens_as_ids,
         structured,
-        tools: tools.tools,
+        template: match endpoint {
+            Endpoint::Chat => template_options(&f, tools.tools)?,
+            Endpoint::Completions => TemplateOptions::default(),
+        },
         auto_tools: tools.auto,
         parallel_tool_calls: tools.parallel,
     })
@@ -503,7 +505,7 @@ pub struct TokenizeRequest {
     pub prompt: Prompt,
     /// Special tokens added to a text prompt (vLLM's default: yes).
     pub add_special_tokens: bool,
-    pub tools: Option<Value>,
+    pub template: TemplateOptions,
     /// Also answer each token's string in the vocabulary (`token_strs`).
     pub return_token_strs: bool,
 }
@@ -520,6 +522,7 @@ pub fn parse_tokenize(body: &Map<String, Value>) -> Result<TokenizeRequest, ApiE
             "tools",
             "add_generation_prompt",
             "continue_final_message",
+            "chat_template_kwargs",
         ][..]
     } else {
         &["prompt"][..]
@@ -540,7 +543,7 @@ pub fn parse_tokenize(body: &Map<String, Value>) -> Result<TokenizeRequest, ApiE
             Some(Value::String(p)) => Ok(TokenizeRequest {
                 prompt: Prompt::Text(p.clone()),
                 add_special_tokens,
-                tools: None,
+                template: TemplateOptions::default(),
                 return_token_strs,
             }),
             _ => Err(ApiError::bad_request(
@@ -549,23 +552,59 @@ pub fn parse_tokenize(body: &Map<String, Value>) -> Result<TokenizeRequest, ApiE
             )),
         };
     }
-    for (key, this_servers) in [
-        ("add_generation_prompt", true),
-        ("continue_final_message", false),
-        ("add_special_tokens", false),
-    ] {
-        if f.bool(key)?.is_some_and(|b| b != this_servers) {
-            return Err(ApiError::bad_request(
-                Some(key),
-                format!("{key}: {} is not supported by this server", !this_servers),
-            ));
-        }
+    if f.bool("add_special_tokens")? == Some(true) {
+        return Err(ApiError::bad_request(
+            Some("add_special_tokens"),
+            "add_special_tokens: true is not supported by this server for a chat",
+        ));
     }
     Ok(TokenizeRequest {
         prompt: Prompt::Chat(parse_messages(body.get("messages"))?),
         add_special_tokens,
-        tools: super::structured::template_tools(body)?,
+        template: template_options(&f, super::structured::template_tools(body)?)?,
         return_token_strs,
+    })
+}
+
+/// Template variables a request's `chat_template_kwargs` may not set: the chat's own, set
+/// by its fields.
+const TEMPLATE_OWN: &[&str] = &[
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "continue_final_message",
+    "bos_token",
+    "eos_token",
+];
+
+/// A chat's rendering, as vLLM reads it from the request: `add_generation_prompt`
+/// (default true), `continue_final_message` (not both), and `chat_template_kwargs`, more
+/// variables for the template (Qwen3's `enable_thinking`).
+fn template_options(f: &Fields, tools: Option<Value>) -> Result<TemplateOptions, ApiError> {
+    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
+    let continue_final_message = f.bool("continue_final_message")?.unwrap_or(false);
+    if add_generation_prompt && continue_final_message {
+        return Err(ApiError::bad_request(
+            Some("continue_final_message"),
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ));
+    }
+    let kwargs = match f.get("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => return Err(Fields::wrong("chat_template_kwargs", "an object", v)),
+    };
+    if let Some(key) = kwargs.keys().find(|k| TEMPLATE_OWN.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(
+            Some("chat_template_kwargs"),
+            format!("chat_template_kwargs may not set `{key}`: it is the request's own field"),
+        ));
+    }
+    Ok(TemplateOptions {
+        tools,
+        add_generation_prompt,
+        continue_final_message,
+        kwargs,
     })
 }
 
@@ -1267,13 +1306,22 @@ mod tests {
         ))
         .unwrap();
         assert!(!chat.add_special_tokens);
-        assert_eq!(chat.tools, Some(serde_json::from_str(tools).unwrap()));
+        assert_eq!(
+            chat.template.tools,
+            Some(serde_json::from_str(tools).unwrap())
+        );
+        // The chat's template settings, as generation takes them.
+        let chat = t(r#"{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,
+                         "continue_final_message":true,"chat_template_kwargs":{"enable_thinking":false}}"#)
+        .unwrap();
+        assert!(!chat.template.add_generation_prompt && chat.template.continue_final_message);
+        assert_eq!(chat.template.kwargs["enable_thinking"], false);
         for (body, param) in [
             (r#"{"prompt":"hi","temperature":0}"#, "temperature"),
             (r#"{"prompt":"hi","messages_":[]}"#, "messages_"),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}"#,
-                "add_generation_prompt",
+                r#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
+                "continue_final_message",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"x"}]}"#,
@@ -1329,13 +1377,23 @@ mod tests {
                 "max_completion_tokens",
             ),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}"#,
+                r#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
                 Endpoint::Chat,
-                "add_generation_prompt",
+                "continue_final_message",
             ),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":false}}"#,
+                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"tools":[]}}"#,
                 Endpoint::Chat,
+                "chat_template_kwargs",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[1]}"#,
+                Endpoint::Chat,
+                "chat_template_kwargs",
+            ),
+            (
+                r#"{"prompt":"x","chat_template_kwargs":{}}"#,
+                Endpoint::Completions,
                 "chat_template_kwargs",
             ),
             (

@@ -136,7 +136,7 @@ pub(super) async fn generate(
         let prompts = std::mem::take(&mut req.prompts);
         let stop = req.stop.clone();
         let keep_stop = req.include_stop_str;
-        let tools = req.tools.take();
+        let template = std::mem::take(&mut req.template);
         let compact = s.compact_json;
         let grammar = req.structured.as_ref().map(|r| {
             let mut g = r.grammar.clone();
@@ -154,16 +154,15 @@ pub(super) async fn generate(
             None => 0,
         };
         let bytes = prompts.iter().map(Prompt::bytes).sum::<usize>()
-            + tools.as_ref().map_or(0, |t| t.to_string().len())
+            + template.tools.as_ref().map_or(0, |t| t.to_string().len())
+            + Value::Object(template.kwargs.clone()).to_string().len()
             + grammar_bytes
             + stop.iter().map(String::len).sum::<usize>();
         off_thread(&state, bytes, move |s| {
             let tokens = prompts
                 .iter()
                 .enumerate()
-                .map(|(i, p)| {
-                    prompt_tokens(s, p, tools.as_ref()).map_err(|e| e.in_prompt(i, count))
-                })
+                .map(|(i, p)| prompt_tokens(s, p, &template).map_err(|e| e.in_prompt(i, count)))
                 .collect::<Result<Vec<_>, _>>()?;
             let constraint = match grammar {
                 Some((g, param)) => Some(s.grammars()?.compile(&g).map_err(|e| {

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::api::{self, ApiError, Prompt};
 use super::{AppState, Shared};
-use crate::runtime::tokenizer::TextTokenizer;
+use crate::runtime::tokenizer::{TemplateOptions, TextTokenizer};
 
 /// Bodies larger than this are parsed on the blocking pool (a 4 MiB JSON body takes an
 /// HTTP thread ~10 ms), without waiting for a tokenizer permit: a prompt too long by its
@@ -149,11 +149,11 @@ pub(super) fn check_prompt_bytes(s: &Shared, prompt: &Prompt) -> Result<(), ApiE
     Ok(())
 }
 
-/// A prompt's tokens; a chat's `tools` go to its template.
+/// A prompt's tokens; a chat is rendered with `template`.
 pub(super) fn prompt_tokens(
     s: &Shared,
     prompt: &Prompt,
-    tools: Option<&serde_json::Value>,
+    template: &TemplateOptions,
 ) -> Result<Vec<u32>, ApiError> {
     let tokens = match prompt {
         Prompt::Text(t) => s.tokenizer.encode(t, true),
@@ -172,7 +172,7 @@ pub(super) fn prompt_tokens(
         Prompt::Chat(messages) => {
             let text = s
                 .tokenizer
-                .apply_chat_template(messages, tools, true)
+                .apply_chat_template(messages, template)
                 .map_err(|e| ApiError::bad_request(Some("messages"), format!("{e:#}")))?;
             s.tokenizer.encode(&text, false)
         }

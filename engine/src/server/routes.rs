@@ -192,7 +192,7 @@ pub(super) async fn tokenize(
                 .tokenizer
                 .encode(p, req.add_special_tokens)
                 .map_err(|e| ApiError::internal(format!("{e:#}")))?,
-            other => prompt_tokens(s, other, req.tools.as_ref())?,
+            other => prompt_tokens(s, other, &req.template)?,
         };
         let mut body = json!({
             "tokens": tokens, "count": tokens.len(), "max_model_len": s.max_model_len,

@@ -93,7 +93,7 @@ pub fn prompt_tokens(lm: &LoadedModel, text: &str, chat: bool) -> Result<Vec<u32
     }
     let text = lm
         .tokenizer
-        .apply_chat_template(&[ChatMessage::new("user", text)], None, true)?;
+        .apply_chat_template(&[ChatMessage::new("user", text)], &Default::default())?;
     lm.tokenizer.encode(&text, false)
 }
 
