@@ -703,10 +703,12 @@ fn bad_cases() -> Vec<BadCase> {
         ("logprobs", json!("yes")),
         ("max_completion_tokens", json!(0)),
         ("max_completion_tokens", json!("8")),
-        ("add_generation_prompt", json!(false)),
+        ("add_generation_prompt", json!("no")),
+        // Beside the default add_generation_prompt: true.
         ("continue_final_message", json!(true)),
         ("chat_template", json!("{{ messages }}")),
-        ("chat_template_kwargs", json!({"enable_thinking": false})),
+        ("chat_template_kwargs", json!({"messages": []})),
+        ("chat_template_kwargs", json!(5)),
         ("add_special_tokens", json!(true)),
     ] {
         let mut body = json!({"messages": hi});
