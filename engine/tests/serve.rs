@@ -2226,7 +2226,7 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
 }
 
 /// `min_tokens` as vLLM serves it: the stop tokens (and end of sequence) cannot be sampled
-/// before that many tokens are out, and a stop string counts only from then on.
+/// before that many tokens are out, and a stop string counts only once more are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_tokens_and_include_stop_str_in_output_as_vllm_serves_them() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
@@ -2267,8 +2267,9 @@ async fn min_tokens_and_include_stop_str_in_output_as_vllm_serves_them() {
     assert_eq!(status, 200, "{held}");
     let tokens = ids(&held);
     assert!(tokens.len() >= 6, "{held}");
-    assert!(!tokens[..5].contains(&first), "{tokens:?}");
-    // A stop string made of the first token's text counts only from the 4th token on.
+    assert!(!tokens[..6].contains(&first), "{tokens:?}");
+    // A stop string made of the first token's text ends nothing until more than
+    // min_tokens (4) tokens are out.
     let text = free["choices"][0]["text"].as_str().unwrap();
     let (_, one) = post(
         &client,
@@ -2300,6 +2301,15 @@ async fn min_tokens_and_include_stop_str_in_output_as_vllm_serves_them() {
     .await;
     assert_eq!(kept["choices"][0]["text"], stop.as_str(), "{kept}");
     assert_eq!(kept["choices"][0]["stop_reason"], stop.as_str(), "{kept}");
+    // ...and a stop token's own text, which is otherwise dropped.
+    let (_, kept) = post(
+        &client,
+        &url,
+        ask(json!({"stop_token_ids": [first], "include_stop_str_in_output": true})),
+    )
+    .await;
+    assert_eq!(kept["choices"][0]["text"], stop.as_str(), "{kept}");
+    assert_eq!(stopped["choices"][0]["text"], "", "{stopped}");
     let late_tokens = ids(&late);
     assert!(late_tokens.len() >= 4, "{late}");
     assert_eq!(

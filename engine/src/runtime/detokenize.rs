@@ -250,6 +250,13 @@ impl StopStrings {
 
     /// Feeds new text. Returns the text safe to emit and whether a stop string matched.
     pub fn push(&mut self, text: &str) -> (String, bool) {
+        self.feed(text, true)
+    }
+
+    /// [`StopStrings::push`], where a stop string that completes in `text` ends the output
+    /// only if `armed` (the text is still read, so one that begins here and completes in
+    /// armed text later does).
+    pub fn feed(&mut self, text: &str, armed: bool) -> (String, bool) {
         let Some(m) = &self.matcher.matcher else {
             return (text.to_string(), false);
         };
@@ -259,7 +266,7 @@ impl StopStrings {
         // same byte, the one that starts first.
         for (i, &b) in text.as_bytes().iter().enumerate() {
             self.state = m.dfa.next_state(Anchored::No, self.state, b);
-            if m.dfa.is_match(self.state) {
+            if armed && m.dfa.is_match(self.state) {
                 let end = base + i + 1;
                 let (start, pattern) = (0..m.dfa.match_len(self.state))
                     .map(|k| {
@@ -340,12 +347,21 @@ impl OutputStream {
         }
         let delta = self.detok.push(tok, token)?;
         self.tokens += 1;
-        if self.tokens < self.min_tokens {
-            return Ok(delta);
-        }
-        let (out, stopped) = self.stops.push(&delta);
+        let (out, stopped) = self.stops.feed(&delta, self.armed());
         self.stopped = stopped;
         Ok(out)
+    }
+
+    /// Whether a stop string ends the output now: once it holds more than `min_tokens`
+    /// tokens (vLLM's rule; the one that completes then may begin before).
+    fn armed(&self) -> bool {
+        self.tokens > self.min_tokens
+    }
+
+    /// Whether the output keeps the stop that ends it (`include_stop_str_in_output`): a
+    /// stop token's own text too.
+    pub fn keeps_stop(&self) -> bool {
+        self.stops.matcher.keeps_match
     }
 
     /// The request ended: the text held back for UTF-8 or a possible stop string (which
@@ -355,7 +371,7 @@ impl OutputStream {
             return Ok(String::new());
         }
         let rest = self.detok.flush(tok)?;
-        let (mut out, stopped) = self.stops.push(&rest);
+        let (mut out, stopped) = self.stops.feed(&rest, self.armed());
         self.stopped = stopped;
         if !stopped {
             out.push_str(&self.stops.flush());
@@ -384,6 +400,24 @@ mod tests {
         }
         out.push_str(&s.flush());
         (out, false, deltas)
+    }
+
+    /// min_tokens' boundary, as vLLM draws it: a stop string that completes before it does
+    /// not end the output, one that completes after it does, though it began before.
+    #[test]
+    fn unarmed_text_is_read_but_ends_nothing() {
+        let stops = || StopSet::new(&["abc".into(), "xy".into()]);
+        let mut s = StopStrings::new(stops());
+        let (a, stopped) = s.feed("zab", false);
+        assert!(!stopped);
+        let (b, stopped) = s.feed("c!", true);
+        assert!(stopped);
+        assert_eq!(a + &b, "z");
+        let mut s = StopStrings::new(stops());
+        let (a, stopped) = s.feed("xy", false);
+        let (b, stopped_later) = s.feed("z", true);
+        assert!(!stopped && !stopped_later);
+        assert_eq!(a + &b + &s.flush(), "xyz");
     }
 
     #[test]

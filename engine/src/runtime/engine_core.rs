@@ -325,8 +325,12 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         eos.sort_unstable();
         let tokenizer = &self.model().tokenizer;
         let own_eos = tokenizer.eos_token().and_then(|e| tokenizer.token_to_id(e));
-        // What min_tokens holds back: every token that would end the output.
-        let ending: Vec<u32> = eos.iter().chain(&r.stop_token_ids).copied().collect();
+        // What min_tokens holds back: every token that could end the output, the model's
+        // end-of-sequence ones even under ignore_eos (vLLM's rule).
+        let ending: Vec<u32> = (self.model().eos_token_ids.iter())
+            .chain(&r.stop_token_ids)
+            .copied()
+            .collect();
         let stop_tokens: Vec<u32> = r
             .stop_token_ids
             .iter()
@@ -760,9 +764,10 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
             .live
             .get_mut(&id)
             .expect("a token event for a live request");
-        // A stop token ends the request without its own text (vLLM's rule).
+        // A stop token ends the request without its own text (vLLM's rule), unless the
+        // request keeps its stop (`include_stop_str_in_output`).
         let stop_token = matches!(finish, Some((FinishReason::Stop, _)));
-        let mut text = if stop_token {
+        let mut text = if stop_token && !live.output.keeps_stop() {
             String::new()
         } else {
             live.output

@@ -268,20 +268,26 @@ impl TextTokenizer {
             return Ok(rendered);
         }
         // The rendering ends where the last message's text does, so that the model goes on
-        // writing it (transformers' rule: its last occurrence, else its trimmed text's).
+        // writing it. transformers' rule: find the trimmed text's last occurrence; keep its
+        // trailing whitespace only where the template kept the text whole.
         let last = messages.last().context("no messages")?;
         let text = last
             .parts
             .as_ref()
             .and_then(|p| p.last())
             .unwrap_or(&last.content);
-        let end = [text.as_str(), text.trim()]
-            .into_iter()
-            .find_map(|t| rendered.rfind(t).map(|i| i + t.len()))
-            .context(
-                "continue_final_message is set but the final message does not appear in the \
-                 chat after applying the chat template",
-            )?;
+        let at = rendered.rfind(text.trim()).context(
+            "continue_final_message is set but the final message does not appear in the \
+             chat after applying the chat template",
+        )?;
+        let whole = text.trim_start();
+        let kept_whole = rendered[at..].starts_with(whole) && whole.len() == text.len();
+        let end = at
+            + if kept_whole {
+                whole.len()
+            } else {
+                text.trim().len()
+            };
         Ok(rendered[..end].to_string())
     }
 }
@@ -596,10 +602,23 @@ mod tests {
             ChatMessage::new("user", "hi"),
             ChatMessage::new("assistant", "The answer is "),
         ];
-        // Cut after the message's text (its last occurrence; trimmed if the template trims).
+        // Cut after the message's text, with its trailing space where the template kept it.
         assert_eq!(
             t.apply_chat_template(&chat, &continued)?,
             "<user>hi</user><assistant>The answer is "
+        );
+        // A template that trims content (Llama 3's): cut after the trimmed text's last
+        // occurrence, not inside an earlier message that holds the untrimmed one.
+        let trims = with_template(
+            "{%- for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{%- endfor %}",
+        );
+        let chat = [
+            ChatMessage::new("user", "Begin with 'Sure, ' then explain"),
+            ChatMessage::new("assistant", "Sure, "),
+        ];
+        assert_eq!(
+            trims.apply_chat_template(&chat, &continued)?,
+            "<user>Begin with 'Sure, ' then explain</user><assistant>Sure,"
         );
         let gone = [
             ChatMessage::new("user", "hi"),

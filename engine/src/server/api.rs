@@ -227,7 +227,8 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("return_hidden_states", |v| v == &Value::Bool(false)),
     ("separate_reasoning", Value::is_boolean),
     ("stream_reasoning", Value::is_boolean),
-    // Beam search's, and detokenising special tokens, which are skipped here.
+    // Beam search's, and vLLM's spacing choice for special tokens written out, which the
+    // tokenizers crate's decoder does not offer.
     ("length_penalty", |v| v.as_f64() == Some(1.0)),
     ("early_stopping", |v| v == &Value::Bool(false)),
     ("spaces_between_special_tokens", |v| v == &Value::Bool(true)),
@@ -566,30 +567,17 @@ pub fn parse_tokenize(body: &Map<String, Value>) -> Result<TokenizeRequest, ApiE
     })
 }
 
-/// Template variables a request's `chat_template_kwargs` may not set: the chat's own, set
-/// by its fields.
-const TEMPLATE_OWN: &[&str] = &[
-    "messages",
-    "tools",
-    "add_generation_prompt",
-    "continue_final_message",
-    "bos_token",
-    "eos_token",
-];
+/// Template variables a request's `chat_template_kwargs` may not set: the conversation
+/// and the tokenizer's own (vLLM lets them through, and a kwarg would then replace the
+/// request's messages or tools unchecked).
+const TEMPLATE_OWN: &[&str] = &["messages", "tools", "bos_token", "eos_token"];
 
 /// A chat's rendering, as vLLM reads it from the request: `add_generation_prompt`
 /// (default true), `continue_final_message` (not both), and `chat_template_kwargs`, more
-/// variables for the template (Qwen3's `enable_thinking`).
+/// variables for the template (Qwen3's `enable_thinking`), which may also set the first
+/// two, as vLLM merges them over the fields.
 fn template_options(f: &Fields, tools: Option<Value>) -> Result<TemplateOptions, ApiError> {
-    let add_generation_prompt = f.bool("add_generation_prompt")?.unwrap_or(true);
-    let continue_final_message = f.bool("continue_final_message")?.unwrap_or(false);
-    if add_generation_prompt && continue_final_message {
-        return Err(ApiError::bad_request(
-            Some("continue_final_message"),
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-        ));
-    }
-    let kwargs = match f.get("chat_template_kwargs") {
+    let mut kwargs = match f.get("chat_template_kwargs") {
         None => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(v) => return Err(Fields::wrong("chat_template_kwargs", "an object", v)),
@@ -598,6 +586,25 @@ fn template_options(f: &Fields, tools: Option<Value>) -> Result<TemplateOptions,
         return Err(ApiError::bad_request(
             Some("chat_template_kwargs"),
             format!("chat_template_kwargs may not set `{key}`: it is the request's own field"),
+        ));
+    }
+    let mut flag = |key: &str, default: bool| -> Result<bool, ApiError> {
+        let field = f.bool(key)?.unwrap_or(default);
+        match kwargs.remove(key) {
+            None => Ok(field),
+            Some(Value::Bool(b)) => Ok(b),
+            Some(_) => Err(ApiError::bad_request(
+                Some("chat_template_kwargs"),
+                format!("chat_template_kwargs.{key} must be true or false"),
+            )),
+        }
+    };
+    let add_generation_prompt = flag("add_generation_prompt", true)?;
+    let continue_final_message = flag("continue_final_message", false)?;
+    if add_generation_prompt && continue_final_message {
+        return Err(ApiError::bad_request(
+            Some("continue_final_message"),
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
         ));
     }
     Ok(TemplateOptions {
@@ -1316,6 +1323,12 @@ mod tests {
         .unwrap();
         assert!(!chat.template.add_generation_prompt && chat.template.continue_final_message);
         assert_eq!(chat.template.kwargs["enable_thinking"], false);
+        // The kwargs may set the flags too, as vLLM merges them over the fields.
+        let chat = t(r#"{"messages":[{"role":"user","content":"x"}],
+                         "chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}"#)
+        .unwrap();
+        assert!(!chat.template.add_generation_prompt && chat.template.continue_final_message);
+        assert!(chat.template.kwargs.is_empty());
         for (body, param) in [
             (r#"{"prompt":"hi","temperature":0}"#, "temperature"),
             (r#"{"prompt":"hi","messages_":[]}"#, "messages_"),
