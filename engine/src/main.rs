@@ -334,7 +334,8 @@ struct ServeArgs {
     #[arg(long = "enable-auto-tool-choice", requires = "tool_call_parser")]
     enable_auto_tool_choice: bool,
     /// The format the model writes calls in: `hermes` (`<tool_call>…</tool_call>`: Qwen2.5,
-    /// Qwen3, Hermes) or `llama3_json` (a JSON object per call: Llama 3.1–3.3).
+    /// Qwen3, Hermes), `llama3_json` (a JSON object per call: Llama 3.1–3.3) or `mistral`
+    /// (`[TOOL_CALLS][…]`: Mistral 7B Instruct v0.3).
     /// Without --enable-auto-tool-choice it is not used, as in vLLM.
     #[arg(long = "tool-call-parser", value_enum)]
     tool_call_parser: Option<ToolCallParserArg>,
@@ -351,6 +352,7 @@ enum ToolCallParserArg {
     Hermes,
     #[value(name = "llama3_json")]
     Llama3Json,
+    Mistral,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -759,6 +761,9 @@ fn run_serve(a: ServeArgs) -> Result<()> {
                 }
                 ToolCallParserArg::Llama3Json => {
                     infer_engine::server::tool_parser::ToolCallParser::Llama3Json
+                }
+                ToolCallParserArg::Mistral => {
+                    infer_engine::server::tool_parser::ToolCallParser::Mistral
                 }
             }),
         model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,

@@ -2102,6 +2102,8 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
     ]);
     let hermes = r#"Checking\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call><tool_call>\{"name":"get_time","arguments":\{\}\}</tool_call>"#;
     let llama = r#"\{"name": "get_time", "parameters": \{"zone": "UTC"\}\}"#;
+    let mistral =
+        r#"Sure\. \[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"zone": "CET"\}\}\]"#;
     let cases = [
         (
             ToolCallParser::Hermes,
@@ -2114,6 +2116,12 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
             llama,
             Value::Null,
             vec![("get_time", r#"{"zone": "UTC"}"#)],
+        ),
+        (
+            ToolCallParser::Mistral,
+            mistral,
+            Value::from("Sure. "),
+            vec![("get_time", r#"{"zone": "CET"}"#)],
         ),
         (
             ToolCallParser::Hermes,
@@ -2152,7 +2160,16 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
                 calls
                     .iter()
                     .map(|c| {
-                        assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-tool-"));
+                        let id = c["id"].as_str().unwrap();
+                        if parser == ToolCallParser::Mistral {
+                            // Mistral's templates take back nothing else.
+                            assert!(
+                                id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+                                "{id}"
+                            );
+                        } else {
+                            assert!(id.starts_with("chatcmpl-tool-"), "{id}");
+                        }
                         assert_eq!(c["type"], "function");
                         let f = &c["function"];
                         (

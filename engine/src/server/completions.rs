@@ -245,7 +245,7 @@ pub(super) async fn generate(
                     // vLLM's hermes parser reads `<tool_call>`, which some tokenizers mark
                     // special: a request it parses keeps special tokens in its text.
                     keep_special_tokens: !req.skip_special_tokens
-                        || tool_parser == Some(ToolCallParser::Hermes),
+                        || tool_parser.is_some_and(ToolCallParser::keeps_special_tokens),
                     forks: (first + 1..first + req.n as u64).collect(),
                     prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
                     constraint: constraint.clone(),
@@ -604,7 +604,7 @@ impl ResponseMeta {
             if delta["content"] == "" {
                 delta = json!({});
             }
-            delta["tool_calls"] = tool_call_values(&p.calls, true, tool_call_id).into();
+            delta["tool_calls"] = tool_call_values(&p.calls, true, || parser.call_id()).into();
         } else if delta["content"] == "" && finish.is_none() {
             let needed = first || !logprobs.is_null() || self.continuous_usage;
             if !needed {
@@ -873,7 +873,9 @@ impl ResponseMeta {
                     // The model called tools: vLLM's `tool_calls` whatever ended the output.
                     (None, Some(p)) => (
                         json!({"role": "assistant", "content": p.content,
-                               "tool_calls": tool_call_values(&p.calls, false, tool_call_id)}),
+                        "tool_calls": tool_call_values(&p.calls, false, || {
+                            self.tool_parser.map_or_else(tool_call_id, |p| p.call_id())
+                        })}),
                         Some("tool_calls"),
                     ),
                     (None, None) => (json!({"role": "assistant", "content": c.text}), reason),
@@ -887,7 +889,7 @@ impl ResponseMeta {
 
 /// An id for a tool call, in vLLM's form.
 fn tool_call_id() -> String {
-    format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
+    super::tool_parser::openai_call_id()
 }
 
 /// vLLM's finish reason of a forced tool call: `tool_calls` when `required` produced

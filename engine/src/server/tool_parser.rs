@@ -20,9 +20,14 @@ pub enum ToolCallParser {
     /// `"arguments"`), several separated by `;`, optionally after `<|python_tag|>`:
     /// Llama 3.1–3.3 with their JSON tool template.
     Llama3Json,
+    /// `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` after any content: Mistral 7B
+    /// Instruct v0.3 and the Mistral models of its tokenizer (a Hugging Face
+    /// `tokenizer.json`, not mistral_common's).
+    Mistral,
 }
 
 const HERMES_START: &str = "<tool_call>";
+const MISTRAL_START: &str = "[TOOL_CALLS]";
 const HERMES_END: &str = "</tool_call>";
 const PYTHON_TAG: &str = "<|python_tag|>";
 
@@ -40,6 +45,29 @@ impl ToolCallParser {
         match self {
             ToolCallParser::Hermes => "hermes",
             ToolCallParser::Llama3Json => "llama3_json",
+            ToolCallParser::Mistral => "mistral",
+        }
+    }
+
+    /// Whether a request this parser reads keeps special tokens in its text, as vLLM's
+    /// parser asks: the marker it looks for is a special token in some tokenizers
+    /// (Mistral's `[TOOL_CALLS]` always, `<tool_call>` in some Hermes ones).
+    pub fn keeps_special_tokens(self) -> bool {
+        matches!(self, ToolCallParser::Hermes | ToolCallParser::Mistral)
+    }
+
+    /// An id for a call, in the form this parser's models take back: Mistral's templates
+    /// refuse any but 9 letters and digits (vLLM's rule); the others get OpenAI's kind.
+    pub fn call_id(self) -> String {
+        match self {
+            ToolCallParser::Mistral => {
+                const ALPHANUMERIC: &[u8] =
+                    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+                (0..9)
+                    .map(|_| ALPHANUMERIC[rand::random::<usize>() % ALPHANUMERIC.len()] as char)
+                    .collect()
+            }
+            _ => openai_call_id(),
         }
     }
 
@@ -77,6 +105,27 @@ impl ToolCallParser {
                     calls,
                 })
             }
+            ToolCallParser::Mistral => {
+                let start = text.find(MISTRAL_START)?;
+                // The calls: a JSON list after the marker, or else the widest `[{…}]` in
+                // the text (vLLM's fallback).
+                let calls = text.replace(MISTRAL_START, "");
+                let calls = calls.trim();
+                let list: Vec<Value> = serde_json::from_str(calls).ok().or_else(|| {
+                    let from = calls.find("[{")?;
+                    let to = calls.rfind("}]")? + 2;
+                    serde_json::from_str(calls.get(from..to)?).ok()
+                })?;
+                let calls = list
+                    .into_iter()
+                    .map(|c| call_of(c, &["arguments"]))
+                    .collect::<Option<Vec<_>>>()?;
+                let content = Some(&text[..start]).filter(|c| !c.is_empty());
+                Some(ParsedCalls {
+                    content: content.map(str::to_string),
+                    calls,
+                })
+            }
             ToolCallParser::Llama3Json => {
                 let body = text.trim_start();
                 let body = body.strip_prefix(PYTHON_TAG).unwrap_or(body).trim_start();
@@ -97,14 +146,18 @@ impl ToolCallParser {
     /// long output costs no more per token than a short one).
     pub fn streamable_len(self, text: &str, sent: usize) -> usize {
         match self {
-            ToolCallParser::Hermes => {
+            ToolCallParser::Hermes | ToolCallParser::Mistral => {
+                let marker = match self {
+                    ToolCallParser::Hermes => HERMES_START,
+                    _ => MISTRAL_START,
+                };
                 let mut from = sent.min(text.len());
                 while !text.is_char_boundary(from) {
                     from -= 1;
                 }
-                match text[from..].find(HERMES_START) {
+                match text[from..].find(marker) {
                     Some(start) => from + start,
-                    None => text.len() - partial_suffix(text, HERMES_START),
+                    None => text.len() - partial_suffix(text, marker),
                 }
             }
             ToolCallParser::Llama3Json => {
@@ -195,6 +248,11 @@ pub fn python_json(v: &Value) -> String {
     let mut ser = serde_json::Serializer::with_formatter(&mut out, Python);
     serde::Serialize::serialize(v, &mut ser).expect("a JSON value serialises");
     String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// An id for a tool call, in vLLM's form.
+pub fn openai_call_id() -> String {
+    format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
 }
 
 /// OpenAI's `tool_calls` entries for `calls`, each with a fresh id; `indexed`: with each
@@ -293,6 +351,44 @@ mod tests {
         ] {
             assert_eq!(l.parse(content, true), None, "{content}");
         }
+    }
+
+    #[test]
+    fn mistral_calls_follow_the_marker_with_ids_its_templates_take() {
+        let m = ToolCallParser::Mistral;
+        let text = "Sure. [TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": {}}]";
+        assert_eq!(
+            calls(m, text),
+            Some((
+                Some("Sure. ".to_string()),
+                vec![r#"f {"a": 1}"#.to_string(), "g {}".to_string()]
+            ))
+        );
+        // A list with text around it is found (vLLM's fallback); no list, no call.
+        assert_eq!(
+            calls(
+                m,
+                "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}] done"
+            ),
+            Some((None, vec!["f {}".to_string()]))
+        );
+        for content in [
+            "no call",
+            "[TOOL_CALLS] oops",
+            "[TOOL_CALLS][{\"name\": \"f\"}]",
+        ] {
+            assert_eq!(m.parse(content, true), None, "{content}");
+        }
+        assert_eq!(m.streamable_len("Sure. [TOOL_", 0), "Sure. ".len());
+        let id = m.call_id();
+        assert!(
+            id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+            "{id}"
+        );
+        assert!(ToolCallParser::Hermes
+            .call_id()
+            .starts_with("chatcmpl-tool-"));
+        assert!(m.keeps_special_tokens() && !ToolCallParser::Llama3Json.keeps_special_tokens());
     }
 
     #[test]
