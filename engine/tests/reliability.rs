@@ -585,7 +585,7 @@ fn bad_cases() -> Vec<BadCase> {
         ("tool_choice", json!("auto")),
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!("auto")),
-        ("prompt_logprobs", json!(2)),
+        ("prompt_logprobs", json!(21)),
         ("use_beam_search", json!(true)),
         ("truncate_prompt_tokens", json!(2)),
         ("allowed_token_ids", json!([5])),

@@ -2356,3 +2356,102 @@ async fn min_tokens_and_include_stop_str_in_output_as_vllm_serves_them() {
     }
     server.stop().await;
 }
+
+/// vLLM's `prompt_logprobs`: per prompt token its logprob (the echoed prompt's, as
+/// `echo` scores it), rank and text, with the most likely alternatives; on every choice of
+/// a completion, at the top of a chat's response; refused with `stream`, as vLLM does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_score_the_prompt_as_vllm_answers_them() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let client = reqwest::Client::new();
+    let completions = format!("http://{addr}/v1/completions");
+    let body = json!({"prompt": "The harbour at dawn was quiet", "max_tokens": 1, "n": 2,
+                      "echo": true, "logprobs": 0, "prompt_logprobs": 2, "temperature": 0});
+    let (status, v) = post(&client, &completions, body).await;
+    assert_eq!(status, 200, "{v}");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let echoed = &v["choices"][0]["logprobs"];
+    for choice in v["choices"].as_array().unwrap() {
+        let scored = choice["prompt_logprobs"].as_array().unwrap();
+        assert_eq!(scored.len(), prompt_tokens, "{v}");
+        assert!(scored[0].is_null());
+        for (i, position) in scored.iter().enumerate().skip(1) {
+            let entries = position.as_object().unwrap();
+            // The prompt's own token first, then at most 2 alternatives.
+            let (own_id, own) = entries.iter().next().unwrap();
+            assert!(entries.len() <= 3, "{position}");
+            let logprob = own["logprob"].as_f64().unwrap();
+            let echo_lp = echoed["token_logprobs"][i].as_f64().unwrap();
+            assert!(
+                (logprob - echo_lp).abs() < 1e-6,
+                "{i}: {logprob} vs {echo_lp}"
+            );
+            assert_eq!(own["decoded_token"], echoed["tokens"][i], "{i}");
+            let rank = own["rank"].as_u64().unwrap();
+            let best = entries
+                .values()
+                .map(|e| e["logprob"].as_f64().unwrap())
+                .fold(f64::NEG_INFINITY, f64::max);
+            assert_eq!(rank == 1, logprob >= best, "{i}: {position}");
+            let mut alternatives: Vec<u64> = entries
+                .iter()
+                .filter(|(id, _)| *id != own_id)
+                .map(|(_, e)| e["rank"].as_u64().unwrap())
+                .collect();
+            alternatives.sort_unstable();
+            assert!(
+                alternatives.iter().all(|&r| (1..=2).contains(&r)),
+                "{position}"
+            );
+        }
+        // `echo`'s own list keeps its own width: no alternatives for logprobs 0.
+        assert!(
+            choice["logprobs"]["top_logprobs"][1]
+                .as_object()
+                .unwrap()
+                .len()
+                == 1,
+            "{v}"
+        );
+    }
+    // A chat's come once, beside the choices.
+    let chat = format!("http://{addr}/v1/chat/completions");
+    let (status, v) = post(
+        &client,
+        &chat,
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+               "prompt_logprobs": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let scored = v["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(
+        scored.len() as u64,
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+    assert!(
+        scored[1..]
+            .iter()
+            .all(|p| p.as_object().unwrap().len() == 1),
+        "{v}"
+    );
+    for (body, url) in [
+        (
+            json!({"prompt": "x", "prompt_logprobs": 1, "stream": true}),
+            &completions,
+        ),
+        (json!({"prompt": "x", "prompt_logprobs": 21}), &completions),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1,
+                "stream": true}),
+            &chat,
+        ),
+    ] {
+        let (status, v) = post(&client, url, body.clone()).await;
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], "prompt_logprobs", "{v}");
+    }
+    server.stop().await;
+}

@@ -56,6 +56,9 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The most likely tokens at that position, most likely first.
     pub top: Vec<(u32, f32)>,
+    /// 1 + the tokens more likely than this one, where known (a prompt token's, for vLLM's
+    /// `prompt_logprobs`).
+    pub rank: Option<usize>,
 }
 
 /// One generated token of one request.
@@ -588,6 +591,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
                                 token: prompt[next],
                                 logprob,
                                 top,
+                                rank: Some(crate::runtime::sampling::rank_of(row, prompt[next])),
                             });
                         }
                     }

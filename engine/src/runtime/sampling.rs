@@ -391,6 +391,12 @@ pub(crate) fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Ve
     (lp(token), top)
 }
 
+/// 1 + the tokens whose logit is above `token`'s: its rank, as vLLM counts it.
+pub(crate) fn rank_of(logits: &[f32], token: u32) -> usize {
+    let own = logits[token as usize];
+    1 + logits.iter().filter(|&&x| x > own).count()
+}
+
 /// A token's adjustment that changes nothing yet.
 fn no_change(token: u32) -> Adjustment {
     Adjustment {

@@ -128,6 +128,9 @@ pub struct GenerationRequest {
     pub n: usize,
     /// Repeat the prompt before the completion (completions only).
     pub echo: bool,
+    /// vLLM's `prompt_logprobs`: each prompt token's logprob and rank with this many most
+    /// likely alternatives (0: none), in the response beside the choices' logprobs.
+    pub prompt_logprobs: Option<usize>,
     /// Logprobs name each token `token_id:N` rather than by its text (vLLM's
     /// `return_tokens_as_token_ids`): distinct ids that decode alike stay distinct.
     pub tokens_as_ids: bool,
@@ -205,8 +208,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("best_of", |v| v.as_u64() == Some(1)),
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v == "none"),
-    // 0 is not "off" in vLLM: each prompt token's own logprob, without alternatives.
-    ("prompt_logprobs", |_| false),
     ("use_beam_search", |v| v == &Value::Bool(false)),
     ("truncate_prompt_tokens", |_| false),
     ("allowed_token_ids", |_| false),
@@ -262,6 +263,7 @@ const KNOWN: &[&str] = &[
     "stop_token_ids",
     "return_tokens_as_token_ids",
     "ignore_eos",
+    "prompt_logprobs",
     "max_tokens",
     "min_tokens",
     "temperature",
@@ -451,6 +453,19 @@ pub fn parse_request_with(
     }
     let (stop, stop_token_ids) = parse_stop(body)?;
     let stream = f.bool("stream")?.unwrap_or(false);
+    let prompt_logprobs = f.uint("prompt_logprobs")?.map(|k| k as usize);
+    if prompt_logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+        return Err(ApiError::bad_request(
+            Some("prompt_logprobs"),
+            format!("prompt_logprobs: at most {MAX_TOP_LOGPROBS} logprobs per token"),
+        ));
+    }
+    if prompt_logprobs.is_some() && stream {
+        return Err(ApiError::bad_request(
+            Some("prompt_logprobs"),
+            "`prompt_logprobs` are not available when `stream=True`.",
+        ));
+    }
     let usage = parse_stream_options(body.get("stream_options"), stream)?;
     let (structured, tools) = super::structured::parse(body, endpoint)?;
     let tokens_as_ids = f.bool("return_tokens_as_token_ids")?.unwrap_or(false);
@@ -488,6 +503,7 @@ pub fn parse_request_with(
         continuous_usage: usage.continuous,
         n: n as usize,
         echo,
+        prompt_logprobs,
         tokens_as_ids,
         structured,
         template: match endpoint {
@@ -1164,7 +1180,6 @@ mod tests {
             (r#""prompt":"x""#, "prompt"),
             (r#""cache_salt":"a""#, "cache_salt"),
             (r#""request_id":"r1""#, "request_id"),
-            (r#""prompt_logprobs":0"#, "prompt_logprobs"),
         ] {
             let e = refused(&format!("{chat},{extra}}}"), Endpoint::Chat);
             assert_eq!(e.param.as_deref(), Some(param), "{extra}: {}", e.message);

@@ -247,7 +247,13 @@ pub(super) async fn generate(
                     keep_special_tokens: !req.skip_special_tokens
                         || tool_parser.is_some_and(ToolCallParser::keeps_special_tokens),
                     forks: (first + 1..first + req.n as u64).collect(),
-                    prompt_logprobs: req.params.logprobs.filter(|_| req.echo),
+                    // Both `echo` with `logprobs` and `prompt_logprobs` score the prompt: the
+                    // wider of the two alternative lists is computed, each cut to its own.
+                    prompt_logprobs: req
+                        .params
+                        .logprobs
+                        .filter(|_| req.echo)
+                        .max(req.prompt_logprobs),
                     constraint: constraint.clone(),
                 },
                 first_index: i * req.n,
@@ -292,6 +298,8 @@ pub(super) async fn generate(
         endpoint,
         logprobs: req.params.logprobs.is_some(),
         tokens_as_ids: req.tokens_as_ids,
+        top_logprobs: req.params.logprobs.unwrap_or(0),
+        prompt_logprobs: req.prompt_logprobs,
         tokenizer: s.tokenizer.clone(),
         n: req.n,
         prompt_lens,
@@ -344,6 +352,10 @@ struct ResponseMeta {
     logprobs: bool,
     /// Logprobs name tokens `token_id:N` (`return_tokens_as_token_ids`).
     tokens_as_ids: bool,
+    /// Alternatives per token in the choices' logprobs (`logprobs` / `top_logprobs`).
+    top_logprobs: usize,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt token, when asked.
+    prompt_logprobs: Option<usize>,
     tokenizer: Arc<TextTokenizer>,
     /// Choices per prompt: choice `i` is prompt `i / n`'s.
     n: usize,
@@ -814,13 +826,30 @@ async fn collect(
                     c.text.insert_str(0, &echo.text);
                     c.logprobs.splice(0..0, parts);
                 }
-                let body: Vec<Value> = choices
+                let mut body: Vec<Value> = choices
                     .iter()
                     .enumerate()
                     .map(|(i, c)| meta.choice(i, c))
                     .collect();
                 let usage = meta.usage_of(&finished);
-                return Ok(Json(meta.body(false, json!(body), Some(usage))).into_response());
+                let mut response = meta.body(false, json!(body), Some(usage));
+                if meta.prompt_logprobs.is_some() {
+                    let scored: Vec<Value> = echoed
+                        .iter()
+                        .map(|lps| meta.prompt_logprobs_json(lps.as_deref().unwrap_or(&[])))
+                        .collect();
+                    // A completion's choices carry their prompt's; a chat's response its one.
+                    match meta.endpoint {
+                        Endpoint::Completions => {
+                            for (i, choice) in body.iter_mut().enumerate() {
+                                choice["prompt_logprobs"] = scored[i / meta.n].clone();
+                            }
+                            response["choices"] = json!(body);
+                        }
+                        Endpoint::Chat => response["prompt_logprobs"] = scored[0].clone(),
+                    }
+                }
+                return Ok(Json(response).into_response());
             }
             StreamEvent::Error(msg) => return Err(meta.failure(msg)),
             StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
@@ -837,9 +866,31 @@ impl ResponseMeta {
     fn prompt_logprob_parts(&self, echo: &Echo, lps: &[TokenLogprob]) -> Vec<Value> {
         let first = json!({"tokens": [self.token_name(echo.first_token)], "token_logprobs": [null],
                            "top_logprobs": [null]});
+        let own = |p: &TokenLogprob| TokenLogprob {
+            top: p.top[..p.top.len().min(self.top_logprobs)].to_vec(),
+            ..p.clone()
+        };
         std::iter::once(first)
-            .chain(lps.iter().map(|p| self.token_logprobs(p)))
+            .chain(lps.iter().map(|p| self.token_logprobs(&own(p))))
             .collect()
+    }
+
+    /// vLLM's `prompt_logprobs` of one prompt: null for its first token, then per token a
+    /// map from token id to its logprob, rank and text: the prompt's own token, then the
+    /// `prompt_logprobs` most likely (ranked 1, 2, …).
+    fn prompt_logprobs_json(&self, lps: &[TokenLogprob]) -> Value {
+        let k = self.prompt_logprobs.unwrap_or(0);
+        let entry = |t: u32, logprob: f32, rank: Option<usize>| json!({"logprob": logprob, "rank": rank, "decoded_token": self.token_name(t)});
+        let positions = lps.iter().map(|p| {
+            let mut m = serde_json::Map::new();
+            m.insert(p.token.to_string(), entry(p.token, p.logprob, p.rank));
+            for (i, &(t, l)) in p.top.iter().take(k).enumerate() {
+                m.entry(t.to_string())
+                    .or_insert_with(|| entry(t, l, Some(i + 1)));
+            }
+            Value::Object(m)
+        });
+        std::iter::once(Value::Null).chain(positions).collect()
     }
 
     /// A finished choice of a non-streaming response.
@@ -958,17 +1009,27 @@ fn check_response_size(
     planned: &[Planned],
     max_model_len: usize,
 ) -> Result<(), ApiError> {
-    let Some(top) = req.params.logprobs else {
-        return Ok(());
+    let prompt_tokens: usize = planned.iter().map(|p| p.tokens.len()).sum();
+    // vLLM's `prompt_logprobs`: every choice of a completion carries its prompt's (a
+    // chat's response carries one, counted alike).
+    let scored = req.prompt_logprobs.map_or(0, |k| {
+        req.n
+            .saturating_mul(prompt_tokens)
+            .saturating_mul(k.saturating_add(1))
+    });
+    let top = req.params.logprobs.unwrap_or(0);
+    let positions: usize = match req.params.logprobs {
+        None => 0,
+        Some(_) => planned
+            .iter()
+            .map(|p| p.max_tokens + if req.echo { p.tokens.len() } else { 0 })
+            .sum(),
     };
-    let positions: usize = planned
-        .iter()
-        .map(|p| p.max_tokens + if req.echo { p.tokens.len() } else { 0 })
-        .sum();
     let entries = req
         .n
         .saturating_mul(positions)
-        .saturating_mul(top.saturating_add(1));
+        .saturating_mul(top.saturating_add(1))
+        .saturating_add(scored);
     let one_sequence = req.n == 1 && planned.len() == 1;
     let bound = if one_sequence {
         MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + MAX_TOP_LOGPROBS))
@@ -978,7 +1039,15 @@ fn check_response_size(
     if entries <= bound {
         return Ok(());
     }
-    let prompt_tokens: usize = planned.iter().map(|p| p.tokens.len()).sum();
+    if positions == 0 {
+        return Err(ApiError::bad_request(
+            Some("prompt_logprobs"),
+            format!(
+                "{scored} prompt log-probabilities, more than the {bound} a response may \
+                 carry: lower n or prompt_logprobs, or send fewer prompt tokens"
+            ),
+        ));
+    }
     let max_tokens: usize = planned.iter().map(|p| p.max_tokens).sum();
     Err(ApiError::bad_request(
         Some("logprobs"),
@@ -1105,6 +1174,7 @@ mod tests {
                         token: id,
                         logprob: -0.5 * i as f32,
                         top: vec![(id, -0.5 * i as f32), (id + 1, -3.0)],
+                        rank: None,
                     },
                     chars: text.chars().count(),
                 }],
@@ -1143,6 +1213,8 @@ mod tests {
                 endpoint,
                 logprobs: true,
                 tokens_as_ids,
+                top_logprobs: 1,
+                prompt_logprobs: None,
                 tokenizer: tokenizer.clone(),
                 n: 1,
                 prompt_lens: vec![3],

@@ -398,6 +398,7 @@ impl EngineLoop {
                     token: t.token,
                     logprob: t.logprob,
                     top: t.top_logprobs,
+                    rank: None,
                 },
                 chars: t.text.chars().count(),
             }]

@@ -180,6 +180,7 @@ mod tests {
                     token: id,
                     logprob: -(id as f32),
                     top: vec![(id, -(id as f32))],
+                    rank: None,
                 },
                 chars: text.chars().count(),
             }],
