@@ -34,7 +34,8 @@ for pos in range(1, len(ids)):
     row, token, entry = lp[pos - 1], ids[pos], served[pos]
     own = entry[str(token)]
     worst = max(worst, abs(own["logprob"] - row[token].item()))
-    if own["rank"] != 1 + int((row > row[token]).sum()):
+    # vLLM's rank: the tokens at least as likely, itself included.
+    if own["rank"] != int((row >= row[token]).sum()):
         rank_misses.append(pos)
     # The served alternatives by their rank: the k most likely (the prompt's own token
     # among them carries its own rank, the same).

@@ -2388,7 +2388,13 @@ async fn prompt_logprobs_score_the_prompt_as_vllm_answers_them() {
                 (logprob - echo_lp).abs() < 1e-6,
                 "{i}: {logprob} vs {echo_lp}"
             );
-            assert_eq!(own["decoded_token"], echoed["tokens"][i], "{i}");
+            let (_, alone) = post(
+                &client,
+                &format!("http://{addr}/detokenize"),
+                json!({"tokens": [own_id.parse::<u32>().unwrap()]}),
+            )
+            .await;
+            assert_eq!(own["decoded_token"], alone["prompt"], "{i}");
             let rank = own["rank"].as_u64().unwrap();
             let best = entries
                 .values()
@@ -2405,6 +2411,12 @@ async fn prompt_logprobs_score_the_prompt_as_vllm_answers_them() {
                 alternatives.iter().all(|&r| (1..=2).contains(&r)),
                 "{position}"
             );
+            // The 2 most likely are there, the prompt's token among them or not.
+            let ranks: Vec<u64> = entries
+                .values()
+                .map(|e| e["rank"].as_u64().unwrap())
+                .collect();
+            assert!(ranks.contains(&1) && ranks.contains(&2), "{position}");
         }
         // `echo`'s own list keeps its own width: no alternatives for logprobs 0.
         assert!(
@@ -2416,6 +2428,45 @@ async fn prompt_logprobs_score_the_prompt_as_vllm_answers_them() {
             "{v}"
         );
     }
+    // Several prompts, the same one twice (the second a prefix-cache hit, which must not
+    // skip computing it), and one of a single token (nothing to score).
+    let body = json!({"prompt": ["The harbour at dawn", "The harbour at dawn"], "max_tokens": 1,
+                      "prompt_logprobs": 1});
+    let (status, v) = post(&client, &completions, body.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let (_, again) = post(&client, &completions, body).await;
+    let lists: Vec<&Value> = (v["choices"].as_array().unwrap().iter())
+        .chain(again["choices"].as_array().unwrap())
+        .map(|c| &c["prompt_logprobs"])
+        .collect();
+    assert!(lists.iter().all(|l| *l == lists[0]), "{v} {again}");
+    assert!(lists[0].as_array().unwrap().len() > 2);
+    let (_, one) = post(
+        &client,
+        &completions,
+        json!({"prompt": [5], "max_tokens": 1, "prompt_logprobs": 3}),
+    )
+    .await;
+    assert_eq!(one["choices"][0]["prompt_logprobs"], json!([null]), "{one}");
+    // Echo shows its own width of the alternatives prompt_logprobs computed: the prompt's
+    // token and up to `logprobs` others, of the 1 most likely here.
+    let (_, narrow) = post(
+        &client,
+        &completions,
+        json!({"prompt": "The harbour at dawn", "max_tokens": 1, "echo": true, "logprobs": 3,
+               "prompt_logprobs": 1}),
+    )
+    .await;
+    let tops = narrow["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .unwrap();
+    let prompt_len = narrow["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        tops[1..prompt_len]
+            .iter()
+            .all(|t| t.as_object().unwrap().len() == 2),
+        "{narrow}"
+    );
     // A chat's come once, beside the choices.
     let chat = format!("http://{addr}/v1/chat/completions");
     let (status, v) = post(
@@ -2437,6 +2488,14 @@ async fn prompt_logprobs_score_the_prompt_as_vllm_answers_them() {
             .all(|p| p.as_object().unwrap().len() == 1),
         "{v}"
     );
+    // 0 with a stream is taken, as vLLM takes it (the stream carries none).
+    let (_, chunks) = stream(
+        &client,
+        &completions,
+        &json!({"prompt": "x", "max_tokens": 2, "prompt_logprobs": 0, "stream": true}),
+    )
+    .await;
+    assert!(!chunks.is_empty() && chunks.iter().all(|c| c.get("error").is_none()));
     for (body, url) in [
         (
             json!({"prompt": "x", "prompt_logprobs": 1, "stream": true}),

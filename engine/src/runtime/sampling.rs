@@ -391,10 +391,11 @@ pub(crate) fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Ve
     (lp(token), top)
 }
 
-/// 1 + the tokens whose logit is above `token`'s: its rank, as vLLM counts it.
+/// The tokens whose logit is at least `token`'s, itself included: its rank, as vLLM
+/// counts it (a tie ranks behind the tokens it ties with, which bf16 logits make common).
 pub(crate) fn rank_of(logits: &[f32], token: u32) -> usize {
     let own = logits[token as usize];
-    1 + logits.iter().filter(|&&x| x > own).count()
+    logits.iter().filter(|&&x| x >= own).count()
 }
 
 /// A token's adjustment that changes nothing yet.

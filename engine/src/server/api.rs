@@ -460,12 +460,14 @@ pub fn parse_request_with(
             format!("prompt_logprobs: at most {MAX_TOP_LOGPROBS} logprobs per token"),
         ));
     }
-    if prompt_logprobs.is_some() && stream {
+    // vLLM refuses them with a stream, save 0 (which a stream then does not carry).
+    if prompt_logprobs.is_some_and(|k| k > 0) && stream {
         return Err(ApiError::bad_request(
             Some("prompt_logprobs"),
             "`prompt_logprobs` are not available when `stream=True`.",
         ));
     }
+    let prompt_logprobs = prompt_logprobs.filter(|_| !stream);
     let usage = parse_stream_options(body.get("stream_options"), stream)?;
     let (structured, tools) = super::structured::parse(body, endpoint)?;
     let tokens_as_ids = f.bool("return_tokens_as_token_ids")?.unwrap_or(false);

@@ -199,7 +199,7 @@ pub(super) async fn generate(
             Ok(Planned { tokens, max_tokens })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    check_response_size(&req, &planned, s.max_model_len)?;
+    check_response_size(&req, endpoint, &planned, s.max_model_len)?;
     // `max_tokens: 0` (with echo): one token is computed, as the step samples one, and
     // not returned.
     let keep_generated = req.max_tokens != Some(0);
@@ -247,13 +247,11 @@ pub(super) async fn generate(
                     keep_special_tokens: !req.skip_special_tokens
                         || tool_parser.is_some_and(ToolCallParser::keeps_special_tokens),
                     forks: (first + 1..first + req.n as u64).collect(),
-                    // Both `echo` with `logprobs` and `prompt_logprobs` score the prompt: the
-                    // wider of the two alternative lists is computed, each cut to its own.
+                    // Both `echo` with `logprobs` and `prompt_logprobs` score the prompt, with
+                    // `prompt_logprobs`' alternatives where given (vLLM's rule).
                     prompt_logprobs: req
-                        .params
-                        .logprobs
-                        .filter(|_| req.echo)
-                        .max(req.prompt_logprobs),
+                        .prompt_logprobs
+                        .or(req.params.logprobs.filter(|_| req.echo)),
                     constraint: constraint.clone(),
                 },
                 first_index: i * req.n,
@@ -309,6 +307,7 @@ pub(super) async fn generate(
         include_usage: req.include_usage,
         tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
         tool_parser,
+        call_id: super::tool_parser::call_ids(s.tool_call_parser),
         parallel_tool_calls: req.parallel_tool_calls,
         grammar_param: req.structured.as_ref().map(|r| r.param),
     };
@@ -374,6 +373,8 @@ struct ResponseMeta {
     tool: Option<ToolChoice>,
     /// The output may call tools (`tool_choice: "auto"`), which this parser finds.
     tool_parser: Option<ToolCallParser>,
+    /// Names each tool call, forced or found (see [`super::tool_parser::call_ids`]).
+    call_id: fn() -> String,
     /// More than one of those calls may be answered (`parallel_tool_calls`).
     parallel_tool_calls: bool,
     /// The field the request's grammar came from, if it has one.
@@ -553,13 +554,13 @@ impl ResponseMeta {
         let mut whole_calls = false;
         let mut delta = match tool {
             ToolChoice::Named(name) if first => json!({"tool_calls": [{
-                "index": 0, "id": tool_call_id(), "type": "function",
+                "index": 0, "id": (self.call_id)(), "type": "function",
                 "function": {"name": name, "arguments": text}}]}),
             ToolChoice::Named(_) => {
                 json!({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
             }
             ToolChoice::Required => {
-                match finish.and_then(|_| structured::tool_calls(tool, held, tool_call_id)) {
+                match finish.and_then(|_| structured::tool_calls(tool, held, self.call_id)) {
                     Some(calls) => {
                         whole_calls = true;
                         let calls: Vec<Value> = calls
@@ -616,7 +617,7 @@ impl ResponseMeta {
             if delta["content"] == "" {
                 delta = json!({});
             }
-            delta["tool_calls"] = tool_call_values(&p.calls, true, || parser.call_id()).into();
+            delta["tool_calls"] = tool_call_values(&p.calls, true, self.call_id).into();
         } else if delta["content"] == "" && finish.is_none() {
             let needed = first || !logprobs.is_null() || self.continuous_usage;
             if !needed {
@@ -831,23 +832,32 @@ async fn collect(
                     .enumerate()
                     .map(|(i, c)| meta.choice(i, c))
                     .collect();
-                let usage = meta.usage_of(&finished);
-                let mut response = meta.body(false, json!(body), Some(usage));
+                let mut top_level = None;
                 if meta.prompt_logprobs.is_some() {
-                    let scored: Vec<Value> = echoed
+                    let mut scored: Vec<Value> = echoed
                         .iter()
                         .map(|lps| meta.prompt_logprobs_json(lps.as_deref().unwrap_or(&[])))
                         .collect();
-                    // A completion's choices carry their prompt's; a chat's response its one.
+                    // A completion's choices carry their prompt's (the last one moved, not
+                    // copied); a chat's response its one.
                     match meta.endpoint {
                         Endpoint::Completions => {
                             for (i, choice) in body.iter_mut().enumerate() {
-                                choice["prompt_logprobs"] = scored[i / meta.n].clone();
+                                let last = (i + 1) % meta.n == 0;
+                                choice["prompt_logprobs"] = if last {
+                                    std::mem::take(&mut scored[i / meta.n])
+                                } else {
+                                    scored[i / meta.n].clone()
+                                };
                             }
-                            response["choices"] = json!(body);
                         }
-                        Endpoint::Chat => response["prompt_logprobs"] = scored[0].clone(),
+                        Endpoint::Chat => top_level = scored.into_iter().next(),
                     }
+                }
+                let usage = meta.usage_of(&finished);
+                let mut response = meta.body(false, Value::Array(body), Some(usage));
+                if let Some(scored) = top_level {
+                    response["prompt_logprobs"] = scored;
                 }
                 return Ok(Json(response).into_response());
             }
@@ -866,8 +876,14 @@ impl ResponseMeta {
     fn prompt_logprob_parts(&self, echo: &Echo, lps: &[TokenLogprob]) -> Vec<Value> {
         let first = json!({"tokens": [self.token_name(echo.first_token)], "token_logprobs": [null],
                            "top_logprobs": [null]});
+        // As vLLM shows them: the prompt's token, then up to `logprobs` others of the
+        // alternatives the prompt was scored with (`prompt_logprobs`' when asked).
         let own = |p: &TokenLogprob| TokenLogprob {
-            top: p.top[..p.top.len().min(self.top_logprobs)].to_vec(),
+            top: (p.top.iter())
+                .filter(|&&(t, _)| t != p.token)
+                .take(self.top_logprobs)
+                .copied()
+                .collect(),
             ..p.clone()
         };
         std::iter::once(first)
@@ -880,11 +896,21 @@ impl ResponseMeta {
     /// `prompt_logprobs` most likely (ranked 1, 2, …).
     fn prompt_logprobs_json(&self, lps: &[TokenLogprob]) -> Value {
         let k = self.prompt_logprobs.unwrap_or(0);
-        let entry = |t: u32, logprob: f32, rank: Option<usize>| json!({"logprob": logprob, "rank": rank, "decoded_token": self.token_name(t)});
+        // vLLM's `decoded_token`: the token decoded alone, whatever names tokens elsewhere.
+        let entry = |t: u32, logprob: f32, rank: Option<usize>| {
+            let text = self.tokenizer.token_text(t).unwrap_or_default();
+            json!({"logprob": logprob, "rank": rank, "decoded_token": text})
+        };
         let positions = lps.iter().map(|p| {
+            let top = &p.top[..p.top.len().min(k)];
+            // The prompt's token first; among the most likely, it takes its place there.
+            let rank = match top.iter().position(|&(t, _)| t == p.token) {
+                Some(i) => Some(i + 1),
+                None => p.rank,
+            };
             let mut m = serde_json::Map::new();
-            m.insert(p.token.to_string(), entry(p.token, p.logprob, p.rank));
-            for (i, &(t, l)) in p.top.iter().take(k).enumerate() {
+            m.insert(p.token.to_string(), entry(p.token, p.logprob, rank));
+            for (i, &(t, l)) in top.iter().enumerate() {
                 m.entry(t.to_string())
                     .or_insert_with(|| entry(t, l, Some(i + 1)));
             }
@@ -909,7 +935,7 @@ impl ResponseMeta {
             }
             Endpoint::Chat => {
                 let calls = self.tool.as_ref().and_then(|tool| {
-                    let calls = structured::tool_calls(tool, &c.text, tool_call_id)?;
+                    let calls = structured::tool_calls(tool, &c.text, self.call_id)?;
                     Some((calls, reason.map(|r| tool_finish_reason(tool, r, true))))
                 });
                 let parsed = self
@@ -925,7 +951,7 @@ impl ResponseMeta {
                     (None, Some(p)) => (
                         json!({"role": "assistant", "content": p.content,
                         "tool_calls": tool_call_values(&p.calls, false, || {
-                            self.tool_parser.map_or_else(tool_call_id, |p| p.call_id())
+                            (self.call_id)()
                         })}),
                         Some("tool_calls"),
                     ),
@@ -936,11 +962,6 @@ impl ResponseMeta {
             }
         }
     }
-}
-
-/// An id for a tool call, in vLLM's form.
-fn tool_call_id() -> String {
-    super::tool_parser::openai_call_id()
 }
 
 /// vLLM's finish reason of a forced tool call: `tool_calls` when `required` produced
@@ -1006,16 +1027,22 @@ pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
 /// what multiplies to it.
 fn check_response_size(
     req: &GenerationRequest,
+    endpoint: Endpoint,
     planned: &[Planned],
     max_model_len: usize,
 ) -> Result<(), ApiError> {
     let prompt_tokens: usize = planned.iter().map(|p| p.tokens.len()).sum();
-    // vLLM's `prompt_logprobs`: every choice of a completion carries its prompt's (a
-    // chat's response carries one, counted alike).
+    // vLLM's `prompt_logprobs`: every choice of a completion carries its prompt's, a chat's
+    // response one; an entry (id, logprob, rank, text) weighs about 3 of the others.
+    let copies = match endpoint {
+        Endpoint::Chat => 1,
+        Endpoint::Completions => req.n,
+    };
     let scored = req.prompt_logprobs.map_or(0, |k| {
-        req.n
+        copies
             .saturating_mul(prompt_tokens)
             .saturating_mul(k.saturating_add(1))
+            .saturating_mul(3)
     });
     let top = req.params.logprobs.unwrap_or(0);
     let positions: usize = match req.params.logprobs {
@@ -1025,11 +1052,11 @@ fn check_response_size(
             .map(|p| p.max_tokens + if req.echo { p.tokens.len() } else { 0 })
             .sum(),
     };
-    let entries = req
+    let sampled = req
         .n
         .saturating_mul(positions)
-        .saturating_mul(top.saturating_add(1))
-        .saturating_add(scored);
+        .saturating_mul(top.saturating_add(1));
+    let entries = sampled.saturating_add(scored);
     let one_sequence = req.n == 1 && planned.len() == 1;
     let bound = if one_sequence {
         MAX_LOGPROB_ENTRIES.max(max_model_len.saturating_mul(1 + MAX_TOP_LOGPROBS))
@@ -1039,12 +1066,20 @@ fn check_response_size(
     if entries <= bound {
         return Ok(());
     }
-    if positions == 0 {
+    if scored >= sampled {
         return Err(ApiError::bad_request(
             Some("prompt_logprobs"),
             format!(
-                "{scored} prompt log-probabilities, more than the {bound} a response may \
-                 carry: lower n or prompt_logprobs, or send fewer prompt tokens"
+                "{copies} x {prompt_tokens} prompt tokens x (1 + {} top log-probabilities), \
+                 weighed 3 each = {scored}{}, more than the {bound} a response may carry: \
+                 lower prompt_logprobs{}, or send fewer prompt tokens",
+                req.prompt_logprobs.unwrap_or(0),
+                if sampled > 0 {
+                    format!(", and {sampled} for logprobs")
+                } else {
+                    String::new()
+                },
+                if copies > 1 { " or n" } else { "" },
             ),
         ));
     }
@@ -1053,7 +1088,7 @@ fn check_response_size(
         Some("logprobs"),
         format!(
             "n {} x {positions} positions ({}max_tokens {max_tokens}{}{}) x (1 + {top} top \
-             log-probabilities) = {entries} log-probabilities, more than the {bound} \
+             log-probabilities) = {sampled} log-probabilities{}, more than the {bound} \
              a response may carry: lower n, logprobs or max_tokens",
             req.n,
             if req.echo {
@@ -1070,6 +1105,11 @@ fn check_response_size(
                 ", not given: the context left"
             } else {
                 ""
+            },
+            if scored > 0 {
+                format!(" and {scored} for prompt_logprobs")
+            } else {
+                String::new()
             },
         ),
     ))
@@ -1224,6 +1264,7 @@ mod tests {
                 include_usage: true,
                 tool: None,
                 tool_parser: None,
+                call_id: crate::server::tool_parser::openai_call_id,
                 parallel_tool_calls: true,
                 grammar_param: None,
             };
@@ -1263,9 +1304,10 @@ mod tests {
             }]
         };
         let one = api::parse_request(&body(1), Endpoint::Chat).unwrap();
-        check_response_size(&one, &planned(10), context).unwrap();
+        check_response_size(&one, Endpoint::Completions, &planned(10), context).unwrap();
         let two = api::parse_request(&body(2), Endpoint::Chat).unwrap();
-        let e = check_response_size(&two, &planned(10), context).unwrap_err();
+        let e =
+            check_response_size(&two, Endpoint::Completions, &planned(10), context).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logprobs"));
         assert!(
             e.message.contains("not given: the context left"),

@@ -59,16 +59,7 @@ impl ToolCallParser {
     /// An id for a call, in the form this parser's models take back: Mistral's templates
     /// refuse any but 9 letters and digits (vLLM's rule); the others get OpenAI's kind.
     pub fn call_id(self) -> String {
-        match self {
-            ToolCallParser::Mistral => {
-                const ALPHANUMERIC: &[u8] =
-                    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-                (0..9)
-                    .map(|_| ALPHANUMERIC[rand::random::<usize>() % ALPHANUMERIC.len()] as char)
-                    .collect()
-            }
-            _ => openai_call_id(),
-        }
+        call_ids(Some(self))()
     }
 
     /// The calls in a finished output; `None` where it calls nothing, or where a call is
@@ -253,6 +244,23 @@ pub fn python_json(v: &Value) -> String {
 /// An id for a tool call, in vLLM's form.
 pub fn openai_call_id() -> String {
     format!("chatcmpl-tool-{:032x}", rand::random::<u128>())
+}
+
+/// 9 letters and digits, the only ids Mistral's chat templates take back.
+fn mistral_call_id() -> String {
+    const ALPHANUMERIC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    (0..9)
+        .map(|_| ALPHANUMERIC[rand::random::<usize>() % ALPHANUMERIC.len()] as char)
+        .collect()
+}
+
+/// How a server with `parser` names tool calls, forced ones too: a Mistral model's next
+/// turn must take back the ids it was given.
+pub fn call_ids(parser: Option<ToolCallParser>) -> fn() -> String {
+    match parser {
+        Some(ToolCallParser::Mistral) => mistral_call_id,
+        _ => openai_call_id,
+    }
 }
 
 /// OpenAI's `tool_calls` entries for `calls`, each with a fresh id; `indexed`: with each
