@@ -22,6 +22,24 @@ fn tiny_tokenizer() -> std::sync::Arc<dyn infer_core::workload::Tokenizer> {
     std::sync::Arc::new(infer_engine::runtime::tokenizer::TextTokenizer::from_dir(&dir).unwrap())
 }
 
+/// `base` with `extra`'s keys set over it.
+fn with(mut base: Value, extra: Value) -> Value {
+    let extra = extra.as_object().expect("an object").clone();
+    base.as_object_mut().expect("an object").extend(extra);
+    base
+}
+
+/// The ids of the first choice's tokens, its logprobs naming them `token_id:N`
+/// (`return_tokens_as_token_ids`).
+fn token_ids(v: &Value) -> Vec<u32> {
+    v["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap()["token_id:".len()..].parse().unwrap())
+        .collect()
+}
+
 fn config(sched: SchedulerConfig) -> ServeConfig {
     ServeConfig {
         sched,
@@ -1114,24 +1132,16 @@ async fn a_stop_string_or_token_is_named_as_the_stop_reason() {
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/completions");
     let ask = |extra: Value| {
-        let mut body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "temperature": 0,
-                              "ignore_eos": true, "logprobs": 0,
-                              "return_tokens_as_token_ids": true});
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body
+        let body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "temperature": 0,
+                          "ignore_eos": true, "logprobs": 0,
+                          "return_tokens_as_token_ids": true});
+        with(body, extra)
     };
     let (status, free) = post(&client, &url, ask(json!({}))).await;
     assert_eq!(status, 200, "{free}");
     assert_eq!(free["choices"][0]["finish_reason"], "length");
     assert_eq!(free["choices"][0]["stop_reason"], Value::Null);
-    let ids: Vec<u32> = free["choices"][0]["logprobs"]["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap()["token_id:".len()..].parse().unwrap())
-        .collect();
+    let ids = token_ids(&free);
     // The fourth token as a stop token: the choice ends there, naming it.
     let (_, v) = post(&client, &url, ask(json!({"stop_token_ids": [ids[3]]}))).await;
     let first = ids.iter().position(|&t| t == ids[3]).unwrap();
@@ -2252,21 +2262,11 @@ async fn min_tokens_and_include_stop_str_in_output_as_vllm_serves_them() {
     let client = reqwest::Client::new();
     let url = format!("http://{addr}/v1/completions");
     let ask = |extra: Value| {
-        let mut body = json!({"prompt": "The harbour", "max_tokens": 12, "temperature": 0,
-                              "logprobs": 0, "return_tokens_as_token_ids": true});
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        body
+        let body = json!({"prompt": "The harbour", "max_tokens": 12, "temperature": 0,
+                          "logprobs": 0, "return_tokens_as_token_ids": true});
+        with(body, extra)
     };
-    let ids = |v: &Value| -> Vec<u32> {
-        v["choices"][0]["logprobs"]["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_str().unwrap()["token_id:".len()..].parse().unwrap())
-            .collect()
-    };
+    let ids = token_ids;
     let (status, free) = post(&client, &url, ask(json!({"ignore_eos": true}))).await;
     assert_eq!(status, 200, "{free}");
     let first = ids(&free)[0];

@@ -204,34 +204,23 @@ fn partial_suffix(text: &str, marker: &str) -> usize {
 /// `v` as Python's `json.dumps(v, ensure_ascii=False)` writes it: `", "` between items and
 /// `": "` after keys.
 pub fn python_json(v: &Value) -> String {
+    use std::io::{Result, Write};
+    fn comma<W: ?Sized + Write>(w: &mut W, first: bool) -> Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
     struct Python;
     impl serde_json::ser::Formatter for Python {
-        fn begin_array_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first {
-                Ok(())
-            } else {
-                w.write_all(b", ")
-            }
+        fn begin_array_value<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> Result<()> {
+            comma(w, first)
         }
-        fn begin_object_key<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first {
-                Ok(())
-            } else {
-                w.write_all(b", ")
-            }
+        fn begin_object_key<W: ?Sized + Write>(&mut self, w: &mut W, first: bool) -> Result<()> {
+            comma(w, first)
         }
-        fn begin_object_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            w: &mut W,
-        ) -> std::io::Result<()> {
+        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> Result<()> {
             w.write_all(b": ")
         }
     }
