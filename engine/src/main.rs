@@ -334,8 +334,8 @@ struct ServeArgs {
     #[arg(long = "enable-auto-tool-choice", requires = "tool_call_parser")]
     enable_auto_tool_choice: bool,
     /// The format the model writes calls in: `hermes` (`<tool_call>…</tool_call>`: Qwen2.5,
-    /// Qwen3, Hermes), `llama3_json` (a JSON object per call: Llama 3.1–3.3) or `mistral`
-    /// (`[TOOL_CALLS][…]`: Mistral 7B Instruct v0.3).
+    /// Qwen3, Hermes), `llama3_json` (a JSON object per call: Llama 3.1–3.3), `pythonic`
+    /// (`[f(a=1)]`: Llama 3.2 and 4) or `mistral` (`[TOOL_CALLS][…]`: Mistral 7B v0.3).
     /// Without --enable-auto-tool-choice it is not used, as in vLLM.
     #[arg(long = "tool-call-parser", value_enum)]
     tool_call_parser: Option<ToolCallParserArg>,
@@ -353,6 +353,7 @@ enum ToolCallParserArg {
     #[value(name = "llama3_json")]
     Llama3Json,
     Mistral,
+    Pythonic,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -764,6 +765,9 @@ fn run_serve(a: ServeArgs) -> Result<()> {
                 }
                 ToolCallParserArg::Mistral => {
                     infer_engine::server::tool_parser::ToolCallParser::Mistral
+                }
+                ToolCallParserArg::Pythonic => {
+                    infer_engine::server::tool_parser::ToolCallParser::Pythonic
                 }
             }),
         model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,

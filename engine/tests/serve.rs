@@ -2112,6 +2112,7 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
     ]);
     let hermes = r#"Checking\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call><tool_call>\{"name":"get_time","arguments":\{\}\}</tool_call>"#;
     let llama = r#"\{"name": "get_time", "parameters": \{"zone": "UTC"\}\}"#;
+    let pythonic = r#"\[get_time\(zone="UTC"\), get_weather\(city='Oslo', days=\[1, 2\]\)\]"#;
     let mistral =
         r#"Sure\. \[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"zone": "CET"\}\}\]"#;
     let cases = [
@@ -2126,6 +2127,15 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
             llama,
             Value::Null,
             vec![("get_time", r#"{"zone": "UTC"}"#)],
+        ),
+        (
+            ToolCallParser::Pythonic,
+            pythonic,
+            Value::Null,
+            vec![
+                ("get_time", r#"{"zone": "UTC"}"#),
+                ("get_weather", r#"{"city": "Oslo", "days": [1, 2]}"#),
+            ],
         ),
         (
             ToolCallParser::Mistral,

@@ -10,6 +10,8 @@
 
 use serde_json::{json, Value};
 
+mod python;
+
 /// The call formats this server parses (vLLM's parser names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolCallParser {
@@ -20,6 +22,10 @@ pub enum ToolCallParser {
     /// `"arguments"`), several separated by `;`, optionally after `<|python_tag|>`:
     /// Llama 3.1–3.3 with their JSON tool template.
     Llama3Json,
+    /// The whole output a Python list of calls, `[get_weather(city="Oslo"), now()]`, with
+    /// literal keyword arguments (optionally between `<|python_start|>` and
+    /// `<|python_end|>`): Llama 3.2 and 4 with their pythonic tool template.
+    Pythonic,
     /// `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]` after any content: Mistral 7B
     /// Instruct v0.3 and the Mistral models of its tokenizer (a Hugging Face
     /// `tokenizer.json`, not mistral_common's).
@@ -28,6 +34,8 @@ pub enum ToolCallParser {
 
 const HERMES_START: &str = "<tool_call>";
 const MISTRAL_START: &str = "[TOOL_CALLS]";
+const PYTHON_START: &str = "<|python_start|>";
+const PYTHON_END: &str = "<|python_end|>";
 const HERMES_END: &str = "</tool_call>";
 const PYTHON_TAG: &str = "<|python_tag|>";
 
@@ -46,6 +54,7 @@ impl ToolCallParser {
             ToolCallParser::Hermes => "hermes",
             ToolCallParser::Llama3Json => "llama3_json",
             ToolCallParser::Mistral => "mistral",
+            ToolCallParser::Pythonic => "pythonic",
         }
     }
 
@@ -128,6 +137,19 @@ impl ToolCallParser {
                     calls: json_calls(body)?,
                 })
             }
+            ToolCallParser::Pythonic => {
+                let body = match text.trim_start().strip_prefix(PYTHON_START) {
+                    Some(rest) => rest.replace(PYTHON_END, ""),
+                    None => text.to_string(),
+                };
+                let calls = python::calls(&body)?;
+                Some(ParsedCalls {
+                    content: None,
+                    calls: (calls.into_iter())
+                        .map(|(name, arguments)| (name, python_json(&Value::Object(arguments))))
+                        .collect(),
+                })
+            }
         }
     }
 
@@ -151,10 +173,15 @@ impl ToolCallParser {
                     None => text.len() - partial_suffix(text, marker),
                 }
             }
-            ToolCallParser::Llama3Json => {
+            ToolCallParser::Llama3Json | ToolCallParser::Pythonic => {
+                // The whole output is calls or none: held until its first characters say.
+                let (tag, open) = match self {
+                    ToolCallParser::Llama3Json => (PYTHON_TAG, '{'),
+                    _ => (PYTHON_START, '['),
+                };
                 let body = text.trim_start();
-                let undecided = body.is_empty() || PYTHON_TAG.starts_with(body);
-                if undecided || body.starts_with('{') || body.starts_with(PYTHON_TAG) {
+                let undecided = body.is_empty() || tag.starts_with(body);
+                if undecided || body.starts_with(open) || body.starts_with(tag) {
                     0
                 } else {
                     text.len()
@@ -402,6 +429,15 @@ mod tests {
         for sent in 0..=9 {
             assert_eq!(h.streamable_len(text, sent), 9, "{sent}");
         }
+        let p = ToolCallParser::Pythonic;
+        assert_eq!(p.streamable_len(" [get_wea", 0), 0);
+        assert_eq!(p.streamable_len("<|python_st", 0), 0);
+        assert_eq!(p.streamable_len("Sunny", 0), 5);
+        assert_eq!(
+            calls(p, "<|python_start|>[f(a=1)]<|python_end|>"),
+            Some((None, vec![r#"f {"a": 1}"#.to_string()]))
+        );
+        assert_eq!(p.parse("It is [f(a=1)]", true), None);
         let l = ToolCallParser::Llama3Json;
         assert_eq!(l.streamable_len("  ", 0), 0);
         assert_eq!(l.streamable_len(" {\"name", 0), 0);
