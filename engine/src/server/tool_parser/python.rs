@@ -192,7 +192,8 @@ impl Parser<'_> {
         while self
             .peek()
             .is_some_and(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E' | b'_'))
-            || (matches!(self.peek(), Some(b'-' | b'+'))
+            || (self.i > start
+                && matches!(self.peek(), Some(b'-' | b'+'))
                 && matches!(self.s[self.i - 1], b'e' | b'E'))
         {
             self.i += 1;
@@ -261,5 +262,18 @@ mod tests {
         }
         let deep = format!("[f(x={}1{})]", "[".repeat(100), "]".repeat(100));
         assert_eq!(parsed(&deep), None);
+    }
+
+    proptest::proptest! {
+        /// A model writes anything: no text makes the parser panic, and a call list it reads
+        /// reads the same with whitespace around it.
+        #[test]
+        fn any_text_parses_or_not_without_panicking(
+            text in r#"[\[\](){}'",=:_a-zA-Z0-9.+\-eE \\nux]{0,40}"#,
+        ) {
+            if let Some(c) = parsed(&text) {
+                proptest::prop_assert_eq!(parsed(&format!(" {text}\n")), Some(c));
+            }
+        }
     }
 }
