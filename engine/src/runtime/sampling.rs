@@ -145,14 +145,8 @@ impl Sampler {
             return;
         }
         for &t in stops {
-            let i = match self.adjustments.binary_search_by_key(&t, |a| a.token) {
-                Ok(i) => i,
-                Err(i) => {
-                    self.adjustments.insert(i, no_change(t));
-                    i
-                }
-            };
-            let bias = std::mem::replace(&mut self.adjustments[i].bias, f32::NEG_INFINITY);
+            let adjustment = adjustment_of(&mut self.adjustments, t);
+            let bias = std::mem::replace(&mut adjustment.bias, f32::NEG_INFINITY);
             if bias != f32::NEG_INFINITY {
                 self.held_stops.push((t, bias));
             }
@@ -282,14 +276,7 @@ impl Sampler {
         if !(repetition || penalty) {
             return;
         }
-        let i = match self.adjustments.binary_search_by_key(&token, |a| a.token) {
-            Ok(i) => i,
-            Err(i) => {
-                self.adjustments.insert(i, no_change(token));
-                i
-            }
-        };
-        let a = &mut self.adjustments[i];
+        let a = adjustment_of(&mut self.adjustments, token);
         if repetition {
             a.repetition = p.repetition_penalty;
         }
@@ -396,6 +383,19 @@ pub(crate) fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Ve
 pub(crate) fn rank_of(logits: &[f32], token: u32) -> usize {
     let own = logits[token as usize];
     logits.iter().filter(|&&x| x >= own).count()
+}
+
+/// `token`'s entry of `adjustments` (kept in token order), a new one that changes nothing
+/// yet if it has none.
+fn adjustment_of(adjustments: &mut Vec<Adjustment>, token: u32) -> &mut Adjustment {
+    let i = match adjustments.binary_search_by_key(&token, |a| a.token) {
+        Ok(i) => i,
+        Err(i) => {
+            adjustments.insert(i, no_change(token));
+            i
+        }
+    };
+    &mut adjustments[i]
 }
 
 /// A token's adjustment that changes nothing yet.

@@ -294,9 +294,8 @@ pub(super) async fn generate(
         fingerprint: s.fingerprint.clone(),
         model: s.model_name.clone(),
         endpoint,
-        logprobs: req.params.logprobs.is_some(),
+        logprobs: req.params.logprobs,
         tokens_as_ids: req.tokens_as_ids,
-        top_logprobs: req.params.logprobs.unwrap_or(0),
         prompt_logprobs: req.prompt_logprobs,
         tokenizer: s.tokenizer.clone(),
         n: req.n,
@@ -348,11 +347,11 @@ struct ResponseMeta {
     fingerprint: String,
     model: String,
     endpoint: Endpoint,
-    logprobs: bool,
+    /// The choices' logprobs, with this many alternatives a token (`logprobs` /
+    /// `top_logprobs`), when asked.
+    logprobs: Option<usize>,
     /// Logprobs name tokens `token_id:N` (`return_tokens_as_token_ids`).
     tokens_as_ids: bool,
-    /// Alternatives per token in the choices' logprobs (`logprobs` / `top_logprobs`).
-    top_logprobs: usize,
     /// vLLM's `prompt_logprobs`: alternatives per prompt token, when asked.
     prompt_logprobs: Option<usize>,
     tokenizer: Arc<TextTokenizer>,
@@ -695,7 +694,7 @@ fn sse_stream(
                     if c.first {
                         if let Some(echo) = meta.echo(index) {
                             // The prompt first, as its own chunk.
-                            let lp = match (&echoed[index / meta.n], meta.logprobs) {
+                            let lp = match (&echoed[index / meta.n], meta.logprobs.is_some()) {
                                 (Some(lps), true) => merge_logprobs(meta.endpoint, &meta.prompt_logprob_parts(echo, lps), 0, None),
                                 _ => Value::Null,
                             };
@@ -707,7 +706,7 @@ fn sse_stream(
                     }
                     let (text, lp) = if !meta.keep_generated {
                         (String::new(), Value::Null)
-                    } else if meta.logprobs {
+                    } else if meta.logprobs.is_some() {
                         let parts: Vec<Value> = logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)).collect();
                         let widths: Vec<usize> = logprobs.iter().map(|l| l.chars).collect();
                         (text, merge_logprobs(meta.endpoint, &parts, c.sent_chars, Some(&widths)))
@@ -802,7 +801,7 @@ async fn collect(
                 let c = &mut choices[index];
                 if meta.keep_generated {
                     c.text.push_str(&text);
-                    if meta.logprobs {
+                    if meta.logprobs.is_some() {
                         c.logprobs
                             .extend(logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)));
                     }
@@ -820,7 +819,7 @@ async fn collect(
                 for (i, c) in choices.iter_mut().enumerate() {
                     // Each choice repeats its prompt first.
                     let Some(echo) = meta.echo(i) else { break };
-                    let parts = match (&echoed[i / meta.n], meta.logprobs) {
+                    let parts = match (&echoed[i / meta.n], meta.logprobs.is_some()) {
                         (Some(lps), true) => meta.prompt_logprob_parts(echo, lps),
                         _ => Vec::new(),
                     };
@@ -881,7 +880,7 @@ impl ResponseMeta {
         let own = |p: &TokenLogprob| TokenLogprob {
             top: (p.top.iter())
                 .filter(|&&(t, _)| t != p.token)
-                .take(self.top_logprobs)
+                .take(self.logprobs.unwrap_or(0))
                 .copied()
                 .collect(),
             ..p.clone()
@@ -921,7 +920,7 @@ impl ResponseMeta {
 
     /// A finished choice of a non-streaming response.
     fn choice(&self, index: usize, c: &Choice) -> Value {
-        let logprobs = if self.logprobs {
+        let logprobs = if self.logprobs.is_some() {
             merge_logprobs(self.endpoint, &c.logprobs, 0, None)
         } else {
             Value::Null
@@ -1251,9 +1250,8 @@ mod tests {
                 fingerprint: "fp".into(),
                 model: "m".into(),
                 endpoint,
-                logprobs: true,
+                logprobs: Some(1),
                 tokens_as_ids,
-                top_logprobs: 1,
                 prompt_logprobs: None,
                 tokenizer: tokenizer.clone(),
                 n: 1,

@@ -48,6 +48,14 @@ pub struct ParsedCalls {
     pub calls: Vec<(String, String)>,
 }
 
+impl ParsedCalls {
+    /// `calls` after `content`, which is none where it is empty.
+    fn after(content: &str, calls: Vec<(String, String)>) -> Self {
+        let content = (!content.is_empty()).then(|| content.to_string());
+        ParsedCalls { content, calls }
+    }
+}
+
 impl ToolCallParser {
     pub fn name(self) -> &'static str {
         match self {
@@ -63,12 +71,6 @@ impl ToolCallParser {
     /// (Mistral's `[TOOL_CALLS]` always, `<tool_call>` in some Hermes ones).
     pub fn keeps_special_tokens(self) -> bool {
         matches!(self, ToolCallParser::Hermes | ToolCallParser::Mistral)
-    }
-
-    /// An id for a call, in the form this parser's models take back: Mistral's templates
-    /// refuse any but 9 letters and digits (vLLM's rule); the others get OpenAI's kind.
-    pub fn call_id(self) -> String {
-        call_ids(Some(self))()
     }
 
     /// The calls in a finished output; `None` where it calls nothing, or where a call is
@@ -99,11 +101,7 @@ impl ToolCallParser {
                     calls.push(call_of(serde_json::from_str(call).ok()?, &["arguments"])?);
                     rest = next;
                 }
-                let content = Some(&text[..start]).filter(|c| !c.is_empty());
-                Some(ParsedCalls {
-                    content: content.map(str::to_string),
-                    calls,
-                })
+                Some(ParsedCalls::after(&text[..start], calls))
             }
             ToolCallParser::Mistral => {
                 let start = text.find(MISTRAL_START)?;
@@ -120,11 +118,7 @@ impl ToolCallParser {
                     .into_iter()
                     .map(|c| call_of(c, &["arguments"]))
                     .collect::<Option<Vec<_>>>()?;
-                let content = Some(&text[..start]).filter(|c| !c.is_empty());
-                Some(ParsedCalls {
-                    content: content.map(str::to_string),
-                    calls,
-                })
+                Some(ParsedCalls::after(&text[..start], calls))
             }
             ToolCallParser::Llama3Json => {
                 let body = text.trim_start();
@@ -404,14 +398,12 @@ mod tests {
             assert_eq!(m.parse(content, true), None, "{content}");
         }
         assert_eq!(m.streamable_len("Sure. [TOOL_", 0), "Sure. ".len());
-        let id = m.call_id();
+        let id = call_ids(Some(m))();
         assert!(
             id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
             "{id}"
         );
-        assert!(ToolCallParser::Hermes
-            .call_id()
-            .starts_with("chatcmpl-tool-"));
+        assert!(call_ids(Some(ToolCallParser::Hermes))().starts_with("chatcmpl-tool-"));
         assert!(m.keeps_special_tokens() && !ToolCallParser::Llama3Json.keeps_special_tokens());
     }
 
