@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# GuideLLM (vLLM's load generator) against `engine serve`, unmodified, beside `engine bench`
+# measuring the same server with the same shape of load: two clients timing one server.
+#
+#   pip install "guidellm==0.8.1"
+#   cargo build --release -p infer-engine
+#   bash scripts/guidellm_check.sh [MODEL]      # MODEL: a model directory or builtin:tiny
+#
+# Each client runs the load twice, alternating (guidellm, bench, guidellm, bench), so that
+# a drift of the shared machine shows as a spread within a client, not a gap between them:
+# a closed loop of 1 client, then of 4 ($STREAMS), $REQUESTS requests of $PROMPT prompt tokens (cut with
+# the served model's tokenizer by both) and exactly $OUTPUT output tokens (`ignore_eos`),
+# through /v1/completions (`engine bench` sends no other). Then guidellm once more through
+# /v1/chat/completions, its default, as a check that every request is answered.
+# Prefix caching is off: guidellm's prompts and the scenario's differ, and a cached prefix
+# would favour whichever repeats more. The server's /metrics before and after each run give
+# its own mean TTFT, gap between tokens and E2E over the run, which each client's figures are
+# set beside. Exit status 1 when a client fails a request, or when `engine bench`'s mean TTFT,
+# TPOT or E2E differs from the server's own for the same run by more than $TOLERANCE (a
+# fraction, default 0.05) and 1 ms. guidellm's are shown, not judged. Between the clients
+# more than timing differs: when each stream sends its next request shapes how the server
+# batches them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=${1:-builtin:tiny}
+PORT=${PORT:-8124}
+OUT=${OUT:-runs/guidellm}
+ENGINE=${ENGINE:-target/release/engine}
+STREAMS=${STREAMS:-1 4}
+REQUESTS=${REQUESTS:-48}
+PROMPT=${PROMPT:-256}
+OUTPUT=${OUTPUT:-64}
+TOLERANCE=${TOLERANCE:-0.05}
+# The server and the client each on their own cores: a client that takes CPU from the server
+# (guidellm is Python, in several processes) would make the server slower, not its timing worse.
+SERVER_CPUS=${SERVER_CPUS:-0}
+CLIENT_CPUS=${CLIENT_CPUS:-1}
+export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+rm -rf "$OUT" && mkdir -p "$OUT"
+
+taskset -c "$SERVER_CPUS" "$ENGINE" serve --model "$MODEL" --port "$PORT" --no-enable-prefix-caching \
+    > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 600); do
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+    kill -0 $SERVER 2>/dev/null || { cat "$OUT/serve.log"; exit 1; }
+    sleep 0.5
+done
+# The served name and the directory the weights and tokenizer came from (`root`).
+read -r NAME DIR < <(curl -s "http://127.0.0.1:$PORT/v1/models" \
+    | python3 -c 'import json,sys; m=json.load(sys.stdin)["data"][0]; print(m["id"], m["root"])')
+echo "serving $NAME from $DIR"
+
+# The server's own timing of a run: its /metrics before and after.
+scrape() { curl -sf "http://127.0.0.1:$PORT/metrics" > "$OUT/$1.prom"; }
+guidellm_run() { # ROUTE STREAMS TAG
+    scrape "$3.before"
+    taskset -c "$CLIENT_CPUS" guidellm run \
+        --backend "kind=openai_http,target=http://127.0.0.1:$PORT,model=$NAME,request_format=$1" \
+        --profile "kind=concurrent,streams=$2" \
+        --constraint "kind=max_requests,count=$REQUESTS" \
+        --data "kind=synthetic_text,prompt_tokens=$PROMPT,output_tokens=$OUTPUT" \
+        --tokenizer "kind=huggingface_auto,model=$DIR" \
+        --output "kind=json,path=$OUT/$3.json" \
+        --disable-console-interactive > "$OUT/$3.log" 2>&1 \
+        || { tail -30 "$OUT/$3.log"; exit 1; }
+    scrape "$3.after"
+}
+bench_run() { # STREAMS TAG
+    scrape "$2.before"
+    taskset -c "$CLIENT_CPUS" "$ENGINE" bench --scenario scenarios/paged_attention.toml --server "http://127.0.0.1:$PORT" \
+        --tokenizer "$DIR" --no-progress --out "$OUT/$2" \
+        --set "workload.num_requests=$REQUESTS" --set workload.warmup_requests=0 \
+        --set "workload.prompt_tokens=$PROMPT" --set "workload.output_tokens=$OUTPUT" \
+        --set workload.ignore_eos=true \
+        --set arrival.kind=concurrency --set "arrival.max_concurrency=$1" \
+        > "$OUT/$2.log" 2>&1 || { tail -30 "$OUT/$2.log"; exit 1; }
+    scrape "$2.after"
+}
+for streams in $STREAMS; do
+    for round in 1 2; do
+        echo "== $streams streams, round $round: guidellm, then engine bench"
+        guidellm_run /v1/completions "$streams" "guidellm-c$streams-$round"
+        bench_run "$streams" "bench-c$streams-$round"
+    done
+done
+echo "== guidellm through /v1/chat/completions"
+guidellm_run /v1/chat/completions 4 guidellm-chat
+
+python3 - "$OUT" "$TOLERANCE" "$REQUESTS" $STREAMS <<'EOF'
+import json, statistics, sys
+out, tolerance, requests = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+streams = sys.argv[4:]
+
+def guidellm(tag):
+    b = json.load(open(f"{out}/{tag}.json"))["benchmarks"][0]
+    m = b["metrics"]
+    ok = m["request_totals"]["successful"]
+    if ok != requests:
+        sys.exit(f"{tag}: {ok} of {requests} requests succeeded")
+    tokens = m["output_token_count"]["successful"]["total_sum"]
+    return {
+        "mean TTFT ms": m["time_to_first_token_ms"]["successful"]["mean"],
+        "median TTFT ms": m["time_to_first_token_ms"]["successful"]["median"],
+        # guidellm's inter-token latency is vLLM's TPOT: (E2E - TTFT) / (tokens - 1).
+        "mean TPOT ms": m["inter_token_latency_ms"]["successful"]["mean"],
+        "mean E2E ms": 1000 * m["request_latency"]["successful"]["mean"],
+        "output tok/s": tokens / b["duration"],
+        "output tokens": tokens,
+    }
+
+def bench(tag):
+    s = json.load(open(f"{out}/{tag}/summary.json"))
+    if s["completed"] != requests:
+        sys.exit(f"{tag}: {s['completed']} of {requests} requests completed")
+    return {
+        "mean TTFT ms": s["mean_ttft_ms"],
+        "median TTFT ms": s["median_ttft_ms"],
+        "mean TPOT ms": s["mean_tpot_ms"],
+        "mean E2E ms": s["mean_e2el_ms"],
+        "output tok/s": s["output_throughput"],
+        "output tokens": s["total_output_tokens"],
+    }
+
+guidellm("guidellm-chat")  # exits unless every request was answered
+print(f"guidellm through /v1/chat/completions: {requests} of {requests} requests answered")
+
+def server(tag):
+    """The server's means over the run: TTFT, the gap between tokens, E2E (vLLM's names).
+    Under `engine bench` they count its short test request too: 1 of 49."""
+    def read(which):
+        m = {}
+        for line in open(f"{out}/{tag}.{which}.prom"):
+            if line.startswith("vllm:") and ("_sum{" in line or "_count{" in line):
+                name, value = line.split("{")[0], float(line.rsplit(" ", 1)[1])
+                m[name] = m.get(name, 0) + value
+        return m
+    a, b = read("before"), read("after")
+    mean = lambda k: 1000 * (b[k + "_sum"] - a[k + "_sum"]) / (b[k + "_count"] - a[k + "_count"])
+    return {
+        "mean TTFT ms": mean("vllm:time_to_first_token_seconds"),
+        # Every request generates the same number of tokens: the mean gap is the mean TPOT.
+        "mean TPOT ms": mean("vllm:inter_token_latency_seconds"),
+        "mean E2E ms": mean("vllm:e2e_request_latency_seconds"),
+    }
+
+failed = False
+for c in streams:
+    runs = {n: [f(f"{n}-c{c}-{r}") for r in (1, 2)] for n, f in (("guidellm", guidellm), ("bench", bench))}
+    print(f"\n/v1/completions, {requests} requests from {c} stream(s); each client's two runs")
+    seen = {n: [server(f"{n}-c{c}-{r}") for r in (1, 2)] for n in ("guidellm", "bench")}
+    print("| figure | guidellm | server, under guidellm | engine bench | server, under bench | bench / guidellm |")
+    print("|---|---|---|---|---|---|")
+    fmt = lambda xs: " / ".join(f"{x:.1f}" for x in xs) if xs[0] is not None else "–"
+    for key in runs["guidellm"][0]:
+        g = [r[key] for r in runs["guidellm"]]
+        e = [r[key] for r in runs["bench"]]
+        sg = [r.get(key) for r in seen["guidellm"]]
+        se = [r.get(key) for r in seen["bench"]]
+        ratio = statistics.mean(e) / statistics.mean(g)
+        print(f"| {key} | {fmt(g)} | {fmt(sg)} | {fmt(e)} | {fmt(se)} | {ratio:.3f} |")
+    for key in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms"):
+        for r in (0, 1):
+            client, own = runs["bench"][r][key], seen["bench"][r][key]
+            if abs(client - own) > max(tolerance * own, 1.0):
+                failed = True
+                print(f"  engine bench's {key}, run {r + 1}: {client:.1f}, the server's {own:.1f}")
+sys.exit(1 if failed else 0)
+EOF
