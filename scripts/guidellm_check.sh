@@ -10,8 +10,9 @@
 # a drift of the shared machine shows as a spread within a client, not a gap between them:
 # a closed loop of 1 client, then of 4 ($STREAMS), $REQUESTS requests of $PROMPT prompt tokens (cut with
 # the served model's tokenizer by both) and exactly $OUTPUT output tokens (`ignore_eos`),
-# through /v1/completions (`engine bench` sends no other). Then guidellm once more through
-# /v1/chat/completions, its default, as a check that every request is answered.
+# through /v1/completions (`engine bench` sends no other). Then guidellm through
+# /v1/chat/completions, its default, and /v1/responses, as a check that every request is
+# answered.
 # Prefix caching is off: guidellm's prompts and the scenario's differ, and a cached prefix
 # would favour whichever repeats more. The server's /metrics before and after each run give
 # its own mean TTFT, gap between tokens and E2E over the run, which each client's figures are
@@ -85,8 +86,10 @@ for streams in $STREAMS; do
         bench_run "$streams" "bench-c$streams-$round"
     done
 done
-echo "== guidellm through /v1/chat/completions"
-guidellm_run /v1/chat/completions 4 guidellm-chat
+for route in chat/completions responses; do
+    echo "== guidellm through /v1/$route"
+    guidellm_run "/v1/$route" 4 "guidellm-${route%%/*}"
+done
 
 python3 - "$OUT" "$TOLERANCE" "$REQUESTS" $STREAMS <<'EOF'
 import json, statistics, sys
@@ -123,8 +126,9 @@ def bench(tag):
         "output tokens": s["total_output_tokens"],
     }
 
-guidellm("guidellm-chat")  # exits unless every request was answered
-print(f"guidellm through /v1/chat/completions: {requests} of {requests} requests answered")
+for route in ("chat/completions", "responses"):
+    guidellm(f"guidellm-{route.split('/')[0]}")  # exits unless every request was answered
+    print(f"guidellm through /v1/{route}: {requests} of {requests} requests answered")
 
 def server(tag):
     """The server's means over the run: TTFT, the gap between tokens, E2E (vLLM's names).

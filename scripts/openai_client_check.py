@@ -12,7 +12,10 @@ token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` an
 `max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
 reproducible, an unsupported parameter refused with 400 naming it, and tool calls under
 `tool_choice="auto"` (a regex makes the random model write a Hermes call) answered as
-`tool_calls`, streamed too (the SDK's stream helper accumulates them).
+`tool_calls`, streamed too (the SDK's stream helper accumulates them). The Responses API:
+the chat's text for the same messages, cut at `max_output_tokens`; streamed through the
+SDK's helper with a JSON schema; logprobs; a function call and its output sent back; a
+`previous_response_id` not found.
 """
 import json
 import sys
@@ -134,6 +137,54 @@ try:
 except openai.BadRequestError as err:
     check("auto tool choice", False, f"{err} (start the server with --enable-auto-tool-choice "
           "--tool-call-parser hermes)")
+
+# The Responses API (/v1/responses): the same generation as the chat it stands for.
+instructions, question = "Answer in one word.", "Where is the harbor?"
+chat = client.chat.completions.create(model=model, max_tokens=6, temperature=0, messages=[
+    {"role": "system", "content": instructions}, {"role": "user", "content": question}])
+r = client.responses.create(model=model, instructions=instructions, input=question,
+                            max_output_tokens=6, temperature=0)
+check("responses: the chat's text, cut at max_output_tokens",
+      r.output_text == chat.choices[0].message.content and r.status == "incomplete"
+      and r.incomplete_details.reason == "max_output_tokens" and r.usage.output_tokens == 6
+      and r.usage.input_tokens == chat.usage.prompt_tokens, (r.status, r.output_text))
+city = {"format": {"type": "json_schema", "name": "weather", "strict": True, "schema": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo"]}},
+    "required": ["city"], "additionalProperties": False}}}
+with client.responses.stream(model=model, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Which city?"}]}], text=city, max_output_tokens=60) as s:
+    deltas = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+    final = s.get_final_response()
+check("responses streamed (the SDK's helper), text.format json_schema",
+      deltas == final.output_text and json.loads(final.output_text) == {"city": "Oslo"}
+      and final.status == "completed", (final.status, deltas))
+r = client.responses.create(model=model, input="Hi", max_output_tokens=3, temperature=0,
+                            include=["message.output_text.logprobs"], top_logprobs=2)
+lps = r.output[0].content[0].logprobs
+check("responses logprobs (include), 2 alternatives a token",
+      len(lps) == 3 and all(len(t.top_logprobs) == 2 for t in lps), len(lps))
+flat_tools = [dict(type="function", **t["function"]) for t in tools]
+try:
+    r = client.responses.create(model=model, input="Weather in Oslo?", tools=flat_tools,
+                                temperature=0, max_output_tokens=100,
+                                extra_body={"structured_outputs": {"regex": hermes}})
+    calls = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+    check("responses: a function_call item after the message",
+          calls == [("get_weather", {"city": "Oslo"})] and r.output[0].type == "message"
+          and r.output_text == "Let me check. ", (r.output_text, calls))
+    call = r.output[-1]
+    turn = client.responses.create(model=model, max_output_tokens=2, input=[
+        {"role": "user", "content": "Weather in Oslo?"}, call,
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    check("responses: the call and its output sent back as input", turn.usage.input_tokens > 0)
+except openai.BadRequestError as err:
+    check("responses with tool_choice auto", False, err)
+try:
+    client.responses.create(model=model, input="Hi", previous_response_id="resp_none")
+    check("responses: previous_response_id not found (nothing is stored)", False, "accepted")
+except openai.NotFoundError as err:
+    check("responses: previous_response_id not found (nothing is stored)",
+          err.status_code == 404, err.status_code)
 
 print(f"{sum(checks)} of {len(checks)} checks passed")
 sys.exit(0 if all(checks) else 1)

@@ -2524,3 +2524,88 @@ async fn prompt_logprobs_score_the_prompt_as_vllm_answers_them() {
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_responses_api_answers_as_the_chat_it_stands_for() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let (status, chat) = post(
+        &client,
+        &format!("{base}/v1/chat/completions"),
+        json!({"messages": [{"role": "system", "content": "Be brief."},
+                            {"role": "user", "content": "Tell me about the lighthouse"}],
+               "max_tokens": 8, "temperature": 0, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    let text = chat["choices"][0]["message"]["content"].as_str().unwrap();
+
+    let ask = json!({"instructions": "Be brief.", "input": "Tell me about the lighthouse",
+                     "max_output_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let (status, whole) = post(&client, &format!("{base}/v1/responses"), ask.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    assert_eq!(whole["object"], "response");
+    assert_eq!(whole["output"][0]["content"][0]["text"], text);
+    assert_eq!(whole["status"], "incomplete");
+    assert_eq!(whole["output"][0]["status"], "incomplete");
+    assert_eq!(
+        whole["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_eq!(whole["usage"]["output_tokens"], 8);
+    assert_eq!(whole["store"], false);
+
+    // Streamed: each event named in its `event:` line, numbered in order, the deltas adding
+    // up to the same text, and the last event the whole response; no `[DONE]`.
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let (raw, events) = stream(&client, &format!("{base}/v1/responses"), &streamed).await;
+    assert!(!raw.contains("[DONE]"));
+    let names: Vec<&str> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(names, kinds);
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i, "{e}");
+    }
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, text);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.incomplete");
+    assert_eq!(last["response"]["id"], events[0]["response"]["id"]);
+    assert_eq!(last["response"]["output"][0]["content"][0]["text"], text);
+    assert_eq!(last["response"]["usage"], whole["usage"]);
+
+    // Errors in this endpoint's names.
+    for (body, code, param) in [
+        (
+            json!({"input": "x", "max_output_tokens": 1_000_000}),
+            400,
+            "max_output_tokens",
+        ),
+        (json!({"input": "x", "model": "other"}), 404, "model"),
+        (json!({"input": "x", "n": 2}), 400, "n"),
+        (
+            json!({"input": "x", "previous_response_id": "resp_1"}),
+            404,
+            "previous_response_id",
+        ),
+    ] {
+        let (status, v) = post(&client, &format!("{base}/v1/responses"), body.clone()).await;
+        assert_eq!(status, code, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+    let (status, _) = get_json(&client, format!("{base}/v1/responses/resp_1")).await;
+    assert_eq!(status, 404);
+    server.stop().await;
+}

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream::Stream;
+use futures_util::stream::{Stream, StreamExt};
 use infer_core::AddError;
 use serde_json::{json, Value};
 
@@ -82,6 +82,41 @@ pub(super) async fn generate(
     // In the request path until the engine has it (or the request is refused).
     let in_path = state.inner.request_path.enter();
     let body = body_or_error(body).await?;
+    let started = start(&state, &body, endpoint, arrival, in_path).await?;
+    if started.stream {
+        Ok(Sse::new(sse_stream(started)).into_response())
+    } else {
+        collect(started).await
+    }
+}
+
+/// A request the engine has taken: where its answer is read from.
+pub(super) struct Started {
+    rx: Inbox,
+    /// Aborts the request's sequences if the answer is dropped before they end.
+    guard: AbortOnDrop,
+    meta: ResponseMeta,
+    /// The request asked for a stream of chunks.
+    pub stream: bool,
+}
+
+impl Started {
+    /// The response's id (`chatcmpl-…`, `cmpl-…`).
+    pub fn id(&self) -> &str {
+        &self.meta.id
+    }
+}
+
+/// Parses a completion or chat request (`body`), checks it, and hands it to the engine,
+/// which has accepted or refused every prompt of it when this returns. `in_path` is held
+/// until then.
+pub(super) async fn start(
+    state: &AppState,
+    body: &serde_json::Map<String, Value>,
+    endpoint: Endpoint,
+    arrival: Instant,
+    in_path: super::request_path::InPath,
+) -> Result<Started, ApiError> {
     let s = &state.inner;
     let mut req: GenerationRequest =
         api::parse_request_with(&body, endpoint, &s.sampling_defaults)?;
@@ -158,7 +193,7 @@ pub(super) async fn generate(
             + Value::Object(template.kwargs.clone()).to_string().len()
             + grammar_bytes
             + stop.iter().map(String::len).sum::<usize>();
-        off_thread(&state, bytes, move |s| {
+        off_thread(state, bytes, move |s| {
             let tokens = prompts
                 .iter()
                 .enumerate()
@@ -310,11 +345,12 @@ pub(super) async fn generate(
         parallel_tool_calls: req.parallel_tool_calls,
         grammar_param: req.structured.as_ref().map(|r| r.param),
     };
-    if req.stream {
-        Ok(Sse::new(sse_stream(rx, guard, meta)).into_response())
-    } else {
-        collect(rx, guard, meta).await
-    }
+    Ok(Started {
+        rx,
+        guard,
+        meta,
+        stream: req.stream,
+    })
 }
 
 /// The tokens a prompt of `prompt_len` may generate: `asked`, or as many as fit (the
@@ -670,11 +706,25 @@ struct StreamedChoice {
     content_sent: usize,
 }
 
-fn sse_stream(
-    mut rx: Inbox,
-    guard: AbortOnDrop,
-    meta: ResponseMeta,
-) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
+/// A started request's answer as SSE: its chunks, then `[DONE]`.
+fn sse_stream(started: Started) -> impl Stream<Item = Result<SseEvent, std::convert::Infallible>> {
+    chunks(started)
+        .map(|chunk| Ok(SseEvent::default().data(chunk.to_string())))
+        .chain(futures_util::stream::once(async {
+            Ok(SseEvent::default().data("[DONE]"))
+        }))
+}
+
+/// A started request's chunks as they are generated, the last carrying the usage when
+/// asked; an error body ends them early. Dropping the stream (the client went away) aborts
+/// the request.
+pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
+    let Started {
+        mut rx,
+        guard,
+        meta,
+        ..
+    } = started;
     async_stream::stream! {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
@@ -701,7 +751,7 @@ fn sse_stream(
                             let chunk = meta.chunk(index, &echo.text, lp, None, true);
                             let chunk = meta.with_running_usage(chunk, index, 0);
                             c.sent_chars += echo.text.chars().count();
-                            yield Ok(SseEvent::default().data(chunk.to_string()));
+                            yield chunk;
                         }
                     }
                     let (text, lp) = if !meta.keep_generated {
@@ -728,7 +778,7 @@ fn sse_stream(
                             chunk["choices"][0]["stop_reason"] = stop_reason_json(stop_reason.as_ref());
                         }
                         let chunk = meta.with_running_usage(chunk, index, c.generated);
-                        yield Ok(SseEvent::default().data(chunk.to_string()));
+                        yield chunk;
                     }
                     c.first = false;
                     c.sent_chars += text.chars().count();
@@ -740,7 +790,7 @@ fn sse_stream(
                             if meta.include_usage {
                                 let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
                                 let u = meta.body(true, json!([]), Some(meta.usage_of(&finished)));
-                                yield Ok(SseEvent::default().data(u.to_string()));
+                                yield u;
                             }
                             break;
                         }
@@ -748,13 +798,12 @@ fn sse_stream(
                 }
                 StreamEvent::Error(msg) => {
                     // The other choices end with the stream (the guard aborts them).
-                    yield Ok(SseEvent::default().data(meta.failure(msg).body().to_string()));
+                    yield meta.failure(msg).body();
                     break;
                 }
                 StreamEvent::Accepted | StreamEvent::Rejected(_) => {}
             }
         }
-        yield Ok(SseEvent::default().data("[DONE]"));
     }
 }
 
@@ -776,11 +825,13 @@ fn stop_reason_json(r: Option<&StopReason>) -> Value {
     }
 }
 
-async fn collect(
-    mut rx: Inbox,
-    mut guard: AbortOnDrop,
-    meta: ResponseMeta,
-) -> Result<Response, ApiError> {
+async fn collect(started: Started) -> Result<Response, ApiError> {
+    let Started {
+        mut rx,
+        mut guard,
+        meta,
+        ..
+    } = started;
     let mut choices: Vec<Choice> = (0..meta.choices()).map(|_| Choice::default()).collect();
     let mut open = choices.len();
     let mut echoed: Vec<Option<Vec<TokenLogprob>>> = vec![None; meta.prompt_lens.len()];
@@ -1132,9 +1183,13 @@ mod tests {
             commands: mpsc::channel().0,
             done: false,
         };
-        let body = Sse::new(sse_stream(rx, guard, meta))
-            .into_response()
-            .into_body();
+        let started = Started {
+            rx,
+            guard,
+            meta,
+            stream: true,
+        };
+        let body = Sse::new(sse_stream(started)).into_response().into_body();
         let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
         String::from_utf8(bytes.to_vec())
             .unwrap()

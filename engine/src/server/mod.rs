@@ -17,6 +17,7 @@ mod outbox;
 mod pace;
 mod prompt;
 pub mod request_path;
+mod responses;
 mod routes;
 pub mod step_log;
 pub mod structured;
@@ -474,6 +475,7 @@ fn router(state: AppState, limits: http::HttpLimits) -> Router {
         .route("/server_info", get(get_server_info))
         .route("/kv_event_sources", get(kv_event_sources))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found("path", format!("no route for {uri}"))
         })
@@ -483,6 +485,7 @@ fn router(state: AppState, limits: http::HttpLimits) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses::responses))
         .route("/health_generate", get(health_generate));
     cheap
         .merge(work)

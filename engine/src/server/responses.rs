@@ -1,0 +1,1234 @@
+//! `/v1/responses`: OpenAI's Responses API, text in and text out, as vLLM serves it. A
+//! request is read as the chat completion it asks for (`instructions` and `input` become
+//! the messages), which then runs as any chat does; the chat's chunks are told as the
+//! Responses API's events, or gathered into its one response object, by one [`Answer`], so
+//! that a stream and a whole answer agree. Nothing is stored: a response says `store:
+//! false`, and a `previous_response_id` or a retrieval is answered 404, as vLLM answers
+//! them unless its store is enabled.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::StreamExt;
+use serde_json::{json, Map, Value};
+
+use super::api::{ApiError, Endpoint};
+use super::completions::{chunks, start};
+use super::prompt::body_or_error;
+use super::AppState;
+
+/// `include` values: the one this server honours.
+const OUTPUT_LOGPROBS: &str = "message.output_text.logprobs";
+
+/// Fields a response repeats from its request, with the value it says when the request
+/// left them out. `store` is always false (nothing is kept) and `truncation` "disabled".
+const ECHOED: &[(&str, fn() -> Value)] = &[
+    ("instructions", || Value::Null),
+    ("max_output_tokens", || Value::Null),
+    ("max_tool_calls", || Value::Null),
+    ("metadata", || Value::Null),
+    ("parallel_tool_calls", || json!(true)),
+    ("prompt_cache_key", || Value::Null),
+    ("reasoning", || Value::Null),
+    ("safety_identifier", || Value::Null),
+    ("service_tier", || json!("auto")),
+    ("text", || json!({"format": {"type": "text"}})),
+    ("tool_choice", || json!("auto")),
+    ("tools", || json!([])),
+    ("top_logprobs", || json!(0)),
+    ("user", || Value::Null),
+];
+
+/// vLLM's sampling fields beyond OpenAI's, taken by this endpoint as by a chat.
+const PASSED_TO_CHAT: &[&str] = &[
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "stop",
+    "ignore_eos",
+    "seed",
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "structured_outputs",
+];
+
+/// Fields read here, beside [`ECHOED`] and [`PASSED_TO_CHAT`].
+const READ_HERE: &[&str] = &[
+    "input",
+    "stream",
+    "stream_options",
+    "store",
+    "include",
+    "previous_response_id",
+    "background",
+    "truncation",
+    "prompt",
+    "conversation",
+    "chat_template_kwargs",
+];
+
+pub(super) async fn responses(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    respond(state, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `GET /v1/responses/{id}`: nothing is stored, so no response is found.
+pub(super) async fn retrieve(Path(id): Path<String>) -> ApiError {
+    not_stored("response_id", &id)
+}
+
+fn not_stored(param: &str, id: &str) -> ApiError {
+    ApiError::not_found(
+        param,
+        format!("Response with id '{id}' not found: this server stores no responses"),
+    )
+}
+
+async fn respond(
+    state: AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let in_path = state.inner.request_path.enter();
+    let body = body_or_error(body).await?;
+    let defaults = &state.inner.sampling_defaults;
+    let defaults: Map<String, Value> = [
+        ("temperature", defaults.temperature),
+        ("top_p", defaults.top_p),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| Some((k.to_string(), json!(v?))))
+    .collect();
+    let request = read_request(&body, &defaults)?;
+    let started = start(&state, &request.chat, Endpoint::Chat, arrival, in_path)
+        .await
+        .map_err(as_responses_error)?;
+    let suffix = started.id().trim_start_matches("chatcmpl-").to_string();
+    let created_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut answer = Answer::new(&suffix, created_at, &state.inner.model_name, request.echo);
+    let mut chunks = Box::pin(chunks(started));
+    if !request.stream {
+        while let Some(chunk) = chunks.next().await {
+            if let Some(e) = chunk.get("error") {
+                return Err(error_of(e));
+            }
+            answer.take(&chunk);
+        }
+        answer.end();
+        return Ok(Json(answer.response("completed")).into_response());
+    }
+    let events = async_stream::stream! {
+        for event in answer.opening() {
+            yield event;
+        }
+        while let Some(chunk) = chunks.next().await {
+            if let Some(e) = chunk.get("error") {
+                yield answer.event("error", json!({"error": e}));
+                return;
+            }
+            for event in answer.take(&chunk) {
+                yield event;
+            }
+        }
+        for event in answer.end() {
+            yield event;
+        }
+    };
+    // Each event named in its `event:` line too, as OpenAI sends them; no `[DONE]`.
+    let sse = events.map(|e: Value| {
+        let kind = e["type"].as_str().unwrap_or_default().to_string();
+        Ok::<_, std::convert::Infallible>(SseEvent::default().event(kind).data(e.to_string()))
+    });
+    Ok(Sse::new(sse).into_response())
+}
+
+/// An error the chat path raised, told in this endpoint's names.
+fn as_responses_error(mut e: ApiError) -> ApiError {
+    e.param = e.param.map(|p| {
+        match p.as_str() {
+            "max_tokens" | "max_completion_tokens" => "max_output_tokens",
+            "response_format" => "text",
+            "logprobs" => "top_logprobs",
+            "prompt" => "input",
+            _ if p.starts_with("messages") => "input",
+            _ => return p,
+        }
+        .to_string()
+    });
+    e
+}
+
+/// An error body that arrived in the chat's stream, as this endpoint's error.
+fn error_of(e: &Value) -> ApiError {
+    let status = e["code"]
+        .as_u64()
+        .and_then(|c| axum::http::StatusCode::from_u16(c as u16).ok())
+        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    ApiError {
+        status,
+        param: e["param"].as_str().map(str::to_string),
+        ..ApiError::internal(e["message"].as_str().unwrap_or("generation failed"))
+    }
+}
+
+/// A Responses request, read.
+#[derive(Debug)]
+struct ResponsesRequest {
+    /// The chat completion request it asks for (always streamed, with its usage).
+    chat: Map<String, Value>,
+    /// What its response repeats ([`ECHOED`]).
+    echo: Map<String, Value>,
+    stream: bool,
+}
+
+fn bad(param: &str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(Some(param), message)
+}
+
+/// Reads a Responses request into the chat request it asks for. `defaults` are the model's
+/// sampling defaults (`temperature`, `top_p`), which the response repeats where the request
+/// set none.
+fn read_request(
+    body: &Map<String, Value>,
+    defaults: &Map<String, Value>,
+) -> Result<ResponsesRequest, ApiError> {
+    let known = |k: &str| {
+        ECHOED.iter().any(|(e, _)| *e == k) || PASSED_TO_CHAT.contains(&k) || READ_HERE.contains(&k)
+    };
+    if let Some((key, _)) = body.iter().find(|(k, v)| !v.is_null() && !known(k)) {
+        return Err(bad(
+            key,
+            format!("Unrecognized request argument supplied: {key}"),
+        ));
+    }
+    let given = |k: &str| body.get(k).filter(|v| !v.is_null());
+    if let Some(id) = given("previous_response_id") {
+        return Err(not_stored(
+            "previous_response_id",
+            id.as_str().unwrap_or_default(),
+        ));
+    }
+    for (key, why) in [
+        ("prompt", "prompt templates are not supported"),
+        (
+            "conversation",
+            "conversations are not supported: this server stores no state; send the turns in input",
+        ),
+    ] {
+        if given(key).is_some() {
+            return Err(bad(key, why));
+        }
+    }
+    if given("background").is_some_and(|v| v != &json!(false)) {
+        return Err(bad(
+            "background",
+            "background responses are not supported: this server stores no responses",
+        ));
+    }
+    match given("truncation").map(|v| v.as_str()) {
+        None | Some(Some("disabled")) => {}
+        Some(_) => {
+            return Err(bad(
+                "truncation",
+                "only \"disabled\" is supported: a prompt past the context is refused",
+            ))
+        }
+    }
+    if let Some(store) = given("store") {
+        store
+            .as_bool()
+            .ok_or_else(|| bad("store", "store must be a boolean"))?;
+    }
+    let stream = match given("stream") {
+        None => false,
+        Some(v) => v
+            .as_bool()
+            .ok_or_else(|| bad("stream", "stream must be a boolean"))?,
+    };
+    if let Some(options) = given("stream_options") {
+        if !stream {
+            return Err(bad("stream_options", "stream_options requires stream"));
+        }
+        let obfuscation = options.get("include_obfuscation");
+        let other = options.as_object().and_then(|o| {
+            o.keys()
+                .find(|k| k.as_str() != "include_obfuscation")
+                .cloned()
+        });
+        if let Some(key) = other {
+            return Err(bad(
+                "stream_options",
+                format!("unknown stream option {key}"),
+            ));
+        }
+        if obfuscation.is_some_and(|v| v == &json!(true)) {
+            return Err(bad(
+                "stream_options",
+                "include_obfuscation is not supported: events carry no padding",
+            ));
+        }
+    }
+    let logprobs = match given("include") {
+        None => false,
+        Some(Value::Array(list)) => {
+            for item in list {
+                if item.as_str() != Some(OUTPUT_LOGPROBS) {
+                    return Err(bad(
+                        "include",
+                        format!("{item} is not supported; only \"{OUTPUT_LOGPROBS}\" is"),
+                    ));
+                }
+            }
+            !list.is_empty()
+        }
+        Some(_) => return Err(bad("include", "include must be a list")),
+    };
+
+    let mut chat = Map::new();
+    for key in PASSED_TO_CHAT {
+        if let Some(v) = given(key) {
+            chat.insert(key.to_string(), v.clone());
+        }
+    }
+    let (messages, continue_final) = messages(given("instructions"), body.get("input"))?;
+    chat.insert("messages".into(), Value::Array(messages));
+    if continue_final {
+        chat.insert("continue_final_message".into(), json!(true));
+        chat.insert("add_generation_prompt".into(), json!(false));
+    }
+    chat.insert("stream".into(), json!(true));
+    chat.insert("stream_options".into(), json!({"include_usage": true}));
+    if let Some(max) = given("max_output_tokens") {
+        chat.insert("max_tokens".into(), max.clone());
+    }
+    if logprobs {
+        chat.insert("logprobs".into(), json!(true));
+        if let Some(k) = given("top_logprobs") {
+            chat.insert("top_logprobs".into(), k.clone());
+        }
+    }
+    if let Some(format) = given("text") {
+        if let Some(format) = response_format(format)? {
+            chat.insert("response_format".into(), format);
+        }
+    }
+    if let Some(tools) = given("tools") {
+        chat.insert("tools".into(), chat_tools(tools)?);
+    }
+    if let Some(choice) = given("tool_choice") {
+        chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
+    }
+    let mut kwargs = match given("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            return Err(bad(
+                "chat_template_kwargs",
+                "chat_template_kwargs must be an object",
+            ))
+        }
+    };
+    if let Some(reasoning) = given("reasoning") {
+        let Some(r) = reasoning.as_object() else {
+            return Err(bad("reasoning", "reasoning must be an object"));
+        };
+        for (key, value) in r.iter().filter(|(_, v)| !v.is_null()) {
+            match key.as_str() {
+                // As vLLM: the template reads the effort (gpt-oss's, Qwen3's …).
+                "effort" => {
+                    kwargs.insert("reasoning_effort".into(), value.clone());
+                }
+                _ => {
+                    return Err(bad(
+                        "reasoning",
+                        format!("reasoning.{key} is not supported; only effort is"),
+                    ))
+                }
+            }
+        }
+    }
+    if !kwargs.is_empty() {
+        chat.insert("chat_template_kwargs".into(), Value::Object(kwargs));
+    }
+
+    let mut echo = Map::new();
+    for (key, default) in ECHOED {
+        echo.insert(key.to_string(), given(key).cloned().unwrap_or_else(default));
+    }
+    for key in ["temperature", "top_p"] {
+        let value = given(key)
+            .or_else(|| defaults.get(key))
+            .cloned()
+            .unwrap_or(json!(1.0));
+        echo.insert(key.into(), value);
+    }
+    echo.insert("store".into(), json!(false));
+    echo.insert("truncation".into(), json!("disabled"));
+    echo.insert("background".into(), json!(false));
+    echo.insert("previous_response_id".into(), Value::Null);
+    Ok(ResponsesRequest { chat, echo, stream })
+}
+
+/// The chat messages of `instructions` and `input`, and whether the model continues the
+/// last one (an assistant message `in_progress` or `incomplete`, as vLLM reads it).
+fn messages(
+    instructions: Option<&Value>,
+    input: Option<&Value>,
+) -> Result<(Vec<Value>, bool), ApiError> {
+    let mut out = Vec::new();
+    match instructions {
+        None => {}
+        Some(Value::String(s)) => out.push(json!({"role": "system", "content": s})),
+        Some(_) => return Err(bad("instructions", "instructions must be a string")),
+    }
+    let items = match input {
+        Some(Value::String(s)) => {
+            out.push(json!({"role": "user", "content": s}));
+            return Ok((out, false));
+        }
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(Value::Array(_)) => return Err(bad("input", "input cannot be empty")),
+        None | Some(Value::Null) => return Err(bad("input", "input is required")),
+        Some(_) => return Err(bad("input", "input must be a string or a list of items")),
+    };
+    let mut continue_final = false;
+    for (i, item) in items.iter().enumerate() {
+        let param = format!("input[{i}]");
+        let kind = item.get("type").and_then(Value::as_str);
+        let field = |k: &str| -> Result<String, ApiError> {
+            match item.get(k) {
+                Some(Value::String(s)) => Ok(s.clone()),
+                _ => Err(bad(
+                    &param,
+                    format!("a {} item needs a string {k}", kind.unwrap_or("message")),
+                )),
+            }
+        };
+        continue_final = false;
+        match kind {
+            None | Some("message") => {
+                let role = match item.get("role").and_then(Value::as_str) {
+                    Some("developer") => "system",
+                    Some(role @ ("user" | "system" | "assistant")) => role,
+                    _ => {
+                        return Err(bad(
+                            &param,
+                            "a message's role must be user, system, developer or assistant",
+                        ))
+                    }
+                };
+                let text = content_text(item.get("content"), &param)?;
+                continue_final = role == "assistant"
+                    && matches!(
+                        item.get("status").and_then(Value::as_str),
+                        Some("in_progress" | "incomplete")
+                    );
+                out.push(json!({"role": role, "content": text}));
+            }
+            Some("function_call") => {
+                let call = json!({"id": field("call_id")?, "type": "function",
+                    "function": {"name": field("name")?, "arguments": field("arguments")?}});
+                // Calls made in one turn are one assistant message's.
+                match out.last_mut() {
+                    Some(last) if last["role"] == "assistant" => {
+                        match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                            Some(calls) => calls.push(call),
+                            None => last["tool_calls"] = json!([call]),
+                        }
+                    }
+                    _ => {
+                        out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}))
+                    }
+                }
+            }
+            Some("function_call_output") => {
+                let output = content_text(item.get("output"), &param)?;
+                out.push(
+                    json!({"role": "tool", "tool_call_id": field("call_id")?, "content": output}),
+                );
+            }
+            Some(other) => {
+                return Err(bad(
+                    &param,
+                    format!(
+                        "{other} items are not supported: input takes messages, function_call \
+                         and function_call_output items"
+                    ),
+                ))
+            }
+        }
+    }
+    Ok((out, continue_final))
+}
+
+/// A message's content as text: a string, or its text parts (`input_text`, `output_text`)
+/// a line apart.
+fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+    match content {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("input_text" | "output_text" | "text"), Some(t)) => Ok(t),
+                    (kind, _) => Err(bad(
+                        param,
+                        format!(
+                            "only text content parts are supported, not {}",
+                            kind.unwrap_or("a part without a type")
+                        ),
+                    )),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|texts| texts.join("\n")),
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(_) => Err(bad(param, "content must be a string or a list of parts")),
+    }
+}
+
+/// `text.format` as a chat's `response_format` (none for plain text).
+fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
+    let Some(text) = text.as_object() else {
+        return Err(bad("text", "text must be an object"));
+    };
+    if let Some((key, _)) = text
+        .iter()
+        .find(|(k, v)| !v.is_null() && k.as_str() != "format")
+    {
+        return Err(bad("text", format!("text.{key} is not supported")));
+    }
+    let Some(format) = text.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let mut schema = format.clone();
+            let object = schema.as_object_mut().expect("an object: it has a type");
+            object.remove("type");
+            Ok(Some(json!({"type": "json_schema", "json_schema": schema})))
+        }
+        _ => Err(bad(
+            "text",
+            "text.format.type must be text, json_object or json_schema",
+        )),
+    }
+}
+
+/// Function tools (`{"type": "function", "name", "description", "parameters", "strict"}`)
+/// as a chat's (`{"type": "function", "function": {…}}`).
+fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
+    let Some(tools) = tools.as_array() else {
+        return Err(bad("tools", "tools must be a list"));
+    };
+    tools
+        .iter()
+        .map(|t| {
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(bad(
+                    "tools",
+                    format!(
+                        "only function tools are supported, not {}",
+                        t.get("type").unwrap_or(&Value::Null)
+                    ),
+                ));
+            }
+            let mut function = t.as_object().cloned().unwrap_or_default();
+            function.remove("type");
+            Ok(json!({"type": "function", "function": function}))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
+/// `tool_choice` as a chat's: the same words, or a named function.
+fn chat_tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    match choice {
+        Value::String(s) if ["auto", "none", "required"].contains(&s.as_str()) => {
+            Ok(choice.clone())
+        }
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            match o.get("name").and_then(Value::as_str) {
+                Some(name) => Ok(json!({"type": "function", "function": {"name": name}})),
+                None => Err(bad("tool_choice", "a function tool choice needs a name")),
+            }
+        }
+        _ => Err(bad(
+            "tool_choice",
+            "tool_choice must be auto, none, required or {\"type\": \"function\", \"name\": …}",
+        )),
+    }
+}
+
+/// One item of a response's `output`.
+enum Item {
+    Message,
+    /// A function call, by its place in [`Answer::calls`].
+    Call(usize),
+}
+
+struct Call {
+    id: String,
+    call_id: String,
+    name: String,
+    arguments: String,
+}
+
+/// A response as the chat's chunks build it: its events as they come, and the whole.
+struct Answer {
+    /// What every id of the response ends with.
+    suffix: String,
+    created_at: u64,
+    model: String,
+    echo: Map<String, Value>,
+    output: Vec<Item>,
+    /// The message is open (its text may grow).
+    message_open: bool,
+    text: String,
+    logprobs: Vec<Value>,
+    /// Logprobs of tokens whose text has not been sent yet.
+    pending_logprobs: Vec<Value>,
+    calls: Vec<Call>,
+    /// The chat's finish reason.
+    finish: Option<String>,
+    usage: Option<Value>,
+    sequence: u64,
+}
+
+impl Answer {
+    fn new(suffix: &str, created_at: u64, model: &str, echo: Map<String, Value>) -> Self {
+        Answer {
+            suffix: suffix.to_string(),
+            created_at,
+            model: model.to_string(),
+            echo,
+            output: Vec::new(),
+            message_open: false,
+            text: String::new(),
+            logprobs: Vec::new(),
+            pending_logprobs: Vec::new(),
+            calls: Vec::new(),
+            finish: None,
+            usage: None,
+            sequence: 0,
+        }
+    }
+
+    fn message_id(&self) -> String {
+        format!("msg_{}", self.suffix)
+    }
+
+    /// An event of `kind` with `fields`, numbered.
+    fn event(&mut self, kind: &str, fields: Value) -> Value {
+        let mut e = json!({"type": kind, "sequence_number": self.sequence});
+        self.sequence += 1;
+        if let (Some(e), Value::Object(fields)) = (e.as_object_mut(), fields) {
+            e.extend(fields);
+        }
+        e
+    }
+
+    /// The events that open a stream: the response created, and in progress.
+    fn opening(&mut self) -> Vec<Value> {
+        let response = self.response("in_progress");
+        vec![
+            self.event("response.created", json!({"response": response.clone()})),
+            self.event("response.in_progress", json!({"response": response})),
+        ]
+    }
+
+    fn message_index(&self) -> usize {
+        self.output
+            .iter()
+            .position(|i| matches!(i, Item::Message))
+            .expect("the message is open")
+    }
+
+    /// The message's text (`logprobs` empty unless asked, as OpenAI's).
+    fn part(&self) -> Value {
+        json!({"type": "output_text", "text": self.text, "annotations": [],
+               "logprobs": self.logprobs})
+    }
+
+    /// The message item; a finished one cut at `max_output_tokens` is `incomplete`, as
+    /// OpenAI marks it (sent back as input, it is continued).
+    fn message_item(&self, status: &str) -> Value {
+        let status = match status {
+            "completed" if self.finish.as_deref() == Some("length") => "incomplete",
+            _ => status,
+        };
+        let content = if status == "in_progress" {
+            json!([])
+        } else {
+            json!([self.part()])
+        };
+        json!({"type": "message", "id": self.message_id(), "status": status, "role": "assistant",
+               "content": content})
+    }
+
+    fn call_item(&self, index: usize, status: &str) -> Value {
+        let c = &self.calls[index];
+        json!({"type": "function_call", "id": c.id, "call_id": c.call_id, "name": c.name,
+               "arguments": if status == "in_progress" { "" } else { c.arguments.as_str() },
+               "status": status})
+    }
+
+    fn open_message(&mut self) -> Vec<Value> {
+        self.message_open = true;
+        self.output.push(Item::Message);
+        let (index, id) = (self.output.len() - 1, self.message_id());
+        let item = self.message_item("in_progress");
+        vec![
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ),
+            self.event(
+                "response.content_part.added",
+                json!({"output_index": index, "item_id": id, "content_index": 0,
+                       "part": {"type": "output_text", "text": "", "annotations": [],
+                                "logprobs": []}}),
+            ),
+        ]
+    }
+
+    fn close_message(&mut self) -> Vec<Value> {
+        self.message_open = false;
+        let (index, id) = (self.message_index(), self.message_id());
+        self.logprobs.append(&mut self.pending_logprobs);
+        let part = self.part();
+        let item = self.message_item("completed");
+        let done = json!({"output_index": index, "item_id": id, "content_index": 0,
+                          "text": self.text, "logprobs": self.logprobs});
+        vec![
+            self.event("response.output_text.done", done),
+            self.event(
+                "response.content_part.done",
+                json!({"output_index": index, "item_id": id, "content_index": 0, "part": part}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": index, "item": item}),
+            ),
+        ]
+    }
+
+    /// A chat chunk: its text, its tool calls, its finish and its usage; the events that
+    /// tell them.
+    fn take(&mut self, chunk: &Value) -> Vec<Value> {
+        let mut events = Vec::new();
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            self.usage = Some(usage.clone());
+        }
+        let Some(choice) = chunk["choices"].get(0) else {
+            return events;
+        };
+        if let Some(entries) = choice["logprobs"]["content"].as_array() {
+            self.pending_logprobs.extend(entries.iter().cloned());
+        }
+        let delta = &choice["delta"];
+        let text = delta["content"].as_str().unwrap_or_default();
+        if !text.is_empty() {
+            if !self.message_open {
+                events.extend(self.open_message());
+            }
+            self.text.push_str(text);
+            let logprobs = std::mem::take(&mut self.pending_logprobs);
+            self.logprobs.extend(logprobs.iter().cloned());
+            let (index, id) = (self.message_index(), self.message_id());
+            events.push(self.event(
+                "response.output_text.delta",
+                json!({"output_index": index, "item_id": id, "content_index": 0,
+                       "delta": text, "logprobs": logprobs}),
+            ));
+        }
+        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+            let at = call["index"].as_u64().unwrap_or(0) as usize;
+            if at >= self.calls.len() {
+                // Calls follow the message: it is whole once they begin.
+                if self.message_open {
+                    events.extend(self.close_message());
+                }
+                let call_id = call["id"].as_str().unwrap_or_default().to_string();
+                self.calls.push(Call {
+                    id: format!("fc_{}_{}", self.suffix, self.calls.len()),
+                    call_id,
+                    name: call["function"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    arguments: String::new(),
+                });
+                let index = self.calls.len() - 1;
+                self.output.push(Item::Call(index));
+                let item = self.call_item(index, "in_progress");
+                let output_index = self.output.len() - 1;
+                events.push(self.event(
+                    "response.output_item.added",
+                    json!({"output_index": output_index, "item": item}),
+                ));
+            }
+            let piece = call["function"]["arguments"].as_str().unwrap_or_default();
+            if !piece.is_empty() {
+                let index = at.min(self.calls.len() - 1);
+                self.calls[index].arguments.push_str(piece);
+                let output_index = self.output_index_of_call(index);
+                let id = self.calls[index].id.clone();
+                events.push(self.event(
+                    "response.function_call_arguments.delta",
+                    json!({"output_index": output_index, "item_id": id, "delta": piece}),
+                ));
+            }
+        }
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            self.finish = Some(reason.to_string());
+        }
+        events
+    }
+
+    fn output_index_of_call(&self, index: usize) -> usize {
+        self.output
+            .iter()
+            .position(|i| matches!(i, Item::Call(c) if *c == index))
+            .expect("every call is in the output")
+    }
+
+    /// The chat has ended: the items are closed (an answer with neither text nor calls is
+    /// an empty message), and the response is whole.
+    fn end(&mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        if self.output.is_empty() {
+            events.extend(self.open_message());
+        }
+        if self.message_open {
+            events.extend(self.close_message());
+        }
+        for index in 0..self.calls.len() {
+            let output_index = self.output_index_of_call(index);
+            let c = &self.calls[index];
+            let done = json!({"output_index": output_index, "item_id": c.id,
+                              "name": c.name, "arguments": c.arguments});
+            let item = self.call_item(index, "completed");
+            events.push(self.event("response.function_call_arguments.done", done));
+            events.push(self.event(
+                "response.output_item.done",
+                json!({"output_index": output_index, "item": item}),
+            ));
+        }
+        let response = self.response("completed");
+        let status = response["status"]
+            .as_str()
+            .unwrap_or("completed")
+            .to_string();
+        // OpenAI's last event names how the response ended.
+        events.push(self.event(&format!("response.{status}"), json!({"response": response})));
+        events
+    }
+
+    /// The response object: `in_progress` while it runs, else `completed`, or `incomplete`
+    /// where the output reached `max_output_tokens`.
+    fn response(&self, running: &str) -> Value {
+        let length = self.finish.as_deref() == Some("length");
+        let (status, incomplete) = match running {
+            "in_progress" => ("in_progress", Value::Null),
+            _ if length => ("incomplete", json!({"reason": "max_output_tokens"})),
+            _ => ("completed", Value::Null),
+        };
+        let output: Vec<Value> = if running == "in_progress" {
+            Vec::new()
+        } else {
+            self.output
+                .iter()
+                .map(|item| match item {
+                    Item::Message => self.message_item("completed"),
+                    Item::Call(i) => self.call_item(*i, "completed"),
+                })
+                .collect()
+        };
+        let usage = self.usage.as_ref().map(|u| {
+            json!({
+                "input_tokens": u["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+                "output_tokens": u["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": u["total_tokens"],
+            })
+        });
+        let mut r = json!({
+            "id": format!("resp_{}", self.suffix), "object": "response",
+            "created_at": self.created_at, "status": status, "error": null,
+            "incomplete_details": incomplete, "model": self.model, "output": output,
+            "usage": usage,
+        });
+        let object = r.as_object_mut().expect("an object");
+        for (k, v) in &self.echo {
+            object.insert(k.clone(), v.clone());
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> Result<ResponsesRequest, ApiError> {
+        read_request(body.as_object().unwrap(), &Map::new())
+    }
+
+    #[test]
+    fn instructions_and_input_become_the_chat_messages() {
+        let r =
+            request(json!({"instructions": "Be brief.", "input": "Hi", "max_output_tokens": 7}))
+                .unwrap();
+        assert_eq!(
+            r.chat["messages"],
+            json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+        );
+        assert_eq!(r.chat["max_tokens"], json!(7));
+        assert_eq!(r.chat["stream"], json!(true));
+        assert_eq!(r.echo["max_output_tokens"], json!(7));
+        assert_eq!(r.echo["store"], json!(false));
+        assert_eq!(r.echo["temperature"], json!(1.0));
+        assert!(!r.stream);
+
+        let r = request(json!({"input": [
+            {"role": "developer", "content": "Rules."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                            {"type": "input_text", "text": "b"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": "{\"x\":1}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            r.chat["messages"],
+            json!([
+                {"role": "system", "content": "Rules."},
+                {"role": "user", "content": "a\nb"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{\"x\":1}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+            ])
+        );
+        assert!(r.chat.get("continue_final_message").is_none());
+
+        // An assistant message still in progress is continued, not answered.
+        let r = request(json!({"input": [{"role": "user", "content": "Count"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "1, 2,"}],
+             "status": "in_progress"}]}))
+        .unwrap();
+        assert_eq!(r.chat["continue_final_message"], json!(true));
+        assert_eq!(r.chat["add_generation_prompt"], json!(false));
+    }
+
+    #[test]
+    fn tools_formats_and_logprobs_are_read_as_a_chat_reads_them() {
+        let r = request(json!({"input": "x", "stream": true,
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}}},
+            "include": [OUTPUT_LOGPROBS], "top_logprobs": 3,
+            "reasoning": {"effort": "low"}, "seed": 5, "ignore_eos": true}))
+        .unwrap();
+        assert!(r.stream);
+        assert_eq!(
+            r.chat["tools"],
+            json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": true}}])
+        );
+        assert_eq!(
+            r.chat["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        assert_eq!(
+            r.chat["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}})
+        );
+        assert_eq!(
+            (&r.chat["logprobs"], &r.chat["top_logprobs"]),
+            (&json!(true), &json!(3))
+        );
+        assert_eq!(
+            r.chat["chat_template_kwargs"],
+            json!({"reasoning_effort": "low"})
+        );
+        assert_eq!(
+            (&r.chat["seed"], &r.chat["ignore_eos"]),
+            (&json!(5), &json!(true))
+        );
+        // The response repeats the tools as they were sent.
+        assert_eq!(r.echo["tools"][0]["name"], json!("f"));
+
+        // Without `include`, top_logprobs asks for nothing (OpenAI's rule).
+        let r = request(json!({"input": "x", "top_logprobs": 3})).unwrap();
+        assert!(r.chat.get("logprobs").is_none());
+    }
+
+    #[test]
+    fn what_it_cannot_honour_is_refused_naming_the_field() {
+        for (body, param, status) in [
+            (
+                json!({"input": "x", "previous_response_id": "resp_1"}),
+                "previous_response_id",
+                404,
+            ),
+            (json!({"input": "x", "background": true}), "background", 400),
+            (
+                json!({"input": "x", "truncation": "auto"}),
+                "truncation",
+                400,
+            ),
+            (
+                json!({"input": "x", "include": ["file_search_call.results"]}),
+                "include",
+                400,
+            ),
+            (
+                json!({"input": "x", "tools": [{"type": "web_search"}]}),
+                "tools",
+                400,
+            ),
+            (json!({"input": "x", "prompt": {"id": "p"}}), "prompt", 400),
+            (
+                json!({"input": "x", "conversation": "c"}),
+                "conversation",
+                400,
+            ),
+            (
+                json!({"input": "x", "reasoning": {"summary": "auto"}}),
+                "reasoning",
+                400,
+            ),
+            (
+                json!({"input": "x", "text": {"verbosity": "low"}}),
+                "text",
+                400,
+            ),
+            (
+                json!({"input": "x", "stream_options": {}}),
+                "stream_options",
+                400,
+            ),
+            (json!({"input": "x", "n": 2}), "n", 400),
+            (
+                json!({"input": [{"type": "input_image", "image_url": "u"}]}),
+                "input[0]",
+                400,
+            ),
+            (
+                json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+                "input[0]",
+                400,
+            ),
+            (json!({"input": []}), "input", 400),
+            (json!({}), "input", 400),
+        ] {
+            let e = request(body.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
+            assert_eq!(e.status.as_u16(), status, "{body}");
+        }
+        // Accepted and answered truthfully: nothing is stored.
+        let r = request(json!({"input": "x", "store": true, "background": false,
+                               "truncation": "disabled", "stream": true,
+                               "stream_options": {"include_obfuscation": false}}))
+        .unwrap();
+        assert_eq!(r.echo["store"], json!(false));
+    }
+
+    fn chat_chunk(delta: Value, logprobs: Value, finish: Value) -> Value {
+        json!({"choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+    }
+
+    fn usage_chunk() -> Value {
+        json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                                         "prompt_tokens_details": {"cached_tokens": 2}}})
+    }
+
+    /// Every event a stream of `chunks` sends, and the response a whole answer gives.
+    fn told(chunks: &[Value]) -> (Vec<Value>, Value) {
+        let echo = request(json!({"input": "x"})).unwrap().echo;
+        let mut a = Answer::new("ab12", 9, "m", echo.clone());
+        let mut events = a.opening();
+        for c in chunks {
+            events.extend(a.take(c));
+        }
+        events.extend(a.end());
+        let mut whole = Answer::new("ab12", 9, "m", echo);
+        for c in chunks {
+            whole.take(c);
+        }
+        whole.end();
+        (events, whole.response("completed"))
+    }
+
+    #[test]
+    fn a_text_answer_is_told_as_openai_streams_it_and_adds_up_to_the_whole() {
+        let (events, whole) = told(&[
+            chat_chunk(
+                json!({"role": "assistant", "content": "Hel"}),
+                Value::Null,
+                Value::Null,
+            ),
+            chat_chunk(json!({"content": ""}), Value::Null, Value::Null),
+            chat_chunk(json!({"content": "lo"}), Value::Null, json!("length")),
+            usage_chunk(),
+        ]);
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.incomplete",
+            ]
+        );
+        let numbers: Vec<u64> = events
+            .iter()
+            .map(|e| e["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(numbers, (0..events.len() as u64).collect::<Vec<_>>());
+        let deltas: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(deltas, "Hello");
+        assert_eq!(events[0]["response"]["status"], "in_progress");
+        assert_eq!(events.last().unwrap()["response"], whole);
+        assert_eq!(whole["status"], "incomplete");
+        assert_eq!(
+            whole["incomplete_details"],
+            json!({"reason": "max_output_tokens"})
+        );
+        assert_eq!(whole["id"], "resp_ab12");
+        assert_eq!(whole["output"][0]["id"], "msg_ab12");
+        assert_eq!(whole["output"][0]["content"][0]["text"], "Hello");
+        assert_eq!(
+            whole["usage"],
+            json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 2},
+                   "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+                   "total_tokens": 8})
+        );
+    }
+
+    #[test]
+    fn tool_calls_become_function_call_items_after_the_message() {
+        let (events, whole) = told(&[
+            chat_chunk(
+                json!({"role": "assistant", "content": "Let me check."}),
+                Value::Null,
+                Value::Null,
+            ),
+            chat_chunk(
+                json!({"tool_calls": [
+                    {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":"}},
+                    {"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}),
+                Value::Null,
+                Value::Null,
+            ),
+            chat_chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+                Value::Null,
+                json!("tool_calls"),
+            ),
+            usage_chunk(),
+        ]);
+        assert_eq!(whole["status"], "completed");
+        let output = whole["output"].as_array().unwrap();
+        assert_eq!(output.len(), 3);
+        assert_eq!(output[0]["content"][0]["text"], "Let me check.");
+        assert_eq!(
+            output[1],
+            json!({"type": "function_call", "id": "fc_ab12_0", "call_id": "call_a", "name": "f",
+                   "arguments": "{\"x\":1}", "status": "completed"})
+        );
+        assert_eq!(output[2]["call_id"], "call_b");
+        // The message is done before the first call is added.
+        let at = |kind: &str, index: u64| {
+            events
+                .iter()
+                .position(|e| e["type"] == kind && e["output_index"] == index)
+                .unwrap()
+        };
+        assert!(at("response.output_item.done", 0) < at("response.output_item.added", 1));
+        let arguments: String = events
+            .iter()
+            .filter(|e| {
+                e["type"] == "response.function_call_arguments.delta" && e["output_index"] == 1
+            })
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(arguments, "{\"x\":1}");
+        assert_eq!(events.last().unwrap()["type"], "response.completed");
+    }
+
+    #[test]
+    fn logprobs_go_with_the_text_they_belong_to() {
+        let entry = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": t.as_bytes(), "top_logprobs": []});
+        // The first token's text is held back (half a character): its logprob waits for it.
+        let (events, whole) = told(&[
+            chat_chunk(
+                json!({"role": "assistant", "content": ""}),
+                json!({"content": [entry("\u{fffd}")]}),
+                Value::Null,
+            ),
+            chat_chunk(
+                json!({"content": "é!"}),
+                json!({"content": [entry("!")]}),
+                json!("stop"),
+            ),
+            usage_chunk(),
+        ]);
+        let delta = events
+            .iter()
+            .find(|e| e["type"] == "response.output_text.delta")
+            .unwrap();
+        assert_eq!(delta["logprobs"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            whole["output"][0]["content"][0]["logprobs"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+        // No text and no calls: an empty message, as OpenAI answers.
+        let (_, whole) = told(&[
+            chat_chunk(json!({"content": ""}), Value::Null, json!("stop")),
+            usage_chunk(),
+        ]);
+        assert_eq!(whole["output"][0]["content"][0]["text"], "");
+    }
+}
