@@ -587,7 +587,7 @@ fn bad_cases() -> Vec<BadCase> {
         ("function_call", json!("auto")),
         ("prompt_logprobs", json!(21)),
         ("use_beam_search", json!(true)),
-        ("truncate_prompt_tokens", json!(2)),
+        ("truncate_prompt_tokens", json!(0)),
         ("allowed_token_ids", json!([5])),
         ("bad_words", json!(["harbour"])),
         ("logits_processors", json!(["f"])),

@@ -2609,3 +2609,77 @@ async fn the_responses_api_answers_as_the_chat_it_stands_for() {
     assert_eq!(status, 404);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_prompt_tokens_keeps_the_prompts_last_tokens() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let (_, tok) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": "The harbour at dawn was quiet and grey"}),
+    )
+    .await;
+    let ids: Vec<u64> = (tok["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let last = ids[ids.len() - 3..].to_vec();
+    let greedy = json!({"max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (status, cut) = post(
+        &client,
+        &format!("{base}/v1/completions"),
+        with(
+            greedy.clone(),
+            json!({"prompt": "The harbour at dawn was quiet and grey", "truncate_prompt_tokens": 3,
+                   "echo": true}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{cut}");
+    let (_, alone) = post(
+        &client,
+        &format!("{base}/v1/completions"),
+        with(greedy.clone(), json!({"prompt": last})),
+    )
+    .await;
+    assert_eq!(cut["usage"]["prompt_tokens"], 3);
+    // The echo is the prompt as it ran: its last three tokens, decoded.
+    let (_, echoed) = post(
+        &client,
+        &format!("{base}/detokenize"),
+        json!({"tokens": last}),
+    )
+    .await;
+    let echo = echoed["prompt"].as_str().unwrap();
+    let text = cut["choices"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        text,
+        format!("{echo}{}", alone["choices"][0]["text"].as_str().unwrap())
+    );
+    // -1: the model's length, which this prompt is within.
+    let (status, v) = post(
+        &client,
+        &format!("{base}/v1/completions"),
+        with(
+            greedy.clone(),
+            json!({"prompt": "Hi", "truncate_prompt_tokens": -1}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = post(
+        &client,
+        &format!("{base}/v1/completions"),
+        with(
+            greedy,
+            json!({"prompt": "Hi", "truncate_prompt_tokens": 100_000}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(v["error"]["param"], "truncate_prompt_tokens");
+    server.stop().await;
+}

@@ -131,6 +131,9 @@ pub struct GenerationRequest {
     /// vLLM's `prompt_logprobs`: each prompt token's logprob and rank with this many most
     /// likely alternatives (0: none), in the response beside the choices' logprobs.
     pub prompt_logprobs: Option<usize>,
+    /// vLLM's `truncate_prompt_tokens`: each prompt keeps its last this many tokens
+    /// (`None` for the model's length: vLLM's -1), after tokenising.
+    pub truncate_prompt: Option<Truncation>,
     /// Logprobs name each token `token_id:N` rather than by its text (vLLM's
     /// `return_tokens_as_token_ids`): distinct ids that decode alike stay distinct.
     pub tokens_as_ids: bool,
@@ -209,7 +212,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v == "none"),
     ("use_beam_search", |v| v == &Value::Bool(false)),
-    ("truncate_prompt_tokens", |_| false),
     ("allowed_token_ids", |_| false),
     ("bad_words", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("logits_processors", |v| {
@@ -264,6 +266,7 @@ const KNOWN: &[&str] = &[
     "return_tokens_as_token_ids",
     "ignore_eos",
     "prompt_logprobs",
+    "truncate_prompt_tokens",
     "max_tokens",
     "min_tokens",
     "temperature",
@@ -468,6 +471,19 @@ pub fn parse_request_with(
         ));
     }
     let prompt_logprobs = prompt_logprobs.filter(|_| !stream);
+    let truncate_prompt = match f.int("truncate_prompt_tokens")? {
+        None => None,
+        Some(-1) => Some(Truncation::ModelLength),
+        Some(k) if k >= 1 => Some(Truncation::Keep(k as usize)),
+        Some(k) => {
+            return Err(ApiError::bad_request(
+                Some("truncate_prompt_tokens"),
+                format!(
+                    "truncate_prompt_tokens must be -1 (the model's length) or at least 1, got {k}"
+                ),
+            ))
+        }
+    };
     let usage = parse_stream_options(body.get("stream_options"), stream)?;
     let (structured, tools) = super::structured::parse(body, endpoint)?;
     let tokens_as_ids = f.bool("return_tokens_as_token_ids")?.unwrap_or(false);
@@ -506,6 +522,7 @@ pub fn parse_request_with(
         n: n as usize,
         echo,
         prompt_logprobs,
+        truncate_prompt,
         tokens_as_ids,
         structured,
         template: match endpoint {
@@ -515,6 +532,15 @@ pub fn parse_request_with(
         auto_tools: tools.auto,
         parallel_tool_calls: tools.parallel,
     })
+}
+
+/// How far a prompt is cut from the left (vLLM's `truncate_prompt_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Truncation {
+    /// To its last this many tokens.
+    Keep(usize),
+    /// To the model's length (-1).
+    ModelLength,
 }
 
 /// A `/tokenize` body, as vLLM takes it: a completion's `prompt` (a text) or a chat's
@@ -1367,7 +1393,12 @@ mod tests {
     fn vllm_parameters_not_served_are_refused_and_number_forms_taken() {
         for (body, e, param) in [
             (
-                r#"{"prompt":"x","truncate_prompt_tokens":2}"#,
+                r#"{"prompt":"x","truncate_prompt_tokens":0}"#,
+                Endpoint::Completions,
+                "truncate_prompt_tokens",
+            ),
+            (
+                r#"{"prompt":"x","truncate_prompt_tokens":-2}"#,
                 Endpoint::Completions,
                 "truncate_prompt_tokens",
             ),

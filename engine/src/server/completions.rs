@@ -71,6 +71,8 @@ impl Drop for AbortOnDrop {
 struct Planned {
     tokens: Vec<u32>,
     max_tokens: usize,
+    /// Tokens were cut from its start (`truncate_prompt_tokens`).
+    truncated: bool,
 }
 
 pub(super) async fn generate(
@@ -216,10 +218,28 @@ pub(super) async fn start(
         .await??
     };
     let s = &state.inner;
+    let keep = match req.truncate_prompt {
+        None => None,
+        Some(api::Truncation::ModelLength) => Some(s.max_model_len),
+        Some(api::Truncation::Keep(k)) if k > s.max_model_len => {
+            return Err(ApiError::bad_request(
+                Some("truncate_prompt_tokens"),
+                format!(
+                    "truncate_prompt_tokens value ({k}) is greater than max_model_len ({}). \
+                     Please, select a smaller truncation size.",
+                    s.max_model_len
+                ),
+            ))
+        }
+        Some(api::Truncation::Keep(k)) => Some(k),
+    };
     let planned = tokenized
         .into_iter()
         .enumerate()
-        .map(|(i, tokens)| {
+        .map(|(i, mut tokens)| {
+            // vLLM's rule: the prompt's last `keep` tokens (its BOS among those cut).
+            let cut = keep.map_or(0, |k| tokens.len().saturating_sub(k));
+            tokens.drain(..cut);
             let room = completion_budget(s.max_model_len, tokens.len(), req.max_tokens)
                 .map_err(|e| e.in_prompt(i, count))?;
             let max_tokens = match (req.max_tokens, req.default_max_tokens) {
@@ -231,7 +251,11 @@ pub(super) async fn start(
                     api::min_tokens_past(req.params.min_tokens, max_tokens).in_prompt(i, count)
                 );
             }
-            Ok(Planned { tokens, max_tokens })
+            Ok(Planned {
+                tokens,
+                max_tokens,
+                truncated: cut > 0,
+            })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     check_response_size(&req, endpoint, &planned, s.max_model_len)?;
@@ -243,7 +267,10 @@ pub(super) async fn start(
             .iter()
             .zip(sent_texts)
             .map(|(p, sent)| Echo {
-                text: sent.unwrap_or_else(|| s.tokenizer.decode(&p.tokens).unwrap_or_default()),
+                // A cut prompt is echoed as it ran.
+                text: sent
+                    .filter(|_| !p.truncated)
+                    .unwrap_or_else(|| s.tokenizer.decode(&p.tokens).unwrap_or_default()),
                 first_token: p.tokens[0],
             })
             .collect()
