@@ -1381,6 +1381,7 @@ mod tests {
             vec![Planned {
                 tokens: vec![1; tokens],
                 max_tokens: completion_budget(context, tokens, None).unwrap(),
+                truncated: false,
             }]
         };
         let one = api::parse_request(&body(1), Endpoint::Chat).unwrap();

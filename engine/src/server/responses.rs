@@ -21,6 +21,7 @@ use super::api::{ApiError, Endpoint};
 use super::completions::{chunks, start};
 use super::prompt::body_or_error;
 use super::AppState;
+use infer_kernels::sampling::MAX_TOP_LOGPROBS;
 
 /// `include` values: the one this server honours.
 const OUTPUT_LOGPROBS: &str = "message.output_text.logprobs";
@@ -115,7 +116,8 @@ async fn respond(
         ("top_p", defaults.top_p),
     ]
     .into_iter()
-    .filter_map(|(k, v)| Some((k.to_string(), json!(v?))))
+    // Written as the config wrote them (0.6, not 0.6000000238418579).
+    .filter_map(|(k, v)| Some((k.to_string(), json!(v?.to_string().parse::<f64>().ok()?))))
     .collect();
     let request = read_request(&body, &defaults)?;
     let started = start(&state, &request.chat, Endpoint::Chat, arrival, in_path)
@@ -134,6 +136,9 @@ async fn respond(
             }
             answer.take(&chunk);
         }
+        if answer.finish.is_none() {
+            return Err(stopped());
+        }
         answer.end();
         return Ok(Json(answer.response("completed")).into_response());
     }
@@ -143,14 +148,20 @@ async fn respond(
         }
         while let Some(chunk) = chunks.next().await {
             if let Some(e) = chunk.get("error") {
-                yield answer.event("error", json!({"error": e}));
+                for event in answer.fail(&error_of(e)) {
+                    yield event;
+                }
                 return;
             }
             for event in answer.take(&chunk) {
                 yield event;
             }
         }
-        for event in answer.end() {
+        let ending = match answer.finish {
+            Some(_) => answer.end(),
+            None => answer.fail(&stopped()),
+        };
+        for event in ending {
             yield event;
         }
     };
@@ -178,17 +189,28 @@ fn as_responses_error(mut e: ApiError) -> ApiError {
     e
 }
 
-/// An error body that arrived in the chat's stream, as this endpoint's error.
+/// An error body that arrived in the chat's stream (a grammar that failed during
+/// generation is the request's; anything else the server's), as this endpoint's error.
 fn error_of(e: &Value) -> ApiError {
     let status = e["code"]
         .as_u64()
         .and_then(|c| axum::http::StatusCode::from_u16(c as u16).ok())
         .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
-    ApiError {
+    let message = e["message"].as_str().unwrap_or("generation failed");
+    let of_kind = match e["type"].as_str() {
+        Some("invalid_request_error") => ApiError::bad_request(None, message),
+        _ => ApiError::internal(message),
+    };
+    as_responses_error(ApiError {
         status,
         param: e["param"].as_str().map(str::to_string),
-        ..ApiError::internal(e["message"].as_str().unwrap_or("generation failed"))
-    }
+        ..of_kind
+    })
+}
+
+/// The chat's stream ended before its output did: the engine stopped (a forced shutdown).
+fn stopped() -> ApiError {
+    ApiError::internal("the engine stopped before the request finished")
 }
 
 /// A Responses request, read.
@@ -269,6 +291,9 @@ fn read_request(
         if !stream {
             return Err(bad("stream_options", "stream_options requires stream"));
         }
+        if !options.is_object() {
+            return Err(bad("stream_options", "stream_options must be an object"));
+        }
         let obfuscation = options.get("include_obfuscation");
         let other = options.as_object().and_then(|o| {
             o.keys()
@@ -304,6 +329,24 @@ fn read_request(
         Some(_) => return Err(bad("include", "include must be a list")),
     };
 
+    // Checked whether or not `include` asks for logprobs (OpenAI's range).
+    if let Some(k) = given("top_logprobs") {
+        if !k.as_u64().is_some_and(|k| k as usize <= MAX_TOP_LOGPROBS) {
+            return Err(bad(
+                "top_logprobs",
+                format!("top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}"),
+            ));
+        }
+    }
+    // One tier: the ones that ask for another are refused.
+    if let Some(tier) = given("service_tier") {
+        if !matches!(tier.as_str(), Some("auto" | "default")) {
+            return Err(bad(
+                "service_tier",
+                format!("service_tier {tier} is not supported: this server has one tier (auto, default)"),
+            ));
+        }
+    }
     let mut chat = Map::new();
     for key in PASSED_TO_CHAT {
         if let Some(v) = given(key) {
@@ -437,6 +480,9 @@ fn messages(
                         ))
                     }
                 };
+                if item.get("content").is_none_or(Value::is_null) {
+                    return Err(bad(&param, "a message needs its content"));
+                }
                 let text = content_text(item.get("content"), &param)?;
                 continue_final = role == "assistant"
                     && matches!(
@@ -462,6 +508,9 @@ fn messages(
                 }
             }
             Some("function_call_output") => {
+                if item.get("output").is_none_or(Value::is_null) {
+                    return Err(bad(&param, "a function_call_output item needs its output"));
+                }
                 let output = content_text(item.get("output"), &param)?;
                 out.push(
                     json!({"role": "tool", "tool_call_id": field("call_id")?, "content": output}),
@@ -515,10 +564,9 @@ fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
     let Some(text) = text.as_object() else {
         return Err(bad("text", "text must be an object"));
     };
-    if let Some((key, _)) = text
-        .iter()
-        .find(|(k, v)| !v.is_null() && k.as_str() != "format")
-    {
+    // `verbosity` at OpenAI's default asks for nothing.
+    let no_op = |k: &str, v: &Value| k == "format" || (k == "verbosity" && v == "medium");
+    if let Some((key, _)) = text.iter().find(|(k, v)| !v.is_null() && !no_op(k, v)) {
         return Err(bad("text", format!("text.{key} is not supported")));
     }
     let Some(format) = text.get("format").filter(|f| !f.is_null()) else {
@@ -617,6 +665,8 @@ struct Answer {
     /// The chat's finish reason.
     finish: Option<String>,
     usage: Option<Value>,
+    /// Why the response failed, as OpenAI's `error` object (`code`, `message`).
+    error: Option<Value>,
     sequence: u64,
 }
 
@@ -635,6 +685,7 @@ impl Answer {
             calls: Vec::new(),
             finish: None,
             usage: None,
+            error: None,
             sequence: 0,
         }
     }
@@ -691,7 +742,13 @@ impl Answer {
                "content": content})
     }
 
+    /// A function call item; one cut at `max_output_tokens` is `incomplete` (its
+    /// arguments may not parse), as the message is.
     fn call_item(&self, index: usize, status: &str) -> Value {
+        let status = match status {
+            "completed" if self.finish.as_deref() == Some("length") => "incomplete",
+            _ => status,
+        };
         let c = &self.calls[index];
         json!({"type": "function_call", "id": c.id, "call_id": c.call_id, "name": c.name,
                "arguments": if status == "in_progress" { "" } else { c.arguments.as_str() },
@@ -753,12 +810,18 @@ impl Answer {
         }
         let delta = &choice["delta"];
         let text = delta["content"].as_str().unwrap_or_default();
+        let calls = delta["tool_calls"].as_array().filter(|c| !c.is_empty());
         if !text.is_empty() {
             if !self.message_open {
                 events.extend(self.open_message());
             }
             self.text.push_str(text);
-            let logprobs = std::mem::take(&mut self.pending_logprobs);
+            // Beside calls, the tokens held back were the text's and then the calls'
+            // markup: the text takes those its bytes cover.
+            let logprobs = match calls {
+                None => std::mem::take(&mut self.pending_logprobs),
+                Some(_) => self.pending_covering(text.len()),
+            };
             self.logprobs.extend(logprobs.iter().cloned());
             let (index, id) = (self.message_index(), self.message_id());
             events.push(self.event(
@@ -767,12 +830,18 @@ impl Answer {
                        "delta": text, "logprobs": logprobs}),
             ));
         }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        for call in calls.into_iter().flatten() {
             let at = call["index"].as_u64().unwrap_or(0) as usize;
             if at >= self.calls.len() {
-                // Calls follow the message: it is whole once they begin.
+                // Calls follow the message: it is whole once they begin, and the tokens
+                // still without text were the calls'. Each call is whole once the next
+                // begins.
+                self.pending_logprobs.clear();
                 if self.message_open {
                     events.extend(self.close_message());
+                }
+                if let Some(previous) = self.calls.len().checked_sub(1) {
+                    events.extend(self.close_call(previous));
                 }
                 let call_id = call["id"].as_str().unwrap_or_default().to_string();
                 self.calls.push(Call {
@@ -811,6 +880,48 @@ impl Answer {
         events
     }
 
+    /// The pending logprobs of the tokens whose text makes the next `bytes` bytes.
+    fn pending_covering(&mut self, bytes: usize) -> Vec<Value> {
+        let mut covered = 0;
+        let count = self
+            .pending_logprobs
+            .iter()
+            .take_while(|entry| {
+                covered += entry["bytes"].as_array().map_or(0, Vec::len);
+                covered <= bytes
+            })
+            .count();
+        self.pending_logprobs.drain(..count).collect()
+    }
+
+    fn close_call(&mut self, index: usize) -> Vec<Value> {
+        let output_index = self.output_index_of_call(index);
+        let c = &self.calls[index];
+        let done = json!({"output_index": output_index, "item_id": c.id,
+                          "name": c.name, "arguments": c.arguments});
+        let item = self.call_item(index, "completed");
+        vec![
+            self.event("response.function_call_arguments.done", done),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": output_index, "item": item}),
+            ),
+        ]
+    }
+
+    /// The response failed (`e`): OpenAI's `error` event, then `response.failed`.
+    fn fail(&mut self, e: &ApiError) -> Vec<Value> {
+        self.error = Some(json!({"code": e.kind, "message": e.message}));
+        let mut error = json!({"code": e.kind, "message": e.message, "param": e.param});
+        // The openai SDK raises on an event's `error` field: the whole error object, there.
+        error["error"] = e.body()["error"].clone();
+        let response = self.response("failed");
+        vec![
+            self.event("error", error),
+            self.event("response.failed", json!({"response": response})),
+        ]
+    }
+
     fn output_index_of_call(&self, index: usize) -> usize {
         self.output
             .iter()
@@ -828,17 +939,8 @@ impl Answer {
         if self.message_open {
             events.extend(self.close_message());
         }
-        for index in 0..self.calls.len() {
-            let output_index = self.output_index_of_call(index);
-            let c = &self.calls[index];
-            let done = json!({"output_index": output_index, "item_id": c.id,
-                              "name": c.name, "arguments": c.arguments});
-            let item = self.call_item(index, "completed");
-            events.push(self.event("response.function_call_arguments.done", done));
-            events.push(self.event(
-                "response.output_item.done",
-                json!({"output_index": output_index, "item": item}),
-            ));
+        if let Some(last) = self.calls.len().checked_sub(1) {
+            events.extend(self.close_call(last));
         }
         let response = self.response("completed");
         let status = response["status"]
@@ -850,12 +952,13 @@ impl Answer {
         events
     }
 
-    /// The response object: `in_progress` while it runs, else `completed`, or `incomplete`
-    /// where the output reached `max_output_tokens`.
+    /// The response object: `in_progress` while it runs, `failed`, else `completed`, or
+    /// `incomplete` where the output reached `max_output_tokens`.
     fn response(&self, running: &str) -> Value {
         let length = self.finish.as_deref() == Some("length");
         let (status, incomplete) = match running {
             "in_progress" => ("in_progress", Value::Null),
+            "failed" => ("failed", Value::Null),
             _ if length => ("incomplete", json!({"reason": "max_output_tokens"})),
             _ => ("completed", Value::Null),
         };
@@ -873,7 +976,8 @@ impl Answer {
         let usage = self.usage.as_ref().map(|u| {
             json!({
                 "input_tokens": u["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
+                "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
+                                         "cache_write_tokens": 0},
                 "output_tokens": u["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": u["total_tokens"],
@@ -881,7 +985,7 @@ impl Answer {
         });
         let mut r = json!({
             "id": format!("resp_{}", self.suffix), "object": "response",
-            "created_at": self.created_at, "status": status, "error": null,
+            "created_at": self.created_at, "status": status, "error": self.error,
             "incomplete_details": incomplete, "model": self.model, "output": output,
             "usage": usage,
         });
@@ -1047,6 +1151,27 @@ mod tests {
                 400,
             ),
             (json!({"input": []}), "input", 400),
+            (
+                json!({"input": "x", "top_logprobs": 21}),
+                "top_logprobs",
+                400,
+            ),
+            (
+                json!({"input": "x", "service_tier": "priority"}),
+                "service_tier",
+                400,
+            ),
+            (
+                json!({"input": "x", "stream": true, "stream_options": "x"}),
+                "stream_options",
+                400,
+            ),
+            (json!({"input": [{"role": "user"}]}), "input[0]", 400),
+            (
+                json!({"input": [{"type": "function_call_output", "call_id": "c"}]}),
+                "input[0]",
+                400,
+            ),
             (json!({}), "input", 400),
         ] {
             let e = request(body.clone()).unwrap_err();
@@ -1056,6 +1181,8 @@ mod tests {
         // Accepted and answered truthfully: nothing is stored.
         let r = request(json!({"input": "x", "store": true, "background": false,
                                "truncation": "disabled", "stream": true,
+                               "text": {"format": {"type": "text"}, "verbosity": "medium"},
+                               "service_tier": "default",
                                "stream_options": {"include_obfuscation": false}}))
         .unwrap();
         assert_eq!(r.echo["store"], json!(false));
@@ -1138,7 +1265,7 @@ mod tests {
         assert_eq!(whole["output"][0]["content"][0]["text"], "Hello");
         assert_eq!(
             whole["usage"],
-            json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 2},
+            json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 2, "cache_write_tokens": 0},
                    "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
                    "total_tokens": 8})
         );
@@ -1154,13 +1281,13 @@ mod tests {
             ),
             chat_chunk(
                 json!({"tool_calls": [
-                    {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":"}},
-                    {"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}),
+                    {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":"}}]}),
                 Value::Null,
                 Value::Null,
             ),
             chat_chunk(
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}},
+                    {"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}}]}),
                 Value::Null,
                 json!("tool_calls"),
             ),
@@ -1176,14 +1303,15 @@ mod tests {
                    "arguments": "{\"x\":1}", "status": "completed"})
         );
         assert_eq!(output[2]["call_id"], "call_b");
-        // The message is done before the first call is added.
         let at = |kind: &str, index: u64| {
             events
                 .iter()
                 .position(|e| e["type"] == kind && e["output_index"] == index)
                 .unwrap()
         };
+        // The message is done before the first call is added, each call before the next.
         assert!(at("response.output_item.done", 0) < at("response.output_item.added", 1));
+        assert!(at("response.output_item.done", 1) < at("response.output_item.added", 2));
         let arguments: String = events
             .iter()
             .filter(|e| {
@@ -1230,5 +1358,65 @@ mod tests {
             usage_chunk(),
         ]);
         assert_eq!(whole["output"][0]["content"][0]["text"], "");
+    }
+
+    #[test]
+    fn a_cut_call_is_incomplete_and_its_markup_has_no_text_logprobs() {
+        let entry = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": t.as_bytes(), "top_logprobs": []});
+        // "Hi" was held back with the call's markup; it comes out beside the call.
+        let (events, whole) = told(&[
+            chat_chunk(
+                json!({"role": "assistant", "content": ""}),
+                json!({"content": [entry("Hi")]}),
+                Value::Null,
+            ),
+            chat_chunk(
+                json!({"content": ""}),
+                json!({"content": [entry("<tool_call>")]}),
+                Value::Null,
+            ),
+            chat_chunk(
+                json!({"content": "Hi", "tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{\"x"}}]}),
+                json!({"content": [entry("{\"x")]}),
+                json!("length"),
+            ),
+            usage_chunk(),
+        ]);
+        let text_logprobs = &whole["output"][0]["content"][0]["logprobs"];
+        assert_eq!(
+            text_logprobs.as_array().unwrap().len(),
+            1,
+            "{text_logprobs}"
+        );
+        assert_eq!(text_logprobs[0]["token"], "Hi");
+        assert_eq!(whole["output"][1]["status"], "incomplete");
+        assert_eq!(whole["status"], "incomplete");
+        assert_eq!(events.last().unwrap()["type"], "response.incomplete");
+    }
+
+    #[test]
+    fn a_failure_is_an_error_event_then_response_failed() {
+        let echo = request(json!({"input": "x"})).unwrap().echo;
+        let mut a = Answer::new("ab12", 9, "m", echo);
+        a.opening();
+        a.take(&chat_chunk(
+            json!({"content": "Hi"}),
+            Value::Null,
+            Value::Null,
+        ));
+        // A grammar that failed is the request's error, in this API's names.
+        let e = error_of(
+            &json!({"message": "no way on", "type": "invalid_request_error",
+                                 "param": "response_format", "code": 400}),
+        );
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("text")));
+        let events = a.fail(&e);
+        assert_eq!(events[0]["type"], "error");
+        assert_eq!(events[0]["message"], "no way on");
+        assert_eq!(events[0]["code"], "invalid_request_error");
+        assert_eq!(events[0]["error"]["param"], "text");
+        assert_eq!(events[1]["type"], "response.failed");
+        assert_eq!(events[1]["response"]["status"], "failed");
+        assert_eq!(events[1]["response"]["error"]["message"], "no way on");
     }
 }
