@@ -2612,70 +2612,99 @@ async fn the_responses_api_answers_as_the_chat_it_stands_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncate_prompt_tokens_keeps_the_prompts_last_tokens() {
-    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
-        .await
-        .unwrap();
+    let sched = SchedulerConfig {
+        max_model_len: 96,
+        ..SchedulerConfig::default()
+    };
+    let (addr, server) = spawn_local(config(sched)).await.unwrap();
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
+    let ids_of = |v: &Value| -> Vec<u64> {
+        (v["tokens"].as_array().unwrap().iter())
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    let text = "The harbour at dawn was quiet and grey";
     let (_, tok) = post(
         &client,
         &format!("{base}/tokenize"),
-        json!({"prompt": "The harbour at dawn was quiet and grey"}),
+        json!({"prompt": text}),
     )
     .await;
-    let ids: Vec<u64> = (tok["tokens"].as_array().unwrap().iter())
-        .map(|t| t.as_u64().unwrap())
-        .collect();
-    let last = ids[ids.len() - 3..].to_vec();
+    let ids = ids_of(&tok);
+    let (_, plain) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": text, "add_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(
+        ids_of(&plain).len() + 1,
+        ids.len(),
+        "the tokenizer adds a BOS"
+    );
+    // A text keeps its BOS and its last k - 1 tokens, as vLLM's tokenizer cuts it.
+    let kept = [vec![ids[0]], ids[ids.len() - 2..].to_vec()].concat();
     let greedy = json!({"max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let url = format!("{base}/v1/completions");
     let (status, cut) = post(
         &client,
-        &format!("{base}/v1/completions"),
+        &url,
         with(
             greedy.clone(),
-            json!({"prompt": "The harbour at dawn was quiet and grey", "truncate_prompt_tokens": 3,
-                   "echo": true}),
+            json!({"prompt": text, "truncate_prompt_tokens": 3, "echo": true}),
         ),
     )
     .await;
     assert_eq!(status, 200, "{cut}");
-    let (_, alone) = post(
-        &client,
-        &format!("{base}/v1/completions"),
-        with(greedy.clone(), json!({"prompt": last})),
-    )
-    .await;
     assert_eq!(cut["usage"]["prompt_tokens"], 3);
-    // The echo is the prompt as it ran: its last three tokens, decoded.
+    let (_, alone) = post(&client, &url, with(greedy.clone(), json!({"prompt": kept}))).await;
+    // The echo is the prompt as it ran, decoded.
     let (_, echoed) = post(
         &client,
         &format!("{base}/detokenize"),
-        json!({"tokens": last}),
+        json!({"tokens": kept}),
     )
     .await;
-    let echo = echoed["prompt"].as_str().unwrap();
-    let text = cut["choices"][0]["text"].as_str().unwrap();
     assert_eq!(
-        text,
-        format!("{echo}{}", alone["choices"][0]["text"].as_str().unwrap())
+        cut["choices"][0]["text"].as_str().unwrap(),
+        format!(
+            "{}{}",
+            echoed["prompt"].as_str().unwrap(),
+            alone["choices"][0]["text"].as_str().unwrap()
+        )
     );
-    // -1: the model's length, which this prompt is within.
-    let (status, v) = post(
+    // Token ids keep exactly their last k.
+    let (_, by_ids) = post(
         &client,
-        &format!("{base}/v1/completions"),
+        &url,
         with(
             greedy.clone(),
-            json!({"prompt": "Hi", "truncate_prompt_tokens": -1}),
+            json!({"prompt": ids, "truncate_prompt_tokens": 2}),
+        ),
+    )
+    .await;
+    assert_eq!(by_ids["usage"]["prompt_tokens"], 2, "{by_ids}");
+    // A prompt past the context: -1 leaves max_tokens their room; a cut longer than that
+    // room is refused.
+    let long = "harbour ".repeat(200);
+    let (status, v) = post(
+        &client,
+        &url,
+        with(
+            greedy.clone(),
+            json!({"prompt": long, "truncate_prompt_tokens": -1}),
         ),
     )
     .await;
     assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 90);
     let (status, v) = post(
         &client,
-        &format!("{base}/v1/completions"),
+        &url,
         with(
             greedy,
-            json!({"prompt": "Hi", "truncate_prompt_tokens": 100_000}),
+            json!({"prompt": long, "truncate_prompt_tokens": 91}),
         ),
     )
     .await;

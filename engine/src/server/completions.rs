@@ -120,8 +120,7 @@ pub(super) async fn start(
     in_path: super::request_path::InPath,
 ) -> Result<Started, ApiError> {
     let s = &state.inner;
-    let mut req: GenerationRequest =
-        api::parse_request_with(&body, endpoint, &s.sampling_defaults)?;
+    let mut req: GenerationRequest = api::parse_request_with(body, endpoint, &s.sampling_defaults)?;
     if !req.model.is_empty() {
         s.check_model(&req.model)?;
     }
@@ -146,9 +145,18 @@ pub(super) async fn start(
             ),
         ));
     }
-    for (i, p) in req.prompts.iter().enumerate() {
-        check_prompt_bytes(s, p).map_err(|e| e.in_prompt(i, count))?;
+    // A prompt to be cut may be longer than the context: its text is bounded by the body's
+    // size alone (it is tokenised off the engine's thread).
+    if req.truncate_prompt.is_none() {
+        for (i, p) in req.prompts.iter().enumerate() {
+            check_prompt_bytes(s, p).map_err(|e| e.in_prompt(i, count))?;
+        }
     }
+    // Which prompts are texts, whose BOS a cut keeps (as the tokenizer, cutting from the
+    // left, adds it after the cut in vLLM).
+    let text_prompts: Vec<bool> = (req.prompts.iter())
+        .map(|p| matches!(p, Prompt::Text(_)))
+        .collect();
     // Token ids the request names, now that the vocabulary is known.
     let biased = req.params.logit_bias.iter().map(|&(t, _)| t);
     api::within_vocab("logit_bias", biased, s.vocab_size)?;
@@ -218,28 +226,34 @@ pub(super) async fn start(
         .await??
     };
     let s = &state.inner;
-    let keep = match req.truncate_prompt {
-        None => None,
-        Some(api::Truncation::ModelLength) => Some(s.max_model_len),
-        Some(api::Truncation::Keep(k)) if k > s.max_model_len => {
+    // vLLM's rule: a prompt is cut to leave room for `max_tokens` (-1: all the room there
+    // is); a cut longer than that room is refused. (A `max_tokens` past the context is
+    // refused below, as without a cut.)
+    let room = s.max_model_len.checked_sub(req.max_tokens.unwrap_or(0));
+    let keep = match (req.truncate_prompt, room) {
+        (None, _) | (_, None) => None,
+        (Some(api::Truncation::ModelLength), Some(room)) => Some(room),
+        (Some(api::Truncation::Keep(k)), Some(room)) if k > room => {
             return Err(ApiError::bad_request(
                 Some("truncate_prompt_tokens"),
                 format!(
-                    "truncate_prompt_tokens value ({k}) is greater than max_model_len ({}). \
-                     Please, select a smaller truncation size.",
-                    s.max_model_len
+                    "truncate_prompt_tokens={k} cannot be greater than max_model_len - \
+                     max_tokens = {room}. Please request a smaller truncation size."
                 ),
             ))
         }
-        Some(api::Truncation::Keep(k)) => Some(k),
+        (Some(api::Truncation::Keep(k)), Some(_)) => Some(k),
     };
+    let bos = (s.tokenizer.bos_token()).and_then(|b| s.tokenizer.token_to_id(b));
     let planned = tokenized
         .into_iter()
         .enumerate()
         .map(|(i, mut tokens)| {
-            // vLLM's rule: the prompt's last `keep` tokens (its BOS among those cut).
-            let cut = keep.map_or(0, |k| tokens.len().saturating_sub(k));
-            tokens.drain(..cut);
+            // The prompt's last `keep` tokens; a text prompt's BOS and its last `keep - 1`.
+            let kept_bos =
+                usize::from(text_prompts[i] && bos.is_some() && tokens.first().copied() == bos);
+            let cut = keep.map_or(0, |k| tokens.len().saturating_sub(k.max(kept_bos)));
+            tokens.drain(kept_bos..kept_bos + cut);
             let room = completion_budget(s.max_model_len, tokens.len(), req.max_tokens)
                 .map_err(|e| e.in_prompt(i, count))?;
             let max_tokens = match (req.max_tokens, req.default_max_tokens) {

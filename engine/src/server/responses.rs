@@ -26,9 +26,12 @@ use infer_kernels::sampling::MAX_TOP_LOGPROBS;
 /// `include` values: the one this server honours.
 const OUTPUT_LOGPROBS: &str = "message.output_text.logprobs";
 
+/// The value a field takes where the request left it out.
+type IfAbsent = fn() -> Value;
+
 /// Fields a response repeats from its request, with the value it says when the request
 /// left them out. `store` is always false (nothing is kept) and `truncation` "disabled".
-const ECHOED: &[(&str, fn() -> Value)] = &[
+const ECHOED: &[(&str, IfAbsent)] = &[
     ("instructions", || Value::Null),
     ("max_output_tokens", || Value::Null),
     ("max_tool_calls", || Value::Null),
@@ -267,15 +270,13 @@ fn read_request(
             "background responses are not supported: this server stores no responses",
         ));
     }
-    match given("truncation").map(|v| v.as_str()) {
-        None | Some(Some("disabled")) => {}
-        Some(_) => {
-            return Err(bad(
-                "truncation",
-                "only \"disabled\" is supported: a prompt past the context is refused",
-            ))
-        }
-    }
+    // "auto": vLLM's reading, the prompt cut from the left to leave `max_output_tokens`
+    // their room (OpenAI drops whole items from the conversation's start instead).
+    let truncate = match given("truncation").map(|v| v.as_str()) {
+        None | Some(Some("disabled")) => false,
+        Some(Some("auto")) => true,
+        Some(_) => return Err(bad("truncation", "truncation must be auto or disabled")),
+    };
     if let Some(store) = given("store") {
         store
             .as_bool()
@@ -331,7 +332,7 @@ fn read_request(
 
     // Checked whether or not `include` asks for logprobs (OpenAI's range).
     if let Some(k) = given("top_logprobs") {
-        if !k.as_u64().is_some_and(|k| k as usize <= MAX_TOP_LOGPROBS) {
+        if k.as_u64().is_none_or(|k| k as usize > MAX_TOP_LOGPROBS) {
             return Err(bad(
                 "top_logprobs",
                 format!("top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}"),
@@ -363,6 +364,9 @@ fn read_request(
     chat.insert("stream_options".into(), json!({"include_usage": true}));
     if let Some(max) = given("max_output_tokens") {
         chat.insert("max_tokens".into(), max.clone());
+    }
+    if truncate {
+        chat.insert("truncate_prompt_tokens".into(), json!(-1));
     }
     if logprobs {
         chat.insert("logprobs".into(), json!(true));
@@ -426,7 +430,10 @@ fn read_request(
         echo.insert(key.into(), value);
     }
     echo.insert("store".into(), json!(false));
-    echo.insert("truncation".into(), json!("disabled"));
+    echo.insert(
+        "truncation".into(),
+        json!(if truncate { "auto" } else { "disabled" }),
+    );
     echo.insert("background".into(), json!(false));
     echo.insert("previous_response_id".into(), Value::Null);
     Ok(ResponsesRequest { chat, echo, stream })
@@ -667,6 +674,8 @@ struct Answer {
     usage: Option<Value>,
     /// Why the response failed, as OpenAI's `error` object (`code`, `message`).
     error: Option<Value>,
+    /// Items of `output` done (they close in order): on a failure, the rest are cut short.
+    items_done: usize,
     sequence: u64,
 }
 
@@ -686,6 +695,7 @@ impl Answer {
             finish: None,
             usage: None,
             error: None,
+            items_done: 0,
             sequence: 0,
         }
     }
@@ -776,6 +786,7 @@ impl Answer {
 
     fn close_message(&mut self) -> Vec<Value> {
         self.message_open = false;
+        self.items_done += 1;
         let (index, id) = (self.message_index(), self.message_id());
         self.logprobs.append(&mut self.pending_logprobs);
         let part = self.part();
@@ -895,6 +906,7 @@ impl Answer {
     }
 
     fn close_call(&mut self, index: usize) -> Vec<Value> {
+        self.items_done += 1;
         let output_index = self.output_index_of_call(index);
         let c = &self.calls[index];
         let done = json!({"output_index": output_index, "item_id": c.id,
@@ -911,8 +923,14 @@ impl Answer {
 
     /// The response failed (`e`): OpenAI's `error` event, then `response.failed`.
     fn fail(&mut self, e: &ApiError) -> Vec<Value> {
-        self.error = Some(json!({"code": e.kind, "message": e.message}));
-        let mut error = json!({"code": e.kind, "message": e.message, "param": e.param});
+        // OpenAI's codes: the server's failure, or the request's.
+        let code = if e.status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_prompt"
+        };
+        self.error = Some(json!({"code": code, "message": e.message}));
+        let mut error = json!({"code": code, "message": e.message, "param": e.param});
         // The openai SDK raises on an event's `error` field: the whole error object, there.
         error["error"] = e.body()["error"].clone();
         let response = self.response("failed");
@@ -967,9 +985,17 @@ impl Answer {
         } else {
             self.output
                 .iter()
-                .map(|item| match item {
-                    Item::Message => self.message_item("completed"),
-                    Item::Call(i) => self.call_item(*i, "completed"),
+                .enumerate()
+                .map(|(at, item)| {
+                    // A failure cuts short the items not yet done.
+                    let status = match running {
+                        "failed" if at >= self.items_done => "incomplete",
+                        _ => "completed",
+                    };
+                    match item {
+                        Item::Message => self.message_item(status),
+                        Item::Call(i) => self.call_item(*i, status),
+                    }
                 })
                 .collect()
         };
@@ -1089,6 +1115,11 @@ mod tests {
         // The response repeats the tools as they were sent.
         assert_eq!(r.echo["tools"][0]["name"], json!("f"));
 
+        // "auto" truncation: vLLM's, the prompt cut to leave the output its room.
+        let r = request(json!({"input": "x", "truncation": "auto"})).unwrap();
+        assert_eq!(r.chat["truncate_prompt_tokens"], json!(-1));
+        assert_eq!(r.echo["truncation"], json!("auto"));
+
         // Without `include`, top_logprobs asks for nothing (OpenAI's rule).
         let r = request(json!({"input": "x", "top_logprobs": 3})).unwrap();
         assert!(r.chat.get("logprobs").is_none());
@@ -1104,7 +1135,7 @@ mod tests {
             ),
             (json!({"input": "x", "background": true}), "background", 400),
             (
-                json!({"input": "x", "truncation": "auto"}),
+                json!({"input": "x", "truncation": "left"}),
                 "truncation",
                 400,
             ),
@@ -1413,10 +1444,12 @@ mod tests {
         let events = a.fail(&e);
         assert_eq!(events[0]["type"], "error");
         assert_eq!(events[0]["message"], "no way on");
-        assert_eq!(events[0]["code"], "invalid_request_error");
+        assert_eq!(events[0]["code"], "invalid_prompt");
         assert_eq!(events[0]["error"]["param"], "text");
         assert_eq!(events[1]["type"], "response.failed");
         assert_eq!(events[1]["response"]["status"], "failed");
         assert_eq!(events[1]["response"]["error"]["message"], "no way on");
+        // The message was cut short: it is not done.
+        assert_eq!(events[1]["response"]["output"][0]["status"], "incomplete");
     }
 }
