@@ -16,17 +16,18 @@
 # Prefix caching is off: guidellm's prompts and the scenario's differ, and a cached prefix
 # would favour whichever repeats more. The server's /metrics before and after each run give
 # its own mean TTFT, gap between tokens and E2E over the run, which each client's figures are
-# set beside. Exit status 1 when a client fails a request, or when `engine bench`'s mean TTFT,
+# set beside (less `engine bench`'s short test request, measured alone just before). Exit status 1 when a client fails a request, or when `engine bench`'s mean TTFT,
 # TPOT or E2E differs from the server's own for the same run by more than $TOLERANCE (a
 # fraction, default 0.05) and 1 ms. guidellm's are shown, not judged. Between the clients
 # more than timing differs: when each stream sends its next request shapes how the server
 # batches them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 MODEL=${1:-builtin:tiny}
 PORT=${PORT:-8124}
 OUT=${OUT:-runs/guidellm}
-ENGINE=${ENGINE:-target/release/engine}
+ENGINE=${ENGINE:-$engine}
 STREAMS=${STREAMS:-1 4}
 REQUESTS=${REQUESTS:-48}
 PROMPT=${PROMPT:-256}
@@ -41,13 +42,8 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 
 taskset -c "$SERVER_CPUS" "$ENGINE" serve --model "$MODEL" --port "$PORT" --no-enable-prefix-caching \
     > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { cat "$OUT/serve.log"; exit 1; }
-    sleep 0.5
-done
+pids+=($!)
+wait_for "http://127.0.0.1:$PORT/health" 300 || { cat "$OUT/serve.log"; exit 1; }
 # The served name and the directory the weights and tokenizer came from (`root`).
 read -r NAME DIR < <(curl -s "http://127.0.0.1:$PORT/v1/models" \
     | python3 -c 'import json,sys; m=json.load(sys.stdin)["data"][0]; print(m["id"], m["root"])')
@@ -69,6 +65,13 @@ guidellm_run() { # ROUTE STREAMS TAG
     scrape "$3.after"
 }
 bench_run() { # STREAMS TAG
+    # `engine bench` sends one short test request before its run, which the server's
+    # figures count: the same request sent alone first says what to take away for it.
+    scrape "$2.probe0"
+    curl -sf "http://127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' \
+        -d "{\"model\": \"$NAME\", \"prompt\": \"Hello\", \"max_tokens\": 2, \"temperature\": 0, \"ignore_eos\": true}" \
+        > /dev/null
+    scrape "$2.probe1"
     scrape "$2.before"
     taskset -c "$CLIENT_CPUS" "$ENGINE" bench --scenario scenarios/paged_attention.toml --server "http://127.0.0.1:$PORT" \
         --tokenizer "$DIR" --no-progress --out "$OUT/$2" \
@@ -132,7 +135,8 @@ for route in ("chat/completions", "responses"):
 
 def server(tag):
     """The server's means over the run: TTFT, the gap between tokens, E2E (vLLM's names).
-    Under `engine bench` they count its short test request too: 1 of 49."""
+    Under `engine bench`, less its test request, as the same request sent alone before
+    measured it."""
     def read(which):
         m = {}
         for line in open(f"{out}/{tag}.{which}.prom"):
@@ -141,6 +145,9 @@ def server(tag):
                 m[name] = m.get(name, 0) + value
         return m
     a, b = read("before"), read("after")
+    if tag.startswith("bench"):
+        p0, p1 = read("probe0"), read("probe1")
+        b = {k: v - (p1[k] - p0[k]) for k, v in b.items()}
     mean = lambda k: 1000 * (b[k + "_sum"] - a[k + "_sum"]) / (b[k + "_count"] - a[k + "_count"])
     return {
         "mean TTFT ms": mean("vllm:time_to_first_token_seconds"),
