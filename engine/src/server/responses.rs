@@ -142,8 +142,10 @@ async fn respond(
         if answer.finish.is_none() {
             return Err(stopped());
         }
-        answer.end();
-        return Ok(Json(answer.response("completed")).into_response());
+        // The last event holds the whole response.
+        let mut ending = answer.end();
+        let mut last = ending.pop().expect("end() ends with the response");
+        return Ok(Json(last["response"].take()).into_response());
     }
     let events = async_stream::stream! {
         for event in answer.opening() {
@@ -490,7 +492,7 @@ fn messages(
                 if item.get("content").is_none_or(Value::is_null) {
                     return Err(bad(&param, "a message needs its content"));
                 }
-                let text = content_text(item.get("content"), &param)?;
+                let text = chat_content(item.get("content"), &param)?;
                 continue_final = role == "assistant"
                     && matches!(
                         item.get("status").and_then(Value::as_str),
@@ -518,7 +520,7 @@ fn messages(
                 if item.get("output").is_none_or(Value::is_null) {
                     return Err(bad(&param, "a function_call_output item needs its output"));
                 }
-                let output = content_text(item.get("output"), &param)?;
+                let output = chat_content(item.get("output"), &param)?;
                 out.push(
                     json!({"role": "tool", "tool_call_id": field("call_id")?, "content": output}),
                 );
@@ -537,11 +539,12 @@ fn messages(
     Ok((out, continue_final))
 }
 
-/// A message's content as text: a string, or its text parts (`input_text`, `output_text`)
-/// a line apart.
-fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError> {
+/// A message's content as a chat takes it: a text, or its text parts (`input_text`,
+/// `output_text`) as the chat's `text` parts, which the chat path joins, or hands to a
+/// template that loops over them, as it does its own.
+fn chat_content(content: Option<&Value>, param: &str) -> Result<Value, ApiError> {
     match content {
-        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::String(s)) => Ok(json!(s)),
         Some(Value::Array(parts)) => parts
             .iter()
             .map(|p| {
@@ -549,7 +552,9 @@ fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError
                     p.get("type").and_then(Value::as_str),
                     p.get("text").and_then(Value::as_str),
                 ) {
-                    (Some("input_text" | "output_text" | "text"), Some(t)) => Ok(t),
+                    (Some("input_text" | "output_text" | "text"), Some(t)) => {
+                        Ok(json!({"type": "text", "text": t}))
+                    }
                     (kind, _) => Err(bad(
                         param,
                         format!(
@@ -560,8 +565,8 @@ fn content_text(content: Option<&Value>, param: &str) -> Result<String, ApiError
                 }
             })
             .collect::<Result<Vec<_>, _>>()
-            .map(|texts| texts.join("\n")),
-        None | Some(Value::Null) => Ok(String::new()),
+            .map(Value::Array),
+        None | Some(Value::Null) => Ok(json!("")),
         Some(_) => Err(bad(param, "content must be a string or a list of parts")),
     }
 }
@@ -1060,7 +1065,7 @@ mod tests {
             r.chat["messages"],
             json!([
                 {"role": "system", "content": "Rules."},
-                {"role": "user", "content": "a\nb"},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
                     {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{\"x\":1}"}}]},
@@ -1241,8 +1246,9 @@ mod tests {
         for c in chunks {
             whole.take(c);
         }
-        whole.end();
-        (events, whole.response("completed"))
+        // As a whole answer is given: the last event's response.
+        let mut last = whole.end().pop().unwrap();
+        (events, last["response"].take())
     }
 
     #[test]
