@@ -339,6 +339,12 @@ struct ServeArgs {
     /// Without --enable-auto-tool-choice it is not used, as in vLLM.
     #[arg(long = "tool-call-parser", value_enum)]
     tool_call_parser: Option<ToolCallParserArg>,
+    /// Split a chat's output into the message's `reasoning` (before `</think>`) and its
+    /// `content` (after), as vLLM's flag: `deepseek_r1` (DeepSeek-R1, QwQ) or `qwen3`
+    /// (which `chat_template_kwargs.enable_thinking: false` turns off). Tool calls and
+    /// grammars apply to the content.
+    #[arg(long = "reasoning-parser", value_enum)]
+    reasoning_parser: Option<ReasoningParserArg>,
     /// Where a request leaves a sampling parameter out (temperature, top_p, top_k, min_p,
     /// repetition_penalty; a chat's max_tokens): `auto` takes the model's
     /// `generation_config.json` values, as vLLM does by default; `vllm` the API's own
@@ -354,6 +360,13 @@ enum ToolCallParserArg {
     Llama3Json,
     Mistral,
     Pythonic,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReasoningParserArg {
+    #[value(name = "deepseek_r1")]
+    DeepSeekR1,
+    Qwen3,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -770,6 +783,12 @@ fn run_serve(a: ServeArgs) -> Result<()> {
                     infer_engine::server::tool_parser::ToolCallParser::Pythonic
                 }
             }),
+        reasoning_parser: a.reasoning_parser.map(|p| match p {
+            ReasoningParserArg::DeepSeekR1 => {
+                infer_engine::server::reasoning::ReasoningParser::DeepSeekR1
+            }
+            ReasoningParserArg::Qwen3 => infer_engine::server::reasoning::ReasoningParser::Qwen3,
+        }),
         model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,
         load_format: match a.get_load_format {
             LoadFormatArg::Vllm => infer_engine::server::LoadFormat::Vllm,

@@ -2712,3 +2712,132 @@ async fn truncate_prompt_tokens_keeps_the_prompts_last_tokens() {
     assert_eq!(v["error"]["param"], "truncate_prompt_tokens");
     server.stop().await;
 }
+
+/// `--reasoning-parser`: a reasoning model's thinking (up to `</think>`) is the message's
+/// `reasoning`, the rest its `content`, streamed or whole; a grammar applies after the
+/// thinking; `enable_thinking: false` and `separate_reasoning: false` leave it all content.
+/// The generated Qwen3 has Qwen3's markers as tokens of their own; a bias says when the
+/// random model ends its thinking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
+    use infer_engine::server::reasoning::ReasoningParser;
+    // A model without the markers is refused at start, as vLLM refuses it.
+    let refused = spawn_local(ServeConfig {
+        reasoning_parser: Some(ReasoningParser::DeepSeekR1),
+        ..ServeConfig::new("builtin:tiny")
+    })
+    .await;
+    let e = refused.err().expect("no markers: no start").to_string();
+    assert!(e.contains("deepseek_r1") && e.contains("<think>"), "{e}");
+
+    let (_tmp, dir) = common::tiny_model(&common::spec(infer_engine::Arch::Qwen3)).unwrap();
+    let tokenizer = infer_engine::runtime::tokenizer::TextTokenizer::from_dir(&dir).unwrap();
+    let end = tokenizer.token_to_id("</think>").unwrap().to_string();
+    let (addr, server) = spawn_local(ServeConfig {
+        reasoning_parser: Some(ReasoningParser::Qwen3),
+        ..ServeConfig::new(dir.to_str().unwrap())
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let chat = format!("http://{addr}/v1/chat/completions");
+    let ask = |extra: Value| {
+        with(
+            json!({"messages": [{"role": "user", "content": "Is it raining?"}],
+                   "temperature": 0, "max_tokens": 6}),
+            extra,
+        )
+    };
+    let streamed = |body: Value| {
+        with(
+            body,
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+        )
+    };
+    let joined = |chunks: &[Value], field: &str| -> String {
+        (chunks.iter())
+            .filter_map(|c| c["choices"][0]["delta"][field].as_str())
+            .collect()
+    };
+
+    // Never ending its thinking: all of it is reasoning, streamed or whole.
+    let never = json!({"logit_bias": {&end: -100}, "ignore_eos": true});
+    let (status, v) = post(&client, &chat, ask(never.clone())).await;
+    assert_eq!(status, 200, "{v}");
+    let message = &v["choices"][0]["message"];
+    let thought = message["reasoning"].as_str().unwrap().to_string();
+    assert!(!thought.is_empty() && message["content"].is_null(), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        6
+    );
+    let (_, chunks) = stream(&client, &chat, &streamed(ask(never.clone()))).await;
+    assert_eq!(joined(&chunks, "reasoning"), thought);
+    assert_eq!(joined(&chunks, "content"), "");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(
+        usage["completion_tokens_details"],
+        v["usage"]["completion_tokens_details"]
+    );
+    // Thinking turned off, or not to be separated: the same output is all content.
+    for off in [
+        json!({"chat_template_kwargs": {"enable_thinking": false}}),
+        json!({"separate_reasoning": false}),
+    ] {
+        let (status, v) = post(&client, &chat, ask(with(never.clone(), off.clone()))).await;
+        assert_eq!(status, 200, "{v}");
+        let message = &v["choices"][0]["message"];
+        assert_eq!(message["content"], thought.as_str(), "{off}");
+        assert!(message.get("reasoning").is_none(), "{off}: {v}");
+    }
+
+    // `</think>` first, then a grammar's answer: the grammar waited for the thinking's end
+    // (from the first token, it would have forbidden `</think>`).
+    let answer = json!({"logit_bias": {&end: 100},
+                        "structured_outputs": {"choice": ["yes", "no"]}});
+    let (status, v) = post(&client, &chat, ask(answer.clone())).await;
+    assert_eq!(status, 200, "{v}");
+    let message = &v["choices"][0]["message"];
+    let content = message["content"].as_str().unwrap().to_string();
+    assert!(["yes", "no"].contains(&content.as_str()), "{v}");
+    assert!(message["reasoning"].is_null(), "{v}");
+    assert_eq!(
+        v["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        1
+    );
+    let (_, chunks) = stream(&client, &chat, &streamed(ask(answer.clone()))).await;
+    assert_eq!(joined(&chunks, "content"), content);
+    assert_eq!(joined(&chunks, "reasoning"), "");
+    // Not separated, the grammar applies from the first token.
+    let whole = with(answer, json!({"separate_reasoning": false}));
+    let (status, v) = post(&client, &chat, ask(whole)).await;
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(["yes", "no"].contains(&content), "{v}");
+
+    // The Responses API: the thinking is a reasoning item before the answer.
+    let (status, r) = post(
+        &client,
+        &format!("http://{addr}/v1/responses"),
+        json!({"input": "Is it raining?", "temperature": 0, "max_output_tokens": 6,
+               "logit_bias": {&end: -100}, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["output"][0]["type"], "reasoning");
+    assert_eq!(r["output"][0]["content"][0]["text"], thought.as_str());
+    assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 6);
+
+    // A turn's thinking sent back (as answered, or as vLLM's older name) is taken.
+    for field in ["reasoning", "reasoning_content"] {
+        let mut turn = json!({"role": "assistant", "content": "No."});
+        turn[field] = json!(thought);
+        let body = json!({"messages": [{"role": "user", "content": "Is it raining?"}, turn,
+                                       {"role": "user", "content": "Sure?"}],
+                          "max_tokens": 2});
+        let (status, v) = post(&client, &chat, body).await;
+        assert_eq!(status, 200, "{field}: {v}");
+    }
+    server.stop().await;
+}

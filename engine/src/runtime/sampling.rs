@@ -106,6 +106,8 @@ pub struct Sampler {
     adjustments: Vec<Adjustment>,
     /// The grammar the output must follow, if any.
     constraint: Option<Constraint>,
+    /// A grammar that applies once its start token is sampled (see [`Sampler::constrain`]).
+    waiting_constraint: Option<Constraint>,
     /// Tokens sampled so far.
     generated: usize,
     /// While fewer than `min_tokens` are: the tokens held back (their bias −∞ in
@@ -132,6 +134,7 @@ impl Sampler {
             output_counts: HashMap::new(),
             adjustments: by_token.into_values().collect(),
             constraint: None,
+            waiting_constraint: None,
             generated: 0,
             held_stops: Vec::new(),
         }
@@ -153,11 +156,16 @@ impl Sampler {
         }
     }
 
-    /// Sample only what `constraint` allows from now on.
+    /// Sample only what `constraint` allows from now on, or, where it starts after a
+    /// token, from the token after that one is sampled.
     pub fn constrain(&mut self, constraint: Constraint) {
-        self.constraint = Some(constraint);
+        match constraint.starts_after() {
+            Some(_) => self.waiting_constraint = Some(constraint),
+            None => self.constraint = Some(constraint),
+        }
     }
 
+    /// The grammar the next token follows, if one does now.
     pub fn constraint(&self) -> Option<&Constraint> {
         self.constraint.as_ref()
     }
@@ -259,6 +267,9 @@ impl Sampler {
 
     fn record(&mut self, token: u32) {
         self.generated += 1;
+        if (self.waiting_constraint.as_ref()).is_some_and(|c| c.starts_after() == Some(token)) {
+            self.constraint = self.waiting_constraint.take();
+        }
         if self.generated >= self.params.min_tokens {
             for (t, bias) in std::mem::take(&mut self.held_stops) {
                 if let Ok(i) = self.adjustments.binary_search_by_key(&t, |a| a.token) {

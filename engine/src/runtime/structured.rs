@@ -265,6 +265,7 @@ impl GrammarCompiler {
             grammar: grammar.clone(),
             matcher,
             next: None,
+            starts_after: None,
         };
         // The first mask is the costliest (the lexer's caches are cold) and the first to
         // find a grammar that cannot produce anything: here, off the engine thread, its
@@ -282,6 +283,9 @@ pub struct Constraint {
     matcher: Matcher,
     /// The mask for the next token, when already computed (the first, by the compiler).
     next: Option<SimpleVob>,
+    /// The output follows the grammar only after this token (a reasoning model's
+    /// `</think>`: it thinks freely first); `None`: from its first token.
+    starts_after: Option<u32>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -300,6 +304,21 @@ impl PartialEq for Constraint {
 }
 
 impl Constraint {
+    /// This grammar, followed only from the token after `token` (see [`Sampler::constrain`]).
+    ///
+    /// [`Sampler::constrain`]: crate::runtime::sampling::Sampler::constrain
+    pub fn starting_after(self, token: u32) -> Self {
+        Constraint {
+            starts_after: Some(token),
+            ..self
+        }
+    }
+
+    /// The token after which the output follows the grammar, if not from its start.
+    pub fn starts_after(&self) -> Option<u32> {
+        self.starts_after
+    }
+
     /// Sets every logit the grammar does not allow next to −∞. A finished grammar allows
     /// only the end-of-sequence tokens. Errs if the grammar is in an error state.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
@@ -466,6 +485,38 @@ mod tests {
         ] {
             assert!(compiler.compile(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// A reasoning model's grammar starts after its `</think>`: the tokens before, and that
+    /// one, are sampled freely; the token after follows the grammar.
+    #[test]
+    fn a_grammar_that_starts_after_a_token_leaves_the_tokens_before_free() {
+        use crate::runtime::sampling::{Sampler, SamplingParams};
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1000, &[eos]).unwrap();
+        let grammar = Grammar::Choice(vec!["yes".into()]);
+        let [free, start] = [
+            tok.encode("Z", false).unwrap()[0],
+            tok.encode("Q", false).unwrap()[0],
+        ];
+        let favouring = |t: u32| {
+            let mut logits = vec![0.0f32; 1000];
+            logits[t as usize] = 10.0;
+            logits
+        };
+        let mut sampler = Sampler::new(SamplingParams::greedy(), &[1, 2], 0);
+        sampler.constrain(compiler.compile(&grammar).unwrap().starting_after(start));
+        assert!(sampler.constraint().is_none());
+        assert_eq!(sampler.sample(&favouring(free)).unwrap().token, free);
+        assert_eq!(sampler.sample(&favouring(start)).unwrap().token, start);
+        assert!(sampler.constraint().is_some());
+        let next = sampler.sample(&favouring(free)).unwrap().token;
+        assert!("yes".starts_with(&tok.decode(&[next]).unwrap()), "{next}");
+        // Without the start token, the same grammar applies from the first token.
+        let mut sampler = Sampler::new(SamplingParams::greedy(), &[1, 2], 0);
+        sampler.constrain(compiler.compile(&grammar).unwrap());
+        assert_ne!(sampler.sample(&favouring(free)).unwrap().token, free);
     }
 
     #[test]

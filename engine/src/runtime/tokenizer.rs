@@ -26,6 +26,10 @@ pub struct ChatMessage {
     /// The participant's name (OpenAI's `name`), for templates that write it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// An assistant turn's thinking, under the name reasoning models' templates read
+    /// (Qwen3's, QwQ's), as vLLM hands it to them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -37,6 +41,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 }

@@ -145,6 +145,21 @@ pub struct GenerationRequest {
     pub auto_tools: bool,
     /// `parallel_tool_calls` (default true): with `auto_tools`, false answers one call.
     pub parallel_tool_calls: bool,
+    /// What a chat answers of the reasoning a `--reasoning-parser` splits off.
+    pub reasoning: ReasoningOptions,
+}
+
+/// What a chat answers of a reasoning model's thinking, where the server splits it off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReasoningOptions {
+    /// Split it from the content (SGLang's `separate_reasoning`, default true); false
+    /// leaves the output whole in the content.
+    pub separate: bool,
+    /// Answer it (vLLM's `include_reasoning`, default true); false drops it.
+    pub include: bool,
+    /// Stream it as it is generated (SGLang's `stream_reasoning`, default true); false sends
+    /// it whole once the thinking ends.
+    pub stream: bool,
 }
 
 /// The most choices one request may ask for per prompt.
@@ -224,8 +239,8 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     // vLLM's older name for `structured_outputs.whitespace_pattern`, refused likewise.
     ("guided_whitespace_pattern", |_| false),
     // What routers in front (vllm-router, sglang-router) write into every body they pass
-    // on, at SGLang's defaults: reasoning kept apart only by a reasoning parser, which this
-    // server (like SGLang without one) does not have.
+    // on, at SGLang's defaults. The reasoning ones (and vLLM's `include_reasoning`) are
+    // read by a chat that a `--reasoning-parser` splits; a completion is never split.
     ("no_stop_trim", |v| v == &Value::Bool(false)),
     ("return_hidden_states", |v| v == &Value::Bool(false)),
     ("separate_reasoning", Value::is_boolean),
@@ -531,6 +546,11 @@ pub fn parse_request_with(
         },
         auto_tools: tools.auto,
         parallel_tool_calls: tools.parallel,
+        reasoning: ReasoningOptions {
+            separate: f.bool("separate_reasoning")?.unwrap_or(true),
+            include: f.bool("include_reasoning")?.unwrap_or(true),
+            stream: f.bool("stream_reasoning")?.unwrap_or(true),
+        },
     })
 }
 
@@ -1037,6 +1057,19 @@ fn parse_messages(
                     return Err(ApiError::bad_request(
                         Some(&param),
                         format!("name must be a string, not {}", type_name(other)),
+                    ))
+                }
+            };
+            // An assistant turn's thinking, as this server answers it (`reasoning`, vLLM's
+            // name) or under vLLM's older name.
+            message.reasoning_content = match (m.get("reasoning"), m.get("reasoning_content")) {
+                (Some(Value::String(r)), _)
+                | (None | Some(Value::Null), Some(Value::String(r))) => Some(r.clone()),
+                (None | Some(Value::Null), None | Some(Value::Null)) => None,
+                _ => {
+                    return Err(ApiError::bad_request(
+                        Some(&param),
+                        "reasoning must be a string",
                     ))
                 }
             };

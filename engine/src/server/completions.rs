@@ -21,6 +21,7 @@ use super::api::{self, ApiError, Endpoint, GenerationRequest, Prompt};
 use super::engine_loop::{Command, Finish, NewRequest, StreamEvent};
 use super::outbox::{outbox, Inbox};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
+use super::reasoning::ReasoningSplit;
 use super::structured::{self, ToolChoice};
 use super::tool_parser::{tool_call_values, ToolCallParser};
 use super::AppState;
@@ -107,6 +108,11 @@ impl Started {
     pub fn id(&self) -> &str {
         &self.meta.id
     }
+
+    /// Whether its output is a reasoning model's, split at `</think>` (a chat's).
+    pub fn splits_reasoning(&self) -> bool {
+        self.meta.reasoning.is_some()
+    }
 }
 
 /// Parses a completion or chat request (`body`), checks it, and hands it to the engine,
@@ -134,6 +140,10 @@ pub(super) async fn start(
                  to be set (or use \"required\" or name a function)",
             )),
         };
+    // A reasoning model's chat: its thinking split off, the grammar (if any) after it.
+    let reasoning = s.reasoning.filter(|(parser, _)| {
+        endpoint == Endpoint::Chat && req.reasoning.separate && parser.thinks(&req.template.kwargs)
+    });
     let count = req.prompts.len();
     // More prompts than the queue can ever hold: a 503 would be retried for ever.
     if let Some(max) = s.max_waiting.filter(|&max| count > max) {
@@ -177,7 +187,7 @@ pub(super) async fn start(
     // Tokenising and compiling the grammar and the stop strings take a blocking thread,
     // never the engine's (the stop strings are compiled once, for every prompt and
     // sequence of the request).
-    let (tokenized, constraint, stops) = {
+    let (tokenized, mut constraint, stops) = {
         let prompts = std::mem::take(&mut req.prompts);
         let stop = req.stop.clone();
         let keep_stop = req.include_stop_str;
@@ -226,6 +236,9 @@ pub(super) async fn start(
         .await??
     };
     let s = &state.inner;
+    if let Some((_, markers)) = reasoning {
+        constraint = constraint.map(|c| c.starting_after(markers.end));
+    }
     // vLLM's rule: a prompt is cut to leave room for `max_tokens` (-1: all the room there
     // is); a cut longer than that room is refused. (A `max_tokens` past the context is
     // refused below, as without a cut.)
@@ -321,7 +334,8 @@ pub(super) async fn start(
                     // vLLM's hermes parser reads `<tool_call>`, which some tokenizers mark
                     // special: a request it parses keeps special tokens in its text.
                     keep_special_tokens: !req.skip_special_tokens
-                        || tool_parser.is_some_and(ToolCallParser::keeps_special_tokens),
+                        || tool_parser.is_some_and(ToolCallParser::keeps_special_tokens)
+                        || reasoning.is_some_and(|(_, markers)| markers.special),
                     forks: (first + 1..first + req.n as u64).collect(),
                     // Both `echo` with `logprobs` and `prompt_logprobs` score the prompt, with
                     // `prompt_logprobs`' alternatives where given (vLLM's rule).
@@ -385,6 +399,7 @@ pub(super) async fn start(
         call_id: super::tool_parser::call_ids(s.tool_call_parser),
         parallel_tool_calls: req.parallel_tool_calls,
         grammar_param: req.structured.as_ref().map(|r| r.param),
+        reasoning: reasoning.map(|_| req.reasoning),
     };
     Ok(Started {
         rx,
@@ -455,6 +470,9 @@ struct ResponseMeta {
     parallel_tool_calls: bool,
     /// The field the request's grammar came from, if it has one.
     grammar_param: Option<&'static str>,
+    /// A reasoning model's chat, split at `</think>` (see [`super::reasoning`]): what it
+    /// answers of the thinking. `None`: the output is all content.
+    reasoning: Option<api::ReasoningOptions>,
 }
 
 /// [`ResponseMeta::failure`], given the field the request's grammar came from.
@@ -507,8 +525,9 @@ impl ResponseMeta {
 
     /// Usage of all choices (`finished` by choice index): each prompt once (its first
     /// choice's, which computed it), the completions summed (none when the computed token
-    /// is not returned).
-    fn usage_of(&self, finished: &[Option<Finish>]) -> Value {
+    /// is not returned). A reasoning model's chat tells how many of those tokens thought
+    /// (`reasoning_tokens`, summed likewise), as OpenAI's usage does.
+    fn usage_of(&self, finished: &[Option<Finish>], reasoning_tokens: usize) -> Value {
         let (mut prompt, mut completion, mut cached) = (0, 0, 0);
         for (i, f) in finished.iter().enumerate() {
             let Some(f) = f else { continue };
@@ -520,7 +539,11 @@ impl ResponseMeta {
                 completion += f.completion_tokens;
             }
         }
-        Self::usage(prompt, completion, cached)
+        let mut usage = Self::usage(prompt, completion, cached);
+        if self.reasoning.is_some() {
+            usage["completion_tokens_details"] = json!({ "reasoning_tokens": reasoning_tokens });
+        }
+        usage
     }
 
     /// How logprobs name a token: its own text, special tokens included, or `token_id:N` as
@@ -706,6 +729,30 @@ impl ResponseMeta {
         Some(self.chat_chunk(index, delta, logprobs, reason))
     }
 
+    /// A chunk of generated `text`, as the request answers it: plain, a forced call's, or
+    /// one that may call tools. `first`: the first text of the choice (its role and a named
+    /// function's id go with it). `held` and `sent` are the choice's (see
+    /// [`StreamedChoice`]). `None` where nothing is to be sent yet.
+    #[allow(clippy::too_many_arguments)]
+    fn content_chunk(
+        &self,
+        index: usize,
+        text: &str,
+        held: &mut String,
+        sent: &mut usize,
+        logprobs: Value,
+        finish: Option<&'static str>,
+        first: bool,
+    ) -> Option<Value> {
+        match (&self.tool, self.tool_parser) {
+            (Some(_), _) => self.tool_chunk(index, text, held, logprobs, finish, first),
+            (None, Some(parser)) => {
+                self.auto_tool_chunk(parser, index, text, held, sent, logprobs, finish, first)
+            }
+            (None, None) => Some(self.chunk(index, text, logprobs, finish, first)),
+        }
+    }
+
     /// A response or chunk around `choices` (and `usage` when given).
     fn body(&self, chunk: bool, choices: Value, usage: Option<Value>) -> Value {
         let mut v = json!({"id": self.id, "object": self.object(chunk), "created": self.created,
@@ -745,6 +792,57 @@ struct StreamedChoice {
     held: String,
     /// Bytes of `held` sent as content (`tool_choice: "auto"`).
     content_sent: usize,
+    /// A reasoning model's output, split as it comes (see [`ResponseMeta::reasoning`]).
+    thinking: Option<Thinking>,
+}
+
+/// Where a reasoning model's output stands, streamed or gathered.
+struct Thinking {
+    split: ReasoningSplit,
+    /// Reasoning to be answered and not yet sent (all of it when not streamed).
+    unsent: String,
+    /// Tokens generated while thinking (up to and with `</think>`).
+    tokens: usize,
+    /// Content (or a call) has been streamed: the content's first chunk is past.
+    content_started: bool,
+}
+
+impl Thinking {
+    fn new() -> Self {
+        Thinking {
+            split: ReasoningSplit::default(),
+            unsent: String::new(),
+            tokens: 0,
+            content_started: false,
+        }
+    }
+
+    /// Splits the next `text` (of `tokens` tokens; the last when `last`): its content, and
+    /// the reasoning to send now, where `answer` says to (whole once the thinking ends
+    /// where it is not streamed).
+    fn next(
+        &mut self,
+        text: &str,
+        tokens: usize,
+        last: bool,
+        answer: api::ReasoningOptions,
+    ) -> (String, Option<String>) {
+        if !self.split.answering() {
+            self.tokens += tokens;
+        }
+        let mut pieces = self.split.push(text);
+        if last {
+            let rest = self.split.finish();
+            pieces.reasoning += &rest.reasoning;
+            pieces.content += &rest.content;
+        }
+        if answer.include {
+            self.unsent += &pieces.reasoning;
+        }
+        let send = answer.stream || last || self.split.answering();
+        let reasoning = (send && !self.unsent.is_empty()).then(|| std::mem::take(&mut self.unsent));
+        (pieces.content, reasoning)
+    }
 }
 
 /// A started request's answer as SSE: its chunks, then `[DONE]`.
@@ -770,7 +868,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
         let mut choices: Vec<StreamedChoice> = (0..meta.choices())
-            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0 })
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, thinking: meta.reasoning.map(|_| Thinking::new()) })
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
@@ -809,10 +907,38 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                     }
                     let reason = finish.map(|f| f.reason.as_str());
                     let first = c.first && meta.echo(index).is_none();
-                    let chunk = match (&meta.tool, meta.tool_parser) {
-                        (Some(_), _) => meta.tool_chunk(index, &text, &mut c.held, lp, reason, first),
-                        (None, Some(parser)) => meta.auto_tool_chunk(parser, index, &text, &mut c.held, &mut c.content_sent, lp, reason, first),
-                        (None, None) => Some(meta.chunk(index, &text, lp, reason, first)),
+                    let chunk = match c.thinking.as_mut() {
+                        None => meta.content_chunk(index, &text, &mut c.held, &mut c.content_sent, lp, reason, first),
+                        Some(thinking) => {
+                            let answer = meta.reasoning.expect("a split output's answer");
+                            let (content, reasoning) = thinking.next(&text, tokens, finish.is_some(), answer);
+                            // The content's chunk, once the thinking has ended, with the
+                            // reasoning beside it; while thinking, the reasoning's.
+                            let lp_null = lp.is_null();
+                            let mut lp = Some(lp);
+                            let mut chunk = None;
+                            if thinking.split.answering() {
+                                let first_content = !std::mem::replace(&mut thinking.content_started, true);
+                                chunk = meta.content_chunk(index, &content, &mut c.held, &mut c.content_sent, lp.take().unwrap_or_default(), reason, first_content);
+                            }
+                            let needed = reasoning.is_some() || first || !lp_null || meta.continuous_usage || finish.is_some();
+                            if chunk.is_none() && needed {
+                                chunk = Some(meta.chat_chunk(index, json!({}), lp.take().unwrap_or_default(), reason));
+                            }
+                            if let Some(chunk) = &mut chunk {
+                                let delta = &mut chunk["choices"][0]["delta"];
+                                if let Some(r) = reasoning {
+                                    delta["reasoning"] = json!(r);
+                                }
+                                // The role goes with the choice's first chunk alone.
+                                match delta.as_object_mut() {
+                                    Some(d) if !first => { d.remove("role"); }
+                                    Some(d) => { d.insert("role".into(), json!("assistant")); }
+                                    None => {}
+                                }
+                            }
+                            chunk
+                        }
                     };
                     if let Some(mut chunk) = chunk {
                         if finish.is_some() {
@@ -830,7 +956,8 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                             guard.done = true;
                             if meta.include_usage {
                                 let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
-                                let u = meta.body(true, json!([]), Some(meta.usage_of(&finished)));
+                                let reasoning_tokens = choices.iter().filter_map(|c| c.thinking.as_ref()).map(|t| t.tokens).sum();
+                                let u = meta.body(true, json!([]), Some(meta.usage_of(&finished, reasoning_tokens)));
                                 yield u;
                             }
                             break;
@@ -851,10 +978,14 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
 /// One choice of a non-streaming response, as it accumulates.
 #[derive(Default)]
 struct Choice {
+    /// Its text: a reasoning model's content, after its thinking.
     text: String,
     logprobs: Vec<Value>,
     finish: Option<Finish>,
     stop_reason: Option<StopReason>,
+    /// A reasoning model's output, split as it comes, and the reasoning to answer.
+    thinking: Option<Thinking>,
+    reasoning: String,
 }
 
 /// vLLM's `stop_reason`: the stop string, the stop token's id, or null.
@@ -873,7 +1004,12 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
         meta,
         ..
     } = started;
-    let mut choices: Vec<Choice> = (0..meta.choices()).map(|_| Choice::default()).collect();
+    let mut choices: Vec<Choice> = (0..meta.choices())
+        .map(|_| Choice {
+            thinking: meta.reasoning.map(|_| Thinking::new()),
+            ..Choice::default()
+        })
+        .collect();
     let mut open = choices.len();
     let mut echoed: Vec<Option<Vec<TokenLogprob>>> = vec![None; meta.prompt_lens.len()];
     while let Some(ev) = rx.recv().await {
@@ -881,18 +1017,27 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
             StreamEvent::Token {
                 index,
                 text,
+                tokens,
                 logprobs,
                 finish,
                 prompt_logprobs,
                 stop_reason,
-                ..
             } => {
                 if prompt_logprobs.is_some() {
                     echoed[index / meta.n] = prompt_logprobs;
                 }
                 let c = &mut choices[index];
                 if meta.keep_generated {
-                    c.text.push_str(&text);
+                    match (&mut c.thinking, meta.reasoning) {
+                        (Some(thinking), Some(answer)) => {
+                            let (content, reasoning) =
+                                thinking.next(&text, tokens, finish.is_some(), answer);
+                            c.text.push_str(&content);
+                            c.reasoning
+                                .push_str(reasoning.as_deref().unwrap_or_default());
+                        }
+                        _ => c.text.push_str(&text),
+                    }
                     if meta.logprobs.is_some() {
                         c.logprobs
                             .extend(logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)));
@@ -908,6 +1053,10 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
                 }
                 guard.done = true;
                 let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
+                let reasoning_tokens = (choices.iter())
+                    .filter_map(|c| c.thinking.as_ref())
+                    .map(|t| t.tokens)
+                    .sum();
                 for (i, c) in choices.iter_mut().enumerate() {
                     // Each choice repeats its prompt first.
                     let Some(echo) = meta.echo(i) else { break };
@@ -945,7 +1094,7 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
                         Endpoint::Chat => top_level = scored.into_iter().next(),
                     }
                 }
-                let usage = meta.usage_of(&finished);
+                let usage = meta.usage_of(&finished, reasoning_tokens);
                 let mut response = meta.body(false, Value::Array(body), Some(usage));
                 if let Some(scored) = top_level {
                     response["prompt_logprobs"] = scored;
@@ -1046,8 +1195,19 @@ impl ResponseMeta {
                         })}),
                         Some("tool_calls"),
                     ),
+                    // A reasoning model that wrote nothing after its thinking: no content.
+                    (None, None) if c.thinking.is_some() && c.text.is_empty() => {
+                        (json!({"role": "assistant", "content": null}), reason)
+                    }
                     (None, None) => (json!({"role": "assistant", "content": c.text}), reason),
                 };
+                let mut message = message;
+                if c.thinking.is_some() {
+                    message["reasoning"] = match c.reasoning.as_str() {
+                        "" => Value::Null,
+                        r => json!(r),
+                    };
+                }
                 json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason,
                        "stop_reason": stop_reason})
             }
@@ -1241,6 +1401,215 @@ mod tests {
             .collect()
     }
 
+    /// A non-streamed answer's body.
+    async fn collected(events: Vec<StreamEvent>, meta: ResponseMeta) -> Value {
+        let (tx, rx) = outbox();
+        for e in events {
+            tx.send(e).unwrap();
+        }
+        drop(tx);
+        let guard = AbortOnDrop {
+            ids: 0..1,
+            commands: mpsc::channel().0,
+            done: false,
+        };
+        let started = Started {
+            rx,
+            guard,
+            meta,
+            stream: false,
+        };
+        let body = collect(started).await.unwrap().into_body();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// A chat's answer of one choice, as [`ResponseMeta`] sets it up.
+    fn chat_meta(
+        tokenizer: &Arc<TextTokenizer>,
+        reasoning: Option<api::ReasoningOptions>,
+        tool_parser: Option<ToolCallParser>,
+    ) -> ResponseMeta {
+        ResponseMeta {
+            id: "chatcmpl-1".into(),
+            created: 0,
+            fingerprint: "fp".into(),
+            model: "m".into(),
+            endpoint: Endpoint::Chat,
+            logprobs: None,
+            tokens_as_ids: false,
+            prompt_logprobs: None,
+            tokenizer: tokenizer.clone(),
+            n: 1,
+            prompt_lens: vec![3],
+            echoes: Vec::new(),
+            keep_generated: true,
+            continuous_usage: false,
+            include_usage: true,
+            tool: None,
+            tool_parser,
+            call_id: crate::server::tool_parser::openai_call_id,
+            parallel_tool_calls: true,
+            grammar_param: None,
+            reasoning,
+        }
+    }
+
+    /// One event per text, the last finishing the output.
+    fn text_events(texts: &[&str]) -> Vec<StreamEvent> {
+        (texts.iter().enumerate())
+            .map(|(i, t)| StreamEvent::Token {
+                index: 0,
+                tokens: 1,
+                logprobs: Vec::new(),
+                text: t.to_string(),
+                finish: (i + 1 == texts.len()).then_some(Finish {
+                    reason: infer_core::FinishReason::Stop,
+                    prompt_tokens: 3,
+                    completion_tokens: texts.len(),
+                    cached_tokens: 0,
+                }),
+                prompt_logprobs: None,
+                stop_reason: None,
+            })
+            .collect()
+    }
+
+    /// A reasoning model's chat: its thinking is `reasoning`, the rest `content` (which
+    /// alone the tool parser reads), streamed as it comes or whole, adding up alike.
+    #[tokio::test]
+    async fn a_reasoning_models_thinking_is_split_from_its_answer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("qwen");
+        let spec = crate::tools::make_model::ModelSpec::new(crate::Arch::Qwen3);
+        crate::tools::make_model::make_model(&spec, &dir).unwrap();
+        let tokenizer = Arc::new(TextTokenizer::from_dir(&dir).unwrap());
+        let options = |include, stream| api::ReasoningOptions {
+            separate: true,
+            include,
+            stream,
+        };
+        let texts = [
+            "<think>",
+            "Hm",
+            " so</th",
+            "ink>",
+            "\n\nOs",
+            "lo <tool_call>{\"name\": \"f\", \"arguments\": {}}",
+            "</tool_call>",
+        ];
+        // (reasoning options, tool parser, reasoning chunks, content, calls)
+        let cases = [
+            (
+                options(true, true),
+                None,
+                2,
+                "\n\nOslo <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                0,
+            ),
+            (
+                options(true, false),
+                None,
+                1,
+                "\n\nOslo <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                0,
+            ),
+            (
+                options(false, true),
+                None,
+                0,
+                "\n\nOslo <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                0,
+            ),
+            (
+                options(true, true),
+                Some(ToolCallParser::Hermes),
+                2,
+                "\n\nOslo ",
+                1,
+            ),
+        ];
+        for (answer, parser, reasoning_chunks, content, calls) in cases {
+            let case = format!("{answer:?} {parser:?}");
+            let chunks = streamed(
+                text_events(&texts),
+                chat_meta(&tokenizer, Some(answer), parser),
+            )
+            .await;
+            let deltas: Vec<&Value> = chunks
+                .iter()
+                .filter_map(|c| c["choices"].get(0))
+                .map(|c| &c["delta"])
+                .collect();
+            assert_eq!(deltas[0]["role"], "assistant", "{case}");
+            assert!(
+                deltas[1..].iter().all(|d| d.get("role").is_none()),
+                "{case}"
+            );
+            let reasoning: Vec<&str> = deltas
+                .iter()
+                .filter_map(|d| d["reasoning"].as_str())
+                .collect();
+            assert_eq!(reasoning.len(), reasoning_chunks, "{case}: {reasoning:?}");
+            let want_reasoning = if answer.include { "Hm so" } else { "" };
+            assert_eq!(reasoning.concat(), want_reasoning, "{case}");
+            let streamed_content: String = deltas
+                .iter()
+                .filter_map(|d| d["content"].as_str())
+                .collect();
+            assert_eq!(streamed_content, content, "{case}");
+            let streamed_calls = deltas
+                .iter()
+                .filter_map(|d| d["tool_calls"].as_array())
+                .flatten()
+                .count();
+            assert_eq!(streamed_calls, calls, "{case}");
+            let usage = &chunks.last().unwrap()["usage"];
+            assert_eq!(
+                usage["completion_tokens_details"]["reasoning_tokens"], 4,
+                "{case}"
+            );
+            // The whole answer says the same.
+            let whole = collected(
+                text_events(&texts),
+                chat_meta(&tokenizer, Some(answer), parser),
+            )
+            .await;
+            let message = &whole["choices"][0]["message"];
+            assert_eq!(
+                message["reasoning"],
+                json!(answer.include.then_some("Hm so")),
+                "{case}"
+            );
+            assert_eq!(message["content"], content, "{case}");
+            assert_eq!(
+                message["tool_calls"].as_array().map_or(0, Vec::len),
+                calls,
+                "{case}"
+            );
+            assert_eq!(whole["usage"], *usage, "{case}");
+        }
+        // Cut while thinking: all reasoning, no content.
+        let whole = collected(
+            text_events(&["Hm", " so"]),
+            chat_meta(&tokenizer, Some(options(true, true)), None),
+        )
+        .await;
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(
+            (&message["reasoning"], &message["content"]),
+            (&json!("Hm so"), &Value::Null)
+        );
+        // Without a parser, the output is all content, and no reasoning is told of.
+        let whole = collected(text_events(&texts[..5]), chat_meta(&tokenizer, None, None)).await;
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(message["content"], "<think>Hm so</think>\n\nOs");
+        assert!(
+            message.get("reasoning").is_none()
+                && whole["usage"].get("completion_tokens_details").is_none()
+        );
+    }
+
     /// What the client reads of a stream's choice: its text, each logprob entry (tokens
     /// with their offsets, or chat's content entries), its finish and the usage.
     fn read(chunks: &[Value], endpoint: Endpoint) -> (String, Vec<Value>, Value, Value) {
@@ -1361,6 +1730,7 @@ mod tests {
                 call_id: crate::server::tool_parser::openai_call_id,
                 parallel_tool_calls: true,
                 grammar_param: None,
+                reasoning: None,
             };
             let whole = streamed(one_by_one.clone(), meta()).await;
             let lagging = streamed(merged.clone(), meta()).await;

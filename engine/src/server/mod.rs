@@ -16,6 +16,7 @@ pub mod metrics;
 mod outbox;
 mod pace;
 mod prompt;
+pub mod reasoning;
 pub mod request_path;
 mod responses;
 mod routes;
@@ -85,6 +86,9 @@ pub struct ServeConfig {
     /// Reads `tool_choice: "auto"` outputs for calls (`--enable-auto-tool-choice
     /// --tool-call-parser`); `None`: such requests are refused, as vLLM refuses them.
     pub tool_call_parser: Option<tool_parser::ToolCallParser>,
+    /// Splits a chat's output into its `reasoning` and `content` (`--reasoning-parser`);
+    /// `None`: the output is all content.
+    pub reasoning_parser: Option<reasoning::ReasoningParser>,
     /// Sample with the model's `generation_config.json` defaults where a request leaves a
     /// parameter out (vLLM's `--generation-config auto`, its default); `false`: the API's
     /// own defaults (`--generation-config vllm`).
@@ -127,6 +131,7 @@ impl ServeConfig {
             load_format: LoadFormat::default(),
             compact_json: false,
             tool_call_parser: None,
+            reasoning_parser: None,
             model_sampling_defaults: true,
         }
     }
@@ -176,6 +181,8 @@ struct Shared {
     /// `--structured-outputs-disable-any-whitespace`.
     compact_json: bool,
     tool_call_parser: Option<tool_parser::ToolCallParser>,
+    /// `--reasoning-parser`, with its markers' ids in the served tokenizer.
+    reasoning: Option<(reasoning::ReasoningParser, reasoning::ReasoningTokens)>,
     /// What a request that leaves a sampling parameter out samples with.
     sampling_defaults: crate::runtime::model::SamplingDefaults,
     /// Set when the device is lost: the server stops.
@@ -275,6 +282,10 @@ impl Engine {
         if let Some(template) = &cfg.chat_template {
             tokenizer = tokenizer.with_chat_template(template.clone())?;
         }
+        let reasoning = cfg
+            .reasoning_parser
+            .map(|p| Ok::<_, anyhow::Error>((p, p.tokens(&tokenizer)?)))
+            .transpose()?;
         let tokenizer = Arc::new(tokenizer);
         let root = lm.dir.display().to_string();
         let vocab_size = lm.config.vocab_size;
@@ -299,6 +310,12 @@ impl Engine {
         if let Some(parser) = cfg.tool_call_parser {
             defaults_log += &format!(
                 "\ntool_choice \"auto\": the {} parser reads calls from the output",
+                parser.name()
+            );
+        }
+        if let Some(parser) = cfg.reasoning_parser {
+            defaults_log += &format!(
+                "\nchats' reasoning: the {} parser splits it from the content at </think>",
                 parser.name()
             );
         }
@@ -389,6 +406,7 @@ impl Engine {
                 load_format: cfg.load_format,
                 compact_json: cfg.compact_json,
                 tool_call_parser: cfg.tool_call_parser,
+                reasoning,
                 sampling_defaults,
                 health,
                 request_path,

@@ -130,7 +130,14 @@ async fn respond(
     let created_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let mut answer = Answer::new(&suffix, created_at, &state.inner.model_name, request.echo);
+    let thinking = started.splits_reasoning();
+    let mut answer = Answer::new(
+        &suffix,
+        created_at,
+        &state.inner.model_name,
+        request.echo,
+        thinking,
+    );
     let mut chunks = Box::pin(chunks(started));
     if !request.stream {
         while let Some(chunk) = chunks.next().await {
@@ -498,7 +505,29 @@ fn messages(
                         item.get("status").and_then(Value::as_str),
                         Some("in_progress" | "incomplete")
                     );
-                out.push(json!({"role": role, "content": text}));
+                match out.last_mut() {
+                    // The answer its reasoning item began.
+                    Some(last) if role == "assistant" && thought_only(last) => {
+                        last["content"] = text
+                    }
+                    _ => out.push(json!({"role": role, "content": text})),
+                }
+            }
+            Some("reasoning") => {
+                // A turn's thinking (as this server answers it): the next assistant
+                // message's, or its calls'.
+                let parts = item.get("content").and_then(Value::as_array);
+                let texts = parts.into_iter().flatten().map(|p| {
+                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                        (Some("reasoning_text"), Some(Value::String(t))) => Ok(t.as_str()),
+                        _ => Err(bad(
+                            &param,
+                            "a reasoning item's content is a list of reasoning_text parts",
+                        )),
+                    }
+                });
+                let text = texts.collect::<Result<Vec<_>, _>>()?.concat();
+                out.push(json!({"role": "assistant", "content": "", "reasoning": text}));
             }
             Some("function_call") => {
                 let call = json!({"id": field("call_id")?, "type": "function",
@@ -529,14 +558,22 @@ fn messages(
                 return Err(bad(
                     &param,
                     format!(
-                        "{other} items are not supported: input takes messages, function_call \
-                         and function_call_output items"
+                        "{other} items are not supported: input takes messages, reasoning, \
+                         function_call and function_call_output items"
                     ),
                 ))
             }
         }
     }
     Ok((out, continue_final))
+}
+
+/// Whether a chat message is an assistant turn of thinking alone, so far.
+fn thought_only(m: &Value) -> bool {
+    m["role"] == "assistant"
+        && m.get("reasoning").is_some()
+        && m["content"] == ""
+        && m.get("tool_calls").is_none()
 }
 
 /// A message's content as a chat takes it: a text, or its text parts (`input_text`,
@@ -645,8 +682,13 @@ fn chat_tool_choice(choice: &Value) -> Result<Value, ApiError> {
     }
 }
 
+/// Where the reasoning item is in `output`: first, as thinking comes before the answer.
+const REASONING_INDEX: usize = 0;
+
 /// One item of a response's `output`.
 enum Item {
+    /// A reasoning model's thinking (`--reasoning-parser`), before its answer.
+    Reasoning,
     Message,
     /// A function call, by its place in [`Answer::calls`].
     Call(usize),
@@ -667,6 +709,12 @@ struct Answer {
     model: String,
     echo: Map<String, Value>,
     output: Vec<Item>,
+    /// The output is a reasoning model's, which thinks before it answers: until the answer
+    /// begins, the tokens' logprobs are its thinking's, which OpenAI does not give.
+    thinking: bool,
+    reasoning: String,
+    /// The reasoning item is open (its text may grow).
+    reasoning_open: bool,
     /// The message is open (its text may grow).
     message_open: bool,
     text: String,
@@ -685,13 +733,22 @@ struct Answer {
 }
 
 impl Answer {
-    fn new(suffix: &str, created_at: u64, model: &str, echo: Map<String, Value>) -> Self {
+    fn new(
+        suffix: &str,
+        created_at: u64,
+        model: &str,
+        echo: Map<String, Value>,
+        thinking: bool,
+    ) -> Self {
         Answer {
             suffix: suffix.to_string(),
             created_at,
             model: model.to_string(),
             echo,
             output: Vec::new(),
+            thinking,
+            reasoning: String::new(),
+            reasoning_open: false,
             message_open: false,
             text: String::new(),
             logprobs: Vec::new(),
@@ -707,6 +764,70 @@ impl Answer {
 
     fn message_id(&self) -> String {
         format!("msg_{}", self.suffix)
+    }
+
+    fn reasoning_id(&self) -> String {
+        format!("rs_{}", self.suffix)
+    }
+
+    /// The reasoning item, as OpenAI's open-weight models' (its text in `content`, no
+    /// summary).
+    fn reasoning_item(&self, status: &str) -> Value {
+        // Cut at `max_output_tokens` before the answer began: the thinking was cut.
+        let status = match status {
+            "completed" if self.thinking && self.finish.as_deref() == Some("length") => {
+                "incomplete"
+            }
+            _ => status,
+        };
+        let content = if status == "in_progress" {
+            json!([])
+        } else {
+            json!([{"type": "reasoning_text", "text": self.reasoning}])
+        };
+        json!({"type": "reasoning", "id": self.reasoning_id(), "summary": [], "content": content,
+               "encrypted_content": null, "status": status})
+    }
+
+    fn open_reasoning(&mut self) -> Vec<Value> {
+        self.reasoning_open = true;
+        self.output.push(Item::Reasoning);
+        let (index, id) = (self.output.len() - 1, self.reasoning_id());
+        let item = self.reasoning_item("in_progress");
+        vec![
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+            ),
+            self.event(
+                "response.content_part.added",
+                json!({"output_index": index, "item_id": id, "content_index": 0,
+                       "part": {"type": "reasoning_text", "text": ""}}),
+            ),
+        ]
+    }
+
+    fn close_reasoning(&mut self) -> Vec<Value> {
+        self.reasoning_open = false;
+        self.items_done += 1;
+        let id = self.reasoning_id();
+        let part = json!({"type": "reasoning_text", "text": self.reasoning});
+        let item = self.reasoning_item("completed");
+        vec![
+            self.event(
+                "response.reasoning_text.done",
+                json!({"output_index": REASONING_INDEX, "item_id": id, "content_index": 0,
+                       "text": self.reasoning}),
+            ),
+            self.event(
+                "response.content_part.done",
+                json!({"output_index": REASONING_INDEX, "item_id": id, "content_index": 0, "part": part}),
+            ),
+            self.event(
+                "response.output_item.done",
+                json!({"output_index": REASONING_INDEX, "item": item}),
+            ),
+        ]
     }
 
     /// An event of `kind` with `fields`, numbered.
@@ -827,6 +948,30 @@ impl Answer {
         let delta = &choice["delta"];
         let text = delta["content"].as_str().unwrap_or_default();
         let calls = delta["tool_calls"].as_array().filter(|c| !c.is_empty());
+        let thought = delta["reasoning"].as_str().unwrap_or_default();
+        if !thought.is_empty() {
+            if !self.reasoning_open {
+                events.extend(self.open_reasoning());
+            }
+            self.reasoning.push_str(thought);
+            let id = self.reasoning_id();
+            events.push(self.event(
+                "response.reasoning_text.delta",
+                json!({"output_index": REASONING_INDEX, "item_id": id, "content_index": 0, "delta": thought}),
+            ));
+        }
+        if self.thinking {
+            // The thinking's tokens (`</think>` with them) have no logprobs here; the
+            // answer's first text takes the last ones, those its bytes cover.
+            if !text.is_empty() || calls.is_some() {
+                self.thinking = false;
+                if self.reasoning_open {
+                    events.extend(self.close_reasoning());
+                }
+            }
+            let kept = self.pending_covering_last(text.len());
+            self.pending_logprobs = kept;
+        }
         if !text.is_empty() {
             if !self.message_open {
                 events.extend(self.open_message());
@@ -910,6 +1055,19 @@ impl Answer {
         self.pending_logprobs.drain(..count).collect()
     }
 
+    /// The last pending logprobs whose tokens' text makes the last `bytes` bytes.
+    fn pending_covering_last(&mut self, bytes: usize) -> Vec<Value> {
+        let mut covered = 0;
+        let count = (self.pending_logprobs.iter().rev())
+            .take_while(|entry| {
+                covered += entry["bytes"].as_array().map_or(0, Vec::len);
+                covered <= bytes
+            })
+            .count();
+        let from = self.pending_logprobs.len() - count;
+        self.pending_logprobs.split_off(from)
+    }
+
     fn close_call(&mut self, index: usize) -> Vec<Value> {
         self.items_done += 1;
         let output_index = self.output_index_of_call(index);
@@ -956,6 +1114,11 @@ impl Answer {
     /// an empty message), and the response is whole.
     fn end(&mut self) -> Vec<Value> {
         let mut events = Vec::new();
+        if self.reasoning_open {
+            events.extend(self.close_reasoning());
+        }
+        // An answer of no text, no calls and no thinking is an empty message (one cut while
+        // thinking is its reasoning alone, as vLLM answers it).
         if self.output.is_empty() {
             events.extend(self.open_message());
         }
@@ -998,6 +1161,7 @@ impl Answer {
                         _ => "completed",
                     };
                     match item {
+                        Item::Reasoning => self.reasoning_item(status),
                         Item::Message => self.message_item(status),
                         Item::Call(i) => self.call_item(*i, status),
                     }
@@ -1010,7 +1174,8 @@ impl Answer {
                 "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"],
                                          "cache_write_tokens": 0},
                 "output_tokens": u["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens":
+                    u["completion_tokens_details"]["reasoning_tokens"].as_u64().unwrap_or(0)},
                 "total_tokens": u["total_tokens"],
             })
         });
@@ -1235,14 +1400,19 @@ mod tests {
 
     /// Every event a stream of `chunks` sends, and the response a whole answer gives.
     fn told(chunks: &[Value]) -> (Vec<Value>, Value) {
+        told_of(chunks, false)
+    }
+
+    /// [`told`] of a reasoning model's chunks (`thinking`), or not.
+    fn told_of(chunks: &[Value], thinking: bool) -> (Vec<Value>, Value) {
         let echo = request(json!({"input": "x"})).unwrap().echo;
-        let mut a = Answer::new("ab12", 9, "m", echo.clone());
+        let mut a = Answer::new("ab12", 9, "m", echo.clone(), thinking);
         let mut events = a.opening();
         for c in chunks {
             events.extend(a.take(c));
         }
         events.extend(a.end());
-        let mut whole = Answer::new("ab12", 9, "m", echo);
+        let mut whole = Answer::new("ab12", 9, "m", echo, thinking);
         for c in chunks {
             whole.take(c);
         }
@@ -1306,6 +1476,89 @@ mod tests {
                    "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
                    "total_tokens": 8})
         );
+    }
+
+    #[test]
+    fn a_reasoning_models_thinking_is_a_reasoning_item_before_the_message() {
+        let entry = |t: &str| json!({"token": t, "logprob": -0.5, "bytes": t.as_bytes(), "top_logprobs": []});
+        let (events, whole) = told_of(
+            &[
+                chat_chunk(
+                    json!({"role": "assistant", "reasoning": "Hm,"}),
+                    json!({"content": [entry("Hm,")]}),
+                    Value::Null,
+                ),
+                chat_chunk(json!({"reasoning": " yes."}), Value::Null, Value::Null),
+                // `</think>` alone, then the answer.
+                chat_chunk(
+                    json!({"content": ""}),
+                    json!({"content": [entry("</think>")]}),
+                    Value::Null,
+                ),
+                chat_chunk(
+                    json!({"content": "Oslo"}),
+                    json!({"content": [entry("Oslo")]}),
+                    json!("stop"),
+                ),
+                json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                       "prompt_tokens_details": {"cached_tokens": 0},
+                       "completion_tokens_details": {"reasoning_tokens": 3}}}),
+            ],
+            true,
+        );
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        assert_eq!(events.last().unwrap()["response"], whole);
+        assert_eq!(
+            whole["output"][0],
+            json!({"type": "reasoning", "id": "rs_ab12", "summary": [],
+                   "content": [{"type": "reasoning_text", "text": "Hm, yes."}],
+                   "encrypted_content": null, "status": "completed"})
+        );
+        assert_eq!(events[6]["text"], "Hm, yes.");
+        assert_eq!(whole["output"][1]["content"][0]["text"], "Oslo");
+        // The answer's logprobs alone: the thinking's, `</think>`'s included, are not given.
+        assert_eq!(
+            whole["output"][1]["content"][0]["logprobs"],
+            json!([entry("Oslo")])
+        );
+        assert_eq!(
+            whole["usage"]["output_tokens_details"],
+            json!({"reasoning_tokens": 3})
+        );
+        // Cut while thinking: the reasoning alone, incomplete as the response is.
+        let (_, cut) = told_of(
+            &[chat_chunk(
+                json!({"role": "assistant", "reasoning": "Hm"}),
+                Value::Null,
+                json!("length"),
+            )],
+            true,
+        );
+        assert_eq!(cut["status"], "incomplete");
+        assert_eq!(cut["output"].as_array().unwrap().len(), 1);
+        assert_eq!(cut["output"][0]["type"], "reasoning");
+        assert_eq!(cut["output"][0]["status"], "incomplete");
     }
 
     #[test]
@@ -1434,7 +1687,7 @@ mod tests {
     #[test]
     fn a_failure_is_an_error_event_then_response_failed() {
         let echo = request(json!({"input": "x"})).unwrap().echo;
-        let mut a = Answer::new("ab12", 9, "m", echo);
+        let mut a = Answer::new("ab12", 9, "m", echo, false);
         a.opening();
         a.take(&chat_chunk(
             json!({"content": "Hi"}),

@@ -64,6 +64,9 @@ impl ModelSpec {
 /// Per architecture: special tokens (in id order from 0), chat template, BOS and EOS.
 struct TokenFormat {
     specials: &'static [&'static str],
+    /// Added tokens after the special ones that are text, not special (decoded whatever
+    /// `skip_special_tokens` says): Qwen3's thinking markers, as its tokenizer has them.
+    added_text: &'static [&'static str],
     bos: Option<&'static str>,
     /// `tokenizer_config.json`'s eos_token.
     eos: &'static str,
@@ -76,6 +79,7 @@ fn token_format(arch: Arch) -> TokenFormat {
     match arch {
         Arch::Llama => TokenFormat {
             specials: &["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+            added_text: &[],
             bos: Some("<|begin_of_text|>"),
             eos: "<|eot_id|>",
             stop: &["<|end_of_text|>", "<|eot_id|>"],
@@ -83,6 +87,7 @@ fn token_format(arch: Arch) -> TokenFormat {
         },
         Arch::Qwen2 | Arch::Qwen3 => TokenFormat {
             specials: &["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            added_text: if arch == Arch::Qwen3 { &["<think>", "</think>"] } else { &[] },
             bos: None,
             eos: "<|im_end|>",
             stop: &["<|im_end|>", "<|endoftext|>"],
@@ -90,6 +95,7 @@ fn token_format(arch: Arch) -> TokenFormat {
         },
         Arch::Mistral => TokenFormat {
             specials: &["<unk>", "<s>", "</s>", "[INST]", "[/INST]"],
+            added_text: &[],
             bos: Some("<s>"),
             eos: "</s>",
             stop: &["</s>"],
@@ -97,6 +103,7 @@ fn token_format(arch: Arch) -> TokenFormat {
         },
         Arch::Phi3 => TokenFormat {
             specials: &["<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>", "<|system|>"],
+            added_text: &[],
             bos: Some("<s>"),
             eos: "<|endoftext|>",
             stop: &["<|endoftext|>", "<|assistant|>", "<|end|>"],
@@ -104,6 +111,7 @@ fn token_format(arch: Arch) -> TokenFormat {
         },
         Arch::Gemma3 => TokenFormat {
             specials: &["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"],
+            added_text: &[],
             bos: Some("<bos>"),
             eos: "<eos>",
             stop: &["<eos>", "<end_of_turn>"],
@@ -159,12 +167,11 @@ fn write_json(path: &Path, v: &Value) -> Result<()> {
 }
 
 fn tokenizer_config(fmt: &TokenFormat) -> Value {
-    let added: serde_json::Map<String, Value> = fmt
-        .specials
-        .iter()
+    let added: serde_json::Map<String, Value> = (fmt.specials.iter().map(|t| (t, true)))
+        .chain(fmt.added_text.iter().map(|t| (t, false)))
         .enumerate()
-        .map(|(i, t)| {
-            (i.to_string(), json!({"content": t, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}))
+        .map(|(i, (t, special))| {
+            (i.to_string(), json!({"content": t, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": special}))
         })
         .collect();
     json!({
@@ -446,7 +453,7 @@ fn train_tokenizer(fmt: &TokenFormat, vocab: usize) -> Result<String> {
     use tokenizers::processors::template::TemplateProcessing;
     use tokenizers::{AddedToken, Tokenizer};
 
-    let min_vocab = 256 + fmt.specials.len();
+    let min_vocab = 256 + fmt.specials.len() + fmt.added_text.len();
     if vocab < min_vocab {
         bail!("vocab {vocab} too small: a byte-level tokenizer needs at least {min_vocab} tokens");
     }
@@ -454,9 +461,9 @@ fn train_tokenizer(fmt: &TokenFormat, vocab: usize) -> Result<String> {
     let mut tok = Tokenizer::new(BPE::default());
     tok.with_pre_tokenizer(Some(byte_level));
     tok.with_decoder(Some(ByteLevelDecoder::default()));
-    let specials: Vec<AddedToken> = fmt
-        .specials
-        .iter()
+    // The text tokens are trained as special ones (whole, never merged into), then marked
+    // text below.
+    let specials: Vec<AddedToken> = (fmt.specials.iter().chain(fmt.added_text))
         .map(|t| AddedToken::from(t.to_string(), true))
         .collect();
     let mut trainer: tokenizers::models::TrainerWrapper = BpeTrainerBuilder::new()
@@ -482,8 +489,19 @@ fn train_tokenizer(fmt: &TokenFormat, vocab: usize) -> Result<String> {
             .build()?;
         tok.with_post_processor(Some(post));
     }
-    tok.to_string(true)
-        .map_err(|e| anyhow::anyhow!("serialising tokenizer: {e}"))
+    let json = tok
+        .to_string(true)
+        .map_err(|e| anyhow::anyhow!("serialising tokenizer: {e}"))?;
+    if fmt.added_text.is_empty() {
+        return Ok(json);
+    }
+    let mut v: Value = serde_json::from_str(&json)?;
+    for t in v["added_tokens"].as_array_mut().into_iter().flatten() {
+        if fmt.added_text.iter().any(|a| t["content"] == *a) {
+            t["special"] = json!(false);
+        }
+    }
+    Ok(serde_json::to_string_pretty(&v)?)
 }
 
 #[cfg(test)]
