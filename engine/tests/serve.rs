@@ -2816,6 +2816,23 @@ async fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
     let content = v["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(["yes", "no"].contains(&content), "{v}");
 
+    // A prompt that has ended the thinking (an answer continued after `</think>`): the
+    // output is all answer, the grammar from its first token.
+    let continued = json!({"messages": [{"role": "user", "content": "Is it raining?"},
+                                        {"role": "assistant", "content": "<think>\n\n</think>\n\n"}],
+                           "continue_final_message": true, "add_generation_prompt": false,
+                           "temperature": 0, "max_tokens": 6,
+                           "logit_bias": {&end: 100},
+                           "structured_outputs": {"choice": ["yes", "no"]}});
+    let (status, v) = post(&client, &chat, continued).await;
+    assert_eq!(status, 200, "{v}");
+    let message = &v["choices"][0]["message"];
+    assert!(
+        ["yes", "no"].contains(&message["content"].as_str().unwrap()),
+        "{v}"
+    );
+    assert!(message.get("reasoning").is_none(), "{v}");
+
     // The Responses API: the thinking is a reasoning item before the answer.
     let (status, r) = post(
         &client,

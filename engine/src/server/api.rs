@@ -1062,17 +1062,20 @@ fn parse_messages(
             };
             // An assistant turn's thinking, as this server answers it (`reasoning`, vLLM's
             // name) or under vLLM's older name.
-            message.reasoning_content = match (m.get("reasoning"), m.get("reasoning_content")) {
-                (Some(Value::String(r)), _)
-                | (None | Some(Value::Null), Some(Value::String(r))) => Some(r.clone()),
-                (None | Some(Value::Null), None | Some(Value::Null)) => None,
-                _ => {
-                    return Err(ApiError::bad_request(
-                        Some(&param),
-                        "reasoning must be a string",
-                    ))
+            for key in ["reasoning", "reasoning_content"] {
+                match m.get(key) {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(r)) => {
+                        message.reasoning_content.get_or_insert_with(|| r.clone());
+                    }
+                    Some(other) => {
+                        return Err(ApiError::bad_request(
+                            Some(&param),
+                            format!("{key} must be a string, not {}", type_name(other)),
+                        ))
+                    }
                 }
-            };
+            }
             message.tool_call_id = match m.get("tool_call_id") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(id)) => Some(id.clone()),
@@ -1361,6 +1364,20 @@ mod tests {
             panic!("a chat")
         };
         assert_eq!(messages[0].name.as_deref(), Some("ann"));
+        assert_eq!(messages[1].reasoning_content, None);
+        // A turn's thinking, under this server's name or vLLM's older one.
+        for key in ["reasoning", "reasoning_content"] {
+            let body =
+                format!(r#"{{"messages":[{{"role":"assistant","content":"yes","{key}":"hm"}}]}}"#);
+            let r = parse(&body, Endpoint::Chat).unwrap();
+            let Prompt::Chat(messages) = &r.prompts[0] else {
+                panic!("a chat")
+            };
+            assert_eq!(messages[0].reasoning_content.as_deref(), Some("hm"));
+            let bad = body.replace(r#""hm""#, "5");
+            let e = parse(&bad, Endpoint::Chat).unwrap_err();
+            assert!(e.message.starts_with(key), "{}", e.message);
+        }
         let calls = messages[1].tool_calls.as_ref().unwrap();
         assert_eq!(calls[0]["function"]["arguments"], json!({"a": 1}));
         assert_eq!(calls[1]["function"]["arguments"], json!({}));

@@ -140,7 +140,8 @@ pub(super) async fn start(
                  to be set (or use \"required\" or name a function)",
             )),
         };
-    // A reasoning model's chat: its thinking split off, the grammar (if any) after it.
+    // A reasoning model's chat: its thinking split off, the grammar (if any) after it
+    // (unless the prompt has ended the thinking already: checked once it is tokenised).
     let reasoning = s.reasoning.filter(|(parser, _)| {
         endpoint == Endpoint::Chat && req.reasoning.separate && parser.thinks(&req.template.kwargs)
     });
@@ -236,6 +237,10 @@ pub(super) async fn start(
         .await??
     };
     let s = &state.inner;
+    // A prompt that ends with the thinking done (a template that turns thinking off, an
+    // answer being continued) is answered at once, as vLLM reads it.
+    let reasoning =
+        reasoning.filter(|(_, markers)| !tokenized.iter().any(|t| markers.ends_thinking(t)));
     if let Some((_, markers)) = reasoning {
         constraint = constraint.map(|c| c.starting_after(markers.end));
     }
@@ -347,6 +352,7 @@ pub(super) async fn start(
                 first_index: i * req.n,
                 arrival,
                 events: tx.clone(),
+                thinking_end: reasoning.map(|(_, markers)| markers.end),
             }
         })
         .collect();
@@ -527,8 +533,8 @@ impl ResponseMeta {
     /// choice's, which computed it), the completions summed (none when the computed token
     /// is not returned). A reasoning model's chat tells how many of those tokens thought
     /// (`reasoning_tokens`, summed likewise), as OpenAI's usage does.
-    fn usage_of(&self, finished: &[Option<Finish>], reasoning_tokens: usize) -> Value {
-        let (mut prompt, mut completion, mut cached) = (0, 0, 0);
+    fn usage_of(&self, finished: &[Option<Finish>]) -> Value {
+        let (mut prompt, mut completion, mut cached, mut reasoning) = (0, 0, 0, 0);
         for (i, f) in finished.iter().enumerate() {
             let Some(f) = f else { continue };
             if i % self.n == 0 {
@@ -537,11 +543,12 @@ impl ResponseMeta {
             }
             if self.keep_generated {
                 completion += f.completion_tokens;
+                reasoning += f.reasoning_tokens;
             }
         }
         let mut usage = Self::usage(prompt, completion, cached);
         if self.reasoning.is_some() {
-            usage["completion_tokens_details"] = json!({ "reasoning_tokens": reasoning_tokens });
+            usage["completion_tokens_details"] = json!({ "reasoning_tokens": reasoning });
         }
         usage
     }
@@ -799,49 +806,48 @@ struct StreamedChoice {
 /// Where a reasoning model's output stands, streamed or gathered.
 struct Thinking {
     split: ReasoningSplit,
+    /// What the request answers of the reasoning.
+    answer: api::ReasoningOptions,
     /// Reasoning to be answered and not yet sent (all of it when not streamed).
     unsent: String,
-    /// Tokens generated while thinking (up to and with `</think>`).
-    tokens: usize,
     /// Content (or a call) has been streamed: the content's first chunk is past.
     content_started: bool,
 }
 
+/// The next piece of a reasoning model's output, split.
+struct ThinkingPiece {
+    /// The reasoning to send now: as it comes, or whole once the thinking ends where it is
+    /// not streamed; none where it is not answered.
+    reasoning: Option<String>,
+    content: String,
+}
+
 impl Thinking {
-    fn new() -> Self {
+    fn new(answer: api::ReasoningOptions) -> Self {
         Thinking {
             split: ReasoningSplit::default(),
+            answer,
             unsent: String::new(),
-            tokens: 0,
             content_started: false,
         }
     }
 
-    /// Splits the next `text` (of `tokens` tokens; the last when `last`): its content, and
-    /// the reasoning to send now, where `answer` says to (whole once the thinking ends
-    /// where it is not streamed).
-    fn next(
-        &mut self,
-        text: &str,
-        tokens: usize,
-        last: bool,
-        answer: api::ReasoningOptions,
-    ) -> (String, Option<String>) {
-        if !self.split.answering() {
-            self.tokens += tokens;
-        }
+    /// Splits the next `text` of the output (its last when `last`).
+    fn next(&mut self, text: &str, last: bool) -> ThinkingPiece {
         let mut pieces = self.split.push(text);
         if last {
             let rest = self.split.finish();
             pieces.reasoning += &rest.reasoning;
             pieces.content += &rest.content;
         }
-        if answer.include {
+        if self.answer.include {
             self.unsent += &pieces.reasoning;
         }
-        let send = answer.stream || last || self.split.answering();
-        let reasoning = (send && !self.unsent.is_empty()).then(|| std::mem::take(&mut self.unsent));
-        (pieces.content, reasoning)
+        let send = self.answer.stream || last || self.split.answering();
+        ThinkingPiece {
+            reasoning: (send && !self.unsent.is_empty()).then(|| std::mem::take(&mut self.unsent)),
+            content: pieces.content,
+        }
     }
 }
 
@@ -868,7 +874,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
         let mut choices: Vec<StreamedChoice> = (0..meta.choices())
-            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, thinking: meta.reasoning.map(|_| Thinking::new()) })
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, thinking: meta.reasoning.map(Thinking::new) })
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
@@ -910,8 +916,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                     let chunk = match c.thinking.as_mut() {
                         None => meta.content_chunk(index, &text, &mut c.held, &mut c.content_sent, lp, reason, first),
                         Some(thinking) => {
-                            let answer = meta.reasoning.expect("a split output's answer");
-                            let (content, reasoning) = thinking.next(&text, tokens, finish.is_some(), answer);
+                            let ThinkingPiece { reasoning, content } = thinking.next(&text, finish.is_some());
                             // The content's chunk, once the thinking has ended, with the
                             // reasoning beside it; while thinking, the reasoning's.
                             let lp_null = lp.is_null();
@@ -956,8 +961,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                             guard.done = true;
                             if meta.include_usage {
                                 let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
-                                let reasoning_tokens = choices.iter().filter_map(|c| c.thinking.as_ref()).map(|t| t.tokens).sum();
-                                let u = meta.body(true, json!([]), Some(meta.usage_of(&finished, reasoning_tokens)));
+                                let u = meta.body(true, json!([]), Some(meta.usage_of(&finished)));
                                 yield u;
                             }
                             break;
@@ -1006,7 +1010,7 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
     } = started;
     let mut choices: Vec<Choice> = (0..meta.choices())
         .map(|_| Choice {
-            thinking: meta.reasoning.map(|_| Thinking::new()),
+            thinking: meta.reasoning.map(Thinking::new),
             ..Choice::default()
         })
         .collect();
@@ -1017,26 +1021,25 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
             StreamEvent::Token {
                 index,
                 text,
-                tokens,
                 logprobs,
                 finish,
                 prompt_logprobs,
                 stop_reason,
+                ..
             } => {
                 if prompt_logprobs.is_some() {
                     echoed[index / meta.n] = prompt_logprobs;
                 }
                 let c = &mut choices[index];
                 if meta.keep_generated {
-                    match (&mut c.thinking, meta.reasoning) {
-                        (Some(thinking), Some(answer)) => {
-                            let (content, reasoning) =
-                                thinking.next(&text, tokens, finish.is_some(), answer);
-                            c.text.push_str(&content);
+                    match &mut c.thinking {
+                        Some(thinking) => {
+                            let piece = thinking.next(&text, finish.is_some());
+                            c.text.push_str(&piece.content);
                             c.reasoning
-                                .push_str(reasoning.as_deref().unwrap_or_default());
+                                .push_str(piece.reasoning.as_deref().unwrap_or_default());
                         }
-                        _ => c.text.push_str(&text),
+                        None => c.text.push_str(&text),
                     }
                     if meta.logprobs.is_some() {
                         c.logprobs
@@ -1053,10 +1056,6 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
                 }
                 guard.done = true;
                 let finished: Vec<Option<Finish>> = choices.iter().map(|c| c.finish).collect();
-                let reasoning_tokens = (choices.iter())
-                    .filter_map(|c| c.thinking.as_ref())
-                    .map(|t| t.tokens)
-                    .sum();
                 for (i, c) in choices.iter_mut().enumerate() {
                     // Each choice repeats its prompt first.
                     let Some(echo) = meta.echo(i) else { break };
@@ -1094,7 +1093,7 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
                         Endpoint::Chat => top_level = scored.into_iter().next(),
                     }
                 }
-                let usage = meta.usage_of(&finished, reasoning_tokens);
+                let usage = meta.usage_of(&finished);
                 let mut response = meta.body(false, Value::Array(body), Some(usage));
                 if let Some(scored) = top_level {
                     response["prompt_logprobs"] = scored;
@@ -1468,6 +1467,8 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: texts.len(),
                     cached_tokens: 0,
+                    // As the engine counts them: up to and with `</think>`.
+                    reasoning_tokens: 4,
                 }),
                 prompt_logprobs: None,
                 stop_reason: None,
@@ -1688,6 +1689,7 @@ mod tests {
                     prompt_tokens: 3,
                     completion_tokens: total,
                     cached_tokens: 0,
+                    reasoning_tokens: 0,
                 }),
                 prompt_logprobs: None,
                 stop_reason: None,

@@ -25,6 +25,9 @@ pub struct NewRequest {
     pub first_index: usize,
     pub arrival: Instant,
     pub events: Outbox,
+    /// A reasoning model's `</think>`: each sequence's tokens up to it (and it) are its
+    /// reasoning, counted in its [`Finish`].
+    pub thinking_end: Option<u32>,
 }
 
 pub enum Command {
@@ -119,6 +122,9 @@ pub struct Finish {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Of the completion's tokens, those a reasoning model thought with (up to and with its
+    /// `</think>`; all of them if it never wrote it); 0 where no thinking is counted.
+    pub reasoning_tokens: usize,
 }
 
 /// A sequence's client side: where its tokens go (one channel per HTTP request, shared by
@@ -134,6 +140,10 @@ struct Client {
     prompt_tokens: usize,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// A reasoning model's: its thinking's end token, and whether it has been sampled.
+    thinking: Option<(u32, bool)>,
+    /// Tokens generated while thinking.
+    reasoning_tokens: usize,
 }
 
 pub struct EngineLoop {
@@ -302,6 +312,8 @@ impl EngineLoop {
                 prompt_tokens,
                 first_token: None,
                 last_token: None,
+                thinking: r.thinking_end.map(|end| (end, false)),
+                reasoning_tokens: 0,
             };
             self.clients.insert(id, client);
         }
@@ -380,11 +392,18 @@ impl EngineLoop {
             }
         }
         client.last_token = Some(now);
+        if let Some((end, ended)) = &mut client.thinking {
+            if !*ended {
+                client.reasoning_tokens += 1;
+                *ended = t.token == *end;
+            }
+        }
         let end = t.finish.map(|(reason, stats)| Finish {
             reason,
             prompt_tokens: stats.prompt_tokens,
             completion_tokens: stats.output_tokens,
             cached_tokens: stats.cached_tokens,
+            reasoning_tokens: client.reasoning_tokens,
         });
         // Count a finished request before the client can see its end, so that a client
         // reading /metrics right after its last chunk sees it.
@@ -517,6 +536,7 @@ mod tests {
             first_index: 0,
             arrival: Instant::now(),
             events,
+            thinking_end: None,
         }
     }
 

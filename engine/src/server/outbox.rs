@@ -283,6 +283,7 @@ mod tests {
             prompt_tokens: 1,
             completion_tokens: MERGE_AFTER + 1,
             cached_tokens: 0,
+            reasoning_tokens: 0,
         };
         let mut last = token(1, "end", 99);
         if let StreamEvent::Token { finish: f, .. } = &mut last {

@@ -34,6 +34,8 @@ pub enum ReasoningParser {
 /// What a served tokenizer needs for a reasoning parser: the ids of its markers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningTokens {
+    /// `<think>`'s id.
+    pub start: u32,
     /// `</think>`'s id: the token after which a grammar applies.
     pub end: u32,
     /// Whether the tokenizer marks either marker special: then a request keeps special
@@ -65,7 +67,11 @@ impl ReasoningParser {
         let special = [start, end]
             .iter()
             .any(|t| added.get(t).is_some_and(|a| a.special));
-        Ok(ReasoningTokens { end, special })
+        Ok(ReasoningTokens {
+            start,
+            end,
+            special,
+        })
     }
 
     /// Whether a chat rendered with the template variables `kwargs` thinks: `qwen3`'s
@@ -75,6 +81,19 @@ impl ReasoningParser {
             ReasoningParser::DeepSeekR1 => true,
             ReasoningParser::Qwen3 => kwargs.get("enable_thinking") != Some(&false.into()),
         }
+    }
+}
+
+impl ReasoningTokens {
+    /// Whether `prompt` has ended the thinking already: its last marker is `</think>` (a
+    /// template that turns thinking off writes `<think></think>`; a continued answer has
+    /// it). Its output is then all answer, as vLLM reads such a prompt.
+    pub fn ends_thinking(&self, prompt: &[u32]) -> bool {
+        let last_marker = prompt
+            .iter()
+            .rev()
+            .find(|&&t| t == self.start || t == self.end);
+        last_marker == Some(&self.end)
     }
 }
 
@@ -286,6 +305,12 @@ mod tests {
             let ids = tok.encode("<think>a</think>", false).unwrap();
             assert_eq!(ids.last(), Some(&found.end));
             assert_eq!(tok.decode(&ids).unwrap(), "<think>a</think>");
+            // A prompt whose last marker closes the thinking has ended it.
+            let ends = |text: &str| found.ends_thinking(&tok.encode(text, false).unwrap());
+            assert!(ends("user: hi\nassistant: <think>\n\n</think>\n\n"));
+            assert!(!ends("user: hi\nassistant: <think>\n"));
+            assert!(!ends("user: hi\nassistant: "));
+            assert!(!ends("earlier </think> answer; now <think> again"));
         }
     }
 

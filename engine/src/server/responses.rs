@@ -516,8 +516,18 @@ fn messages(
             Some("reasoning") => {
                 // A turn's thinking (as this server answers it): the next assistant
                 // message's, or its calls'.
-                let parts = item.get("content").and_then(Value::as_array);
-                let texts = parts.into_iter().flatten().map(|p| {
+                // OpenAI's own items may carry a summary alone (no content).
+                let parts = match item.get("content") {
+                    None | Some(Value::Null) => &Vec::new(),
+                    Some(Value::Array(parts)) => parts,
+                    Some(_) => {
+                        return Err(bad(
+                            &param,
+                            "a reasoning item's content is a list of reasoning_text parts",
+                        ))
+                    }
+                };
+                let texts = parts.iter().map(|p| {
                     match (p.get("type").and_then(Value::as_str), p.get("text")) {
                         (Some("reasoning_text"), Some(Value::String(t))) => Ok(t.as_str()),
                         _ => Err(bad(
@@ -792,7 +802,9 @@ impl Answer {
     fn open_reasoning(&mut self) -> Vec<Value> {
         self.reasoning_open = true;
         self.output.push(Item::Reasoning);
-        let (index, id) = (self.output.len() - 1, self.reasoning_id());
+        // The chat's thinking comes before its answer: nothing is in the output yet.
+        debug_assert_eq!(self.output.len() - 1, REASONING_INDEX);
+        let (index, id) = (REASONING_INDEX, self.reasoning_id());
         let item = self.reasoning_item("in_progress");
         vec![
             self.event(
