@@ -363,6 +363,14 @@ enum ToolCallParserArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum EndpointArg {
+    #[value(name = "/v1/completions")]
+    Completions,
+    #[value(name = "/v1/chat/completions")]
+    Chat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum ReasoningParserArg {
     #[value(name = "deepseek_r1")]
     DeepSeekR1,
@@ -483,6 +491,11 @@ struct BenchArgs {
     /// its own). Counters are summed over them.
     #[arg(long = "metrics-from", num_args = 1.., value_name = "URL")]
     metrics_from: Vec<String>,
+    /// The API the requests go through (vLLM's benchmark's flag): `/v1/completions`, or
+    /// `/v1/chat/completions`, each prompt one user message, which the server's chat
+    /// template wraps.
+    #[arg(long, value_enum, default_value = "/v1/completions")]
+    endpoint: EndpointArg,
 }
 
 #[derive(Args)]
@@ -895,6 +908,10 @@ fn run_bench(a: BenchArgs) -> Result<()> {
     opts.reset_prefix_cache = a.reset_prefix_cache;
     opts.progress = !a.no_progress;
     opts.metrics_from = a.metrics_from;
+    opts.endpoint = match a.endpoint {
+        EndpointArg::Completions => infer_engine::loadgen::BenchEndpoint::Completions,
+        EndpointArg::Chat => infer_engine::loadgen::BenchEndpoint::Chat,
+    };
     set_tokenizer(&mut opts, a.tokenizer.as_deref(), a.whole_characters)?;
     let name = a
         .scenario

@@ -1439,6 +1439,43 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
 /// `engine bench --reset-prefix-cache` starts a run from an empty prefix cache: the same
 /// prompts benched again find their blocks cached, unless the cache is emptied first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_sends_chats_through_the_chat_endpoint() {
+    let (addr, server) = spawn_local(config(SchedulerConfig::default()))
+        .await
+        .unwrap();
+    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
+    opts.overrides = vec![
+        "workload.num_requests=3".into(),
+        "workload.warmup_requests=0".into(),
+        "workload.output_tokens=4".into(),
+    ];
+    opts.tokenizer = Some(tiny_tokenizer());
+    let completions = loadgen::run(&opts).await.unwrap();
+    opts.endpoint = loadgen::BenchEndpoint::Chat;
+    let chats = loadgen::run(&opts).await.unwrap();
+    server.stop().await;
+    assert_eq!(chats.summary.completed, 3, "{:?}", chats.failures);
+    for (chat, completion) in chats.records.iter().zip(&completions.records) {
+        // The same prompt, wrapped in the chat template's tokens, which the server counts.
+        assert!(
+            chat.prompt_tokens > completion.prompt_tokens,
+            "{} vs {}",
+            chat.prompt_tokens,
+            completion.prompt_tokens
+        );
+        assert_eq!(chat.output_tokens, 4);
+        assert!(chat.ttft.is_some() && chat.itl_mean.is_some());
+    }
+    // The server's own counters agree with what the chats reported.
+    let counters = chats.server_counters.unwrap();
+    assert_eq!(counters.generation_tokens as usize, 12);
+    assert_eq!(
+        counters.prompt_tokens as usize,
+        chats.summary.total_input_tokens
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_can_empty_the_prefix_cache_first() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await

@@ -22,11 +22,34 @@ use infer_core::workload::{
 use infer_reports::RunInfo;
 use serde_json::{json, Value};
 
+/// The API a run's requests go through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BenchEndpoint {
+    /// `/v1/completions`: the prompt as the scenario cut it.
+    #[default]
+    Completions,
+    /// `/v1/chat/completions`: the prompt as one user message, which the server's chat
+    /// template wraps (its tokens count in the prompt the server reports), as vLLM's
+    /// benchmark sends it with `--backend openai-chat`.
+    Chat,
+}
+
+impl BenchEndpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            BenchEndpoint::Completions => "/v1/completions",
+            BenchEndpoint::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
 /// What to run against which server.
 #[derive(Clone)]
 pub struct BenchOptions {
     /// Base URL, e.g. `http://127.0.0.1:8000`.
     pub server: String,
+    /// Which API the requests go through.
+    pub endpoint: BenchEndpoint,
     pub scenario: PathBuf,
     pub overrides: Vec<String>,
     /// The served model name; asked from `/v1/models` when absent.
@@ -65,6 +88,7 @@ impl BenchOptions {
     pub fn new(server: &str, scenario: impl Into<PathBuf>) -> Self {
         BenchOptions {
             server: server.trim_end_matches('/').to_string(),
+            endpoint: BenchEndpoint::default(),
             scenario: scenario.into(),
             overrides: Vec::new(),
             model: None,
@@ -379,7 +403,15 @@ pub async fn run(opts: &BenchOptions) -> Result<BenchResult> {
         failures,
     };
     if let Some(out) = out {
-        let backend = format!("{} ({})", target.base, target.model);
+        let backend = match target.endpoint {
+            BenchEndpoint::Completions => format!("{} ({})", target.base, target.model),
+            BenchEndpoint::Chat => format!(
+                "{}{} ({})",
+                target.base,
+                target.endpoint.path(),
+                target.model
+            ),
+        };
         let mut info = RunInfo::new("engine", &result.scenario, backend);
         info.warnings
             .extend(result.interrupted.map(|i| i.describe()));
@@ -616,6 +648,7 @@ struct Target {
     /// `Authorization` for the server's `/v1` requests (see [`BenchOptions::bearer`]).
     auth: Option<reqwest::header::HeaderValue>,
     base: String,
+    endpoint: BenchEndpoint,
     model: String,
     /// Base URLs whose `/metrics` are read (see [`BenchOptions::metrics_from`]).
     metrics: Vec<String>,
@@ -696,6 +729,7 @@ impl Target {
             client,
             auth,
             base,
+            endpoint: opts.endpoint,
             model,
             metrics,
             // An empty bias is not sent: some servers refuse an empty object.
@@ -774,12 +808,19 @@ impl Target {
         rec.with(|r| r.metrics.start(id, now(), req.prompt_ids.len()));
         let mut body = json!({
             "model": self.model,
-            "prompt": req.prompt,
             "max_tokens": req.max_tokens,
             "temperature": 0.0,
             "stream": true,
             "stream_options": { "include_usage": true },
         });
+        // (`max_tokens`, which chat servers take still, rather than the newer
+        // `max_completion_tokens`, which some do not.)
+        match self.endpoint {
+            BenchEndpoint::Completions => body["prompt"] = json!(req.prompt),
+            BenchEndpoint::Chat => {
+                body["messages"] = json!([{"role": "user", "content": req.prompt}]);
+            }
+        }
         // vLLM's extensions: sent only when asked for, since other servers refuse fields
         // they do not know (transformers serve: 422). A structured request's grammar cannot
         // end before max_tokens, so it needs no ignore_eos (which vLLM refuses beside it).
@@ -794,7 +835,7 @@ impl Target {
         if let Some(bias) = &self.logit_bias {
             body["logit_bias"] = bias.clone();
         }
-        let post = self.client.post(format!("{}/v1/completions", self.base));
+        let post = (self.client).post(format!("{}{}", self.base, self.endpoint.path()));
         let resp = authorized(post, self.auth.as_ref())
             .timeout(self.request_timeout)
             .json(&body)
@@ -884,7 +925,16 @@ impl Target {
                         let t = now();
                         rec.with(|r| r.metrics.chunk(id, t));
                         last_token = Some(t);
-                        if let Some(piece) = choices[0].get("text").and_then(Value::as_str) {
+                        // A completion's text; a chat's content, and a reasoning model's
+                        // thinking (vLLM's field, or its older name), tokens too.
+                        let choice = &choices[0];
+                        let pieces = [
+                            &choice["text"],
+                            &choice["delta"]["content"],
+                            &choice["delta"]["reasoning"],
+                            &choice["delta"]["reasoning_content"],
+                        ];
+                        for piece in pieces.into_iter().filter_map(Value::as_str) {
                             text.push_str(piece);
                         }
                         // (TGI sends `"finish_reason": ""` until the last chunk.)
