@@ -10,9 +10,9 @@
 # a drift of the shared machine shows as a spread within a client, not a gap between them:
 # a closed loop of 1 client, then of 4 ($STREAMS), $REQUESTS requests of $PROMPT prompt tokens (cut with
 # the served model's tokenizer by both) and exactly $OUTPUT output tokens (`ignore_eos`),
-# through /v1/completions (`engine bench` sends no other). Then guidellm through
-# /v1/chat/completions, its default, and /v1/responses, as a check that every request is
-# answered.
+# through /v1/completions. Then guidellm through /v1/chat/completions, its default, and
+# /v1/responses, as a check that every request is answered, and `engine bench --endpoint
+# /v1/chat/completions` with 4 streams, judged against the server as through completions.
 # Prefix caching is off: guidellm's prompts and the scenario's differ, and a cached prefix
 # would favour whichever repeats more. The server's /metrics before and after each run give
 # its own mean TTFT, gap between tokens and E2E over the run, which each client's figures are
@@ -64,12 +64,14 @@ guidellm_run() { # ROUTE STREAMS TAG
         || { tail -30 "$OUT/$3.log"; exit 1; }
     scrape "$3.after"
 }
-bench_run() { # STREAMS TAG
+bench_run() { # STREAMS TAG [ENDPOINT]
+    local endpoint=${3:-/v1/completions} prompt='"prompt": "Hello"'
+    [ "$endpoint" = /v1/chat/completions ] && prompt='"messages": [{"role": "user", "content": "Hello"}]'
     # `engine bench` sends one short test request before its run, which the server's
     # figures count: the same request sent alone first says what to take away for it.
     scrape "$2.probe0"
-    curl -sf "http://127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' \
-        -d "{\"model\": \"$NAME\", \"prompt\": \"Hello\", \"max_tokens\": 2, \"temperature\": 0, \"ignore_eos\": true}" \
+    curl -sf "http://127.0.0.1:$PORT$endpoint" -H 'content-type: application/json' \
+        -d "{\"model\": \"$NAME\", $prompt, \"max_tokens\": 2, \"temperature\": 0, \"ignore_eos\": true}" \
         > /dev/null
     scrape "$2.probe1"
     scrape "$2.before"
@@ -78,7 +80,7 @@ bench_run() { # STREAMS TAG
         --set "workload.num_requests=$REQUESTS" --set workload.warmup_requests=0 \
         --set "workload.prompt_tokens=$PROMPT" --set "workload.output_tokens=$OUTPUT" \
         --set workload.ignore_eos=true \
-        --set arrival.kind=concurrency --set "arrival.max_concurrency=$1" \
+        --set arrival.kind=concurrency --set "arrival.max_concurrency=$1" --endpoint "$endpoint" \
         > "$OUT/$2.log" 2>&1 || { tail -30 "$OUT/$2.log"; exit 1; }
     scrape "$2.after"
 }
@@ -93,6 +95,8 @@ for route in chat/completions responses; do
     echo "== guidellm through /v1/$route"
     guidellm_run "/v1/$route" 4 "guidellm-${route%%/*}"
 done
+echo "== engine bench through /v1/chat/completions"
+bench_run 4 bench-chat /v1/chat/completions
 
 python3 - "$OUT" "$TOLERANCE" "$REQUESTS" $STREAMS <<'EOF'
 import json, statistics, sys
@@ -157,6 +161,21 @@ def server(tag):
     }
 
 failed = False
+
+def judge(client, own, what):
+    global failed
+    for key in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms"):
+        if abs(client[key] - own[key]) > max(tolerance * own[key], 1.0):
+            failed = True
+            print(f"  engine bench's {key}, {what}: {client[key]:.1f}, the server's {own[key]:.1f}")
+
+client, own = bench("bench-chat"), server("bench-chat")
+print(f"\nengine bench through /v1/chat/completions, {requests} requests from 4 streams")
+print("| figure | engine bench | server |\n|---|---|---|")
+for key in own:
+    print(f"| {key} | {client[key]:.1f} | {own[key]:.1f} |")
+judge(client, own, "through chat")
+
 for c in streams:
     runs = {n: [f(f"{n}-c{c}-{r}") for r in (1, 2)] for n, f in (("guidellm", guidellm), ("bench", bench))}
     print(f"\n/v1/completions, {requests} requests from {c} stream(s); each client's two runs")
@@ -171,11 +190,7 @@ for c in streams:
         se = [r.get(key) for r in seen["bench"]]
         ratio = statistics.mean(e) / statistics.mean(g)
         print(f"| {key} | {fmt(g)} | {fmt(sg)} | {fmt(e)} | {fmt(se)} | {ratio:.3f} |")
-    for key in ("mean TTFT ms", "mean TPOT ms", "mean E2E ms"):
-        for r in (0, 1):
-            client, own = runs["bench"][r][key], seen["bench"][r][key]
-            if abs(client - own) > max(tolerance * own, 1.0):
-                failed = True
-                print(f"  engine bench's {key}, run {r + 1}: {client:.1f}, the server's {own:.1f}")
+    for r in (0, 1):
+        judge(runs["bench"][r], seen["bench"][r], f"{c} stream(s), run {r + 1}")
 sys.exit(1 if failed else 0)
 EOF

@@ -1436,8 +1436,8 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
     assert!(format!("{e:#}").contains("--api-key"), "{e:#}");
 }
 
-/// `engine bench --reset-prefix-cache` starts a run from an empty prefix cache: the same
-/// prompts benched again find their blocks cached, unless the cache is emptied first.
+/// `engine bench --endpoint /v1/chat/completions`: the scenario's prompts as user messages,
+/// which the chat template wraps (the server counts its tokens), timed as completions are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_sends_chats_through_the_chat_endpoint() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
@@ -1475,6 +1475,8 @@ async fn bench_sends_chats_through_the_chat_endpoint() {
     );
 }
 
+/// `engine bench --reset-prefix-cache` starts a run from an empty prefix cache: the same
+/// prompts benched again find their blocks cached, unless the cache is emptied first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_can_empty_the_prefix_cache_first() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
@@ -2869,6 +2871,15 @@ async fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
         "{v}"
     );
     assert!(message.get("reasoning").is_none(), "{v}");
+
+    // An earlier turn's thinking in the prompt does not end this turn's.
+    let again = json!({"messages": [{"role": "user", "content": "Is it raining?"},
+                                    {"role": "assistant", "content": "<think>Hm</think>No."},
+                                    {"role": "user", "content": "Sure?"}],
+                       "temperature": 0, "max_tokens": 3, "logit_bias": {&end: -100}});
+    let (status, v) = post(&client, &chat, again).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["choices"][0]["message"]["reasoning"].is_string(), "{v}");
 
     // The Responses API: the thinking is a reasoning item before the answer.
     let (status, r) = post(

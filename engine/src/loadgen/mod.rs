@@ -30,7 +30,8 @@ pub enum BenchEndpoint {
     Completions,
     /// `/v1/chat/completions`: the prompt as one user message, which the server's chat
     /// template wraps (its tokens count in the prompt the server reports), as vLLM's
-    /// benchmark sends it with `--backend openai-chat`.
+    /// benchmark sends it with `--backend openai-chat` (here with a string content and
+    /// `max_tokens`, which more servers take).
     Chat,
 }
 
@@ -770,8 +771,10 @@ impl Target {
         Ok(())
     }
 
-    /// A short request (it fills no KV block, so it leaves no prefix in the server's cache
-    /// that a simulation of the scenario would not have): why it failed, or `None`.
+    /// A short request (through completions it fills no KV block, so it leaves no prefix
+    /// in the server's cache that a simulation of the scenario would not have; through
+    /// chat, the template's tokens may, which every chat of the run shares anyway): why it
+    /// failed, or `None`.
     async fn test_request(&self, ignore_eos: bool, structured: bool) -> Option<String> {
         let mut probe = Timelines::default();
         let request = GeneratedRequest {

@@ -142,7 +142,7 @@ pub(super) async fn start(
         };
     // A reasoning model's chat: its thinking split off, the grammar (if any) after it
     // (unless the prompt has ended the thinking already: checked once it is tokenised).
-    let reasoning = s.reasoning.filter(|(parser, _)| {
+    let reasoning = s.reasoning.as_ref().filter(|(parser, _)| {
         endpoint == Endpoint::Chat && req.reasoning.separate && parser.thinks(&req.template.kwargs)
     });
     let count = req.prompts.len();
@@ -237,13 +237,6 @@ pub(super) async fn start(
         .await??
     };
     let s = &state.inner;
-    // A prompt that ends with the thinking done (a template that turns thinking off, an
-    // answer being continued) is answered at once, as vLLM reads it.
-    let reasoning =
-        reasoning.filter(|(_, markers)| !tokenized.iter().any(|t| markers.ends_thinking(t)));
-    if let Some((_, markers)) = reasoning {
-        constraint = constraint.map(|c| c.starting_after(markers.end));
-    }
     // vLLM's rule: a prompt is cut to leave room for `max_tokens` (-1: all the room there
     // is); a cut longer than that room is refused. (A `max_tokens` past the context is
     // refused below, as without a cut.)
@@ -291,6 +284,13 @@ pub(super) async fn start(
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
     check_response_size(&req, endpoint, &planned, s.max_model_len)?;
+    // A prompt (as cut) that ends with the thinking done (a template that turns thinking
+    // off, an answer being continued) is answered at once, as vLLM reads it.
+    let reasoning =
+        reasoning.filter(|(_, markers)| !planned.iter().any(|p| markers.ends_thinking(&p.tokens)));
+    if let Some((_, markers)) = reasoning {
+        constraint = constraint.map(|c| c.starting_after(markers.end));
+    }
     // `max_tokens: 0` (with echo): one token is computed, as the step samples one, and
     // not returned.
     let keep_generated = req.max_tokens != Some(0);

@@ -32,7 +32,7 @@ pub enum ReasoningParser {
 }
 
 /// What a served tokenizer needs for a reasoning parser: the ids of its markers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReasoningTokens {
     /// `<think>`'s id.
     pub start: u32,
@@ -41,6 +41,9 @@ pub struct ReasoningTokens {
     /// Whether the tokenizer marks either marker special: then a request keeps special
     /// tokens in its text, or the markers would be dropped before they are looked for.
     pub special: bool,
+    /// The tokenizer's other special tokens, sorted: the turns' boundaries (`<|im_start|>`,
+    /// `<|im_end|>`), before which a marker is an earlier turn's.
+    boundaries: Vec<u32>,
 }
 
 impl ReasoningParser {
@@ -67,10 +70,16 @@ impl ReasoningParser {
         let special = [start, end]
             .iter()
             .any(|t| added.get(t).is_some_and(|a| a.special));
+        let mut boundaries: Vec<u32> = (added.iter())
+            .filter(|(&id, a)| a.special && id != start && id != end)
+            .map(|(&id, _)| id)
+            .collect();
+        boundaries.sort_unstable();
         Ok(ReasoningTokens {
             start,
             end,
             special,
+            boundaries,
         })
     }
 
@@ -85,13 +94,15 @@ impl ReasoningParser {
 }
 
 impl ReasoningTokens {
-    /// Whether `prompt` has ended the thinking already: its last marker is `</think>` (a
-    /// template that turns thinking off writes `<think></think>`; a continued answer has
-    /// it). Its output is then all answer, as vLLM reads such a prompt.
+    /// Whether `prompt` has ended the thinking already: the turn it ends with (after its
+    /// last special token) holds `</think>` after any `<think>` (a template that turns
+    /// thinking off writes `<think></think>` there; a continued answer has it). Its output
+    /// is then all answer, as vLLM reads such a prompt. (vLLM looks past the turn, and a
+    /// `</think>` of an earlier turn's thinking, which Qwen3's template writes back in a
+    /// tool loop, or of a user's text, turns thinking off there.)
     pub fn ends_thinking(&self, prompt: &[u32]) -> bool {
-        let last_marker = prompt
-            .iter()
-            .rev()
+        let last_marker = (prompt.iter().rev())
+            .take_while(|t| self.boundaries.binary_search(t).is_err())
             .find(|&&t| t == self.start || t == self.end);
         last_marker == Some(&self.end)
     }
@@ -307,10 +318,16 @@ mod tests {
             assert_eq!(tok.decode(&ids).unwrap(), "<think>a</think>");
             // A prompt whose last marker closes the thinking has ended it.
             let ends = |text: &str| found.ends_thinking(&tok.encode(text, false).unwrap());
-            assert!(ends("user: hi\nassistant: <think>\n\n</think>\n\n"));
-            assert!(!ends("user: hi\nassistant: <think>\n"));
-            assert!(!ends("user: hi\nassistant: "));
+            assert!(ends("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+            assert!(!ends("<|im_start|>assistant\n<think>\n"));
+            assert!(!ends("<|im_start|>assistant\n"));
             assert!(!ends("earlier </think> answer; now <think> again"));
+            // An earlier turn's thinking (a tool loop's), or a user's `</think>`, is not this
+            // turn's.
+            assert!(!ends(
+                "<|im_start|>assistant\n<think>R</think>call<|im_end|>\n\
+                 <|im_start|>user\nsay </think><|im_end|>\n<|im_start|>assistant\n"
+            ));
         }
     }
 
