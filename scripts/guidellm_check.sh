@@ -44,9 +44,7 @@ taskset -c "$SERVER_CPUS" "$ENGINE" serve --model "$MODEL" --port "$PORT" --no-e
     > "$OUT/serve.log" 2>&1 &
 pids+=($!)
 wait_for "http://127.0.0.1:$PORT/health" 300 || { cat "$OUT/serve.log"; exit 1; }
-# The served name and the directory the weights and tokenizer came from (`root`).
-read -r NAME DIR < <(curl -s "http://127.0.0.1:$PORT/v1/models" \
-    | python3 -c 'import json,sys; m=json.load(sys.stdin)["data"][0]; print(m["id"], m["root"])')
+read -r NAME DIR < <(served_model "$PORT")
 echo "serving $NAME from $DIR"
 
 # The server's own timing of a run: its /metrics before and after.

@@ -1,5 +1,5 @@
-# Shared by the scripts that start servers (cluster.sh, bench_transformers.sh): sourced from
-# the repository root after `cargo build --release`, not run.
+# Shared by the scripts that start servers (cluster.sh, bench_transformers.sh, the client
+# checks): sourced from the repository root after `cargo build --release`, not run.
 
 engine=$PWD/target/release/engine
 sim=$PWD/target/release/sim
@@ -19,7 +19,8 @@ stop_all() {
 }
 trap stop_all EXIT
 
-# wait_for URL [SECONDS]: until URL answers with success (default 60 s), else exit.
+# wait_for URL [SECONDS]: until URL answers with success (default 60 s), else fails (which
+# ends a `set -e` script, or runs what follows `||`).
 wait_for() {
     local tries=$((${2:-60} * 10))
     for _ in $(seq "$tries"); do
@@ -27,7 +28,14 @@ wait_for() {
         sleep 0.1
     done
     echo "no answer from $1" >&2
-    exit 1
+    return 1
+}
+
+# served_model PORT: the served model's name and the directory its weights and tokenizer
+# came from (`root`), as the server's /v1/models gives them: `read -r NAME DIR < <(…)`.
+served_model() {
+    curl -s "http://127.0.0.1:$1/v1/models" \
+        | python3 -c 'import json,sys; m=json.load(sys.stdin)["data"][0]; print(m["id"], m["root"])'
 }
 
 # small_llama DIR: the small Llama the scripts serve (deterministic weights, a real Hugging

@@ -15,24 +15,18 @@
 # Exit status 1 when a loglikelihood differs by more than 1e-4 or a run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 MODEL=${1:-builtin:tiny}
 PORT=${PORT:-8123}
 OUT=${OUT:-runs/lm_eval}
-ENGINE=${ENGINE:-target/release/engine}
+ENGINE=${ENGINE:-$engine}
 export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 rm -rf "$OUT" && mkdir -p "$OUT"
 
 "$ENGINE" serve --model "$MODEL" --port "$PORT" --dtype f32 > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { cat "$OUT/serve.log"; exit 1; }
-    sleep 0.5
-done
-# The served name and the directory the weights came from (`root`), as /v1/models gives them.
-read -r NAME DIR < <(curl -s "http://127.0.0.1:$PORT/v1/models" \
-    | python3 -c 'import json,sys; m=json.load(sys.stdin)["data"][0]; print(m["id"], m["root"])')
+pids+=($!)
+wait_for "http://127.0.0.1:$PORT/health" 300 || { cat "$OUT/serve.log"; exit 1; }
+read -r NAME DIR < <(served_model "$PORT")
 echo "serving $NAME from $DIR"
 
 TASKS=(--include_path scripts/lm_eval --log_samples)
