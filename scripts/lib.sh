@@ -19,12 +19,17 @@ stop_all() {
 }
 trap stop_all EXIT
 
-# wait_for URL [SECONDS]: until URL answers with success (default 60 s), else fails (which
-# ends a `set -e` script, or runs what follows `||`).
+# wait_for URL [SECONDS [PID]]: until URL answers with success (default 60 s), else fails
+# (which ends a `set -e` script, or runs what follows `||`); at once if process PID (the
+# server starting) has exited.
 wait_for() {
     local tries=$((${2:-60} * 10))
     for _ in $(seq "$tries"); do
         curl -sf "$1" > /dev/null 2>&1 && return 0
+        if [ -n "${3:-}" ] && ! kill -0 "$3" 2> /dev/null; then
+            echo "the server (pid $3) exited before $1 answered" >&2
+            return 1
+        fi
         sleep 0.1
     done
     echo "no answer from $1" >&2

@@ -25,7 +25,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 
 "$ENGINE" serve --model "$MODEL" --port "$PORT" --dtype f32 > "$OUT/serve.log" 2>&1 &
 pids+=($!)
-wait_for "http://127.0.0.1:$PORT/health" 300 || { cat "$OUT/serve.log"; exit 1; }
+wait_for "http://127.0.0.1:$PORT/health" 300 "${pids[-1]}" || { cat "$OUT/serve.log"; exit 1; }
 read -r NAME DIR < <(served_model "$PORT")
 echo "serving $NAME from $DIR"
 
