@@ -259,7 +259,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("mm_processor_kwargs", |_| false),
     ("kv_transfer_params", |_| false),
     ("vllm_xargs", |_| false),
-    ("reasoning_effort", |_| false),
     ("include_reasoning", Value::is_boolean),
 ];
 
@@ -318,6 +317,7 @@ const KNOWN_CHAT: &[&str] = &[
     "max_completion_tokens",
     "top_logprobs",
     "parallel_tool_calls",
+    "reasoning_effort",
 ];
 
 /// Parameters of one endpoint only (the other's, or vLLM's there), with the value this
@@ -325,9 +325,10 @@ const KNOWN_CHAT: &[&str] = &[
 /// default), not to a chat's, whose template writes them.
 const UNSUPPORTED_COMPLETIONS: &[(&str, IsUnused)] = &[
     ("add_special_tokens", |v| v == &Value::Bool(true)),
-    // Chat's names for max_tokens and logprobs.
+    // Chat's names for max_tokens and logprobs, and its template's reasoning effort.
     ("max_completion_tokens", |_| false),
     ("top_logprobs", |_| false),
+    ("reasoning_effort", |_| false),
 ];
 const UNSUPPORTED_CHAT: &[(&str, IsUnused)] =
     &[("add_special_tokens", |v| v == &Value::Bool(false))];
@@ -651,6 +652,17 @@ fn template_options(f: &Fields, tools: Option<Value>) -> Result<TemplateOptions,
             Some("chat_template_kwargs"),
             format!("chat_template_kwargs may not set `{key}`: it is the request's own field"),
         ));
+    }
+    // As vLLM: the template reads the effort (gpt-oss's, some reasoning models'), unless
+    // `chat_template_kwargs` sets it; a template that does not writes the same prompt.
+    match f.get("reasoning_effort") {
+        None => {}
+        Some(Value::String(effort)) => {
+            kwargs
+                .entry("reasoning_effort")
+                .or_insert_with(|| json!(effort));
+        }
+        Some(v) => return Err(Fields::wrong("reasoning_effort", "a string", v)),
     }
     let mut flag = |key: &str, default: bool| -> Result<bool, ApiError> {
         let field = f.bool(key)?.unwrap_or(default);
@@ -1389,6 +1401,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        // A chat's reasoning effort is a template variable, which its kwargs may set first.
+        let chat = parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"high"}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(chat.template.kwargs["reasoning_effort"], "high");
+        let chat = parse(
+            r#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"high",
+                "chat_template_kwargs":{"reasoning_effort":"low"}}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(chat.template.kwargs["reasoning_effort"], "low");
+        for (bad, endpoint) in [
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"reasoning_effort":3}"#,
+                Endpoint::Chat,
+            ),
+            (
+                r#"{"prompt":"x","reasoning_effort":"high"}"#,
+                Endpoint::Completions,
+            ),
+        ] {
+            let e = parse(bad, endpoint).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("reasoning_effort"), "{bad}");
+        }
     }
 
     /// `/tokenize` takes vLLM's bodies: a text prompt, or a chat with its tools; other keys
