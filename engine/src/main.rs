@@ -340,9 +340,10 @@ struct ServeArgs {
     #[arg(long = "tool-call-parser", value_enum)]
     tool_call_parser: Option<ToolCallParserArg>,
     /// Split a chat's output into the message's `reasoning` (before `</think>`) and its
-    /// `content` (after), as vLLM's flag: `deepseek_r1` (DeepSeek-R1, QwQ) or `qwen3`
-    /// (which `chat_template_kwargs.enable_thinking: false` turns off). Tool calls and
-    /// grammars apply to the content.
+    /// `content` (after), as vLLM's flag: `deepseek_r1` (DeepSeek-R1, QwQ), `qwen3` (which
+    /// `chat_template_kwargs.enable_thinking: false` turns off) or `deepseek_v3`
+    /// (DeepSeek-V3.1, which thinks with `chat_template_kwargs.thinking: true`). Tool calls
+    /// and grammars apply to the content.
     #[arg(long = "reasoning-parser", value_enum)]
     reasoning_parser: Option<ReasoningParserArg>,
     /// Where a request leaves a sampling parameter out (temperature, top_p, top_k, min_p,
@@ -372,9 +373,12 @@ enum EndpointArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ReasoningParserArg {
-    #[value(name = "deepseek_r1")]
+    // (SGLang's names, `deepseek-r1` and `deepseek-v3`, too.)
+    #[value(name = "deepseek_r1", alias = "deepseek-r1")]
     DeepSeekR1,
     Qwen3,
+    #[value(name = "deepseek_v3", alias = "deepseek-v3")]
+    DeepSeekV3,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -801,6 +805,9 @@ fn run_serve(a: ServeArgs) -> Result<()> {
                 infer_engine::server::reasoning::ReasoningParser::DeepSeekR1
             }
             ReasoningParserArg::Qwen3 => infer_engine::server::reasoning::ReasoningParser::Qwen3,
+            ReasoningParserArg::DeepSeekV3 => {
+                infer_engine::server::reasoning::ReasoningParser::DeepSeekV3
+            }
         }),
         model_sampling_defaults: a.generation_config == GenerationConfigArg::Auto,
         load_format: match a.get_load_format {

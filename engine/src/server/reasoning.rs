@@ -7,8 +7,8 @@
 //! - the text before the first `</think>` is reasoning (less a `<think>` that opens the
 //!   output: the chat template usually writes it into the prompt), the rest content;
 //! - an output without `</think>` is all reasoning (it was cut, or never stopped thinking);
-//! - `qwen3` with the template variable `enable_thinking: false` does not think: all of its
-//!   output is content.
+//! - `qwen3` with the template variable `enable_thinking: false` does not think, nor does
+//!   `deepseek_v3` without `thinking: true`: all of the output is content.
 //!
 //! A stream is split as it is generated: a tail that may begin `</think>` is held until the
 //! next text says, so the chunks add up to the non-streamed answer. (vLLM drops, when not
@@ -29,6 +29,9 @@ pub enum ReasoningParser {
     DeepSeekR1,
     /// Qwen3: as DeepSeek-R1, but `enable_thinking: false` turns thinking off.
     Qwen3,
+    /// DeepSeek-V3.1 and later: as DeepSeek-R1 where the template variable `thinking` is
+    /// true; they answer without thinking otherwise.
+    DeepSeekV3,
 }
 
 /// What a served tokenizer needs for a reasoning parser: the ids of its markers.
@@ -51,6 +54,7 @@ impl ReasoningParser {
         match self {
             ReasoningParser::DeepSeekR1 => "deepseek_r1",
             ReasoningParser::Qwen3 => "qwen3",
+            ReasoningParser::DeepSeekV3 => "deepseek_v3",
         }
     }
 
@@ -84,11 +88,12 @@ impl ReasoningParser {
     }
 
     /// Whether a chat rendered with the template variables `kwargs` thinks: `qwen3`'s
-    /// `enable_thinking: false` says not.
+    /// `enable_thinking: false` says not; `deepseek_v3` thinks with `thinking: true` only.
     pub fn thinks(self, kwargs: &serde_json::Map<String, serde_json::Value>) -> bool {
         match self {
             ReasoningParser::DeepSeekR1 => true,
             ReasoningParser::Qwen3 => kwargs.get("enable_thinking") != Some(&false.into()),
+            ReasoningParser::DeepSeekV3 => kwargs.get("thinking") == Some(&true.into()),
         }
     }
 }
@@ -290,6 +295,43 @@ mod tests {
             }
         );
         assert_eq!(s.finish(), Pieces::default());
+    }
+
+    #[test]
+    fn the_template_variables_say_whether_a_chat_thinks() {
+        let kwargs = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let cases = [
+            (ReasoningParser::DeepSeekR1, serde_json::json!({}), true),
+            (
+                ReasoningParser::DeepSeekR1,
+                serde_json::json!({"thinking": false}),
+                true,
+            ),
+            (ReasoningParser::Qwen3, serde_json::json!({}), true),
+            (
+                ReasoningParser::Qwen3,
+                serde_json::json!({"enable_thinking": false}),
+                false,
+            ),
+            (
+                ReasoningParser::Qwen3,
+                serde_json::json!({"enable_thinking": true}),
+                true,
+            ),
+            (ReasoningParser::DeepSeekV3, serde_json::json!({}), false),
+            (
+                ReasoningParser::DeepSeekV3,
+                serde_json::json!({"thinking": true}),
+                true,
+            ),
+        ];
+        for (parser, vars, thinks) in cases {
+            assert_eq!(
+                parser.thinks(&kwargs(vars.clone())),
+                thinks,
+                "{parser:?} {vars}"
+            );
+        }
     }
 
     #[test]
