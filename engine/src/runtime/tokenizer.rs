@@ -573,6 +573,34 @@ mod tests {
         Ok(())
     }
 
+    /// An assistant turn's thinking reaches the template as `reasoning_content`, which
+    /// Qwen3's template writes back (here for every assistant turn; Qwen3's, for those after
+    /// the last user message) and which a turn without it lacks.
+    #[test]
+    fn a_turns_reasoning_reaches_the_template() -> Result<()> {
+        let t = with_template(
+            "{%- for m in messages %}{{ m.role }}:\
+             {%- if m.reasoning_content is defined and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{%- endif %}\
+             {{ m.content }};{%- endfor %}",
+        );
+        let mut thought = ChatMessage::new("assistant", "No.");
+        thought.reasoning_content = Some("Clouds?".into());
+        let msgs = [
+            ChatMessage::new("user", "Rain?"),
+            thought,
+            ChatMessage::new("assistant", "Sure."),
+        ];
+        let options = TemplateOptions {
+            add_generation_prompt: false,
+            ..Default::default()
+        };
+        assert_eq!(
+            t.apply_chat_template(&msgs, &options)?,
+            "user:Rain?;assistant:<think>Clouds?</think>No.;assistant:Sure.;"
+        );
+        Ok(())
+    }
+
     /// Qwen3's kind of template: a variable the request sets (`chat_template_kwargs`), and
     /// a last message continued rather than closed.
     #[test]
