@@ -4,15 +4,18 @@ thinking read where clients read it, each feature asserted.
 
     pip install openai
     engine make-model --arch qwen3 --out /tmp/qwen3-tiny
-    engine serve /tmp/qwen3-tiny --reasoning-parser qwen3 --port 8003 &
+    engine serve /tmp/qwen3-tiny --reasoning-parser qwen3 \
+        --enable-auto-tool-choice --tool-call-parser hermes --port 8003 &
     python3 scripts/reasoning_check.py http://127.0.0.1:8003
 
 The random model's thinking is steered by a bias on `</think>`: -100 never ends it (the
 output is all reasoning), +100 ends it at once (the answer follows, here under a grammar).
 Checks: the chat's `message.reasoning` and `content`, streamed `delta.reasoning` adding up
 to the same text, `completion_tokens_details.reasoning_tokens`, a grammar that waits for
-`</think>`, `enable_thinking: false`, a turn's reasoning sent back; the Responses API's
-`reasoning` item, whole and through the SDK's stream helper, and a reasoning item sent back.
+`</think>`, `enable_thinking: false`, a turn's reasoning sent back, a tool call after the
+thinking (Qwen3's hermes format, which a regex makes the model write once it has thought),
+whole and through the SDK's stream helper; the Responses API's `reasoning` item, whole and
+through the SDK's stream helper, and a reasoning item sent back.
 """
 import json
 import sys
@@ -81,6 +84,30 @@ turn = {"role": "assistant", "content": "No.", "reasoning": thought}
 r = client.chat.completions.create(model=model, messages=messages + [turn, {"role": "user", "content": "Sure?"}],
                                    max_tokens=2)
 check("chat: an assistant turn's reasoning sent back is taken", r.choices[0].finish_reason is not None)
+
+# A tool call after the thinking, as Qwen3 makes one: the parser reads the content alone.
+tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+hermes = r'\n\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call>'
+ask = dict(model=model, messages=messages, tools=tools, temperature=0, max_tokens=200,
+           extra_body={"logit_bias": {str(end): 100}, "structured_outputs": {"regex": hermes}})
+try:
+    m = client.chat.completions.create(**ask).choices[0]
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in m.message.tool_calls or []]
+    check("chat: a tool call after the thinking",
+          calls == [("get_weather", {"city": "Oslo"})] and m.finish_reason == "tool_calls"
+          and m.message.content == "\n\n" and getattr(m.message, "reasoning", None) is None,
+          (m.finish_reason, m.message))
+    with client.chat.completions.stream(**ask) as s:
+        for _ in s:
+            pass
+        f = s.get_final_completion().choices[0]
+    streamed = [(t.function.name, json.loads(t.function.arguments)) for t in f.message.tool_calls or []]
+    check("chat streamed (the SDK's helper): the same call", streamed == calls
+          and f.finish_reason == "tool_calls", (f.finish_reason, f.message))
+except openai.BadRequestError as err:
+    check("chat: a tool call after the thinking", False,
+          f"{err} (start the server with --enable-auto-tool-choice --tool-call-parser hermes)")
 
 # The Responses API: a reasoning item first.
 resp = client.responses.create(model=model, input=messages, max_output_tokens=8,
