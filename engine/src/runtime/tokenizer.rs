@@ -26,10 +26,24 @@ pub struct ChatMessage {
     /// The participant's name (OpenAI's `name`), for templates that write it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// An assistant turn's thinking, under the name reasoning models' templates read
-    /// (Qwen3's, QwQ's), as vLLM hands it to them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reasoning_content: Option<String>,
+    /// An assistant turn's thinking, which the template reads as `reasoning_content`
+    /// (Qwen3's, QwQ's, GLM's, Kimi's) or `reasoning`: vLLM hands it over under both names.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<TurnReasoning>,
+}
+
+/// An assistant turn's thinking, written out under both names templates read it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnReasoning(pub String);
+
+impl Serialize for TurnReasoning {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("reasoning_content", &self.0)?;
+        map.serialize_entry("reasoning", &self.0)?;
+        map.end()
+    }
 }
 
 impl ChatMessage {
@@ -41,7 +55,7 @@ impl ChatMessage {
             tool_calls: None,
             tool_call_id: None,
             name: None,
-            reasoning_content: None,
+            reasoning: None,
         }
     }
 }
@@ -573,18 +587,18 @@ mod tests {
         Ok(())
     }
 
-    /// An assistant turn's thinking reaches the template as `reasoning_content`, which
-    /// Qwen3's template writes back (here for every assistant turn; Qwen3's, for those after
-    /// the last user message) and which a turn without it lacks.
+    /// An assistant turn's thinking reaches the template as `reasoning_content` (and
+    /// `reasoning`), which Qwen3's template writes back (here for every assistant turn;
+    /// Qwen3's, for those after the last user message) and which a turn without it lacks.
     #[test]
     fn a_turns_reasoning_reaches_the_template() -> Result<()> {
         let t = with_template(
             "{%- for m in messages %}{{ m.role }}:\
-             {%- if m.reasoning_content is defined and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{%- endif %}\
+             {%- if m.reasoning_content is defined and m.reasoning_content %}<think>{{ m.reasoning_content }}|{{ m.reasoning }}</think>{%- endif %}\
              {{ m.content }};{%- endfor %}",
         );
         let mut thought = ChatMessage::new("assistant", "No.");
-        thought.reasoning_content = Some("Clouds?".into());
+        thought.reasoning = Some(TurnReasoning("Clouds?".into()));
         let msgs = [
             ChatMessage::new("user", "Rain?"),
             thought,
@@ -596,7 +610,7 @@ mod tests {
         };
         assert_eq!(
             t.apply_chat_template(&msgs, &options)?,
-            "user:Rain?;assistant:<think>Clouds?</think>No.;assistant:Sure.;"
+            "user:Rain?;assistant:<think>Clouds?|Clouds?</think>No.;assistant:Sure.;"
         );
         Ok(())
     }

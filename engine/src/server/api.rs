@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 use super::structured::StructuredRequest;
 use crate::runtime::model::SamplingDefaults;
 use crate::runtime::sampling::SamplingParams;
-use crate::runtime::tokenizer::TemplateOptions;
+use crate::runtime::tokenizer::{TemplateOptions, TurnReasoning};
 
 /// An error as OpenAI and vLLM return it: `{"error": {message, type, param, code}}`.
 #[derive(Debug, Clone, PartialEq)]
@@ -1078,7 +1078,7 @@ fn parse_messages(
                 match m.get(key) {
                     None | Some(Value::Null) => {}
                     Some(Value::String(r)) => {
-                        message.reasoning_content.get_or_insert_with(|| r.clone());
+                        (message.reasoning).get_or_insert_with(|| TurnReasoning(r.clone()));
                     }
                     Some(other) => {
                         return Err(ApiError::bad_request(
@@ -1376,7 +1376,7 @@ mod tests {
             panic!("a chat")
         };
         assert_eq!(messages[0].name.as_deref(), Some("ann"));
-        assert_eq!(messages[1].reasoning_content, None);
+        assert_eq!(messages[1].reasoning, None);
         // A turn's thinking, under this server's name or vLLM's older one.
         for key in ["reasoning", "reasoning_content"] {
             let body =
@@ -1385,7 +1385,7 @@ mod tests {
             let Prompt::Chat(messages) = &r.prompts[0] else {
                 panic!("a chat")
             };
-            assert_eq!(messages[0].reasoning_content.as_deref(), Some("hm"));
+            assert_eq!(messages[0].reasoning, Some(TurnReasoning("hm".into())));
             let bad = body.replace(r#""hm""#, "5");
             let e = parse(&bad, Endpoint::Chat).unwrap_err();
             assert!(e.message.starts_with(key), "{}", e.message);
