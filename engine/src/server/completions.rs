@@ -925,6 +925,14 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                             if thinking.split.answering() {
                                 let first_content = !std::mem::replace(&mut thinking.content_started, true);
                                 chunk = meta.content_chunk(index, &content, &mut c.held, &mut c.content_sent, lp.take().unwrap_or_default(), reason, first_content);
+                                // The answer's first chunk says so (a content, if only empty,
+                                // or calls), for a reader that tells the thinking's tokens from
+                                // the answer's (the Responses API's logprobs).
+                                if let Some(delta) = chunk.as_mut().filter(|_| first_content).map(|c| &mut c["choices"][0]["delta"]) {
+                                    if delta.get("content").is_none() && delta.get("tool_calls").is_none() {
+                                        delta["content"] = json!("");
+                                    }
+                                }
                             }
                             let needed = reasoning.is_some() || first || !lp_null || meta.continuous_usage || finish.is_some();
                             if chunk.is_none() && needed {

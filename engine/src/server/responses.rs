@@ -973,16 +973,22 @@ impl Answer {
             ));
         }
         if self.thinking {
-            // The thinking's tokens (`</think>` with them) have no logprobs here; the
-            // answer's first text takes the last ones, those its bytes cover.
-            if !text.is_empty() || calls.is_some() {
+            // The thinking's tokens (`</think>` with them) have no logprobs here. The chat's
+            // answer begins with a chunk that has a content (if only empty) or calls: of its
+            // logprobs, the last ones, those its text's bytes cover, are the answer's.
+            let answering = delta["content"].is_string() || calls.is_some();
+            let kept = if answering {
+                self.pending_covering_last(text.len())
+            } else {
+                Vec::new()
+            };
+            self.pending_logprobs = kept;
+            if answering {
                 self.thinking = false;
                 if self.reasoning_open {
                     events.extend(self.close_reasoning());
                 }
             }
-            let kept = self.pending_covering_last(text.len());
-            self.pending_logprobs = kept;
         }
         if !text.is_empty() {
             if !self.message_open {
@@ -1571,6 +1577,50 @@ mod tests {
         assert_eq!(cut["output"].as_array().unwrap().len(), 1);
         assert_eq!(cut["output"][0]["type"], "reasoning");
         assert_eq!(cut["output"][0]["status"], "incomplete");
+        // Cut right after `</think>`: the thinking was whole.
+        let (_, cut) = told_of(
+            &[
+                chat_chunk(
+                    json!({"role": "assistant", "reasoning": "Hm"}),
+                    Value::Null,
+                    Value::Null,
+                ),
+                chat_chunk(json!({"content": ""}), Value::Null, json!("length")),
+            ],
+            true,
+        );
+        assert_eq!(cut["output"][0]["status"], "completed");
+        // An answer held back (an auto tool parser's, where a call may begin) keeps the
+        // logprobs of its tokens, which came with empty chunks after the thinking's end.
+        let (_, held) = told_of(
+            &[
+                chat_chunk(
+                    json!({"role": "assistant", "reasoning": "Hm"}),
+                    json!({"content": [entry("Hm")]}),
+                    Value::Null,
+                ),
+                chat_chunk(
+                    json!({"content": ""}),
+                    json!({"content": [entry("</think>")]}),
+                    Value::Null,
+                ),
+                chat_chunk(
+                    json!({"content": ""}),
+                    json!({"content": [entry("<")]}),
+                    Value::Null,
+                ),
+                chat_chunk(
+                    json!({"content": "<b"}),
+                    json!({"content": [entry("b")]}),
+                    json!("stop"),
+                ),
+            ],
+            true,
+        );
+        assert_eq!(
+            held["output"][1]["content"][0]["logprobs"],
+            json!([entry("<"), entry("b")])
+        );
     }
 
     #[test]
