@@ -1379,24 +1379,28 @@ mod tests {
     use super::*;
     use axum::http::StatusCode;
 
-    /// A stream's chunks read back as the client sees them.
-    async fn streamed(events: Vec<StreamEvent>, meta: ResponseMeta) -> Vec<Value> {
+    /// A request started with `events` already sent by the engine, answered with `meta`.
+    fn started(events: Vec<StreamEvent>, meta: ResponseMeta, stream: bool) -> Started {
         let (tx, rx) = outbox();
         for e in events {
             tx.send(e).unwrap();
         }
-        drop(tx);
         let guard = AbortOnDrop {
             ids: 0..1,
             commands: mpsc::channel().0,
             done: false,
         };
-        let started = Started {
+        Started {
             rx,
             guard,
             meta,
-            stream: true,
-        };
+            stream,
+        }
+    }
+
+    /// A stream's chunks read back as the client sees them.
+    async fn streamed(events: Vec<StreamEvent>, meta: ResponseMeta) -> Vec<Value> {
+        let started = started(events, meta, true);
         let body = Sse::new(sse_stream(started)).into_response().into_body();
         let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
         String::from_utf8(bytes.to_vec())
@@ -1410,22 +1414,7 @@ mod tests {
 
     /// A non-streamed answer's body.
     async fn collected(events: Vec<StreamEvent>, meta: ResponseMeta) -> Value {
-        let (tx, rx) = outbox();
-        for e in events {
-            tx.send(e).unwrap();
-        }
-        drop(tx);
-        let guard = AbortOnDrop {
-            ids: 0..1,
-            commands: mpsc::channel().0,
-            done: false,
-        };
-        let started = Started {
-            rx,
-            guard,
-            meta,
-            stream: false,
-        };
+        let started = started(events, meta, false);
         let body = collect(started).await.unwrap().into_body();
         let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
         serde_json::from_slice(&bytes).unwrap()
