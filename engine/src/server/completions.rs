@@ -736,21 +736,20 @@ impl ResponseMeta {
         Some(self.chat_chunk(index, delta, logprobs, reason))
     }
 
-    /// A chunk of generated `text`, as the request answers it: plain, a forced call's, or
-    /// one that may call tools. `first`: the first text of the choice (its role and a named
-    /// function's id go with it). `held` and `sent` are the choice's (see
-    /// [`StreamedChoice`]). `None` where nothing is to be sent yet.
-    #[allow(clippy::too_many_arguments)]
+    /// A chunk of generated `text` of choice `c`, as the request answers it: plain, a
+    /// forced call's, or one that may call tools. `first`: the first text of the choice (its
+    /// role and a named function's id go with it). `None` where nothing is to be sent yet,
+    /// which is never where `logprobs` is not null.
     fn content_chunk(
         &self,
         index: usize,
+        c: &mut StreamedChoice,
         text: &str,
-        held: &mut String,
-        sent: &mut usize,
         logprobs: Value,
         finish: Option<&'static str>,
         first: bool,
     ) -> Option<Value> {
+        let (held, sent) = (&mut c.held, &mut c.content_sent);
         match (&self.tool, self.tool_parser) {
             (Some(_), _) => self.tool_chunk(index, text, held, logprobs, finish, first),
             (None, Some(parser)) => {
@@ -758,6 +757,59 @@ impl ResponseMeta {
             }
             (None, None) => Some(self.chunk(index, text, logprobs, finish, first)),
         }
+    }
+
+    /// A chunk of a reasoning model's generated `text` of choice `c` (see
+    /// [`Thinking`]): once the thinking has ended, the content's chunk, with the reasoning
+    /// beside it; while thinking, the reasoning's, where there is one to send or the chunk
+    /// is needed (the choice's first, logprobs, running usage, the end). `first`: the
+    /// choice's first chunk, which alone carries the role.
+    fn thinking_chunk(
+        &self,
+        index: usize,
+        c: &mut StreamedChoice,
+        text: &str,
+        logprobs: Value,
+        finish: Option<&'static str>,
+        first: bool,
+    ) -> Option<Value> {
+        let thinking = c.thinking.as_mut().expect("a reasoning model's choice");
+        let ThinkingPiece { reasoning, content } = thinking.next(text, finish.is_some());
+        let first_content =
+            thinking.split.answering() && !std::mem::replace(&mut thinking.content_started, true);
+        let (mut chunk, logprobs) = if thinking.split.answering() {
+            // `None` only where the logprobs were null.
+            let chunk = self.content_chunk(index, c, &content, logprobs, finish, first_content);
+            (chunk, Value::Null)
+        } else {
+            (None, logprobs)
+        };
+        let needed = reasoning.is_some()
+            || first
+            || !logprobs.is_null()
+            || self.continuous_usage
+            || finish.is_some();
+        if chunk.is_none() && needed {
+            chunk = Some(self.chat_chunk(index, json!({}), logprobs, finish));
+        }
+        let delta = &mut chunk.as_mut()?["choices"][0]["delta"];
+        // The answer's first chunk says so (a content, if only empty, or calls), for a
+        // reader that tells the thinking's tokens from the answer's (the Responses API's
+        // logprobs).
+        if first_content && delta.get("content").is_none() && delta.get("tool_calls").is_none() {
+            delta["content"] = json!("");
+        }
+        if let Some(r) = reasoning {
+            delta["reasoning"] = json!(r);
+        }
+        // The role goes with the choice's first chunk alone.
+        if let Some(d) = delta.as_object_mut() {
+            match first {
+                true => d.insert("role".into(), json!("assistant")),
+                false => d.remove("role"),
+            };
+        }
+        chunk
     }
 
     /// A response or chunk around `choices` (and `usage` when given).
@@ -913,45 +965,9 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                     }
                     let reason = finish.map(|f| f.reason.as_str());
                     let first = c.first && meta.echo(index).is_none();
-                    let chunk = match c.thinking.as_mut() {
-                        None => meta.content_chunk(index, &text, &mut c.held, &mut c.content_sent, lp, reason, first),
-                        Some(thinking) => {
-                            let ThinkingPiece { reasoning, content } = thinking.next(&text, finish.is_some());
-                            // The content's chunk, once the thinking has ended, with the
-                            // reasoning beside it; while thinking, the reasoning's.
-                            let lp_null = lp.is_null();
-                            let mut lp = Some(lp);
-                            let mut chunk = None;
-                            if thinking.split.answering() {
-                                let first_content = !std::mem::replace(&mut thinking.content_started, true);
-                                chunk = meta.content_chunk(index, &content, &mut c.held, &mut c.content_sent, lp.take().unwrap_or_default(), reason, first_content);
-                                // The answer's first chunk says so (a content, if only empty,
-                                // or calls), for a reader that tells the thinking's tokens from
-                                // the answer's (the Responses API's logprobs).
-                                if let Some(delta) = chunk.as_mut().filter(|_| first_content).map(|c| &mut c["choices"][0]["delta"]) {
-                                    if delta.get("content").is_none() && delta.get("tool_calls").is_none() {
-                                        delta["content"] = json!("");
-                                    }
-                                }
-                            }
-                            let needed = reasoning.is_some() || first || !lp_null || meta.continuous_usage || finish.is_some();
-                            if chunk.is_none() && needed {
-                                chunk = Some(meta.chat_chunk(index, json!({}), lp.take().unwrap_or_default(), reason));
-                            }
-                            if let Some(chunk) = &mut chunk {
-                                let delta = &mut chunk["choices"][0]["delta"];
-                                if let Some(r) = reasoning {
-                                    delta["reasoning"] = json!(r);
-                                }
-                                // The role goes with the choice's first chunk alone.
-                                match delta.as_object_mut() {
-                                    Some(d) if !first => { d.remove("role"); }
-                                    Some(d) => { d.insert("role".into(), json!("assistant")); }
-                                    None => {}
-                                }
-                            }
-                            chunk
-                        }
+                    let chunk = match c.thinking {
+                        None => meta.content_chunk(index, c, &text, lp, reason, first),
+                        Some(_) => meta.thinking_chunk(index, c, &text, lp, reason, first),
                     };
                     if let Some(mut chunk) = chunk {
                         if finish.is_some() {

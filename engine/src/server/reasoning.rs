@@ -196,17 +196,6 @@ impl ReasoningSplit {
     pub fn answering(&self) -> bool {
         self.phase == Phase::Content
     }
-
-    /// A whole output's reasoning and content, each `None` where empty (as vLLM answers).
-    pub fn whole(text: &str) -> (Option<String>, Option<String>) {
-        let mut split = ReasoningSplit::default();
-        let mut pieces = split.push(text);
-        let last = split.finish();
-        pieces.reasoning.push_str(&last.reasoning);
-        pieces.content.push_str(&last.content);
-        let some = |s: String| (!s.is_empty()).then_some(s);
-        (some(pieces.reasoning), some(pieces.content))
-    }
 }
 
 /// The length of the longest tail of `text` that begins `marker` (and is not all of it).
@@ -222,8 +211,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A whole output's reasoning and content, each `None` where empty (as vLLM answers).
     fn whole(text: &str) -> (Option<String>, Option<String>) {
-        ReasoningSplit::whole(text)
+        let mut split = ReasoningSplit::default();
+        let mut pieces = split.push(text);
+        let last = split.finish();
+        pieces.reasoning.push_str(&last.reasoning);
+        pieces.content.push_str(&last.content);
+        let some = |s: String| (!s.is_empty()).then_some(s);
+        (some(pieces.reasoning), some(pieces.content))
     }
 
     fn some(s: &str) -> Option<String> {
@@ -397,7 +393,7 @@ mod tests {
             let last = s.finish();
             all.reasoning.push_str(&last.reasoning);
             all.content.push_str(&last.content);
-            let (r, c) = ReasoningSplit::whole(&text);
+            let (r, c) = whole(&text);
             prop_assert_eq!(all.reasoning, r.unwrap_or_default());
             prop_assert_eq!(all.content, c.unwrap_or_default());
         }

@@ -692,6 +692,18 @@ fn chat_tool_choice(choice: &Value) -> Result<Value, ApiError> {
     }
 }
 
+/// How many of the logprob `entries`, in the order given, have tokens whose text makes at
+/// most `bytes` bytes.
+fn covering<'a>(entries: impl Iterator<Item = &'a Value>, bytes: usize) -> usize {
+    let mut covered = 0;
+    entries
+        .take_while(|entry| {
+            covered += entry["bytes"].as_array().map_or(0, Vec::len);
+            covered <= bytes
+        })
+        .count()
+}
+
 /// Where the reasoning item is in `output`: first, as thinking comes before the answer.
 const REASONING_INDEX: usize = 0;
 
@@ -1061,27 +1073,13 @@ impl Answer {
 
     /// The pending logprobs of the tokens whose text makes the next `bytes` bytes.
     fn pending_covering(&mut self, bytes: usize) -> Vec<Value> {
-        let mut covered = 0;
-        let count = self
-            .pending_logprobs
-            .iter()
-            .take_while(|entry| {
-                covered += entry["bytes"].as_array().map_or(0, Vec::len);
-                covered <= bytes
-            })
-            .count();
+        let count = covering(self.pending_logprobs.iter(), bytes);
         self.pending_logprobs.drain(..count).collect()
     }
 
     /// The last pending logprobs whose tokens' text makes the last `bytes` bytes.
     fn pending_covering_last(&mut self, bytes: usize) -> Vec<Value> {
-        let mut covered = 0;
-        let count = (self.pending_logprobs.iter().rev())
-            .take_while(|entry| {
-                covered += entry["bytes"].as_array().map_or(0, Vec::len);
-                covered <= bytes
-            })
-            .count();
+        let count = covering(self.pending_logprobs.iter().rev(), bytes);
         let from = self.pending_logprobs.len() - count;
         self.pending_logprobs.split_off(from)
     }
