@@ -115,7 +115,8 @@ except openai.BadRequestError as err:
     check("unsupported parameter refused", "use_beam_search" in str(err), err.status_code)
 
 # tool_choice "auto" (the default with tools): the hermes parser finds the call the model
-# writes; the text before it is the content. Streamed, the SDK's helper adds up the same.
+# writes; the text before it is the content. Streamed, the SDK's helper adds up the same,
+# the arguments in pieces.
 tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 hermes = r'Let me check\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call>'
@@ -128,12 +129,15 @@ try:
           calls == [("get_weather", {"city": "Oslo"})] and m.message.content == "Let me check. "
           and m.finish_reason == "tool_calls", (m.finish_reason, m.message.content, calls))
     with client.chat.completions.stream(**ask) as s:
-        for _ in s:
-            pass
+        pieces = [e.arguments_delta for e in s
+                  if e.type == "tool_calls.function.arguments.delta" and e.arguments_delta]
         f = s.get_final_completion().choices[0]
     streamed = [(t.function.name, json.loads(t.function.arguments)) for t in f.message.tool_calls or []]
     check("auto tool choice, streamed", streamed == calls and f.message.content == "Let me check. "
           and f.finish_reason == "tool_calls", (f.finish_reason, f.message.content, streamed))
+    # As vLLM streams them: the call's arguments arrive in pieces as they are generated.
+    check("auto tool choice, streamed: the arguments in pieces",
+          len(pieces) > 1 and "".join(pieces) == f.message.tool_calls[0].function.arguments, pieces)
 except openai.BadRequestError as err:
     check("auto tool choice", False, f"{err} (start the server with --enable-auto-tool-choice "
           "--tool-call-parser hermes)")

@@ -40,6 +40,18 @@ fn token_ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// `engine bench` of scenario `name` against `base`, cut short: `requests` requests of
+/// `output_tokens` tokens, no warm-up.
+fn short_bench(base: &str, name: &str, requests: usize, output_tokens: usize) -> BenchOptions {
+    let mut opts = BenchOptions::new(base, scenario(name));
+    opts.overrides = vec![
+        format!("workload.num_requests={requests}"),
+        "workload.warmup_requests=0".into(),
+        format!("workload.output_tokens={output_tokens}"),
+    ];
+    opts
+}
+
 fn config(sched: SchedulerConfig) -> ServeConfig {
     ServeConfig {
         sched,
@@ -643,12 +655,7 @@ async fn prompts_cut_with_the_models_tokenizer_arrive_at_their_length() {
         .await
         .unwrap();
     let tokenizer = tiny_tokenizer();
-    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
-    opts.overrides = vec![
-        "workload.num_requests=8".into(),
-        "workload.warmup_requests=0".into(),
-        "workload.output_tokens=2".into(),
-    ];
+    let mut opts = short_bench(&format!("http://{addr}"), "paged_attention", 8, 2);
     opts.tokenizer = Some(tokenizer.clone());
     let r = loadgen::run(&opts).await.unwrap();
     let gen = WorkloadGenerator::new(r.scenario.workload.clone(), tokenizer);
@@ -1398,12 +1405,7 @@ async fn an_api_key_guards_v1_and_bench_sends_it() {
         assert!(status.starts_with("HTTP/1.1 401"), "{status}");
     }
 
-    let mut opts = BenchOptions::new(&base, scenario("baseline"));
-    opts.overrides = vec![
-        "workload.num_requests=2".into(),
-        "workload.warmup_requests=0".into(),
-        "workload.output_tokens=4".into(),
-    ];
+    let mut opts = short_bench(&base, "baseline", 2, 4);
     // Refused, and why: `/v1/models` answers 401, or with `--model` the test request does.
     for (key, model, why) in [
         (None, None, "wants an API key"),
@@ -1443,12 +1445,7 @@ async fn bench_sends_chats_through_the_chat_endpoint() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await
         .unwrap();
-    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
-    opts.overrides = vec![
-        "workload.num_requests=3".into(),
-        "workload.warmup_requests=0".into(),
-        "workload.output_tokens=4".into(),
-    ];
+    let mut opts = short_bench(&format!("http://{addr}"), "paged_attention", 3, 4);
     opts.tokenizer = Some(tiny_tokenizer());
     let completions = loadgen::run(&opts).await.unwrap();
     opts.endpoint = loadgen::BenchEndpoint::Chat;
@@ -1482,12 +1479,7 @@ async fn bench_can_empty_the_prefix_cache_first() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await
         .unwrap();
-    let mut opts = BenchOptions::new(&format!("http://{addr}"), scenario("paged_attention"));
-    opts.overrides = vec![
-        "workload.num_requests=3".into(),
-        "workload.warmup_requests=0".into(),
-        "workload.output_tokens=2".into(),
-    ];
+    let mut opts = short_bench(&format!("http://{addr}"), "paged_attention", 3, 2);
     let hits = |r: &loadgen::BenchResult| r.server_counters.unwrap().prefix_cache_hits;
     let cold = loadgen::run(&opts).await.unwrap();
     let warm = loadgen::run(&opts).await.unwrap();
@@ -2251,7 +2243,9 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
         };
         assert_eq!(v["choices"][0]["finish_reason"], reason, "{v}");
 
-        // Streamed: the content as it comes, the calls whole at the end.
+        // Streamed: the content as it comes, each call once it has a name and its arguments
+        // have begun, then its arguments piece by piece (Python's calls each whole once it
+        // is).
         let (_, chunks) = stream(&client, &chat, &body(true)).await;
         let deltas: Vec<&Value> = chunks
             .iter()
@@ -2267,21 +2261,29 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
             content.as_str().unwrap_or(""),
             "{parser:?}: {chunks:?}"
         );
-        let streamed_calls: Vec<(String, String)> = deltas
-            .iter()
-            .filter_map(|d| d["tool_calls"].as_array())
-            .flatten()
-            .enumerate()
-            .map(|(i, c)| {
-                assert_eq!(c["index"], i);
+        let mut streamed_calls: Vec<(String, String)> = Vec::new();
+        let mut chunks_with_calls = 0;
+        for entries in deltas.iter().filter_map(|d| d["tool_calls"].as_array()) {
+            chunks_with_calls += 1;
+            for c in entries {
+                let i = c["index"].as_u64().unwrap() as usize;
                 let f = &c["function"];
-                (
-                    f["name"].as_str().unwrap().into(),
-                    f["arguments"].as_str().unwrap().into(),
-                )
-            })
-            .collect();
+                if i == streamed_calls.len() {
+                    assert!(c["id"].is_string(), "{c}");
+                    streamed_calls.push((f["name"].as_str().unwrap().into(), String::new()));
+                }
+                streamed_calls[i]
+                    .1
+                    .push_str(f["arguments"].as_str().unwrap());
+            }
+        }
         assert_eq!(streamed_calls, want, "{chunks:?}");
+        // Each call in a chunk of its own at least; the arguments of JSON calls over more.
+        let least = match parser {
+            ToolCallParser::Pythonic => want.len(),
+            _ => want.len() + usize::from(!want.is_empty()),
+        };
+        assert!(chunks_with_calls >= least, "{parser:?}: {chunks:?}");
         let last = chunks
             .iter()
             .rev()

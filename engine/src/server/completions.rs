@@ -23,7 +23,7 @@ use super::outbox::{outbox, Inbox};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::reasoning::ReasoningSplit;
 use super::structured::{self, ToolChoice};
-use super::tool_parser::{tool_call_values, ToolCallParser};
+use super::tool_parser::{tool_call_values, CallStream, ToolCallParser};
 use super::AppState;
 use crate::runtime::detokenize::StopSet;
 use crate::runtime::engine_core::{
@@ -692,38 +692,55 @@ impl ResponseMeta {
         Some(self.chat_chunk(index, delta, logprobs, finish))
     }
 
-    /// A chat chunk under `tool_choice: "auto"`: the content as it is generated, up to
-    /// where a call may begin (`sent` counts its bytes sent); at the end, the calls the
-    /// parser finds in the whole output `held` (with any content before them not yet
-    /// sent), or the rest as content, so that the chunks add up to the non-streamed answer.
+    /// A chat chunk of choice `c` under `tool_choice: "auto"`: the content as it is
+    /// generated, up to where a call may begin; each call once it has a name and its
+    /// arguments have begun, then its arguments as they are generated ([`CallStream`]); at
+    /// the end, what the parser finds
+    /// in the whole output (any content before the calls not yet sent, the rest of the
+    /// calls), or the rest as content where no call was sent, so that a well-formed
+    /// output's chunks add up to the non-streamed answer.
     #[allow(clippy::too_many_arguments)]
     fn auto_tool_chunk(
         &self,
         parser: ToolCallParser,
         index: usize,
+        c: &mut StreamedChoice,
         text: &str,
-        held: &mut String,
-        sent: &mut usize,
         logprobs: Value,
         finish: Option<&'static str>,
         first: bool,
     ) -> Option<Value> {
+        let (held, sent) = (&mut c.held, &mut c.content_sent);
+        let calls = c
+            .calls
+            .get_or_insert_with(|| CallStream::new(parser, self.parallel_tool_calls));
         held.push_str(text);
         let mut reason = finish;
         let parsed = finish.and_then(|_| parser.parse(held, self.parallel_tool_calls));
         let upto = match (&parsed, finish) {
             (_, None) => parser.streamable_len(held, *sent).max(*sent),
             (Some(p), _) => p.content.as_ref().map_or(0, String::len).max(*sent),
+            // The calls sent stay as far as they went (see [`CallStream`]).
+            (None, Some(_)) if calls.started() => *sent,
             (None, Some(_)) => held.len(),
         };
         let mut delta = json!({"content": &held[*sent..upto]});
         *sent = upto;
-        if let Some(p) = parsed {
+        let entries = match &parsed {
+            Some(p) => calls.finish(p, self.call_id),
+            // A stream that has begun a call reads its last text too; one that has not
+            // ends as the non-streamed answer, all content.
+            None if finish.is_none() || calls.started() => calls.advance(held, self.call_id),
+            None => Vec::new(),
+        };
+        if parsed.is_some() {
             reason = Some("tool_calls");
+        }
+        if !entries.is_empty() {
             if delta["content"] == "" {
                 delta = json!({});
             }
-            delta["tool_calls"] = tool_call_values(&p.calls, true, self.call_id).into();
+            delta["tool_calls"] = entries.into();
         } else if delta["content"] == "" && finish.is_none() {
             let needed = first || !logprobs.is_null() || self.continuous_usage;
             if !needed {
@@ -749,11 +766,10 @@ impl ResponseMeta {
         finish: Option<&'static str>,
         first: bool,
     ) -> Option<Value> {
-        let (held, sent) = (&mut c.held, &mut c.content_sent);
         match (&self.tool, self.tool_parser) {
-            (Some(_), _) => self.tool_chunk(index, text, held, logprobs, finish, first),
+            (Some(_), _) => self.tool_chunk(index, text, &mut c.held, logprobs, finish, first),
             (None, Some(parser)) => {
-                self.auto_tool_chunk(parser, index, text, held, sent, logprobs, finish, first)
+                self.auto_tool_chunk(parser, index, c, text, logprobs, finish, first)
             }
             (None, None) => Some(self.chunk(index, text, logprobs, finish, first)),
         }
@@ -851,6 +867,8 @@ struct StreamedChoice {
     held: String,
     /// Bytes of `held` sent as content (`tool_choice: "auto"`).
     content_sent: usize,
+    /// The calls found in `held` so far (`tool_choice: "auto"`).
+    calls: Option<CallStream>,
     /// A reasoning model's output, split as it comes (see [`ResponseMeta::reasoning`]).
     thinking: Option<Thinking>,
 }
@@ -926,7 +944,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
         let mut choices: Vec<StreamedChoice> = (0..meta.choices())
-            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, thinking: meta.reasoning.map(Thinking::new) })
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, calls: None, thinking: meta.reasoning.map(Thinking::new) })
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
@@ -1622,6 +1640,107 @@ mod tests {
             message.get("reasoning").is_none()
                 && whole["usage"].get("completion_tokens_details").is_none()
         );
+    }
+
+    /// Under `tool_choice: "auto"`, a call streams once it has a name and its arguments
+    /// have begun, then its arguments piece by piece; the chunks add up to the whole answer. A call cut short
+    /// stays in the stream as far as it went, where the whole answer is content.
+    #[tokio::test]
+    async fn found_calls_stream_piece_by_piece_and_add_up_to_the_whole_answer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("llama");
+        let spec = crate::tools::make_model::ModelSpec::new(crate::Arch::Llama);
+        crate::tools::make_model::make_model(&spec, &dir).unwrap();
+        let tokenizer = Arc::new(TextTokenizer::from_dir(&dir).unwrap());
+        let texts = [
+            "Let me",
+            " look.<tool",
+            "_call>\n{\"na",
+            "me\": \"get_",
+            "weather\", \"argu",
+            "ments\": {\"city\": \"Os",
+            "lo\", \"days\": 3",
+            "}}\n</tool_call>",
+            "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>",
+        ];
+        let meta = || chat_meta(&tokenizer, None, Some(ToolCallParser::Hermes));
+        let chunks = streamed(text_events(&texts), meta()).await;
+        let choices: Vec<&Value> = chunks.iter().filter_map(|c| c["choices"].get(0)).collect();
+        let mut content = String::new();
+        let mut calls: Vec<(Value, String, String)> = Vec::new();
+        let mut chunks_with_calls = 0;
+        for c in &choices {
+            content.push_str(c["delta"]["content"].as_str().unwrap_or_default());
+            let entries = c["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            chunks_with_calls += usize::from(!entries.is_empty());
+            for e in entries {
+                let i = e["index"].as_u64().unwrap() as usize;
+                if i == calls.len() {
+                    let name = e["function"]["name"].as_str().unwrap().to_string();
+                    calls.push((e["id"].clone(), name, String::new()));
+                }
+                calls[i]
+                    .2
+                    .push_str(e["function"]["arguments"].as_str().unwrap());
+            }
+        }
+        // The first call went out with the chunk that began its arguments (`{"city": "Os`),
+        // the rest of them over two more; the second call whole, in the chunk that held it.
+        assert_eq!(chunks_with_calls, 4, "{chunks:#?}");
+        assert_eq!(choices.last().unwrap()["finish_reason"], "tool_calls");
+        let whole = collected(text_events(&texts), meta()).await;
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(message["content"], content);
+        assert_eq!(content, "Let me look.");
+        let whole_calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(whole_calls.len(), calls.len());
+        for (w, (id, name, arguments)) in whole_calls.iter().zip(&calls) {
+            assert!(id.as_str().unwrap().starts_with("chatcmpl-tool-"));
+            assert_eq!(
+                (&w["function"]["name"], &w["function"]["arguments"]),
+                (&json!(name), &json!(arguments))
+            );
+        }
+        assert_eq!(calls[0].2, r#"{"city": "Oslo", "days": 3}"#);
+
+        // Cut in the first call's arguments: streamed as far as it went, and no more
+        // content; the whole answer is all content, as vLLM answers it.
+        let mut events = text_events(&texts[..7]);
+        if let Some(StreamEvent::Token {
+            finish: Some(f), ..
+        }) = events.last_mut()
+        {
+            f.reason = infer_core::FinishReason::Length;
+        }
+        let cut: Vec<StreamEvent> = events.clone();
+        let chunks = streamed(events, meta()).await;
+        let last = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .next_back()
+            .unwrap();
+        assert_eq!(last["finish_reason"], "length");
+        let sent: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .filter_map(|c| c["delta"]["tool_calls"][0]["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(sent, r#"{"city": "Oslo", "days": "#);
+        let streamed_content: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"].get(0))
+            .filter_map(|c| c["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(streamed_content, "Let me look.");
+        let whole = collected(cut, meta()).await;
+        assert_eq!(
+            whole["choices"][0]["message"]["content"],
+            texts[..7].concat()
+        );
+        assert_eq!(whole["choices"][0]["finish_reason"], "length");
     }
 
     /// What the client reads of a stream's choice: its text, each logprob entry (tokens

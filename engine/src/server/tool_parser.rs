@@ -4,13 +4,17 @@
 //! the message's content, unchanged.
 //!
 //! Streamed, the text before a call goes out as content as it is generated (less any tail
-//! that may begin a call); from a call's start the text is held, and at the end the whole
-//! output is parsed as a non-streamed one is, so a stream's chunks add up to the same
-//! message (vLLM streams a call's arguments piece by piece instead).
+//! that may begin a call); a call goes out once it has a name and its arguments have
+//! begun, then its arguments piece by piece, as vLLM streams them ([`CallStream`]), and at
+//! the end the whole output is parsed as a non-streamed one is, so a well-formed output's
+//! chunks add up to the same message.
 
 use serde_json::{json, Value};
 
 mod python;
+mod stream;
+
+pub use stream::CallStream;
 
 /// The call formats this server parses (vLLM's parser names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,10 +4,13 @@
 
 use serde_json::{Map, Number, Value};
 
+/// A call's name and keyword arguments.
+pub type Call = (String, Map<String, Value>);
+
 /// The calls of `text` when it is a Python list of calls and nothing else (whitespace
 /// aside): each call's name and keyword arguments. `None` for anything else: an empty list,
 /// a positional argument, an expression that is not a literal.
-pub fn calls(text: &str) -> Option<Vec<(String, Map<String, Value>)>> {
+pub fn calls(text: &str) -> Option<Vec<Call>> {
     let mut p = Parser {
         s: text.as_bytes(),
         i: 0,
@@ -18,6 +21,32 @@ pub fn calls(text: &str) -> Option<Vec<(String, Map<String, Value>)>> {
     let calls = p.items(b']', Parser::call)?;
     p.ws();
     (p.i == p.s.len() && !calls.is_empty()).then_some(calls)
+}
+
+/// The whole calls of a Python list of calls being written, read from byte `from` of
+/// `text` (just after the list's `[`, or where this left off before): each call with where
+/// to read on from (after the `,` that follows it, or at the list's `]`), up to the first
+/// call not yet whole, or not a call.
+pub fn whole_calls_from(text: &str, from: usize) -> Vec<(Call, usize)> {
+    let mut p = Parser {
+        s: text.as_bytes(),
+        i: from,
+        depth: 0,
+    };
+    let mut calls = Vec::new();
+    loop {
+        p.ws();
+        let Some(call) = p.call() else {
+            return calls;
+        };
+        p.ws();
+        let whole = p.eat(b',').is_some() || p.peek() == Some(b']');
+        // Without the `,` or `]` after it, `f(a=1)` may yet go on (`f(a=1)(…)`).
+        if !whole {
+            return calls;
+        }
+        calls.push((call, p.i));
+    }
 }
 
 /// Values nest at most this deep (an output is the model's, so bounded, but a recursive
@@ -85,7 +114,7 @@ impl Parser<'_> {
     }
 
     /// `name(key=value, …)`.
-    fn call(&mut self) -> Option<(String, Map<String, Value>)> {
+    fn call(&mut self) -> Option<Call> {
         let name = self.identifier()?;
         self.ws();
         self.eat(b'(')?;
@@ -180,6 +209,10 @@ impl Parser<'_> {
 
     fn hex(&mut self, digits: usize) -> Option<char> {
         let text = std::str::from_utf8(self.s.get(self.i..self.i + digits)?).ok()?;
+        // (`from_str_radix` would take a sign, Python does not.)
+        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
         self.i += digits;
         char::from_u32(u32::from_str_radix(text, 16).ok()?)
     }
@@ -262,6 +295,24 @@ mod tests {
         }
         let deep = format!("[f(x={}1{})]", "[".repeat(100), "]".repeat(100));
         assert_eq!(parsed(&deep), None);
+    }
+
+    #[test]
+    fn whole_calls_are_read_as_a_list_is_written() {
+        let text = "[f(a=1), g(s='x, y)'), h(b=[1,";
+        let read = whole_calls_from(text, 1);
+        let names: Vec<&str> = read.iter().map(|((n, _), _)| n.as_str()).collect();
+        assert_eq!(names, ["f", "g"]);
+        // Read on from where it left off: the last call once it is whole.
+        let (_, end) = read[1];
+        assert_eq!(whole_calls_from(text, end), vec![]);
+        let more = format!("{text} 2])]");
+        let rest = whole_calls_from(&more, end);
+        assert_eq!(rest.len(), 1);
+        assert_eq!(Value::Object(rest[0].0 .1.clone()), json!({"b": [1, 2]}));
+        // A call with nothing after it may go on.
+        assert_eq!(whole_calls_from("[f(a=1)", 1), vec![]);
+        assert_eq!(whole_calls_from("[f(a=1) ]", 1).len(), 1);
     }
 
     proptest::proptest! {
