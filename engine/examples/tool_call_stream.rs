@@ -1,10 +1,10 @@
 //! What streaming a tool call costs the server per token: an output that is one call whose
 //! argument is a long string (a file an agent writes through a tool), fed to the call
-//! stream as the engine feeds it, 4 bytes a token, in each format (`pythonic` sends its call
-//! whole: its figure is the scan for the call's end and one parse), at three lengths. Prints `name: value unit` lines; the cost per token should not grow
-//! with the length (the stream reads each byte once). Then outputs a model should not
-//! write but may: a long run of digits, of spaces, and a Python list whose call is followed
-//! by junk and many commas; their cost per token should not grow with the length either.
+//! stream as the engine feeds it, 4 bytes a token, in each format, at three lengths.
+//! Prints `name: value unit` lines; the cost per token should not grow with the length
+//! (the stream reads each byte once). Then outputs a model should not write but may: long
+//! runs of digits, of spaces, of a name's letters; their cost per token should not grow
+//! with the length either.
 //!
 //! `cargo run --release -p infer-engine --example tool_call_stream`
 
@@ -77,13 +77,8 @@ fn main() {
         ),
         (ToolCallParser::Hermes, "spaces", "<tool_call>", " ", "{}"),
         (ToolCallParser::Llama3Json, "spaces", "", " ", "{}"),
-        (
-            ToolCallParser::Pythonic,
-            "commas",
-            "[f(s='aaaa')x",
-            ",",
-            "]",
-        ),
+        (ToolCallParser::Pythonic, "digits", "[f(a=1", "0", ")]"),
+        (ToolCallParser::Pythonic, "a_name", "[f(a", "a", "=1)]"),
     ];
     for (parser, what, head, unit, tail) in degenerate {
         for kib in [16usize, 64] {

@@ -1,8 +1,11 @@
 //! Python's call syntax, for the `pythonic` tool-call format: `[f(a=1, b="x"), g()]`, the
 //! arguments keywords whose values are literals (strings, numbers, `True`/`False`/`None`,
-//! lists and dicts of them), as vLLM reads such an output with Python's `ast`.
+//! lists and dicts of them), as vLLM reads such an output with Python's `ast`. Read whole
+//! ([`calls`]), or as it is written ([`ListReader`], for a stream).
 
 use serde_json::{Map, Number, Value};
+
+use super::python_json;
 
 /// A call's name and keyword arguments.
 pub type Call = (String, Map<String, Value>);
@@ -21,32 +24,6 @@ pub fn calls(text: &str) -> Option<Vec<Call>> {
     let calls = p.items(b']', Parser::call)?;
     p.ws();
     (p.i == p.s.len() && !calls.is_empty()).then_some(calls)
-}
-
-/// The whole calls of a Python list of calls being written, read from byte `from` of
-/// `text` (just after the list's `[`, or where this left off before): each call with where
-/// to read on from (after the `,` that follows it, or at the list's `]`), up to the first
-/// call not yet whole, or not a call.
-pub fn whole_calls_from(text: &str, from: usize) -> Vec<(Call, usize)> {
-    let mut p = Parser {
-        s: text.as_bytes(),
-        i: from,
-        depth: 0,
-    };
-    let mut calls = Vec::new();
-    loop {
-        p.ws();
-        let Some(call) = p.call() else {
-            return calls;
-        };
-        p.ws();
-        let whole = p.eat(b',').is_some() || p.peek() == Some(b']');
-        // Without the `,` or `]` after it, `f(a=1)` may yet go on (`f(a=1)(…)`).
-        if !whole {
-            return calls;
-        }
-        calls.push((call, p.i));
-    }
 }
 
 /// Values nest at most this deep (an output is the model's, so bounded, but a recursive
@@ -125,7 +102,10 @@ impl Parser<'_> {
             p.ws();
             Some((key, p.value()?))
         })?;
-        Some((name, arguments.into_iter().collect()))
+        let count = arguments.len();
+        let arguments: Map<String, Value> = arguments.into_iter().collect();
+        // A keyword given twice is Python's syntax error.
+        (arguments.len() == count).then_some((name, arguments))
     }
 
     fn value(&mut self) -> Option<Value> {
@@ -179,72 +159,520 @@ impl Parser<'_> {
             match c {
                 c if c == quote => break,
                 b'\n' => return None,
-                b'\\' => {
-                    let e = self.peek()?;
-                    self.i += 1;
-                    let ch = match e {
-                        b'n' => '\n',
-                        b't' => '\t',
-                        b'r' => '\r',
-                        b'0' => '\0',
-                        b'\\' | b'\'' | b'"' => e as char,
-                        b'x' => self.hex(2)?,
-                        b'u' => self.hex(4)?,
-                        b'U' => self.hex(8)?,
-                        _ => {
-                            // An unknown escape keeps its backslash, as Python does.
-                            out.push(b'\\');
-                            self.i -= 1;
-                            continue;
-                        }
-                    };
-                    let mut buf = [0; 4];
-                    out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
-                }
+                b'\\' => match escape(&self.s[self.i - 1..]) {
+                    Escape::Char(ch, len) => {
+                        self.i += len - 1;
+                        let mut buf = [0; 4];
+                        out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+                    }
+                    Escape::Unknown => out.push(b'\\'),
+                    Escape::Cut | Escape::Bad => return None,
+                },
                 c => out.push(c),
             }
         }
         String::from_utf8(out).ok()
     }
 
-    fn hex(&mut self, digits: usize) -> Option<char> {
-        let text = std::str::from_utf8(self.s.get(self.i..self.i + digits)?).ok()?;
-        // (`from_str_radix` would take a sign, Python does not.)
-        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        self.i += digits;
-        char::from_u32(u32::from_str_radix(text, 16).ok()?)
-    }
-
     fn number(&mut self) -> Option<Value> {
         let start = self.i;
-        if matches!(self.peek(), Some(b'-' | b'+')) {
-            self.i += 1;
+        self.i = number_end(self.s, start, start);
+        number(std::str::from_utf8(&self.s[start..self.i]).ok()?)
+    }
+}
+
+/// A string's escape, as Python reads it.
+#[derive(Debug, PartialEq)]
+enum Escape {
+    /// The character, and the escape's length in bytes.
+    Char(char, usize),
+    /// No escape Python knows: the backslash stands for itself.
+    Unknown,
+    /// The text ends before the escape does.
+    Cut,
+    /// `\x`, `\u` or `\U` without its hex digits, or with no character's.
+    Bad,
+}
+
+/// The escape at the start of `s` (which starts with `\`).
+fn escape(s: &[u8]) -> Escape {
+    let Some(&e) = s.get(1) else {
+        return Escape::Cut;
+    };
+    let simple = match e {
+        b'n' => '\n',
+        b't' => '\t',
+        b'r' => '\r',
+        b'0' => '\0',
+        b'\\' | b'\'' | b'"' => e as char,
+        _ => {
+            let digits = match e {
+                b'x' => 2,
+                b'u' => 4,
+                b'U' => 8,
+                _ => return Escape::Unknown,
+            };
+            let Some(hex) = s.get(2..2 + digits) else {
+                // (Cut only where the digits so far may yet be some.)
+                return match s[2..].iter().all(u8::is_ascii_hexdigit) {
+                    true => Escape::Cut,
+                    false => Escape::Bad,
+                };
+            };
+            // (`from_str_radix` would take a sign, Python does not.)
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return Escape::Bad;
+            }
+            let code = std::str::from_utf8(hex).expect("ASCII digits");
+            return match char::from_u32(u32::from_str_radix(code, 16).expect("hex")) {
+                Some(ch) => Escape::Char(ch, 2 + digits),
+                None => Escape::Bad,
+            };
         }
-        while self
-            .peek()
-            .is_some_and(|c| c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E' | b'_'))
-            || (self.i > start
-                && matches!(self.peek(), Some(b'-' | b'+'))
-                && matches!(self.s[self.i - 1], b'e' | b'E'))
-        {
-            self.i += 1;
+    };
+    Escape::Char(simple, 2)
+}
+
+/// Where a number that starts at byte `start` of `s` ends, read on from byte `from` (the
+/// number's start, or where an earlier read of a shorter `s` stopped): `s.len()` where it
+/// may go on.
+fn number_end(s: &[u8], start: usize, mut from: usize) -> usize {
+    if from == start && matches!(s.get(from), Some(b'-' | b'+')) {
+        from += 1;
+    }
+    while let Some(&c) = s.get(from) {
+        let exponent_sign = matches!(c, b'-' | b'+') && matches!(s[from - 1], b'e' | b'E');
+        if !(c.is_ascii_digit() || matches!(c, b'.' | b'e' | b'E' | b'_') || exponent_sign) {
+            break;
         }
-        let text: String = std::str::from_utf8(&self.s[start..self.i])
-            .ok()?
-            .replace('_', "");
-        let text = text.strip_prefix('+').unwrap_or(&text);
-        let integer = !text.contains(['.', 'e', 'E']);
-        let number = if integer {
-            text.parse::<i64>()
-                .map(Number::from)
-                .ok()
-                .or_else(|| text.parse::<u64>().ok().map(Number::from))?
+        from += 1;
+    }
+    from
+}
+
+/// A number's `text`, as [`number_end`] delimits it, as a JSON number.
+fn number(text: &str) -> Option<Value> {
+    let text = text.replace('_', "");
+    let text = text.strip_prefix('+').unwrap_or(&text);
+    let integer = !text.contains(['.', 'e', 'E']);
+    let number = if integer {
+        text.parse::<i64>()
+            .map(Number::from)
+            .ok()
+            .or_else(|| text.parse::<u64>().ok().map(Number::from))?
+    } else {
+        Number::from_f64(text.parse::<f64>().ok()?)?
+    };
+    Some(Value::Number(number))
+}
+
+/// A call of a list being read: its name, and its arguments as far as read, as JSON.
+#[derive(Debug, PartialEq)]
+pub struct ReadCall {
+    pub name: String,
+    pub arguments: String,
+    /// Its `)` has been read.
+    pub whole: bool,
+}
+
+/// Python's list of calls read as it is written, for a stream: each call from its `(`,
+/// its arguments written as JSON as they come. Each lexeme is written as [`python_json`]
+/// writes the whole parse's value (a string's text as it comes, less an escape not yet
+/// whole; a number, keyword or literal once something follows it), so a well-formed list's
+/// arguments, read in any pieces, are the whole parse's; and the same text, however it
+/// came in pieces, writes the same. Where the text stops being a list of calls, the reader
+/// stops (the whole output's parse decides).
+#[derive(Debug)]
+pub struct ListReader {
+    /// Bytes of the text read.
+    pos: usize,
+    /// The calls begun.
+    pub calls: Vec<ReadCall>,
+    /// What is open inside the list: a call, then lists and dicts in its arguments.
+    open: Vec<Bracket>,
+    want: Want,
+    token: Option<Token>,
+    /// A `,` read and not yet written: it goes before the next item, and not before a
+    /// close (Python allows a last one).
+    comma: bool,
+    /// The list has ended, or its text broke off where no list of calls goes on.
+    pub ended: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Bracket {
+    Call,
+    List,
+    Dict,
+}
+
+/// What the reader expects next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Want {
+    /// A call's name, or the list's `]`.
+    CallOrEnd,
+    /// The `(` after a call's name.
+    Open,
+    /// An argument's keyword, or the call's `)`.
+    KeywordOrClose,
+    /// The `=` after a keyword.
+    Equals,
+    /// A keyword's or a dict key's value.
+    Value,
+    /// A list's item, or its `]`.
+    ValueOrClose,
+    /// A dict's key, or its `}`.
+    KeyOrClose,
+    /// The `:` after a dict's key.
+    Colon,
+    /// After an item: a `,`, or the end of what holds it.
+    CommaOrClose,
+}
+
+/// A lexeme being read, from byte `start`; `role`: what the reader wanted where it began.
+#[derive(Debug)]
+enum Token {
+    /// A call's name, a keyword, or `True`/`False`/`None`; `scan`: bytes read so far.
+    Identifier {
+        start: usize,
+        scan: usize,
+        role: Want,
+    },
+    Number {
+        start: usize,
+        scan: usize,
+        role: Want,
+    },
+    /// A string's text read so far (a dict key's is written whole, a value's as it comes).
+    String { quote: u8, role: Want, text: String },
+}
+
+/// The text is no list of calls from here on.
+struct Malformed;
+
+impl ListReader {
+    /// Reads from byte `pos`, just after the list's `[`.
+    pub fn new(pos: usize) -> Self {
+        ListReader {
+            pos,
+            calls: Vec::new(),
+            open: Vec::new(),
+            want: Want::CallOrEnd,
+            token: None,
+            comma: false,
+            ended: false,
+        }
+    }
+
+    /// Reads on through `text`, the output so far.
+    pub fn read(&mut self, text: &str) {
+        if !self.ended && self.read_on(text).is_err() {
+            self.ended = true;
+        }
+    }
+
+    fn read_on(&mut self, text: &str) -> Result<(), Malformed> {
+        let s = text.as_bytes();
+        while !self.ended {
+            if self.token.is_some() {
+                if !self.read_token(text)? {
+                    return Ok(());
+                }
+                continue;
+            }
+            while s.get(self.pos).is_some_and(u8::is_ascii_whitespace) {
+                self.pos += 1;
+            }
+            let Some(&b) = s.get(self.pos) else {
+                return Ok(());
+            };
+            let start = self.pos;
+            let identifier = b.is_ascii_alphabetic() || b == b'_';
+            match (self.want, b) {
+                (Want::CallOrEnd, b']') => self.ended = true,
+                (Want::CallOrEnd | Want::KeywordOrClose, _) if identifier => {
+                    self.write_comma();
+                    self.token = Some(Token::Identifier {
+                        start,
+                        scan: start,
+                        role: self.want,
+                    });
+                    continue;
+                }
+                (Want::Open, b'(') => {
+                    self.open.push(Bracket::Call);
+                    self.calls.last_mut().expect("a name").arguments.push('{');
+                    self.want = Want::KeywordOrClose;
+                }
+                (Want::Equals, b'=') => self.want = Want::Value,
+                (Want::Colon, b':') => {
+                    self.write(": ");
+                    self.want = Want::Value;
+                }
+                (Want::KeywordOrClose, b')')
+                | (Want::ValueOrClose, b']')
+                | (Want::KeyOrClose, b'}') => self.close()?,
+                (Want::CommaOrClose, b',') => {
+                    self.comma = true;
+                    self.want = match self.open.last() {
+                        None => Want::CallOrEnd,
+                        Some(Bracket::Call) => Want::KeywordOrClose,
+                        Some(Bracket::List) => Want::ValueOrClose,
+                        Some(Bracket::Dict) => Want::KeyOrClose,
+                    };
+                }
+                (Want::CommaOrClose, b')' | b']' | b'}') => {
+                    let closes = match self.open.last() {
+                        None => b']',
+                        Some(Bracket::Call) => b')',
+                        Some(Bracket::List) => b']',
+                        Some(Bracket::Dict) => b'}',
+                    };
+                    if b != closes {
+                        return Err(Malformed);
+                    }
+                    match self.open.is_empty() {
+                        true => self.ended = true,
+                        false => self.close()?,
+                    }
+                }
+                (Want::Value | Want::ValueOrClose | Want::KeyOrClose, _) => {
+                    self.begin_value(b, start)?;
+                    continue;
+                }
+                _ => return Err(Malformed),
+            }
+            self.pos += 1;
+        }
+        Ok(())
+    }
+
+    /// Appends to the arguments of the call being read.
+    fn write(&mut self, text: &str) {
+        self.calls
+            .last_mut()
+            .expect("a call")
+            .arguments
+            .push_str(text);
+    }
+
+    /// Writes a `,` read before the item that begins (none between calls).
+    fn write_comma(&mut self) {
+        if std::mem::take(&mut self.comma) && !self.open.is_empty() {
+            self.write(", ");
+        }
+    }
+
+    /// A value (or a dict's key) begins with byte `b`, at `start`.
+    fn begin_value(&mut self, b: u8, start: usize) -> Result<(), Malformed> {
+        // As deep as the whole parse reads: the call's arguments' values are at depth 0.
+        if self.open.len() > MAX_DEPTH {
+            return Err(Malformed);
+        }
+        let role = self.want;
+        let key = role == Want::KeyOrClose;
+        self.write_comma();
+        match b {
+            b'"' | b'\'' => {
+                if !key {
+                    self.write("\"");
+                }
+                self.pos += 1;
+                self.token = Some(Token::String {
+                    quote: b,
+                    role,
+                    text: String::new(),
+                });
+            }
+            b'-' | b'+' | b'.' | b'0'..=b'9' => {
+                self.token = Some(Token::Number {
+                    start,
+                    scan: start,
+                    role,
+                })
+            }
+            // A dict's key is a string or a number.
+            _ if key => return Err(Malformed),
+            b'[' | b'{' => {
+                self.write(if b == b'[' { "[" } else { "{" });
+                self.open.push(if b == b'[' {
+                    Bracket::List
+                } else {
+                    Bracket::Dict
+                });
+                self.want = if b == b'[' {
+                    Want::ValueOrClose
+                } else {
+                    Want::KeyOrClose
+                };
+                self.pos += 1;
+            }
+            b if b.is_ascii_alphabetic() || b == b'_' => {
+                self.token = Some(Token::Identifier {
+                    start,
+                    scan: start,
+                    role,
+                })
+            }
+            _ => return Err(Malformed),
+        }
+        Ok(())
+    }
+
+    /// Closes what is open innermost (`)`, `]` or `}`, read at `pos`).
+    fn close(&mut self) -> Result<(), Malformed> {
+        self.comma = false;
+        match self.open.pop().ok_or(Malformed)? {
+            Bracket::Call => {
+                let call = self.calls.last_mut().expect("a call");
+                call.arguments.push('}');
+                call.whole = true;
+            }
+            Bracket::List => self.write("]"),
+            Bracket::Dict => self.write("}"),
+        }
+        self.want = Want::CommaOrClose;
+        Ok(())
+    }
+
+    /// A value read whole (`Some(value)`), or a dict's key (`key`, already written).
+    fn end_value(&mut self, value: Option<&Value>) {
+        if let Some(v) = value {
+            self.write(&python_json(v));
+        }
+        self.want = Want::CommaOrClose;
+    }
+
+    /// A key or value that ends, written as its role has it: a dict's key as a string,
+    /// then `:` is wanted; a value whole.
+    fn end_scalar(&mut self, role: Want, value: Value) -> Result<(), Malformed> {
+        if role == Want::KeyOrClose {
+            let key = match value {
+                Value::String(s) => s,
+                // As the whole parse writes a number's key: its text.
+                Value::Number(n) => n.to_string(),
+                _ => return Err(Malformed),
+            };
+            self.write(&python_json(&Value::String(key)));
+            self.want = Want::Colon;
         } else {
-            Number::from_f64(text.parse::<f64>().ok()?)?
-        };
-        Some(Value::Number(number))
+            self.end_value(Some(&value));
+        }
+        Ok(())
+    }
+
+    /// Reads on in the token; `false` where the text ends first.
+    fn read_token(&mut self, text: &str) -> Result<bool, Malformed> {
+        let s = text.as_bytes();
+        match self.token.as_mut().expect("a token") {
+            Token::Identifier { start, scan, role } => {
+                let (start, role) = (*start, *role);
+                let Some(len) = s[*scan..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                else {
+                    *scan = s.len();
+                    return Ok(false);
+                };
+                let end = *scan + len;
+                let word = &text[start..end];
+                self.token = None;
+                self.pos = end;
+                match role {
+                    Want::CallOrEnd => {
+                        self.calls.push(ReadCall {
+                            name: word.to_string(),
+                            arguments: String::new(),
+                            whole: false,
+                        });
+                        self.want = Want::Open;
+                    }
+                    Want::KeywordOrClose => {
+                        self.write(&python_json(&Value::String(word.to_string())));
+                        self.write(": ");
+                        self.want = Want::Equals;
+                    }
+                    _ => {
+                        let value = match word {
+                            "True" => Value::Bool(true),
+                            "False" => Value::Bool(false),
+                            "None" => Value::Null,
+                            _ => return Err(Malformed),
+                        };
+                        self.end_scalar(role, value)?;
+                    }
+                }
+            }
+            Token::Number { start, scan, role } => {
+                let (start, role) = (*start, *role);
+                let end = number_end(s, start, *scan);
+                if end == s.len() {
+                    *scan = end;
+                    return Ok(false);
+                }
+                self.token = None;
+                self.pos = end;
+                let value = number(&text[start..end]).ok_or(Malformed)?;
+                self.end_scalar(role, value)?;
+            }
+            Token::String {
+                quote,
+                role,
+                text: read,
+            } => {
+                let (quote, key) = (*quote, *role == Want::KeyOrClose);
+                let mut run = String::new();
+                let closed = loop {
+                    let Some(&c) = s.get(self.pos) else {
+                        break Ok(false);
+                    };
+                    match c {
+                        c if c == quote => break Ok(true),
+                        b'\n' => break Err(Malformed),
+                        b'\\' => match escape(&s[self.pos..]) {
+                            Escape::Char(ch, len) => {
+                                run.push(ch);
+                                self.pos += len;
+                            }
+                            Escape::Unknown => {
+                                run.push('\\');
+                                self.pos += 1;
+                            }
+                            Escape::Cut => break Ok(false),
+                            Escape::Bad => break Err(Malformed),
+                        },
+                        _ => {
+                            let ch = text[self.pos..].chars().next().expect("a character");
+                            run.push(ch);
+                            self.pos += ch.len_utf8();
+                        }
+                    }
+                };
+                // A value's text goes out as it comes, up to where it breaks too: however
+                // the text came in pieces, the same is written.
+                if key {
+                    read.push_str(&run);
+                } else if !run.is_empty() {
+                    let escaped = python_json(&Value::String(run));
+                    self.write(&escaped[1..escaped.len() - 1]);
+                }
+                if !closed? {
+                    return Ok(false);
+                }
+                self.pos += 1;
+                let Some(Token::String { text, role, .. }) = self.token.take() else {
+                    unreachable!("a string is being read")
+                };
+                match key {
+                    true => self.end_scalar(role, Value::String(text))?,
+                    false => {
+                        self.write("\"");
+                        self.end_value(None);
+                    }
+                }
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -290,6 +718,7 @@ mod tests {
             "[1, 2]",
             "Sure, [f()]",
             "[f(x=(1, 2))]",
+            "[f(x=1, x=2)]",
         ] {
             assert_eq!(parsed(text), None, "{text}");
         }
@@ -298,21 +727,35 @@ mod tests {
     }
 
     #[test]
-    fn whole_calls_are_read_as_a_list_is_written() {
+    fn a_list_is_read_as_it_is_written() {
+        let call = |name: &str, arguments: &str, whole| ReadCall {
+            name: name.into(),
+            arguments: arguments.into(),
+            whole,
+        };
         let text = "[f(a=1), g(s='x, y)'), h(b=[1,";
-        let read = whole_calls_from(text, 1);
-        let names: Vec<&str> = read.iter().map(|((n, _), _)| n.as_str()).collect();
-        assert_eq!(names, ["f", "g"]);
-        // Read on from where it left off: the last call once it is whole.
-        let (_, end) = read[1];
-        assert_eq!(whole_calls_from(text, end), vec![]);
-        let more = format!("{text} 2])]");
-        let rest = whole_calls_from(&more, end);
-        assert_eq!(rest.len(), 1);
-        assert_eq!(Value::Object(rest[0].0 .1.clone()), json!({"b": [1, 2]}));
-        // A call with nothing after it may go on.
-        assert_eq!(whole_calls_from("[f(a=1)", 1), vec![]);
-        assert_eq!(whole_calls_from("[f(a=1) ]", 1).len(), 1);
+        let mut r = ListReader::new(1);
+        r.read(text);
+        assert_eq!(
+            r.calls,
+            [
+                call("f", r#"{"a": 1}"#, true),
+                call("g", r#"{"s": "x, y)"}"#, true),
+                call("h", r#"{"b": [1"#, false),
+            ]
+        );
+        assert!(!r.ended);
+        // Read on from where it left off: the last call once it is whole, and the list's
+        // end.
+        r.read(&format!("{text} 2])] and more"));
+        assert_eq!(r.calls[2], call("h", r#"{"b": [1, 2]}"#, true));
+        assert!(r.ended);
+        // A name goes in from its end, its arguments from the `(`.
+        let mut r = ListReader::new(1);
+        r.read("[ get_weather");
+        assert_eq!(r.calls, []);
+        r.read("[ get_weather (");
+        assert_eq!(r.calls, [call("get_weather", "{", false)]);
     }
 
     proptest::proptest! {

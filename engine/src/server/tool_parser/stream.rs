@@ -1,6 +1,7 @@
 //! A streamed output's tool calls as they are generated, as vLLM streams them: a call goes
 //! out once it has a name and its arguments have begun (with its id), then its arguments
-//! piece by piece. A `pythonic` call goes out whole, once it is.
+//! piece by piece. A `pythonic` call's arguments go out as JSON, as they are written
+//! ([`python::ListReader`]).
 //!
 //! The arguments are written as the whole output's parse writes them
 //! ([`super::python_json`]): a string's text as it comes (less an escape not yet whole),
@@ -443,59 +444,13 @@ enum Place {
     List,
     /// In a call object.
     Call(CallReader),
-    /// In Python's list of calls, each sent whole once it is.
-    PythonCalls(PythonScan),
+    /// In Python's list of calls.
+    PythonCalls(python::ListReader),
     /// After a call: a format's separator, or its end.
     After,
     /// No more calls are streamed: the output's end, `parallel_tool_calls: false`'s first
     /// call, or text no call can be read from (the whole output's parse decides).
     Stopped,
-}
-
-/// Where in Python's list of calls a call may end: a `,` or the list's `]` outside any
-/// string or brackets. Read once through as the text grows.
-#[derive(Debug)]
-struct PythonScan {
-    /// Bytes of the text read.
-    at: usize,
-    /// Brackets open inside the list.
-    depth: usize,
-    /// The quote of the string being read, and whether after a `\`.
-    string: Option<(u8, bool)>,
-}
-
-impl PythonScan {
-    fn from(at: usize) -> Self {
-        PythonScan {
-            at,
-            depth: 0,
-            string: None,
-        }
-    }
-
-    /// Reads on through `text`: where the last `,` or `]` at the list's own level came,
-    /// if one did.
-    fn last_item_end(&mut self, text: &str) -> Option<usize> {
-        let mut last = None;
-        for (i, &b) in text.as_bytes()[self.at..].iter().enumerate() {
-            let may_end = &mut last;
-            let at = self.at + i;
-            match (&mut self.string, b) {
-                (Some((_, escaped @ true)), _) => *escaped = false,
-                (Some((_, escaped)), b'\\') => *escaped = true,
-                (Some((quote, _)), b) if b == *quote => self.string = None,
-                (Some(_), _) => {}
-                (None, b'"' | b'\'') => self.string = Some((b, false)),
-                (None, b'(' | b'[' | b'{') => self.depth += 1,
-                (None, b']') if self.depth == 0 => *may_end = Some(at),
-                (None, b')' | b']' | b'}') => self.depth = self.depth.saturating_sub(1),
-                (None, b',') if self.depth == 0 => *may_end = Some(at),
-                _ => {}
-            }
-        }
-        self.at = text.len();
-        last
-    }
 }
 
 /// A streamed call: what has been sent of it.
@@ -515,8 +470,6 @@ pub struct CallStream {
     place: Place,
     /// Call objects begun.
     calls_read: usize,
-    /// Python's calls read whole and not yet sent.
-    python_calls: Vec<(String, String)>,
     sent: Vec<SentCall>,
 }
 
@@ -533,7 +486,6 @@ impl CallStream {
             pos: 0,
             place,
             calls_read: 0,
-            python_calls: Vec::new(),
             sent: Vec::new(),
         }
     }
@@ -550,8 +502,22 @@ impl CallStream {
         let mut entries = Vec::new();
         loop {
             let mut moved = self.step(text);
-            for (name, arguments) in std::mem::take(&mut self.python_calls) {
-                entries.push(announce(&mut self.sent, &name, &arguments, next_id));
+            if let Place::PythonCalls(reader) = &self.place {
+                // A call goes out from its `(`; of those sent, only the last can have grown.
+                // `parallel_tool_calls: false` streams the first call only.
+                let kept = if self.parallel { usize::MAX } else { 1 };
+                let calls = reader.calls.iter().take(kept).enumerate();
+                for (index, call) in calls.skip(self.sent.len().saturating_sub(1)) {
+                    if call.arguments.is_empty() {
+                        break;
+                    }
+                    let (name, arguments) = (&call.name, &call.arguments);
+                    entries.extend(progress(&mut self.sent, index, name, arguments, next_id));
+                }
+                let first_whole = reader.calls.first().is_some_and(|c| c.whole);
+                if reader.ended || (first_whole && !self.parallel) {
+                    self.place = Place::Stopped;
+                }
             }
             if let Place::Call(reader) = &self.place {
                 // A call goes out once it has a name and its arguments have begun: JSON
@@ -559,19 +525,7 @@ impl CallStream {
                 if let (Some(name), Some(_)) = (&reader.name, reader.arguments) {
                     let index = self.calls_read - 1;
                     let arguments = reader.arguments_text();
-                    match self.sent.get_mut(index) {
-                        // The arguments' text only grows: what is new is its tail.
-                        Some(sent) => {
-                            // (Checked cheaply: a full compare per token is quadratic.)
-                            debug_assert!(arguments.is_char_boundary(sent.arguments.len()));
-                            let rest = arguments.get(sent.arguments.len()..).unwrap_or_default();
-                            if !rest.is_empty() {
-                                entries.push(arguments_entry(index, rest));
-                                sent.arguments.push_str(rest);
-                            }
-                        }
-                        None => entries.push(announce(&mut self.sent, name, arguments, next_id)),
-                    }
+                    entries.extend(progress(&mut self.sent, index, name, arguments, next_id));
                 }
                 if reader.done || reader.broken {
                     // A call without a name or arguments is no call: the whole output's
@@ -668,27 +622,9 @@ impl CallStream {
                 }
                 list
             }
-            Place::PythonCalls(scan) => {
-                // Parsed only where a call may have ended, so a long call is not parsed
-                // again for each of its tokens.
-                let Some(last_end) = scan.last_item_end(text) else {
-                    return false;
-                };
-                for ((name, arguments), end) in python::whole_calls_from(text, self.pos) {
-                    self.pos = end;
-                    let arguments = python_json(&Value::Object(arguments));
-                    self.python_calls.push((name, arguments));
-                    if !self.parallel {
-                        self.place = Place::Stopped;
-                        return false;
-                    }
-                }
-                // An item that ended and was not read as a call (or the list's end): no
-                // more calls, and nothing parsed again. The whole output's parse refuses
-                // such an item too.
-                if last_end >= self.pos {
-                    self.place = Place::Stopped;
-                }
+            Place::PythonCalls(reader) => {
+                reader.read(text);
+                // The caller sends what was read, and stops where the list did.
                 return false;
             }
             Place::Object | Place::List => {
@@ -707,7 +643,9 @@ impl CallStream {
                 if open == b'[' {
                     self.pos += 1;
                     match self.parser {
-                        ToolCallParser::Pythonic => Place::PythonCalls(PythonScan::from(self.pos)),
+                        ToolCallParser::Pythonic => {
+                            Place::PythonCalls(python::ListReader::new(self.pos))
+                        }
                         _ => Place::Object,
                     }
                 } else {
@@ -739,6 +677,28 @@ impl CallStream {
         self.place = next;
         true
     }
+}
+
+/// The entry that sends call `index` as far as its `arguments` go: the call, where it is
+/// new; else what its arguments gained since, if anything.
+fn progress(
+    sent: &mut Vec<SentCall>,
+    index: usize,
+    name: &str,
+    arguments: &str,
+    next_id: fn() -> String,
+) -> Option<Value> {
+    let Some(sent) = sent.get_mut(index) else {
+        return Some(announce(sent, name, arguments, next_id));
+    };
+    // The arguments' text only grows: what is new is its tail. (Checked cheaply: a full
+    // compare per token is quadratic.)
+    debug_assert!(arguments.is_char_boundary(sent.arguments.len()));
+    let rest = arguments.get(sent.arguments.len()..).unwrap_or_default();
+    (!rest.is_empty()).then(|| {
+        sent.arguments.push_str(rest);
+        arguments_entry(index, rest)
+    })
 }
 
 /// The entry of a new call (the next of `sent`), with its id from `next_id`.
@@ -995,34 +955,86 @@ mod tests {
     }
 
     #[test]
-    fn python_calls_go_out_each_whole_once_it_is() {
+    fn python_calls_go_out_as_json_as_they_are_written() {
         let p = ToolCallParser::Pythonic;
-        let text = " <|python_start|>[get_weather(city='Oslo, \\'N\\'', days=[1, 2]), now(), f(x={'a': None})]<|python_end|>";
+        let text = " <|python_start|>[get_weather(city='Oslo, \\'N\\'', days=[1, 2,],), now( ), f(x={'a': None, 1.5: [True, False], \"b\\x41\\q\": -2e3},\n  y=+1_000)]<|python_end|>";
         let whole = parsed(p, text, true);
-        assert_eq!(whole.len(), 3);
-        let (before, after) = stream(p, text, &each_char(text), true);
         assert_eq!(
-            (&before.calls, before.entries),
-            (&whole, 3),
-            "one entry a call"
+            whole,
+            [
+                ("get_weather", r#"{"city": "Oslo, 'N'", "days": [1, 2]}"#),
+                ("now", "{}"),
+                (
+                    "f",
+                    r#"{"x": {"a": null, "1.5": [true, false], "bA\\q": -2000.0}, "y": 1000}"#
+                ),
+            ]
+            .map(|(n, a)| (n.to_string(), a.to_string()))
         );
+        let (before, after) = stream(p, text, &each_char(text), true);
+        assert_eq!(before.calls, whole);
         assert_eq!(after.calls, whole);
-        // The first call goes out once the `,` after it is written.
+        assert!(before.entries > 20, "{} entries", before.entries);
+        // In one piece, each call in one entry.
+        let (before, _) = stream(p, text, &[0, text.len()], true);
+        assert_eq!((before.calls, before.entries), (whole, 3));
+        // A call goes out at its `(`, then its arguments as they come: a string's text as
+        // it is written, a number once something follows it.
         let mut s = CallStream::new(p, true);
-        let upto = text.find("now").unwrap();
-        assert_eq!(s.advance(&text[..upto - 2], id), Vec::<Value>::new());
-        assert_eq!(s.advance(&text[..upto - 1], id).len(), 1);
+        let mut at = |upto: &str| {
+            let sent = s.advance(&text[..text.find(upto).unwrap() + upto.len()], id);
+            (sent.iter())
+                .map(|e| e["function"]["arguments"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at("get_weather"), Vec::<String>::new());
+        assert_eq!(at("get_weather("), ["{"]);
+        assert_eq!(at("city='Os"), ["\"city\": \"Os"]);
+        assert_eq!(at("Oslo, \\"), ["lo, "]);
+        assert_eq!(at("Oslo, \\'"), ["'"]);
+        assert_eq!(at("days=[1"), ["N'\", \"days\": ["]);
+        assert_eq!(at("days=[1,"), ["1"]);
+        // A last `,` is written only if an item follows it.
+        assert_eq!(at("2,],"), [", 2]"]);
+        assert_eq!(at("2,],)"), ["}"]);
         let (before, _) = stream(p, text, &each_char(text), false);
         assert_eq!(before.calls, parsed(p, text, false));
-        // A `,` or `]` inside a string or brackets ends no call.
-        for text in ["[f(s='(', t=\"'\"), g()]", "[f(s='],', t=[1, 2]), g()]"] {
-            let mut s = CallStream::new(p, true);
-            let upto = text.find("g(").unwrap();
-            let sent = s.advance(&text[..upto], id);
-            assert_eq!(sent.len(), 1, "{text}");
-            assert_eq!(sent[0]["function"]["name"], "f");
-            let (before, _) = stream(p, text, &each_char(text), true);
-            assert_eq!(before.calls, parsed(p, text, true), "{text}");
+        // Text no list of calls reads as: what was read before it, and nothing after.
+        for (text, sent) in [
+            (
+                "[f(s='(', t=\"'\"), g(a=[1 2])]",
+                vec![("f", r#"{"s": "(", "t": "'"}"#), ("g", r#"{"a": [1"#)],
+            ),
+            ("[f(a='x\ny')]", vec![("f", r#"{"a": "x"#)]),
+            ("[f(a='x\\xZ1')]", vec![("f", r#"{"a": "x"#)]),
+            ("[f('Oslo')]", vec![("f", "{")]),
+            ("[f(a=other)]", vec![("f", r#"{"a": "#)]),
+            ("[f(a={[1]: 2})]", vec![("f", r#"{"a": {"#)]),
+            ("[f(a=1)(2)]", vec![("f", r#"{"a": 1}"#)]),
+        ] {
+            assert_eq!(p.parse(text, true), None, "{text}");
+            let sent: Vec<(String, String)> = (sent.into_iter())
+                .map(|(n, a)| (n.to_string(), a.to_string()))
+                .collect();
+            for bounds in [each_char(text), vec![0, text.len()]] {
+                let (before, _) = stream(p, text, &bounds, true);
+                assert_eq!(before.calls, sent, "{text}");
+            }
+        }
+        // As deep as the whole parse reads, and no deeper.
+        for depth in [63, 64] {
+            let text = format!("[f(x={}1{})]", "[".repeat(depth), "]".repeat(depth));
+            let (before, _) = stream(p, &text, &each_char(&text), true);
+            match p.parse(&text, true) {
+                Some(whole) => assert_eq!((depth, before.calls), (63, whole.calls)),
+                None => assert_eq!(
+                    (depth, before.calls),
+                    (
+                        64,
+                        vec![("f".into(), format!("{{\"x\": {}", "[".repeat(64)))]
+                    )
+                ),
+            }
         }
         // Not a list of calls: nothing goes out.
         let (before, _) = stream(p, "It is [f(a=1)]", &[0, 3, 14], true);
@@ -1031,7 +1043,7 @@ mod tests {
 
     /// JSON values of every kind, keys and strings with escapes and non-ASCII text.
     fn json_value() -> impl Strategy<Value = Value> {
-        let text = "[a-z \"\\\\/é😀\n\t]{0,6}";
+        let text = "[a-z \"'\\\\/éж😀\n\t]{0,6}";
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
@@ -1049,36 +1061,62 @@ mod tests {
         })
     }
 
-    /// `v` as a Python literal.
-    fn python_literal(v: &Value) -> String {
+    /// `v` as a Python literal: `spaced` with line breaks and a last `,` in each
+    /// container; `escaped` in single quotes, other than ASCII as `\x`, `\u` or `\U`.
+    fn python_literal(v: &Value, spaced: bool, escaped: bool) -> String {
+        let items = |items: Vec<String>, open: &str, close: &str| match spaced {
+            true => format!("{open}\n  {},\n{close}", items.join(" ,\n  ")),
+            false => format!("{open}{}{close}", items.join(", ")),
+        };
         match v {
             Value::Null => "None".into(),
             Value::Bool(b) => if *b { "True" } else { "False" }.into(),
             Value::Number(n) => n.to_string(),
             Value::String(s) => {
-                let escaped = s
-                    .replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n")
-                    .replace('\t', "\\t");
-                format!("\"{escaped}\"")
+                let quote = if escaped { '\'' } else { '"' };
+                let mut out = String::from(quote);
+                for c in s.chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        '\n' => out.push_str("\\n"),
+                        '\t' => out.push_str("\\t"),
+                        c if c == quote => out.extend(['\\', c]),
+                        c if escaped && (c as u32) < 0x100 && !c.is_ascii() => {
+                            out.push_str(&format!("\\x{:02x}", c as u32))
+                        }
+                        c if escaped && (c as u32) > 0xffff => {
+                            out.push_str(&format!("\\U{:08X}", c as u32))
+                        }
+                        c if escaped && !c.is_ascii() => {
+                            out.push_str(&format!("\\u{:04x}", c as u32))
+                        }
+                        c => out.push(c),
+                    }
+                }
+                out.push(quote);
+                out
             }
-            Value::Array(items) => format!(
-                "[{}]",
-                items
+            Value::Array(values) if !values.is_empty() => items(
+                values
                     .iter()
-                    .map(python_literal)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                    .map(|v| python_literal(v, spaced, escaped))
+                    .collect(),
+                "[",
+                "]",
             ),
-            Value::Object(entries) => format!(
-                "{{{}}}",
+            Value::Object(entries) if !entries.is_empty() => items(
                 entries
                     .iter()
-                    .map(|(k, v)| format!("{}: {}", python_literal(&json!(k)), python_literal(v)))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                    .map(|(k, v)| {
+                        let key = python_literal(&json!(k), spaced, escaped);
+                        format!("{key}: {}", python_literal(v, spaced, escaped))
+                    })
+                    .collect(),
+                "{",
+                "}",
             ),
+            Value::Array(_) => "[]".into(),
+            Value::Object(_) => "{}".into(),
         }
     }
 
@@ -1125,7 +1163,7 @@ mod tests {
                 .collect();
             // Python's calls take keywords: each value is a keyword's.
             let python_calls: Vec<String> = arguments.iter().enumerate()
-                .map(|(i, a)| format!("f{i}(k={}, n=1)", python_literal(a)))
+                .map(|(i, a)| format!("f{i}(k={}, n=1)", python_literal(a, pretty, ascii)))
                 .collect();
             let around = |t: &'static str| if text_around { t } else { "" };
             let (p, text) = match parser {
