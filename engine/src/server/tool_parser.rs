@@ -136,7 +136,8 @@ impl ToolCallParser {
                 })
             }
             ToolCallParser::Pythonic => {
-                let body = match text.trim_start().strip_prefix(PYTHON_START) {
+                let spaces = |c: char| c.is_ascii_whitespace();
+                let body = match text.trim_start_matches(spaces).strip_prefix(PYTHON_START) {
                     Some(rest) => rest.replace(PYTHON_END, ""),
                     None => text.to_string(),
                 };

@@ -583,6 +583,10 @@ impl CallStream {
             | (ToolCallParser::Mistral, Place::Object | Place::After) => {
                 rest.trim_start_matches(JSON_SPACES)
             }
+            // Python's spaces are ASCII's.
+            (ToolCallParser::Pythonic, Place::Tag | Place::List) => {
+                rest.trim_start_matches(|c: char| c.is_ascii_whitespace())
+            }
             (_, Place::Tag | Place::Object | Place::List | Place::After) => rest.trim_start(),
             _ => rest,
         };
@@ -1011,6 +1015,9 @@ mod tests {
             ("[f(a=other)]", vec![("f", r#"{"a": "#)]),
             ("[f(a={[1]: 2})]", vec![("f", r#"{"a": {"#)]),
             ("[f(a=1)(2)]", vec![("f", r#"{"a": 1}"#)]),
+            // Python's spaces are ASCII's.
+            ("\u{a0}[f(a=1)]", vec![]),
+            ("<|python_start|>\u{2003}[f(a=1)]", vec![]),
         ] {
             assert_eq!(p.parse(text, true), None, "{text}");
             let sent: Vec<(String, String)> = (sent.into_iter())
@@ -1191,6 +1198,40 @@ mod tests {
     }
 
     proptest! {
+        /// Python's many ways to write a literal (number spellings, escapes, a dict's
+        /// number keys, last commas, spaces between any tokens), however they come in
+        /// pieces, stream as the whole output's parse reads them.
+        #[test]
+        fn python_spellings_stream_as_the_parse_reads_them(
+            values in proptest::collection::vec(proptest::sample::select(vec![
+                "1_000", "+1", "-0", ".5", "5.", "1E5", "-2e-3", "2e+3", "007",
+                "12345678901234567890", "'\\x41\\xe9'", "\"\\u00e9\\U0001F600\"", "'a\\qb\\\\'",
+                "'it\\'s \"x\"'", "\"\\0\\t\\r\"", "''", "True", "False", "None", "[]", "{}",
+                "[1,]", "{1: 2, 'b': [3,],}", "{1.5: 'x', -2: None}", "[{'a': [True]}, 'é😀']",
+            ]), 1..5),
+            spaces in proptest::collection::vec(proptest::sample::select(vec![
+                "", " ", "\n", "\t", "\x0c", "\r\n  ",
+            ]), 8),
+            cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..12),
+        ) {
+            let sp = |i: usize| spaces[i % spaces.len()];
+            let arguments: Vec<String> = values.iter().enumerate()
+                .map(|(i, v)| format!("{}k{i}{}={}{v}{}", sp(i), sp(i + 1), sp(i + 2), sp(i + 3)))
+                .collect();
+            let text = format!(
+                "{}[{}f{}({}){}, g(){}]", sp(4), sp(5), sp(6), arguments.join(","), sp(7), sp(0)
+            );
+            let p = ToolCallParser::Pythonic;
+            let whole = p.parse(&text, true).expect("well-formed calls").calls;
+            for bounds in [bounds(&text, &cuts), each_char(&text)] {
+                let (before, after) = stream(p, &text, &bounds, true);
+                prop_assert_eq!(&before.calls, &whole);
+                prop_assert_eq!(&after.calls, &whole);
+            }
+        }
+    }
+
+    proptest! {
         /// Whatever a model writes, however it comes in pieces: no panic, and what goes out
         /// before the end is what goes out when it comes whole.
         #[test]
@@ -1201,7 +1242,8 @@ mod tests {
                 "{\"name\": \"f\", \"parameters\": {\"a\": \"", "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": \"",
                 "[f(a='", "{", "}", "[", "]", "\"", "'", "\\", "\\u",
                 "\\ud83d", "\\ude00", "00e9", "é", "😀", "u", ",", ":", ";", " ", "\n", "1", "-",
-                "e", "true", "nul", "f(a=", ")", "a", "\\é",
+                "e", "true", "nul", "f(a=", ")", "a", "\\é", "\\x", "\\U", "True", "None", "=",
+                "_",
             ]), 0..40),
             parser in 0usize..4,
             cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..12),
