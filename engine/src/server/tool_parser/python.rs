@@ -160,10 +160,12 @@ impl Parser<'_> {
                 c if c == quote => break,
                 b'\n' => return None,
                 b'\\' => match escape(&self.s[self.i - 1..]) {
-                    Escape::Char(ch, len) => {
+                    Escape::Text(ch, len) => {
                         self.i += len - 1;
                         let mut buf = [0; 4];
-                        out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+                        if let Some(ch) = ch {
+                            out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+                        }
                     }
                     Escape::Unknown => out.push(b'\\'),
                     Escape::Cut | Escape::Bad => return None,
@@ -184,13 +186,15 @@ impl Parser<'_> {
 /// A string's escape, as Python reads it.
 #[derive(Debug, PartialEq)]
 enum Escape {
-    /// The character, and the escape's length in bytes.
-    Char(char, usize),
+    /// The character it stands for (none, for a line continuation), and the escape's
+    /// length in bytes.
+    Text(Option<char>, usize),
     /// No escape Python knows: the backslash stands for itself.
     Unknown,
-    /// The text ends before the escape does.
+    /// The text ends where the escape may go on.
     Cut,
-    /// `\x`, `\u` or `\U` without its hex digits, or with no character's.
+    /// `\x`, `\u` or `\U` without its hex digits or with no character's, or `\N{…}` (a
+    /// character's name, which is not looked up here).
     Bad,
 }
 
@@ -203,8 +207,23 @@ fn escape(s: &[u8]) -> Escape {
         b'n' => '\n',
         b't' => '\t',
         b'r' => '\r',
-        b'0' => '\0',
+        b'a' => '\x07',
+        b'b' => '\x08',
+        b'f' => '\x0c',
+        b'v' => '\x0b',
         b'\\' | b'\'' | b'"' => e as char,
+        b'\n' => return Escape::Text(None, 2),
+        b'N' => return Escape::Bad,
+        b'0'..=b'7' => {
+            // One to three octal digits.
+            let octal = |c: &&u8| (b'0'..=b'7').contains(*c);
+            let digits = s[1..].iter().take(3).take_while(octal).count();
+            if digits < 3 && s.len() == 1 + digits {
+                return Escape::Cut;
+            }
+            let code = (s[1..1 + digits].iter()).fold(0, |n, d| n * 8 + u32::from(d - b'0'));
+            return Escape::Text(char::from_u32(code), 1 + digits);
+        }
         _ => {
             let digits = match e {
                 b'x' => 2,
@@ -225,12 +244,12 @@ fn escape(s: &[u8]) -> Escape {
             }
             let code = std::str::from_utf8(hex).expect("ASCII digits");
             return match char::from_u32(u32::from_str_radix(code, 16).expect("hex")) {
-                Some(ch) => Escape::Char(ch, 2 + digits),
+                Some(ch) => Escape::Text(Some(ch), 2 + digits),
                 None => Escape::Bad,
             };
         }
     };
-    Escape::Char(simple, 2)
+    Escape::Text(Some(simple), 2)
 }
 
 /// Where a number that starts at byte `start` of `s` ends, read on from byte `from` (the
@@ -250,11 +269,25 @@ fn number_end(s: &[u8], start: usize, mut from: usize) -> usize {
     from
 }
 
-/// A number's `text`, as [`number_end`] delimits it, as a JSON number.
+/// A number's `text`, as [`number_end`] delimits it, as a JSON number; `None` where
+/// Python would not read it as a number (`1_`, `007`).
 fn number(text: &str) -> Option<Value> {
+    let b = text.as_bytes();
+    let digit = |i: Option<usize>| i.and_then(|i| b.get(i)).is_some_and(u8::is_ascii_digit);
+    // Python's `_` goes between digits.
+    let misplaced =
+        |(i, &c): (usize, &u8)| c == b'_' && !(digit(i.checked_sub(1)) && digit(Some(i + 1)));
+    if b.iter().enumerate().any(misplaced) {
+        return None;
+    }
     let text = text.replace('_', "");
     let text = text.strip_prefix('+').unwrap_or(&text);
     let integer = !text.contains(['.', 'e', 'E']);
+    // An integer's leading zero is Python's syntax error, zero itself written long is not.
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if integer && digits.starts_with('0') && digits.bytes().any(|c| c != b'0') {
+        return None;
+    }
     let number = if integer {
         text.parse::<i64>()
             .map(Number::from)
@@ -630,8 +663,8 @@ impl ListReader {
                         c if c == quote => break Ok(true),
                         b'\n' => break Err(Malformed),
                         b'\\' => match escape(&s[self.pos..]) {
-                            Escape::Char(ch, len) => {
-                                run.push(ch);
+                            Escape::Text(ch, len) => {
+                                run.extend(ch);
                                 self.pos += len;
                             }
                             Escape::Unknown => {
@@ -700,6 +733,23 @@ mod tests {
                 ),
             ])
         );
+        // Python's escapes: octal, the control letters, a line continuation; an unknown
+        // one keeps its backslash.
+        assert_eq!(
+            parsed("[g(s='\\101\\0\\08\\a\\b\\f\\v\\\nx\\q\\8')]"),
+            Some(vec![(
+                "g".into(),
+                json!({"s": "A\0\08\x07\x08\x0c\x0bx\\q\\8"})
+            )])
+        );
+        // Python's number spellings.
+        assert_eq!(
+            parsed("[g(a=1_000, b=-0, c=00, d=5., e=.5, f=1_0.5e1_0)]"),
+            Some(vec![(
+                "g".into(),
+                json!({"a": 1000, "b": 0, "c": 0, "d": 5.0, "e": 0.5, "f": 10.5e10})
+            )])
+        );
         assert_eq!(
             parsed(" [g(s='it\\'s \\u00e9\\n')]\n"),
             Some(vec![("g".into(), json!({"s": "it's é\n"}))])
@@ -719,6 +769,11 @@ mod tests {
             "Sure, [f()]",
             "[f(x=(1, 2))]",
             "[f(x=1, x=2)]",
+            "[f(x=007)]",
+            "[f(x=1_)]",
+            "[f(x=1__0)]",
+            "[f(x=1_.5)]",
+            "[f(x='\\N{BULLET}')]",
         ] {
             assert_eq!(parsed(text), None, "{text}");
         }

@@ -1204,7 +1204,8 @@ mod tests {
         #[test]
         fn python_spellings_stream_as_the_parse_reads_them(
             values in proptest::collection::vec(proptest::sample::select(vec![
-                "1_000", "+1", "-0", ".5", "5.", "1E5", "-2e-3", "2e+3", "007",
+                "1_000", "+1", "-0", ".5", "5.", "1E5", "-2e-3", "2e+3", "00", "1_0.5e1_0",
+                "'\\101\\0\\08\\a\\b\\f\\v\\\nx\\q\\8'",
                 "12345678901234567890", "'\\x41\\xe9'", "\"\\u00e9\\U0001F600\"", "'a\\qb\\\\'",
                 "'it\\'s \"x\"'", "\"\\0\\t\\r\"", "''", "True", "False", "None", "[]", "{}",
                 "[1,]", "{1: 2, 'b': [3,],}", "{1.5: 'x', -2: None}", "[{'a': [True]}, 'é😀']",
