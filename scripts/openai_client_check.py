@@ -4,14 +4,16 @@ asserted, so that a failure names what broke.
 
     pip install openai
     engine serve --enable-auto-tool-choice --tool-call-parser hermes &   # builtin:tiny, :8000
-    python3 scripts/openai_client_check.py [BASE_URL]
+    python3 scripts/openai_client_check.py [BASE_URL [PARSER]]
+
+PARSER: the server's `--tool-call-parser`, `hermes` (the default) or `pythonic`.
 
 Checks: `n=2` (completions, chat, chat streaming), a batch of prompts (texts and token-id
 lists, with `n=2`, streamed too), `logit_bias` (a +100 bias makes the
 token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` and
 `max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
 reproducible, an unsupported parameter refused with 400 naming it, and tool calls under
-`tool_choice="auto"` (a regex makes the random model write a Hermes call) answered as
+`tool_choice="auto"` (a regex makes the random model write a call in the parser's format) answered as
 `tool_calls`, streamed too (the SDK's stream helper accumulates them). The Responses API:
 the chat's text for the same messages, cut at `max_output_tokens`; streamed through the
 SDK's helper with a JSON schema; logprobs; a function call and its output sent back; a
@@ -24,6 +26,7 @@ import urllib.request
 import openai
 
 base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
+parser = sys.argv[2] if len(sys.argv) > 2 else "hermes"
 client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
 model = client.models.list().data[0].id
 checks = []
@@ -114,33 +117,38 @@ try:
 except openai.BadRequestError as err:
     check("unsupported parameter refused", "use_beam_search" in str(err), err.status_code)
 
-# tool_choice "auto" (the default with tools): the hermes parser finds the call the model
-# writes; the text before it is the content. Streamed, the SDK's helper adds up the same,
-# the arguments in pieces.
+# tool_choice "auto" (the default with tools): the parser finds the call the model writes;
+# hermes's text before it is the content (a pythonic output is calls only). Streamed, the
+# SDK's helper adds up the same, the arguments in pieces.
 tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 hermes = r'Let me check\. <tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}\n</tool_call>'
+call_regex, content = {
+    "hermes": (hermes, "Let me check. "),
+    "pythonic": (r"\[get_weather\(city='Oslo'\)\]", None),
+}[parser]
 ask = dict(model=model, messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=tools,
-           temperature=0, max_tokens=100, extra_body={"structured_outputs": {"regex": hermes}})
+           temperature=0, max_tokens=100, extra_body={"structured_outputs": {"regex": call_regex}})
 try:
     m = client.chat.completions.create(**ask).choices[0]
     calls = [(t.function.name, json.loads(t.function.arguments)) for t in m.message.tool_calls or []]
     check("auto tool choice: the call and the content before it",
-          calls == [("get_weather", {"city": "Oslo"})] and m.message.content == "Let me check. "
+          calls == [("get_weather", {"city": "Oslo"})] and m.message.content == content
           and m.finish_reason == "tool_calls", (m.finish_reason, m.message.content, calls))
     with client.chat.completions.stream(**ask) as s:
         pieces = [e.arguments_delta for e in s
                   if e.type == "tool_calls.function.arguments.delta" and e.arguments_delta]
         f = s.get_final_completion().choices[0]
     streamed = [(t.function.name, json.loads(t.function.arguments)) for t in f.message.tool_calls or []]
-    check("auto tool choice, streamed", streamed == calls and f.message.content == "Let me check. "
+    # (The first chunk carries the role and an empty content, as vLLM's does.)
+    check("auto tool choice, streamed", streamed == calls and (f.message.content or None) == content
           and f.finish_reason == "tool_calls", (f.finish_reason, f.message.content, streamed))
     # As vLLM streams them: the call's arguments arrive in pieces as they are generated.
     check("auto tool choice, streamed: the arguments in pieces",
           len(pieces) > 1 and "".join(pieces) == f.message.tool_calls[0].function.arguments, pieces)
 except openai.BadRequestError as err:
     check("auto tool choice", False, f"{err} (start the server with --enable-auto-tool-choice "
-          "--tool-call-parser hermes)")
+          f"--tool-call-parser {parser})")
 
 # The Responses API (/v1/responses): the same generation as the chat it stands for.
 instructions, question = "Answer in one word.", "Where is the harbor?"
@@ -171,11 +179,13 @@ flat_tools = [dict(type="function", **t["function"]) for t in tools]
 try:
     r = client.responses.create(model=model, input="Weather in Oslo?", tools=flat_tools,
                                 temperature=0, max_output_tokens=100,
-                                extra_body={"structured_outputs": {"regex": hermes}})
+                                extra_body={"structured_outputs": {"regex": call_regex}})
     calls = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
-    check("responses: a function_call item after the message",
-          calls == [("get_weather", {"city": "Oslo"})] and r.output[0].type == "message"
-          and r.output_text == "Let me check. ", (r.output_text, calls))
+    kinds = [o.type for o in r.output]
+    check("responses: a function_call item (after the message, if any)",
+          calls == [("get_weather", {"city": "Oslo"})] and r.output_text == (content or "")
+          and kinds == ["message"] * (content is not None) + ["function_call"],
+          (r.output_text, kinds, calls))
     call = r.output[-1]
     turn = client.responses.create(model=model, max_output_tokens=2, input=[
         {"role": "user", "content": "Weather in Oslo?"}, call,
