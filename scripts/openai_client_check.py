@@ -6,7 +6,8 @@ asserted, so that a failure names what broke.
     engine serve --enable-auto-tool-choice --tool-call-parser hermes &   # builtin:tiny, :8000
     python3 scripts/openai_client_check.py [BASE_URL [PARSER]]
 
-PARSER: the server's `--tool-call-parser`, `hermes` (the default) or `pythonic`.
+PARSER: the server's `--tool-call-parser`, `hermes` (the default), `pythonic` or
+`qwen3_coder`.
 
 Checks: `n=2` (completions, chat, chat streaming), a batch of prompts (texts and token-id
 lists, with `n=2`, streamed too), `logit_bias` (a +100 bias makes the
@@ -118,7 +119,7 @@ except openai.BadRequestError as err:
     check("unsupported parameter refused", "use_beam_search" in str(err), err.status_code)
 
 # tool_choice "auto" (the default with tools): the parser finds the call the model writes;
-# hermes's text before it is the content (a pythonic output is calls only). Streamed, the
+# hermes's text before it is the content (the other outputs are calls only). Streamed, the
 # SDK's helper adds up the same, the arguments in pieces.
 tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -126,6 +127,8 @@ hermes = r'Let me check\. <tool_call>\n\{"name": "get_weather", "arguments": \{"
 call_regex, content = {
     "hermes": (hermes, "Let me check. "),
     "pythonic": (r"\[get_weather\(city='Oslo'\)\]", None),
+    "qwen3_coder": (r"<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                    r"</function>\n</tool_call>", None),
 }[parser]
 ask = dict(model=model, messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=tools,
            temperature=0, max_tokens=100, extra_body={"structured_outputs": {"regex": call_regex}})

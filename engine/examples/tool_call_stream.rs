@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use infer_engine::server::tool_parser::{CallStream, ToolCallParser};
+use infer_engine::server::tool_parser::{CallStream, ToolCallParser, ToolParameters};
 
 fn main() {
     let formats = [
@@ -44,7 +44,7 @@ fn main() {
             let best = (0..5)
                 .map(|_| {
                     let start = Instant::now();
-                    let mut stream = CallStream::new(parser, true);
+                    let mut stream = CallStream::new(parser, true, Default::default());
                     let mut end = 0;
                     let mut arguments = String::new();
                     while end < text.len() {
@@ -54,7 +54,9 @@ fn main() {
                         }
                     }
                     // The whole call went out before the end, as the whole parse reads it.
-                    let parsed = parser.parse(&text, true).expect("a call");
+                    let parsed = parser
+                        .parse(&text, true, &ToolParameters::default())
+                        .expect("a call");
                     assert_eq!(arguments, parsed.calls[0].1, "{parser:?}");
                     start.elapsed().as_secs_f64()
                 })
@@ -84,7 +86,7 @@ fn main() {
         for kib in [16usize, 64] {
             let text = format!("{head}{}{tail}", unit.repeat(kib * 1024));
             let start = Instant::now();
-            let mut stream = CallStream::new(parser, true);
+            let mut stream = CallStream::new(parser, true, Default::default());
             let mut end = 0;
             while end < text.len() {
                 end = (end + 4).min(text.len());

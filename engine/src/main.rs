@@ -334,9 +334,11 @@ struct ServeArgs {
     #[arg(long = "enable-auto-tool-choice", requires = "tool_call_parser")]
     enable_auto_tool_choice: bool,
     /// The format the model writes calls in: `hermes` (`<tool_call>…</tool_call>`: Qwen2.5,
-    /// Qwen3, Hermes), `llama3_json` (a JSON object per call: Llama 3.1–3.3), `pythonic`
-    /// (`[f(a=1)]`: Llama 3.2 and 4) or `mistral` (`[TOOL_CALLS][…]`: Mistral 7B v0.3).
-    /// Without --enable-auto-tool-choice it is not used, as in vLLM.
+    /// Qwen3, Hermes), `llama3_json` (a JSON object per call: Llama 3.1–3.3; also
+    /// `llama4_json`), `pythonic` (`[f(a=1)]`: Llama 3.2 and 4; also `llama4_pythonic`),
+    /// `mistral` (`[TOOL_CALLS][…]`: Mistral 7B v0.3) or `qwen3_coder`
+    /// (`<function=f><parameter=a>…`: Qwen3-Coder). Without --enable-auto-tool-choice it
+    /// is not used, as in vLLM.
     #[arg(long = "tool-call-parser", value_enum)]
     tool_call_parser: Option<ToolCallParserArg>,
     /// Split a chat's output into the message's `reasoning` (before `</think>`) and its
@@ -357,10 +359,13 @@ struct ServeArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum ToolCallParserArg {
     Hermes,
-    #[value(name = "llama3_json")]
+    #[value(name = "llama3_json", alias = "llama4_json")]
     Llama3Json,
     Mistral,
+    #[value(alias = "llama4_pythonic")]
     Pythonic,
+    #[value(name = "qwen3_coder")]
+    Qwen3Coder,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -798,6 +803,9 @@ fn run_serve(a: ServeArgs) -> Result<()> {
                 }
                 ToolCallParserArg::Pythonic => {
                     infer_engine::server::tool_parser::ToolCallParser::Pythonic
+                }
+                ToolCallParserArg::Qwen3Coder => {
+                    infer_engine::server::tool_parser::ToolCallParser::Qwen3Coder
                 }
             }),
         reasoning_parser: a.reasoning_parser.map(|p| match p {

@@ -2137,7 +2137,7 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
     use infer_engine::server::tool_parser::ToolCallParser;
     let tools = json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": {
-            "type": "object", "properties": {"city": {"type": "string"}}}}},
+            "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
         {"type": "function", "function": {"name": "get_time", "parameters": {
             "type": "object", "properties": {"zone": {"type": "string"}}}}}
     ]);
@@ -2146,6 +2146,8 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
     let pythonic = r#"\[get_time\(zone="UTC"\), get_weather\(city='Oslo', days=\[1, 2\]\)\]"#;
     let mistral =
         r#"Sure\. \[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"zone": "CET"\}\}\]"#;
+    // Each value typed by the request's tool: `days` an integer, `city` a string.
+    let qwen3_coder = r"<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
     let cases = [
         (
             ToolCallParser::Hermes,
@@ -2173,6 +2175,12 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
             mistral,
             Value::from("Sure. "),
             vec![("get_time", r#"{"zone": "CET"}"#)],
+        ),
+        (
+            ToolCallParser::Qwen3Coder,
+            qwen3_coder,
+            Value::Null,
+            vec![("get_weather", r#"{"city": "42", "days": 3}"#)],
         ),
         (
             ToolCallParser::Hermes,
@@ -2244,8 +2252,8 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
         assert_eq!(v["choices"][0]["finish_reason"], reason, "{v}");
 
         // Streamed: the content as it comes, each call once it has a name and its arguments
-        // have begun, then its arguments piece by piece (Python's calls each whole once it
-        // is).
+        // have begun, then its arguments piece by piece (Qwen3-Coder's a parameter at a
+        // time).
         let (_, chunks) = stream(&client, &chat, &body(true)).await;
         let deltas: Vec<&Value> = chunks
             .iter()
@@ -2278,11 +2286,8 @@ async fn auto_tool_choice_answers_the_calls_the_parser_finds() {
             }
         }
         assert_eq!(streamed_calls, want, "{chunks:?}");
-        // Each call in a chunk of its own at least; the arguments of JSON calls over more.
-        let least = match parser {
-            ToolCallParser::Pythonic => want.len(),
-            _ => want.len() + usize::from(!want.is_empty()),
-        };
+        // Each call in a chunk of its own at least, and its arguments over more.
+        let least = want.len() + usize::from(!want.is_empty());
         assert!(chunks_with_calls >= least, "{parser:?}: {chunks:?}");
         let last = chunks
             .iter()

@@ -23,7 +23,7 @@ use super::outbox::{outbox, Inbox};
 use super::prompt::{body_or_error, check_prompt_bytes, off_thread, prompt_tokens};
 use super::reasoning::ReasoningSplit;
 use super::structured::{self, ToolChoice};
-use super::tool_parser::{tool_call_values, CallStream, ToolCallParser};
+use super::tool_parser::{tool_call_values, CallStream, ToolCallParser, ToolParameters};
 use super::AppState;
 use crate::runtime::detokenize::StopSet;
 use crate::runtime::engine_core::{
@@ -188,11 +188,13 @@ pub(super) async fn start(
     // Tokenising and compiling the grammar and the stop strings take a blocking thread,
     // never the engine's (the stop strings are compiled once, for every prompt and
     // sequence of the request).
+    let tool_parameters;
     let (tokenized, mut constraint, stops) = {
         let prompts = std::mem::take(&mut req.prompts);
         let stop = req.stop.clone();
         let keep_stop = req.include_stop_str;
         let template = std::mem::take(&mut req.template);
+        tool_parameters = Arc::new(ToolParameters::of(template.tools.as_ref()));
         let compact = s.compact_json;
         let grammar = req.structured.as_ref().map(|r| {
             let mut g = r.grammar.clone();
@@ -402,6 +404,7 @@ pub(super) async fn start(
         include_usage: req.include_usage,
         tool: req.structured.as_ref().and_then(|r| r.tool.clone()),
         tool_parser,
+        tool_parameters,
         call_id: super::tool_parser::call_ids(s.tool_call_parser),
         parallel_tool_calls: req.parallel_tool_calls,
         grammar_param: req.structured.as_ref().map(|r| r.param),
@@ -470,6 +473,8 @@ struct ResponseMeta {
     tool: Option<ToolChoice>,
     /// The output may call tools (`tool_choice: "auto"`), which this parser finds.
     tool_parser: Option<ToolCallParser>,
+    /// The request's tools' parameters, which the parser may type the calls' values by.
+    tool_parameters: Arc<ToolParameters>,
     /// Names each tool call, forced or found (see [`super::tool_parser::call_ids`]).
     call_id: fn() -> String,
     /// More than one of those calls may be answered (`parallel_tool_calls`).
@@ -711,12 +716,17 @@ impl ResponseMeta {
         first: bool,
     ) -> Option<Value> {
         let (held, sent) = (&mut c.held, &mut c.content_sent);
-        let calls = c
-            .calls
-            .get_or_insert_with(|| CallStream::new(parser, self.parallel_tool_calls));
+        let calls = c.calls.get_or_insert_with(|| {
+            CallStream::new(
+                parser,
+                self.parallel_tool_calls,
+                self.tool_parameters.clone(),
+            )
+        });
         held.push_str(text);
         let mut reason = finish;
-        let parsed = finish.and_then(|_| parser.parse(held, self.parallel_tool_calls));
+        let parallel = self.parallel_tool_calls;
+        let parsed = finish.and_then(|_| parser.parse(held, parallel, &self.tool_parameters));
         let upto = match (&parsed, finish) {
             (_, None) => parser.streamable_len(held, *sent).max(*sent),
             (Some(p), _) => p.content.as_ref().map_or(0, String::len).max(*sent),
@@ -1219,9 +1229,9 @@ impl ResponseMeta {
                     let calls = structured::tool_calls(tool, &c.text, self.call_id)?;
                     Some((calls, reason.map(|r| tool_finish_reason(tool, r, true))))
                 });
-                let parsed = self
-                    .tool_parser
-                    .and_then(|p| p.parse(&c.text, self.parallel_tool_calls));
+                let parsed = self.tool_parser.and_then(|p| {
+                    p.parse(&c.text, self.parallel_tool_calls, &self.tool_parameters)
+                });
                 let (message, reason) = match (calls, parsed) {
                     // vLLM's shape: an empty content beside the calls.
                     (Some((calls, reason)), _) => (
@@ -1478,6 +1488,7 @@ mod tests {
             include_usage: true,
             tool: None,
             tool_parser,
+            tool_parameters: Default::default(),
             call_id: crate::server::tool_parser::openai_call_id,
             parallel_tool_calls: true,
             grammar_param: None,
@@ -1861,6 +1872,7 @@ mod tests {
                 include_usage: true,
                 tool: None,
                 tool_parser: None,
+                tool_parameters: Default::default(),
                 call_id: crate::server::tool_parser::openai_call_id,
                 parallel_tool_calls: true,
                 grammar_param: None,

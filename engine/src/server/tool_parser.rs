@@ -13,8 +13,10 @@ use serde_json::{json, Value};
 
 mod python;
 mod stream;
+mod xml;
 
 pub use stream::CallStream;
+pub use xml::ToolParameters;
 
 /// The call formats this server parses (vLLM's parser names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +36,19 @@ pub enum ToolCallParser {
     /// Instruct v0.3 and the Mistral models of its tokenizer (a Hugging Face
     /// `tokenizer.json`, not mistral_common's).
     Mistral,
+    /// `<tool_call><function=f><parameter=p>text</parameter></function></tool_call>` after
+    /// any content, each value's text turned into JSON by the type the request's tool gives
+    /// it: Qwen3-Coder.
+    Qwen3Coder,
+}
+
+/// A call being read from a stream: its name, and its arguments as far as read, as JSON.
+#[derive(Debug, PartialEq)]
+pub struct ReadCall {
+    pub name: String,
+    pub arguments: String,
+    /// Its end has been read.
+    pub whole: bool,
 }
 
 const HERMES_START: &str = "<tool_call>";
@@ -67,6 +82,7 @@ impl ToolCallParser {
             ToolCallParser::Llama3Json => "llama3_json",
             ToolCallParser::Mistral => "mistral",
             ToolCallParser::Pythonic => "pythonic",
+            ToolCallParser::Qwen3Coder => "qwen3_coder",
         }
     }
 
@@ -80,16 +96,18 @@ impl ToolCallParser {
     /// The calls in a finished output; `None` where it calls nothing, or where a call is
     /// not well formed (then all of it is content, as vLLM answers it). `parallel: false`
     /// (a request's `parallel_tool_calls`) keeps the first call only, as vLLM does.
-    pub fn parse(self, text: &str, parallel: bool) -> Option<ParsedCalls> {
-        let mut parsed = self.parse_all(text)?;
+    /// `tools`: the request's tools' parameters, which `qwen3_coder` types its values by.
+    pub fn parse(self, text: &str, parallel: bool, tools: &ToolParameters) -> Option<ParsedCalls> {
+        let mut parsed = self.parse_all(text, tools)?;
         if !parallel {
             parsed.calls.truncate(1);
         }
         Some(parsed)
     }
 
-    fn parse_all(self, text: &str) -> Option<ParsedCalls> {
+    fn parse_all(self, text: &str, tools: &ToolParameters) -> Option<ParsedCalls> {
         match self {
+            ToolCallParser::Qwen3Coder => xml::calls(text, tools),
             ToolCallParser::Hermes => {
                 let start = text.find(HERMES_START)?;
                 let mut calls = Vec::new();
@@ -158,18 +176,23 @@ impl ToolCallParser {
     /// long output costs no more per token than a short one).
     pub fn streamable_len(self, text: &str, sent: usize) -> usize {
         match self {
-            ToolCallParser::Hermes | ToolCallParser::Mistral => {
-                let marker = match self {
-                    ToolCallParser::Hermes => HERMES_START,
-                    _ => MISTRAL_START,
+            ToolCallParser::Hermes | ToolCallParser::Mistral | ToolCallParser::Qwen3Coder => {
+                let markers: &[&str] = match self {
+                    ToolCallParser::Hermes => &[HERMES_START],
+                    ToolCallParser::Mistral => &[MISTRAL_START],
+                    _ => &[HERMES_START, xml::FUNCTION_START],
                 };
                 let mut from = sent.min(text.len());
                 while !text.is_char_boundary(from) {
                     from -= 1;
                 }
-                match text[from..].find(marker) {
+                let start = (markers.iter()).filter_map(|m| text[from..].find(m)).min();
+                match start {
                     Some(start) => from + start,
-                    None => text.len() - partial_suffix(text, marker),
+                    None => {
+                        let held = markers.iter().map(|m| partial_suffix(text, m)).max();
+                        text.len() - held.unwrap_or(0)
+                    }
                 }
             }
             ToolCallParser::Llama3Json | ToolCallParser::Pythonic => {
@@ -305,7 +328,7 @@ mod tests {
 
     /// The content and each call as `name arguments`.
     fn calls(p: ToolCallParser, text: &str) -> Option<(Option<String>, Vec<String>)> {
-        let parsed = p.parse(text, true)?;
+        let parsed = p.parse(text, true, &ToolParameters::default())?;
         let calls = parsed.calls.iter().map(|(n, a)| format!("{n} {a}"));
         Some((parsed.content, calls.collect()))
     }
@@ -335,7 +358,11 @@ mod tests {
             "<tool_call>{\"arguments\": {}}</tool_call>",
             "<tool_call>{\"name\": \"f\"}</tool_call>",
         ] {
-            assert_eq!(h.parse(content, true), None, "{content}");
+            assert_eq!(
+                h.parse(content, true, &ToolParameters::default()),
+                None,
+                "{content}"
+            );
         }
     }
 
@@ -363,8 +390,20 @@ mod tests {
         );
         // parallel_tool_calls: false keeps the first call.
         let two = "{\"name\": \"f\", \"parameters\": {}}; {\"name\": \"g\", \"parameters\": {}}";
-        assert_eq!(l.parse(two, false).unwrap().calls.len(), 1);
-        assert_eq!(l.parse(two, true).unwrap().calls.len(), 2);
+        assert_eq!(
+            l.parse(two, false, &ToolParameters::default())
+                .unwrap()
+                .calls
+                .len(),
+            1
+        );
+        assert_eq!(
+            l.parse(two, true, &ToolParameters::default())
+                .unwrap()
+                .calls
+                .len(),
+            2
+        );
         for content in [
             "The answer is {\"name\": \"f\", \"parameters\": {}}",
             "{\"name\": \"f\", \"parameters\": {}} and some words",
@@ -372,7 +411,11 @@ mod tests {
             "{\"name\": \"f\"}",
             "{not json",
         ] {
-            assert_eq!(l.parse(content, true), None, "{content}");
+            assert_eq!(
+                l.parse(content, true, &ToolParameters::default()),
+                None,
+                "{content}"
+            );
         }
     }
 
@@ -400,7 +443,11 @@ mod tests {
             "[TOOL_CALLS] oops",
             "[TOOL_CALLS][{\"name\": \"f\"}]",
         ] {
-            assert_eq!(m.parse(content, true), None, "{content}");
+            assert_eq!(
+                m.parse(content, true, &ToolParameters::default()),
+                None,
+                "{content}"
+            );
         }
         assert_eq!(m.streamable_len("Sure. [TOOL_", 0), "Sure. ".len());
         let id = call_ids(Some(m))();
@@ -434,7 +481,10 @@ mod tests {
             calls(p, "<|python_start|>[f(a=1)]<|python_end|>"),
             Some((None, vec![r#"f {"a": 1}"#.to_string()]))
         );
-        assert_eq!(p.parse("It is [f(a=1)]", true), None);
+        assert_eq!(
+            p.parse("It is [f(a=1)]", true, &ToolParameters::default()),
+            None
+        );
         let l = ToolCallParser::Llama3Json;
         assert_eq!(l.streamable_len("  ", 0), 0);
         assert_eq!(l.streamable_len(" {\"name", 0), 0);

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::python_json;
+use super::{python_json, ReadCall};
 
 /// A call's name and keyword arguments.
 pub type Call = (String, Map<String, Value>);
@@ -24,6 +24,20 @@ pub fn calls(text: &str) -> Option<Vec<Call>> {
     let calls = p.items(b']', Parser::call)?;
     p.ws();
     (p.i == p.s.len() && !calls.is_empty()).then_some(calls)
+}
+
+/// A Python literal alone (spaces or tabs before it, any whitespace after), of the kinds
+/// [`calls`] reads, as Python's `ast.literal_eval` reads it.
+pub fn literal(text: &str) -> Option<Value> {
+    let text = text.trim_start_matches([' ', '\t']);
+    let mut p = Parser {
+        s: text.as_bytes(),
+        i: 0,
+        depth: 0,
+    };
+    let value = p.value()?;
+    p.ws();
+    (p.i == p.s.len()).then_some(value)
 }
 
 /// Values nest at most this deep (an output is the model's, so bounded, but a recursive
@@ -297,15 +311,6 @@ fn number(text: &str) -> Option<Value> {
         Number::from_f64(text.parse::<f64>().ok()?)?
     };
     Some(Value::Number(number))
-}
-
-/// A call of a list being read: its name, and its arguments as far as read, as JSON.
-#[derive(Debug, PartialEq)]
-pub struct ReadCall {
-    pub name: String,
-    pub arguments: String,
-    /// Its `)` has been read.
-    pub whole: bool,
 }
 
 /// Python's list of calls read as it is written, for a stream: each call from its `(`,

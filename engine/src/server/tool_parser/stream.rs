@@ -1,7 +1,7 @@
 //! A streamed output's tool calls as they are generated, as vLLM streams them: a call goes
 //! out once it has a name and its arguments have begun (with its id), then its arguments
 //! piece by piece. A `pythonic` call's arguments go out as JSON, as they are written
-//! ([`python::ListReader`]).
+//! ([`python::ListReader`]); a `qwen3_coder` call's a parameter at a time ([`xml::Reader`]).
 //!
 //! The arguments are written as the whole output's parse writes them
 //! ([`super::python_json`]): a string's text as it comes (less an escape not yet whole),
@@ -16,7 +16,11 @@
 
 use serde_json::{json, Value};
 
-use super::{partial_suffix, python, python_json, ParsedCalls, ToolCallParser};
+use std::sync::Arc;
+
+use super::{
+    partial_suffix, python, python_json, xml, ParsedCalls, ToolCallParser, ToolParameters,
+};
 use super::{HERMES_START, MISTRAL_START, PYTHON_START, PYTHON_TAG};
 
 /// Where each character or escape of a JSON string's text `part` ends, as far as they are
@@ -446,6 +450,8 @@ enum Place {
     Call(CallReader),
     /// In Python's list of calls.
     PythonCalls(python::ListReader),
+    /// In Qwen3-Coder's output, read whole by its own reader.
+    XmlCalls(xml::Reader),
     /// After a call: a format's separator, or its end.
     After,
     /// No more calls are streamed: the output's end, `parallel_tool_calls: false`'s first
@@ -471,14 +477,18 @@ pub struct CallStream {
     /// Call objects begun.
     calls_read: usize,
     sent: Vec<SentCall>,
+    /// The request's tools' parameters (`qwen3_coder` types its values by them).
+    tools: Arc<ToolParameters>,
 }
 
 impl CallStream {
-    /// `parallel`: the request's `parallel_tool_calls` (false streams the first call only).
-    pub fn new(parser: ToolCallParser, parallel: bool) -> Self {
+    /// `parallel`: the request's `parallel_tool_calls` (false streams the first call only);
+    /// `tools`: its tools' parameters.
+    pub fn new(parser: ToolCallParser, parallel: bool, tools: Arc<ToolParameters>) -> Self {
         let place = match parser {
             ToolCallParser::Hermes | ToolCallParser::Mistral => Place::Marker,
             ToolCallParser::Llama3Json | ToolCallParser::Pythonic => Place::Tag,
+            ToolCallParser::Qwen3Coder => Place::XmlCalls(xml::Reader::new()),
         };
         CallStream {
             parser,
@@ -487,6 +497,7 @@ impl CallStream {
             place,
             calls_read: 0,
             sent: Vec::new(),
+            tools,
         }
     }
 
@@ -502,11 +513,18 @@ impl CallStream {
         let mut entries = Vec::new();
         loop {
             let mut moved = self.step(text);
-            if let Place::PythonCalls(reader) = &self.place {
-                // A call goes out from its `(`; of those sent, only the last can have grown.
+            let read = match &self.place {
+                Place::PythonCalls(reader) => Some((&reader.calls, reader.ended)),
+                Place::XmlCalls(reader) => Some((&reader.calls, false)),
+                _ => None,
+            };
+            if let Some((calls, ended)) = read {
+                // A call goes out once its arguments have begun (Python's `(`, Qwen3-Coder's
+                // name's `>`); of those sent, only the last can have grown.
                 // `parallel_tool_calls: false` streams the first call only.
                 let kept = if self.parallel { usize::MAX } else { 1 };
-                let calls = reader.calls.iter().take(kept).enumerate();
+                let first_whole = calls.first().is_some_and(|c| c.whole);
+                let calls = calls.iter().take(kept).enumerate();
                 for (index, call) in calls.skip(self.sent.len().saturating_sub(1)) {
                     if call.arguments.is_empty() {
                         break;
@@ -514,8 +532,7 @@ impl CallStream {
                     let (name, arguments) = (&call.name, &call.arguments);
                     entries.extend(progress(&mut self.sent, index, name, arguments, next_id));
                 }
-                let first_whole = reader.calls.first().is_some_and(|c| c.whole);
-                if reader.ended || (first_whole && !self.parallel) {
+                if ended || (first_whole && !self.parallel) {
                     self.place = Place::Stopped;
                 }
             }
@@ -629,6 +646,10 @@ impl CallStream {
             Place::PythonCalls(reader) => {
                 reader.read(text);
                 // The caller sends what was read, and stops where the list did.
+                return false;
+            }
+            Place::XmlCalls(reader) => {
+                reader.read(text, &self.tools);
                 return false;
             }
             Place::Object | Place::List => {
@@ -761,8 +782,20 @@ mod tests {
 
     /// `text` streamed in the pieces between `bounds`: what the calls read before the
     /// end, and after it (with the whole output's parse).
+    /// The tools the tests' calls are of (which `qwen3_coder` types values by): `f0`…`f3`
+    /// take `k`, an object (any JSON), and `n`, an integer.
+    fn tools() -> Arc<ToolParameters> {
+        let tools: Vec<Value> = (0..4)
+            .map(|i| {
+                json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": {
+                "properties": {"k": {"type": "object"}, "n": {"type": "integer"}}}}})
+            })
+            .collect();
+        Arc::new(ToolParameters::of(Some(&Value::Array(tools))))
+    }
+
     fn stream(p: ToolCallParser, text: &str, bounds: &[usize], parallel: bool) -> (Read, Read) {
-        let mut s = CallStream::new(p, parallel);
+        let mut s = CallStream::new(p, parallel, tools());
         let mut read = Read::default();
         for w in bounds.windows(2) {
             read.take(s.advance(&text[..w[1]], id));
@@ -771,7 +804,7 @@ mod tests {
             calls: read.calls.clone(),
             entries: read.entries,
         };
-        if let Some(parsed) = p.parse(text, parallel) {
+        if let Some(parsed) = p.parse(text, parallel, &tools()) {
             read.take(s.finish(&parsed, id));
         }
         (before, read)
@@ -796,7 +829,7 @@ mod tests {
     }
 
     fn parsed(p: ToolCallParser, text: &str, parallel: bool) -> Vec<(String, String)> {
-        p.parse(text, parallel).expect("calls").calls
+        p.parse(text, parallel, &tools()).expect("calls").calls
     }
 
     #[test]
@@ -832,7 +865,7 @@ mod tests {
     #[test]
     fn a_call_goes_out_with_its_name_and_its_arguments_as_they_are_written() {
         let text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"city\": \"Oslo\", \"n\": 12}}";
-        let mut s = CallStream::new(ToolCallParser::Hermes, true);
+        let mut s = CallStream::new(ToolCallParser::Hermes, true, Default::default());
         let mut at = |upto: &str| s.advance(&text[..text.find(upto).unwrap() + upto.len()], id);
         assert_eq!(at("\"nam"), Vec::<Value>::new());
         // A name alone is not yet a call: its arguments must begin.
@@ -874,7 +907,7 @@ mod tests {
         assert_eq!(before.calls, whole);
         assert!(before.entries > 8, "{}", before.entries);
         // Half an escape waits for the rest.
-        let mut s = CallStream::new(p, true);
+        let mut s = CallStream::new(p, true, Default::default());
         let upto = text.find("\\ude00").unwrap();
         let mut sent = String::new();
         for e in s.advance(&text[..upto + 3], id) {
@@ -890,7 +923,7 @@ mod tests {
         // a number not yet); the output's parse finds no call (its non-streamed answer is
         // content).
         let cut = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"lo";
-        assert_eq!(p.parse(cut, true), None);
+        assert_eq!(p.parse(cut, true, &tools()), None);
         let (before, _) = stream(p, cut, &each_char(cut), true);
         assert_eq!(
             before.calls,
@@ -945,7 +978,7 @@ mod tests {
         ] {
             let (before, _) = stream(l, text, &each_char(text), true);
             assert_eq!(before.calls, vec![], "{text}");
-            assert_eq!(l.parse(text, true), None);
+            assert_eq!(l.parse(text, true, &tools()), None);
         }
     }
 
@@ -984,7 +1017,7 @@ mod tests {
         assert_eq!((before.calls, before.entries), (whole, 3));
         // A call goes out at its `(`, then its arguments as they come: a string's text as
         // it is written, a number once something follows it.
-        let mut s = CallStream::new(p, true);
+        let mut s = CallStream::new(p, true, Default::default());
         let mut at = |upto: &str| {
             let sent = s.advance(&text[..text.find(upto).unwrap() + upto.len()], id);
             (sent.iter())
@@ -1019,7 +1052,7 @@ mod tests {
             ("\u{a0}[f(a=1)]", vec![]),
             ("<|python_start|>\u{2003}[f(a=1)]", vec![]),
         ] {
-            assert_eq!(p.parse(text, true), None, "{text}");
+            assert_eq!(p.parse(text, true, &tools()), None, "{text}");
             let sent: Vec<(String, String)> = (sent.into_iter())
                 .map(|(n, a)| (n.to_string(), a.to_string()))
                 .collect();
@@ -1032,7 +1065,7 @@ mod tests {
         for depth in [63, 64] {
             let text = format!("[f(x={}1{})]", "[".repeat(depth), "]".repeat(depth));
             let (before, _) = stream(p, &text, &each_char(&text), true);
-            match p.parse(&text, true) {
+            match p.parse(&text, true, &tools()) {
                 Some(whole) => assert_eq!((depth, before.calls), (63, whole.calls)),
                 None => assert_eq!(
                     (depth, before.calls),
@@ -1137,7 +1170,7 @@ mod tests {
             pretty in any::<bool>(),
             ascii in any::<bool>(),
             key_order in 0usize..3,
-            parser in 0usize..4,
+            parser in 0usize..5,
             text_around in any::<bool>(),
             parallel in any::<bool>(),
             cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..12),
@@ -1179,17 +1212,23 @@ mod tests {
                     .collect::<String>()),
                 1 => (ToolCallParser::Llama3Json, format!("{}{}", around(" <|python_tag|>"), calls.join("; "))),
                 2 => (ToolCallParser::Mistral, format!("{}[TOOL_CALLS] [{}]", around("Sure. "), calls.join(", "))),
-                _ => (ToolCallParser::Pythonic, format!("{}[{}]{}", around("<|python_start|>"), python_calls.join(", "), around("<|python_end|>"))),
+                3 => (ToolCallParser::Pythonic, format!("{}[{}]{}", around("<|python_start|>"), python_calls.join(", "), around("<|python_end|>"))),
+                // Each value the JSON text of an object-typed parameter.
+                _ => (ToolCallParser::Qwen3Coder, around("Let me see.\n").to_string() + &arguments.iter().enumerate()
+                    .map(|(i, a)| format!(
+                        "<tool_call>\n<function=f{i}>\n<parameter=k>\n{}\n</parameter>\n<parameter=n>\n1\n</parameter>\n</function>\n</tool_call>{}",
+                        write(a), around("\n")))
+                    .collect::<String>()),
             };
             let bounds = bounds(&text, &cuts);
             let (before, after) = stream(p, &text, &bounds, parallel);
-            let whole = p.parse(&text, parallel).expect("well-formed calls").calls;
+            let whole = p.parse(&text, parallel, &tools()).expect("well-formed calls").calls;
             prop_assert_eq!(&before.calls, &whole);
             prop_assert_eq!(&after.calls, &whole);
             let kept = if parallel { arguments.len() } else { 1 };
             let expected: Vec<String> = arguments.iter().take(kept)
                 .map(|a| match p {
-                    ToolCallParser::Pythonic => python_json(&json!({"k": a, "n": 1})),
+                    ToolCallParser::Pythonic | ToolCallParser::Qwen3Coder => python_json(&json!({"k": a, "n": 1})),
                     _ => python_json(a),
                 })
                 .collect();
@@ -1223,7 +1262,7 @@ mod tests {
                 "{}[{}f{}({}){}, g(){}]", sp(4), sp(5), sp(6), arguments.join(","), sp(7), sp(0)
             );
             let p = ToolCallParser::Pythonic;
-            let whole = p.parse(&text, true).expect("well-formed calls").calls;
+            let whole = p.parse(&text, true, &tools()).expect("well-formed calls").calls;
             for bounds in [bounds(&text, &cuts), each_char(&text)] {
                 let (before, after) = stream(p, &text, &bounds, true);
                 prop_assert_eq!(&before.calls, &whole);
@@ -1244,14 +1283,15 @@ mod tests {
                 "[f(a='", "{", "}", "[", "]", "\"", "'", "\\", "\\u",
                 "\\ud83d", "\\ude00", "00e9", "é", "😀", "u", ",", ":", ";", " ", "\n", "1", "-",
                 "e", "true", "nul", "f(a=", ")", "a", "\\é", "\\x", "\\U", "True", "None", "=",
-                "_",
+                "_", "<function=f0>", "<parameter=k>", "<parameter=n>", "</parameter>", "</function>",
+                ">", "null",
             ]), 0..40),
-            parser in 0usize..4,
+            parser in 0usize..5,
             cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..12),
         ) {
             let text: String = fragments.concat();
             let p = [ToolCallParser::Hermes, ToolCallParser::Llama3Json, ToolCallParser::Mistral,
-                     ToolCallParser::Pythonic][parser];
+                     ToolCallParser::Pythonic, ToolCallParser::Qwen3Coder][parser];
             let bounds = bounds(&text, &cuts);
             let (cut, _) = stream(p, &text, &bounds, true);
             let (whole, _) = stream(p, &text, &[0, text.len()], true);
