@@ -34,6 +34,11 @@ fn main() {
             "[write(path='a.rs', text='",
             "')]",
         ),
+        (
+            ToolCallParser::Qwen3Coder,
+            "<tool_call>\n<function=write>\n<parameter=path>\na.rs\n</parameter>\n<parameter=text>\n",
+            "\n</parameter>\n</function>\n</tool_call>",
+        ),
     ];
     for (parser, head, tail) in formats {
         for kib in [16usize, 64, 256] {
@@ -81,6 +86,13 @@ fn main() {
         (ToolCallParser::Llama3Json, "spaces", "", " ", "{}"),
         (ToolCallParser::Pythonic, "digits", "[f(a=1", "0", ")]"),
         (ToolCallParser::Pythonic, "a_name", "[f(a", "a", "=1)]"),
+        (
+            ToolCallParser::Qwen3Coder,
+            "a_long_value",
+            "<function=f><parameter=a>",
+            "<",
+            "</parameter></function>",
+        ),
     ];
     for (parser, what, head, unit, tail) in degenerate {
         for kib in [16usize, 64] {

@@ -186,7 +186,13 @@ impl ToolCallParser {
                 while !text.is_char_boundary(from) {
                     from -= 1;
                 }
-                let start = (markers.iter()).filter_map(|m| text[from..].find(m)).min();
+                // The first place any marker begins: the text is read once, not once per
+                // marker (a marker not in it would be looked for to its end at each token).
+                let rest = &text[from..];
+                let firsts: Vec<char> = markers.iter().filter_map(|m| m.chars().next()).collect();
+                let start = (rest.match_indices(&firsts[..]))
+                    .map(|(at, _)| at)
+                    .find(|&at| markers.iter().any(|m| rest[at..].starts_with(m)));
                 match start {
                     Some(start) => from + start,
                     None => {
@@ -485,6 +491,17 @@ mod tests {
             p.parse("It is [f(a=1)]", true, &ToolParameters::default()),
             None
         );
+        // Qwen3-Coder: the first of its two markers, or a tail of either.
+        let q = ToolCallParser::Qwen3Coder;
+        for (text, content) in [
+            ("Sure <tool_call>\n<function=f>", "Sure "),
+            ("Sure <function=f>", "Sure "),
+            ("Sure <functi", "Sure "),
+            ("Sure <tool_c", "Sure "),
+            ("a <b> c", "a <b> c"),
+        ] {
+            assert_eq!(q.streamable_len(text, 0), content.len(), "{text}");
+        }
         let l = ToolCallParser::Llama3Json;
         assert_eq!(l.streamable_len("  ", 0), 0);
         assert_eq!(l.streamable_len(" {\"name", 0), 0);

@@ -496,6 +496,12 @@ mod tests {
                 vec![("f".into(), json!({}))]
             ))
         );
+        // Python's `$` passes a last line break where a cut `<tool_call>` ends the text,
+        // and again where the value ends its function's text.
+        assert_eq!(
+            parsed("<tool_call>\n<function=f>\n<parameter=s>\nOs\n\n\n"),
+            Some((None, vec![("f".into(), json!({"s": "Os"}))]))
+        );
         // No function, or a name without its `>`: content.
         for text in [
             "<tool_call>\n</tool_call>",
@@ -504,6 +510,28 @@ mod tests {
             "<function=f><parameter=s",
         ] {
             assert_eq!(parsed(text), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_stream_reads_what_the_whole_parse_reads_however_cut() {
+        let t = tools();
+        for text in [
+            // Values ended by the next parameter, their function's end (where Python's `$`
+            // passes a last line break), their `<tool_call>`'s end.
+            "<tool_call>\n<function=f>\n<parameter=s>\na\n\n<parameter=i>\n2\n\n\n</function>\n</tool_call>",
+            "<tool_call><function=f><parameter=s>\nx\n\n</tool_call><tool_call><function=g><parameter=x>7</parameter></function></tool_call>",
+            "Hi <function=f><parameter=n>1.5\n</parameter>junk<parameter=b>TRUE</parameter></function> <function=g></function>",
+        ] {
+            let whole = calls(text, &t).expect("calls").calls;
+            let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+            let mut r = Reader::new();
+            for end in bounds {
+                r.read(&text[..end], &t);
+            }
+            let read: Vec<(String, String)> =
+                (r.calls.iter()).map(|c| (c.name.clone(), c.arguments.clone())).collect();
+            assert_eq!(read, whole, "{text}");
         }
     }
 
