@@ -2913,3 +2913,92 @@ async fn a_reasoning_parser_splits_the_thinking_from_the_answer() {
     }
     server.stop().await;
 }
+
+/// vLLM's `return_token_ids`, as RL trainers read it: the prompt's ids as the server ran
+/// them, and each choice's generated ids, the same streamed (each chunk its own, none lost
+/// where a chunk's text is held back) as not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn return_token_ids_gives_the_prompt_and_every_generated_token() {
+    use infer_engine::server::tool_parser::ToolCallParser;
+    let (addr, server) = spawn_local(ServeConfig {
+        tool_call_parser: Some(ToolCallParser::Hermes),
+        ..ServeConfig::new("builtin:tiny")
+    })
+    .await
+    .unwrap();
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let tokenize = |body: Value| {
+        let (client, url) = (client.clone(), format!("{base}/tokenize"));
+        async move {
+            let (status, v) = post(&client, &url, body).await;
+            assert_eq!(status, 200, "{v}");
+            serde_json::from_value::<Vec<u32>>(v["tokens"].clone()).unwrap()
+        }
+    };
+    // Completions: two prompts, two choices each; the ids are those the logprobs name.
+    let url = format!("{base}/v1/completions");
+    let prompts = ["The harbour", "A quiet morning by the sea"];
+    let body = json!({"prompt": prompts, "n": 2, "max_tokens": 6, "temperature": 0,
+                      "logprobs": 0, "return_tokens_as_token_ids": true, "return_token_ids": true});
+    let (status, v) = post(&client, &url, body.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    let mut whole = Vec::new();
+    for (i, c) in choices.iter().enumerate() {
+        let prompt = tokenize(json!({"prompt": prompts[i / 2]})).await;
+        assert_eq!(c["prompt_token_ids"], json!(prompt), "{c}");
+        let ids: Vec<u32> = serde_json::from_value(c["token_ids"].clone()).unwrap();
+        assert_eq!(ids, token_ids(&json!({"choices": [c]})), "{c}");
+        assert_eq!(ids.len(), 6);
+        whole.push(ids);
+    }
+    // Streamed: each chunk its tokens; a choice's first chunk its prompt's.
+    let (_, chunks) = stream(&client, &url, &with(body, json!({"stream": true}))).await;
+    let mut streamed = vec![Vec::new(); 4];
+    let mut prompts_sent = vec![0; 4];
+    for chunk in &chunks {
+        let c = &chunk["choices"][0];
+        let i = c["index"].as_u64().unwrap() as usize;
+        let ids: Vec<u32> = serde_json::from_value(c["token_ids"].clone()).unwrap();
+        streamed[i].extend(ids);
+        prompts_sent[i] += usize::from(c.get("prompt_token_ids").is_some());
+    }
+    assert_eq!(streamed, whole);
+    assert_eq!(prompts_sent, [1; 4]);
+    // A chat whose answer a tool-call parser holds back until it ends: every generated
+    // token still comes back, streamed too; the prompt's ids are the rendered chat's.
+    let url = format!("{base}/v1/chat/completions");
+    let messages = json!([{"role": "user", "content": "Weather in Oslo?"}]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let regex =
+        r#"<tool_call>\{"name": "get_weather", "arguments": \{"city": "Oslo"\}\}</tool_call>"#;
+    let body = json!({"messages": messages, "tools": tools, "max_tokens": 60, "temperature": 0,
+                      "return_token_ids": true, "structured_outputs": {"regex": regex}});
+    let (status, v) = post(&client, &url, body.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    let prompt = tokenize(json!({"messages": messages, "tools": tools})).await;
+    assert_eq!(v["prompt_token_ids"], json!(prompt));
+    let ids: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+    assert_eq!(
+        ids.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let (_, chunks) = stream(&client, &url, &with(body, json!({"stream": true}))).await;
+    let streamed: Vec<u32> = (chunks.iter())
+        .filter(|c| !c["choices"][0].is_null())
+        .flat_map(|c| {
+            serde_json::from_value::<Vec<u32>>(c["choices"][0]["token_ids"].clone()).unwrap()
+        })
+        .collect();
+    assert_eq!(streamed, ids);
+    let with_prompt: Vec<&Value> = (chunks.iter())
+        .filter(|c| c.get("prompt_token_ids").is_some())
+        .collect();
+    assert_eq!(with_prompt.len(), 1);
+    assert_eq!(with_prompt[0]["prompt_token_ids"], json!(prompt));
+    server.stop().await;
+}

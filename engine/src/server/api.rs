@@ -137,6 +137,9 @@ pub struct GenerationRequest {
     /// Logprobs name each token `token_id:N` rather than by its text (vLLM's
     /// `return_tokens_as_token_ids`): distinct ids that decode alike stay distinct.
     pub tokens_as_ids: bool,
+    /// vLLM's `return_token_ids`: the prompt's token ids and each choice's generated ones
+    /// beside the text (streamed: each chunk's own, the prompt's with a choice's first).
+    pub return_token_ids: bool,
     /// The grammar the output follows (structured output, a forced tool call).
     pub structured: Option<StructuredRequest>,
     /// How a chat is rendered: its `tools`, generation prompt, and template variables.
@@ -232,7 +235,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("logits_processors", |v| {
         v.as_array().is_some_and(Vec::is_empty)
     }),
-    ("return_token_ids", |v| v == &Value::Bool(false)),
     // Without priority scheduling, as vLLM refuses it.
     ("priority", |v| v.as_i64() == Some(0)),
     ("chat_template", |_| false),
@@ -278,6 +280,7 @@ const KNOWN: &[&str] = &[
     "skip_special_tokens",
     "stop_token_ids",
     "return_tokens_as_token_ids",
+    "return_token_ids",
     "ignore_eos",
     "prompt_logprobs",
     "truncate_prompt_tokens",
@@ -540,6 +543,7 @@ pub fn parse_request_with(
         prompt_logprobs,
         truncate_prompt,
         tokens_as_ids,
+        return_token_ids: f.bool("return_token_ids")?.unwrap_or(false),
         structured,
         template: match endpoint {
             Endpoint::Chat => template_options(&f, tools.tools)?,

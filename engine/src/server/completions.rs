@@ -312,6 +312,8 @@ pub(super) async fn start(
         Vec::new()
     };
     let prompt_lens: Vec<usize> = planned.iter().map(|p| p.tokens.len()).collect();
+    let prompt_token_ids =
+        (req.return_token_ids).then(|| planned.iter().map(|p| p.tokens.clone()).collect());
     // One id per sequence, prompt by prompt: each prompt's request, then its forks.
     let choices = count * req.n;
     let id = s.next_id.fetch_add(choices as u64, Ordering::Relaxed);
@@ -394,6 +396,7 @@ pub(super) async fn start(
         endpoint,
         logprobs: req.params.logprobs,
         tokens_as_ids: req.tokens_as_ids,
+        prompt_token_ids,
         prompt_logprobs: req.prompt_logprobs,
         tokenizer: s.tokenizer.clone(),
         n: req.n,
@@ -453,6 +456,8 @@ struct ResponseMeta {
     logprobs: Option<usize>,
     /// Logprobs name tokens `token_id:N` (`return_tokens_as_token_ids`).
     tokens_as_ids: bool,
+    /// `return_token_ids`: each prompt's token ids, and the choices' generated ones.
+    prompt_token_ids: Option<Vec<Vec<u32>>>,
     /// vLLM's `prompt_logprobs`: alternatives per prompt token, when asked.
     prompt_logprobs: Option<usize>,
     tokenizer: Arc<TextTokenizer>,
@@ -881,6 +886,10 @@ struct StreamedChoice {
     calls: Option<CallStream>,
     /// A reasoning model's output, split as it comes (see [`ResponseMeta::reasoning`]).
     thinking: Option<Thinking>,
+    /// `return_token_ids`: the generated tokens not yet sent (a chunk held back carries
+    /// none; the next one carries them), and whether the prompt's have been.
+    unsent_ids: Vec<u32>,
+    prompt_ids_sent: bool,
 }
 
 /// Where a reasoning model's output stands, streamed or gathered.
@@ -954,14 +963,14 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
         // Move the whole guard in: dropping the stream (client gone) aborts the request.
         let mut guard = guard;
         let mut choices: Vec<StreamedChoice> = (0..meta.choices())
-            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, calls: None, thinking: meta.reasoning.map(Thinking::new) })
+            .map(|_| StreamedChoice { first: true, sent_chars: 0, generated: 0, finish: None, held: String::new(), content_sent: 0, calls: None, thinking: meta.reasoning.map(Thinking::new), unsent_ids: Vec::new(), prompt_ids_sent: false })
             .collect();
         let mut open = choices.len();
         // Each prompt's logprobs (they come with its request's first token).
         let mut echoed: Vec<Option<Vec<TokenLogprob>>> = vec![None; meta.prompt_lens.len()];
         while let Some(ev) = rx.recv().await {
             match ev {
-                StreamEvent::Token { index, text, tokens, logprobs, finish, prompt_logprobs, stop_reason } => {
+                StreamEvent::Token { index, text, token_ids, logprobs, finish, prompt_logprobs, stop_reason } => {
                     if let Some(lps) = prompt_logprobs {
                         echoed[index / meta.n] = Some(lps);
                     }
@@ -975,6 +984,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                             };
                             let chunk = meta.chunk(index, &echo.text, lp, None, true);
                             let chunk = meta.with_running_usage(chunk, index, 0);
+                            let chunk = meta.with_token_ids(chunk, index, c);
                             c.sent_chars += echo.text.chars().count();
                             yield chunk;
                         }
@@ -989,7 +999,10 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                         (text, Value::Null)
                     };
                     if meta.keep_generated {
-                        c.generated += tokens;
+                        c.generated += token_ids.len();
+                        if meta.prompt_token_ids.is_some() {
+                            c.unsent_ids.extend(token_ids);
+                        }
                     }
                     let reason = finish.map(|f| f.reason.as_str());
                     let first = c.first && meta.echo(index).is_none();
@@ -1002,6 +1015,7 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
                             chunk["choices"][0]["stop_reason"] = stop_reason_json(stop_reason.as_ref());
                         }
                         let chunk = meta.with_running_usage(chunk, index, c.generated);
+                        let chunk = meta.with_token_ids(chunk, index, c);
                         yield chunk;
                     }
                     c.first = false;
@@ -1036,6 +1050,8 @@ pub(super) fn chunks(started: Started) -> impl Stream<Item = Value> {
 struct Choice {
     /// Its text: a reasoning model's content, after its thinking.
     text: String,
+    /// Its generated tokens (`return_token_ids`).
+    token_ids: Vec<u32>,
     logprobs: Vec<Value>,
     finish: Option<Finish>,
     stop_reason: Option<StopReason>,
@@ -1073,11 +1089,11 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
             StreamEvent::Token {
                 index,
                 text,
+                token_ids,
                 logprobs,
                 finish,
                 prompt_logprobs,
                 stop_reason,
-                ..
             } => {
                 if prompt_logprobs.is_some() {
                     echoed[index / meta.n] = prompt_logprobs;
@@ -1096,6 +1112,9 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
                     if meta.logprobs.is_some() {
                         c.logprobs
                             .extend(logprobs.iter().map(|l| meta.token_logprobs(&l.logprob)));
+                    }
+                    if meta.prompt_token_ids.is_some() {
+                        c.token_ids.extend(token_ids);
                     }
                 }
                 if finish.is_some() {
@@ -1145,10 +1164,23 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
                         Endpoint::Chat => top_level = scored.into_iter().next(),
                     }
                 }
+                // `return_token_ids`: as vLLM answers them, each choice its generated tokens, and
+                // a completion's choices their prompt's, a chat's response its one.
+                if let Some(prompts) = &meta.prompt_token_ids {
+                    for (i, (choice, c)) in body.iter_mut().zip(&choices).enumerate() {
+                        choice["token_ids"] = json!(c.token_ids);
+                        if meta.endpoint == Endpoint::Completions {
+                            choice["prompt_token_ids"] = json!(prompts[i / meta.n]);
+                        }
+                    }
+                }
                 let usage = meta.usage_of(&finished);
                 let mut response = meta.body(false, Value::Array(body), Some(usage));
                 if let Some(scored) = top_level {
                     response["prompt_logprobs"] = scored;
+                }
+                if let (Some(prompts), Endpoint::Chat) = (&meta.prompt_token_ids, meta.endpoint) {
+                    response["prompt_token_ids"] = json!(prompts[0]);
                 }
                 return Ok(Json(response).into_response());
             }
@@ -1162,6 +1194,24 @@ async fn collect(started: Started) -> Result<Response, ApiError> {
 }
 
 impl ResponseMeta {
+    /// `return_token_ids`: a streamed `chunk` of choice `index` with the generated tokens
+    /// not yet sent, and, the choice's first, its prompt's (a completion's choice carries
+    /// them, a chat's chunk), as vLLM's chunks carry them.
+    fn with_token_ids(&self, mut chunk: Value, index: usize, c: &mut StreamedChoice) -> Value {
+        let Some(prompts) = &self.prompt_token_ids else {
+            return chunk;
+        };
+        chunk["choices"][0]["token_ids"] = json!(std::mem::take(&mut c.unsent_ids));
+        if !std::mem::replace(&mut c.prompt_ids_sent, true) {
+            let prompt = json!(prompts[index / self.n]);
+            match self.endpoint {
+                Endpoint::Completions => chunk["choices"][0]["prompt_token_ids"] = prompt,
+                Endpoint::Chat => chunk["prompt_token_ids"] = prompt,
+            }
+        }
+        chunk
+    }
+
     /// The logprob entries of an echoed prompt: its first token without a logprob, then
     /// each token's given the tokens before it.
     fn prompt_logprob_parts(&self, echo: &Echo, lps: &[TokenLogprob]) -> Vec<Value> {
@@ -1478,6 +1528,7 @@ mod tests {
             endpoint: Endpoint::Chat,
             logprobs: None,
             tokens_as_ids: false,
+            prompt_token_ids: None,
             prompt_logprobs: None,
             tokenizer: tokenizer.clone(),
             n: 1,
@@ -1501,7 +1552,7 @@ mod tests {
         (texts.iter().enumerate())
             .map(|(i, t)| StreamEvent::Token {
                 index: 0,
-                tokens: 1,
+                token_ids: vec![1],
                 logprobs: Vec::new(),
                 text: t.to_string(),
                 finish: (i + 1 == texts.len()).then_some(Finish {
@@ -1816,7 +1867,7 @@ mod tests {
             };
             StreamEvent::Token {
                 index: 0,
-                tokens: 1,
+                token_ids: vec![1],
                 logprobs: vec![SampledLogprob {
                     logprob: TokenLogprob {
                         token: id,
@@ -1862,6 +1913,7 @@ mod tests {
                 endpoint,
                 logprobs: Some(1),
                 tokens_as_ids,
+                prompt_token_ids: None,
                 prompt_logprobs: None,
                 tokenizer: tokenizer.clone(),
                 n: 1,

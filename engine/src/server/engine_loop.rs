@@ -53,8 +53,8 @@ pub enum StreamEvent {
         /// Which of the response's choices these tokens belong to.
         index: usize,
         text: String,
-        /// How many generated tokens the text came from.
-        tokens: usize,
+        /// The generated tokens the text came from.
+        token_ids: Vec<u32>,
         /// Each token's logprobs, in order, when the request asked for them.
         logprobs: Vec<SampledLogprob>,
         finish: Option<Finish>,
@@ -73,7 +73,7 @@ impl StreamEvent {
         let StreamEvent::Token {
             index,
             text,
-            tokens,
+            token_ids,
             logprobs,
             finish: finish @ None,
             prompt_logprobs,
@@ -86,14 +86,14 @@ impl StreamEvent {
             StreamEvent::Token {
                 index: later_index,
                 text: later_text,
-                tokens: later_tokens,
+                token_ids: later_tokens,
                 logprobs: later_logprobs,
                 finish: later_finish,
                 prompt_logprobs: later_prompt,
                 stop_reason: later_stop,
             } if later_index == *index => {
                 text.push_str(&later_text);
-                *tokens += later_tokens;
+                token_ids.extend(later_tokens);
                 logprobs.extend(later_logprobs);
                 if prompt_logprobs.is_none() {
                     *prompt_logprobs = later_prompt;
@@ -429,7 +429,7 @@ impl EngineLoop {
             .send(StreamEvent::Token {
                 index: client.index,
                 text: t.text,
-                tokens: 1,
+                token_ids: vec![t.token],
                 logprobs,
                 finish: end,
                 prompt_logprobs: t.prompt_logprobs,
@@ -572,7 +572,7 @@ mod tests {
         let (mut count, mut logprobs, mut end) = (0, Vec::new(), None);
         for e in &events[1..] {
             let StreamEvent::Token {
-                tokens,
+                token_ids,
                 logprobs: l,
                 finish,
                 ..
@@ -581,7 +581,7 @@ mod tests {
                 panic!("{e:?}")
             };
             assert!(end.is_none(), "nothing after the end");
-            count += tokens;
+            count += token_ids.len();
             logprobs.extend(l.iter().map(|l| (l.logprob.token, l.logprob.top.len())));
             end = *finish;
         }

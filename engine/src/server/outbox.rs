@@ -174,7 +174,7 @@ mod tests {
         StreamEvent::Token {
             index,
             text: text.into(),
-            tokens: 1,
+            token_ids: vec![id],
             logprobs: vec![SampledLogprob {
                 logprob: TokenLogprob {
                     token: id,
@@ -231,7 +231,7 @@ mod tests {
             let StreamEvent::Token {
                 index,
                 text,
-                tokens,
+                token_ids,
                 logprobs,
                 ..
             } = e
@@ -239,10 +239,12 @@ mod tests {
                 panic!("{e:?}")
             };
             got[*index].push_str(text);
-            assert_eq!(*tokens, logprobs.len());
+            // The merged ids are the merged logprobs' tokens, in order.
+            let named: Vec<u32> = logprobs.iter().map(|l| l.logprob.token).collect();
+            assert_eq!(token_ids, &named);
             let chars: usize = logprobs.iter().map(|l| l.chars).sum();
             assert_eq!(chars, text.chars().count());
-            counted += tokens;
+            counted += token_ids.len();
             ids[*index].extend(logprobs.iter().map(|l| l.logprob.token));
         }
         assert_eq!(got, want);
@@ -267,7 +269,7 @@ mod tests {
         assert_eq!(events.len(), 300);
         assert!(events
             .iter()
-            .all(|e| matches!(e, StreamEvent::Token { tokens: 1, .. })));
+            .all(|e| matches!(e, StreamEvent::Token { token_ids, .. } if token_ids.len() == 1)));
     }
 
     /// A choice's last token merges like any other, carrying the end; nothing merges
@@ -296,10 +298,17 @@ mod tests {
         match &events[MERGE_AFTER - 1] {
             StreamEvent::Token {
                 text,
-                tokens,
+                token_ids,
                 finish: f,
                 ..
-            } => assert_eq!((text.as_str(), *tokens, *f), ("bend", 2, Some(finish))),
+            } => assert_eq!(
+                (text.as_str(), token_ids.as_slice(), *f),
+                (
+                    "bend",
+                    [MERGE_AFTER as u32 - 1, 99].as_slice(),
+                    Some(finish)
+                )
+            ),
             e => panic!("{e:?}"),
         }
         assert_eq!(events[MERGE_AFTER], token(1, "after", 100));
