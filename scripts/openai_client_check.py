@@ -13,7 +13,8 @@ Checks: `n=2` (completions, chat, chat streaming), a batch of prompts (texts and
 lists, with `n=2`, streamed too), `logit_bias` (a +100 bias makes the
 token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` and
 `max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
-reproducible, an unsupported parameter refused with 400 naming it, and tool calls under
+reproducible, vLLM's `return_token_ids`, an unsupported parameter refused with 400 naming
+it, and tool calls under
 `tool_choice="auto"` (a regex makes the random model write a call in the parser's format) answered as
 `tool_calls`, streamed too (the SDK's stream helper accumulates them). The Responses API:
 the chat's text for the same messages, cut at `max_output_tokens`; streamed through the
@@ -110,6 +111,21 @@ check("echo returns the prompt", e.choices[0].text == prompt)
 check("prompt logprobs: none for the first token, one for every other",
       lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
       and len(lp.tokens) == e.usage.prompt_tokens, lp.token_logprobs[:3])
+
+# vLLM's return_token_ids (through extra_body; the SDK keeps the fields it does not know):
+# the prompt's ids and each choice's generated ones, as many as the usage counts.
+r = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0,
+                              extra_body={"return_token_ids": True})
+c = r.choices[0]
+check("return_token_ids (completions): the prompt's and the generated ids",
+      len(c.prompt_token_ids) == r.usage.prompt_tokens
+      and len(c.token_ids) == r.usage.completion_tokens, (c.prompt_token_ids, c.token_ids))
+r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                   max_tokens=5, temperature=0, extra_body={"return_token_ids": True})
+check("return_token_ids (chat): the rendered prompt's and the generated ids",
+      len(r.prompt_token_ids) == r.usage.prompt_tokens
+      and len(r.choices[0].token_ids) == r.usage.completion_tokens,
+      (r.prompt_token_ids, r.choices[0].token_ids))
 
 # A parameter the server does not implement is refused, naming it.
 try:
