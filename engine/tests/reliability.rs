@@ -591,7 +591,7 @@ fn bad_cases() -> Vec<BadCase> {
         ("allowed_token_ids", json!([5])),
         ("bad_words", json!(["harbour"])),
         ("logits_processors", json!(["f"])),
-        ("return_token_ids", json!(true)),
+        ("return_token_ids", json!("yes")), // a boolean, not a string
         ("priority", json!(1)),
         ("add_special_tokens", json!(false)),
         // Chat's names, on completions.
