@@ -743,9 +743,10 @@ async fn router_facing_endpoints_report_load_and_health() {
 }
 
 /// `logit_bias` as OpenAI defines it: +100 on one token makes greedy decoding pick it every
-/// time; -100 on the unbiased choice makes it never appear.
+/// time; -100 on the unbiased choice makes it never appear. vLLM's `allowed_token_ids`:
+/// nothing else is sampled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logit_bias_is_honoured() {
+async fn logit_bias_and_allowed_token_ids_are_honoured() {
     let (addr, server) = spawn_local(config(SchedulerConfig::default()))
         .await
         .unwrap();
@@ -783,6 +784,29 @@ async fn logit_bias_is_honoured() {
     )
     .await;
     assert_ne!(other_ids["tokens"][0].as_u64(), Some(banned), "{other}");
+    // vLLM's allowed_token_ids: only those are sampled, greedy or drawn, and the ids must
+    // be a non-empty list within the vocabulary.
+    let allowed = [7u32, 42, 300];
+    for temperature in [0.0, 1.0] {
+        let body = json!({"prompt": "The harbour at dawn", "max_tokens": 12, "ignore_eos": true,
+                          "temperature": temperature, "seed": 3, "allowed_token_ids": allowed,
+                          "logprobs": 0, "return_tokens_as_token_ids": true});
+        let (status, v) = post(&client, &url, body).await;
+        assert_eq!(status, 200, "{v}");
+        let ids = token_ids(&v);
+        assert_eq!(ids.len(), 12);
+        assert!(ids.iter().all(|t| allowed.contains(t)), "{ids:?}");
+    }
+    for bad in [json!([]), json!([1_000_000]), json!("42")] {
+        let (status, v) = post(
+            &client,
+            &url,
+            json!({"prompt": "x", "allowed_token_ids": bad}),
+        )
+        .await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "allowed_token_ids", "{v}");
+    }
     server.stop().await;
 }
 

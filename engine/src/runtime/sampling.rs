@@ -38,6 +38,9 @@ pub struct SamplingParams {
     /// Tokens to generate before the end-of-sequence and stop tokens may be sampled (vLLM's
     /// `min_tokens`; see [`Sampler::hold_stops`]).
     pub min_tokens: usize,
+    /// The only tokens that may be sampled (vLLM's `allowed_token_ids`), sorted; logprobs
+    /// stay those of the model's distribution, as vLLM reports them.
+    pub allowed_token_ids: Option<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -54,6 +57,7 @@ impl Default for SamplingParams {
             logprobs: None,
             logit_bias: Vec::new(),
             min_tokens: 0,
+            allowed_token_ids: None,
         }
     }
 }
@@ -92,6 +96,16 @@ impl SampledToken {
     }
 }
 
+/// The mask that allows `ids` (and no other token), as a grammar's is written.
+fn mask_of(ids: &[u32]) -> Vec<u32> {
+    let words = ids.iter().max().map_or(0, |&m| m as usize / 32 + 1);
+    let mut mask = vec![0u32; words];
+    for &t in ids {
+        mask[t as usize / 32] |= 1 << (t % 32);
+    }
+    mask
+}
+
 /// Per-request sampling state: the generator and the token counts penalties need.
 pub struct Sampler {
     params: SamplingParams,
@@ -108,6 +122,9 @@ pub struct Sampler {
     constraint: Option<Constraint>,
     /// A grammar that applies once its start token is sampled (see [`Sampler::constrain`]).
     waiting_constraint: Option<Constraint>,
+    /// `allowed_token_ids` as a mask, as a grammar's is written (bit `i % 32` of word
+    /// `i / 32` allows token `i`; ids past its end are not allowed).
+    allowed: Option<Vec<u32>>,
     /// Tokens sampled so far.
     generated: usize,
     /// While fewer than `min_tokens` are: the tokens held back (their bias −∞ in
@@ -118,6 +135,7 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams, prompt: &[u32], default_seed: u64) -> Self {
         let rng = ChaCha8Rng::seed_from_u64(params.seed.unwrap_or(default_seed));
+        let allowed = params.allowed_token_ids.as_deref().map(mask_of);
         let mut by_token: BTreeMap<u32, Adjustment> = BTreeMap::new();
         for &(t, bias) in &params.logit_bias {
             by_token.entry(t).or_insert_with(|| no_change(t)).bias += bias;
@@ -135,6 +153,7 @@ impl Sampler {
             adjustments: by_token.into_values().collect(),
             constraint: None,
             waiting_constraint: None,
+            allowed,
             generated: 0,
             held_stops: Vec::new(),
         }
@@ -184,7 +203,8 @@ impl Sampler {
             || p.frequency_penalty != 0.0
             || !p.logit_bias.is_empty()
             || !self.held_stops.is_empty()
-            || self.constraint.is_some())
+            || self.constraint.is_some()
+            || self.allowed.is_some())
         .then(|| {
             let mut l = logits.to_vec();
             self.apply_penalties(&mut l);
@@ -192,6 +212,9 @@ impl Sampler {
         });
         if let (Some(c), Some(l)) = (&mut self.constraint, &mut adjusted) {
             c.mask(l)?;
+        }
+        if let (Some(allowed), Some(l)) = (&self.allowed, &mut adjusted) {
+            crate::runtime::structured::apply_mask(allowed, l);
         }
         let mut constraint_s = t_constraint.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let l = adjusted.as_deref().unwrap_or(logits);
@@ -232,8 +255,14 @@ impl Sampler {
     /// grammar fails (as [`Sampler::sample`] would).
     pub fn device_row(&mut self) -> anyhow::Result<DeviceRow<'_>> {
         let t = Instant::now();
-        let mask = self.constraint.as_mut().map(|c| c.allowed()).transpose()?;
-        let constraint_s = mask.as_ref().map_or(0.0, |_| t.elapsed().as_secs_f64());
+        let grammar = self.constraint.as_mut().map(|c| c.allowed()).transpose()?;
+        let constraint_s = grammar.as_ref().map_or(0.0, |_| t.elapsed().as_secs_f64());
+        // Both the grammar and `allowed_token_ids`: what both allow (past the shorter
+        // mask's end, nothing).
+        let mask = match (grammar, &self.allowed) {
+            (Some(g), Some(a)) => Some(g.iter().zip(a).map(|(g, a)| g & a).collect()),
+            (g, a) => g.or_else(|| a.clone()),
+        };
         let p = &self.params;
         let greedy = p.temperature <= 0.0;
         let row = RowParams {
@@ -683,6 +712,60 @@ mod tests {
         tokens.sort_unstable();
         tokens.dedup();
         assert!(tokens.len() >= 4, "{tokens:?}");
+    }
+
+    /// `allowed_token_ids`: only those tokens are sampled, on the host and the device
+    /// alike (the device's mask is the grammar's form), while logprobs stay the model's.
+    #[test]
+    fn allowed_token_ids_are_the_only_choices_on_the_host_and_the_device() {
+        let allowed = vec![3, 17, 33];
+        let params = SamplingParams {
+            allowed_token_ids: Some(allowed.clone()),
+            logprobs: Some(2),
+            ..SamplingParams::greedy()
+        };
+        let mut host = Sampler::new(params.clone(), &[], 3);
+        let mut device = Sampler::new(params, &[], 3);
+        let mut seen = Vec::new();
+        for step in 0..30 {
+            let logits = step_logits(step);
+            let want = host.sample(&logits).unwrap();
+            // The likeliest allowed token, its logprob under the whole distribution.
+            let best = *(allowed.iter())
+                .max_by(|&&a, &&b| logits[a as usize].total_cmp(&logits[b as usize]))
+                .unwrap();
+            assert_eq!(want.token, best, "step {step}");
+            let norm = logits.iter().map(|x| x.exp()).sum::<f32>().ln();
+            assert!((want.logprob.unwrap() - (logits[best as usize] - norm)).abs() < 1e-5);
+            let row = device.device_row().unwrap();
+            assert_eq!(row.mask.as_deref(), Some(&[1 << 3 | 1 << 17, 1 << 1][..]));
+            let mut batch = infer_kernels::sampling::SamplingBatch::new();
+            batch
+                .push_masked(&row.params, row.adjust, row.mask.as_deref())
+                .unwrap();
+            let got = reference::sample_rows(&mut logits.clone(), logits.len(), &batch);
+            assert_eq!(got.tokens[0] as u32, want.token, "step {step}");
+            device.accept_device(want.token).unwrap();
+            seen.push(want.token);
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert!(seen.len() >= 2, "the choice moved: {seen:?}");
+        // Drawn at a temperature, too: never another token.
+        let mut drawn = Sampler::new(
+            SamplingParams {
+                allowed_token_ids: Some(allowed.clone()),
+                temperature: 1.5,
+                seed: Some(5),
+                ..Default::default()
+            },
+            &[],
+            0,
+        );
+        for step in 0..200 {
+            let t = drawn.sample(&step_logits(step)).unwrap().token;
+            assert!(allowed.contains(&t), "{t}");
+        }
     }
 
     #[test]

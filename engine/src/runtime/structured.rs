@@ -322,7 +322,7 @@ impl Constraint {
     /// Sets every logit the grammar does not allow next to −∞. A finished grammar allows
     /// only the end-of-sequence tokens. Errs if the grammar is in an error state.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<()> {
-        apply(self.allowed_set()?.as_slice(), logits);
+        apply_mask(self.allowed_set()?.as_slice(), logits);
         Ok(())
     }
 
@@ -355,7 +355,7 @@ impl Constraint {
 }
 
 /// −∞ at every position `words` does not set (positions past its length included).
-fn apply(words: &[u32], logits: &mut [f32]) {
+pub fn apply_mask(words: &[u32], logits: &mut [f32]) {
     for (w, chunk) in logits.chunks_mut(32).enumerate() {
         let bits = words.get(w).copied().unwrap_or(0);
         if bits == u32::MAX {
@@ -657,7 +657,7 @@ mod tests {
         v.allow_token(3);
         v.allow_token(64);
         let mut logits = vec![1.0f32; 80];
-        apply(v.as_slice(), &mut logits);
+        apply_mask(v.as_slice(), &mut logits);
         let kept: Vec<usize> = (0..80).filter(|&i| logits[i].is_finite()).collect();
         assert_eq!(kept, vec![3, 64]);
     }

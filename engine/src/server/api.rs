@@ -230,7 +230,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v == "none"),
     ("use_beam_search", |v| v == &Value::Bool(false)),
-    ("allowed_token_ids", |_| false),
     ("bad_words", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("logits_processors", |v| {
         v.as_array().is_some_and(Vec::is_empty)
@@ -279,6 +278,7 @@ const KNOWN: &[&str] = &[
     "include_stop_str_in_output",
     "skip_special_tokens",
     "stop_token_ids",
+    "allowed_token_ids",
     "return_tokens_as_token_ids",
     "return_token_ids",
     "ignore_eos",
@@ -819,6 +819,7 @@ fn parse_sampling(
         Some(v) => return Err(Fields::wrong("seed", "a 64-bit integer", v)),
     };
     params.logit_bias = logit_bias(f.get("logit_bias"))?;
+    params.allowed_token_ids = allowed_token_ids(f.get("allowed_token_ids"))?;
     params.min_tokens = f
         .uint("min_tokens")?
         .map_or(0, |n| n.min(usize::MAX as u64) as usize);
@@ -949,6 +950,27 @@ fn parse_stream_options(v: Option<&Value>, stream: bool) -> Result<StreamUsage, 
         include,
         continuous: include && flag("continuous_usage_stats")?,
     })
+}
+
+/// vLLM's `allowed_token_ids`: a list of token ids, the only ones that may be sampled
+/// (not empty, as vLLM refuses it; the vocabulary is checked once the model is known).
+fn allowed_token_ids(v: Option<&Value>) -> Result<Option<Vec<u32>>, ApiError> {
+    const PARAM: &str = "allowed_token_ids";
+    let mut ids = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => {
+            u32_ids(a, PARAM)?
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                Some(PARAM),
+                format!("{PARAM} must be a non-empty list of token ids"),
+            ))
+        }
+    };
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(Some(ids))
 }
 
 /// OpenAI's `logit_bias`: `{"token id": bias}`, biases in [-100, 100] (the vocabulary is

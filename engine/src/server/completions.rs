@@ -171,6 +171,8 @@ pub(super) async fn start(
     // Token ids the request names, now that the vocabulary is known.
     let biased = req.params.logit_bias.iter().map(|&(t, _)| t);
     api::within_vocab("logit_bias", biased, s.vocab_size)?;
+    let allowed = req.params.allowed_token_ids.iter().flatten().copied();
+    api::within_vocab("allowed_token_ids", allowed, s.vocab_size)?;
     api::within_vocab(
         "stop_token_ids",
         req.stop_token_ids.iter().copied(),
