@@ -454,6 +454,52 @@ mod tests {
         assert_eq!(v.as_object().unwrap().len(), 3, "{text}");
     }
 
+    /// A grammar and `allowed_token_ids` together: the device row's mask allows what both
+    /// do, and nothing else.
+    #[test]
+    fn a_grammar_and_allowed_token_ids_mask_a_device_row_together() {
+        use crate::runtime::sampling::{Sampler, SamplingParams};
+        let (_d, tok) = tokenizer(Arch::Llama, 1000);
+        let eos = tok.token_to_id("<|eot_id|>").unwrap();
+        let compiler = GrammarCompiler::new(&tok, 1000, &[eos]).unwrap();
+        let grammar = compiler
+            .compile(&Grammar::Regex("[0-9]{2}".into()))
+            .unwrap();
+        let digits: Vec<u32> = (0..10)
+            .filter_map(|d| tok.token_to_id(&d.to_string()))
+            .collect();
+        assert!(digits.len() >= 2, "{digits:?}");
+        // Two digits the grammar allows, and tokens it does not.
+        let allowed = vec![digits[0], digits[1], eos, 100, 700];
+        let bit = |mask: &[u32], t: u32| {
+            mask.get(t as usize / 32)
+                .is_some_and(|w| w >> (t % 32) & 1 == 1)
+        };
+        let by_grammar = grammar.clone().allowed().unwrap();
+        let mut want: Vec<u32> = allowed
+            .iter()
+            .copied()
+            .filter(|&t| bit(&by_grammar, t))
+            .collect();
+        want.sort_unstable();
+        assert!(
+            want.contains(&digits[0]) && !want.contains(&eos),
+            "{want:?}"
+        );
+        let mut s = Sampler::new(
+            SamplingParams {
+                allowed_token_ids: Some(allowed),
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        s.constrain(grammar);
+        let mask = s.device_row().unwrap().mask.unwrap();
+        let got: Vec<u32> = (0..1000).filter(|&t| bit(&mask, t)).collect();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn choices_regexes_and_errors() {
         let (_d, tok) = tokenizer(Arch::Llama, 1000);
