@@ -196,7 +196,10 @@ pub(super) async fn start(
         let stop = req.stop.clone();
         let keep_stop = req.include_stop_str;
         let template = std::mem::take(&mut req.template);
-        tool_parameters = Arc::new(ToolParameters::of(template.tools.as_ref()));
+        tool_parameters = Arc::new(match tool_parser.is_some_and(|p| p.reads_tool_schemas()) {
+            true => ToolParameters::of(template.tools.as_ref()),
+            false => ToolParameters::default(),
+        });
         let compact = s.compact_json;
         let grammar = req.structured.as_ref().map(|r| {
             let mut g = r.grammar.clone();

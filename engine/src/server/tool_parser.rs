@@ -86,6 +86,12 @@ impl ToolCallParser {
         }
     }
 
+    /// Whether this parser types what it reads by the request's tools' parameter schemas
+    /// ([`ToolParameters`]), which only it then needs.
+    pub fn reads_tool_schemas(self) -> bool {
+        self == ToolCallParser::Qwen3Coder
+    }
+
     /// Whether a request this parser reads keeps special tokens in its text, as vLLM's
     /// parser asks: the marker it looks for is a special token in some tokenizers
     /// (Mistral's `[TOOL_CALLS]` always, `<tool_call>` in some Hermes ones).
@@ -110,19 +116,11 @@ impl ToolCallParser {
             ToolCallParser::Qwen3Coder => xml::calls(text, tools),
             ToolCallParser::Hermes => {
                 let start = text.find(HERMES_START)?;
-                let mut calls = Vec::new();
-                let mut rest = &text[start..];
                 // Each call is `<tool_call>…</tool_call>`, the last one's end tag optional
                 // (an output cut short of it); text between calls is not content.
-                while let Some(at) = rest.find(HERMES_START) {
-                    let body = &rest[at + HERMES_START.len()..];
-                    let (call, next) = match body.find(HERMES_END) {
-                        Some(end) => (&body[..end], &body[end + HERMES_END.len()..]),
-                        None => (body, ""),
-                    };
-                    calls.push(call_of(serde_json::from_str(call).ok()?, &["arguments"])?);
-                    rest = next;
-                }
+                let calls = (spans(text, HERMES_START, HERMES_END, |s| s).into_iter())
+                    .map(|call| call_of(serde_json::from_str(call).ok()?, &["arguments"]))
+                    .collect::<Option<Vec<_>>>()?;
                 Some(ParsedCalls::after(&text[..start], calls))
             }
             ToolCallParser::Mistral => {
@@ -246,6 +244,32 @@ fn call_of(v: Value, arguments_keys: &[&str]) -> Option<(String, String)> {
     let name = v.get("name")?.as_str()?.to_string();
     let arguments = arguments_keys.iter().find_map(|k| v.get(*k))?;
     Some((name, python_json(arguments)))
+}
+
+/// The texts between each `start` and the `end` after it, the last to the text's end if it
+/// has none (`to_end` turns that last one as a pattern's end would).
+pub(super) fn spans<'a>(
+    text: &'a str,
+    start: &str,
+    end: &str,
+    to_end: fn(&str) -> &str,
+) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(start) {
+        let body = &rest[at + start.len()..];
+        match body.find(end) {
+            Some(e) => {
+                out.push(&body[..e]);
+                rest = &body[e + end.len()..];
+            }
+            None => {
+                out.push(to_end(body));
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// The longest tail of `text` that is a proper prefix of `marker`.

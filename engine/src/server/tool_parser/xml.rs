@@ -23,7 +23,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Number, Value};
 
-use super::{python, python_json, ParsedCalls, ReadCall, HERMES_END, HERMES_START};
+use super::{python, python_json, spans, ParsedCalls, ReadCall, HERMES_END, HERMES_START};
 
 pub const FUNCTION_START: &str = "<function=";
 const FUNCTION_END: &str = "</function>";
@@ -151,27 +151,6 @@ fn python_float(text: &str) -> Option<Value> {
 /// Where Python's `$` first matches at the end of `s`: before a last line break.
 fn before_last_line_break(s: &str) -> &str {
     s.strip_suffix('\n').unwrap_or(s)
-}
-
-/// The texts between each `start` and the `end` after it, the last to the text's end if it
-/// has none (`to_end` turns that last one as a pattern's end would).
-fn spans<'a>(text: &'a str, start: &str, end: &str, to_end: fn(&str) -> &str) -> Vec<&'a str> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find(start) {
-        let body = &rest[at + start.len()..];
-        match body.find(end) {
-            Some(e) => {
-                out.push(&body[..e]);
-                rest = &body[e + end.len()..];
-            }
-            None => {
-                out.push(to_end(body));
-                break;
-            }
-        }
-    }
-    out
 }
 
 /// The calls of a finished output; `None` where it has none, or one is not well formed
