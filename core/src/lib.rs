@@ -25,6 +25,6 @@ pub use file_error::FileError;
 pub use request::{FinishReason, Request, RequestId, RequestStats, StopConditions};
 pub use scheduler::{
     AddError, AddOptions, BatchingMode, Event, KvAdmission, KvBackend, KvPreemption, KvVictim,
-    PassSum, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SlotPasses, StepPlan,
-    StepShape, SLOT_KEY_PAD,
+    PassSum, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy,
+    SlotPasses, StepPlan, StepShape, SLOT_KEY_PAD,
 };

@@ -1,7 +1,8 @@
 //! Property tests for the invariants of `docs/design.md`, over random request mixes, pool
 //! sizes, chunk sizes, both backends and batching modes, prefix caching on and off (a paged
 //! pool's blocks, contiguous slots' last tokens), both admission and both preemption
-//! policies, with aborts and preemption: every request
+//! policies, first come first served and priority scheduling, with aborts and preemption:
+//! every request
 //! finishes or is aborted exactly once (INV-1); block references match the tables that hold
 //! them, free + used = total, waiting requests hold nothing and the prefix cache's index
 //! agrees with its blocks (INV-2, INV-3, INV-7, INV-8: checked every step by
@@ -16,7 +17,7 @@ use std::collections::HashMap;
 use common::{drive, drive_forked, simple_cost};
 use infer_core::{
     BatchingMode, FinishReason, KvAdmission, KvBackend, KvPreemption, KvVictim, Request, RequestId,
-    SchedulerConfig, StopConditions,
+    SchedulerConfig, SchedulingPolicy, StopConditions,
 };
 use proptest::prelude::*;
 
@@ -53,6 +54,10 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
             prop_oneof![Just(KvPreemption::Recompute), Just(KvPreemption::Wait)],
             prop_oneof![Just(0.0), 0.0f64..0.6], // kv_watermark
             prop_oneof![Just(KvVictim::Newest), Just(KvVictim::FewestOutputs)],
+            prop_oneof![
+                Just(SchedulingPolicy::Fcfs),
+                Just(SchedulingPolicy::Priority)
+            ],
         ),
         prop::option::of(1usize..600), // max_step_read_tokens
     )
@@ -71,7 +76,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                 kv_policy,
                 reads,
             )| {
-                let (admission, dry, watermark, victim) = kv_policy;
+                let (admission, dry, watermark, victim, policy) = kv_policy;
                 let mut c = SchedulerConfig {
                     batching_mode: mode,
                     kv_cache_backend: kv,
@@ -89,6 +94,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                     kv_watermark: watermark,
                     kv_victim: victim,
                     max_step_read_tokens: reads,
+                    scheduling_policy: policy,
                 };
                 if blocks * bs < mml {
                     c.num_gpu_blocks = mml.div_ceil(bs) + blocks % 8;

@@ -4,7 +4,9 @@ use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use infer_core::workload::KvCacheDtype;
-use infer_core::{BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig};
+use infer_core::{
+    BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig, SchedulingPolicy,
+};
 use infer_engine::loadgen::BenchOptions;
 use infer_engine::runtime::sampling::SamplingParams;
 use infer_engine::server::{serve, ServeConfig};
@@ -192,6 +194,7 @@ struct ServeArgs {
         "enable_prefix_caching", "enable_chunked_prefill",
         "max_model_len", "kv_admission",
         "kv_preemption", "kv_watermark", "kv_victim", "max_step_read_tokens",
+        "scheduling_policy",
     ])]
     scenario: Option<PathBuf>,
     /// Override a key of `--scenario`, e.g. `--set server.max_batch_size=8`.
@@ -226,6 +229,12 @@ struct ServeArgs {
     /// longest prompt among those (SGLang).
     #[arg(long = "kv-victim", value_enum, default_value_t = KvVictimArg::Newest)]
     kv_victim: KvVictimArg,
+    /// The order waiting requests run in: first come first served, or by each request's
+    /// `priority`, the lowest value first, then arrival (vLLM's flag). Under `priority`
+    /// running requests step in priority order and a shortage of KV blocks preempts one of
+    /// the highest value; under `fcfs` a request's `priority` must be 0.
+    #[arg(long = "scheduling-policy", value_enum, default_value_t = SchedulingPolicyArg::Fcfs)]
+    scheduling_policy: SchedulingPolicyArg,
     /// Context tokens a step may read from the cache at most, each sequence's computed
     /// tokens counted: a sequence that would pass it sits the step out, a waiting one lets
     /// those behind it go first (transformers' continuous batching without flash attention:
@@ -427,6 +436,12 @@ enum KvPreemptionArg {
 enum KvVictimArg {
     Newest,
     FewestOutputs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SchedulingPolicyArg {
+    Fcfs,
+    Priority,
 }
 
 /// The server `bench` and `probe` load.
@@ -893,6 +908,10 @@ fn scheduler_flags(a: &ServeArgs) -> SchedulerConfig {
             KvVictimArg::FewestOutputs => KvVictim::FewestOutputs,
         },
         max_step_read_tokens: a.max_step_read_tokens,
+        scheduling_policy: match a.scheduling_policy {
+            SchedulingPolicyArg::Fcfs => SchedulingPolicy::Fcfs,
+            SchedulingPolicyArg::Priority => SchedulingPolicy::Priority,
+        },
     }
 }
 
@@ -999,6 +1018,7 @@ fn run_generate(a: GenerateArgs) -> Result<()> {
         forks: Vec::new(),
         prompt_logprobs: None,
         constraint: None,
+        priority: 0,
     };
     let start = std::time::Instant::now();
     let out = generate(&lm, &[req], GenerateOptions::default(), |_, delta| {

@@ -32,6 +32,7 @@ fn requests(lm: &LoadedModel) -> Vec<GenerateRequest> {
             forks: Vec::new(),
             prompt_logprobs: None,
             constraint: None,
+            priority: 0,
         })
         .collect()
 }

@@ -32,6 +32,7 @@ fn request(prompt: Vec<u32>, params: SamplingParams, stop: Stop) -> GenerateRequ
         forks: Vec::new(),
         prompt_logprobs: None,
         constraint: None,
+        priority: 0,
     }
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::post;
-use infer_core::SchedulerConfig;
+use infer_core::{SchedulerConfig, SchedulingPolicy};
 use infer_engine::loadgen::{self, BenchOptions};
 use infer_engine::server::{spawn_local, ServeConfig};
 use serde_json::{json, Value};
@@ -815,6 +815,58 @@ async fn logit_bias_and_allowed_token_ids_are_honoured() {
 /// seeded sampling gives choice 0 the `n = 1` answer of the same seed and the others their
 /// own; usage counts the prompt once and every choice's tokens; a stream carries every
 /// choice to its finish; and the KV is all given back.
+/// vLLM's `priority`: any integer under `--scheduling-policy priority`, on each of the
+/// three generating endpoints; under first come, first served only 0, anything else refused
+/// with vLLM's words (the order it sets is the scheduler's tests').
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_is_taken_only_under_priority_scheduling() {
+    let client = reqwest::Client::new();
+    for policy in [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority] {
+        let (addr, server) = spawn_local(config(SchedulerConfig {
+            scheduling_policy: policy,
+            ..SchedulerConfig::default()
+        }))
+        .await
+        .unwrap();
+        let base = format!("http://{addr}");
+        for (path, body) in [
+            (
+                "completions",
+                json!({"prompt": "The harbour", "max_tokens": 2}),
+            ),
+            (
+                "chat/completions",
+                json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}),
+            ),
+            ("responses", json!({"input": "Hi", "max_output_tokens": 2})),
+        ] {
+            let url = format!("{base}/v1/{path}");
+            for priority in [0, -3, 7] {
+                let (status, v) = post(
+                    &client,
+                    &url,
+                    with(body.clone(), json!({"priority": priority})),
+                )
+                .await;
+                if priority == 0 || policy == SchedulingPolicy::Priority {
+                    assert_eq!(status, 200, "{path} {policy:?} {priority}: {v}");
+                } else {
+                    assert_eq!(status, 400, "{path} {priority}: {v}");
+                    assert_eq!(v["error"]["param"], "priority", "{v}");
+                    let message = v["error"]["message"].as_str().unwrap();
+                    assert!(
+                        message.contains("Priority scheduling is not enabled"),
+                        "{message}"
+                    );
+                }
+            }
+            let (status, v) = post(&client, &url, with(body, json!({"priority": "high"}))).await;
+            assert_eq!(status, 400, "{path}: {v}");
+        }
+        server.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_choices_are_forks_of_one_prompt() {
     let (addr, _server) = spawn_local(config(SchedulerConfig::default()))

@@ -72,6 +72,30 @@ pub enum KvVictim {
     FewestOutputs,
 }
 
+/// The order waiting sequences are admitted in, and which running sequence a shortage of
+/// blocks preempts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchedulingPolicy {
+    /// First come, first served: preempted sequences first, then arrivals in their order
+    /// beside a lane of their own for forks (see the waiting queue).
+    #[default]
+    Fcfs,
+    /// By each request's priority, the lowest value first, then by arrival (vLLM's
+    /// `--scheduling-policy priority`): a preempted sequence waits in its place by that
+    /// order too, running sequences step in priority order, and the one preempted when
+    /// blocks run short is of the highest value — by [`KvVictim`] among equals, the latest
+    /// arrival for [`KvVictim::Newest`], as vLLM. A waiting request never preempts a
+    /// running one, whatever its priority (neither does vLLM's).
+    Priority,
+}
+
+impl SchedulingPolicy {
+    pub fn is_fcfs(&self) -> bool {
+        *self == SchedulingPolicy::Fcfs
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
     pub batching_mode: BatchingMode,
@@ -131,6 +155,9 @@ pub struct SchedulerConfig {
     /// contexts can sum past the pool, and some sit out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_step_read_tokens: Option<usize>,
+    /// The order of admission and preemption.
+    #[serde(default)]
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 /// The waiting queue's default bound: far beyond what a server drains in any benchmark
@@ -162,6 +189,7 @@ impl Default for SchedulerConfig {
             kv_watermark: 0.0,
             kv_victim: KvVictim::Newest,
             max_step_read_tokens: None,
+            scheduling_policy: SchedulingPolicy::Fcfs,
         }
     }
 }

@@ -12,6 +12,10 @@
 //!    a request's forks (OpenAI's `n`) wait in a lane of their own that alternates with
 //!    everyone else's (see [`waiting`]).
 //!
+//! Under [`SchedulingPolicy::Priority`] (vLLM's), each of 1 and 2 goes in priority order,
+//! the waiting in priority then arrival order, and the sequence preempted is one of the
+//! lowest priority.
+//!
 //! With [`KvAdmission::FreeMargin`] (transformers'), prompt work of 2 and 3 joins a step
 //! only while the pool was free enough as it began, or alone; a waiting prompt that does
 //! not fit lets the ones behind it go first. With `max_step_read_tokens` (transformers'
@@ -35,14 +39,14 @@ use rustc_hash::FxHashMap;
 
 pub use config::{
     BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig,
-    DEFAULT_MAX_WAITING, MAX_MODEL_LEN,
+    SchedulingPolicy, DEFAULT_MAX_WAITING, MAX_MODEL_LEN,
 };
 pub use plan::{Event, ScheduledSeq, StepPlan};
 pub use shape::{
     graph_bucket, whole_sequence_passes, PassSum, SlotPasses, StepShape, GRAPH_BUCKETS,
     SLOT_KEY_PAD,
 };
-use waiting::WaitQueue;
+use waiting::{Rank, WaitQueue};
 
 use crate::kv::{
     blocks_for, BlockId, ContiguousKv, KvEvent, KvManager, PagedKv, PrefixMatch, SeqKv,
@@ -176,6 +180,8 @@ struct Sequence {
     kv: SeqKv,
     /// The step in which it was last scheduled (to pick preemption victims).
     scheduled_in: u64,
+    /// Its place under priority scheduling.
+    rank: Rank,
     arrival_time: f64,
     first_scheduled_time: Option<f64>,
     /// Its output tokens' times (see [`RequestStats`]).
@@ -245,6 +251,9 @@ pub struct AddOptions {
     /// sequence preempted after it is re-admitted from the cache). Its blocks are still
     /// registered for others.
     pub every_prompt_token: bool,
+    /// Its priority under [`SchedulingPolicy::Priority`], the lowest value first (vLLM's
+    /// `priority`; its forks share it); first come, first served ignores it.
+    pub priority: i64,
 }
 
 impl Sequence {
@@ -293,6 +302,8 @@ pub struct Scheduler {
     waiting: WaitQueue,
     /// In admission order: the newest is last.
     running: Vec<u32>,
+    /// Sequences made so far (their [`Rank`]s' order).
+    sequences_made: u64,
     step: u64,
     ended_outside: Vec<RequestId>,
     spare: StepPlan,
@@ -322,6 +333,7 @@ impl Scheduler {
                 cfg.prefix_caching,
             )),
         };
+        let waiting = WaitQueue::new(cfg.scheduling_policy);
         Scheduler {
             cfg,
             kv,
@@ -329,8 +341,9 @@ impl Scheduler {
             free_slots: Vec::new(),
             index: FxHashMap::default(),
             pending_forks: Default::default(),
-            waiting: WaitQueue::default(),
+            waiting,
             running: Vec::new(),
+            sequences_made: 0,
             step: 0,
             ended_outside: Vec::new(),
             spare: StepPlan::default(),
@@ -409,6 +422,7 @@ impl Scheduler {
         let AddOptions {
             forks,
             every_prompt_token,
+            priority,
         } = opts;
         let n = req.prompt.len();
         if n == 0 {
@@ -463,6 +477,11 @@ impl Scheduler {
             state: SeqState::Waiting,
             kv: self.kv.new_seq(),
             scheduled_in: u64::MAX,
+            rank: Rank {
+                priority,
+                arrival: self.sequences_made,
+                seq: self.sequences_made,
+            },
             arrival_time: now,
             first_scheduled_time: None,
             first_token_time: None,
@@ -475,9 +494,11 @@ impl Scheduler {
             every_prompt_token,
             prefix_memo: None,
         };
+        self.sequences_made += 1;
         self.pending_forks.extend(seq.forks.iter().copied());
+        let rank = seq.rank;
         let slot = self.insert(seq, true);
-        self.waiting.push_back(slot);
+        self.waiting.push_back(slot, rank);
         Ok(())
     }
 
@@ -517,6 +538,10 @@ impl Scheduler {
                 state: SeqState::Waiting,
                 kv: self.kv.new_seq(),
                 scheduled_in: u64::MAX,
+                rank: Rank {
+                    seq: self.sequences_made,
+                    ..parent.rank
+                },
                 arrival_time: parent.arrival_time,
                 first_scheduled_time: Some(now),
                 first_token_time: None,
@@ -531,8 +556,10 @@ impl Scheduler {
             };
             // Not a free slot: `complete` frees slots of requests that end in its loop and
             // drops them from `running` only at its end, so one of them may still be listed.
+            self.sequences_made += 1;
+            let rank = child.rank;
             let child = self.insert(child, false);
-            self.waiting.push_fork(child);
+            self.waiting.push_fork(child, rank);
         }
     }
 
@@ -634,6 +661,10 @@ impl Scheduler {
                 .copied()
                 .filter(|&s| !self.seq(s).is_decode()),
         );
+        if self.cfg.scheduling_policy == SchedulingPolicy::Priority {
+            // (Stable: decodes still before prompt chunks, oldest first, within a priority.)
+            order.sort_by_key(|&s| self.seq(s).rank.priority);
+        }
         // Sequences that sit the step out for want of a block.
         let waiting = loop {
             let mut waiting = 0;
@@ -929,15 +960,33 @@ impl Scheduler {
     }
 
     /// The index in `running` of the sequence to preempt, among those not yet scheduled
-    /// in this step, as [`KvVictim`] says.
+    /// in this step, as [`KvVictim`] says — under priority scheduling, among those of the
+    /// lowest priority. (Running sequences step in priority order then, so the lowest
+    /// priority running is one not yet scheduled unless the step's own is of it: vLLM's
+    /// victim, which it takes back from the step when it was scheduled.)
     fn victim(&self) -> Option<usize> {
         let step = self.step;
-        let candidates = self
+        let unscheduled = self
             .running
             .iter()
             .enumerate()
             .filter(|&(_, &s)| self.seq(s).scheduled_in != step);
+        let ranked = self.cfg.scheduling_policy == SchedulingPolicy::Priority;
+        let lowest = if ranked {
+            unscheduled
+                .clone()
+                .map(|(_, &s)| self.seq(s).rank.priority)
+                .max()
+        } else {
+            None
+        };
+        let candidates =
+            unscheduled.filter(|&(_, &s)| lowest.is_none_or(|p| self.seq(s).rank.priority == p));
         match self.cfg.kv_victim {
+            // vLLM's newest: the last admitted, or under priority the latest arrival.
+            KvVictim::Newest if ranked => candidates
+                .max_by_key(|&(_, &s)| self.seq(s).rank)
+                .map(|(i, _)| i),
             KvVictim::Newest => candidates.map(|(i, _)| i).next_back(),
             // A decoding sequence before one part-way through its prompt (SGLang retracts
             // decodes), then fewest outputs, longest prompt, newest.
@@ -963,7 +1012,7 @@ impl Scheduler {
         seq.preemptions += 1;
         self.stats.num_preemptions += 1;
         plan.preempted.push(seq.id);
-        self.waiting.push_front(slot);
+        self.waiting.push_front(slot, seq.rank);
     }
 
     fn push_to_plan(&mut self, slot: u32, n: usize, plan: &mut StepPlan) {
@@ -1409,6 +1458,93 @@ mod tests {
             assert_eq!(ids, vec![runs], "{victim:?}");
             assert_eq!(plan.preempted, vec![RequestId(preempted)], "{victim:?}");
             s.check_invariants().unwrap();
+        }
+    }
+
+    fn with_priority(priority: i64) -> AddOptions {
+        AddOptions {
+            priority,
+            ..AddOptions::default()
+        }
+    }
+
+    /// Under priority scheduling the waiting are admitted by priority, the lowest value
+    /// first, then by arrival; first come, first served ignores priorities.
+    #[test]
+    fn priority_scheduling_admits_the_lowest_value_first() {
+        for (policy, order) in [
+            (SchedulingPolicy::Fcfs, [1, 2, 3, 4]),
+            (SchedulingPolicy::Priority, [4, 2, 1, 3]),
+        ] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                max_batch_size: 1,
+                scheduling_policy: policy,
+                ..cfg()
+            });
+            for (id, priority) in [(1, 5), (2, 0), (3, 5), (4, -1)] {
+                s.add_with(
+                    Request::new(id, vec![3; 8], 2),
+                    with_priority(priority),
+                    0.0,
+                )
+                .unwrap();
+            }
+            let mut admitted = Vec::new();
+            let mut t = 1.0;
+            while s.has_unfinished() {
+                for id in step_ids(&mut s, t) {
+                    if admitted.last() != Some(&id) {
+                        admitted.push(id);
+                    }
+                }
+                t += 1.0;
+            }
+            assert_eq!(admitted, order, "{policy:?}");
+        }
+    }
+
+    /// When the pool runs dry, priority scheduling preempts the running sequence of the
+    /// highest value, though it was admitted first (first come, first served preempts the
+    /// newest); preempted, it waits behind a later request of a lower value.
+    #[test]
+    fn priority_scheduling_preempts_the_highest_value_which_then_waits_its_turn() {
+        for (policy, runs, preempted) in [
+            (SchedulingPolicy::Fcfs, 1, 2),
+            (SchedulingPolicy::Priority, 2, 1),
+        ] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                num_gpu_blocks: 15,
+                block_size: 4,
+                max_model_len: 60,
+                prefix_caching: false,
+                scheduling_policy: policy,
+                ..cfg()
+            });
+            // A's 32 tokens and its first output fill 9 blocks, B's 24 the other 6; in the
+            // third step A's next token fits its 9th block, and B needs a 7th.
+            s.add_with(Request::new(1, vec![3; 32], 8), with_priority(1), 0.0)
+                .unwrap();
+            assert_eq!(step_ids(&mut s, 1.0), [1]);
+            s.add_with(Request::new(2, vec![4; 24], 8), with_priority(0), 1.0)
+                .unwrap();
+            assert_eq!(step_ids(&mut s, 2.0), [1, 2]);
+            assert_eq!(s.stats().num_free_blocks, 0);
+            let plan = s.schedule(3.0);
+            let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
+            assert_eq!(ids, [runs], "{policy:?}");
+            assert_eq!(plan.preempted, [RequestId(preempted)], "{policy:?}");
+            s.complete(plan, &[9], 3.5);
+            // A later request: first come, first served readmits the preempted first (it
+            // does not fit, and nobody overtakes it); priority admits the later one of
+            // value 0 before the preempted of value 1.
+            s.add_with(Request::new(5, vec![5; 4], 8), with_priority(0), 4.0)
+                .unwrap();
+            let expected: &[u64] = match policy {
+                SchedulingPolicy::Fcfs => &[1],
+                SchedulingPolicy::Priority => &[2, 5],
+            };
+            assert_eq!(step_ids(&mut s, 4.0), expected, "{policy:?}");
+            run_to_end(&mut s, 5.0);
         }
     }
 

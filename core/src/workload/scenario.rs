@@ -8,7 +8,7 @@ use super::arrival::ArrivalSpec;
 use super::dist::LengthDist;
 use crate::router::RouterKind;
 use crate::scheduler::{
-    BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig,
+    BatchingMode, KvAdmission, KvBackend, KvPreemption, KvVictim, SchedulerConfig, SchedulingPolicy,
 };
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -207,6 +207,9 @@ pub struct ServerSpec {
     /// What the KV cache stores: `auto` or `fp8` (see [`KvCacheDtype`]).
     #[serde(skip_serializing_if = "KvCacheDtype::is_auto")]
     pub kv_cache_dtype: KvCacheDtype,
+    /// `fcfs` or `priority` (vLLM's `--scheduling-policy`; see [`SchedulingPolicy`]).
+    #[serde(skip_serializing_if = "SchedulingPolicy::is_fcfs")]
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl Default for ServerSpec {
@@ -233,6 +236,7 @@ impl Default for ServerSpec {
             kv_victim: s.kv_victim,
             max_step_read_tokens: s.max_step_read_tokens,
             kv_cache_dtype: KvCacheDtype::Auto,
+            scheduling_policy: s.scheduling_policy,
         }
     }
 }
@@ -256,6 +260,7 @@ impl ServerSpec {
             kv_watermark: self.kv_watermark,
             kv_victim: self.kv_victim,
             max_step_read_tokens: self.max_step_read_tokens,
+            scheduling_policy: self.scheduling_policy,
         }
     }
 }

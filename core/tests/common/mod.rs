@@ -3,7 +3,9 @@
 
 #![allow(dead_code)]
 
-use infer_core::{Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
+use infer_core::{
+    AddOptions, Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, StepPlan,
+};
 
 /// What one step looked like.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,7 +105,14 @@ pub fn drive_forked(
         while next_req < requests.len() && requests[next_req].0 <= now {
             let (t, r, forks) = requests[next_req].clone();
             let id = r.id.0;
-            if sched.add_forked(r, forks, t).is_err() {
+            // Three priorities, which priority scheduling orders by and first come, first
+            // served ignores.
+            let opts = AddOptions {
+                forks,
+                priority: (id % 3) as i64 - 1,
+                ..AddOptions::default()
+            };
+            if sched.add_with(r, opts, t).is_err() {
                 log.rejected.push(id);
             }
             next_req += 1;

@@ -47,6 +47,8 @@ pub struct EngineRequest {
     pub prompt_logprobs: Option<usize>,
     /// The grammar every sequence's output follows (structured output), fresh.
     pub constraint: Option<Constraint>,
+    /// Its place under priority scheduling, the lowest value first (vLLM's `priority`).
+    pub priority: i64,
 }
 
 /// The logprob of one token given the tokens before it (a prompt's, or a generated one's).
@@ -393,6 +395,7 @@ impl<M: Borrow<LoadedModel>> EngineCore<M> {
         let opts = infer_core::AddOptions {
             forks: r.forks.iter().map(|&f| RequestId(f)).collect(),
             every_prompt_token: r.prompt_logprobs.is_some(),
+            priority: r.priority,
         };
         self.sched.add_with(req, opts, arrival_s)?;
         self.live.extend(lives);
@@ -889,6 +892,7 @@ mod tests {
     use crate::runtime::model::{load_model_dir, Arch};
     use crate::tools::make_model::{make_model, ModelSpec};
     use crate::Device;
+    use infer_core::SchedulingPolicy;
 
     fn tiny() -> Result<(tempfile::TempDir, LoadedModel)> {
         let tmp = tempfile::tempdir()?;
@@ -910,6 +914,7 @@ mod tests {
             forks: Vec::new(),
             prompt_logprobs: None,
             constraint: None,
+            priority: 0,
         }
     }
 
@@ -970,6 +975,43 @@ mod tests {
         assert_eq!(counts, HashMap::from([(2, 4), (3, 5)]));
         assert_eq!(core.stats().num_free_blocks, 64);
         assert!(core.live.is_empty());
+        Ok(())
+    }
+
+    /// A request's `priority` reaches the scheduler: under priority scheduling, requests
+    /// waiting together run the lowest value first; first come, first served runs them in
+    /// their order.
+    #[test]
+    fn requests_run_in_priority_order_under_priority_scheduling() -> Result<()> {
+        let (_tmp, lm) = tiny()?;
+        for (policy, order) in [
+            (SchedulingPolicy::Fcfs, [0, 1, 2]),
+            (SchedulingPolicy::Priority, [2, 1, 0]),
+        ] {
+            let cfg = SchedulerConfig {
+                max_batch_size: 1,
+                scheduling_policy: policy,
+                ..config()
+            };
+            let mut core = EngineCore::new(&lm, cfg, 0)?;
+            let now = Instant::now();
+            for (id, priority) in [5, 0, -1].into_iter().enumerate() {
+                let r = EngineRequest {
+                    priority,
+                    ..request(12, 3)
+                };
+                core.add(id as u64, r, now).unwrap();
+            }
+            let mut started = Vec::new();
+            while core.has_unfinished() {
+                for t in core.step().tokens {
+                    if !started.contains(&t.id) {
+                        started.push(t.id);
+                    }
+                }
+            }
+            assert_eq!(started, order, "{policy:?}");
+        }
         Ok(())
     }
 

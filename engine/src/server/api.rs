@@ -140,6 +140,9 @@ pub struct GenerationRequest {
     /// vLLM's `return_token_ids`: the prompt's token ids and each choice's generated ones
     /// beside the text (streamed: each chunk's own, the prompt's with a choice's first).
     pub return_token_ids: bool,
+    /// vLLM's `priority`: under `--scheduling-policy priority`, the lowest value runs first;
+    /// otherwise only 0 is accepted.
+    pub priority: i64,
     /// The grammar the output follows (structured output, a forced tool call).
     pub structured: Option<StructuredRequest>,
     /// How a chat is rendered: its `tools`, generation prompt, and template variables.
@@ -234,8 +237,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("logits_processors", |v| {
         v.as_array().is_some_and(Vec::is_empty)
     }),
-    // Without priority scheduling, as vLLM refuses it.
-    ("priority", |v| v.as_i64() == Some(0)),
     ("chat_template", |_| false),
     // vLLM's older name for `structured_outputs.whitespace_pattern`, refused likewise.
     ("guided_whitespace_pattern", |_| false),
@@ -281,6 +282,7 @@ const KNOWN: &[&str] = &[
     "allowed_token_ids",
     "return_tokens_as_token_ids",
     "return_token_ids",
+    "priority",
     "ignore_eos",
     "prompt_logprobs",
     "truncate_prompt_tokens",
@@ -544,6 +546,7 @@ pub fn parse_request_with(
         truncate_prompt,
         tokens_as_ids,
         return_token_ids: f.bool("return_token_ids")?.unwrap_or(false),
+        priority: f.int("priority")?.unwrap_or(0),
         structured,
         template: match endpoint {
             Endpoint::Chat => template_options(&f, tools.tools)?,
@@ -1516,11 +1519,6 @@ mod tests {
                 r#"{"prompt":"x","truncate_prompt_tokens":-2}"#,
                 Endpoint::Completions,
                 "truncate_prompt_tokens",
-            ),
-            (
-                r#"{"prompt":"x","priority":1}"#,
-                Endpoint::Completions,
-                "priority",
             ),
             (
                 r#"{"prompt":"x","guided_whitespace_pattern":" "}"#,

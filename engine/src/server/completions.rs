@@ -130,6 +130,17 @@ pub(super) async fn start(
     if !req.model.is_empty() {
         s.check_model(&req.model)?;
     }
+    if req.priority != 0 && s.scheduling_policy.is_fcfs() {
+        // vLLM's words.
+        return Err(ApiError::bad_request(
+            Some("priority"),
+            format!(
+                "Got priority {} but Priority scheduling is not enabled (serve with \
+                 --scheduling-policy priority)",
+                req.priority
+            ),
+        ));
+    }
     let tool_parser =
         match (req.auto_tools, s.tool_call_parser) {
             (false, _) => None,
@@ -357,6 +368,7 @@ pub(super) async fn start(
                         .prompt_logprobs
                         .or(req.params.logprobs.filter(|_| req.echo)),
                     constraint: constraint.clone(),
+                    priority: req.priority,
                 },
                 first_index: i * req.n,
                 arrival,

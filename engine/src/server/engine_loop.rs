@@ -532,6 +532,7 @@ mod tests {
                 forks: Vec::new(),
                 prompt_logprobs: None,
                 constraint: None,
+                priority: 0,
             },
             first_index: 0,
             arrival: Instant::now(),

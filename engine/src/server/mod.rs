@@ -34,7 +34,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
-use infer_core::SchedulerConfig;
+use infer_core::{SchedulerConfig, SchedulingPolicy};
 
 use api::ApiError;
 use engine_loop::{Command, EngineLoop};
@@ -151,6 +151,8 @@ struct Shared {
     max_prompt_bytes: usize,
     /// The waiting queue's bound (`--max-waiting`): one request's prompts all wait at once.
     max_waiting: Option<usize>,
+    /// `--scheduling-policy`: whether a request's `priority` may be other than 0.
+    scheduling_policy: SchedulingPolicy,
     /// Tokenizer jobs at once in each lane (half the cores), small and large: see
     /// [`prompt::off_thread`].
     tokenizer_small: Arc<tokio::sync::Semaphore>,
@@ -380,6 +382,7 @@ impl Engine {
                 max_model_len: sched.max_model_len,
                 max_prompt_bytes: prompt::prompt_bytes_limit(&tokenizer, sched.max_model_len),
                 max_waiting: sched.max_waiting,
+                scheduling_policy: sched.scheduling_policy,
                 // Half the cores at most a lane: the engine's step must keep its own.
                 tokenizer_small: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),
                 tokenizer_large: Arc::new(tokio::sync::Semaphore::new(half_the_cores())),

@@ -68,6 +68,7 @@ const PASSED_TO_CHAT: &[&str] = &[
     "skip_special_tokens",
     "include_stop_str_in_output",
     "structured_outputs",
+    "priority",
 ];
 
 /// Fields read here, beside [`ECHOED`] and [`PASSED_TO_CHAT`].

@@ -77,6 +77,7 @@ impl GenerateOptions {
             kv_watermark: 0.0,
             kv_victim: Default::default(),
             max_step_read_tokens: None,
+            scheduling_policy: Default::default(),
         }
     }
 }

@@ -219,6 +219,7 @@ pub fn measure_structured_output(
                 forks: Vec::new(),
                 prompt_logprobs: None,
                 constraint: Some(compiler.compile(&grammar)?),
+                priority: 0,
             })
         })
         .collect::<Result<Vec<_>>>()?;
