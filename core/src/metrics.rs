@@ -37,13 +37,15 @@ pub struct RequestRecord {
     pub itl_max: Option<f64>,
     /// The replica that served it (routed runs).
     pub replica: Option<usize>,
+    /// Its priority (`workload.priorities`; 0 without).
+    pub priority: i64,
     pub error: Option<String>,
 }
 
 impl RequestRecord {
     pub const CSV_HEADER: &'static str =
         "id,start_s,ttft_ms,e2e_ms,tpot_ms,itl_mean_ms,itl_max_ms,\
-prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,error";
+prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,priority,success,error";
 
     pub fn success(&self) -> bool {
         self.error.is_none()
@@ -66,7 +68,7 @@ prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,e
             .unwrap_or("")
             .replace(['"', '\n', '\r'], " ");
         format!(
-            "{},{:.6},{},{:.3},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            "{},{:.6},{},{:.3},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
             self.id,
             self.start,
             ms(self.ttft),
@@ -80,6 +82,7 @@ prompt_tokens,output_tokens,cached_tokens,preemptions,queue_ms,replica,success,e
             self.preemptions,
             ms(self.queue_time),
             self.replica.map_or(String::new(), |r| r.to_string()),
+            self.priority,
             self.success(),
             err
         )
@@ -262,6 +265,18 @@ pub struct Summary {
     pub max_concurrency: Option<usize>,
     /// With an SLO only.
     pub goodput: Option<Goodput>,
+    /// Each priority's requests, lowest value first, when the run had any other than 0.
+    pub by_priority: Vec<PrioritySummary>,
+}
+
+/// The requests of one priority: how many, and their latencies.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PrioritySummary {
+    pub priority: i64,
+    pub completed: usize,
+    pub failed: usize,
+    pub ttft: Stats,
+    pub e2el: Stats,
 }
 
 /// Requests within the SLO: per second of the run (vLLM's `request_goodput`) and as a
@@ -311,6 +326,16 @@ impl Summary {
         if let Some(g) = self.goodput {
             out.push(("request_goodput".into(), g.request_goodput));
             out.push(("slo_attainment".into(), g.slo_attainment));
+        }
+        for c in &self.by_priority {
+            let p = c.priority;
+            out.push((format!("priority_{p}_completed"), c.completed as f64));
+            out.push((format!("priority_{p}_failed"), c.failed as f64));
+            for (name, s) in [("ttft", c.ttft), ("e2el", c.e2el)] {
+                for (stat, v) in [("mean", s.mean), ("median", s.median), ("p99", s.p99)] {
+                    out.push((format!("priority_{p}_{stat}_{name}_ms"), v * 1e3));
+                }
+            }
         }
         out
     }
@@ -392,6 +417,24 @@ impl Summary {
                 format!("{:.2}", st.p99 * 1e3),
             );
         }
+        if !self.by_priority.is_empty() {
+            let _ = writeln!(s, "{:-^50}", "By Priority (lowest value first)");
+            for c in &self.by_priority {
+                let p = c.priority;
+                line(
+                    &mut s,
+                    &format!("Priority {p} requests (ok/failed):"),
+                    format!("{}/{}", c.completed, c.failed),
+                );
+                for (short, st) in [("TTFT", c.ttft), ("E2EL", c.e2el)] {
+                    line(
+                        &mut s,
+                        &format!("Priority {p} median/P99 {short} (ms):"),
+                        format!("{:.2}/{:.2}", st.median * 1e3, st.p99 * 1e3),
+                    );
+                }
+            }
+        }
         let _ = writeln!(s, "{:=^50}", "");
         s
     }
@@ -427,7 +470,9 @@ impl Serialize for SummaryJson<'_> {
                     | "total_input_tokens"
                     | "total_output_tokens"
                     | "num_preemptions"
-            ) {
+            ) || (k.starts_with("priority_")
+                && (k.ends_with("_completed") || k.ends_with("_failed")))
+            {
                 m.serialize_entry(k, &(*v as u64))?;
             } else {
                 m.serialize_entry(k, v)?;
@@ -604,6 +649,7 @@ pub struct Timeline {
 struct Live {
     start: f64,
     prompt_tokens: usize,
+    priority: i64,
     /// When the last chunk came (the start before the first).
     last: f64,
     timeline: Timeline,
@@ -712,6 +758,17 @@ pub struct MetricsRecorder {
     /// Requests that met the SLO.
     good: usize,
     failures: FailureTally,
+    /// Each priority's requests.
+    by_priority: BTreeMap<i64, PrioritySamples>,
+}
+
+/// The requests of one priority as they end.
+#[derive(Debug, Clone, Default)]
+struct PrioritySamples {
+    completed: usize,
+    failed: usize,
+    ttft: Samples,
+    e2el: Samples,
 }
 
 impl MetricsRecorder {
@@ -730,6 +787,7 @@ impl MetricsRecorder {
         let live = Live {
             start: t,
             prompt_tokens,
+            priority: 0,
             last: t,
             timeline: Timeline::default(),
             gaps: Vec::new(),
@@ -759,6 +817,13 @@ impl MetricsRecorder {
     /// itself (the simulator: the scheduler's token times). Pairs with [`Self::finish_timed`].
     pub fn gap(&mut self, gap: f64) {
         self.itl.push(gap);
+    }
+
+    /// Request `id`'s priority, where it has one other than 0.
+    pub fn set_priority(&mut self, id: u64, priority: i64) {
+        if let Some(l) = self.live.get_mut(&id) {
+            l.priority = priority;
+        }
     }
 
     /// The server's own prompt token count for `id` (it tokenises the text itself).
@@ -827,6 +892,7 @@ impl MetricsRecorder {
             itl_mean: (gaps > 0).then(|| timeline.itl_sum / gaps as f64),
             itl_max: (gaps > 0).then_some(timeline.itl_max),
             replica,
+            priority: l.priority,
             error: None,
         };
         self.fold(&record);
@@ -843,7 +909,8 @@ impl MetricsRecorder {
     /// completed requests).
     pub fn fail(&mut self, id: u64, t: f64, error: String) -> RequestRecord {
         let l = self.live.remove(&id);
-        let (start, prompt_tokens) = l.map_or((t, 0), |l| (l.start, l.prompt_tokens));
+        let (start, prompt_tokens, priority) =
+            l.map_or((t, 0, 0), |l| (l.start, l.prompt_tokens, l.priority));
         let record = RequestRecord {
             id,
             start,
@@ -858,6 +925,7 @@ impl MetricsRecorder {
             itl_mean: None,
             itl_max: None,
             replica: None,
+            priority,
             error: Some(error),
         };
         self.fold(&record);
@@ -868,6 +936,16 @@ impl MetricsRecorder {
         self.last_end = self.last_end.max(r.start + r.e2e);
         if self.slo.is_some_and(|s| s.met_by(r)) {
             self.good += 1;
+        }
+        let class = self.by_priority.entry(r.priority).or_default();
+        if r.error.is_some() {
+            class.failed += 1;
+        } else {
+            class.completed += 1;
+            if let Some(ttft) = r.ttft {
+                class.ttft.push(ttft);
+            }
+            class.e2el.push(r.e2e);
         }
         if let Some(e) = &r.error {
             self.failed += 1;
@@ -920,6 +998,19 @@ impl MetricsRecorder {
                     slo_attainment: self.good as f64 / all,
                 }
             }),
+            by_priority: if self.by_priority.keys().any(|&p| p != 0) {
+                (self.by_priority.iter_mut())
+                    .map(|(&priority, c)| PrioritySummary {
+                        priority,
+                        completed: c.completed,
+                        failed: c.failed,
+                        ttft: c.ttft.stats(),
+                        e2el: c.e2el.stats(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             ..Summary::default()
         }
     }
@@ -1339,6 +1430,7 @@ mod tests {
             itl_mean: None,
             itl_max: None,
             replica: None,
+            priority: 0,
             error: None,
         }
     }

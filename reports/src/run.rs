@@ -152,6 +152,7 @@ const REQUESTS: &[(&str, Kind)] = &[
     ("preemptions", Kind::Number),
     ("queue_ms", Kind::Number),
     ("replica", Kind::Number),
+    ("priority", Kind::Number),
     ("success", Kind::Bool),
     ("error", Kind::Text),
 ];

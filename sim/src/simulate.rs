@@ -39,7 +39,9 @@ use infer_core::scheduler::whole_sequence_passes;
 use infer_core::workload::{
     ApproxTokenizer, ArrivalKind, ArrivalTimes, GeneratedRequest, Tokenizer, WorkloadGenerator,
 };
-use infer_core::{BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions};
+use infer_core::{
+    AddOptions, BatchingMode, Event, Request, Scheduler, SlotPasses, StepPlan, StopConditions,
+};
 
 use crate::catalog::GIB;
 use crate::cost::{
@@ -785,8 +787,9 @@ impl Sim<'_> {
 
     /// Send a measured request, its clock starting now.
     fn send_measured(&mut self, req: GeneratedRequest, now: f64) {
-        self.metrics
-            .start(req.index as u64, self.rel(now), req.prompt_ids.len());
+        let id = req.index as u64;
+        self.metrics.start(id, self.rel(now), req.prompt_ids.len());
+        self.metrics.set_priority(id, req.priority);
         self.send(req, now);
     }
 
@@ -912,7 +915,13 @@ impl Sim<'_> {
             request.prompt.len(),
             Some(request.stop.max_tokens),
         )
-        .and_then(|_| rep.sched.add_request(request, now));
+        .and_then(|_| {
+            let opts = AddOptions {
+                priority: req.priority,
+                ..AddOptions::default()
+            };
+            rep.sched.add_with(request, opts, now)
+        });
         match added {
             Ok(()) => {
                 self.live.insert(id);

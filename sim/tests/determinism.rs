@@ -50,7 +50,7 @@ fn routed_runs_replay_exactly() {
         let b = files("kubeai_prefix_routing", &o);
         assert_eq!(a, b, "{router}");
         assert!(
-            a.1.contains(",7,true,"),
+            a.1.contains(",7,0,true,"),
             "{router}: the replica column is filled"
         );
     }

@@ -30,6 +30,8 @@ pub struct GeneratedRequest {
     pub turn: Option<(usize, usize)>,
     /// Its output follows the structured-output grammar (`workload.structured_output`).
     pub structured: bool,
+    /// Its priority (`workload.priorities`; 0 without).
+    pub priority: i64,
 }
 
 pub struct WorkloadGenerator {
@@ -75,6 +77,7 @@ const REPLY: u64 = 7;
 const ARRIVALS: u64 = 8;
 const STRUCTURED: u64 = 9;
 const ORDER: u64 = 10;
+const PRIORITY: u64 = 11;
 
 impl WorkloadGenerator {
     pub fn new(spec: WorkloadSpec, tokenizer: Arc<dyn Tokenizer>) -> Self {
@@ -259,7 +262,26 @@ impl WorkloadGenerator {
             structured: w
                 .structured_output
                 .is_some_and(|s| self.rng(STRUCTURED, index, 0).gen::<f64>() < s.fraction),
+            priority: self.priority(index),
         }
+    }
+
+    /// Request `index`'s priority: a class drawn by its fraction, from a stream of its own
+    /// (adding priorities changes no other draw).
+    fn priority(&self, index: usize) -> i64 {
+        let Some(classes) = &self.spec.priorities else {
+            return 0;
+        };
+        let u: f64 = self.rng(PRIORITY, index, 0).gen();
+        let mut below = 0.0;
+        for c in classes {
+            below += c.fraction;
+            if u < below {
+                return c.priority;
+            }
+        }
+        // (The fractions sum to 1 within rounding.)
+        classes.last().map_or(0, |c| c.priority)
     }
 
     /// Turn `t` of a recorded conversation as its prompt: the system prompt, the earlier

@@ -72,6 +72,21 @@ pub struct WorkloadSpec {
     /// Some requests ask for structured output (a JSON schema their output follows).
     #[serde(default)]
     pub structured_output: Option<StructuredOutputSpec>,
+    /// Requests of several priorities (vLLM's `priority`, which a server with
+    /// `scheduling_policy = "priority"` runs the lowest first), each drawn from the seed:
+    /// `[[workload.priorities]]` tables of a `priority` and the `fraction` of requests that
+    /// have it, the fractions summing to 1. Absent: every request has priority 0.
+    #[serde(default)]
+    pub priorities: Option<Vec<PriorityClass>>,
+}
+
+/// The share of a workload's requests with one priority.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriorityClass {
+    pub priority: i64,
+    /// In (0, 1].
+    pub fraction: f64,
 }
 
 /// Requests whose output follows a grammar: in `engine bench` they send
@@ -417,6 +432,30 @@ impl Scenario {
                 ));
             }
         }
+        if let Some(classes) = &w.priorities {
+            let key = at("workload", "priorities");
+            if classes.is_empty() {
+                return Err((key, "needs at least one priority (or leave it out)".into()));
+            }
+            for (i, c) in classes.iter().enumerate() {
+                if !(c.fraction > 0.0 && c.fraction <= 1.0) {
+                    return Err((
+                        format!("{key}[{i}].fraction"),
+                        format!("must be in (0, 1], got {}", c.fraction),
+                    ));
+                }
+                if classes[..i].iter().any(|d| d.priority == c.priority) {
+                    return Err((
+                        format!("{key}[{i}].priority"),
+                        format!("priority {} is listed twice", c.priority),
+                    ));
+                }
+            }
+            let sum: f64 = classes.iter().map(|c| c.fraction).sum();
+            if (sum - 1.0).abs() > 1e-6 {
+                return Err((key, format!("the fractions must sum to 1, got {sum}")));
+            }
+        }
         if w.trace.is_some() {
             for (key, dist) in [
                 ("prompt_tokens", &w.prompt_tokens),
@@ -743,6 +782,47 @@ prefill_chunk_size = 512
         assert!(e.reason.contains("line 1, column"), "{e}");
         let e = Scenario::parse("x.toml", "name = \"t\"\n[workload\n", &[]).unwrap_err();
         assert!(e.reason.contains("line 2, column"), "{e}");
+    }
+
+    #[test]
+    fn priority_classes_are_distinct_with_fractions_summing_to_one() {
+        let with = |classes: &str| parse(&[&format!("workload.priorities=[{classes}]")]);
+        let s =
+            with("{ priority = -1, fraction = 0.25 }, { priority = 3, fraction = 0.75 }").unwrap();
+        let classes = s.workload.priorities.unwrap();
+        assert_eq!((classes[0].priority, classes[1].fraction), (-1, 0.75));
+        for (classes, key, why) in [
+            ("", "workload.priorities", "at least one"),
+            (
+                "{ priority = 0, fraction = 0.5 }, { priority = 1, fraction = 0.4 }",
+                "workload.priorities",
+                "sum to 1, got 0.9",
+            ),
+            (
+                "{ priority = 0, fraction = 0.5 }, { priority = 0, fraction = 0.5 }",
+                "workload.priorities[1].priority",
+                "listed twice",
+            ),
+            (
+                "{ priority = 0, fraction = 1.5 }, { priority = 1, fraction = -0.5 }",
+                "workload.priorities[0].fraction",
+                "(0, 1]",
+            ),
+            (
+                "{ priority = 0.5, fraction = 1 }",
+                "workload.priorities[0].priority",
+                "invalid type",
+            ),
+            (
+                "{ priority = 0, share = 1 }",
+                "workload.priorities[0].share",
+                "unknown field `share`",
+            ),
+        ] {
+            let e = with(classes).unwrap_err();
+            assert_eq!(e.key, key, "{classes}: {e}");
+            assert!(e.reason.contains(why), "{classes}: {e}");
+        }
     }
 
     #[test]

@@ -444,8 +444,14 @@ async fn prepare(
         .workload
         .structured_output
         .is_some_and(|s| s.fraction > 0.0);
+    // The test request carries a priority the run sends, if any: a server without priority
+    // scheduling refuses it at once, not request by request.
+    let priority = (scenario.workload.priorities.iter().flatten())
+        .map(|c| c.priority)
+        .find(|&p| p != 0)
+        .unwrap_or(0);
     target
-        .check(scenario.workload.ignore_eos, structured)
+        .check(scenario.workload.ignore_eos, structured, priority)
         .await?;
     // Warm-up, one at a time, not counted.
     for i in 0..scenario.workload.warmup_requests {
@@ -746,8 +752,8 @@ impl Target {
     /// One test request first, as vLLM's benchmark sends: a server that refuses what we
     /// send (a field it does not know, a model name) is reported once, clearly, instead of
     /// failing every request of the run.
-    async fn check(&self, ignore_eos: bool, structured: bool) -> Result<()> {
-        if let Some(e) = self.test_request(ignore_eos, structured).await {
+    async fn check(&self, ignore_eos: bool, structured: bool, priority: i64) -> Result<()> {
+        if let Some(e) = self.test_request(ignore_eos, structured, priority).await {
             // Whether `ignore_eos` is what the server refuses: its error names it, or (the
             // name may fall past the 200 characters kept, or be in no message at all) the
             // same request without it goes through.
@@ -756,10 +762,18 @@ impl Target {
             let refuses_ignore_eos = ignore_eos
                 && !structured
                 && (e.contains("ignore_eos")
-                    || (refused && self.test_request(false, structured).await.is_none()));
+                    || (refused
+                        && (self.test_request(false, structured, priority))
+                            .await
+                            .is_none()));
             let hint = if refuses_ignore_eos {
                 " (the scenario asks for ignore_eos, which this server does not take: \
                  --set workload.ignore_eos=false)"
+                    .to_string()
+            } else if priority != 0 && e.contains("priority") {
+                " (the scenario's requests have priorities (workload.priorities), which this \
+                 server takes only with priority scheduling: vLLM's and `engine serve`'s \
+                 --scheduling-policy priority)"
                     .to_string()
             } else if e.starts_with("HTTP 401") {
                 format!(" ({})", unauthorized_hint(self.auth.is_some()))
@@ -775,7 +789,12 @@ impl Target {
     /// in the server's cache that a simulation of the scenario would not have; through
     /// chat, the template's tokens may, which every chat of the run shares anyway): why it
     /// failed, or `None`.
-    async fn test_request(&self, ignore_eos: bool, structured: bool) -> Option<String> {
+    async fn test_request(
+        &self,
+        ignore_eos: bool,
+        structured: bool,
+        priority: i64,
+    ) -> Option<String> {
         let mut probe = Timelines::default();
         let request = GeneratedRequest {
             index: usize::MAX,
@@ -787,6 +806,7 @@ impl Target {
             group: None,
             turn: None,
             structured,
+            priority,
         };
         self.send(
             &request,
@@ -808,7 +828,10 @@ impl Target {
         start: Instant,
     ) -> f64 {
         let now = || start.elapsed().as_secs_f64();
-        rec.with(|r| r.metrics.start(id, now(), req.prompt_ids.len()));
+        rec.with(|r| {
+            r.metrics.start(id, now(), req.prompt_ids.len());
+            r.metrics.set_priority(id, req.priority);
+        });
         let mut body = json!({
             "model": self.model,
             "max_tokens": req.max_tokens,
@@ -837,6 +860,9 @@ impl Target {
         }
         if let Some(bias) = &self.logit_bias {
             body["logit_bias"] = bias.clone();
+        }
+        if req.priority != 0 {
+            body["priority"] = json!(req.priority);
         }
         let post = (self.client).post(format!("{}{}", self.base, self.endpoint.path()));
         let resp = authorized(post, self.auth.as_ref())
