@@ -230,9 +230,9 @@ struct ServeArgs {
     #[arg(long = "kv-victim", value_enum, default_value_t = KvVictimArg::Newest)]
     kv_victim: KvVictimArg,
     /// The order waiting requests run in: first come first served, or by each request's
-    /// `priority`, the lowest value first, then arrival (vLLM's flag). Under `priority`
-    /// running requests step in priority order and a shortage of KV blocks preempts one of
-    /// the highest value; under `fcfs` a request's `priority` must be 0.
+    /// `priority`, the lowest value first, then arrival (vLLM's flag). Under `priority` a
+    /// shortage of KV blocks preempts a running request of the highest value; under `fcfs` a
+    /// request's `priority` must be 0.
     #[arg(long = "scheduling-policy", value_enum, default_value_t = SchedulingPolicyArg::Fcfs)]
     scheduling_policy: SchedulingPolicyArg,
     /// Context tokens a step may read from the cache at most, each sequence's computed

@@ -810,11 +810,6 @@ async fn logit_bias_and_allowed_token_ids_are_honoured() {
     server.stop().await;
 }
 
-/// OpenAI's `n`: the choices of one request are forks of one prompt computation. Greedy,
-/// every choice is exactly the `n = 1` answer (a fork reads the KV its parent computed);
-/// seeded sampling gives choice 0 the `n = 1` answer of the same seed and the others their
-/// own; usage counts the prompt once and every choice's tokens; a stream carries every
-/// choice to its finish; and the KV is all given back.
 /// vLLM's `priority`: any integer under `--scheduling-policy priority`, on each of the
 /// three generating endpoints; under first come, first served only 0, anything else refused
 /// with vLLM's words (the order it sets is the scheduler's tests').
@@ -867,6 +862,11 @@ async fn priority_is_taken_only_under_priority_scheduling() {
     }
 }
 
+/// OpenAI's `n`: the choices of one request are forks of one prompt computation. Greedy,
+/// every choice is exactly the `n = 1` answer (a fork reads the KV its parent computed);
+/// seeded sampling gives choice 0 the `n = 1` answer of the same seed and the others their
+/// own; usage counts the prompt once and every choice's tokens; a stream carries every
+/// choice to its finish; and the KV is all given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_choices_are_forks_of_one_prompt() {
     let (addr, _server) = spawn_local(config(SchedulerConfig::default()))

@@ -83,10 +83,14 @@ pub enum SchedulingPolicy {
     Fcfs,
     /// By each request's priority, the lowest value first, then by arrival (vLLM's
     /// `--scheduling-policy priority`): a preempted sequence waits in its place by that
-    /// order too, running sequences step in priority order, and the one preempted when
-    /// blocks run short is of the highest value — by [`KvVictim`] among equals, the latest
-    /// arrival for [`KvVictim::Newest`], as vLLM. A waiting request never preempts a
-    /// running one, whatever its priority (neither does vLLM's).
+    /// order too, and the one preempted when blocks run short is a running sequence of the
+    /// highest value, though it was scheduled earlier in the step — by [`KvVictim`] among
+    /// equals, the latest arrival for [`KvVictim::Newest`], as vLLM. Running sequences step
+    /// in the same order as first come, first served (vLLM's too ignores priorities there),
+    /// and a waiting request never preempts a running one, whatever its priority (neither
+    /// does vLLM's). A request's forks (`n`) share its priority and arrival, so they wait
+    /// before later requests of that priority, without the lane that keeps them from
+    /// starving others first come, first served.
     Priority,
 }
 

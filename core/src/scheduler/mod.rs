@@ -12,9 +12,9 @@
 //!    a request's forks (OpenAI's `n`) wait in a lane of their own that alternates with
 //!    everyone else's (see [`waiting`]).
 //!
-//! Under [`SchedulingPolicy::Priority`] (vLLM's), each of 1 and 2 goes in priority order,
-//! the waiting in priority then arrival order, and the sequence preempted is one of the
-//! lowest priority.
+//! Under [`SchedulingPolicy::Priority`] (vLLM's), 3 goes in priority then arrival order,
+//! and the sequence preempted is one of the lowest priority, though 1 or 2 scheduled it
+//! earlier in the step (it is taken back out of the plan).
 //!
 //! With [`KvAdmission::FreeMargin`] (transformers'), prompt work of 2 and 3 joins a step
 //! only while the pool was free enough as it began, or alone; a waiting prompt that does
@@ -661,10 +661,6 @@ impl Scheduler {
                 .copied()
                 .filter(|&s| !self.seq(s).is_decode()),
         );
-        if self.cfg.scheduling_policy == SchedulingPolicy::Priority {
-            // (Stable: decodes still before prompt chunks, oldest first, within a priority.)
-            order.sort_by_key(|&s| self.seq(s).rank.priority);
-        }
         // Sequences that sit the step out for want of a block.
         let waiting = loop {
             let mut waiting = 0;
@@ -684,7 +680,16 @@ impl Scheduler {
                 if read > reads && !plan.is_empty() {
                     continue; // its context would take the step's reads past the limit
                 }
-                match self.grow(slot, n, &mut plan) {
+                let (growth, taken_back) = self.grow(slot, n, &mut plan);
+                if taken_back > 0 {
+                    // Preempted after they were scheduled: the step gives their share back
+                    // (the reads left are the limit less what the plan's sequences read).
+                    budget += taken_back;
+                    reads = self.cfg.max_step_read_tokens.map_or(usize::MAX, |limit| {
+                        limit.saturating_sub(plan.seqs.iter().map(|s| s.num_computed).sum())
+                    });
+                }
+                match growth {
                     Growth::Grown => {
                         self.push_to_plan(slot, n, &mut plan);
                         budget -= n;
@@ -938,50 +943,56 @@ impl Scheduler {
     }
 
     /// Make room for `n` more tokens of running sequence `slot`: with
-    /// [`KvPreemption::Recompute`], preempting unscheduled running sequences ([`KvVictim`])
-    /// as needed (`slot` itself, perhaps); with [`KvPreemption::Wait`], `slot` waits.
-    fn grow(&mut self, slot: u32, n: usize, plan: &mut StepPlan) -> Growth {
+    /// [`KvPreemption::Recompute`], preempting running sequences ([`Scheduler::victim`]) as
+    /// needed (`slot` itself, perhaps); with [`KvPreemption::Wait`], `slot` waits. Also
+    /// returns the tokens it took back from the plan: those of victims scheduled earlier in
+    /// the step (as priority scheduling's may be).
+    fn grow(&mut self, slot: u32, n: usize, plan: &mut StepPlan) -> (Growth, usize) {
+        let mut taken_back = 0;
         loop {
             let seq = self.seqs[slot as usize].as_mut().expect("live");
             let want = seq.num_computed + n;
             if self.kv.allocate(&mut seq.kv, &PrefixMatch::default(), want) {
-                return Growth::Grown;
+                return (Growth::Grown, taken_back);
             }
             if self.cfg.kv_preemption == KvPreemption::Wait {
-                return Growth::Waits;
+                return (Growth::Waits, taken_back);
             }
-            let victim = self.victim().expect("the sequence itself is unscheduled");
+            let victim = self.victim().expect("the sequence itself is a candidate");
             let victim_slot = self.running.remove(victim);
+            if let Some(back) = plan.remove(victim_slot) {
+                taken_back += back.num_new_tokens;
+            }
             self.preempt(victim_slot, plan);
             if victim_slot == slot {
-                return Growth::Preempted;
+                return (Growth::Preempted, taken_back);
             }
         }
     }
 
-    /// The index in `running` of the sequence to preempt, among those not yet scheduled
-    /// in this step, as [`KvVictim`] says — under priority scheduling, among those of the
-    /// lowest priority. (Running sequences step in priority order then, so the lowest
-    /// priority running is one not yet scheduled unless the step's own is of it: vLLM's
-    /// victim, which it takes back from the step when it was scheduled.)
+    /// The index in `running` of the sequence to preempt, as [`KvVictim`] says: first come,
+    /// first served, among those not yet scheduled in this step; priority scheduling, among
+    /// every running sequence of the lowest priority, as vLLM, though it was scheduled
+    /// earlier in the step ([`Scheduler::grow`] takes it back from the plan).
     fn victim(&self) -> Option<usize> {
         let step = self.step;
-        let unscheduled = self
-            .running
-            .iter()
-            .enumerate()
-            .filter(|&(_, &s)| self.seq(s).scheduled_in != step);
         let ranked = self.cfg.scheduling_policy == SchedulingPolicy::Priority;
+        let running = self.running.iter().enumerate();
         let lowest = if ranked {
-            unscheduled
+            running
                 .clone()
                 .map(|(_, &s)| self.seq(s).rank.priority)
                 .max()
         } else {
             None
         };
-        let candidates =
-            unscheduled.filter(|&(_, &s)| lowest.is_none_or(|p| self.seq(s).rank.priority == p));
+        let candidates = running.filter(|&(_, &s)| {
+            let q = self.seq(s);
+            match lowest {
+                Some(p) => q.rank.priority == p,
+                None => q.scheduled_in != step,
+            }
+        });
         match self.cfg.kv_victim {
             // vLLM's newest: the last admitted, or under priority the latest arrival.
             KvVictim::Newest if ranked => candidates
@@ -1504,8 +1515,9 @@ mod tests {
     }
 
     /// When the pool runs dry, priority scheduling preempts the running sequence of the
-    /// highest value, though it was admitted first (first come, first served preempts the
-    /// newest); preempted, it waits behind a later request of a lower value.
+    /// highest value, though it was admitted first and already scheduled in the step (first
+    /// come, first served preempts the newest not yet scheduled); preempted, it waits behind
+    /// a later request of a lower value.
     #[test]
     fn priority_scheduling_preempts_the_highest_value_which_then_waits_its_turn() {
         for (policy, runs, preempted) in [
@@ -1529,10 +1541,16 @@ mod tests {
                 .unwrap();
             assert_eq!(step_ids(&mut s, 2.0), [1, 2]);
             assert_eq!(s.stats().num_free_blocks, 0);
+            // Both decode, A first (admitted first): under priority scheduling A is taken
+            // back out of the step when B finds no block.
             let plan = s.schedule(3.0);
             let ids: Vec<u64> = plan.seqs.iter().map(|q| q.request.0).collect();
             assert_eq!(ids, [runs], "{policy:?}");
             assert_eq!(plan.preempted, [RequestId(preempted)], "{policy:?}");
+            assert_eq!(plan.num_tokens(), 1, "one decode's token");
+            assert_eq!(plan.tokens(0), [9], "{policy:?}");
+            let holder = s.seq(s.running[0]);
+            assert_eq!(plan.block_table(0), &holder.kv.blocks[..], "{policy:?}");
             s.complete(plan, &[9], 3.5);
             // A later request: first come, first served readmits the preempted first (it
             // does not fit, and nobody overtakes it); priority admits the later one of
@@ -1545,6 +1563,49 @@ mod tests {
             };
             assert_eq!(step_ids(&mut s, 4.0), expected, "{policy:?}");
             run_to_end(&mut s, 5.0);
+        }
+    }
+
+    /// Among running sequences of one priority, priority scheduling's newest victim is the
+    /// latest arrival, not the last admitted (an older sequence readmitted after a
+    /// preemption), and it may have been scheduled already; first come, first served takes
+    /// the last admitted not yet scheduled.
+    #[test]
+    fn the_priority_victim_is_the_latest_arrival_of_the_lowest_priority() {
+        for policy in [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                scheduling_policy: policy,
+                ..cfg()
+            });
+            for (id, priority) in [(1, 1), (2, 1), (3, 0)] {
+                s.add_with(
+                    Request::new(id, vec![3; 8], 8),
+                    with_priority(priority),
+                    0.0,
+                )
+                .unwrap();
+            }
+            step_ids(&mut s, 1.0);
+            // As if 1 had been preempted and readmitted after 2 and 3.
+            let first = s.running.iter().position(|&r| s.seq(r).id.0 == 1).unwrap();
+            let slot = s.running.remove(first);
+            s.running.push(slot);
+            let ids = |s: &Scheduler| s.running.iter().map(|&r| s.seq(r).id.0).collect::<Vec<_>>();
+            let admitted = ids(&s);
+            s.step += 1; // the next step: nobody is scheduled in it yet
+            let victim = |s: &Scheduler| admitted[s.victim().unwrap()];
+            match policy {
+                SchedulingPolicy::Fcfs => assert_eq!(victim(&s), 1, "{admitted:?}"),
+                SchedulingPolicy::Priority => assert_eq!(victim(&s), 2, "{admitted:?}"),
+            }
+            // Scheduled in this step, it is still priority scheduling's victim.
+            for &r in &s.running.clone() {
+                s.seqs[r as usize].as_mut().unwrap().scheduled_in = s.step;
+            }
+            match policy {
+                SchedulingPolicy::Fcfs => assert_eq!(s.victim(), None),
+                SchedulingPolicy::Priority => assert_eq!(victim(&s), 2),
+            }
         }
     }
 

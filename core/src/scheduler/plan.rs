@@ -94,6 +94,23 @@ impl StepPlan {
         });
     }
 
+    /// Take the sequence in `slot` back out of the step (preempted after it was scheduled):
+    /// its tokens and block table leave the flat buffers. Its share, if it was scheduled.
+    pub(crate) fn remove(&mut self, slot: u32) -> Option<ScheduledSeq> {
+        let i = self.seqs.iter().position(|s| s.slot == slot)?;
+        let gone = self.seqs.remove(i);
+        let (t0, t1) = gone.tokens;
+        let (b0, b1) = gone.blocks;
+        self.token_ids.drain(t0 as usize..t1 as usize);
+        self.block_ids.drain(b0 as usize..b1 as usize);
+        // Later sequences' ranges follow the removed one's.
+        for s in &mut self.seqs[i..] {
+            s.tokens = (s.tokens.0 - (t1 - t0), s.tokens.1 - (t1 - t0));
+            s.blocks = (s.blocks.0 - (b1 - b0), s.blocks.1 - (b1 - b0));
+        }
+        Some(gone)
+    }
+
     /// The token ids the `i`-th scheduled sequence processes this step.
     pub fn tokens(&self, i: usize) -> &[u32] {
         let (a, b) = self.seqs[i].tokens;
@@ -152,4 +169,50 @@ pub enum Event {
         reason: FinishReason,
         stats: RequestStats,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sequence taken back out of a step leaves nothing of its own behind, and the others
+    /// keep their tokens and block tables.
+    #[test]
+    fn a_removed_sequence_leaves_the_others_whole() {
+        let mut plan = StepPlan::default();
+        plan.reset(1, 0.0, 16);
+        for (slot, tokens, blocks) in [
+            (0u32, &[1u32, 2][..], &[10u32][..]),
+            (1, &[3, 4, 5], &[11, 12]),
+            (2, &[6], &[13, 14, 15]),
+        ] {
+            plan.push(
+                RequestId(slot as u64),
+                slot,
+                0,
+                tokens,
+                true,
+                false,
+                0,
+                blocks[0],
+                blocks,
+            );
+        }
+        assert!(plan.remove(7).is_none(), "not in the step");
+        let gone = plan.remove(1).unwrap();
+        assert_eq!((gone.request, gone.num_new_tokens), (RequestId(1), 3));
+        assert_eq!(plan.num_tokens(), 3);
+        let ids: Vec<u64> = plan.seqs.iter().map(|s| s.request.0).collect();
+        assert_eq!(ids, [0, 2]);
+        assert_eq!(
+            (plan.tokens(0), plan.block_table(0)),
+            (&[1, 2][..], &[10][..])
+        );
+        assert_eq!(
+            (plan.tokens(1), plan.block_table(1)),
+            (&[6][..], &[13, 14, 15][..])
+        );
+        assert!(plan.remove(2).is_some() && plan.remove(0).is_some());
+        assert!(plan.is_empty() && plan.num_tokens() == 0);
+    }
 }
