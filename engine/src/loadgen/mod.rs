@@ -19,6 +19,7 @@ use infer_core::metrics::{MetricsRecorder, RequestRecord, Summary, TimePoint};
 use infer_core::workload::{
     ApproxTokenizer, GeneratedRequest, Scenario, Tokenizer, WorkloadGenerator,
 };
+use infer_core::SchedulingPolicy;
 use infer_reports::RunInfo;
 use serde_json::{json, Value};
 
@@ -428,7 +429,8 @@ async fn prepare(
     scenario: &Scenario,
     gen: &WorkloadGenerator,
 ) -> Result<Target> {
-    let target = Target::connect(opts, gen.tokenizer().clone()).await?;
+    let mut target = Target::connect(opts, gen.tokenizer().clone()).await?;
+    target.send_priority = scenario.server.scheduling_policy == SchedulingPolicy::Priority;
     if opts.reset_prefix_cache {
         let status = reset_prefix_cache(opts).await?;
         if !status.is_success() {
@@ -448,7 +450,7 @@ async fn prepare(
     // scheduling refuses it at once, not request by request.
     let priority = (scenario.workload.priorities.iter().flatten())
         .map(|c| c.priority)
-        .find(|&p| p != 0)
+        .find(|&p| p != 0 && target.send_priority)
         .unwrap_or(0);
     target
         .check(scenario.workload.ignore_eos, structured, priority)
@@ -666,6 +668,11 @@ struct Target {
     /// Counts a request's output tokens when the server reports none (as vLLM's client:
     /// streamed chunks may hold several tokens, or none).
     tokenizer: Arc<dyn Tokenizer>,
+    /// Send each request's priority: the scenario's server schedules by it. First come,
+    /// first served, the requests keep their priorities in the records but send none
+    /// (vLLM refuses one other than 0 without priority scheduling), so that one workload
+    /// runs both ways.
+    send_priority: bool,
 }
 
 /// The timelines of a run's requests and the records of those that ended.
@@ -746,6 +753,7 @@ impl Target {
                 .filter(|b| b.as_object().is_some_and(|m| !m.is_empty())),
             request_timeout: opts.request_timeout,
             tokenizer,
+            send_priority: false,
         })
     }
 
@@ -861,7 +869,7 @@ impl Target {
         if let Some(bias) = &self.logit_bias {
             body["logit_bias"] = bias.clone();
         }
-        if req.priority != 0 {
+        if req.priority != 0 && self.send_priority {
             body["priority"] = json!(req.priority);
         }
         let post = (self.client).post(format!("{}{}", self.base, self.endpoint.path()));
