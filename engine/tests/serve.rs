@@ -858,6 +858,34 @@ async fn priority_is_taken_only_under_priority_scheduling() {
             let (status, v) = post(&client, &url, with(body, json!({"priority": "high"}))).await;
             assert_eq!(status, 400, "{path}: {v}");
         }
+        // `engine bench` of a workload of two priorities: sent to a priority-scheduled
+        // server, not to a first-come-first-served one (which would refuse them), the
+        // records keeping each request's priority either way; a scenario that says the
+        // server schedules by priority when it does not fails at the test request, saying so.
+        let base = format!("http://{addr}");
+        let bench = |scenario_policy: &str| {
+            let mut opts = short_bench(&base, "priority_cpu", 12, 2);
+            opts.overrides
+                .push(format!("server.scheduling_policy={scenario_policy}"));
+            opts
+        };
+        let name = match policy {
+            SchedulingPolicy::Fcfs => "fcfs",
+            SchedulingPolicy::Priority => "priority",
+        };
+        let r = loadgen::run(&bench(name)).await.unwrap();
+        assert_eq!(r.summary.failed, 0, "{policy:?}");
+        assert!(r.records.iter().all(|q| [0, 1].contains(&q.priority)));
+        assert!(r.records.iter().any(|q| q.priority == 1), "{:?}", r.records);
+        if policy == SchedulingPolicy::Fcfs {
+            let Err(e) = loadgen::run(&bench("priority")).await else {
+                panic!("priorities sent to a first-come-first-served server");
+            };
+            assert!(
+                format!("{e:#}").contains("--scheduling-policy priority"),
+                "{e:#}"
+            );
+        }
         server.stop().await;
     }
 }

@@ -24,7 +24,8 @@
 //!
 //! When a running sequence needs a block and none is free, a running sequence not yet
 //! scheduled this step ([`KvVictim`]: the newest, as vLLM) is preempted (its KV freed, to
-//! be recomputed later) and put at the front of the waiting queue — or, with
+//! be recomputed later) and put at the front of the waiting queue (under priority
+//! scheduling: see above, and it waits in its rank's place) — or, with
 //! [`KvPreemption::Wait`], the sequence waits, holding its blocks, and sits the step out.
 //! Running out of KV is never an error to the request.
 

@@ -781,7 +781,8 @@ impl Target {
             } else if priority != 0 && e.contains("priority") {
                 " (the scenario's requests have priorities (workload.priorities), which this \
                  server takes only with priority scheduling: vLLM's and `engine serve`'s \
-                 --scheduling-policy priority)"
+                 --scheduling-policy priority; or --set server.scheduling_policy=fcfs to send \
+                 none)"
                     .to_string()
             } else if e.starts_with("HTTP 401") {
                 format!(" ({})", unauthorized_hint(self.auth.is_some()))
