@@ -589,7 +589,8 @@ fn bad_cases() -> Vec<BadCase> {
         ("use_beam_search", json!(true)),
         ("truncate_prompt_tokens", json!(0)),
         ("allowed_token_ids", json!([])), // vLLM refuses an empty list too
-        ("bad_words", json!(["harbour"])),
+        ("bad_words", json!("harbour")),  // a list, not a string
+        ("bad_words", json!([" "])),
         ("logits_processors", json!(["f"])),
         ("return_token_ids", json!("yes")), // a boolean, not a string
         ("priority", json!(1)),

@@ -784,6 +784,29 @@ async fn logit_bias_and_allowed_token_ids_are_honoured() {
     )
     .await;
     assert_ne!(other_ids["tokens"][0].as_u64(), Some(banned), "{other}");
+    // vLLM's bad_words: the same first token, banned as a word (its text, which the server
+    // tokenises as vLLM does, with and without a space before it).
+    let (_, word) = post(
+        &client,
+        &format!("{base}/detokenize"),
+        json!({ "tokens": [banned] }),
+    )
+    .await;
+    let word = word["prompt"].as_str().unwrap().to_string();
+    let (status, worded) = post(
+        &client,
+        &url,
+        with(body(json!({})), json!({ "bad_words": [word] })),
+    )
+    .await;
+    assert_eq!(status, 200, "{worded}");
+    let (_, worded_ids) = post(
+        &client,
+        &format!("{base}/tokenize"),
+        json!({"prompt": first(&worded), "add_special_tokens": false}),
+    )
+    .await;
+    assert_ne!(worded_ids["tokens"][0].as_u64(), Some(banned), "{worded}");
     // vLLM's allowed_token_ids: only those are sampled, greedy or drawn, and the ids must
     // be a non-empty list within the vocabulary.
     let allowed = [7u32, 42, 300];
@@ -796,6 +819,11 @@ async fn logit_bias_and_allowed_token_ids_are_honoured() {
         let ids = token_ids(&v);
         assert_eq!(ids.len(), 12);
         assert!(ids.iter().all(|t| allowed.contains(t)), "{ids:?}");
+    }
+    for bad in [json!("harbour"), json!([""]), json!(["  "]), json!([7])] {
+        let (status, v) = post(&client, &url, json!({"prompt": "x", "bad_words": bad})).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "bad_words", "{v}");
     }
     for bad in [json!([]), json!([1_000_000]), json!("42")] {
         let (status, v) = post(

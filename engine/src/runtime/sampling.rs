@@ -41,6 +41,9 @@ pub struct SamplingParams {
     /// The only tokens that may be sampled (vLLM's `allowed_token_ids`), sorted; logprobs
     /// stay those of the model's distribution, as vLLM reports them.
     pub allowed_token_ids: Option<Vec<u32>>,
+    /// Token sequences the output must not contain (vLLM's `bad_words`, tokenised): the
+    /// last token of each is not sampled where the output ends with the ones before it.
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -58,6 +61,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             min_tokens: 0,
             allowed_token_ids: None,
+            bad_words: Vec::new(),
         }
     }
 }
@@ -130,6 +134,11 @@ pub struct Sampler {
     /// While fewer than `min_tokens` are: the tokens held back (their bias −∞ in
     /// `adjustments`) with the bias each had, restored then.
     held_stops: Vec<(u32, f32)>,
+    /// The tokens `bad_words` bans from the next token (their bias −∞ in `adjustments`),
+    /// with the bias each had, restored after it.
+    banned: Vec<(u32, f32)>,
+    /// The output's last tokens, as many as the longest bad word has before its last.
+    recent: Vec<u32>,
 }
 
 impl Sampler {
@@ -146,7 +155,7 @@ impl Sampler {
                     params.repetition_penalty;
             }
         }
-        Self {
+        let mut sampler = Self {
             params,
             rng,
             output_counts: HashMap::new(),
@@ -156,6 +165,34 @@ impl Sampler {
             allowed,
             generated: 0,
             held_stops: Vec::new(),
+            banned: Vec::new(),
+            recent: Vec::new(),
+        };
+        sampler.ban_bad_words();
+        sampler
+    }
+
+    /// Bans the last token of each bad word whose other tokens end the output, as vLLM's
+    /// `apply_bad_words` (a word of one token always), through `adjustments`: the host and
+    /// the device sampler alike. Pairs with [`Sampler::lift_bans`].
+    fn ban_bad_words(&mut self) {
+        for word in &self.params.bad_words {
+            let Some((&last, before)) = word.split_last() else {
+                continue;
+            };
+            if self.recent.ends_with(before) {
+                let a = adjustment_of(&mut self.adjustments, last);
+                let bias = std::mem::replace(&mut a.bias, f32::NEG_INFINITY);
+                self.banned.push((last, bias));
+            }
+        }
+    }
+
+    /// Gives the tokens [`Sampler::ban_bad_words`] banned their bias back, latest first (a
+    /// token banned twice gets the bias it had before the first).
+    fn lift_bans(&mut self) {
+        while let Some((t, bias)) = self.banned.pop() {
+            adjustment_of(&mut self.adjustments, t).bias = bias;
         }
     }
 
@@ -166,6 +203,9 @@ impl Sampler {
         if self.params.min_tokens <= self.generated {
             return;
         }
+        // Beneath the bans: a stop that is also a bad word is held with its own bias, which
+        // the ban gives back before the hold is released.
+        self.lift_bans();
         for &t in stops {
             let adjustment = adjustment_of(&mut self.adjustments, t);
             let bias = std::mem::replace(&mut adjustment.bias, f32::NEG_INFINITY);
@@ -173,6 +213,7 @@ impl Sampler {
                 self.held_stops.push((t, bias));
             }
         }
+        self.ban_bad_words();
     }
 
     /// Sample only what `constraint` allows from now on, or, where it starts after a
@@ -204,7 +245,8 @@ impl Sampler {
             || !p.logit_bias.is_empty()
             || !self.held_stops.is_empty()
             || self.constraint.is_some()
-            || self.allowed.is_some())
+            || self.allowed.is_some()
+            || !self.banned.is_empty())
         .then(|| {
             let mut l = logits.to_vec();
             self.apply_penalties(&mut l);
@@ -295,6 +337,8 @@ impl Sampler {
     }
 
     fn record(&mut self, token: u32) {
+        // Before any other bias changes: a ban gives back the bias it took.
+        self.lift_bans();
         self.generated += 1;
         if (self.waiting_constraint.as_ref()).is_some_and(|c| c.starts_after() == Some(token)) {
             self.constraint = self.waiting_constraint.take();
@@ -305,6 +349,19 @@ impl Sampler {
                     self.adjustments[i].bias = bias;
                 }
             }
+        }
+        if !self.params.bad_words.is_empty() {
+            let keep = (self.params.bad_words.iter())
+                .map(|w| w.len().saturating_sub(1))
+                .max()
+                .unwrap_or(0);
+            if keep > 0 {
+                if self.recent.len() == keep {
+                    self.recent.remove(0);
+                }
+                self.recent.push(token);
+            }
+            self.ban_bad_words();
         }
         let n = self.output_counts.entry(token).or_insert(0);
         *n += 1;
@@ -712,6 +769,62 @@ mod tests {
         tokens.sort_unstable();
         tokens.dedup();
         assert!(tokens.len() >= 4, "{tokens:?}");
+    }
+
+    /// vLLM's `bad_words`: a one-token word is never sampled, and a word's last token is
+    /// not right after its other tokens, on the host and the device alike; a ban gives back
+    /// the bias it took, here a `logit_bias`, beneath a stop token's hold for `min_tokens`.
+    #[test]
+    fn bad_words_ban_their_last_token_after_the_others() {
+        let favour = |t: usize| {
+            let mut l = vec![0.0f32; 40];
+            l[t] = 10.0;
+            l
+        };
+        let params = SamplingParams {
+            bad_words: vec![vec![5], vec![7, 9]],
+            logit_bias: vec![(9, 2.0)],
+            min_tokens: 3,
+            ..SamplingParams::greedy()
+        };
+        let mut host = Sampler::new(params.clone(), &[], 0);
+        let mut device = Sampler::new(params, &[], 0);
+        for s in [&mut host, &mut device] {
+            s.hold_stops(&[9]); // 9 is a stop token too: held for 3 tokens
+        }
+        let bias = |s: &Sampler, t: u32| {
+            (s.adjustments.iter())
+                .find(|a| a.token == t)
+                .map_or(0.0, |a| a.bias)
+        };
+        // (favoured token, sampled, 9's bias after)
+        for (step, (favoured, sampled, bias_of_9)) in [
+            (5, 0, f32::NEG_INFINITY), // a one-token word: never; 9 still held
+            (7, 7, f32::NEG_INFINITY), // 9 banned after 7, and held
+            (9, 0, 2.0),               // 9 not sampled; after 3 tokens neither held nor banned
+            (7, 7, f32::NEG_INFINITY), // banned again after 7
+            (5, 0, 2.0),
+            (9, 9, 2.0), // with 0 before it, 9 is sampled
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let logits = favour(favoured);
+            let want = host.sample(&logits).unwrap();
+            assert_eq!(want.token, sampled, "step {step}");
+            let row = device.device_row().unwrap();
+            let mut batch = infer_kernels::sampling::SamplingBatch::new();
+            batch
+                .push_masked(&row.params, row.adjust, row.mask.as_deref())
+                .unwrap();
+            let got = reference::sample_rows(&mut logits.clone(), logits.len(), &batch);
+            assert_eq!(got.tokens[0] as u32, sampled, "device, step {step}");
+            device.accept_device(sampled).unwrap();
+            for s in [&host, &device] {
+                assert_eq!(bias(s, 9), bias_of_9, "step {step}");
+                assert_eq!(bias(s, 5), f32::NEG_INFINITY, "step {step}");
+            }
+        }
     }
 
     /// `allowed_token_ids`: only those tokens are sampled, on the host and the device

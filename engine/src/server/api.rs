@@ -143,6 +143,9 @@ pub struct GenerationRequest {
     /// vLLM's `priority`: under `--scheduling-policy priority`, the lowest value runs first;
     /// otherwise only 0 is accepted.
     pub priority: i64,
+    /// vLLM's `bad_words`: words the output must not contain, tokenised into
+    /// `params.bad_words` once the tokenizer is at hand (see [`bad_word_ids`]).
+    pub bad_words: Vec<String>,
     /// The grammar the output follows (structured output, a forced tool call).
     pub structured: Option<StructuredRequest>,
     /// How a chat is rendered: its `tools`, generation prompt, and template variables.
@@ -233,7 +236,6 @@ const UNSUPPORTED: &[(&str, IsUnused)] = &[
     ("functions", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("function_call", |v| v == "none"),
     ("use_beam_search", |v| v == &Value::Bool(false)),
-    ("bad_words", |v| v.as_array().is_some_and(Vec::is_empty)),
     ("logits_processors", |v| {
         v.as_array().is_some_and(Vec::is_empty)
     }),
@@ -283,6 +285,7 @@ const KNOWN: &[&str] = &[
     "return_tokens_as_token_ids",
     "return_token_ids",
     "priority",
+    "bad_words",
     "ignore_eos",
     "prompt_logprobs",
     "truncate_prompt_tokens",
@@ -547,6 +550,7 @@ pub fn parse_request_with(
         tokens_as_ids,
         return_token_ids: f.bool("return_token_ids")?.unwrap_or(false),
         priority: f.int("priority")?.unwrap_or(0),
+        bad_words: bad_words(f.get("bad_words"))?,
         structured,
         template: match endpoint {
             Endpoint::Chat => template_options(&f, tools.tools)?,
@@ -955,6 +959,81 @@ fn parse_stream_options(v: Option<&Value>, stream: bool) -> Result<StreamUsage, 
     })
 }
 
+/// The most `bad_words` a request may give, and the longest of them in bytes: each is
+/// matched against the output's last tokens at every step of every sequence.
+pub const MAX_BAD_WORDS: usize = 128;
+pub const MAX_BAD_WORD_BYTES: usize = 256;
+
+/// vLLM's `bad_words`: a list of words (neither empty nor only spaces, which vLLM fails on).
+fn bad_words(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    const PARAM: &str = "bad_words";
+    let bad = |m: String| ApiError::bad_request(Some(PARAM), m);
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(bad(format!(
+                "{PARAM} must be a list of strings, not {}",
+                type_name(other)
+            )))
+        }
+    };
+    if list.len() > MAX_BAD_WORDS {
+        return Err(bad(format!(
+            "{PARAM} has {} words; at most {MAX_BAD_WORDS} are taken",
+            list.len()
+        )));
+    }
+    (list.iter().enumerate())
+        .map(|(i, w)| match w.as_str() {
+            Some(w) if w.len() > MAX_BAD_WORD_BYTES => Err(bad(format!(
+                "{PARAM}[{i}] is {} bytes long; at most {MAX_BAD_WORD_BYTES} are taken",
+                w.len()
+            ))),
+            Some(w) if w.trim_start().is_empty() => {
+                Err(bad(format!("{PARAM}[{i}] is empty or only whitespace")))
+            }
+            Some(w) => Ok(w.to_string()),
+            None => Err(bad(format!(
+                "{PARAM}[{i}] must be a string, not {}",
+                type_name(w)
+            ))),
+        })
+        .collect()
+}
+
+/// The token sequences `words` ban, as vLLM makes them (`SamplingParams.update_from_tokenizer`):
+/// each word without its leading whitespace, and again after one space where that spelling
+/// starts with another token and has as many (the word in the middle of a text).
+pub fn bad_word_ids(
+    tokenizer: &crate::runtime::tokenizer::TextTokenizer,
+    words: &[String],
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text, false)
+            .map_err(|e| ApiError::bad_request(Some("bad_words"), format!("{text:?}: {e:#}")))
+    };
+    let mut out: Vec<Vec<u32>> = Vec::with_capacity(2 * words.len());
+    for word in words {
+        let word = word.trim_start();
+        let alone = encode(word)?;
+        let spaced = encode(&format!(" {word}"))?;
+        if alone.is_empty() {
+            return Err(ApiError::bad_request(
+                Some("bad_words"),
+                format!("{word:?} has no tokens"),
+            ));
+        }
+        let distinct = spaced.first() != alone.first() && spaced.len() == alone.len();
+        out.push(alone);
+        if distinct {
+            out.push(spaced);
+        }
+    }
+    Ok(out)
+}
+
 /// vLLM's `allowed_token_ids`: a list of token ids, the only ones that may be sampled
 /// (not empty, as vLLM refuses it; the vocabulary is checked once the model is known).
 fn allowed_token_ids(v: Option<&Value>) -> Result<Option<Vec<u32>>, ApiError> {
@@ -1262,6 +1341,39 @@ fn type_name(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// vLLM's `bad_words` as token sequences: each word as it starts a text (its leading
+    /// whitespace dropped) and, where that spelling is other tokens of the same count, after
+    /// a space; each sequence spells the word, and a word's leading spaces change nothing.
+    #[test]
+    fn bad_words_are_tokenised_with_and_without_a_space_before_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("qwen");
+        let spec = crate::tools::make_model::ModelSpec::new(crate::Arch::Qwen3);
+        crate::tools::make_model::make_model(&spec, &dir).unwrap();
+        let tok = crate::runtime::tokenizer::TextTokenizer::from_dir(&dir).unwrap();
+        let words = ["harbour", "at dawn", "  harbour"].map(String::from);
+        let ids = bad_word_ids(&tok, &words).unwrap();
+        let mut spellings = Vec::new();
+        for seq in &ids {
+            assert!(!seq.is_empty());
+            spellings.push(tok.decode(seq).unwrap());
+        }
+        for s in &spellings {
+            assert!(
+                ["harbour", " harbour", "at dawn", " at dawn"].contains(&s.as_str()),
+                "{spellings:?}"
+            );
+        }
+        assert_eq!(spellings[0], "harbour");
+        let one = |w: &str| bad_word_ids(&tok, &[w.to_string()]).unwrap();
+        assert_eq!(one("  harbour"), one("harbour"));
+        assert_eq!(ids[ids.len() - one("harbour").len()..], one("harbour"));
+        let spaced = tok.encode(" harbour", false).unwrap();
+        let alone = tok.encode("harbour", false).unwrap();
+        let both = spaced[0] != alone[0] && spaced.len() == alone.len();
+        assert_eq!(ids.contains(&spaced), both, "{ids:?}");
+    }
 
     fn parse(s: &str, e: Endpoint) -> Result<GenerationRequest, ApiError> {
         parse_request(&parse_body(s.as_bytes())?, e)

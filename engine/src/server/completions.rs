@@ -189,6 +189,11 @@ pub(super) async fn start(
         req.stop_token_ids.iter().copied(),
         s.vocab_size,
     )?;
+    if !req.bad_words.is_empty() {
+        req.params.bad_words = api::bad_word_ids(&s.tokenizer, &req.bad_words)?;
+        let ids = req.params.bad_words.iter().flatten().copied();
+        api::within_vocab("bad_words", ids, s.vocab_size)?;
+    }
     // The prompts as sent, for `echo` (a token prompt is echoed decoded).
     let sent_texts: Vec<Option<String>> = req
         .prompts
