@@ -13,8 +13,9 @@ Checks: `n=2` (completions, chat, chat streaming), a batch of prompts (texts and
 lists, with `n=2`, streamed too), `logit_bias` (a +100 bias makes the
 token certain, a -100 bias forbids the likeliest one), `echo` with `logprobs` and
 `max_tokens=0` (prompt logprobs, as evaluation harnesses ask for them), seeded sampling
-reproducible, vLLM's `return_token_ids`, an unsupported parameter refused with 400 naming
-it, and tool calls under
+reproducible, vLLM's `return_token_ids` and `bad_words`, `priority` refused by a server
+without priority scheduling (as vLLM refuses it), an unsupported parameter refused with 400
+naming it, and tool calls under
 `tool_choice="auto"` (a regex makes the random model write a call in the parser's format) answered as
 `tool_calls`, streamed too (the SDK's stream helper accumulates them). The Responses API:
 the chat's text for the same messages, cut at `max_output_tokens`; streamed through the
@@ -126,6 +127,23 @@ check("return_token_ids (chat): the rendered prompt's and the generated ids",
       len(r.prompt_token_ids) == r.usage.prompt_tokens
       and len(r.choices[0].token_ids) == r.usage.completion_tokens,
       (r.prompt_token_ids, r.choices[0].token_ids))
+
+# vLLM's bad_words (extra_body): token 42, made certain by a +100 bias, banned as a word (its
+# text, one token as vLLM tokenises a bad word) is not sampled; and vLLM's priority, refused
+# (400, naming it) by a server started first come, first served, as vLLM refuses it.
+ids42 = post("/tokenize", {"prompt": t42.lstrip(), "add_special_tokens": False})["tokens"]
+worded = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0,
+                                   logit_bias={"42": 100},
+                                   extra_body={"return_token_ids": True, "bad_words": [t42]})
+check("bad_words keeps a banned word's token out, a +100 bias notwithstanding",
+      ids42 == [42] and 42 not in worded.choices[0].token_ids,
+      (t42, ids42, worded.choices[0].token_ids))
+try:
+    client.completions.create(model=model, prompt=prompt, max_tokens=2, extra_body={"priority": 1})
+    check("priority refused without priority scheduling", False, "accepted")
+except openai.BadRequestError as err:
+    check("priority refused without priority scheduling",
+          "Priority scheduling is not enabled" in str(err), err.status_code)
 
 # A parameter the server does not implement is refused, naming it.
 try:
