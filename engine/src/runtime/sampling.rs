@@ -825,6 +825,16 @@ mod tests {
                 assert_eq!(bias(s, 5), f32::NEG_INFINITY, "step {step}");
             }
         }
+        // Bad words alone, no other adjustment: the ban still takes the adjusted path.
+        let mut alone = Sampler::new(
+            SamplingParams {
+                bad_words: vec![vec![5]],
+                ..SamplingParams::greedy()
+            },
+            &[],
+            0,
+        );
+        assert_eq!(alone.sample(&favour(5)).unwrap().token, 0);
     }
 
     /// `allowed_token_ids`: only those tokens are sampled, on the host and the device
