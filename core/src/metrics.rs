@@ -277,6 +277,9 @@ pub struct PrioritySummary {
     pub failed: usize,
     pub ttft: Stats,
     pub e2el: Stats,
+    /// With an SLO only: the share of this priority's requests within it (failed ones
+    /// missing it).
+    pub slo_attainment: Option<f64>,
 }
 
 /// Requests within the SLO: per second of the run (vLLM's `request_goodput`) and as a
@@ -331,6 +334,9 @@ impl Summary {
             let p = c.priority;
             out.push((format!("priority_{p}_completed"), c.completed as f64));
             out.push((format!("priority_{p}_failed"), c.failed as f64));
+            if let Some(a) = c.slo_attainment {
+                out.push((format!("priority_{p}_slo_attainment"), a));
+            }
             for (name, s) in [("ttft", c.ttft), ("e2el", c.e2el)] {
                 for (stat, v) in [("mean", s.mean), ("median", s.median), ("p99", s.p99)] {
                     out.push((format!("priority_{p}_{stat}_{name}_ms"), v * 1e3));
@@ -426,6 +432,13 @@ impl Summary {
                     &format!("Priority {p} requests (ok/failed):"),
                     format!("{}/{}", c.completed, c.failed),
                 );
+                if let Some(a) = c.slo_attainment {
+                    line(
+                        &mut s,
+                        &format!("Priority {p} within SLO (%):"),
+                        format!("{:.2}", a * 100.0),
+                    );
+                }
                 for (short, st) in [("TTFT", c.ttft), ("E2EL", c.e2el)] {
                     line(
                         &mut s,
@@ -767,6 +780,8 @@ pub struct MetricsRecorder {
 struct PrioritySamples {
     completed: usize,
     failed: usize,
+    /// Within the SLO.
+    good: usize,
     ttft: Samples,
     e2el: Samples,
 }
@@ -934,10 +949,10 @@ impl MetricsRecorder {
 
     fn fold(&mut self, r: &RequestRecord) {
         self.last_end = self.last_end.max(r.start + r.e2e);
-        if self.slo.is_some_and(|s| s.met_by(r)) {
-            self.good += 1;
-        }
+        let good = self.slo.is_some_and(|s| s.met_by(r));
+        self.good += usize::from(good);
         let class = self.by_priority.entry(r.priority).or_default();
+        class.good += usize::from(good);
         if r.error.is_some() {
             class.failed += 1;
         } else {
@@ -1006,6 +1021,9 @@ impl MetricsRecorder {
                         failed: c.failed,
                         ttft: c.ttft.stats(),
                         e2el: c.e2el.stats(),
+                        slo_attainment: self
+                            .slo
+                            .map(|_| c.good as f64 / (c.completed + c.failed).max(1) as f64),
                     })
                     .collect()
             } else {

@@ -55,3 +55,28 @@ fn priority_scheduling_serves_the_lowest_value_first() {
     assert!(plain.by_priority.is_empty());
     assert!(!serde_json::to_string(&plain).unwrap().contains("priority_"));
 }
+
+/// With an SLO, each priority's share of requests within it, which add up to the run's:
+/// priority scheduling keeps the interactive class within a TTFT objective the batch class
+/// mostly misses.
+#[test]
+fn each_priority_has_its_share_within_the_slo() {
+    let setup = common::setup("priority_scheduling", &["slo.ttft_ms=2000"]);
+    let s = infer_sim::run(&setup).unwrap().summary;
+    let (first, rest) = (class(&s, 0), class(&s, 1));
+    let (a, b) = (first.slo_attainment.unwrap(), rest.slo_attainment.unwrap());
+    assert!(a > 0.95 && b < 0.5, "{a} {b}");
+    let n = |c: &PrioritySummary| (c.completed + c.failed) as f64;
+    let all = s.goodput.unwrap().slo_attainment;
+    assert!(((a * n(&first) + b * n(&rest)) / (n(&first) + n(&rest)) - all).abs() < 1e-12);
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["priority_0_slo_attainment"], a);
+    assert!(s.render().contains("Priority 0 within SLO (%):"));
+    // Without an SLO, none.
+    let plain = infer_sim::run(&common::setup("priority_scheduling", &[])).unwrap();
+    assert!(plain
+        .summary
+        .by_priority
+        .iter()
+        .all(|c| c.slo_attainment.is_none()));
+}
