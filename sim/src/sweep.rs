@@ -6,7 +6,7 @@ use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use infer_core::metrics::Summary;
+use infer_core::metrics::{PrioritySummary, Summary};
 use infer_core::workload::Scenario;
 
 use crate::interval::{self, Interval};
@@ -329,7 +329,35 @@ fn values(s: &Summary, st: &RunStats) -> [f64; 15] {
     ]
 }
 
-/// The sweep as CSV: one column per axis, then the figures (fixed formatting), then, where
+/// Each priority's figures, for a workload of several (`[[workload.priorities]]`): the
+/// column's name after `priority_P_`, and its value.
+const PRIORITY_COLUMNS: [(&str, fn(&PrioritySummary) -> f64); 4] = [
+    ("ttft_p50_ms", |c| c.ttft.median * 1e3),
+    ("ttft_p99_ms", |c| c.ttft.p99 * 1e3),
+    ("e2el_p50_ms", |c| c.e2el.median * 1e3),
+    ("slo_attainment", |c| c.slo_attainment.unwrap_or(f64::NAN)),
+];
+
+/// The priorities any point's requests had, lowest first (none for a workload of one).
+fn priorities(points: &[Point]) -> Vec<i64> {
+    let mut all: Vec<i64> = (points.iter())
+        .filter_map(|p| p.outcome.as_ref().ok())
+        .flat_map(|(s, _)| s.by_priority.iter().map(|c| c.priority))
+        .collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+/// Point `s`'s figure `f` of priority `p`: NaN where it had none of that priority.
+fn priority_value(s: &Summary, p: i64, f: fn(&PrioritySummary) -> f64) -> f64 {
+    (s.by_priority.iter())
+        .find(|c| c.priority == p)
+        .map_or(f64::NAN, f)
+}
+
+/// The sweep as CSV: one column per axis, then the figures (fixed formatting), each
+/// priority's figures (`priority_P_ttft_p50_ms`, …) for a workload of several, then, where
 /// any point has intervals, `COLUMN_lo` and `COLUMN_hi` of the figures that have them.
 pub fn csv(axes: &[Axis], points: &[Point]) -> String {
     let mut s = String::new();
@@ -339,13 +367,25 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
         .filter(|_| with_intervals)
         .flat_map(|(c, _)| [format!("{c}_lo"), format!("{c}_hi")])
         .collect();
+    let classes = priorities(points);
+    let class_heads: Vec<String> = (classes.iter())
+        .flat_map(|p| PRIORITY_COLUMNS.map(|(c, _)| format!("priority_{p}_{c}")))
+        .collect();
     let head: Vec<&str> = axes
         .iter()
         .map(|a| a.key.as_str())
         .chain(COLUMNS)
+        .chain(class_heads.iter().map(String::as_str))
         .chain(["error"])
         .chain(bounds.iter().map(String::as_str))
         .collect();
+    let number = |v: f64| {
+        if v.is_nan() {
+            String::new()
+        } else {
+            format!("{v:.4}")
+        }
+    };
     let _ = writeln!(s, "{}", head.join(","));
     for p in points {
         let mut row: Vec<String> = p.assignment.iter().map(|(_, v)| csv_field(v)).collect();
@@ -360,10 +400,14 @@ pub fn csv(axes: &[Axis], points: &[Point]) -> String {
                         format!("{v:.4}")
                     }
                 }));
+                for &p in &classes {
+                    row.extend(PRIORITY_COLUMNS.map(|(_, f)| number(priority_value(sum, p, f))));
+                }
                 row.push(String::new());
             }
             Err(e) => {
                 row.extend(COLUMNS.iter().map(|_| String::new()));
+                row.extend(class_heads.iter().map(|_| String::new()));
                 row.push(csv_field(&e.to_string()));
             }
         }
@@ -393,11 +437,15 @@ pub fn csv_field(v: &str) -> String {
 pub fn table(axes: &[Axis], points: &[Point]) -> String {
     let mut s = String::new();
     let shown = [0usize, 1, 3, 4, 5, 7, 8, 9, 11];
+    let classes = priorities(points);
     for a in axes {
         let _ = write!(s, "{:>24} ", a.key);
     }
     for &c in &shown {
         let _ = write!(s, "{:>14} ", COLUMNS[c]);
+    }
+    for p in &classes {
+        let _ = write!(s, "{:>14} ", format!("p{p}_ttft_p50"));
     }
     s.push('\n');
     for p in points {
@@ -410,6 +458,10 @@ pub fn table(axes: &[Axis], points: &[Point]) -> String {
                 for &c in &shown {
                     let decimals = if c < COUNT_COLUMNS { 0 } else { 2 };
                     let _ = write!(s, "{:>14.decimals$} ", v[c]);
+                }
+                for &p in &classes {
+                    let ttft = priority_value(sum, p, PRIORITY_COLUMNS[0].1);
+                    let _ = write!(s, "{ttft:>14.2} ");
                 }
             }
             Err(e) => {

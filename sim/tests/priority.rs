@@ -80,3 +80,34 @@ fn each_priority_has_its_share_within_the_slo() {
         .iter()
         .all(|c| c.slo_attainment.is_none()));
 }
+
+/// `sim sweep` over the policy: each priority's columns beside the run's, so the figure
+/// priority scheduling moves is in the table; a workload of one priority has none.
+#[test]
+fn a_sweep_has_each_prioritys_columns() {
+    let file = common::path("priority_scheduling");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let axes = [infer_sim::sweep::parse_axis("server.scheduling_policy=fcfs,priority").unwrap()];
+    let slo = ["slo.ttft_ms=2000".to_string()];
+    let points = infer_sim::sweep::run(&file, &text, &slo, &axes, 2, false, 1);
+    let csv = infer_sim::sweep::csv(&axes, &points);
+    let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+    let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap();
+    let figure = |row: usize, name: &str| rows[row][col(name)].parse::<f64>().unwrap();
+    // fcfs, then priority: the interactive class's median TTFT falls, and all of it is
+    // within the objective.
+    let (fcfs, ranked) = (1, 2);
+    assert!(
+        figure(ranked, "priority_0_ttft_p50_ms") * 5.0 < figure(fcfs, "priority_0_ttft_p50_ms")
+    );
+    assert_eq!(figure(ranked, "priority_0_slo_attainment"), 1.0);
+    for name in ["priority_1_ttft_p99_ms", "priority_1_e2el_p50_ms", "error"] {
+        col(name);
+    }
+    assert!(infer_sim::sweep::table(&axes, &points).contains("p0_ttft_p50"));
+    let plain = common::path("chunked_prefill");
+    let text = std::fs::read_to_string(&plain).unwrap();
+    let axes = [infer_sim::sweep::parse_axis("server.max_batch_size=8").unwrap()];
+    let points = infer_sim::sweep::run(&plain, &text, &[], &axes, 1, false, 1);
+    assert!(!infer_sim::sweep::csv(&axes, &points).contains("priority_"));
+}
