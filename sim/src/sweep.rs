@@ -331,12 +331,15 @@ fn values(s: &Summary, st: &RunStats) -> [f64; 15] {
 
 /// Each priority's figures, for a workload of several (`[[workload.priorities]]`): the
 /// column's name after `priority_P_`, and its value.
-const PRIORITY_COLUMNS: [(&str, fn(&PrioritySummary) -> f64); 4] = [
+const PRIORITY_COLUMNS: [(&str, PriorityFigure); 4] = [
     ("ttft_p50_ms", |c| c.ttft.median * 1e3),
     ("ttft_p99_ms", |c| c.ttft.p99 * 1e3),
     ("e2el_p50_ms", |c| c.e2el.median * 1e3),
     ("slo_attainment", |c| c.slo_attainment.unwrap_or(f64::NAN)),
 ];
+
+/// One figure of a priority's requests.
+type PriorityFigure = fn(&PrioritySummary) -> f64;
 
 /// The priorities any point's requests had, lowest first (none for a workload of one).
 fn priorities(points: &[Point]) -> Vec<i64> {
@@ -350,7 +353,7 @@ fn priorities(points: &[Point]) -> Vec<i64> {
 }
 
 /// Point `s`'s figure `f` of priority `p`: NaN where it had none of that priority.
-fn priority_value(s: &Summary, p: i64, f: fn(&PrioritySummary) -> f64) -> f64 {
+fn priority_value(s: &Summary, p: i64, f: PriorityFigure) -> f64 {
     (s.by_priority.iter())
         .find(|c| c.priority == p)
         .map_or(f64::NAN, f)
