@@ -111,3 +111,32 @@ fn a_sweep_has_each_prioritys_columns() {
     let points = infer_sim::sweep::run(&plain, &text, &[], &axes, 1, false, 1);
     assert!(!infer_sim::sweep::csv(&axes, &points).contains("priority_"));
 }
+
+/// A run's requests.csv replays with each request's priority: the classes, and what
+/// priority scheduling does to them, come back.
+#[test]
+fn a_replayed_requests_csv_keeps_each_requests_priority() {
+    let (r, rows) = infer_sim::run_collect(&common::setup("priority_scheduling", &[])).unwrap();
+    let csv = infer_sim::output::requests_csv(&rows.records);
+    let path = std::env::temp_dir().join(format!("infer-priority-{}.csv", std::process::id()));
+    std::fs::write(&path, csv).unwrap();
+    let trace = format!(
+        "workload.trace={{ path = \"{}\", format = \"requests\" }}",
+        path.display()
+    );
+    let replay = infer_sim::run(&common::setup(
+        "trace_replay",
+        &[
+            &trace,
+            "workload.num_requests=300",
+            "server.scheduling_policy=priority",
+        ],
+    ))
+    .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    for p in [0, 1] {
+        let (a, b) = (class(&r.summary, p), class(&replay.summary, p));
+        assert_eq!(a.completed, b.completed, "priority {p}");
+    }
+    assert!(class(&replay.summary, 0).ttft.median * 5.0 < class(&replay.summary, 1).ttft.median);
+}

@@ -166,6 +166,7 @@ impl WorkloadGenerator {
         let room = |n: usize| n.saturating_sub(self.prefix.len());
         let (mut group, mut turn) = (None, None);
         let max_tokens;
+        let mut recorded_priority = 0;
         if let Some(Replay::Chats { trace, order }) = &self.trace {
             let (c, t) = order[index % order.len()];
             let chat = &trace.chats[c];
@@ -183,6 +184,7 @@ impl WorkloadGenerator {
                 seg,
             );
             max_tokens = row.output_tokens;
+            recorded_priority = row.priority;
         } else if let Some(g) = w.groups {
             // Prompts cycle through the G×P set, groups interleaved (a set too large to
             // count, which validation refuses, never cycles).
@@ -262,7 +264,11 @@ impl WorkloadGenerator {
             structured: w
                 .structured_output
                 .is_some_and(|s| self.rng(STRUCTURED, index, 0).gen::<f64>() < s.fraction),
-            priority: self.priority(index),
+            // A trace's own, unless the workload draws them.
+            priority: match w.priorities {
+                Some(_) => self.priority(index),
+                None => recorded_priority,
+            },
         }
     }
 

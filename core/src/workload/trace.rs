@@ -77,6 +77,8 @@ pub struct TraceRow {
     pub t_s: f64,
     pub prompt_tokens: usize,
     pub output_tokens: usize,
+    /// A run's `requests.csv` records each request's priority (0 where the trace has none).
+    pub priority: i64,
 }
 
 /// A trace: timed rows in arrival order, or conversations (one of the two is empty).
@@ -225,6 +227,8 @@ impl Trace {
             TraceFormat::Sharegpt => unreachable!("parsed above"),
         };
         let success = columns.iter().position(|c| *c == "success");
+        // (A requests.csv written before runs recorded priorities has none.)
+        let priority = columns.iter().position(|c| *c == "priority");
         let requests = format == TraceFormat::Requests;
         let mut rows = Vec::new();
         let mut first: Option<f64> = None;
@@ -256,6 +260,15 @@ impl Trace {
                 t_s: (t - t0) * time_scale,
                 prompt_tokens: count(prompt, "prompt length")?,
                 output_tokens: count(output, "output length")?,
+                priority: match priority.filter(|_| requests) {
+                    Some(c) => {
+                        let v = field(c, "priority")?;
+                        v.parse().map_err(|_| {
+                            bad(i + 1, format!("`priority` = `{v}` is not an integer"))
+                        })?
+                    }
+                    None => 0,
+                },
             };
             if row.prompt_tokens > MAX_ROW_TOKENS || row.output_tokens > MAX_ROW_TOKENS {
                 return Err(bad(
@@ -457,12 +470,14 @@ mod tests {
                 TraceRow {
                     t_s: 0.0,
                     prompt_tokens: 12,
-                    output_tokens: 3
+                    output_tokens: 3,
+                    priority: 0,
                 },
                 TraceRow {
                     t_s: 0.5,
                     prompt_tokens: 30,
-                    output_tokens: 7
+                    output_tokens: 7,
+                    priority: 0,
                 },
             ]
         );
@@ -479,6 +494,8 @@ mod tests {
             crate::metrics::RequestRecord::CSV_HEADER
         );
         let t = Trace::parse(&text, TraceFormat::Requests, 1.0).unwrap();
+        let priorities: Vec<i64> = t.rows.iter().map(|r| r.priority).collect();
+        assert_eq!(priorities, [1, 0], "each row's own, in start order");
         let got: Vec<(f64, usize)> = t.rows.iter().map(|r| (r.t_s, r.prompt_tokens)).collect();
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(got[0], (0.0, 20));
