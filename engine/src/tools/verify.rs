@@ -414,10 +414,16 @@ async fn verify_once(
         let m = infer_reports::Run::load(&measured_dir)?;
         let verification = infer_reports::predicted_vs_measured(&p, &m);
         let steps = step_fidelity(&step_log::read(&steps_path)?, setup.cost.as_ref());
+        // The table's figures, and each priority's (a workload of several).
         let measured = verification
             .rows
             .iter()
             .filter_map(|row| Some((row.metric.key.to_string(), m.metric(row.metric.key)?)))
+            .chain(
+                (m.summary.iter())
+                    .filter(|(k, _)| k.starts_with("priority_"))
+                    .map(|(k, &v)| (k.clone(), v)),
+            )
             .collect();
         results.push(VerifyResult {
             scenario: scenario.name.clone(),
@@ -517,6 +523,62 @@ fn fidelity_table(results: &[VerifyResult], checks: &[IntervalCheck]) -> String 
     s
 }
 
+/// Each priority's figures, predicted beside measured (medians over the repetitions), for
+/// the scenarios whose workloads have several priorities; empty when none has.
+fn priority_table(results: &[VerifyResult]) -> String {
+    const FIGURES: [(&str, &str); 3] = [
+        ("TTFT P50 (ms)", "median_ttft_ms"),
+        ("TTFT P99 (ms)", "p99_ttft_ms"),
+        ("E2E P50 (ms)", "median_e2el_ms"),
+    ];
+    let mut rows = String::new();
+    for r in results {
+        let Some(first) = r.samples.first() else {
+            continue;
+        };
+        for c in &first.predicted.by_priority {
+            for (name, figure) in FIGURES {
+                let key = format!("priority_{}_{figure}", c.priority);
+                let predicted = median(
+                    (r.samples.iter())
+                        .filter_map(|x| x.predicted.entries().into_iter().find(|e| e.0 == key))
+                        .map(|e| e.1)
+                        .collect(),
+                );
+                let measured = median(
+                    (r.samples.iter())
+                        .filter_map(|x| x.measured.iter().find(|e| e.0 == key))
+                        .map(|e| e.1)
+                        .collect(),
+                );
+                let f = |v: Option<f64>| {
+                    v.map_or("–".to_string(), |x| {
+                        infer_reports::metric::format_digits(x, 1, 3)
+                    })
+                };
+                let error = match (predicted, measured) {
+                    (Some(p), Some(m)) if m > 0.0 => format!("{:+.1}", (p / m - 1.0) * 100.0),
+                    _ => "–".to_string(),
+                };
+                rows.push_str(&format!(
+                    "| {} | {} | {name} | {} | {} | {error} |\n",
+                    r.scenario,
+                    c.priority,
+                    f(predicted),
+                    f(measured)
+                ));
+            }
+        }
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    format!(
+        "\nEach priority:\n\n| scenario | priority | metric | predicted | measured | error % |\n\
+         |---|---:|---|---:|---:|---:|\n{rows}"
+    )
+}
+
 /// The headline figures of a fidelity table: TTFT P50, ITL P50, E2E P50 and throughput.
 pub const HEADLINE: [infer_reports::metric::Metric; 4] = [
     infer_reports::metric::TTFT_P50,
@@ -566,7 +628,7 @@ fn step_table(results: &[VerifyResult]) -> String {
 /// run's output directory and returns what `engine verify` prints.
 pub fn write_report(opts: &VerifyOptions, results: &[VerifyResult]) -> Result<String> {
     let checks = interval_checks(results);
-    let table = fidelity_table(results, &checks);
+    let table = fidelity_table(results, &checks) + &priority_table(results);
     let coverage = coverage_lines(&checks, opts.seeds);
     let steps = step_table(results);
     let headline = match headline(results) {
@@ -841,6 +903,53 @@ mod tests {
             report: PathBuf::new(),
             samples: Vec::new(),
         }
+    }
+
+    /// A workload of two priorities gets a table of each one's figures, predicted beside
+    /// measured (the median over repetitions); one of a single priority none.
+    #[test]
+    fn each_priority_is_predicted_beside_its_measurement() {
+        let stats = |median_s: f64| infer_core::metrics::Stats {
+            median: median_s,
+            p99: 2.0 * median_s,
+            ..Default::default()
+        };
+        let sample = |p0_ms: f64, measured_p0_ms: f64| {
+            let class = |priority, ttft_s| infer_core::metrics::PrioritySummary {
+                priority,
+                completed: 10,
+                ttft: stats(ttft_s),
+                e2el: stats(1.0),
+                ..Default::default()
+            };
+            Sample {
+                predicted: Summary {
+                    by_priority: vec![class(0, p0_ms / 1e3), class(1, 2.0)],
+                    ..Default::default()
+                },
+                others: Vec::new(),
+                measured: vec![
+                    ("priority_0_median_ttft_ms".into(), measured_p0_ms),
+                    ("priority_1_median_ttft_ms".into(), 2500.0),
+                ],
+            }
+        };
+        let mut r = result(&[]);
+        r.samples = vec![sample(50.0, 60.0), sample(40.0, 80.0), sample(45.0, 70.0)];
+        let table = priority_table(&[r]);
+        assert!(
+            table.contains("| s | 0 | TTFT P50 (ms) | 45.0 | 70.0 | -35.7 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| s | 1 | TTFT P50 (ms) | 2000.0 | 2500.0 | -20.0 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| s | 1 | TTFT P99 (ms) | 4000.0 | – | – |"),
+            "{table}"
+        );
+        assert_eq!(priority_table(&[result(&[])]), "");
     }
 
     /// A sample whose prediction has median TTFT `predicted` ms under every seed, measured
