@@ -825,6 +825,17 @@ async fn logit_bias_and_allowed_token_ids_are_honoured() {
         assert_eq!(status, 400, "{v}");
         assert_eq!(v["error"]["param"], "bad_words", "{v}");
     }
+    // Every token allowed banned: nothing could be sampled.
+    let only = json!({"prompt": "x", "allowed_token_ids": [banned], "bad_words": [word]});
+    let (status, v) = post(&client, &url, only).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("every token"),
+        "{v}"
+    );
     for bad in [json!([]), json!([1_000_000]), json!("42")] {
         let (status, v) = post(
             &client,

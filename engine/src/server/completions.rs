@@ -193,6 +193,15 @@ pub(super) async fn start(
         req.params.bad_words = api::bad_word_ids(&s.tokenizer, &req.bad_words)?;
         let ids = req.params.bad_words.iter().flatten().copied();
         api::within_vocab("bad_words", ids, s.vocab_size)?;
+        // Every token allowed is a word of one token, banned at every step: nothing could be
+        // sampled (vLLM samples from a row of −∞ then).
+        let banned = |t: &u32| req.params.bad_words.iter().any(|w| w[..] == [*t]);
+        if (req.params.allowed_token_ids.as_ref()).is_some_and(|a| a.iter().all(banned)) {
+            return Err(ApiError::bad_request(
+                Some("bad_words"),
+                "bad_words bans every token allowed_token_ids allows",
+            ));
+        }
     }
     // The prompts as sent, for `echo` (a token prompt is echoed decoded).
     let sent_texts: Vec<Option<String>> = req
