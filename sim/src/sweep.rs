@@ -332,14 +332,23 @@ fn values(s: &Summary, st: &RunStats) -> [f64; 15] {
 /// Each priority's figures, for a workload of several (`[[workload.priorities]]`): the
 /// column's name after `priority_P_`, and its value.
 const PRIORITY_COLUMNS: [(&str, PriorityFigure); 4] = [
-    ("ttft_p50_ms", |c| c.ttft.median * 1e3),
-    ("ttft_p99_ms", |c| c.ttft.p99 * 1e3),
-    ("e2el_p50_ms", |c| c.e2el.median * 1e3),
+    ("ttft_p50_ms", |c| latency_ms(c, c.ttft.median)),
+    ("ttft_p99_ms", |c| latency_ms(c, c.ttft.p99)),
+    ("e2el_p50_ms", |c| latency_ms(c, c.e2el.median)),
     ("slo_attainment", |c| c.slo_attainment.unwrap_or(f64::NAN)),
 ];
 
 /// One figure of a priority's requests.
 type PriorityFigure = fn(&PrioritySummary) -> f64;
+
+/// A priority's latency `s` in ms; NaN (an empty field) when none of its requests completed.
+fn latency_ms(c: &PrioritySummary, s: f64) -> f64 {
+    if c.completed > 0 {
+        s * 1e3
+    } else {
+        f64::NAN
+    }
+}
 
 /// The priorities any point's requests had, lowest first (none for a workload of one).
 fn priorities(points: &[Point]) -> Vec<i64> {
@@ -463,8 +472,10 @@ pub fn table(axes: &[Axis], points: &[Point]) -> String {
                     let _ = write!(s, "{:>14.decimals$} ", v[c]);
                 }
                 for &p in &classes {
-                    let ttft = priority_value(sum, p, PRIORITY_COLUMNS[0].1);
-                    let _ = write!(s, "{ttft:>14.2} ");
+                    match priority_value(sum, p, PRIORITY_COLUMNS[0].1) {
+                        ttft if ttft.is_nan() => _ = write!(s, "{:>14} ", "-"),
+                        ttft => _ = write!(s, "{ttft:>14.2} "),
+                    }
                 }
             }
             Err(e) => {
@@ -479,6 +490,47 @@ pub fn table(axes: &[Axis], points: &[Point]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A priority none of whose requests completed has no latencies (empty fields, `-` in
+    /// the console), not 0 ms; a point without a priority others had, empty fields too.
+    #[test]
+    fn a_priority_without_completed_requests_has_no_latency() {
+        let class = |priority, completed| PrioritySummary {
+            priority,
+            completed,
+            failed: 3,
+            ..Default::default()
+        };
+        let point = |by_priority| Point {
+            assignment: vec![("k".into(), "v".into())],
+            outcome: Ok((
+                Summary {
+                    by_priority,
+                    ..Default::default()
+                },
+                RunStats::default(),
+            )),
+            intervals: Vec::new(),
+        };
+        let axes = [parse_axis("k=v").unwrap()];
+        let points = [
+            point(vec![class(0, 2), class(1, 0)]),
+            point(vec![class(0, 2)]),
+        ];
+        let csv = csv(&axes, &points);
+        let rows: Vec<Vec<&str>> = csv.lines().map(|l| l.split(',').collect()).collect();
+        let col = |name: &str| rows[0].iter().position(|c| *c == name).unwrap();
+        assert_eq!(rows[1][col("priority_0_ttft_p50_ms")], "0.0000");
+        assert_eq!(rows[1][col("priority_1_ttft_p50_ms")], "");
+        assert_eq!(rows[2][col("priority_1_e2el_p50_ms")], "");
+        assert_eq!(rows[1].len(), rows[0].len());
+        assert!(table(&axes, &points)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim_end()
+            .ends_with('-'));
+    }
 
     #[test]
     fn axes_split_on_top_level_commas_and_grids_multiply() {

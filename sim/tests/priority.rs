@@ -124,6 +124,27 @@ fn a_replayed_requests_csv_keeps_each_requests_priority() {
         "workload.trace={{ path = \"{}\", format = \"requests\" }}",
         path.display()
     );
+    // The priority each request will have, known without making it (bench's test request).
+    let setup = common::setup(
+        "trace_replay",
+        &[
+            &trace,
+            "workload.num_requests=300",
+            "server.scheduling_policy=priority",
+        ],
+    );
+    let spec = setup.scenario.workload.trace.as_ref().unwrap();
+    let trace_file =
+        infer_core::workload::Trace::load(spec, &common::path("trace_replay")).unwrap();
+    let gen = infer_core::workload::WorkloadGenerator::new(
+        setup.scenario.workload.clone(),
+        std::sync::Arc::new(infer_core::workload::ApproxTokenizer::default()),
+    )
+    .with_trace(std::sync::Arc::new(trace_file));
+    for i in [0, 1, 7, 150, 299] {
+        assert_eq!(gen.priority_of(i), gen.request(i).priority, "request {i}");
+    }
+    assert!((0..300).any(|i| gen.priority_of(i) == 1));
     let replay = infer_sim::run(&common::setup(
         "trace_replay",
         &[

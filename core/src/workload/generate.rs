@@ -137,6 +137,16 @@ impl WorkloadGenerator {
         &self.tokenizer
     }
 
+    /// The priority of the `i`-th measured request, without making the request: the
+    /// workload's draw, or a replayed trace's record.
+    pub fn priority_of(&self, i: usize) -> i64 {
+        match (&self.spec.priorities, &self.trace) {
+            (Some(_), _) => self.priority(i),
+            (None, Some(Replay::Timed { trace, .. })) => trace.rows[i % trace.rows.len()].priority,
+            _ => 0,
+        }
+    }
+
     /// The `i`-th measured request (`i < num_requests`).
     pub fn request(&self, i: usize) -> GeneratedRequest {
         self.build(i, false)

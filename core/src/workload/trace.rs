@@ -490,7 +490,7 @@ mod tests {
     fn a_requests_csv_replays_in_start_order_without_its_failures() {
         let text = format!(
             "{}\n0,0.5,,,,,,10,4,0,0,,,0,true,\n1,0.2,,,,,,20,5,0,0,,,1,true,\n\
-             2,0.3,,,,,,30,0,0,0,,,0,false,HTTP 500: a, b\n",
+             2,0.3,,,,,,30,0,0,0,,,0,false,\"HTTP 500: a, b\"\n",
             crate::metrics::RequestRecord::CSV_HEADER
         );
         let t = Trace::parse(&text, TraceFormat::Requests, 1.0).unwrap();

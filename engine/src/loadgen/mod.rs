@@ -448,8 +448,8 @@ async fn prepare(
         .is_some_and(|s| s.fraction > 0.0);
     // The test request carries a priority the run sends, if any: a server without priority
     // scheduling refuses it at once, not request by request.
-    let priority = (scenario.workload.priorities.iter().flatten())
-        .map(|c| c.priority)
+    let priority = (0..scenario.workload.num_requests)
+        .map(|i| gen.priority_of(i))
         .find(|&p| p != 0 && target.send_priority)
         .unwrap_or(0);
     target
@@ -779,7 +779,8 @@ impl Target {
                  --set workload.ignore_eos=false)"
                     .to_string()
             } else if priority != 0 && e.contains("priority") {
-                " (the scenario's requests have priorities (workload.priorities), which this \
+                " (the scenario's requests have priorities (workload.priorities, or a replayed \
+                 requests.csv's), which this \
                  server takes only with priority scheduling: vLLM's and `engine serve`'s \
                  --scheduling-policy priority; or --set server.scheduling_policy=fcfs to send \
                  none)"

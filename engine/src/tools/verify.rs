@@ -524,7 +524,7 @@ fn fidelity_table(results: &[VerifyResult], checks: &[IntervalCheck]) -> String 
 }
 
 /// Each priority's figures, predicted beside measured (medians over the repetitions), for
-/// the scenarios whose workloads have several priorities; empty when none has.
+/// the scenarios whose requests had priorities other than 0; empty when none had.
 fn priority_table(results: &[VerifyResult]) -> String {
     const FIGURES: [(&str, &str); 3] = [
         ("TTFT P50 (ms)", "median_ttft_ms"),
