@@ -66,26 +66,31 @@ impl WaitQueue {
 
     /// An arrival: behind everyone in the main lane (or in its rank's place).
     pub fn push_back(&mut self, slot: u32, rank: Rank) {
-        match &mut self.ranked {
-            Some(ranked) => _ = ranked.insert((rank, slot)),
-            None => self.main.push_back(slot),
+        if !self.insert_ranked(slot, rank) {
+            self.main.push_back(slot);
         }
     }
 
     /// A preempted sequence: before every other (or in its rank's place).
     pub fn push_front(&mut self, slot: u32, rank: Rank) {
-        match &mut self.ranked {
-            Some(ranked) => _ = ranked.insert((rank, slot)),
-            None => self.preempted.push_front(slot),
+        if !self.insert_ranked(slot, rank) {
+            self.preempted.push_front(slot);
         }
     }
 
     /// A fork: behind the other forks (or in its rank's place).
     pub fn push_fork(&mut self, slot: u32, rank: Rank) {
-        match &mut self.ranked {
-            Some(ranked) => _ = ranked.insert((rank, slot)),
-            None => self.forks.push_back(slot),
+        if !self.insert_ranked(slot, rank) {
+            self.forks.push_back(slot);
         }
+    }
+
+    /// Under priority scheduling, `slot` waits in its rank's place: whether it does.
+    fn insert_ranked(&mut self, slot: u32, rank: Rank) -> bool {
+        self.ranked
+            .as_mut()
+            .map(|r| r.insert((rank, slot)))
+            .is_some()
     }
 
     /// The lane whose head goes next.
@@ -147,11 +152,7 @@ impl WaitQueue {
                 Lane::Preempted => self.preempted.push_front(slot),
                 Lane::Main => self.main.push_front(slot),
                 Lane::Forks => self.forks.push_front(slot),
-                Lane::Ranked(rank) => {
-                    if let Some(ranked) = &mut self.ranked {
-                        ranked.insert((rank, slot));
-                    }
-                }
+                Lane::Ranked(rank) => _ = self.insert_ranked(slot, rank),
             }
         }
     }

@@ -137,8 +137,10 @@ pub struct Sampler {
     /// The tokens `bad_words` bans from the next token (their bias −∞ in `adjustments`),
     /// with the bias each had, restored after it.
     banned: Vec<(u32, f32)>,
-    /// The output's last tokens, as many as the longest bad word has before its last.
+    /// The output's last tokens, at most `recent_len`: as many as the longest bad word has
+    /// before its last.
     recent: Vec<u32>,
+    recent_len: usize,
 }
 
 impl Sampler {
@@ -155,6 +157,10 @@ impl Sampler {
                     params.repetition_penalty;
             }
         }
+        let recent_len = (params.bad_words.iter())
+            .map(|w| w.len().saturating_sub(1))
+            .max()
+            .unwrap_or(0);
         let mut sampler = Self {
             params,
             rng,
@@ -167,6 +173,7 @@ impl Sampler {
             held_stops: Vec::new(),
             banned: Vec::new(),
             recent: Vec::new(),
+            recent_len,
         };
         sampler.ban_bad_words();
         sampler
@@ -351,10 +358,7 @@ impl Sampler {
             }
         }
         if !self.params.bad_words.is_empty() {
-            let keep = (self.params.bad_words.iter())
-                .map(|w| w.len().saturating_sub(1))
-                .max()
-                .unwrap_or(0);
+            let keep = self.recent_len;
             if keep > 0 {
                 if self.recent.len() == keep {
                     self.recent.remove(0);
